@@ -1,0 +1,183 @@
+// kernels/cpu/loops.h: iteration over strided, broadcast operands for CPU kernels.
+//
+//   // out and inputs already have out's dtype (cast_inputs does that); T = that C++ type.
+//   auto ins = cast_inputs(out.dtype(), {self, other});
+//   binary_kernel<float>(out, ins[0], ins[1], [](float a, float b) { return a + b; });
+//   unary_kernel<float>(out, x, [](float a) { return a * a; });
+//
+// Note [CPU loops]: operands are described by byte strides over out's shape (0 where an input
+// broadcasts). Dims are coalesced, then the outer index space is split across OpenMP threads
+// in chunks of at least kGrainSize elements, so small ops never wake a thread. The inner loop
+// has contiguous, scalar-broadcast and generic-stride variants, so the compiler vectorizes the
+// first two.
+#pragma once
+
+#include <omp.h>
+
+#include <array>
+#include <cstring>
+#include <vector>
+
+#include "kiln/generated/ops.h"
+#include "kiln/tensor.h"
+
+namespace kiln::kernels {
+
+constexpr int64_t kGrainSize = 32768;
+
+// Runs f(begin, end) over [0, n), in parallel when n is large enough. Chunk boundaries depend
+// only on n and grain, never on the thread count (determinism for reductions).
+template <typename F>
+void parallel_for(int64_t n, int64_t grain, const F& f) {
+  if (n <= grain || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    f(0, n);
+    return;
+  }
+  int64_t chunks = (n + grain - 1) / grain;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) f(c * grain, std::min(n, (c + 1) * grain));
+}
+
+// Converts each input to `dtype` (a copy only when its dtype differs).
+std::vector<Tensor> cast_inputs(ScalarType dtype, std::initializer_list<Tensor> ins);
+
+// Shape and byte strides of N operands (operand 0 is the output) over the output's shape.
+template <int N>
+struct StridedIter {
+  DimVector shape;                       // coalesced, innermost last
+  std::array<DimVector, N> strides;      // bytes
+  std::array<char*, N> base;
+  int64_t numel = 0;
+
+  StridedIter(const std::array<const Tensor*, N>& ts) {
+    const Tensor& out = *ts[0];
+    int64_t nd = out.dim();
+    numel = out.numel();
+    shape = out.sizes();
+    for (int k = 0; k < N; ++k) {
+      const Tensor& t = *ts[k];
+      base[k] = static_cast<char*>(t.impl()->raw_data());
+      strides[k] = DimVector(nd, 0);
+      int64_t off = nd - t.dim();
+      for (int64_t d = 0; d < t.dim(); ++d)
+        if (t.size(d) != 1) strides[k][off + d] = t.stride(d) * static_cast<int64_t>(t.element_size());
+    }
+    coalesce();
+  }
+
+  void coalesce() {
+    // Drop size-1 dims, then merge neighbours whose strides chain for every operand.
+    DimVector s;
+    std::array<DimVector, N> st;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] == 1) continue;
+      bool merge = !s.empty();
+      for (int k = 0; k < N && merge; ++k) merge = st[k].back() == strides[k][d] * shape[d];
+      if (merge) {
+        s.back() *= shape[d];
+        for (int k = 0; k < N; ++k) st[k].back() = strides[k][d];
+      } else {
+        s.push_back(shape[d]);
+        for (int k = 0; k < N; ++k) st[k].push_back(strides[k][d]);
+      }
+    }
+    if (s.empty()) {
+      s.push_back(1);
+      for (int k = 0; k < N; ++k) st[k].push_back(0);
+    }
+    shape = s;
+    strides = st;
+  }
+
+  // Calls loop(ptrs, inner_strides, n) over inner segments of elements [begin, end).
+  template <typename Loop>
+  void run_range(int64_t begin, int64_t end, const Loop& loop) const {
+    int64_t nd = static_cast<int64_t>(shape.size());
+    int64_t inner = shape[nd - 1];
+    std::array<int64_t, N> istr;
+    for (int k = 0; k < N; ++k) istr[k] = strides[k][nd - 1];
+    int64_t i = begin;
+    while (i < end) {
+      int64_t outer = i / inner, j = i % inner;
+      std::array<char*, N> p = base;
+      int64_t rem = outer;
+      for (int64_t d = nd - 2; d >= 0; --d) {
+        int64_t idx = rem % shape[d];
+        rem /= shape[d];
+        for (int k = 0; k < N; ++k) p[k] += idx * strides[k][d];
+      }
+      int64_t n = std::min(inner - j, end - i);
+      for (int k = 0; k < N; ++k) p[k] += j * istr[k];
+      loop(p, istr, n);
+      i += n;
+    }
+  }
+
+  template <typename Loop>
+  void run(const Loop& loop) const {
+    parallel_for(numel, kGrainSize, [&](int64_t b, int64_t e) { run_range(b, e, loop); });
+  }
+};
+
+// out[i] = f(a[i]); out and a have dtype T.
+template <typename T, typename F>
+void unary_kernel(const Tensor& out, const Tensor& a, const F& f) {
+  if (out.numel() == 0) return;
+  if (out.is_contiguous() && a.is_contiguous() && a.numel() == out.numel()) {
+    T* o = static_cast<T*>(out.impl()->raw_data());
+    const T* x = static_cast<const T*>(a.impl()->raw_data());
+    parallel_for(out.numel(), kGrainSize, [&](int64_t b, int64_t e) {
+#pragma omp simd
+      for (int64_t i = b; i < e; ++i) o[i] = f(x[i]);
+    });
+    return;
+  }
+  StridedIter<2> it({&out, &a});
+  it.run([&](const std::array<char*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      *reinterpret_cast<T*>(p[0] + i * s[0]) = f(*reinterpret_cast<const T*>(p[1] + i * s[1]));
+  });
+}
+
+// out[i] = f(a[i], b[i]) with broadcasting; a and b have dtype T, out has dtype O.
+template <typename T, typename F, typename O = T>
+void binary_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const F& f) {
+  int64_t n = out.numel();
+  if (n == 0) return;
+  O* o = static_cast<O*>(out.impl()->raw_data());
+  const T* x = static_cast<const T*>(a.impl()->raw_data());
+  const T* y = static_cast<const T*>(b.impl()->raw_data());
+  if (out.is_contiguous() && a.is_contiguous() && b.is_contiguous()) {
+    if (a.numel() == n && b.numel() == n) {
+      parallel_for(n, kGrainSize, [&](int64_t s, int64_t e) {
+#pragma omp simd
+        for (int64_t i = s; i < e; ++i) o[i] = f(x[i], y[i]);
+      });
+      return;
+    }
+    if (a.numel() == n && b.numel() == 1) {
+      const T yv = *y;
+      parallel_for(n, kGrainSize, [&](int64_t s, int64_t e) {
+#pragma omp simd
+        for (int64_t i = s; i < e; ++i) o[i] = f(x[i], yv);
+      });
+      return;
+    }
+    if (a.numel() == 1 && b.numel() == n) {
+      const T xv = *x;
+      parallel_for(n, kGrainSize, [&](int64_t s, int64_t e) {
+#pragma omp simd
+        for (int64_t i = s; i < e; ++i) o[i] = f(xv, y[i]);
+      });
+      return;
+    }
+  }
+  StridedIter<3> it({&out, &a, &b});
+  it.run([&](const std::array<char*, 3>& p, const std::array<int64_t, 3>& s, int64_t cnt) {
+    for (int64_t i = 0; i < cnt; ++i)
+      *reinterpret_cast<O*>(p[0] + i * s[0]) = f(*reinterpret_cast<const T*>(p[1] + i * s[1]),
+                                                 *reinterpret_cast<const T*>(p[2] + i * s[2]));
+  });
+}
+
+}  // namespace kiln::kernels

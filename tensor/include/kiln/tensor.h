@@ -1,0 +1,90 @@
+// kiln/tensor.h: Tensor, the handle users hold. Copying a Tensor copies the handle, not data.
+//
+//   kiln::Tensor a = kiln::ones({2, 3});
+//   kiln::Tensor b = a.transpose(0, 1).contiguous();      // methods come from the op table
+//   kiln::Tensor c = a + 1.5;                             // scalars become wrapped numbers
+//   float v = c.sum().item<float>();
+//   std::cout << c;                                       // PyTorch-style repr
+#pragma once
+
+#include <optional>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kiln/error.h"
+#include "kiln/scalar.h"
+#include "kiln/tensor_impl.h"
+
+namespace kiln {
+
+class Generator;
+class Tensor;
+using TensorList = ArrayRef<Tensor>;
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(intrusive_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return static_cast<bool>(impl_); }
+  TensorImpl* impl() const { return impl_.get(); }
+  const intrusive_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  // Throws RuntimeError naming `what` for an undefined tensor.
+  const Tensor& check_defined(const char* what) const;
+
+  IntArrayRef sizes() const { return impl_->sizes(); }
+  IntArrayRef strides() const { return impl_->strides(); }
+  IntArrayRef shape() const { return impl_->sizes(); }
+  int64_t size(int64_t d) const { return impl_->size(d); }
+  int64_t stride(int64_t d) const { return impl_->stride(d); }
+  int64_t dim() const { return impl_->dim(); }
+  int64_t ndimension() const { return impl_->dim(); }
+  int64_t numel() const { return impl_->numel(); }
+  int64_t storage_offset() const { return impl_->storage_offset(); }
+  ScalarType dtype() const { return impl_->dtype(); }
+  ScalarType scalar_type() const { return impl_->dtype(); }
+  Device device() const { return impl_->device(); }
+  DispatchKeySet key_set() const { return impl_->key_set(); }
+  bool is_contiguous() const { return impl_->is_contiguous(); }
+  bool is_meta() const { return device().type() == DeviceType::Meta; }
+  size_t element_size() const { return impl_->itemsize(); }
+  size_t nbytes() const { return numel() * element_size(); }
+  void* data_ptr() const { return impl_->data_ptr(); }
+  template <typename T>
+  T* data_ptr() const;  // checks that T matches dtype()
+  uint32_t version() const { return impl_->version(); }
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+  // True when both tensors view the same Storage.
+  bool is_alias_of(const Tensor& o) const { return impl_->storage() == o.impl_->storage(); }
+
+  // The single element of a one-element tensor, converted to T (syncs a device tensor).
+  template <typename T>
+  T item() const;
+  Scalar item() const;
+  std::string repr() const;
+  std::string to_string() const { return repr(); }
+
+  // Methods generated from the op table (add, sum, view, ...).
+#include "kiln/generated/tensor_methods.inc"
+
+ private:
+  intrusive_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// A 0-dim CPU tensor marked as a wrapped number (Note [Type promotion] in scalar_type.h).
+Tensor scalar_to_tensor(const Scalar& s);
+// A 0-dim tensor with an explicit dtype on `device`.
+Tensor scalar_tensor_of(const Scalar& s, ScalarType dtype, Device device = kCPU);
+
+// Allocates without going through the dispatcher (for kernels and meta-driven allocation).
+Tensor empty_on(IntArrayRef sizes, ScalarType dtype, Device device);
+Tensor empty_strided_on(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype, Device device);
+
+// The result type of an op over these operands (torch.result_type).
+ScalarType result_type(TensorList tensors);
+
+}  // namespace kiln

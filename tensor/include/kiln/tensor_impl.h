@@ -1,0 +1,105 @@
+// kiln/tensor_impl.h: the object behind a Tensor handle: geometry, dtype, device, storage.
+//
+//   auto impl = kiln::TensorImpl::make(storage, kiln::kFloat32, {2, 3});   // contiguous
+//   impl->sizes();  impl->strides();  impl->storage_offset();  impl->numel();
+//   impl->set_geometry({3, 2}, {1, 3}, 0);    // bounds-checked against the storage
+//
+// Note [Data-less tensors]: Meta tensors, and later Remote and fake tensors, use this same
+// TensorImpl with a Storage that has a size but no memory. Views of them share that Storage
+// (so aliasing and version counters behave as on CPU); reading their data is an error. The
+// `remote_handle` slot lets the Remote backend attach its value id without a subclass.
+#pragma once
+
+#include <memory>
+
+#include "kiln/array_ref.h"
+#include "kiln/dispatch_key.h"
+#include "kiln/scalar_type.h"
+#include "kiln/storage.h"
+
+namespace kiln {
+
+// Autograd's per-tensor state. tensor/ only holds the slot; autograd/ defines the contents.
+struct AutogradMetaInterface {
+  virtual ~AutogradMetaInterface() = default;
+  virtual bool requires_grad() const = 0;
+};
+
+// Opaque per-backend state (e.g. a remote value id). tensor/ never looks inside.
+struct BackendHandle {
+  virtual ~BackendHandle() = default;
+};
+
+class TensorImpl : public RefCounted {
+ public:
+  // A tensor with `sizes` over `storage`; contiguous strides unless `strides` is given.
+  static intrusive_ptr<TensorImpl> make(intrusive_ptr<Storage> storage, ScalarType dtype,
+                                        IntArrayRef sizes, IntArrayRef strides = {},
+                                        int64_t offset = 0);
+
+  IntArrayRef sizes() const { return sizes_; }
+  IntArrayRef strides() const { return strides_; }
+  int64_t size(int64_t dim) const;   // wraps negative dims; IndexError if out of range
+  int64_t stride(int64_t dim) const;
+  int64_t dim() const { return static_cast<int64_t>(sizes_.size()); }
+  int64_t numel() const { return numel_; }
+  int64_t storage_offset() const { return offset_; }
+  ScalarType dtype() const { return dtype_; }
+  Device device() const { return storage_->device(); }
+  DispatchKeySet key_set() const { return key_set_; }
+  const intrusive_ptr<Storage>& storage() const { return storage_; }
+  bool is_contiguous() const { return is_contiguous_; }
+  size_t itemsize() const { return element_size(dtype_); }
+
+  // Pointer to element 0 (storage data + offset). RuntimeError for data-less tensors.
+  void* data_ptr() const;
+  template <typename T>
+  T* data() const { return static_cast<T*>(data_ptr()); }
+  // As data_ptr(), without the data-less check: for kernels, which only see real tensors.
+  void* raw_data() const {
+    return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(itemsize());
+  }
+
+  // Replaces sizes, strides and offset after checking that every reachable element lies
+  // inside the storage (IndexError otherwise). The only way geometry changes.
+  void set_geometry(IntArrayRef sizes, IntArrayRef strides, int64_t offset);
+  // Resizes to `sizes` with contiguous strides, growing the storage if needed (out= outputs).
+  void resize(IntArrayRef sizes);
+
+  uint32_t version() const { return storage_->version(); }
+  void bump_version() { storage_->bump_version(); }
+
+  // Wrapped numbers: 0-dim tensors made from C++/Python scalars, lowest in type promotion.
+  bool is_wrapped_number() const { return wrapped_number_; }
+  void set_wrapped_number(bool v) { wrapped_number_ = v; }
+
+  void add_keys(DispatchKeySet ks) { key_set_ = key_set_ | ks; }
+  void remove_keys(DispatchKeySet ks) { key_set_ = key_set_ - ks; }
+
+  AutogradMetaInterface* autograd_meta() const { return autograd_meta_.get(); }
+  void set_autograd_meta(std::unique_ptr<AutogradMetaInterface> m) { autograd_meta_ = std::move(m); }
+  BackendHandle* backend_handle() const { return backend_handle_.get(); }
+  void set_backend_handle(std::shared_ptr<BackendHandle> h) { backend_handle_ = std::move(h); }
+
+ private:
+  TensorImpl(intrusive_ptr<Storage> storage, ScalarType dtype);
+  void refresh_derived();
+
+  intrusive_ptr<Storage> storage_;
+  DimVector sizes_;
+  DimVector strides_;
+  int64_t offset_ = 0;
+  int64_t numel_ = 1;
+  ScalarType dtype_;
+  bool is_contiguous_ = true;
+  bool wrapped_number_ = false;
+  DispatchKeySet key_set_;
+  std::unique_ptr<AutogradMetaInterface> autograd_meta_;
+  std::shared_ptr<BackendHandle> backend_handle_;
+};
+
+// Contiguous (row-major) strides for `sizes`.
+DimVector contiguous_strides(IntArrayRef sizes);
+int64_t numel_of(IntArrayRef sizes);
+
+}  // namespace kiln

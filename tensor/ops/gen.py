@@ -1,0 +1,587 @@
+#!/usr/bin/env python3
+"""Generates Kiln's C++ op API, dispatcher handles, boxed wrappers and test manifest from the
+op table (tensor/ops/*.toml). Run by CMake; fails (exit 1, one line per problem) on any row
+that lacks a required field or names an unknown rule.
+
+Usage: gen.py OUT_DIR TABLE.toml [TABLE.toml ...]   (rules.toml is read from beside this file)
+"""
+import os
+import re
+import sys
+import tomllib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REQUIRED = ["schema", "kind", "tags", "dtypes", "meta", "derivative", "jvp", "batching",
+            "autocast", "sharding", "decomposition"]
+OPTIONAL = ["variants", "method", "doc"]
+
+# schema type -> (C++ parameter type, C++ unbox expression of IValue `v`)
+CPP_TYPES = {
+    "Tensor": ("const Tensor&", "v.to_tensor()"),
+    "Tensor?": ("const std::optional<Tensor>&", "unbox_opt_tensor(v)"),
+    "Tensor[]": ("TensorList", "TensorList(v.to_tensor_list())"),
+    "Scalar": ("const Scalar&", "v.to_scalar()"),
+    "Scalar?": ("const std::optional<Scalar>&", "unbox_opt<Scalar>(v)"),
+    "int": ("int64_t", "v.to_int()"),
+    "int?": ("std::optional<int64_t>", "unbox_opt<int64_t>(v)"),
+    "int[]": ("IntArrayRef", "IntArrayRef(v.get<std::vector<int64_t>>(\"int[]\"))"),
+    "int[]?": ("OptionalIntArrayRef", "unbox_opt_intlist(v)"),
+    "float": ("double", "v.to_double()"),
+    "float?": ("std::optional<double>", "unbox_opt<double>(v)"),
+    "bool": ("bool", "v.get<bool>(\"bool\")"),
+    "ScalarType": ("ScalarType", "v.get<ScalarType>(\"dtype\")"),
+    "ScalarType?": ("std::optional<ScalarType>", "unbox_opt<ScalarType>(v)"),
+    "Device?": ("std::optional<Device>", "unbox_opt<Device>(v)"),
+    "str": ("std::string_view", "std::string_view(v.get<std::string>(\"str\"))"),
+    "Generator?": ("std::optional<Generator>", "unbox_opt<Generator>(v)"),
+}
+RETURN_TYPES = {"Tensor": "Tensor", "Tensor[]": "std::vector<Tensor>"}
+errors = []
+
+
+def err(where, msg):
+    errors.append(f"{where}: {msg}")
+
+
+class Arg:
+    def __init__(self, text, kwarg_only, where):
+        m = re.fullmatch(r"([A-Za-z]+(?:\[\d*\])?)(\([a-z]!?\))?(\?)?\s+(\w+)(?:=(.+))?", text.strip())
+        if not m:
+            err(where, f"cannot parse argument '{text}'")
+            self.ok = False
+            return
+        self.ok = True
+        base, alias, opt, self.name, self.default = m.groups()
+        base = re.sub(r"\[\d+\]", "[]", base)
+        self.type = base + (opt or "")
+        self.alias = alias
+        self.mutable = bool(alias and "!" in alias)
+        self.kwarg_only = kwarg_only
+        if self.type not in CPP_TYPES:
+            err(where, f"unknown argument type '{self.type}'")
+            self.ok = False
+            return
+        self.cpp, self.unbox = CPP_TYPES[self.type]
+        self.is_tensor = self.type.startswith("Tensor")
+
+    def cpp_default(self):
+        d = self.default
+        if d is None:
+            return None
+        if d == "None":
+            return "std::nullopt"
+        if d in ("True", "False"):
+            return d.lower()
+        if d == "[]":
+            return "{}"
+        if d.startswith("["):
+            return "{" + d[1:-1] + "}"
+        if d.startswith("'") or d.startswith('"'):
+            return '"' + d[1:-1] + '"'
+        if self.type.startswith("ScalarType"):
+            return "k" + {"float32": "Float32", "int64": "Int64", "bool": "Bool"}[d]
+        return d
+
+
+def parse_schema(schema, where):
+    m = re.fullmatch(r"\s*([\w.]+)\((.*)\)\s*->\s*(.+?)\s*", schema)
+    if not m:
+        err(where, f"cannot parse schema '{schema}'")
+        return None
+    full, argstr, ret = m.groups()
+    name, _, overload = full.partition(".")
+    args, kw = [], False
+    for piece in [p for p in split_top(argstr) if p.strip()]:
+        if piece.strip() == "*":
+            kw = True
+            continue
+        a = Arg(piece, kw, where)
+        if a.ok:
+            args.append(a)
+    rets = []
+    ret = ret.strip()
+    if ret.startswith("("):
+        for piece in split_top(ret[1:-1]):
+            t, _, rname = piece.strip().partition(" ")
+            rets.append((t, rname.strip()))
+    elif ret != "()":
+        rets.append((ret, ""))
+    for t, _ in rets:
+        if re.sub(r"\(.*\)", "", t) not in RETURN_TYPES:
+            err(where, f"unknown return type '{t}'")
+    return dict(name=name, overload=overload, args=args, rets=rets)
+
+
+def split_top(s):
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return out
+
+
+def validate_formula(text, names, rules, where):
+    # Identifiers must be arguments, grads/results, ops of the table or declared helpers.
+    for m in re.finditer(r"(\.?)\b([A-Za-z_]\w*)\b", text):
+        dot, ident = m.groups()
+        if dot or ident in names or ident in rules["formula_functions"]:
+            continue
+        if re.fullmatch(r"(grad|grads|result|result\d|\w+_t|true|false)", ident):
+            continue
+        err(where, f"formula '{text}' uses unknown name '{ident}'")
+
+
+class Op:
+    """One dispatcher op (a row, or a variant that a structured row generates)."""
+
+    def __init__(self, row, sch, variant, where):
+        self.row, self.where, self.variant = row, where, variant
+        base = sch["name"]
+        self.args = list(sch["args"])
+        self.rets = list(sch["rets"])
+        self.kind = row["kind"]
+        self.base = base
+        if variant == "functional":
+            self.name = base + ("." + sch["overload"] if sch["overload"] else "")
+            self.cpp_name = base
+            self.handle = base + ("_" + sch["overload"] if sch["overload"] else "")
+        elif variant == "inplace":
+            self.name = self.cpp_name = self.handle = base + "_"
+        else:  # out
+            self.name = base + ".out"
+            self.cpp_name = base + "_out"
+            self.handle = base + "_out"
+            out = Arg("Tensor(a!) out", True, where)
+            self.args = self.args + [out]
+        self.tags = list(row["tags"])
+        if variant == "inplace" and "inplace" not in self.tags:
+            self.tags.append("inplace")
+        self.is_view = self.kind == "view"
+        self.is_random = "random" in self.tags
+        self.returns_list = len(self.rets) == 1 and self.rets[0][0] == "Tensor[]"
+        self.schema = self.render_schema()
+
+    def render_schema(self):
+        parts, kw = [], False
+        for i, a in enumerate(self.args):
+            if a.kwarg_only and not kw:
+                parts.append("*")
+                kw = True
+            t = a.type
+            if self.variant == "inplace" and i == 0:
+                t = "Tensor(a!)"
+            elif self.variant == "out" and a.name == "out":
+                t = "Tensor(a!)"
+            elif a.alias:
+                t = a.type.replace("?", "") .replace("Tensor", "Tensor" + a.alias, 1)
+            parts.append(f"{t} {a.name}" + (f"={a.default}" if a.default is not None else ""))
+        if self.variant in ("inplace", "out"):
+            ret = "Tensor(a!)"
+        elif len(self.rets) == 1:
+            ret = self.rets[0][0]
+        else:
+            ret = "(" + ", ".join(f"{t} {n}".strip() for t, n in self.rets) + ")"
+        return f"{self.name}({', '.join(parts)}) -> {ret}"
+
+    @property
+    def ret_cpp(self):
+        if self.variant != "functional":
+            return "Tensor"
+        if not self.rets:
+            return "void"
+        ts = [RETURN_TYPES[re.sub(r"\(.*\)", "", t)] for t, _ in self.rets]
+        return ts[0] if len(ts) == 1 else f"std::tuple<{', '.join(ts)}>"
+
+    def params(self, with_defaults=False, skip_self=False, out_first=False):
+        args = self.args
+        if out_first and self.variant == "out":
+            args = [args[-1]] + args[:-1]
+        ps = []
+        for i, a in enumerate(args):
+            if skip_self and i == 0:
+                continue
+            p = f"{a.cpp} {a.name}"
+            d = a.cpp_default()
+            if with_defaults and d is not None and not (out_first and a.name == "out"):
+                p += f" = {d}"
+            ps.append(p)
+        # C++ defaults must be trailing: drop defaults before any required parameter.
+        if with_defaults:
+            seen_required = False
+            for i in range(len(ps) - 1, -1, -1):
+                if " = " not in ps[i]:
+                    seen_required = True
+                elif seen_required:
+                    ps[i] = ps[i].split(" = ")[0]
+        return ", ".join(ps)
+
+    def arg_names(self):
+        return ", ".join(a.name for a in self.args)
+
+    @property
+    def num_returns(self):
+        return 1 if self.variant != "functional" else len(self.rets)
+
+
+def load(paths, rules):
+    ops, seen = [], {}
+    for path in paths:
+        with open(path, "rb") as f:
+            try:
+                table = tomllib.load(f)
+            except tomllib.TOMLDecodeError as e:
+                err(path, f"not valid TOML: {e}")
+                continue
+        for i, row in enumerate(table.get("op", [])):
+            where = f"{os.path.basename(path)} row {i + 1} ({row.get('schema', '?').split('(')[0]})"
+            missing = [k for k in REQUIRED if k not in row]
+            for k in missing:
+                err(where, f"missing required field '{k}'")
+            unknown = [k for k in row if k not in REQUIRED + OPTIONAL]
+            for k in unknown:
+                err(where, f"unknown field '{k}'")
+            if missing:
+                continue
+            sch = parse_schema(row["schema"], where)
+            if sch is None:
+                continue
+            check_row(row, sch, rules, where)
+            variants = ["functional"] + [v for v in row.get("variants", []) if v != "method"]
+            for v in row.get("variants", []):
+                if v not in ("inplace", "out", "method"):
+                    err(where, f"unknown variant '{v}'")
+            if row["kind"] != "structured" and set(variants) - {"functional"}:
+                err(where, "only structured rows generate inplace/out variants")
+                variants = ["functional"]
+            for v in variants:
+                op = Op(row, sch, v, where)
+                if op.name in seen:
+                    err(where, f"op '{op.name}' already defined in {seen[op.name]}")
+                seen[op.name] = where
+                ops.append(op)
+    return ops
+
+
+def check_row(row, sch, rules, where):
+    for field, allowed in [("kind", rules["kinds"]), ("batching", rules["batching"]),
+                           ("autocast", rules["autocast"]), ("sharding", rules["sharding"])]:
+        if row[field] not in allowed:
+            err(where, f"{field} '{row[field]}' is not a known rule ({', '.join(allowed)})")
+    for t in row["tags"]:
+        if t not in rules["tags"]:
+            err(where, f"unknown tag '{t}'")
+    if not isinstance(row["dtypes"], dict) or not row["dtypes"]:
+        err(where, "dtypes must map backends to dtype sets")
+    else:
+        for backend, ds in row["dtypes"].items():
+            if backend not in rules["backends"]:
+                err(where, f"unknown backend '{backend}' in dtypes")
+            if ds not in rules["dtype_sets"]:
+                err(where, f"unknown dtype set '{ds}'")
+    kind = row["kind"]
+    if kind == "composite" and row["decomposition"] == "none":
+        err(where, "a composite row needs a decomposition (the C++ function that implements it)")
+    if kind != "composite" and row["decomposition"] != "none" and not re.fullmatch(r"\w+", row["decomposition"]):
+        err(where, "decomposition must be 'none' or a function name")
+    if not re.fullmatch(r"\w+", row["meta"]):
+        err(where, "meta must name a function in kiln::meta")
+    if sch["rets"] and sch["rets"][0][0] == "Tensor[]" and kind == "structured":
+        err(where, "structured rows return exactly one Tensor")
+    names = {a.name for a in sch["args"]} | {n for _, n in sch["rets"] if n}
+    names |= set(rules["op_names_extra"])
+    deriv = row["derivative"]
+    tensor_args = [a.name for a in sch["args"] if a.is_tensor]
+    if isinstance(deriv, str):
+        if deriv not in ("non_differentiable", "composite"):
+            err(where, "derivative must be a table of formulas, 'non_differentiable' or 'composite'")
+        if deriv == "composite" and kind != "composite":
+            err(where, "derivative 'composite' is only for composite rows")
+    elif isinstance(deriv, dict):
+        for a in tensor_args:
+            if a not in deriv:
+                err(where, f"derivative has no formula for input '{a}' (write 'non_differentiable')")
+        for k, f in deriv.items():
+            if k not in tensor_args:
+                err(where, f"derivative names '{k}', which is not a Tensor input")
+            elif not isinstance(f, str) or not f.strip():
+                err(where, f"derivative for '{k}' is empty")
+            elif f != "non_differentiable":
+                validate_formula(f, names | ALL_OP_NAMES, rules, where)
+    else:
+        err(where, "derivative must be a table or a string")
+    jvp = row["jvp"]
+    if jvp not in ("derived", "non_differentiable"):
+        validate_formula(jvp, names | ALL_OP_NAMES, rules, where)
+
+
+ALL_OP_NAMES = set()
+
+
+def key_set_expr(op):
+    parts = []
+    for a in op.args:
+        if a.type == "Tensor":
+            parts.append(f"key_of({a.name}, \"{op.name}\", \"{a.name}\")")
+        elif a.type == "Tensor?":
+            parts.append(f"key_of_opt({a.name})")
+        elif a.type == "Tensor[]":
+            parts.append(f"key_of_list({a.name})")
+    if not parts:
+        dev = next((a.name for a in op.args if a.type == "Device?"), None)
+        return f"device_key({dev})" if dev else "DispatchKeySet(DispatchKey::CPU)"
+    return " | ".join(parts)
+
+
+def gen(ops, out_dir):
+    os.makedirs(os.path.join(out_dir, "kiln", "generated"), exist_ok=True)
+    H, M, D, C, MAN = [], [], [], [], []
+    # --- op_handles.h
+    H.append("// Generated by tensor/ops/gen.py from the op table. Do not edit.\n#pragma once\n")
+    H.append('#include "kiln/dispatcher.h"\n#include "kiln/generator.h"\n#include "kiln/tensor.h"\n')
+    H.append("namespace kiln::ops {\n")
+    for op in ops:
+        p = op.params()
+        H.append(f"// {op.schema}\nstruct {op.handle} {{")
+        H.append(f"  static constexpr const char* kName = \"{op.name}\";")
+        H.append(f"  using Fn = {op.ret_cpp}({p});")
+        if op.kind == "structured":
+            fargs = [a for a in op.args if a.name != "out"] if op.variant == "out" else op.args
+            H.append(f"  using StructuredFn = void(const Tensor& out, {', '.join(f'{a.cpp} {a.name}' for a in fargs)});")
+            H.append("  static void register_structured(DispatchKey k, StructuredFn* fn);")
+        H.append("  static OperatorHandle& handle();")
+        H.append(f"  static DispatchKeySet key_set({p});")
+        H.append(f"  static {op.ret_cpp} call({p});")
+        H.append(f"  static {op.ret_cpp} redispatch(DispatchKeySet ks{', ' if p else ''}{p});")
+        H.append("};\n")
+    H.append("}  // namespace kiln::ops\n")
+    # --- ops.h (free functions) and tensor_methods.inc
+    D.append("// Generated by tensor/ops/gen.py from the op table. Do not edit.\n#pragma once\n")
+    D.append('#include "kiln/generator.h"\n#include "kiln/tensor.h"\n\nnamespace kiln {\n')
+    for op in ops:
+        D.append(f"{op.ret_cpp} {op.cpp_name}({op.params(True, out_first=True)});")
+        if op.variant != "out" and op.args and op.args[0].name == "self" and op.args[0].type == "Tensor" \
+                and op.row.get("method", True):
+            M.append(f"{op.ret_cpp} {op.cpp_name}({op.params(True, skip_self=True)}) const;")
+    D.append("\n}  // namespace kiln\n")
+    # --- meta declarations
+    metas = {}
+    for op in ops:
+        if op.variant != "functional":
+            continue
+        ret = "TensorSpec" if (op.num_returns == 1 and not op.returns_list) else "std::vector<TensorSpec>"
+        metas[(op.row["meta"], op.params())] = ret
+    MD = ["// Generated by tensor/ops/gen.py: the meta functions the op table names. Do not edit.",
+          "#pragma once\n", '#include "kiln/dispatcher.h"\n', "namespace kiln::meta {"]
+    for (name, p), ret in sorted(metas.items()):
+        MD.append(f"{ret} {name}({p});")
+    MD.append("}  // namespace kiln::meta\n")
+    # --- ops.cpp
+    C.append("// Generated by tensor/ops/gen.py from the op table. Do not edit.")
+    C.append('#include "kiln/generated/op_handles.h"\n#include "kiln/generated/ops.h"')
+    C.append('#include "kiln/generated/meta_decls.h"\n#include "kiln/generated/composite_decls.h"')
+    C.append('#include "op_support.h"\n\nnamespace kiln {\nusing namespace kiln::detail;\n')
+    CD = ["// Generated: the decompositions that composite rows name. Do not edit.", "#pragma once\n",
+          '#include "kiln/generated/ops.h"\n', "namespace kiln::composite {"]
+    for op in ops:
+        if op.kind == "composite":
+            CD.append(f"{op.ret_cpp} {op.row['decomposition']}({op.params()});")
+    CD.append("}  // namespace kiln::composite\n")
+    for idx, op in enumerate(ops):
+        C.extend(gen_op_cpp(op, idx))
+    C.append("static OperatorHandle* const kAllOps[] = {")
+    for op in ops:
+        C.append(f"    &g_op_{op.handle},")
+    C.append("};\nnamespace detail {\nstd::vector<OperatorHandle*> all_op_handles() {")
+    C.append("  return std::vector<OperatorHandle*>(std::begin(kAllOps), std::end(kAllOps));\n}")
+    C.append("}  // namespace detail\n}  // namespace kiln\n")
+    # --- manifest
+    MAN.append("// Generated test manifest: KILN_MANIFEST_OP(name, handle, kind, tags, dtype sets)")
+    for op in ops:
+        dts = ",".join(f"{k}={v}" for k, v in op.row["dtypes"].items())
+        MAN.append(f'KILN_MANIFEST_OP("{op.name}", {op.handle}, "{op.kind}", "{",".join(op.tags)}", "{dts}")')
+    files = {"op_handles.h": H, "ops.h": D, "tensor_methods.inc": M, "meta_decls.h": MD,
+             "composite_decls.h": CD, "manifest.inc": MAN}
+    for name, lines in files.items():
+        write_if_changed(os.path.join(out_dir, "kiln", "generated", name), "\n".join(lines) + "\n")
+    write_if_changed(os.path.join(out_dir, "ops.cpp"), "\n".join(C) + "\n")
+
+
+def gen_op_cpp(op, idx):
+    h, p, n = op.handle, op.params(), op.arg_names()
+    L = [f"// ---- {op.schema}"]
+    L.append(f"static const ArgInfo kArgs_{h}[] = {{")
+    for a in op.args:
+        d = f'"{a.default}"' if a.default is not None else "nullptr"
+        L.append(f'    {{"{a.name}", "{a.type}", {d}, {str(a.kwarg_only).lower()}}},')
+    if not op.args:
+        L.append('    {"", "", nullptr, false},')
+    L.append("};")
+    r = op.row
+    deriv = r["derivative"] if isinstance(r["derivative"], str) else \
+        "; ".join(f"{k}: {v}" for k, v in r["derivative"].items())
+    esc = lambda s: s.replace("\\", "\\\\").replace('"', '\\"')
+    L.append(f'static constexpr OpInfo kInfo_{h} = {{"{op.name}", "{esc(op.schema)}", "{op.kind}", '
+             f'"{",".join(op.tags)}", "{esc(deriv)}", "{esc(r["jvp"])}", "{r["batching"]}", '
+             f'"{r["autocast"]}", "{r["sharding"]}", "{r["decomposition"]}", kArgs_{h}, {len(op.args)}, '
+             f'{op.num_returns}, {str(op.returns_list).lower()}, {str(op.is_random).lower()}, '
+             f'{str(op.variant == "inplace").lower()}, {str(op.variant == "out").lower()}, '
+             f'{str(op.is_view).lower()}}};')
+    nargs = len(op.args)
+    unbox_args = ", ".join(f"unbox_arg<{i}>(s, {nargs}, [](const IValue& v) {{ return {a.unbox}; }})"
+                           for i, a in enumerate(op.args))
+    # unbox_and_call: runs a typed kernel on boxed arguments.
+    L.append(f"static void unbox_{h}(void* fn, Stack& s) {{")
+    call = f"reinterpret_cast<ops::{h}::Fn*>(fn)({unbox_args})"
+    L.extend(push_result(op, call))
+    L.append("}")
+    L.append(f"static void boxed_entry_{h}(const OperatorHandle&, DispatchKeySet ks, Stack& s) {{")
+    call = f"ops::{h}::redispatch(ks{', ' if unbox_args else ''}{unbox_args})"
+    L.extend(push_result(op, call))
+    L.append("}")
+    # boxed meta
+    fargs = op.args[:-1] if op.variant == "out" else op.args
+    f_unbox = ", ".join(f"unbox_arg<{i}>(s, {nargs}, [](const IValue& v) {{ return {a.unbox}; }})"
+                        for i, a in enumerate(fargs))
+    L.append(f"static std::vector<TensorSpec> meta_boxed_{h}(const Stack& s) {{")
+    if op.is_view:
+        L.append(f"  return as_spec_list(meta::{r['meta']}({f_unbox}));")
+    elif op.variant == "functional":
+        L.append(f"  return as_spec_list(meta::{r['meta']}({f_unbox}));")
+    elif op.variant == "inplace":
+        L.append(f"  TensorSpec spec = meta::{r['meta']}({f_unbox});")
+        L.append(f"  return {{inplace_spec(\"{op.name}\", unbox_arg<0>(s, {nargs}, [](const IValue& v) {{ return v.to_tensor(); }}), spec)}};")
+    else:
+        L.append(f"  TensorSpec spec = meta::{r['meta']}({f_unbox});")
+        L.append(f"  spec.alias_of = {nargs - 1};\n  return {{spec}};")
+    L.append("}")
+    L.append(f"constinit OperatorHandle g_op_{h}(&kInfo_{h}, &unbox_{h}, &boxed_entry_{h}, &meta_boxed_{h});")
+    L.append(f"OperatorHandle& ops::{h}::handle() {{ return g_op_{h}; }}")
+    L.append(f"DispatchKeySet ops::{h}::key_set({p}) {{ return {key_set_expr(op)}; }}")
+    L.append(f"{op.ret_cpp} ops::{h}::call({p}) {{")
+    L.append(f"  const LocalDispatchKeySet& tls = tls_local_dispatch_key_set();")
+    L.append(f"  DispatchKeySet ks = (({key_set_expr(op)}) | tls.included) - tls.excluded;")
+    mutated = [a.name for a in op.args if a.mutable] or (
+        [op.args[0].name] if op.variant == "inplace" else [])
+    if mutated and op.ret_cpp != "void":
+        L.append(f"  auto r = redispatch(ks{', ' if n else ''}{n});")
+        for m in mutated:
+            L.append(f"  {m}.impl()->bump_version();  // Note [Version counters]")
+        L.append("  return r;\n}")
+    else:
+        L.append(f"  return redispatch(ks{', ' if n else ''}{n});\n}}")
+    L.append(f"{op.ret_cpp} ops::{h}::redispatch(DispatchKeySet ks{', ' if p else ''}{p}) {{")
+    L.append(f"  const OperatorHandle& op = g_op_{h};")
+    L.append(f"  const KernelFunction& kf = op.kernel(op.select(ks));")
+    L.append(f"  if (__builtin_expect(kf.unboxed != nullptr, 1))")
+    L.append(f"    return reinterpret_cast<Fn*>(kf.unboxed)({n});")
+    L.append(f"  Stack s;\n  s.reserve({max(nargs, 1)});")
+    for a in op.args:
+        L.append(f"  s.emplace_back({a.name});")
+    L.append("  kf.boxed(op, ks, s);")
+    L.append(f"  return pop_result<{op.ret_cpp}>(s, \"{op.name}\");\n}}")
+    # free function and method
+    L.append(f"{op.ret_cpp} {op.cpp_name}({op.params(out_first=True)}) {{ return ops::{h}::call({n}); }}")
+    if op.variant != "out" and op.args and op.args[0].name == "self" and op.args[0].type == "Tensor" \
+            and op.row.get("method", True):
+        L.append(f"{op.ret_cpp} Tensor::{op.cpp_name}({op.params(skip_self=True)}) const {{ "
+                 f"return ops::{h}::call(*this{', ' if len(op.args) > 1 else ''}{', '.join(a.name for a in op.args[1:])}); }}")
+    # kind-specific kernels
+    if op.is_view:
+        L.append(f"static Tensor view_kernel_{h}({p}) {{")
+        L.append(f"  return make_view({op.args[0].name}, meta::{r['meta']}({n}));\n}}")
+        L.append(f"static const int kReg_{h} = register_view_kernel(g_op_{h}, reinterpret_cast<void*>(&view_kernel_{h}));")
+    if op.kind == "composite":
+        L.append(f"static const int kReg_{h} = register_composite(g_op_{h}, "
+                 f"reinterpret_cast<void*>(static_cast<ops::{h}::Fn*>(&composite::{r['decomposition']})));")
+    if op.kind == "structured":
+        L.extend(gen_structured(op))
+    L.append("")
+    return L
+
+
+def gen_structured(op):
+    h, r = op.handle, op.row
+    fargs = op.args[:-1] if op.variant == "out" else op.args
+    fp = ", ".join(f"{a.cpp} {a.name}" for a in fargs)
+    fn = ", ".join(a.name for a in fargs)
+    p = op.params()
+    L = [f"static ops::{h}::StructuredFn* g_structured_{h}[kNumBackendKeys] = {{}};"]
+    L.append(f"template <int K>\nstatic Tensor structured_{h}({p}) {{")
+    L.append(f"  TensorSpec spec = meta::{r['meta']}({fn});")
+    if op.variant == "functional":
+        L.append("  Tensor out = empty_strided_on(spec.sizes, spec.strides, spec.dtype, spec.device);")
+        L.append(f"  g_structured_{h}[K](out, {fn});\n  return out;\n}}")
+    elif op.variant == "inplace":
+        self_ = fargs[0].name
+        L.append(f"  inplace_spec(\"{op.name}\", {self_}, spec);")
+        L.append(f"  Tensor tmp = out_target({self_}, spec);")
+        L.append(f"  g_structured_{h}[K](tmp, {fn});")
+        L.append(f"  finish_out({self_}, tmp);\n  return {self_};\n}}")
+    else:
+        L.append(f"  prepare_out(\"{op.name}\", out, spec);")
+        L.append("  Tensor tmp = out_target(out, spec);")
+        L.append(f"  g_structured_{h}[K](tmp, {fn});")
+        L.append("  finish_out(out, tmp);\n  return out;\n}")
+    L.append(f"void ops::{h}::register_structured(DispatchKey k, StructuredFn* fn) {{")
+    L.append("  int K = static_cast<int>(k);")
+    L.append("  KILN_ASSERT(K < kNumBackendKeys, \"structured kernels register under backend keys\");")
+    L.append(f"  g_structured_{h}[K] = fn;")
+    L.append(f"  static void* const kWrappers[] = {{" + ", ".join(
+        f"reinterpret_cast<void*>(&structured_{h}<{k}>)" for k in range(5)) + "};")
+    L.append(f"  Dispatcher::get().register_kernel(g_op_{h}, k, kWrappers[K], nullptr);")
+    L.append("}")
+    return L
+
+
+def push_result(op, call):
+    nargs = len(op.args)
+    if op.ret_cpp == "void":
+        return [f"  {call};", f"  drop_args(s, {nargs});"]
+    L = [f"  auto r = {call};", f"  drop_args(s, {nargs});"]
+    if op.ret_cpp.startswith("std::tuple"):
+        for i in range(len(op.rets)):
+            L.append(f"  s.emplace_back(std::move(std::get<{i}>(r)));")
+    else:
+        L.append("  s.emplace_back(std::move(r));")
+    return L
+
+
+def write_if_changed(path, text):
+    if os.path.exists(path):
+        with open(path) as f:
+            if f.read() == text:
+                return
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main():
+    out_dir, paths = sys.argv[1], sys.argv[2:]
+    with open(os.path.join(HERE, "rules.toml"), "rb") as f:
+        rules = tomllib.load(f)
+    # Op names may appear in formulas: collect them first.
+    for path in paths:
+        with open(path, "rb") as f:
+            try:
+                for row in tomllib.load(f).get("op", []):
+                    ALL_OP_NAMES.add(row.get("schema", "").split("(")[0].split(".")[0])
+            except tomllib.TOMLDecodeError:
+                pass
+    ops = load(paths, rules)
+    if errors:
+        for e in errors:
+            print(f"op table error: {e}", file=sys.stderr)
+        sys.exit(1)
+    gen(ops, out_dir)
+
+
+if __name__ == "__main__":
+    main()

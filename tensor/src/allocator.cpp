@@ -1,0 +1,123 @@
+// The CPU caching allocator and the per-device allocator registry.
+//
+// Note [CPU caching allocator]: requests round up to a size class (powers of two up to 1 MiB,
+// then multiples of 2 MiB). Freed blocks go to a per-class free list and are reused by the
+// next request of the same class, so steady-state training allocates nothing from the OS.
+// The cache is bounded (kMaxCachedBytes); beyond it, frees go back to the OS.
+#include "kiln/allocator.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/error.h"
+
+namespace kiln {
+namespace {
+
+constexpr size_t kAlign = 64;
+constexpr size_t kSmallLimit = size_t{1} << 20;
+constexpr size_t kLargeGranule = size_t{2} << 20;
+constexpr size_t kMaxCachedBytes = size_t{4} << 30;
+
+size_t round_size(size_t n) {
+  if (n <= kAlign) return kAlign;
+  if (n <= kSmallLimit) return size_t{1} << (64 - __builtin_clzll(n - 1));
+  return (n + kLargeGranule - 1) / kLargeGranule * kLargeGranule;
+}
+
+class CpuCachingAllocator final : public Allocator {
+ public:
+  DataPtr allocate(size_t nbytes) override {
+    size_t size = round_size(nbytes);
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      ++stats_.num_allocs;
+      auto& list = free_[size];
+      if (!list.empty()) {
+        p = list.back();
+        list.pop_back();
+        stats_.cached_bytes -= size;
+        ++stats_.num_cache_hits;
+      }
+      stats_.in_use_bytes += size;
+      if (stats_.in_use_bytes > stats_.peak_in_use_bytes)
+        stats_.peak_in_use_bytes = stats_.in_use_bytes;
+    }
+    if (!p) {
+      p = std::aligned_alloc(kAlign, size);
+      if (!p) {
+        empty_cache();
+        p = std::aligned_alloc(kAlign, size);
+      }
+      if (!p) {
+        std::lock_guard<std::mutex> g(mu_);
+        stats_.in_use_bytes -= size;
+        KILN_FAIL(Runtime, "CPU out of memory: failed to allocate ", nbytes, " bytes");
+      }
+    }
+    return DataPtr(p, reinterpret_cast<void*>(size), &CpuCachingAllocator::release,
+                   Device(DeviceType::CPU));
+  }
+
+  AllocatorStats stats() const override {
+    std::lock_guard<std::mutex> g(mu_);
+    return stats_;
+  }
+
+  void empty_cache() override {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& [size, list] : free_) {
+      for (void* p : list) std::free(p);
+      stats_.cached_bytes -= size * list.size();
+      list.clear();
+    }
+  }
+
+  static CpuCachingAllocator& instance() {
+    static auto* a = new CpuCachingAllocator();  // never destroyed: frees may run at exit
+    return *a;
+  }
+
+ private:
+  static void release(void* ctx, void* data) {
+    auto size = reinterpret_cast<size_t>(ctx);
+    CpuCachingAllocator& a = instance();
+    {
+      std::lock_guard<std::mutex> g(a.mu_);
+      a.stats_.in_use_bytes -= size;
+      if (a.stats_.cached_bytes + size <= kMaxCachedBytes) {
+        a.free_[size].push_back(data);
+        a.stats_.cached_bytes += size;
+        return;
+      }
+    }
+    std::free(data);
+  }
+
+  mutable std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  AllocatorStats stats_;
+};
+
+Allocator* g_allocators[kNumDeviceTypes] = {};
+
+}  // namespace
+
+Allocator* cpu_allocator() { return &CpuCachingAllocator::instance(); }
+
+Allocator* get_allocator(DeviceType type) {
+  if (type == DeviceType::CPU) return cpu_allocator();
+  Allocator* a = g_allocators[static_cast<int>(type)];
+  KILN_CHECK(a != nullptr, Runtime, "no allocator for device type '", device_type_name(type),
+             "' (is this build without its backend, or is no device present?)");
+  return a;
+}
+
+void set_allocator(DeviceType type, Allocator* allocator) {
+  g_allocators[static_cast<int>(type)] = allocator;
+}
+
+}  // namespace kiln

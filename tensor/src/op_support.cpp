@@ -1,0 +1,77 @@
+#include "op_support.h"
+
+#include "kiln/generated/ops.h"
+
+namespace kiln::detail {
+
+DispatchKeySet key_of_list(TensorList ts) {
+  DispatchKeySet ks;
+  for (const Tensor& t : ts) {
+    KILN_CHECK(t.defined(), Value, "a tensor list contains an undefined tensor");
+    ks = ks | t.key_set();
+  }
+  return ks;
+}
+
+DispatchKeySet device_key(const std::optional<Device>& d) {
+  return DispatchKeySet(backend_key(d ? d->type() : DeviceType::CPU));
+}
+
+// torch.can_cast: no float -> integer, no non-bool -> bool.
+static bool can_cast(ScalarType from, ScalarType to) {
+  if (is_floating(from) && !is_floating(to)) return false;
+  if (from != kBool && to == kBool) return false;
+  return true;
+}
+
+TensorSpec inplace_spec(const char* op, const Tensor& self, const TensorSpec& spec) {
+  KILN_CHECK(spec.sizes.ref() == self.sizes(), Value, op, ": output with shape ", self.sizes(),
+             " doesn't match the broadcast shape ", spec.sizes.ref());
+  KILN_CHECK(can_cast(spec.dtype, self.dtype()), Type, op, ": result type ", spec.dtype,
+             " can't be cast to the desired output type ", self.dtype());
+  TensorSpec s;
+  s.sizes = self.sizes();
+  s.strides = self.strides();
+  s.offset = self.storage_offset();
+  s.dtype = self.dtype();
+  s.device = self.device();
+  s.alias_of = 0;
+  return s;
+}
+
+void prepare_out(const char* op, const Tensor& out, const TensorSpec& spec) {
+  out.check_defined("out");
+  KILN_CHECK(out.device() == spec.device, Value, op, ": out is on ", out.device(),
+             " but the result is on ", spec.device);
+  KILN_CHECK(can_cast(spec.dtype, out.dtype()), Type, op, ": result type ", spec.dtype,
+             " can't be cast to the desired output type ", out.dtype());
+  if (out.sizes() != spec.sizes.ref()) out.impl()->resize(spec.sizes);
+}
+
+Tensor out_target(const Tensor& dst, const TensorSpec& spec) {
+  if (dst.dtype() == spec.dtype) return dst;
+  return empty_on(spec.sizes, spec.dtype, dst.device());
+}
+
+void finish_out(const Tensor& dst, const Tensor& tmp) {
+  if (!tmp.is_same(dst)) dst.copy_(tmp);
+}
+
+Tensor make_view(const Tensor& base, const TensorSpec& spec) {
+  return Tensor(TensorImpl::make(base.impl()->storage(), base.dtype(), spec.sizes, spec.strides,
+                                 spec.offset));
+}
+
+int register_view_kernel(OperatorHandle& op, void* fn) {
+  for (DispatchKey k : {DispatchKey::CPU, DispatchKey::CUDA, DispatchKey::Metal, DispatchKey::Meta})
+    Dispatcher::get().register_kernel(op, k, fn, nullptr);
+  return 0;
+}
+
+int register_composite(OperatorHandle& op, void* fn) {
+  for (int k = 0; k < kNumDispatchKeys; ++k)
+    Dispatcher::get().register_kernel(op, static_cast<DispatchKey>(k), fn, nullptr);
+  return 0;
+}
+
+}  // namespace kiln::detail

@@ -1,0 +1,43 @@
+#include "kiln/storage.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kiln/error.h"
+
+namespace kiln {
+
+intrusive_ptr<Storage> Storage::create(size_t nbytes, Device device) {
+  if (!device.has_data()) return create_dataless(nbytes, device);
+  DataPtr p = nbytes ? get_allocator(device.type())->allocate(nbytes) : DataPtr();
+  return intrusive_ptr<Storage>(new Storage(std::move(p), nbytes, device));
+}
+
+intrusive_ptr<Storage> Storage::create_dataless(size_t nbytes, Device device) {
+  return intrusive_ptr<Storage>(new Storage(DataPtr(), nbytes, device));
+}
+
+intrusive_ptr<Storage> Storage::wrap(DataPtr ptr, size_t nbytes) {
+  Device d = ptr.device();
+  return intrusive_ptr<Storage>(new Storage(std::move(ptr), nbytes, d));
+}
+
+void Storage::resize(size_t nbytes) {
+  if (nbytes == nbytes_) return;
+  if (!has_data()) {
+    nbytes_ = nbytes;
+    return;
+  }
+  KILN_CHECK(device_.is_cpu() || nbytes <= nbytes_, NotImplemented,
+             "resizing a ", device_.str(), " storage to a larger size");
+  if (nbytes <= nbytes_) {
+    nbytes_ = nbytes;
+    return;
+  }
+  DataPtr p = get_allocator(device_.type())->allocate(nbytes);
+  if (nbytes_) std::memcpy(p.get(), data_.get(), nbytes_);
+  data_ = std::move(p);
+  nbytes_ = nbytes;
+}
+
+}  // namespace kiln

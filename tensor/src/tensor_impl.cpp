@@ -1,0 +1,109 @@
+#include "kiln/tensor_impl.h"
+
+#include "kiln/error.h"
+
+namespace kiln {
+
+DimVector contiguous_strides(IntArrayRef sizes) {
+  DimVector st(sizes.size());
+  int64_t s = 1;
+  for (int64_t i = static_cast<int64_t>(sizes.size()) - 1; i >= 0; --i) {
+    st[i] = s;
+    s *= std::max<int64_t>(sizes[i], 1);
+  }
+  return st;
+}
+
+int64_t numel_of(IntArrayRef sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+std::ostream& operator<<(std::ostream& os, IntArrayRef a) {
+  os << "[";
+  for (size_t i = 0; i < a.size(); ++i) os << (i ? ", " : "") << a[i];
+  return os << "]";
+}
+
+TensorImpl::TensorImpl(intrusive_ptr<Storage> storage, ScalarType dtype)
+    : storage_(std::move(storage)), dtype_(dtype) {
+  key_set_ = DispatchKeySet(backend_key(storage_->device().type()));
+}
+
+intrusive_ptr<TensorImpl> TensorImpl::make(intrusive_ptr<Storage> storage, ScalarType dtype,
+                                           IntArrayRef sizes, IntArrayRef strides, int64_t offset) {
+  intrusive_ptr<TensorImpl> t(new TensorImpl(std::move(storage), dtype));
+  if (strides.empty() && !sizes.empty()) {
+    t->set_geometry(sizes, contiguous_strides(sizes), offset);
+  } else {
+    t->set_geometry(sizes, strides, offset);
+  }
+  return t;
+}
+
+int64_t TensorImpl::size(int64_t d) const {
+  int64_t n = dim();
+  KILN_CHECK(d >= -n && d < n, Index, "dimension ", d, " out of range for a ", n, "-d tensor");
+  return sizes_[d < 0 ? d + n : d];
+}
+
+int64_t TensorImpl::stride(int64_t d) const {
+  int64_t n = dim();
+  KILN_CHECK(d >= -n && d < n, Index, "dimension ", d, " out of range for a ", n, "-d tensor");
+  return strides_[d < 0 ? d + n : d];
+}
+
+void* TensorImpl::data_ptr() const {
+  KILN_CHECK(storage_->has_data(), Runtime, "cannot access the data of a tensor on device '",
+             device().str(), "' (it has no local storage)");
+  return raw_data();
+}
+
+void TensorImpl::set_geometry(IntArrayRef sizes, IntArrayRef strides, int64_t offset) {
+  KILN_CHECK(sizes.size() == strides.size(), Value, "sizes ", sizes, " and strides ", strides,
+             " differ in length");
+  KILN_CHECK(offset >= 0, Index, "negative storage offset ", offset);
+  int64_t lo = offset, hi = offset, n = 1;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    KILN_CHECK(sizes[i] >= 0, Value, "negative size in ", sizes);
+    n *= sizes[i];
+    if (sizes[i] == 0) continue;
+    int64_t span = (sizes[i] - 1) * strides[i];
+    (span < 0 ? lo : hi) += span;
+  }
+  if (n > 0) {
+    int64_t cap = static_cast<int64_t>(storage_->nbytes() / itemsize());
+    KILN_CHECK(lo >= 0 && hi < cap, Index, "geometry sizes=", sizes, " strides=", strides,
+               " offset=", offset, " reaches elements [", lo, ", ", hi,
+               "], outside a storage of ", cap, " elements");
+  }
+  sizes_ = sizes;
+  strides_ = strides;
+  offset_ = offset;
+  numel_ = n;
+  refresh_derived();
+}
+
+void TensorImpl::refresh_derived() {
+  is_contiguous_ = true;
+  int64_t expected = 1;
+  for (int64_t i = dim() - 1; i >= 0; --i) {
+    if (sizes_[i] == 1) continue;
+    if (sizes_[i] == 0) {
+      is_contiguous_ = true;
+      return;
+    }
+    if (strides_[i] != expected) is_contiguous_ = false;
+    expected *= sizes_[i];
+  }
+}
+
+void TensorImpl::resize(IntArrayRef sizes) {
+  int64_t n = numel_of(sizes);
+  size_t need = static_cast<size_t>(offset_ + n) * itemsize();
+  if (need > storage_->nbytes()) storage_->resize(need);
+  set_geometry(sizes, contiguous_strides(sizes), offset_);
+}
+
+}  // namespace kiln
