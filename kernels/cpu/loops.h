@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kiln/generated/ops.h"
+#include "kiln/parallel.h"
 #include "kiln/tensor.h"
 
 namespace kiln::kernels {
@@ -29,12 +30,13 @@ constexpr int64_t kGrainSize = 32768;
 // only on n and grain, never on the thread count (determinism for reductions).
 template <typename F>
 void parallel_for(int64_t n, int64_t grain, const F& f) {
-  if (n <= grain || omp_get_max_threads() == 1 || omp_in_parallel()) {
+  int threads = get_num_threads();
+  if (n <= grain || threads == 1 || omp_in_parallel()) {
     f(0, n);
     return;
   }
   int64_t chunks = (n + grain - 1) / grain;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t c = 0; c < chunks; ++c) f(c * grain, std::min(n, (c + 1) * grain));
 }
 

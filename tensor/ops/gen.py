@@ -33,6 +33,7 @@ CPP_TYPES = {
     "ScalarType?": ("std::optional<ScalarType>", "unbox_opt<ScalarType>(v)"),
     "Device?": ("std::optional<Device>", "unbox_opt<Device>(v)"),
     "str": ("std::string_view", "std::string_view(v.get<std::string>(\"str\"))"),
+    "str?": ("std::optional<std::string_view>", "unbox_opt_str(v)"),
     "Generator?": ("std::optional<Generator>", "unbox_opt<Generator>(v)"),
 }
 RETURN_TYPES = {"Tensor": "Tensor", "Tensor[]": "std::vector<Tensor>"}
@@ -76,6 +77,8 @@ class Arg:
             return "{}"
         if d.startswith("["):
             return "{" + d[1:-1] + "}"
+        if d.startswith("'") or d.startswith('"'):
+            return '"' + d[1:-1] + '"'
         if d.startswith("'") or d.startswith('"'):
             return '"' + d[1:-1] + '"'
         if self.type.startswith("ScalarType"):
@@ -130,6 +133,7 @@ def split_top(s):
 
 def validate_formula(text, names, rules, where):
     # Identifiers must be arguments, grads/results, ops of the table or declared helpers.
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "", text)
     for m in re.finditer(r"(\.?)\b([A-Za-z_]\w*)\b", text):
         dot, ident = m.groups()
         if dot or ident in names or ident in rules["formula_functions"]:
@@ -537,6 +541,10 @@ def gen_structured(op):
     L.append(f"  static void* const kWrappers[] = {{" + ", ".join(
         f"reinterpret_cast<void*>(&structured_{h}<{k}>)" for k in range(5)) + "};")
     L.append(f"  Dispatcher::get().register_kernel(g_op_{h}, k, kWrappers[K], nullptr);")
+    if op.variant == "functional":  # one kernel serves the in-place and out= variants too
+        for v in op.row.get("variants", []):
+            if v in ("inplace", "out"):
+                L.append(f"  ops::{op.base}{'_' if v == 'inplace' else '_out'}::register_structured(k, fn);")
     L.append("}")
     return L
 
@@ -567,11 +575,14 @@ def main():
     out_dir, paths = sys.argv[1], sys.argv[2:]
     with open(os.path.join(HERE, "rules.toml"), "rb") as f:
         rules = tomllib.load(f)
+    # A table may declare the formula helpers its rows use: formula_functions = [...].
     # Op names may appear in formulas: collect them first.
     for path in paths:
         with open(path, "rb") as f:
             try:
-                for row in tomllib.load(f).get("op", []):
+                table = tomllib.load(f)
+                rules["formula_functions"] = rules["formula_functions"] + table.get("formula_functions", [])
+                for row in table.get("op", []):
                     ALL_OP_NAMES.add(row.get("schema", "").split("(")[0].split(".")[0])
             except tomllib.TOMLDecodeError:
                 pass

@@ -42,6 +42,10 @@ inline OptionalIntArrayRef unbox_opt_intlist(const IValue& v) {
   if (v.is_none()) return std::nullopt;
   return IntArrayRef(v.get<std::vector<int64_t>>("int[]"));
 }
+inline std::optional<std::string_view> unbox_opt_str(const IValue& v) {
+  if (v.is_none()) return std::nullopt;
+  return std::string_view(v.get<std::string>("str"));
+}
 inline void drop_args(Stack& s, size_t n) { s.erase(s.end() - n, s.end()); }
 
 template <typename T>

@@ -12,4 +12,5 @@
 #include "kiln/generator.h"
 #include "kiln/ivalue.h"
 #include "kiln/operators.h"
+#include "kiln/parallel.h"
 #include "kiln/tensor.h"
