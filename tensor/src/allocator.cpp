@@ -35,7 +35,7 @@ class CpuCachingAllocator final : public Allocator {
     {
       std::lock_guard<std::mutex> g(mu_);
       ++stats_.num_allocs;
-      auto& list = free_[size];
+      auto& list = free_list(size);
       if (!list.empty()) {
         p = list.back();
         list.pop_back();
@@ -69,11 +69,13 @@ class CpuCachingAllocator final : public Allocator {
 
   void empty_cache() override {
     std::lock_guard<std::mutex> g(mu_);
-    for (auto& [size, list] : free_) {
+    auto drain = [&](size_t size, std::vector<void*>& list) {
       for (void* p : list) std::free(p);
       stats_.cached_bytes -= size * list.size();
       list.clear();
-    }
+    };
+    for (int c = 0; c < kNumSmallClasses; ++c) drain(size_t{1} << c, small_[c]);
+    for (auto& [size, list] : large_) drain(size, list);
   }
 
   static CpuCachingAllocator& instance() {
@@ -89,7 +91,7 @@ class CpuCachingAllocator final : public Allocator {
       std::lock_guard<std::mutex> g(a.mu_);
       a.stats_.in_use_bytes -= size;
       if (a.stats_.cached_bytes + size <= kMaxCachedBytes) {
-        a.free_[size].push_back(data);
+        a.free_list(size).push_back(data);
         a.stats_.cached_bytes += size;
         return;
       }
@@ -97,8 +99,15 @@ class CpuCachingAllocator final : public Allocator {
     std::free(data);
   }
 
+  // Small classes are powers of two, indexed by log2; large ones are keyed by size.
+  static constexpr int kNumSmallClasses = 21;  // up to 1 MiB
+  std::vector<void*>& free_list(size_t size) {
+    if (size <= kSmallLimit) return small_[63 - __builtin_clzll(size)];
+    return large_[size];
+  }
   mutable std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
+  std::vector<void*> small_[kNumSmallClasses];
+  std::unordered_map<size_t, std::vector<void*>> large_;
   AllocatorStats stats_;
 };
 

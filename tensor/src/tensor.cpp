@@ -86,6 +86,14 @@ Tensor scalar_to_tensor(const Scalar& s) {
 
 // Note [Type promotion] (scalar_type.h): three priority levels, combined by category.
 ScalarType result_type(TensorList tensors) {
+  // Fast path: plain tensors of one dtype (the common case) need no category logic.
+  if (!tensors.empty() && tensors[0].defined()) {
+    ScalarType t0 = tensors[0].dtype();
+    bool plain = true;
+    for (const Tensor& t : tensors)
+      plain = plain && t.defined() && t.dtype() == t0 && t.dim() > 0 && !t.impl()->is_wrapped_number();
+    if (plain) return t0;
+  }
   std::optional<ScalarType> dim_r, zero_r, wrapped_r;
   auto upd = [](std::optional<ScalarType>& r, ScalarType t) { r = r ? promote_types(*r, t) : t; };
   for (const Tensor& t : tensors) {

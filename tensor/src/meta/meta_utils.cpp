@@ -22,6 +22,7 @@ std::vector<bool> dim_mask(const char* op, OptionalIntArrayRef dims, int64_t ndi
 }
 
 DimVector broadcast_shapes(const char* op, IntArrayRef a, IntArrayRef b) {
+  if (a == b) return DimVector(a);
   size_t n = std::max(a.size(), b.size());
   DimVector out(n);
   for (size_t i = 0; i < n; ++i) {
@@ -35,6 +36,12 @@ DimVector broadcast_shapes(const char* op, IntArrayRef a, IntArrayRef b) {
 }
 
 Device common_device(const char* op, TensorList tensors) {
+  if (!tensors.empty() && tensors[0].defined()) {
+    Device d0 = tensors[0].device();
+    bool same = true;
+    for (const Tensor& t : tensors) same = same && t.defined() && t.device() == d0;
+    if (same) return d0;
+  }
   std::optional<Device> dev;
   bool from_scalar = false;
   for (const Tensor& t : tensors) {
