@@ -1,5 +1,7 @@
 #include "kiln/generator.h"
 
+#include "kiln/error.h"
+
 namespace kiln {
 
 Generator::Generator(uint64_t seed) : impl_(std::make_shared<Impl>()) { impl_->state.seed = seed; }
@@ -37,5 +39,16 @@ Generator& default_generator() {
 }
 
 void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+
+RandomWidth random_op_width(std::string_view op, ScalarType dtype) {
+  if (op == "randint" || op == "randperm") return RandomWidth::k64;
+  if (op == "rand" || op == "randn" || op == "uniform_" || op == "normal_" || op == "bernoulli")
+    return dtype == kFloat64 ? RandomWidth::k64 : RandomWidth::k32;
+  KILN_FAIL(Value, "random_op_counters: '", op, "' is not a random op of the table");
+}
+
+uint64_t random_op_counters(std::string_view op, int64_t numel, ScalarType dtype) {
+  return random_counters(random_op_width(op, dtype), numel);
+}
 
 }  // namespace kiln

@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "kiln/error.h"
+#include "kiln/generator.h"  // std::optional<Generator> arguments of generated methods
 #include "kiln/scalar.h"
 #include "kiln/tensor_impl.h"
 
 namespace kiln {
 
-class Generator;
 class Tensor;
 using TensorList = ArrayRef<Tensor>;
 
