@@ -82,6 +82,7 @@ GPU_TEST(Allocator, SmallBlocksRoundAndReuse) {
 
 GPU_TEST(Allocator, LargeBlocksUseTwoMiBGranules) {
   REQUIRE_GPU();
+  cuda::empty_cache();  // no cached block of the sizes below from earlier tests
   size_t before = cuda::device_stats(0).in_use_bytes;
   void* first = nullptr;
   {
@@ -107,6 +108,7 @@ GPU_TEST(Allocator, EmptyCacheReleasesFreeBlocks) {
 
 GPU_TEST(Allocator, BlocksAreReusedOnlyOnTheirStream) {
   REQUIRE_GPU();
+  cuda::empty_cache();  // no cached block of the sizes below from earlier tests
   cuda::Stream a = cuda::getStreamFromPool(0), b = cuda::getStreamFromPool(0);
   ASSERT_TRUE(a != b);
   void* pa = nullptr;
@@ -119,6 +121,7 @@ GPU_TEST(Allocator, BlocksAreReusedOnlyOnTheirStream) {
 
 GPU_TEST(Allocator, RecordStreamDefersReuseUntilTheEventCompletes) {
   REQUIRE_GPU();
+  cuda::empty_cache();  // no cached block of the sizes below from earlier tests
   cuda::Stream a = cuda::getStreamFromPool(0), side = cuda::getStreamFromPool(0);
   std::atomic<bool> release{false};
   KILN_CUDA_CHECK(cudaLaunchHostFunc(side, hold_stream, &release));  // side is busy
@@ -138,6 +141,7 @@ GPU_TEST(Allocator, RecordStreamDefersReuseUntilTheEventCompletes) {
 
 GPU_TEST(Allocator, RecordStreamOnTensorViews) {
   REQUIRE_GPU();
+  cuda::empty_cache();  // no cached block of the sizes below from earlier tests
   cuda::Stream side = cuda::getStreamFromPool(0);
   std::atomic<bool> release{false};
   KILN_CUDA_CHECK(cudaLaunchHostFunc(side, hold_stream, &release));

@@ -66,15 +66,21 @@ GPU_TEST(Copy, EveryDtypePairCastsOnDevice) {
     for (ScalarType to : all_dtypes()) {
       Tensor c = d.to(to, std::nullopt);  // CUDA -> CUDA with a dtype change
       EXPECT_EQ(c.dtype(), to);
-      std::vector<double> want;
-      for (double v : values(h)) want.push_back(round_to(to, v));
-      expect_values(c, want);
+      // A negative float converted to uint8 is undefined behaviour (in C++ and in PyTorch):
+      // those elements are not compared.
+      std::vector<double> src = values(h), want;
+      for (double v : src) want.push_back(round_to(to, v));
       Tensor hc = kiln::empty({33}, to, Device(kCPU));
       hc.copy_(d);  // D2H with a cast
-      expect_values(hc, want);
       Tensor dc = kiln::empty({33}, to, kCuda);
       dc.copy_(h);  // H2D with a cast
-      expect_values(dc, want);
+      for (const Tensor& got : {c, hc, dc}) {
+        std::vector<double> g = values(got);
+        for (size_t i = 0; i < g.size(); ++i) {
+          if (is_floating(from) && to == kUInt8 && src[i] < 0) continue;
+          EXPECT_EQ(g[i], want[i]);
+        }
+      }
     }
   }
 }
