@@ -382,5 +382,139 @@ TEST(PointwiseBinary, BadInputs) {
   EXPECT_TRUE(std::isinf(to_doubles(div(i, z))[1]));  // true division of ints by zero: inf
 }
 
+
+TEST(PointwiseBinary, IntegerSemantics) {
+  Tensor a = from_vector<int32_t>({7, -7, 7, -7}, {4}), b = from_vector<int32_t>({2, 2, -2, -2}, {4});
+  EXPECT_EQ(to_doubles(div(a, b, "trunc")), std::vector<double>({3, -3, -3, 3}));
+  EXPECT_EQ(to_doubles(div(a, b, "floor")), std::vector<double>({3, -4, -4, 3}));
+  EXPECT_EQ(to_doubles(fmod(a, b)), std::vector<double>({1, -1, 1, -1}));
+  EXPECT_EQ(to_doubles(remainder(a, b)), std::vector<double>({1, 1, -1, -1}));
+  Tensor fa = a.to(kFloat32), fb = b.to(kFloat32);
+  EXPECT_EQ(to_doubles(remainder(fa, fb)), std::vector<double>({1, 1, -1, -1}));
+  EXPECT_EQ(to_doubles(div(fa, fb, "floor")), std::vector<double>({3, -4, -4, 3}));
+  Tensor base = from_vector<int64_t>({2, -1, 1, 3}, {4}), ex = from_vector<int64_t>({10, -3, -2, -1}, {4});
+  EXPECT_EQ(to_doubles(pow(base, ex)), std::vector<double>({1024, -1, 1, 0}));
+  Tensor n = from_vector<float>({NAN, 1, 2}, {3}), m = from_vector<float>({0, NAN, 1}, {3});
+  auto mx = to_doubles(maximum(n, m)), mn = to_doubles(minimum(n, m));
+  EXPECT_TRUE(std::isnan(mx[0]) && std::isnan(mx[1]) && mx[2] == 2);
+  EXPECT_TRUE(std::isnan(mn[0]) && std::isnan(mn[1]) && mn[2] == 1);
+  EXPECT_TRUE(logical_and(n, m).select(0, 0).item<bool>() == false);  // nan is true, 0 is false
+}
+
+TEST(PointwiseWhere, BroadcastPromotionAndErrors) {
+  for (ScalarType dt : dtypes_of_set("all")) {
+    SCOPED_TRACE(scalar_type_name(dt));
+    Tensor c = random({3, 1, 4}, kBool, 0, 2, 1), x = random({2, 1}, dt, -5, 5, 2), y = random({4}, dt, -5, 5, 3);
+    Tensor r = where(non_contiguous(c), x, non_contiguous(y));
+    auto vc = to_doubles(c.expand({3, 2, 4})), vx = to_doubles(x.expand({3, 2, 4})),
+         vy = to_doubles(y.expand({3, 2, 4}));
+    for (size_t i = 0; i < vc.size(); ++i) vx[i] = vc[i] != 0 ? vx[i] : vy[i];
+    EXPECT_EQ(r.sizes(), IntArrayRef({3, 2, 4}));
+    EXPECT_EQ(r.dtype(), dt);
+    EXPECT_EQ(to_doubles(r), vx);
+  }
+  Tensor c = random({70000}, kBool, 0, 2, 4), x = random({70000}, kFloat64, -5, 5, 5);
+  Tensor r = where(c, x, scalar_to_tensor(Scalar(0.5)));
+  EXPECT_EQ(r.dtype(), kFloat64);
+  auto vc = to_doubles(c), vx = to_doubles(x), vr = to_doubles(r);
+  for (size_t i = 0; i < vc.size(); ++i) ASSERT_EQ(vr[i], vc[i] != 0 ? vx[i] : 0.5);
+  EXPECT_EQ(where(random({2}, kBool), random({2}, kInt32), random({2}, kFloat16)).dtype(), kFloat16);
+  EXPECT_EQ(where(random({0, 2}, kBool), random({2}), random({1})).sizes(), IntArrayRef({0, 2}));
+  Tensor o = empty_on({0}, kFloat64, kCPU);
+  where_out(o, random({2, 2}, kBool), random({2}), random({2, 1}));
+  EXPECT_EQ(o.sizes(), IntArrayRef({2, 2}));
+  expect_error(ErrorKind::Type, "where: expected condition to be a bool tensor", [] {
+    where(random({2}, kInt32), random({2}), random({2}));
+  });
+  expect_error(ErrorKind::Value, "not broadcastable", [] { where(random({3}, kBool), random({2}), random({2})); });
+}
+
+TEST(PointwiseOperators, ArithmeticComparisonAndInplace) {
+  Tensor a = from_vector<float>({1, 2, 4}, {3}), b = from_vector<float>({2, 2, 2}, {3});
+  EXPECT_EQ(to_doubles(a + b), std::vector<double>({3, 4, 6}));
+  EXPECT_EQ(to_doubles(a - b), std::vector<double>({-1, 0, 2}));
+  EXPECT_EQ(to_doubles(a * 2), std::vector<double>({2, 4, 8}));
+  EXPECT_EQ(to_doubles(8 / a), std::vector<double>({8, 4, 2}));
+  EXPECT_EQ(to_doubles(1 - a), std::vector<double>({0, -1, -3}));
+  EXPECT_EQ(to_doubles(-a), std::vector<double>({-1, -2, -4}));
+  EXPECT_EQ((a * 2).dtype(), kFloat32);
+  Tensor i = from_vector<int32_t>({1, 2, 3}, {3});
+  EXPECT_EQ((i / 2).dtype(), kFloat32);
+  EXPECT_EQ((i * 2).dtype(), kInt32);
+  EXPECT_EQ((i * 2.5).dtype(), kFloat32);
+  Tensor m = a > 1.5;
+  EXPECT_EQ(m.dtype(), kBool);
+  EXPECT_EQ(to_doubles(m), std::vector<double>({0, 1, 1}));
+  EXPECT_EQ(to_doubles(a == b), std::vector<double>({0, 1, 0}));
+  EXPECT_EQ(to_doubles(a != b), std::vector<double>({1, 0, 1}));
+  EXPECT_EQ(to_doubles(a <= b), std::vector<double>({1, 1, 0}));
+  EXPECT_EQ(to_doubles(a >= 2), std::vector<double>({0, 1, 1}));
+  EXPECT_EQ(to_doubles(3 < a), std::vector<double>({0, 0, 1}));
+  Tensor c = a.clone();
+  c += 1;
+  c -= b;
+  c *= 3;
+  c /= b;
+  EXPECT_EQ(to_doubles(c), std::vector<double>({0, 1.5, 4.5}));
+  EXPECT_EQ(c.dtype(), kFloat32);
+  expect_error(ErrorKind::Type, "can't be cast", [&] { i += 1.5; });
+  expect_error(ErrorKind::Type, "can't be cast", [&] { i /= 2; });
+}
+
+// Note [Vectorizable math]: kiln::vec functions against std:: in double, in float32 ulps.
+double ulp_error(float got, double want) {
+  if (std::isnan(want)) return std::isnan(got) ? 0 : 1e9;
+  if (std::isinf(want) || std::fabs(want) > 3.4028234663852886e38) return got == static_cast<float>(want) ? 0 : 1e9;
+  float w = static_cast<float>(want);
+  double ulp = std::fabs(w) < 1.17549435e-38f ? 1.401298464e-45
+                                               : std::nextafter(std::fabs(w), INFINITY) - std::fabs(w);
+  return std::fabs(static_cast<double>(got) - want) / ulp;
+}
+
+TEST(VecMath, AccuracyAgainstStd) {
+  std::vector<float> xs;
+  for (double v = -110; v <= 110; v += 0.0071) xs.push_back(static_cast<float>(v));
+  for (int e = -149; e < 128; ++e) {
+    for (float m : {1.0f, 1.37f, 1.9999f}) {
+      xs.push_back(std::ldexp(m, e));
+      xs.push_back(-std::ldexp(m, e));
+    }
+  }
+  for (float v : {INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 88.72f, 88.73f, -103.9f, -104.0f}) xs.push_back(v);
+  struct Fn {
+    const char* name;
+    float (*f)(float);
+    double (*ref)(double);
+    bool denormals = true;  // silu = x * sigmoid(x) rounds the denormal sigmoid first
+  };
+  const Fn fns[] = {
+      {"exp", vec::exp, [](double x) { return std::exp(x); }},
+      {"log", vec::log, [](double x) { return std::log(x); }},
+      {"tanh", vec::tanh, [](double x) { return std::tanh(x); }},
+      {"sigmoid", vec::sigmoid, [](double x) { return 1 / (1 + std::exp(-x)); }},
+      {"erf", vec::erf, [](double x) { return std::erf(x); }},
+      {"silu", vec::silu, [](double x) { return x / (1 + std::exp(-x)); }, false},
+  };
+  for (const Fn& f : fns) {
+    double worst = 0;
+    float at = 0;
+    for (float x : xs) {
+      double want = f.ref(static_cast<double>(x));
+      if (!f.denormals && std::fabs(want) < 1.17549435e-38 * std::max(1.0, std::fabs(double{x}))) continue;
+      double e = ulp_error(f.f(x), want);
+      if (e > worst) worst = e, at = x;
+    }
+    EXPECT_LE(worst, 3.0) << f.name << " worst at x = " << at;
+  }
+  // gelu's 1 + erf cancels for x << 0 (as in PyTorch): check it in absolute terms there.
+  for (float x : xs) {
+    if (!std::isfinite(x)) continue;
+    double want = 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    EXPECT_NEAR(vec::gelu_erf(x), want, 4e-7 * std::max(1.0, std::fabs(want))) << x;
+    double wt = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    if (std::fabs(x) < 1e12f) EXPECT_NEAR(vec::gelu_tanh(x), wt, 4e-7 * std::max(1.0, std::fabs(wt))) << x;
+  }
+}
+
 }  // namespace
 }  // namespace kiln::testing
