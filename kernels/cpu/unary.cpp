@@ -11,6 +11,10 @@
 #include "loops.h"
 #include "vec_math.h"
 
+// The float lambdas must inline into the loops of loops.h or the loops stay scalar (Note
+// [Vectorizable math]); GCC's heuristics gave up on gelu's without this.
+#define KILN_VEC_INLINE_LAMBDA __attribute__((always_inline))
+
 namespace kiln::kernels {
 namespace {
 
@@ -45,7 +49,7 @@ void numeric_op(const char* name, const Tensor& out, const Tensor& self, const F
 
 #define KILN_FLOAT_UNARY(NAME, FLOAT_EXPR, DOUBLE_EXPR)                                   \
   void NAME##_cpu(const Tensor& out, const Tensor& self) {                              \
-    float_op(#NAME, out, self, [](float a) -> float { return FLOAT_EXPR; },             \
+    float_op(#NAME, out, self, [](float a) KILN_VEC_INLINE_LAMBDA -> float { return FLOAT_EXPR; }, \
              [](double a) -> double { return DOUBLE_EXPR; });                           \
   }
 
@@ -67,12 +71,12 @@ KILN_FLOAT_UNARY(silu, vec::silu(a), a / (1.0 + std::exp(-a)))
 // x: (*) -> (*), erf form x/2 (1 + erf(x / sqrt 2)) or the tanh approximation.
 void gelu_cpu(const Tensor& out, const Tensor& self, std::string_view approximate) {
   if (approximate == "tanh") {
-    float_op("gelu", out, self, [](float a) { return vec::gelu_tanh(a); }, [](double a) {
+    float_op("gelu", out, self, [](float a) KILN_VEC_INLINE_LAMBDA { return vec::gelu_tanh(a); }, [](double a) {
       return 0.5 * a * (1.0 + std::tanh(0.79788456080286535588 * (a + 0.044715 * a * a * a)));
     });
     return;
   }
-  float_op("gelu", out, self, [](float a) { return vec::gelu_erf(a); },
+  float_op("gelu", out, self, [](float a) KILN_VEC_INLINE_LAMBDA { return vec::gelu_erf(a); },
            [](double a) { return 0.5 * a * (1.0 + std::erf(a * M_SQRT1_2)); });
 }
 

@@ -19,17 +19,21 @@
 #include <cstdint>
 #include <limits>
 
+// Forced inline: a call left in a loop body stops GCC from vectorizing the loop, and GCC's
+// heuristics decline to inline erf (which inlines exp) into the gelu lambda.
+#define KILN_VEC_INLINE inline __attribute__((always_inline))
+
 namespace kiln::vec {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // 2^n for n in [-126, 127] (a normal float built from its exponent bits).
-inline float pow2i(int32_t n) { return std::bit_cast<float>((n + 127) << 23); }
+KILN_VEC_INLINE float pow2i(int32_t n) { return std::bit_cast<float>((n + 127) << 23); }
 
 // e^x. Cephes expf: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact r), a
 // degree-6 polynomial for e^r, then 2^n applied in two halves so that results down to the
 // smallest denormal round once. ~1 ulp.
-inline float exp(float x) {
+KILN_VEC_INLINE float exp(float x) {
   constexpr float kHi = 88.7228394f, kLo = -103.972084f;
   float xc = x < kHi ? x : kHi;  // nan -> kHi, patched at the end
   xc = xc > kLo ? xc : kLo;
@@ -50,9 +54,27 @@ inline float exp(float x) {
   return x != x ? x : y;
 }
 
+// e^x for x <= 0 without the special-value patches (erf's tail: the argument is a finite
+// polynomial value or -inf, and 1 - e^x only needs results down to ~1e-8). Saves ~8 operations.
+KILN_VEC_INLINE float exp_nonpositive(float x) {
+  float xc = x > -87.0f ? x : -87.0f;  // -inf -> -87: e^-87 is below erf's resolution
+  float j = std::fma(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
+  int32_t n = static_cast<int32_t>(j);
+  float r = std::fma(j, -0.693359375f, xc);
+  r = std::fma(j, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  return p * pow2i(n);
+}
+
 // Natural log. Cephes logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), a degree-8 polynomial in
 // m - 1, e ln2 added in two parts. Denormal inputs are scaled by 2^23 first. ~1 ulp.
-inline float log(float x) {
+KILN_VEC_INLINE float log(float x) {
   bool den = x < 1.17549435e-38f;
   float xs = den ? x * 8388608.0f : x;
   int32_t bits = std::bit_cast<int32_t>(xs);
@@ -83,7 +105,7 @@ inline float log(float x) {
 }
 
 // tanh. |x| < 0.625: odd polynomial (Cephes tanhf); else 1 - 2 / (e^{2|x|} + 1) with x's sign.
-inline float tanh(float x) {
+KILN_VEC_INLINE float tanh(float x) {
   float a = x < 0.0f ? -x : x;
   float z = x * x;
   float p = -5.70498872745e-3f;
@@ -99,7 +121,7 @@ inline float tanh(float x) {
 }
 
 // 1 / (1 + e^-x), written as e^x / (1 + e^x) for x < 0 so that tiny results keep their bits.
-inline float sigmoid(float x) {
+KILN_VEC_INLINE float sigmoid(float x) {
   float e = vec::exp(x < 0.0f ? x : -x);  // e^-|x|, in (0, 1]
   float d = 1.0f + e;
   return x < 0.0f ? e / d : 1.0f / d;
@@ -108,7 +130,7 @@ inline float sigmoid(float x) {
 // erf. Coefficients of Norbert Juffa's faithfully rounded erff (StackOverflow question 35148198,
 // "Efficient faithfully rounded implementation of error function erff"): |x| <= 0.9277 an odd
 // polynomial, else 1 - e^{p(|x|)} with x's sign. Our exp adds ~1 ulp.
-inline float erf(float x) {
+KILN_VEC_INLINE float erf(float x) {
   float t = x < 0.0f ? -x : x;
   float s = x * x;
   float r = std::fma(-1.72853470e-5f, t, 3.83197126e-4f);
@@ -118,7 +140,7 @@ inline float erf(float x) {
   r = std::fma(r, t, -6.34846687e-1f);
   r = std::fma(r, t, -1.28717512e-1f);
   r = std::fma(r, t, -t);
-  float big = 1.0f - vec::exp(r);
+  float big = 1.0f - vec::exp_nonpositive(r);
   big = x < 0.0f ? -big : big;
   float q = -5.96761703e-4f;
   q = std::fma(q, s, 4.99119423e-3f);
@@ -131,14 +153,14 @@ inline float erf(float x) {
 }
 
 // gelu, erf form: x/2 (1 + erf(x / sqrt 2)).
-inline float gelu_erf(float x) { return 0.5f * x * (1.0f + vec::erf(x * 0.707106781186547524f)); }
+KILN_VEC_INLINE float gelu_erf(float x) { return 0.5f * x * (1.0f + vec::erf(x * 0.707106781186547524f)); }
 
 // gelu, tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-inline float gelu_tanh(float x) {
+KILN_VEC_INLINE float gelu_tanh(float x) {
   float inner = 0.797884560802865355f * std::fma(0.044715f * x * x, x, x);
   return 0.5f * x * (1.0f + vec::tanh(inner));
 }
 
-inline float silu(float x) { return x * vec::sigmoid(x); }
+KILN_VEC_INLINE float silu(float x) { return x * vec::sigmoid(x); }
 
 }  // namespace kiln::vec
