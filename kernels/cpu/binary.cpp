@@ -1,9 +1,38 @@
-// Binary pointwise kernels on the CPU (tensor/ops/pointwise.toml).
+// Binary pointwise kernels on the CPU (tensor/ops/pointwise.toml): x, y broadcastable to out's
+// shape -> out. `out` has the result dtype the meta function chose (bool for comparisons and
+// logical ops); inputs are cast to the compute dtype first (cast_inputs).
+#include <atomic>
+#include <cmath>
+#include <type_traits>
+
 #include "kiln/generated/op_handles.h"
 #include "loops.h"
 
 namespace kiln::kernels {
 namespace {
+
+template <typename T>
+constexpr bool kReduced = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+// out = f(x, y) in T; float16/bfloat16 compute in float. f is generic.
+template <typename T, typename F>
+void binary_op(const Tensor& out, const Tensor& x, const Tensor& y, const F& f) {
+  if constexpr (kReduced<T>) {
+    binary_kernel<T>(out, x, y, [&](T a, T b) { return T(f(float(a), float(b))); });
+  } else {
+    binary_kernel<T>(out, x, y, [&](T a, T b) { return static_cast<T>(f(a, b)); });
+  }
+}
+
+// Integer division by zero raises ZeroDivisionError like PyTorch. Kernels run inside OpenMP
+// regions, which an exception must not leave: the lambda records the event, the caller throws.
+struct ZeroFlag {
+  mutable std::atomic<bool> hit{false};
+  void set() const { hit.store(true, std::memory_order_relaxed); }
+  void check(const char* op) const {
+    KILN_CHECK(!hit.load(), Runtime, op, ": ZeroDivisionError (integer division by zero)");
+  }
+};
 
 // x: broadcastable to out, y: broadcastable to out -> out = x + alpha * y
 void add_cpu(const Tensor& out, const Tensor& self, const Tensor& other, const Scalar& alpha) {
@@ -12,7 +41,7 @@ void add_cpu(const Tensor& out, const Tensor& self, const Tensor& other, const S
     using T = scalar_t;
     if constexpr (std::is_same_v<T, bool>) {
       binary_kernel<T>(out, in[0], in[1], [](T a, T b) { return a || b; });
-    } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    } else if constexpr (kReduced<T>) {
       float al = alpha.to<float>();
       binary_kernel<T>(out, in[0], in[1], [al](T a, T b) { return T(float(a) + al * float(b)); });
     } else {
@@ -26,7 +55,232 @@ void add_cpu(const Tensor& out, const Tensor& self, const Tensor& other, const S
   });
 }
 
-KILN_LIBRARY(CPU, m) { m.structured<ops::add>(add_cpu); }
+// out = x - alpha * y (no bool: the meta function rejects it)
+void sub_cpu(const Tensor& out, const Tensor& self, const Tensor& other, const Scalar& alpha) {
+  auto in = cast_inputs(out.dtype(), {self, other});
+  KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), "sub", [&] {
+    using T = scalar_t;
+    using C = std::conditional_t<kReduced<T>, float, T>;
+    C al = alpha.to<C>();
+    if (al == C(1)) binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return a - b; });
+    else binary_op<T>(out, in[0], in[1], [al](auto a, auto b) { return a - al * b; });
+  });
+}
+
+void mul_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
+  auto in = cast_inputs(out.dtype(), {self, other});
+  KILN_DISPATCH_ALL_TYPES(out.dtype(), "mul", [&] {
+    using T = scalar_t;
+    binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return a * b; });
+  });
+}
+
+// Python's floor division of floats (c10::div_floor_floating): exact at integer boundaries.
+template <typename C>
+C div_floor_float(C a, C b) {
+  if (b == 0) return a / b;
+  C mod = std::fmod(a, b);
+  C div = (a - mod) / b;
+  if (mod != 0 && (b < 0) != (mod < 0)) div -= 1;
+  if (div == 0) return std::copysign(C(0), a / b);
+  C fl = std::floor(div);
+  return div - fl > C(0.5) ? fl + 1 : fl;
+}
+
+template <typename T>
+void div_rounding(const Tensor& out, const std::vector<Tensor>& in, bool trunc, const ZeroFlag& zero) {
+  if constexpr (std::is_integral_v<T>) {
+    binary_kernel<T>(out, in[0], in[1], [&zero, trunc](T a, T b) -> T {
+      if (b == 0) {
+        zero.set();
+        return 0;
+      }
+      T q = static_cast<T>(a / b);
+      if (!trunc && (a % b != 0) && ((a < 0) != (b < 0))) --q;
+      return q;
+    });
+  } else if (trunc) {
+    binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return std::trunc(a / b); });
+  } else {
+    binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return div_floor_float(a, b); });
+  }
+}
+
+// out = x / y; rounding_mode None (true division, float out), 'trunc' or 'floor'.
+void div_cpu(const Tensor& out, const Tensor& self, const Tensor& other,
+             std::optional<std::string_view> rounding_mode) {
+  auto in = cast_inputs(out.dtype(), {self, other});
+  if (!rounding_mode) {
+    KILN_DISPATCH_FLOAT_TYPES(out.dtype(), "div", [&] {
+      binary_op<scalar_t>(out, in[0], in[1], [](auto a, auto b) { return a / b; });
+    });
+    return;
+  }
+  bool trunc = *rounding_mode == "trunc";
+  ZeroFlag zero;
+  KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), "div", [&] { div_rounding<scalar_t>(out, in, trunc, zero); });
+  zero.check("div");
+}
+
+// maximum/minimum propagate nan.
+void maximum_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
+  auto in = cast_inputs(out.dtype(), {self, other});
+  KILN_DISPATCH_ALL_TYPES(out.dtype(), "maximum", [&] {
+    binary_op<scalar_t>(out, in[0], in[1], [](auto a, auto b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); });
+  });
+}
+void minimum_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
+  auto in = cast_inputs(out.dtype(), {self, other});
+  KILN_DISPATCH_ALL_TYPES(out.dtype(), "minimum", [&] {
+    binary_op<scalar_t>(out, in[0], in[1], [](auto a, auto b) { return a != a ? a : (b != b ? b : (b < a ? b : a)); });
+  });
+}
+
+// Integer power by squaring; negative exponents give 0 except for bases 1 and -1 (PyTorch).
+template <typename T>
+T powi(T a, T b) {
+  if constexpr (std::is_signed_v<T>) {
+    if (b < 0) {
+      if (a == 1) return 1;
+      if (a == -1) return (b & 1) ? T(-1) : T(1);
+      return 0;
+    }
+  }
+  T r = 1;
+  while (b) {
+    if (b & 1) r = static_cast<T>(r * a);
+    b = static_cast<T>(b / 2);
+    a = static_cast<T>(a * a);
+  }
+  return r;
+}
+
+template <typename T>
+void pow_typed(const Tensor& out, const std::vector<Tensor>& in) {
+  if constexpr (std::is_integral_v<T>) binary_kernel<T>(out, in[0], in[1], [](T a, T b) { return powi(a, b); });
+  else binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return std::pow(a, b); });
+}
+
+void pow_cpu(const Tensor& out, const Tensor& self, const Tensor& exponent) {
+  auto in = cast_inputs(out.dtype(), {self, exponent});
+  KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), "pow", [&] { pow_typed<scalar_t>(out, in); });
+}
+
+// fmod: the remainder has the sign of x (C fmod); remainder: the sign of y (Python %).
+template <bool kPython, typename T>
+void mod_typed(const Tensor& out, const std::vector<Tensor>& in, const ZeroFlag& zero) {
+  if constexpr (std::is_integral_v<T>) {
+    binary_kernel<T>(out, in[0], in[1], [&zero](T a, T b) -> T {
+      if (b == 0) {
+        zero.set();
+        return 0;
+      }
+      T r = static_cast<T>(a % b);
+      if (kPython && r != 0 && ((r < 0) != (b < 0))) r = static_cast<T>(r + b);
+      return r;
+    });
+  } else {
+    binary_op<T>(out, in[0], in[1], [](auto a, auto b) {
+      auto r = std::fmod(a, b);
+      if (kPython && r != 0 && ((b < 0) != (r < 0))) r += b;
+      return r;
+    });
+  }
+}
+
+template <bool kPython>
+void mod_cpu(const char* name, const Tensor& out, const Tensor& self, const Tensor& other) {
+  auto in = cast_inputs(out.dtype(), {self, other});
+  ZeroFlag zero;
+  KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), name, [&] { mod_typed<kPython, scalar_t>(out, in, zero); });
+  zero.check(name);
+}
+void fmod_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
+  mod_cpu<false>("fmod", out, self, other);
+}
+void remainder_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
+  mod_cpu<true>("remainder", out, self, other);
+}
+
+// Comparisons: compare in result_type(x, y) -> bool out.
+template <typename Cmp>
+void compare_cpu(const char* name, const Tensor& out, const Tensor& self, const Tensor& other, Cmp cmp) {
+  ScalarType ct = result_type({self, other});
+  auto in = cast_inputs(ct, {self, other});
+  KILN_DISPATCH_ALL_TYPES(ct, name, [&] {
+    using T = scalar_t;
+    using C = std::conditional_t<kReduced<T>, float, T>;
+    auto f = [&](T a, T b) -> bool { return cmp(static_cast<C>(a), static_cast<C>(b)); };
+    binary_kernel<T, decltype(f), bool>(out, in[0], in[1], f);
+  });
+}
+
+#define KILN_COMPARE(NAME, OP)                                                          \
+  void NAME##_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {        \
+    compare_cpu(#NAME, out, self, other, [](auto a, auto b) { return a OP b; });        \
+  }
+KILN_COMPARE(eq, ==)
+KILN_COMPARE(ne, !=)
+KILN_COMPARE(lt, <)
+KILN_COMPARE(le, <=)
+KILN_COMPARE(gt, >)
+KILN_COMPARE(ge, >=)
+#undef KILN_COMPARE
+
+// Logical ops: inputs as bool (nonzero, nan included, is true) -> bool out.
+template <typename F>
+void logical_cpu(const Tensor& out, const Tensor& self, const Tensor& other, F f) {
+  auto in = cast_inputs(kBool, {self, other});
+  binary_kernel<bool>(out, in[0], in[1], f);
+}
+void logical_and_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
+  logical_cpu(out, self, other, [](bool a, bool b) { return a && b; });
+}
+void logical_or_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
+  logical_cpu(out, self, other, [](bool a, bool b) { return a || b; });
+}
+void logical_xor_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
+  logical_cpu(out, self, other, [](bool a, bool b) { return a != b; });
+}
+
+// condition: bool, x, y: all broadcastable to out -> out = condition ? x : y
+void where_cpu(const Tensor& out, const Tensor& condition, const Tensor& self, const Tensor& other) {
+  if (out.numel() == 0) return;
+  auto in = cast_inputs(out.dtype(), {self, other});
+  StridedIter<4> it({&out, &condition, &in[0], &in[1]});
+  KILN_DISPATCH_ALL_TYPES(out.dtype(), "where", [&] {
+    using T = scalar_t;
+    it.run([](const std::array<char*, 4>& p, const std::array<int64_t, 4>& s, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        bool c = *reinterpret_cast<const bool*>(p[1] + i * s[1]);
+        *reinterpret_cast<T*>(p[0] + i * s[0]) =
+            *reinterpret_cast<const T*>(c ? p[2] + i * s[2] : p[3] + i * s[3]);
+      }
+    });
+  });
+}
+
+KILN_LIBRARY(CPU, m) {
+  m.structured<ops::add>(add_cpu);
+  m.structured<ops::sub>(sub_cpu);
+  m.structured<ops::mul>(mul_cpu);
+  m.structured<ops::div>(div_cpu);
+  m.structured<ops::maximum>(maximum_cpu);
+  m.structured<ops::minimum>(minimum_cpu);
+  m.structured<ops::pow>(pow_cpu);
+  m.structured<ops::fmod>(fmod_cpu);
+  m.structured<ops::remainder>(remainder_cpu);
+  m.structured<ops::eq>(eq_cpu);
+  m.structured<ops::ne>(ne_cpu);
+  m.structured<ops::lt>(lt_cpu);
+  m.structured<ops::le>(le_cpu);
+  m.structured<ops::gt>(gt_cpu);
+  m.structured<ops::ge>(ge_cpu);
+  m.structured<ops::logical_and>(logical_and_cpu);
+  m.structured<ops::logical_or>(logical_or_cpu);
+  m.structured<ops::logical_xor>(logical_xor_cpu);
+  m.structured<ops::where>(where_cpu);
+}
 
 }  // namespace
 }  // namespace kiln::kernels

@@ -40,6 +40,7 @@ class IValue {
   IValue(Device v) : v_(v) {}                              // NOLINT
   IValue(std::string v) : v_(std::move(v)) {}              // NOLINT
   IValue(const char* v) : v_(std::string(v)) {}            // NOLINT
+  IValue(std::string_view v) : v_(std::string(v)) {}       // NOLINT (str arguments of ops)
   IValue(Generator v) : v_(std::move(v)) {}                // NOLINT
   template <typename T>
   IValue(const std::optional<T>& o) {  // NOLINT

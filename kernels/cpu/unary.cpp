@@ -1,0 +1,181 @@
+// Unary pointwise kernels on the CPU (tensor/ops/unary.toml). Every kernel maps x: (*) -> (*)
+// elementwise; `out` already has the result dtype (the meta function chose it) and the input is
+// cast to it first, so exp(int32) computes in float32.
+//
+// float32 transcendental functions use kiln::vec (Note [Vectorizable math] in vec_math.h);
+// float16/bfloat16 compute in float through the same functions; float64 uses std::.
+#include <cmath>
+#include <type_traits>
+
+#include "kiln/generated/op_handles.h"
+#include "loops.h"
+#include "vec_math.h"
+
+// The float lambdas must inline into the loops of loops.h or the loops stay scalar (Note
+// [Vectorizable math]); GCC's heuristics gave up on gelu's without this.
+#define KILN_VEC_INLINE_LAMBDA __attribute__((always_inline))
+
+namespace kiln::kernels {
+namespace {
+
+template <typename T>
+constexpr bool kReduced = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+template <typename T, typename FV, typename FD>
+void float_typed(const Tensor& out, const Tensor& x, const FV& fv, const FD& fd) {
+  if constexpr (std::is_same_v<T, double>) unary_kernel<T>(out, x, fd);
+  else if constexpr (std::is_same_v<T, float>) unary_kernel<T>(out, x, fv);
+  else unary_kernel<T>(out, x, [&](T a) { return T(fv(float(a))); });
+}
+
+// out = f(self) for a floating out dtype: fv on float (float32, float16, bfloat16), fd on double.
+template <typename FV, typename FD>
+void float_op(const char* name, const Tensor& out, const Tensor& self, const FV& fv, const FD& fd) {
+  Tensor x = cast_inputs(out.dtype(), {self})[0];
+  KILN_DISPATCH_FLOAT_TYPES(out.dtype(), name, [&] { float_typed<scalar_t>(out, x, fv, fd); });
+}
+
+// out = f(self) keeping the dtype; f is generic (float16/bfloat16 get float).
+template <typename T, typename F>
+void numeric_typed(const Tensor& out, const Tensor& x, const F& f) {
+  if constexpr (kReduced<T>) unary_kernel<T>(out, x, [&](T a) { return T(f(float(a))); });
+  else unary_kernel<T>(out, x, [&](T a) { return static_cast<T>(f(a)); });
+}
+template <typename F>
+void numeric_op(const char* name, const Tensor& out, const Tensor& self, const F& f) {
+  Tensor x = cast_inputs(out.dtype(), {self})[0];
+  KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), name, [&] { numeric_typed<scalar_t>(out, x, f); });
+}
+
+#define KILN_FLOAT_UNARY(NAME, FLOAT_EXPR, DOUBLE_EXPR)                                   \
+  void NAME##_cpu(const Tensor& out, const Tensor& self) {                              \
+    float_op(#NAME, out, self, [](float a) KILN_VEC_INLINE_LAMBDA -> float { return FLOAT_EXPR; }, \
+             [](double a) -> double { return DOUBLE_EXPR; });                           \
+  }
+
+KILN_FLOAT_UNARY(exp, vec::exp(a), std::exp(a))
+KILN_FLOAT_UNARY(log, vec::log(a), std::log(a))
+KILN_FLOAT_UNARY(log1p, std::log1p(a), std::log1p(a))
+KILN_FLOAT_UNARY(expm1, std::expm1(a), std::expm1(a))
+KILN_FLOAT_UNARY(sqrt, std::sqrt(a), std::sqrt(a))
+KILN_FLOAT_UNARY(rsqrt, 1.0f / std::sqrt(a), 1.0 / std::sqrt(a))
+KILN_FLOAT_UNARY(sin, std::sin(a), std::sin(a))
+KILN_FLOAT_UNARY(cos, std::cos(a), std::cos(a))
+KILN_FLOAT_UNARY(tanh, vec::tanh(a), std::tanh(a))
+KILN_FLOAT_UNARY(sigmoid, vec::sigmoid(a), 1.0 / (1.0 + std::exp(-a)))
+KILN_FLOAT_UNARY(erf, vec::erf(a), std::erf(a))
+KILN_FLOAT_UNARY(reciprocal, 1.0f / a, 1.0 / a)
+KILN_FLOAT_UNARY(silu, vec::silu(a), a / (1.0 + std::exp(-a)))
+#undef KILN_FLOAT_UNARY
+
+// x: (*) -> (*), erf form x/2 (1 + erf(x / sqrt 2)) or the tanh approximation.
+void gelu_cpu(const Tensor& out, const Tensor& self, std::string_view approximate) {
+  if (approximate == "tanh") {
+    float_op("gelu", out, self, [](float a) KILN_VEC_INLINE_LAMBDA { return vec::gelu_tanh(a); }, [](double a) {
+      return 0.5 * a * (1.0 + std::tanh(0.79788456080286535588 * (a + 0.044715 * a * a * a)));
+    });
+    return;
+  }
+  float_op("gelu", out, self, [](float a) KILN_VEC_INLINE_LAMBDA { return vec::gelu_erf(a); },
+           [](double a) { return 0.5 * a * (1.0 + std::erf(a * M_SQRT1_2)); });
+}
+
+template <typename A>
+constexpr bool kIntegral = std::is_integral_v<A>;
+
+void neg_cpu(const Tensor& out, const Tensor& self) {
+  numeric_op("neg", out, self, [](auto a) { return -a; });
+}
+void abs_cpu(const Tensor& out, const Tensor& self) {
+  numeric_op("abs", out, self, [](auto a) { return a < 0 ? -a : a; });
+}
+// relu keeps nan (nan < 0 is false).
+void relu_cpu(const Tensor& out, const Tensor& self) {
+  numeric_op("relu", out, self, [](auto a) { return a < 0 ? decltype(a)(0) : a; });
+}
+void floor_cpu(const Tensor& out, const Tensor& self) {
+  numeric_op("floor", out, self, [](auto a) {
+    if constexpr (kIntegral<decltype(a)>) return a;
+    else return std::floor(a);
+  });
+}
+void ceil_cpu(const Tensor& out, const Tensor& self) {
+  numeric_op("ceil", out, self, [](auto a) {
+    if constexpr (kIntegral<decltype(a)>) return a;
+    else return std::ceil(a);
+  });
+}
+// Half to even, like torch.round.
+void round_cpu(const Tensor& out, const Tensor& self) {
+  numeric_op("round", out, self, [](auto a) {
+    if constexpr (kIntegral<decltype(a)>) return a;
+    else return std::nearbyint(a);
+  });
+}
+
+void sign_cpu(const Tensor& out, const Tensor& self) {
+  if (out.dtype() == kBool) {
+    unary_kernel<bool>(out, cast_inputs(kBool, {self})[0], [](bool a) { return a; });
+    return;
+  }
+  numeric_op("sign", out, self, [](auto a) {
+    using A = decltype(a);
+    return static_cast<A>((A(0) < a) - (a < A(0)));
+  });
+}
+
+// x: (*) any dtype -> (*) bool
+void logical_not_cpu(const Tensor& out, const Tensor& self) {
+  unary_kernel<bool>(out, cast_inputs(kBool, {self})[0], [](bool a) { return !a; });
+}
+
+// out = min(max(self, min), max); nan stays nan; min > max gives max (as PyTorch).
+void clamp_cpu(const Tensor& out, const Tensor& self, const std::optional<Scalar>& min,
+               const std::optional<Scalar>& max) {
+  Tensor x = cast_inputs(out.dtype(), {self})[0];
+  KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), "clamp", [&] {
+    using T = scalar_t;
+    using C = std::conditional_t<kReduced<T>, float, T>;
+    C lo = min ? min->to<C>() : std::numeric_limits<C>::lowest();
+    C hi = max ? max->to<C>() : std::numeric_limits<C>::max();
+    if constexpr (std::is_floating_point_v<C>) {
+      if (!min) lo = -std::numeric_limits<C>::infinity();
+      if (!max) hi = std::numeric_limits<C>::infinity();
+    }
+    unary_kernel<T>(out, x, [lo, hi](T v) {
+      C a = static_cast<C>(v);
+      C r = a < lo ? lo : a;
+      r = r > hi ? hi : r;
+      return T(a != a ? a : r);
+    });
+  });
+}
+
+KILN_LIBRARY(CPU, m) {
+  m.structured<ops::neg>(neg_cpu);
+  m.structured<ops::abs>(abs_cpu);
+  m.structured<ops::exp>(exp_cpu);
+  m.structured<ops::log>(log_cpu);
+  m.structured<ops::log1p>(log1p_cpu);
+  m.structured<ops::expm1>(expm1_cpu);
+  m.structured<ops::sqrt>(sqrt_cpu);
+  m.structured<ops::rsqrt>(rsqrt_cpu);
+  m.structured<ops::sin>(sin_cpu);
+  m.structured<ops::cos>(cos_cpu);
+  m.structured<ops::tanh>(tanh_cpu);
+  m.structured<ops::sigmoid>(sigmoid_cpu);
+  m.structured<ops::relu>(relu_cpu);
+  m.structured<ops::gelu>(gelu_cpu);
+  m.structured<ops::silu>(silu_cpu);
+  m.structured<ops::erf>(erf_cpu);
+  m.structured<ops::floor>(floor_cpu);
+  m.structured<ops::ceil>(ceil_cpu);
+  m.structured<ops::round>(round_cpu);
+  m.structured<ops::sign>(sign_cpu);
+  m.structured<ops::reciprocal>(reciprocal_cpu);
+  m.structured<ops::logical_not>(logical_not_cpu);
+  m.structured<ops::clamp>(clamp_cpu);
+}
+
+}  // namespace
+}  // namespace kiln::kernels

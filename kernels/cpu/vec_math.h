@@ -1,0 +1,166 @@
+// kernels/cpu/vec_math.h: float32 math that GCC vectorizes (exp, log, tanh, sigmoid, erf).
+//
+//   #pragma omp simd
+//   for (int64_t i = 0; i < n; ++i) y[i] = kiln::vec::erf(x[i]);   // 16 lanes with AVX-512
+//   float g = kiln::vec::gelu_erf(x);                                 // 0.5 x (1 + erf(x / sqrt 2))
+//   float s = kiln::vec::sigmoid(-100.0f);                            // 3.7e-44, not 0
+//
+// Note [Vectorizable math]: glibc's expf/erff/tanhf are scalar calls, so a loop over them runs
+// one element at a time (std::erf made gelu ~10x slower than a memory-bound add). These versions
+// use only arithmetic, std::fma, comparisons turned into selects, and bit casts, so the loops in
+// loops.h vectorize. Both sides of every branch are computed and one is selected; special
+// values (inf, nan, denormals) are patched with selects at the end. Accuracy against the double
+// results of std:: is checked in tests/kernels/pointwise_test.cpp (VecMath.*): a few ulp.
+// float64 kernels keep std::; float16/bfloat16 compute through these float versions.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+// Forced inline: a call left in a loop body stops GCC from vectorizing the loop, and GCC's
+// heuristics decline to inline erf (which inlines exp) into the gelu lambda.
+#define KILN_VEC_INLINE inline __attribute__((always_inline))
+
+namespace kiln::vec {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// 2^n for n in [-126, 127] (a normal float built from its exponent bits).
+KILN_VEC_INLINE float pow2i(int32_t n) { return std::bit_cast<float>((n + 127) << 23); }
+
+// e^x. Cephes expf: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact r), a
+// degree-6 polynomial for e^r, then 2^n applied in two halves so that results down to the
+// smallest denormal round once. ~1 ulp.
+KILN_VEC_INLINE float exp(float x) {
+  constexpr float kHi = 88.7228394f, kLo = -103.972084f;
+  float xc = x < kHi ? x : kHi;  // nan -> kHi, patched at the end
+  xc = xc > kLo ? xc : kLo;
+  float j = std::fma(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;  // round(x / ln2)
+  int32_t n = static_cast<int32_t>(j);
+  float r = std::fma(j, -0.693359375f, xc);
+  r = std::fma(j, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  int32_t n1 = n >> 1;
+  float y = p * pow2i(n1) * pow2i(n - n1);
+  y = x > kHi ? kInf : y;
+  return x != x ? x : y;
+}
+
+// e^x for x <= 0 without the special-value patches (erf's tail: the argument is a finite
+// polynomial value or -inf, and 1 - e^x only needs results down to ~1e-8). Saves ~8 operations.
+KILN_VEC_INLINE float exp_nonpositive(float x) {
+  float xc = x > -87.0f ? x : -87.0f;  // -inf -> -87: e^-87 is below erf's resolution
+  float j = std::fma(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
+  int32_t n = static_cast<int32_t>(j);
+  float r = std::fma(j, -0.693359375f, xc);
+  r = std::fma(j, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  return p * pow2i(n);
+}
+
+// Natural log. Cephes logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), a degree-8 polynomial in
+// m - 1, e ln2 added in two parts. Denormal inputs are scaled by 2^23 first. ~1 ulp.
+KILN_VEC_INLINE float log(float x) {
+  bool den = x < 1.17549435e-38f;
+  float xs = den ? x * 8388608.0f : x;
+  int32_t bits = std::bit_cast<int32_t>(xs);
+  int32_t e = ((bits >> 23) & 0xff) - 126;
+  float m = std::bit_cast<float>((bits & 0x007fffff) | 0x3f000000);  // [0.5, 1)
+  bool lo = m < 0.707106781186547524f;
+  e = lo ? e - 1 : e;
+  m = lo ? m + m - 1.0f : m - 1.0f;
+  float ef = static_cast<float>(e) - (den ? 23.0f : 0.0f);
+  float z = m * m;
+  float y = 7.0376836292e-2f;
+  y = std::fma(y, m, -1.1514610310e-1f);
+  y = std::fma(y, m, 1.1676998740e-1f);
+  y = std::fma(y, m, -1.2420140846e-1f);
+  y = std::fma(y, m, 1.4249322787e-1f);
+  y = std::fma(y, m, -1.6668057665e-1f);
+  y = std::fma(y, m, 2.0000714765e-1f);
+  y = std::fma(y, m, -2.4999993993e-1f);
+  y = std::fma(y, m, 3.3333331174e-1f);
+  y = y * m * z;
+  y = std::fma(ef, -2.12194440e-4f, y);
+  y = std::fma(z, -0.5f, y);
+  float r = std::fma(ef, 0.693359375f, m + y);
+  r = x == kInf ? kInf : r;
+  r = x == 0.0f ? -kInf : r;
+  r = x < 0.0f ? std::numeric_limits<float>::quiet_NaN() : r;
+  return x != x ? x : r;
+}
+
+// tanh. |x| < 0.625: odd polynomial (Cephes tanhf); else 1 - 2 / (e^{2|x|} + 1) with x's sign.
+KILN_VEC_INLINE float tanh(float x) {
+  float a = x < 0.0f ? -x : x;
+  float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = std::fma(p, z, 2.06390887954e-2f);
+  p = std::fma(p, z, -5.37397155531e-2f);
+  p = std::fma(p, z, 1.33314422036e-1f);
+  p = std::fma(p, z, -3.33332819422e-1f);
+  float small = std::fma(p * z, x, x);
+  float big = 1.0f - 2.0f / (vec::exp(a + a) + 1.0f);
+  big = x < 0.0f ? -big : big;
+  float r = a < 0.625f ? small : big;
+  return x != x ? x : r;
+}
+
+// 1 / (1 + e^-x), written as e^x / (1 + e^x) for x < 0 so that tiny results keep their bits.
+KILN_VEC_INLINE float sigmoid(float x) {
+  float e = vec::exp(x < 0.0f ? x : -x);  // e^-|x|, in (0, 1]
+  float d = 1.0f + e;
+  return x < 0.0f ? e / d : 1.0f / d;
+}
+
+// erf. Coefficients of Norbert Juffa's faithfully rounded erff (StackOverflow question 35148198,
+// "Efficient faithfully rounded implementation of error function erff"): |x| <= 0.9277 an odd
+// polynomial, else 1 - e^{p(|x|)} with x's sign. Our exp adds ~1 ulp.
+KILN_VEC_INLINE float erf(float x) {
+  float t = x < 0.0f ? -x : x;
+  float s = x * x;
+  float r = std::fma(-1.72853470e-5f, t, 3.83197126e-4f);
+  float u = std::fma(-3.88396438e-3f, t, 2.42546219e-2f);
+  r = std::fma(r, s, u);
+  r = std::fma(r, t, -1.06777877e-1f);
+  r = std::fma(r, t, -6.34846687e-1f);
+  r = std::fma(r, t, -1.28717512e-1f);
+  r = std::fma(r, t, -t);
+  float big = 1.0f - vec::exp_nonpositive(r);
+  big = x < 0.0f ? -big : big;
+  float q = -5.96761703e-4f;
+  q = std::fma(q, s, 4.99119423e-3f);
+  q = std::fma(q, s, -2.67681349e-2f);
+  q = std::fma(q, s, 1.12819925e-1f);
+  q = std::fma(q, s, -3.76125336e-1f);
+  q = std::fma(q, s, 1.28379166e-1f);
+  float small = std::fma(q, x, x);
+  return t > 0.927734375f ? big : small;  // nan takes the small branch and stays nan
+}
+
+// gelu, erf form: x/2 (1 + erf(x / sqrt 2)).
+KILN_VEC_INLINE float gelu_erf(float x) { return 0.5f * x * (1.0f + vec::erf(x * 0.707106781186547524f)); }
+
+// gelu, tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+KILN_VEC_INLINE float gelu_tanh(float x) {
+  float inner = 0.797884560802865355f * std::fma(0.044715f * x * x, x, x);
+  return 0.5f * x * (1.0f + vec::tanh(inner));
+}
+
+KILN_VEC_INLINE float silu(float x) { return x * vec::sigmoid(x); }
+
+}  // namespace kiln::vec
