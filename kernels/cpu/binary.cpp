@@ -88,7 +88,7 @@ C div_floor_float(C a, C b) {
 }
 
 template <typename T>
-void div_rounding(const Tensor& out, const std::vector<Tensor>& in, bool trunc, const ZeroFlag& zero) {
+void div_rounding(const Tensor& out, const std::array<Tensor, 2>& in, bool trunc, const ZeroFlag& zero) {
   if constexpr (std::is_integral_v<T>) {
     binary_kernel<T>(out, in[0], in[1], [&zero, trunc](T a, T b) -> T {
       if (b == 0) {
@@ -156,7 +156,7 @@ T powi(T a, T b) {
 }
 
 template <typename T>
-void pow_typed(const Tensor& out, const std::vector<Tensor>& in) {
+void pow_typed(const Tensor& out, const std::array<Tensor, 2>& in) {
   if constexpr (std::is_integral_v<T>) binary_kernel<T>(out, in[0], in[1], [](T a, T b) { return powi(a, b); });
   else binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return std::pow(a, b); });
 }
@@ -168,7 +168,7 @@ void pow_cpu(const Tensor& out, const Tensor& self, const Tensor& exponent) {
 
 // fmod: the remainder has the sign of x (C fmod); remainder: the sign of y (Python %).
 template <bool kPython, typename T>
-void mod_typed(const Tensor& out, const std::vector<Tensor>& in, const ZeroFlag& zero) {
+void mod_typed(const Tensor& out, const std::array<Tensor, 2>& in, const ZeroFlag& zero) {
   if constexpr (std::is_integral_v<T>) {
     binary_kernel<T>(out, in[0], in[1], [&zero](T a, T b) -> T {
       if (b == 0) {

@@ -40,8 +40,14 @@ void parallel_for(int64_t n, int64_t grain, const F& f) {
   for (int64_t c = 0; c < chunks; ++c) f(c * grain, std::min(n, (c + 1) * grain));
 }
 
-// Converts each input to `dtype` (a copy only when its dtype differs).
-std::vector<Tensor> cast_inputs(ScalarType dtype, std::initializer_list<Tensor> ins);
+// Converts each input to `dtype` (a copy only when its dtype differs). No heap allocation when
+// nothing needs a cast: this runs on every pointwise call.
+template <size_t N>
+std::array<Tensor, N> cast_inputs(ScalarType dtype, const Tensor (&ins)[N]) {
+  std::array<Tensor, N> out;
+  for (size_t i = 0; i < N; ++i) out[i] = ins[i].dtype() == dtype ? ins[i] : ins[i].to(dtype);
+  return out;
+}
 
 // Shape and byte strides of N operands (operand 0 is the output) over the output's shape.
 template <int N>

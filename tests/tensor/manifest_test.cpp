@@ -46,7 +46,9 @@ std::vector<ManifestEntry> manifest() {
 
 Tensor to_meta(const Tensor& t) {
   auto storage = Storage::create_dataless(t.impl()->storage()->nbytes(), Device(DeviceType::Meta));
-  return Tensor(TensorImpl::make(storage, t.dtype(), t.sizes(), t.strides(), t.storage_offset()));
+  Tensor m(TensorImpl::make(storage, t.dtype(), t.sizes(), t.strides(), t.storage_offset()));
+  m.impl()->set_wrapped_number(t.impl()->is_wrapped_number());
+  return m;
 }
 
 IValue to_meta(const IValue& v) {
