@@ -144,12 +144,18 @@ struct BlockLanes {
   void feed(const R& r, const T* q, int64_t s, int64_t n, int64_t o, int64_t idx) {
     int64_t k = 0;
     for (; k < n && filled % L != 0; ++k, ++filled) r.step(lanes[filled % L], q[k * s], o, idx + k);
-    if (s == 1) {
-      for (; k + L <= n; k += L, filled += L)
-        for (int j = 0; j < L; ++j) r.step(lanes[j], q[k + j], o, idx + k + j);
-    } else {
-      for (; k + L <= n; k += L, filled += L)
-        for (int j = 0; j < L; ++j) r.step(lanes[j], q[(k + j) * s], o, idx + k + j);
+    if (k + L <= n) {
+      Acc acc[L];  // a local copy, so the compiler keeps the lanes in registers
+      for (int j = 0; j < L; ++j) acc[j] = lanes[j];
+      if (s == 1) {
+        for (; k + L <= n; k += L, filled += L)
+#pragma GCC unroll 32
+          for (int j = 0; j < L; ++j) r.step(acc[j], q[k + j], o, idx + k + j);
+      } else {
+        for (; k + L <= n; k += L, filled += L)
+          for (int j = 0; j < L; ++j) r.step(acc[j], q[(k + j) * s], o, idx + k + j);
+      }
+      for (int j = 0; j < L; ++j) lanes[j] = acc[j];
     }
     for (; k < n; ++k, ++filled) r.step(lanes[filled % L], q[k * s], o, idx + k);
   }

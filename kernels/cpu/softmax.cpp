@@ -19,8 +19,8 @@ void softmax_row(const T* x, T* y, int64_t D) {
   auto ex = [m](T v, int64_t) { return std::exp(static_cast<A>(v) - m); };
   A s = reduce_contiguous(x, D, SumReducer<T, A, decltype(ex)>{ex}, 0);
   if constexpr (kLog) {
-    A shift = m + std::log(s);
-    for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>(static_cast<A>(x[i]) - shift);
+    A ls = std::log(s);  // (x - m) - log(s): m + log(s) would round away the small part
+    for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>((static_cast<A>(x[i]) - m) - ls);
   } else {
     A inv = A(1) / s;
     for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>(std::exp(static_cast<A>(x[i]) - m) * inv);
@@ -44,13 +44,13 @@ void softmax_cols(const T* x, T* y, int64_t D, int64_t inner, int64_t c0, int64_
     const T* row = x + k * inner + c0;
     for (int64_t j = 0; j < n; ++j) s[j] += std::exp(static_cast<A>(row[j]) - m[j]);
   }
-  for (int64_t j = 0; j < n; ++j) s[j] = kLog ? m[j] + std::log(s[j]) : A(1) / s[j];
+  for (int64_t j = 0; j < n; ++j) s[j] = kLog ? std::log(s[j]) : A(1) / s[j];
   for (int64_t k = 0; k < D; ++k) {
     const T* row = x + k * inner + c0;
     T* out = y + k * inner + c0;
     for (int64_t j = 0; j < n; ++j) {
       A v = static_cast<A>(row[j]);
-      out[j] = static_cast<T>(kLog ? v - s[j] : std::exp(v - m[j]) * s[j]);
+      out[j] = static_cast<T>(kLog ? (v - m[j]) - s[j] : std::exp(v - m[j]) * s[j]);
     }
   }
 }
