@@ -43,8 +43,9 @@ namespace kiln::kernels {
 
 constexpr int64_t kReduceChunk = 32768;  // reduced elements per partial result
 constexpr int64_t kReduceBlock = 4096;   // elements per block before it enters the cascade
-constexpr int64_t kColBlock = 256;       // outputs per task on the column path
+constexpr int64_t kColBlock = 4096;      // outputs per task on the column path
 constexpr int64_t kColRows = 16;         // reduced rows per block on the column path
+constexpr int64_t kColChunk = 1 << 18;   // elements per partial on the column path
 
 struct ReducePlan {
   DimVector out_sizes, out_strides;  // kept dims, row-major order of the output (input strides)
@@ -149,10 +150,11 @@ struct BlockLanes {
       for (int j = 0; j < L; ++j) acc[j] = lanes[j];
       if (s == 1) {
         for (; k + L <= n; k += L, filled += L)
-#pragma GCC unroll 32
+#pragma omp simd
           for (int j = 0; j < L; ++j) r.step(acc[j], q[k + j], o, idx + k + j);
       } else {
         for (; k + L <= n; k += L, filled += L)
+#pragma omp simd
           for (int j = 0; j < L; ++j) r.step(acc[j], q[(k + j) * s], o, idx + k + j);
       }
       for (int j = 0; j < L; ++j) lanes[j] = acc[j];
@@ -260,6 +262,7 @@ void reduce_columns(const ReducePlan& p, const T* base, const R& r, int64_t o0, 
   for (int64_t i = rb; i < re; ++i) {
     const T* q = base + off;
     Acc* a = cur.data();
+#pragma omp simd
     for (int64_t j = 0; j < cb; ++j) r.step(a[j], q[j], o0 + j, i);
     if (++rows == kColRows) {
       push();
@@ -324,7 +327,9 @@ void reduce(const ReducePlan& p, const T* data, const R& r, typename R::Acc* out
   // Column path (Note [Reduction layouts]).
   const int64_t Ki = last(p.out_sizes), Ko = O / Ki;
   const int64_t cbw = std::min(Ki, kColBlock), ncb = (Ki + cbw - 1) / cbw;
-  const int64_t rch = std::max<int64_t>(1, kReduceChunk / cbw), nrc = (N + rch - 1) / rch;
+  // Rows per partial: fixed by the shape; large enough that partials stay under 2^22 values.
+  const int64_t rch = std::max({int64_t{1}, kColChunk / cbw, (N * O + (1 << 22) - 1) >> 22});
+  const int64_t nrc = (N + rch - 1) / rch;
   const int64_t tasks = Ko * ncb * nrc;
   std::vector<Acc> part(nrc > 1 ? O * nrc : 0);
   const int64_t grain = nrc > 1 ? 1 : std::max<int64_t>(1, kGrainSize / (cbw * N));
@@ -411,7 +416,14 @@ struct ArgReducer {
   };
   static constexpr int kLanes = 8;
   Acc identity() const { return Acc{V(0), -1}; }
-  void step(Acc& a, T x, int64_t, int64_t idx) const { combine(a, Acc{static_cast<V>(x), idx}); }
+  // Within one accumulator indices only grow, so a later element wins only when strictly better,
+  // or when it is the first NaN (written branch-free so the loops vectorize).
+  void step(Acc& a, T x, int64_t, int64_t idx) const {
+    V v = static_cast<V>(x);
+    bool take = (kMax ? v > a.v : v < a.v) | ((v != v) & (a.v == a.v)) | (a.i < 0);
+    a.v = take ? v : a.v;
+    a.i = take ? idx : a.i;
+  }
   void combine(Acc& a, const Acc& b) const {
     if (b.i < 0) return;
     if (a.i < 0) {

@@ -16,6 +16,13 @@ template <typename T, bool kLog>
 void softmax_row(const T* x, T* y, int64_t D) {
   using A = acc_t<T>;
   A m = reduce_contiguous(x, D, MinMaxReducer<T, A, true, CastMap<A>>{}, 0);
+  if constexpr (!kLog && std::is_same_v<T, A>) {  // float32/float64: one exp per element
+    for (int64_t i = 0; i < D; ++i) y[i] = std::exp(x[i] - m);
+    A inv = A(1) / reduce_contiguous(y, D, SumReducer<T, A, CastMap<A>>{}, 0);
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) y[i] *= inv;
+    return;
+  }
   auto ex = [m](T v, int64_t) { return std::exp(static_cast<A>(v) - m); };
   A s = reduce_contiguous(x, D, SumReducer<T, A, decltype(ex)>{ex}, 0);
   if constexpr (kLog) {
