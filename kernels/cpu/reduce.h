@@ -44,7 +44,8 @@ namespace kiln::kernels {
 constexpr int64_t kReduceChunk = 32768;  // reduced elements per partial result
 constexpr int64_t kReduceBlock = 4096;   // elements per block before it enters the cascade
 constexpr int64_t kColBlock = 4096;      // outputs per task on the column path
-constexpr int64_t kColRows = 16;         // reduced rows per block on the column path
+constexpr int64_t kColRows = 16;         // minimum reduced rows per block on the column path
+constexpr int64_t kSmallRange = 32;      // runs this short use one sequential accumulator
 constexpr int64_t kColChunk = 1 << 18;   // elements per partial on the column path
 
 struct ReducePlan {
@@ -172,11 +173,16 @@ struct BlockLanes {
 template <typename T, typename R>
 typename R::Acc reduce_range(const ReducePlan& p, const T* base, const R& r, int64_t o, int64_t rb,
                              int64_t re) {
+  const int64_t nd = static_cast<int64_t>(p.red_sizes.size());
+  const int64_t inner = p.red_sizes[nd - 1], istr = p.red_strides[nd - 1];
+  if (nd == 1 && re - rb <= kSmallRange) {  // short rows: lanes and cascade would cost more
+    typename R::Acc a = r.identity();
+    for (int64_t i = rb; i < re; ++i) r.step(a, base[i * istr], o, i);
+    return a;
+  }
   Cascade<R> cas;
   BlockLanes<T, R> blk;
   blk.reset(r);
-  const int64_t nd = static_cast<int64_t>(p.red_sizes.size());
-  const int64_t inner = p.red_sizes[nd - 1], istr = p.red_strides[nd - 1];
   DimVector idx(nd);
   int64_t rem = rb, off = 0;
   for (int64_t d = nd - 1; d >= 0; --d) {
@@ -217,6 +223,11 @@ typename R::Acc reduce_range(const ReducePlan& p, const T* base, const R& r, int
 // A contiguous run of n elements as one output (softmax rows), chunked like reduce().
 template <typename T, typename R>
 typename R::Acc reduce_contiguous(const T* q, int64_t n, const R& r, int64_t o) {
+  if (n <= kSmallRange) {  // the same order reduce_range uses for a short run
+    typename R::Acc a = r.identity();
+    for (int64_t i = 0; i < n; ++i) r.step(a, q[i], o, i);
+    return a;
+  }
   ReducePlan p;
   p.red_sizes.push_back(n);
   p.red_strides.push_back(1);
@@ -234,21 +245,24 @@ void reduce_columns(const ReducePlan& p, const T* base, const R& r, int64_t o0, 
                     int64_t rb, int64_t re, typename R::Acc* acc) {
   using Acc = typename R::Acc;
   const int64_t nd = static_cast<int64_t>(p.red_sizes.size());
-  std::vector<Acc> cur(cb, r.identity());
-  std::vector<std::vector<Acc>> lv;  // cascade levels over blocks of kColRows rows
+  // Rows per block: a function of the block width only, so narrow blocks push less often.
+  const int64_t block_rows = std::clamp<int64_t>(kColBlock / 4 / cb, kColRows, 256);
+  int levels = 1;
+  while ((int64_t{1} << (levels - 1)) * block_rows < re - rb) ++levels;
+  std::vector<Acc> cur(cb, r.identity()), lv(levels * cb);  // lv: cascade levels over blocks
   uint64_t pushed = 0;
   auto push = [&]() {
     int k = 0;
     for (uint64_t c = pushed; c & 1; c >>= 1, ++k) {
+      const Acc* older = lv.data() + k * cb;
       for (int64_t j = 0; j < cb; ++j) {
-        Acc a = lv[k][j];
+        Acc a = older[j];
         r.combine(a, cur[j]);
         cur[j] = a;
       }
     }
-    if (static_cast<int>(lv.size()) <= k) lv.resize(k + 1);
-    lv[k].swap(cur);
-    cur.assign(cb, r.identity());
+    std::copy(cur.begin(), cur.end(), lv.begin() + k * cb);
+    std::fill(cur.begin(), cur.end(), r.identity());
     ++pushed;
   };
   DimVector idx(nd);
@@ -264,7 +278,7 @@ void reduce_columns(const ReducePlan& p, const T* base, const R& r, int64_t o0, 
     Acc* a = cur.data();
 #pragma omp simd
     for (int64_t j = 0; j < cb; ++j) r.step(a[j], q[j], o0 + j, i);
-    if (++rows == kColRows) {
+    if (++rows == block_rows) {
       push();
       rows = 0;
     }
@@ -277,17 +291,17 @@ void reduce_columns(const ReducePlan& p, const T* base, const R& r, int64_t o0, 
   }
   if (rows > 0) push();
   // Combine the levels oldest (highest) first.
-  std::vector<Acc> out(cb, r.identity());
   bool first = true;
-  for (int k = static_cast<int>(lv.size()) - 1; k >= 0; --k) {
+  for (int k = levels - 1; k >= 0; --k) {
     if (!((pushed >> k) & 1)) continue;
+    const Acc* lk = lv.data() + k * cb;
     for (int64_t j = 0; j < cb; ++j) {
-      if (first) out[j] = lv[k][j];
-      else r.combine(out[j], lv[k][j]);
+      if (first) acc[j] = lk[j];
+      else r.combine(acc[j], lk[j]);
     }
     first = false;
   }
-  std::copy(out.begin(), out.end(), acc);
+  if (first) std::fill(acc, acc + cb, r.identity());
 }
 
 // out[o] = the reduction of output o, for every o in [0, p.num_out).
