@@ -318,6 +318,10 @@ TEST(Softmax, MatchesReference) {
   // dtype= casts first; a long last dim goes through the chunked row sums.
   Tensor x = random({2, 70000}, kFloat16, -3, 3);
   expect_close(kiln::softmax(x, 1, kFloat64), ref_softmax(x, 1, false), 1e-9, 1e-12);
+  Tensor xi = random({3, 4}, kInt32, -3, 3);
+  Tensor li = kiln::log_softmax(xi, 0, kFloat32);
+  EXPECT_EQ(li.dtype(), kFloat32);
+  expect_close(li, ref_softmax(xi, 0, true), 1e-6, 1e-6);
   // Large values are stable; -inf entries get probability 0.
   Tensor y = from_vector<float>({1000, 999, -kInfF, 0, -kInfF, -kInfF}, {2, 3});
   expect_close(kiln::softmax(y, 1), ref_softmax(y, 1, false), 1e-6, 1e-7);
