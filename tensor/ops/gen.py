@@ -15,28 +15,29 @@ REQUIRED = ["schema", "kind", "tags", "dtypes", "meta", "derivative", "jvp", "ba
             "autocast", "sharding", "decomposition"]
 OPTIONAL = ["variants", "method", "doc"]
 
-# schema type -> (C++ parameter type, C++ unbox expression of IValue `v`)
+# schema type -> (C++ parameter type, C++ unbox expression of IValue `v`). Types are spelled
+# ::std:: because kiln::ops holds a handle struct named `std` (the op torch.std).
 CPP_TYPES = {
     "Tensor": ("const Tensor&", "v.to_tensor()"),
-    "Tensor?": ("const std::optional<Tensor>&", "unbox_opt_tensor(v)"),
+    "Tensor?": ("const ::std::optional<Tensor>&", "unbox_opt_tensor(v)"),
     "Tensor[]": ("TensorList", "TensorList(v.to_tensor_list())"),
     "Scalar": ("const Scalar&", "v.to_scalar()"),
-    "Scalar?": ("const std::optional<Scalar>&", "unbox_opt<Scalar>(v)"),
+    "Scalar?": ("const ::std::optional<Scalar>&", "unbox_opt<Scalar>(v)"),
     "int": ("int64_t", "v.to_int()"),
-    "int?": ("std::optional<int64_t>", "unbox_opt<int64_t>(v)"),
+    "int?": ("::std::optional<int64_t>", "unbox_opt<int64_t>(v)"),
     "int[]": ("IntArrayRef", "IntArrayRef(v.get<std::vector<int64_t>>(\"int[]\"))"),
     "int[]?": ("OptionalIntArrayRef", "unbox_opt_intlist(v)"),
     "float": ("double", "v.to_double()"),
-    "float?": ("std::optional<double>", "unbox_opt<double>(v)"),
+    "float?": ("::std::optional<double>", "unbox_opt<double>(v)"),
     "bool": ("bool", "v.get<bool>(\"bool\")"),
     "ScalarType": ("ScalarType", "v.get<ScalarType>(\"dtype\")"),
-    "ScalarType?": ("std::optional<ScalarType>", "unbox_opt<ScalarType>(v)"),
-    "Device?": ("std::optional<Device>", "unbox_opt<Device>(v)"),
-    "str": ("std::string_view", "std::string_view(v.get<std::string>(\"str\"))"),
-    "str?": ("std::optional<std::string_view>", "unbox_opt_str(v)"),
-    "Generator?": ("std::optional<Generator>", "unbox_opt<Generator>(v)"),
+    "ScalarType?": ("::std::optional<ScalarType>", "unbox_opt<ScalarType>(v)"),
+    "Device?": ("::std::optional<Device>", "unbox_opt<Device>(v)"),
+    "str": ("::std::string_view", "std::string_view(v.get<std::string>(\"str\"))"),
+    "str?": ("::std::optional<::std::string_view>", "unbox_opt_str(v)"),
+    "Generator?": ("::std::optional<Generator>", "unbox_opt<Generator>(v)"),
 }
-RETURN_TYPES = {"Tensor": "Tensor", "Tensor[]": "std::vector<Tensor>"}
+RETURN_TYPES = {"Tensor": "Tensor", "Tensor[]": "::std::vector<Tensor>"}
 errors = []
 
 
@@ -202,7 +203,7 @@ class Op:
         if not self.rets:
             return "void"
         ts = [RETURN_TYPES[re.sub(r"\(.*\)", "", t)] for t, _ in self.rets]
-        return ts[0] if len(ts) == 1 else f"std::tuple<{', '.join(ts)}>"
+        return ts[0] if len(ts) == 1 else f"::std::tuple<{', '.join(ts)}>"
 
     def params(self, with_defaults=False, skip_self=False, out_first=False):
         args = self.args
@@ -554,7 +555,7 @@ def push_result(op, call):
     if op.ret_cpp == "void":
         return [f"  {call};", f"  drop_args(s, {nargs});"]
     L = [f"  auto r = {call};", f"  drop_args(s, {nargs});"]
-    if op.ret_cpp.startswith("std::tuple"):
+    if op.ret_cpp.startswith("::std::tuple"):
         for i in range(len(op.rets)):
             L.append(f"  s.emplace_back(std::move(std::get<{i}>(r)));")
     else:

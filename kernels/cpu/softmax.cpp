@@ -1,0 +1,109 @@
+// softmax and log_softmax on the CPU (tensor/ops/reduction.toml). Stable: every row is shifted
+// by its max before exp. Each row (or column block) is computed by one task in a fixed order, so
+// results do not depend on the thread count (Note [Deterministic reductions] in reduce.h).
+#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/op_handles.h"
+#include "kiln/meta.h"
+#include "reduce.h"
+
+namespace kiln::kernels {
+namespace {
+
+constexpr int64_t kSoftmaxCols = 64;  // inner columns per task when dim is not the last
+
+// x, y: (D,) contiguous, one row.
+template <typename T, bool kLog>
+void softmax_row(const T* x, T* y, int64_t D) {
+  using A = acc_t<T>;
+  A m = reduce_contiguous(x, D, MinMaxReducer<T, A, true, CastMap<A>>{}, 0);
+  if constexpr (!kLog && std::is_same_v<T, A>) {  // float32/float64: one exp per element
+    for (int64_t i = 0; i < D; ++i) y[i] = std::exp(x[i] - m);
+    A inv = A(1) / reduce_contiguous(y, D, SumReducer<T, A, CastMap<A>>{}, 0);
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) y[i] *= inv;
+    return;
+  }
+  auto ex = [m](T v, int64_t) { return std::exp(static_cast<A>(v) - m); };
+  A s = reduce_contiguous(x, D, SumReducer<T, A, decltype(ex)>{ex}, 0);
+  if constexpr (kLog) {
+    A ls = std::log(s);  // (x - m) - log(s): m + log(s) would round away the small part
+    for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>((static_cast<A>(x[i]) - m) - ls);
+  } else {
+    A inv = A(1) / s;
+    for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>(std::exp(static_cast<A>(x[i]) - m) * inv);
+  }
+}
+
+// x, y: (D, inner) contiguous; columns [c0, c0 + n) of one outer index.
+template <typename T, bool kLog>
+void softmax_cols(const T* x, T* y, int64_t D, int64_t inner, int64_t c0, int64_t n) {
+  using A = acc_t<T>;
+  A m[kSoftmaxCols], s[kSoftmaxCols];
+  for (int64_t j = 0; j < n; ++j) {
+    m[j] = -std::numeric_limits<A>::infinity();
+    s[j] = 0;
+  }
+  for (int64_t k = 0; k < D; ++k) {
+    const T* row = x + k * inner + c0;
+    for (int64_t j = 0; j < n; ++j) MinMaxReducer<T, A, true, CastMap<A>>::pick(m[j], static_cast<A>(row[j]));
+  }
+  for (int64_t k = 0; k < D; ++k) {
+    const T* row = x + k * inner + c0;
+    for (int64_t j = 0; j < n; ++j) s[j] += std::exp(static_cast<A>(row[j]) - m[j]);
+  }
+  for (int64_t j = 0; j < n; ++j) s[j] = kLog ? std::log(s[j]) : A(1) / s[j];
+  for (int64_t k = 0; k < D; ++k) {
+    const T* row = x + k * inner + c0;
+    T* out = y + k * inner + c0;
+    for (int64_t j = 0; j < n; ++j) {
+      A v = static_cast<A>(row[j]);
+      out[j] = static_cast<T>(kLog ? (v - m[j]) - s[j] : std::exp(v - m[j]) * s[j]);
+    }
+  }
+}
+
+// self: (outer, D, inner) around `dim` -> same shape, in dtype (or self's dtype).
+template <bool kLog>
+Tensor softmax_cpu(const Tensor& self, int64_t dim, std::optional<ScalarType> dtype) {
+  const char* name = kLog ? "log_softmax" : "softmax";
+  TensorSpec spec = kLog ? meta::log_softmax(self, dim, dtype) : meta::softmax(self, dim, dtype);
+  Tensor out = empty_strided_on(spec.sizes, spec.strides, spec.dtype, spec.device);
+  if (out.numel() == 0) return out;
+  Tensor x = (self.dtype() == spec.dtype ? self : self.to(spec.dtype)).contiguous();
+  int64_t d = meta::wrap_dim(name, dim, self.dim());
+  int64_t outer = 1, D = 1, inner = 1;
+  for (int64_t i = 0; i < self.dim(); ++i) {
+    if (i < d) outer *= self.size(i);
+    else if (i == d) D = self.size(i);
+    else inner *= self.size(i);
+  }
+  KILN_DISPATCH_FLOAT_TYPES(spec.dtype, name, [&] {
+    using T = scalar_t;
+    const T* xp = static_cast<const T*>(x.impl()->raw_data());
+    T* yp = static_cast<T*>(out.impl()->raw_data());
+    if (inner == 1) {  // fast path: softmax over the last (contiguous) dim
+      parallel_for(outer, std::max<int64_t>(1, kGrainSize / D), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) softmax_row<T, kLog>(xp + r * D, yp + r * D, D);
+      });
+      return;
+    }
+    int64_t nb = (inner + kSoftmaxCols - 1) / kSoftmaxCols;
+    int64_t grain = std::max<int64_t>(1, kGrainSize / (D * std::min(inner, kSoftmaxCols)));
+    parallel_for(outer * nb, grain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        int64_t o = t / nb, c0 = (t % nb) * kSoftmaxCols;
+        softmax_cols<T, kLog>(xp + o * D * inner, yp + o * D * inner, D, inner, c0,
+                              std::min(kSoftmaxCols, inner - c0));
+      }
+    });
+  });
+  return out;
+}
+
+KILN_LIBRARY(CPU, m) {
+  m.impl<ops::softmax>(softmax_cpu<false>);
+  m.impl<ops::log_softmax>(softmax_cpu<true>);
+}
+
+}  // namespace
+}  // namespace kiln::kernels
