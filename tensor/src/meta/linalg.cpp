@@ -15,6 +15,15 @@ std::string by_x(IntArrayRef s) {  // [2, 3] -> "2x3"
   return os.str();
 }
 
+// True when `from` broadcasts to exactly `to` (expand semantics).
+bool expands_to(IntArrayRef from, IntArrayRef to) {
+  if (from.size() > to.size()) return false;
+  size_t off = to.size() - from.size();
+  for (size_t i = 0; i < from.size(); ++i)
+    if (from[i] != 1 && from[i] != to[off + i]) return false;
+  return true;
+}
+
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
   KILN_CHECK(a.dtype() == b.dtype(), Type, op, ": expected both operands to have the same dtype, but got ",
              a.dtype(), " != ", b.dtype());
@@ -53,7 +62,7 @@ TensorSpec bmm(const Tensor& self, const Tensor& mat2) {
 TensorSpec addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const Scalar&, const Scalar&) {
   DimVector s = mm_shape("addmm", mat1, mat2);
   check_same_dtype("addmm", self, mat1);
-  KILN_CHECK(broadcast_shapes("addmm", self.sizes(), s) == s, Value, "addmm: self of shape ", self.sizes(),
+  KILN_CHECK(expands_to(self.sizes(), s), Value, "addmm: self of shape ", self.sizes(),
              " cannot be broadcast to the result shape ", s.ref());
   return contiguous_spec(s, self.dtype(), common_device("addmm", {self, mat1, mat2}));
 }
@@ -88,7 +97,7 @@ TensorSpec linear(const Tensor& input, const Tensor& weight, const std::optional
   out.back() = weight.size(0);
   if (bias && bias->defined()) {
     check_same_dtype("linear", input, *bias);
-    KILN_CHECK(broadcast_shapes("linear", bias->sizes(), out) == out, Value, "linear: bias of shape ",
+    KILN_CHECK(expands_to(bias->sizes(), out), Value, "linear: bias of shape ",
                bias->sizes(), " cannot be broadcast to the result shape ", out.ref());
     return contiguous_spec(out, input.dtype(), common_device("linear", {input, weight, *bias}));
   }
