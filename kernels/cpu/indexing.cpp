@@ -18,7 +18,8 @@ DimVector strides1(const Tensor& t) { return t.dim() == 0 ? DimVector{0} : DimVe
 // Calls f(offsets) for every element of `shape`, where offsets[k] is the element offset of
 // operand k (strides[k] per dim). Runs in parallel chunks when `parallel`; f must not throw then.
 template <int K, typename F>
-void for_each_offset(IntArrayRef shape, const std::array<DimVector, K>& strides, bool parallel, const F& f) {
+void for_each_offset(IntArrayRef shape, const std::array<DimVector, K>& strides, bool parallel,
+                     const F& f) {
   int64_t n = numel_of(shape), nd = static_cast<int64_t>(shape.size());
   if (n == 0) return;
   auto body = [&](int64_t begin, int64_t end) {
@@ -39,30 +40,38 @@ void for_each_offset(IntArrayRef shape, const std::array<DimVector, K>& strides,
       }
     }
   };
-  if (parallel) parallel_for(n, kGrainSize, body);
-  else body(0, n);
+  if (parallel)
+    parallel_for(n, kGrainSize, body);
+  else
+    body(0, n);
 }
 
 // Every value of `index` must lie in [0, size); IndexError naming the value and the size.
 template <typename I>
 void check_indices(const char* op, const Tensor& index, int64_t size, int64_t dim) {
   const I* p = static_cast<const I*>(index.impl()->raw_data());
-  for_each_offset<1>(sizes1(index), {strides1(index)}, false, [&](const std::array<int64_t, 1>& off) {
-    int64_t v = static_cast<int64_t>(p[off[0]]);
-    KILN_CHECK(v >= 0 && v < size, Index, op, ": index ", v, " is out of bounds for dimension ", dim,
-               " with size ", size);
-  });
+  for_each_offset<1>(sizes1(index), {strides1(index)}, false,
+                     [&](const std::array<int64_t, 1>& off) {
+                       int64_t v = static_cast<int64_t>(p[off[0]]);
+                       KILN_CHECK(v >= 0 && v < size, Index, op, ": index ", v,
+                                  " is out of bounds for dimension ", dim, " with size ", size);
+                     });
 }
 
 // Elements are moved as unsigned words of the dtype's size (index_select, gather, scatter).
 template <typename F>
 void dispatch_word(size_t element_size, const F& f) {
   switch (element_size) {
-    case 1: return f(uint8_t{});
-    case 2: return f(uint16_t{});
-    case 4: return f(uint32_t{});
-    case 8: return f(uint64_t{});
-    default: KILN_ASSERT(false, "unexpected element size ", element_size);
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+    default:
+      KILN_ASSERT(false, "unexpected element size ", element_size);
   }
 }
 
@@ -71,8 +80,10 @@ void index_select_cpu(const Tensor& out, const Tensor& self, int64_t dim, const 
   int64_t d = meta::wrap_dim("index_select", dim, self.dim());
   DimVector ssz = sizes1(self), sst = strides1(self);
   bool wide = index.dtype() == kInt64;
-  if (wide) check_indices<int64_t>("index_select", index, ssz[d], d);
-  else check_indices<int32_t>("index_select", index, ssz[d], d);
+  if (wide)
+    check_indices<int64_t>("index_select", index, ssz[d], d);
+  else
+    check_indices<int32_t>("index_select", index, ssz[d], d);
   if (out.numel() == 0) return;
   // Operands over out's shape: out, self with its `d` stride zeroed, index advancing along d only.
   DimVector shape = sizes1(out), self_st = sst, idx_st(shape.size(), 0);
@@ -84,10 +95,12 @@ void index_select_cpu(const Tensor& out, const Tensor& self, int64_t dim, const 
     using U = decltype(word);
     U* o = static_cast<U*>(out.impl()->raw_data());
     const U* s = static_cast<const U*>(self.impl()->raw_data());
-    for_each_offset<3>(shape, {strides1(out), self_st, idx_st}, true, [&](const std::array<int64_t, 3>& off) {
-      int64_t v = wide ? reinterpret_cast<const int64_t*>(ip)[off[2]] : reinterpret_cast<const int32_t*>(ip)[off[2]];
-      o[off[0]] = s[off[1] + v * step];
-    });
+    for_each_offset<3>(shape, {strides1(out), self_st, idx_st}, true,
+                       [&](const std::array<int64_t, 3>& off) {
+                         int64_t v = wide ? reinterpret_cast<const int64_t*>(ip)[off[2]]
+                                          : reinterpret_cast<const int32_t*>(ip)[off[2]];
+                         o[off[0]] = s[off[1] + v * step];
+                       });
   });
 }
 
@@ -105,15 +118,17 @@ void gather_cpu(const Tensor& out, const Tensor& self, int64_t dim, const Tensor
     using U = decltype(word);
     U* o = static_cast<U*>(out.impl()->raw_data());
     const U* s = static_cast<const U*>(self.impl()->raw_data());
-    for_each_offset<3>(sizes1(index), {strides1(out), strides1(index), self_st}, true,
-                       [&](const std::array<int64_t, 3>& off) { o[off[0]] = s[off[2] + ip[off[1]] * step]; });
+    for_each_offset<3>(
+        sizes1(index), {strides1(out), strides1(index), self_st}, true,
+        [&](const std::array<int64_t, 3>& off) { o[off[0]] = s[off[2] + ip[off[1]] * step]; });
   });
 }
 
 // out = self, then out[p with p_d = index[p]] = src[p] (or += for scatter_add) for p over
 // index's shape. Serial, so repeated indices resolve deterministically (the last one wins).
 template <bool kAdd>
-void scatter_cpu(const Tensor& out, const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
+void scatter_cpu(const Tensor& out, const Tensor& self, int64_t dim, const Tensor& index,
+                 const Tensor& src) {
   const char* op = kAdd ? "scatter_add" : "scatter";
   int64_t d = meta::wrap_dim(op, dim, self.dim());
   check_indices<int64_t>(op, index, sizes1(self)[d], d);
@@ -129,8 +144,9 @@ void scatter_cpu(const Tensor& out, const Tensor& self, int64_t dim, const Tenso
       using U = decltype(word);
       U* o = static_cast<U*>(out.impl()->raw_data());
       const U* s = static_cast<const U*>(src.impl()->raw_data());
-      for_each_offset<3>(sizes1(index), st, false,
-                         [&](const std::array<int64_t, 3>& off) { o[off[2] + ip[off[0]] * step] = s[off[1]]; });
+      for_each_offset<3>(sizes1(index), st, false, [&](const std::array<int64_t, 3>& off) {
+        o[off[2] + ip[off[0]] * step] = s[off[1]];
+      });
     });
   } else {
     KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), op, [&] {
@@ -147,7 +163,8 @@ void scatter_cpu(const Tensor& out, const Tensor& self, int64_t dim, const Tenso
 }
 
 // self: broadcastable to out, mask (bool): broadcastable to out -> out = mask ? value : self.
-void masked_fill_cpu(const Tensor& out, const Tensor& self, const Tensor& mask, const Scalar& value) {
+void masked_fill_cpu(const Tensor& out, const Tensor& self, const Tensor& mask,
+                     const Scalar& value) {
   if (!out.is_same(self)) out.copy_(self);
   if (out.numel() == 0) return;
   StridedIter<2> it({&out, &mask});
@@ -156,7 +173,8 @@ void masked_fill_cpu(const Tensor& out, const Tensor& self, const Tensor& mask, 
     if constexpr (std::is_same_v<scalar_t, bool>) v = value.to_bool();
     it.run([v](const std::array<char*, 2>& p, const std::array<int64_t, 2>& s, int64_t n) {
       for (int64_t i = 0; i < n; ++i)
-        if (*reinterpret_cast<const bool*>(p[1] + i * s[1])) *reinterpret_cast<scalar_t*>(p[0] + i * s[0]) = v;
+        if (*reinterpret_cast<const bool*>(p[1] + i * s[1]))
+          *reinterpret_cast<scalar_t*>(p[0] + i * s[0]) = v;
     });
   });
 }
@@ -169,12 +187,15 @@ Tensor one_hot_cpu(const Tensor& self, int64_t num_classes) {
   const int64_t* p = static_cast<const int64_t*>(idx.impl()->raw_data());
   int64_t n = idx.numel();
   if (num_classes == -1) {
-    KILN_CHECK(n > 0, Value, "one_hot: cannot infer the number of classes from an empty tensor; pass num_classes");
+    KILN_CHECK(
+        n > 0, Value,
+        "one_hot: cannot infer the number of classes from an empty tensor; pass num_classes");
     num_classes = *std::max_element(p, p + n) + 1;
   }
   for (int64_t i = 0; i < n; ++i)
     KILN_CHECK(p[i] >= 0 && p[i] < num_classes, Index, "one_hot: class value ", p[i],
-               " is out of range for num_classes ", num_classes, " (values must be in [0, ", num_classes, "))");
+               " is out of range for num_classes ", num_classes, " (values must be in [0, ",
+               num_classes, "))");
   TensorSpec spec = meta::one_hot(self, num_classes);
   Tensor out = empty_on(spec.sizes, spec.dtype, spec.device);
   int64_t* o = static_cast<int64_t*>(out.impl()->raw_data());

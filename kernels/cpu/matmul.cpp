@@ -8,14 +8,13 @@
 // rounded. float64 (which oneDNN's matmul lacks) uses gemm_f64 below. The output is never
 // zero-filled: with beta == 0 nothing reads it.
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <atomic>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <vector>
-
-#include <oneapi/dnnl/dnnl.h>
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include "kiln/generated/op_handles.h"
 #include "loops.h"
@@ -54,7 +53,8 @@ Tensor blas_ready(const Tensor& t) {
 }
 
 // c: (B, M, N) or (M, N) contiguous float32 = alpha * a @ b + beta * c, via dnnl_sgemm per batch.
-void sgemm_batched(const char* op, const Tensor& c, const Tensor& a, const Tensor& b, float alpha, float beta) {
+void sgemm_batched(const char* op, const Tensor& c, const Tensor& a, const Tensor& b, float alpha,
+                   float beta) {
   int64_t B = c.dim() == 3 ? c.size(0) : 1, M = c.size(-2), N = c.size(-1), K = a.size(-1);
   BlasLayout la = *blas_layout(a), lb = *blas_layout(b);
   const float* pa = static_cast<const float*>(a.impl()->raw_data());
@@ -64,29 +64,35 @@ void sgemm_batched(const char* op, const Tensor& c, const Tensor& a, const Tenso
   std::atomic<int> status{dnnl_success};
   auto run = [&](int64_t b0, int64_t b1) {
     for (int64_t i = b0; i < b1; ++i) {
-      dnnl_status_t st = dnnl_sgemm(la.trans, lb.trans, M, N, K, alpha, pa + i * sa, la.ld, pb + i * sb,
-                                    lb.ld, beta, pc + i * M * N, N);
+      dnnl_status_t st = dnnl_sgemm(la.trans, lb.trans, M, N, K, alpha, pa + i * sa, la.ld,
+                                    pb + i * sb, lb.ld, beta, pc + i * M * N, N);
       if (st != dnnl_success) status = st;
     }
   };
   sync_omp_threads();
   // Small matrices: one single-threaded GEMM per batch entry, batches across threads.
-  if (B > 1 && M * N * K <= 128 * 128 * 128) parallel_for(B, 1, run);
-  else run(0, B);
-  KILN_CHECK(status == dnnl_success, Runtime, op, ": dnnl_sgemm failed with status ", status.load());
+  if (B > 1 && M * N * K <= 128 * 128 * 128)
+    parallel_for(B, 1, run);
+  else
+    run(0, B);
+  KILN_CHECK(status == dnnl_success, Runtime, op, ": dnnl_sgemm failed with status ",
+             status.load());
 }
 
 // C(M, N) = alpha * A(M, K) @ B(K, N) + beta * C for float64. A and B take any strides; C is
 // row-major with ldc. Blocks of B (kKc x kNc, 1 MiB) are packed contiguous and shared by all
 // threads; each thread packs 4 rows of A at a time and keeps a 4 x 16 tile of C in registers
 // while it runs over the block's kKc.
-void gemm_f64(int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t ars, int64_t acs,
-              const double* B, int64_t brs, int64_t bcs, double beta, double* C, int64_t ldc) {
+void gemm_f64(int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t ars,
+              int64_t acs, const double* B, int64_t brs, int64_t bcs, double beta, double* C,
+              int64_t ldc) {
   constexpr int64_t kKc = 256, kNc = 512, kMr = 4, kNr = 16;
-  parallel_for(M, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(N, 1)), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0 ? 0.0 : beta * C[i * ldc + j];
-  });
+  parallel_for(M, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(N, 1)),
+               [&](int64_t i0, int64_t i1) {
+                 for (int64_t i = i0; i < i1; ++i)
+                   for (int64_t j = 0; j < N; ++j)
+                     C[i * ldc + j] = beta == 0 ? 0.0 : beta * C[i * ldc + j];
+               });
   std::vector<double> packed(kKc * kNc);
   int64_t groups = (M + kMr - 1) / kMr;
   for (int64_t jc = 0; jc < N; jc += kNc) {
@@ -135,7 +141,8 @@ void scale_output(const Tensor& c, double beta) {
   KILN_DISPATCH_FLOAT_TYPES(c.dtype(), "mm", [&] {
     auto* p = static_cast<scalar_t*>(c.impl()->raw_data());
     for (int64_t i = 0; i < c.numel(); ++i)
-      p[i] = beta == 0 ? scalar_t(0) : scalar_t(static_cast<double>(static_cast<acc_t<scalar_t>>(p[i])) * beta);
+      p[i] = beta == 0 ? scalar_t(0)
+                       : scalar_t(static_cast<double>(static_cast<acc_t<scalar_t>>(p[i])) * beta);
   });
 }
 
@@ -146,7 +153,8 @@ bool dnnl_lowp_matmul(const Tensor& c, const Tensor& a, const Tensor& b, float a
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   memory::data_type dt = c.dtype() == kBFloat16 ? memory::data_type::bf16 : memory::data_type::f16;
   auto md = [&](const Tensor& t) {
-    memory::dims dims(t.sizes().begin(), t.sizes().end()), strides(t.strides().begin(), t.strides().end());
+    memory::dims dims(t.sizes().begin(), t.sizes().end()),
+        strides(t.strides().begin(), t.strides().end());
     for (int64_t d = t.dim() - 1, inner = 1; d >= 0; inner *= t.size(d), --d)
       if (t.size(d) == 1) strides[d] = inner;  // any stride is valid there: pick a plain one
     return memory::desc(dims, dt, strides);
@@ -163,12 +171,16 @@ bool dnnl_lowp_matmul(const Tensor& c, const Tensor& a, const Tensor& b, float a
     memory::desc amd = md(a), bmd = md(b), cmd = md(c);
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), attr, engine);
     if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
-    Tensor scratch = empty_on({static_cast<int64_t>(pd.scratchpad_desc().get_size())}, kUInt8, kCPU);
+    Tensor scratch =
+        empty_on({static_cast<int64_t>(pd.scratchpad_desc().get_size())}, kUInt8, kCPU);
     memory am(amd, engine, a.impl()->raw_data()), bm(bmd, engine, b.impl()->raw_data());
-    memory cm(cmd, engine, c.impl()->raw_data()), sm(pd.scratchpad_desc(), engine, scratch.impl()->raw_data());
+    memory cm(cmd, engine, c.impl()->raw_data()),
+        sm(pd.scratchpad_desc(), engine, scratch.impl()->raw_data());
     sync_omp_threads();
     dnnl::stream stream(engine);
-    dnnl::matmul(pd).execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm},
+    dnnl::matmul(pd).execute(stream, {{DNNL_ARG_SRC, am},
+                                      {DNNL_ARG_WEIGHTS, bm},
+                                      {DNNL_ARG_DST, cm},
                                       {DNNL_ARG_SCRATCHPAD, sm}});
     stream.wait();
     return true;
@@ -180,7 +192,8 @@ bool dnnl_lowp_matmul(const Tensor& c, const Tensor& a, const Tensor& b, float a
 
 // c = alpha * a @ b + beta * c; a: (M, K) / (B, M, K), b: (K, N) / (B, K, N), c: (M, N) /
 // (B, M, N) contiguous, all of c's dtype. c is read only when beta != 0.
-void gemm(const char* op, const Tensor& c, const Tensor& a_in, const Tensor& b_in, double alpha, double beta) {
+void gemm(const char* op, const Tensor& c, const Tensor& a_in, const Tensor& b_in, double alpha,
+          double beta) {
   KILN_ASSERT(c.is_contiguous());
   if (c.numel() == 0) return;
   if (a_in.size(-1) == 0) return scale_output(c, beta);
@@ -194,8 +207,8 @@ void gemm(const char* op, const Tensor& c, const Tensor& a_in, const Tensor& b_i
       const double* pb = static_cast<const double*>(b.impl()->raw_data());
       double* pc = static_cast<double*>(c.impl()->raw_data());
       for (int64_t i = 0; i < B; ++i)
-        gemm_f64(M, N, K, alpha, pa + i * batch_stride(a), a.stride(-2), a.stride(-1), pb + i * batch_stride(b),
-                 b.stride(-2), b.stride(-1), beta, pc + i * M * N, N);
+        gemm_f64(M, N, K, alpha, pa + i * batch_stride(a), a.stride(-2), a.stride(-1),
+                 pb + i * batch_stride(b), b.stride(-2), b.stride(-1), beta, pc + i * M * N, N);
       return;
     }
     case kBFloat16:
@@ -203,7 +216,8 @@ void gemm(const char* op, const Tensor& c, const Tensor& a_in, const Tensor& b_i
       if (dnnl_lowp_matmul(c, a, b, static_cast<float>(alpha), static_cast<float>(beta))) return;
       // Compute in float32, store rounded.
       Tensor cf = beta != 0 ? c.to(kFloat32) : empty_on(c.sizes(), kFloat32, kCPU);
-      sgemm_batched(op, cf, a.to(kFloat32), b.to(kFloat32), static_cast<float>(alpha), static_cast<float>(beta));
+      sgemm_batched(op, cf, a.to(kFloat32), b.to(kFloat32), static_cast<float>(alpha),
+                    static_cast<float>(beta));
       c.copy_(cf);
       return;
     }
@@ -213,15 +227,19 @@ void gemm(const char* op, const Tensor& c, const Tensor& a_in, const Tensor& b_i
 }
 
 // self: (M, K), mat2: (K, N) -> out: (M, N)
-void mm_cpu(const Tensor& out, const Tensor& self, const Tensor& mat2) { gemm("mm", out, self, mat2, 1.0, 0.0); }
+void mm_cpu(const Tensor& out, const Tensor& self, const Tensor& mat2) {
+  gemm("mm", out, self, mat2, 1.0, 0.0);
+}
 
 // self: (B, M, K), mat2: (B, K, N) -> out: (B, M, N)
-void bmm_cpu(const Tensor& out, const Tensor& self, const Tensor& mat2) { gemm("bmm", out, self, mat2, 1.0, 0.0); }
+void bmm_cpu(const Tensor& out, const Tensor& self, const Tensor& mat2) {
+  gemm("bmm", out, self, mat2, 1.0, 0.0);
+}
 
-// self: broadcastable to (M, N), mat1: (M, K), mat2: (K, N) -> out = beta * self + alpha * mat1 @ mat2
-// (self is ignored when beta == 0, as in PyTorch).
-void addmm_cpu(const Tensor& out, const Tensor& self, const Tensor& mat1, const Tensor& mat2, const Scalar& beta,
-               const Scalar& alpha) {
+// self: broadcastable to (M, N), mat1: (M, K), mat2: (K, N) -> out = beta * self + alpha * mat1 @
+// mat2 (self is ignored when beta == 0, as in PyTorch).
+void addmm_cpu(const Tensor& out, const Tensor& self, const Tensor& mat1, const Tensor& mat2,
+               const Scalar& beta, const Scalar& alpha) {
   double be = beta.to_double();
   if (be != 0) out.copy_(self);
   gemm("addmm", out, mat1, mat2, alpha.to_double(), be);

@@ -29,9 +29,11 @@ void cat_cpu(const Tensor& out, TensorList tensors, int64_t dim) {
       const int64_t chunk = len * inner * es;
       const char* src = static_cast<const char*>(t.impl()->raw_data());
       char* dst = o + offset * inner * es;
-      parallel_for(outer, std::max<int64_t>(1, (int64_t{1} << 18) / chunk), [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) std::memcpy(dst + i * out_row, src + i * chunk, chunk);
-      });
+      parallel_for(outer, std::max<int64_t>(1, (int64_t{1} << 18) / chunk),
+                   [&](int64_t b, int64_t e) {
+                     for (int64_t i = b; i < e; ++i)
+                       std::memcpy(dst + i * out_row, src + i * chunk, chunk);
+                   });
     } else {
       out.narrow(d, offset, len).copy_(t);
     }
@@ -72,11 +74,16 @@ void triangular(const Tensor& out, const Tensor& self, int64_t k) {
 template <bool kLower>
 void triangular_cpu(const Tensor& out, const Tensor& self, int64_t diagonal) {
   switch (out.element_size()) {
-    case 1: return triangular<uint8_t, kLower>(out, self, diagonal);
-    case 2: return triangular<uint16_t, kLower>(out, self, diagonal);
-    case 4: return triangular<uint32_t, kLower>(out, self, diagonal);
-    case 8: return triangular<uint64_t, kLower>(out, self, diagonal);
-    default: KILN_ASSERT(false, "unexpected element size ", out.element_size());
+    case 1:
+      return triangular<uint8_t, kLower>(out, self, diagonal);
+    case 2:
+      return triangular<uint16_t, kLower>(out, self, diagonal);
+    case 4:
+      return triangular<uint32_t, kLower>(out, self, diagonal);
+    case 8:
+      return triangular<uint64_t, kLower>(out, self, diagonal);
+    default:
+      KILN_ASSERT(false, "unexpected element size ", out.element_size());
   }
 }
 

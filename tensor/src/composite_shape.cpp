@@ -17,7 +17,8 @@ Tensor stack(TensorList tensors, int64_t dim) {
 }
 
 // The pieces are views of self (narrow), one per spec of the meta function.
-static std::vector<Tensor> narrow_pieces(const Tensor& self, int64_t d, const std::vector<TensorSpec>& specs) {
+static std::vector<Tensor> narrow_pieces(const Tensor& self, int64_t d,
+                                         const std::vector<TensorSpec>& specs) {
   std::vector<Tensor> out;
   out.reserve(specs.size());
   int64_t start = 0;

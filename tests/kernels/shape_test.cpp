@@ -27,7 +27,9 @@ int64_t flat(IntArrayRef sizes, const std::vector<int64_t>& idx) {
   for (size_t d = 0; d < sizes.size(); ++d) f = f * sizes[d] + idx[d];
   return f;
 }
-Tensor ref_tensor(const std::vector<double>& v, IntArrayRef sizes) { return from_vector<double>(v, sizes); }
+Tensor ref_tensor(const std::vector<double>& v, IntArrayRef sizes) {
+  return from_vector<double>(v, sizes);
+}
 
 // Naive cat: walks the output and picks the input that covers each index along `dim`.
 Tensor ref_cat(const std::vector<Tensor>& ts, int64_t dim) {
@@ -90,13 +92,20 @@ TEST(Cat, SkipsLegacyEmptyAndHandlesZeroSize) {
 
 TEST(Cat, BadInputs) {
   expect_error(ErrorKind::Value, "non-empty list", [] { cat(std::vector<Tensor>{}); });
-  expect_error(ErrorKind::Value, "zero-dimensional tensor (at position 1)",
-               [] { cat({random({2}), scalar_tensor_of(1.0, kFloat32)}); });
-  expect_error(ErrorKind::Value, "tensor 0 has shape [2, 3] but tensor 2 has shape [2, 4]",
-               [] { cat({random({2, 3}), random({1, 3}), random({2, 4})}, 0); });
-  expect_error(ErrorKind::Value, "same number of dimensions: tensor 0 has shape [2, 3] but tensor 1 has shape [3]",
-               [] { cat({random({2, 3}), random({3})}, 0); });
-  expect_error(ErrorKind::Index, "dimension out of range", [] { cat({random({2, 3}), random({2, 3})}, 2); });
+  expect_error(ErrorKind::Value, "zero-dimensional tensor (at position 1)", [] {
+    cat({random({2}), scalar_tensor_of(1.0, kFloat32)});
+  });
+  expect_error(ErrorKind::Value, "tensor 0 has shape [2, 3] but tensor 2 has shape [2, 4]", [] {
+    cat({random({2, 3}), random({1, 3}), random({2, 4})}, 0);
+  });
+  expect_error(ErrorKind::Value,
+               "same number of dimensions: tensor 0 has shape [2, 3] but tensor 1 has shape [3]",
+               [] {
+                 cat({random({2, 3}), random({3})}, 0);
+               });
+  expect_error(ErrorKind::Index, "dimension out of range", [] {
+    cat({random({2, 3}), random({2, 3})}, 2);
+  });
 }
 
 TEST(Stack, EveryDtypeAgainstReference) {
@@ -125,15 +134,20 @@ TEST(Stack, EveryDtypeAgainstReference) {
 TEST(Stack, PromotesZeroSizeAndBadInputs) {
   EXPECT_EQ(stack({random({2}, kInt32), random({2}, kFloat32)}).dtype(), kFloat32);
   EXPECT_EQ(stack({random({0, 3}), random({0, 3})}, 1).sizes(), IntArrayRef({0, 2, 3}));
-  EXPECT_EQ(stack({scalar_tensor_of(1, kInt64), scalar_tensor_of(2, kInt64)}).sizes(), IntArrayRef({2}));
-  expect_error(ErrorKind::Value, "got [2, 3] at entry 0 and [3, 2] at entry 1",
-               [] { stack({random({2, 3}), random({3, 2})}); });
+  EXPECT_EQ(stack({scalar_tensor_of(1, kInt64), scalar_tensor_of(2, kInt64)}).sizes(),
+            IntArrayRef({2}));
+  expect_error(ErrorKind::Value, "got [2, 3] at entry 0 and [3, 2] at entry 1", [] {
+    stack({random({2, 3}), random({3, 2})});
+  });
   expect_error(ErrorKind::Value, "non-empty list", [] { stack(std::vector<Tensor>{}); });
-  expect_error(ErrorKind::Index, "dimension out of range", [] { stack({random({2}), random({2})}, 3); });
+  expect_error(ErrorKind::Index, "dimension out of range", [] {
+    stack({random({2}), random({2})}, 3);
+  });
 }
 
 // Each piece must be a view equal to the matching narrow of self.
-void expect_pieces(const Tensor& self, const std::vector<Tensor>& pieces, int64_t dim, std::vector<int64_t> lens) {
+void expect_pieces(const Tensor& self, const std::vector<Tensor>& pieces, int64_t dim,
+                   std::vector<int64_t> lens) {
   ASSERT_EQ(pieces.size(), lens.size());
   int64_t start = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -163,9 +177,11 @@ TEST(Split, ZeroSizeAndBadInputs) {
   Tensor e = random({0, 3});
   expect_pieces(e, split(e, 2), 0, {0});
   expect_pieces(e, split(e, 0), 0, {0});
-  expect_error(ErrorKind::Value, "split_size can only be 0 if dimension size is 0", [] { split(random({3}), 0); });
+  expect_error(ErrorKind::Value, "split_size can only be 0 if dimension size is 0",
+               [] { split(random({3}), 0); });
   expect_error(ErrorKind::Value, "non-negative", [] { split(random({3}), -1); });
-  expect_error(ErrorKind::Value, "at least a 1-dimensional", [] { split(scalar_tensor_of(1.0, kFloat32), 1); });
+  expect_error(ErrorKind::Value, "at least a 1-dimensional",
+               [] { split(scalar_tensor_of(1.0, kFloat32), 1); });
   expect_error(ErrorKind::Index, "dimension out of range", [] { split(random({3}), 1, 1); });
 }
 
@@ -185,7 +201,8 @@ TEST(Chunk, ZeroSizeAndBadInputs) {
   Tensor e = random({0, 2});
   expect_pieces(e, chunk(e, 3), 0, {0, 0, 0});
   expect_error(ErrorKind::Value, "greater than 0, got: 0", [] { chunk(random({3}), 0); });
-  expect_error(ErrorKind::Value, "at least a 1-dimensional", [] { chunk(scalar_tensor_of(1.0, kFloat32), 2); });
+  expect_error(ErrorKind::Value, "at least a 1-dimensional",
+               [] { chunk(scalar_tensor_of(1.0, kFloat32), 2); });
 }
 
 Tensor ref_triangular(const Tensor& x, int64_t k, bool lower) {
@@ -234,12 +251,15 @@ TEST(Triangular, InPlaceAndOut) {
 TEST(Triangular, ZeroSizeAndBadInputs) {
   EXPECT_EQ(tril(random({0, 3})).sizes(), IntArrayRef({0, 3}));
   EXPECT_EQ(triu(random({2, 0, 3})).sizes(), IntArrayRef({2, 0, 3}));
-  expect_error(ErrorKind::Value, "tril: input tensor must have at least 2 dimensions, got shape [3]",
+  expect_error(ErrorKind::Value,
+               "tril: input tensor must have at least 2 dimensions, got shape [3]",
                [] { tril(random({3})); });
   expect_error(ErrorKind::Value, "triu: input tensor must have at least 2 dimensions",
                [] { triu(scalar_tensor_of(1.0, kFloat32)); });
   expect_error(ErrorKind::Value, "at least 2 dimensions", [] { random({3}).tril_(); });
-  expect_error(ErrorKind::Type, "can't be cast", [] { tril_out(random({2, 2}, kInt32), random({2, 2})); });
+  expect_error(ErrorKind::Type, "can't be cast", [] {
+    tril_out(random({2, 2}, kInt32), random({2, 2}));
+  });
 }
 
 TEST(ShapeMeta, OutputsWithoutData) {
@@ -254,8 +274,9 @@ TEST(ShapeMeta, OutputsWithoutData) {
   ASSERT_EQ(parts.size(), 2u);
   EXPECT_TRUE(parts[1].is_meta());
   EXPECT_EQ(parts[1].sizes(), IntArrayRef({2, 3}));
-  expect_error(ErrorKind::Value, "tensor 0 has shape [2, 3] but tensor 1 has shape [2, 4]",
-               [&] { cat({a, empty({2, 4}, kInt32, meta)}); });
+  expect_error(ErrorKind::Value, "tensor 0 has shape [2, 3] but tensor 1 has shape [2, 4]", [&] {
+    cat({a, empty({2, 4}, kInt32, meta)});
+  });
 }
 
 }  // namespace

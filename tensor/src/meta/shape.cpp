@@ -30,8 +30,9 @@ TensorSpec cat(TensorList tensors, int64_t dim) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
     if (skipped_in_cat(t)) continue;
-    KILN_CHECK(t.dim() == r.dim(), Value, "cat: tensors must have the same number of dimensions: tensor ",
-               ref, " has shape ", r.sizes(), " but tensor ", i, " has shape ", t.sizes());
+    KILN_CHECK(t.dim() == r.dim(), Value,
+               "cat: tensors must have the same number of dimensions: tensor ", ref, " has shape ",
+               r.sizes(), " but tensor ", i, " has shape ", t.sizes());
     for (int64_t k = 0; k < r.dim(); ++k)
       KILN_CHECK(k == d || t.size(k) == r.size(k), Value,
                  "cat: sizes of tensors must match except in dimension ", d, ": tensor ", ref,
@@ -47,8 +48,8 @@ TensorSpec stack(TensorList tensors, int64_t dim) {
   const Tensor& r = tensors[0].check_defined("stack");
   for (size_t i = 1; i < tensors.size(); ++i)
     KILN_CHECK(tensors[i].check_defined("stack").sizes() == r.sizes(), Value,
-               "stack: expects each tensor to be equal size, but got ", r.sizes(), " at entry 0 and ",
-               tensors[i].sizes(), " at entry ", i);
+               "stack: expects each tensor to be equal size, but got ", r.sizes(),
+               " at entry 0 and ", tensors[i].sizes(), " at entry ", i);
   int64_t d = wrap_dim("stack", dim, r.dim() + 1);
   DimVector sizes(r.sizes());
   sizes.insert(d, static_cast<int64_t>(tensors.size()));
@@ -61,7 +62,8 @@ std::vector<TensorSpec> split(const Tensor& self, int64_t split_size, int64_t di
   int64_t d = wrap_dim("split", dim, self.dim());
   int64_t n = self.size(d);
   KILN_CHECK(split_size > 0 || n == 0, Value,
-             "split: split_size can only be 0 if dimension size is 0, but got dimension size of ", n);
+             "split: split_size can only be 0 if dimension size is 0, but got dimension size of ",
+             n);
   int64_t num = split_size == 0 ? 1 : std::max<int64_t>((n + split_size - 1) / split_size, 1);
   std::vector<TensorSpec> out;
   out.reserve(num);
@@ -83,8 +85,8 @@ std::vector<TensorSpec> chunk(const Tensor& self, int64_t chunks, int64_t dim) {
 }
 
 static TensorSpec triangular(const char* op, const Tensor& self) {
-  KILN_CHECK(self.dim() >= 2, Value, op, ": input tensor must have at least 2 dimensions, got shape ",
-             self.sizes());
+  KILN_CHECK(self.dim() >= 2, Value, op,
+             ": input tensor must have at least 2 dimensions, got shape ", self.sizes());
   return contiguous_spec(self.sizes(), self.dtype(), self.device());
 }
 
