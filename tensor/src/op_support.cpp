@@ -5,6 +5,9 @@
 namespace kiln::detail {
 
 DispatchKeySet key_of_list(TensorList ts) {
+  // An empty list has no device: run on CPU (like ops without tensor arguments), so the
+  // op's meta function reports the empty list instead of the dispatcher finding no kernel.
+  if (ts.empty()) return DispatchKeySet(DispatchKey::CPU);
   DispatchKeySet ks;
   for (const Tensor& t : ts) {
     KILN_CHECK(t.defined(), Value, "a tensor list contains an undefined tensor");

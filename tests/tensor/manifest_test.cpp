@@ -22,6 +22,7 @@ std::vector<ScalarType> dtypes_of_set(const std::string& set_name) {
       {"integral", {kBool, kUInt8, kInt8, kInt16, kInt32, kInt64}},
       {"signed", {kInt8, kInt16, kInt32, kInt64, kFloat16, kBFloat16, kFloat32, kFloat64}},
       {"float32_64", {kFloat32, kFloat64}},
+      {"int64", {kInt64}},
       {"none", {}}};
   auto it = sets.find(set_name);
   KILN_CHECK(it != sets.end(), Value, "unknown dtype set ", set_name);

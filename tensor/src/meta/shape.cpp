@@ -1,0 +1,96 @@
+// Meta functions of the shape ops (tensor/ops/shape.toml): cat, stack, split, chunk, tril/triu.
+#include <algorithm>
+
+#include "kiln/generated/meta_decls.h"
+#include "kiln/meta.h"
+
+namespace kiln::meta {
+
+// Note [Legacy empty cat inputs]: like PyTorch, cat skips 1-D tensors of size 0 when it checks
+// shapes and wraps `dim` (they may appear among N-D inputs), but they still take part in type
+// promotion. When every input is such a tensor the result is one too.
+static bool skipped_in_cat(const Tensor& t) { return t.dim() == 1 && t.size(0) == 0; }
+
+TensorSpec cat(TensorList tensors, int64_t dim) {
+  KILN_CHECK(!tensors.empty(), Value, "cat: expected a non-empty list of tensors");
+  int64_t ref = -1;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    tensors[i].check_defined("cat");
+    KILN_CHECK(tensors[i].dim() > 0, Value, "cat: zero-dimensional tensor (at position ", i,
+               ") cannot be concatenated");
+    if (ref < 0 && !skipped_in_cat(tensors[i])) ref = static_cast<int64_t>(i);
+  }
+  Device device = common_device("cat", tensors);
+  ScalarType dtype = result_type(tensors);
+  if (ref < 0) return contiguous_spec({0}, dtype, device);
+  const Tensor& r = tensors[ref];
+  int64_t d = wrap_dim("cat", dim, r.dim());
+  DimVector sizes(r.sizes());
+  sizes[d] = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (skipped_in_cat(t)) continue;
+    KILN_CHECK(t.dim() == r.dim(), Value,
+               "cat: tensors must have the same number of dimensions: tensor ", ref, " has shape ",
+               r.sizes(), " but tensor ", i, " has shape ", t.sizes());
+    for (int64_t k = 0; k < r.dim(); ++k)
+      KILN_CHECK(k == d || t.size(k) == r.size(k), Value,
+                 "cat: sizes of tensors must match except in dimension ", d, ": tensor ", ref,
+                 " has shape ", r.sizes(), " but tensor ", i, " has shape ", t.sizes(),
+                 " (mismatch at dimension ", k, ")");
+    sizes[d] += t.size(d);
+  }
+  return contiguous_spec(sizes, dtype, device);
+}
+
+TensorSpec stack(TensorList tensors, int64_t dim) {
+  KILN_CHECK(!tensors.empty(), Value, "stack: expected a non-empty list of tensors");
+  const Tensor& r = tensors[0].check_defined("stack");
+  for (size_t i = 1; i < tensors.size(); ++i)
+    KILN_CHECK(tensors[i].check_defined("stack").sizes() == r.sizes(), Value,
+               "stack: expects each tensor to be equal size, but got ", r.sizes(),
+               " at entry 0 and ", tensors[i].sizes(), " at entry ", i);
+  int64_t d = wrap_dim("stack", dim, r.dim() + 1);
+  DimVector sizes(r.sizes());
+  sizes.insert(d, static_cast<int64_t>(tensors.size()));
+  return contiguous_spec(sizes, result_type(tensors), common_device("stack", tensors));
+}
+
+std::vector<TensorSpec> split(const Tensor& self, int64_t split_size, int64_t dim) {
+  KILN_CHECK(self.dim() > 0, Value, "split: expects at least a 1-dimensional tensor");
+  KILN_CHECK(split_size >= 0, Value, "split: split_size must be non-negative, got ", split_size);
+  int64_t d = wrap_dim("split", dim, self.dim());
+  int64_t n = self.size(d);
+  KILN_CHECK(split_size > 0 || n == 0, Value,
+             "split: split_size can only be 0 if dimension size is 0, but got dimension size of ",
+             n);
+  int64_t num = split_size == 0 ? 1 : std::max<int64_t>((n + split_size - 1) / split_size, 1);
+  std::vector<TensorSpec> out;
+  out.reserve(num);
+  for (int64_t i = 0; i < num; ++i) {
+    int64_t start = i * split_size;
+    out.push_back(slice(self, d, start, start + std::min(split_size, n - start), 1));
+  }
+  return out;
+}
+
+std::vector<TensorSpec> chunk(const Tensor& self, int64_t chunks, int64_t dim) {
+  KILN_CHECK(self.dim() > 0, Value, "chunk: expects at least a 1-dimensional tensor");
+  KILN_CHECK(chunks > 0, Value, "chunk: expects `chunks` to be greater than 0, got: ", chunks);
+  int64_t d = wrap_dim("chunk", dim, self.dim());
+  int64_t n = self.size(d);
+  // As in PyTorch: an empty dim still yields `chunks` (empty) pieces.
+  if (n == 0) return std::vector<TensorSpec>(chunks, slice(self, d, 0, 0, 1));
+  return split(self, (n + chunks - 1) / chunks, d);
+}
+
+static TensorSpec triangular(const char* op, const Tensor& self) {
+  KILN_CHECK(self.dim() >= 2, Value, op,
+             ": input tensor must have at least 2 dimensions, got shape ", self.sizes());
+  return contiguous_spec(self.sizes(), self.dtype(), self.device());
+}
+
+TensorSpec tril(const Tensor& self, int64_t) { return triangular("tril", self); }
+TensorSpec triu(const Tensor& self, int64_t) { return triangular("triu", self); }
+
+}  // namespace kiln::meta
