@@ -5,6 +5,7 @@
 //   void mul_cuda(const Tensor& out, const Tensor& a, const Tensor& b) {
 //     binary_op<TypeSet::All>("mul", out, a, b, MulOp{});      // casts, broadcasts, CPU scalars
 //   }
+//   binary_op_in<TypeSet::All, bool>("lt", result_type({a, b}), out, a, b, LtOp{});  // bool out
 //   unary_op<TypeSet::Float>("exp", out, x, [] __device__(auto v) { return ::exp(v); });
 //
 // Note [CUDA loops]: operands are described as in kernels/cpu/loops.h (StridedIter): the
@@ -63,20 +64,23 @@ KILN_HD inline To cast(From v) {
   }
 }
 
-// Which dtypes an op accepts; dispatch() raises unsupported_dtype for the others.
-enum class TypeSet { All, Numeric, Float };
+// Which dtypes an op accepts; dispatch() raises unsupported_dtype for the others. Each set
+// instantiates the functor for its types only (Bool: bool alone, for logical ops).
+enum class TypeSet { All, Numeric, Float, Bool };
 
 // Calls f.template operator()<T>() with T the C++ type of `t`: f is `[&]<typename T>() {...}`.
 template <TypeSet S, typename F>
 void dispatch(ScalarType t, const char* name, F&& f) {
-  switch (t) {
-    case kFloat32: return f.template operator()<float>();
-    case kFloat64: return f.template operator()<double>();
-    case kFloat16: return f.template operator()<Half>();
-    case kBFloat16: return f.template operator()<BFloat16>();
-    default: break;
+  if constexpr (S != TypeSet::Bool) {
+    switch (t) {
+      case kFloat32: return f.template operator()<float>();
+      case kFloat64: return f.template operator()<double>();
+      case kFloat16: return f.template operator()<Half>();
+      case kBFloat16: return f.template operator()<BFloat16>();
+      default: break;
+    }
   }
-  if constexpr (S != TypeSet::Float) {
+  if constexpr (S == TypeSet::All || S == TypeSet::Numeric) {
     switch (t) {
       case kUInt8: return f.template operator()<uint8_t>();
       case kInt8: return f.template operator()<int8_t>();
@@ -86,7 +90,7 @@ void dispatch(ScalarType t, const char* name, F&& f) {
       default: break;
     }
   }
-  if constexpr (S == TypeSet::All) {
+  if constexpr (S == TypeSet::All || S == TypeSet::Bool) {
     if (t == kBool) return f.template operator()<bool>();
   }
   unsupported_dtype(name, t);
@@ -332,49 +336,68 @@ T cpu_scalar_value(const Tensor& t) {
   return v;
 }
 
+// A CPU scalar's value as the CPU kernels see it: first stored as T (cast_inputs), then read
+// in op math. So float16 + 0.1 adds float(Half(0.1)), and uint8 == -1 compares with 255.
+template <typename T>
+opmath_t<T> cpu_scalar_opmath(const Tensor& t) {
+  return static_cast<opmath_t<T>>(cpu_scalar_value<T>(t));
+}
+
+// f(x, s) or, when `first`, f(s, x): a binary functor with one operand a kernel argument. The
+// flag is uniform over the launch, so both positions share one kernel instantiation.
 template <typename F, typename C>
-struct BindSecond {
+struct BindScalar {
   F f;
-  C b;
+  C s;
+  bool first;
   template <typename A>
-  KILN_HD auto operator()(A a) const { return f(a, static_cast<A>(b)); }
-};
-template <typename F, typename C>
-struct BindFirst {
-  F f;
-  C a;
-  template <typename B>
-  KILN_HD auto operator()(B b) const { return f(static_cast<B>(a), b); }
+  KILN_HD auto operator()(A x) const { return first ? f(static_cast<A>(s), x) : f(x, static_cast<A>(s)); }
 };
 
-// out = op(self, other) over out's dtype: inputs are cast to it (float16/bfloat16 computed in
-// float); a CPU 0-dim operand becomes a kernel argument.
+// out = op(self, other) computed in dtype `compute` (one of S): the inputs are cast to it on the
+// device first (a no-op when they already have it), float16/bfloat16 compute in float, and the
+// result is stored as FixedOut (bool for comparisons) or, when FixedOut is void, as `compute`
+// (which must then be out's dtype). A CPU 0-dim operand becomes a kernel argument.
+template <TypeSet S, typename FixedOut, typename Op>
+void binary_op_in(const char* name, ScalarType compute, const Tensor& out, const Tensor& self,
+                  const Tensor& other, const Op& op) {
+  if (out.numel() == 0) return;
+  dispatch<S>(compute, name, [&]<typename T>() {
+    using OutT = std::conditional_t<std::is_void_v<FixedOut>, T, FixedOut>;
+    using C = opmath_t<T>;
+    bool scalar_other = is_cpu_scalar(other), scalar_self = !scalar_other && is_cpu_scalar(self);
+    if (scalar_other || scalar_self) {
+      const Tensor& s = scalar_other ? other : self;
+      Tensor a = (scalar_other ? self : other).to(compute, out.device());
+      launch_elementwise<OutT, T, 1>(out, {&a}, BindScalar<Op, C>{op, cpu_scalar_opmath<T>(s), scalar_self});
+    } else {
+      Tensor a = self.to(compute, out.device()), b = other.to(compute, out.device());
+      launch_elementwise<OutT, T, 2>(out, {&a, &b}, op);
+    }
+  });
+}
+
+// out = op(self, other) over out's dtype (see binary_op_in).
 template <TypeSet S, typename Op>
 void binary_op(const char* name, const Tensor& out, const Tensor& self, const Tensor& other, Op op) {
+  binary_op_in<S, void>(name, out.dtype(), out, self, other, op);
+}
+
+// out = op(self) computed in `compute` (self cast to it), stored as FixedOut or `compute`.
+template <TypeSet S, typename FixedOut, typename Op>
+void unary_op_in(const char* name, ScalarType compute, const Tensor& out, const Tensor& self, const Op& op) {
   if (out.numel() == 0) return;
-  dispatch<S>(out.dtype(), name, [&]<typename T>() {
-    using C = opmath_t<T>;
-    if (is_cpu_scalar(other)) {
-      Tensor a = cast_like(self, out);
-      launch_elementwise<T, T, 1>(out, {&a}, BindSecond<Op, C>{op, cpu_scalar_value<C>(other)});
-    } else if (is_cpu_scalar(self)) {
-      Tensor b = cast_like(other, out);
-      launch_elementwise<T, T, 1>(out, {&b}, BindFirst<Op, C>{op, cpu_scalar_value<C>(self)});
-    } else {
-      Tensor a = cast_like(self, out), b = cast_like(other, out);
-      launch_elementwise<T, T, 2>(out, {&a, &b}, op);
-    }
+  dispatch<S>(compute, name, [&]<typename T>() {
+    using OutT = std::conditional_t<std::is_void_v<FixedOut>, T, FixedOut>;
+    Tensor a = self.to(compute, out.device());
+    launch_elementwise<OutT, T, 1>(out, {&a}, op);
   });
 }
 
 // out = op(self) over out's dtype (self cast to it).
 template <TypeSet S, typename Op>
 void unary_op(const char* name, const Tensor& out, const Tensor& self, Op op) {
-  if (out.numel() == 0) return;
-  dispatch<S>(out.dtype(), name, [&]<typename T>() {
-    Tensor a = cast_like(self, out);
-    launch_elementwise<T, T, 1>(out, {&a}, op);
-  });
+  unary_op_in<S, void>(name, out.dtype(), out, self, op);
 }
 
 }  // namespace kiln::cuda

@@ -1,8 +1,8 @@
-// kiln_gpu_bench: bandwidth of Kiln's CUDA add and host<->device copies, as JSON lines
+// kiln_gpu_bench: bandwidth of Kiln's CUDA add, mul, gelu and host<->device copies, as JSON lines
 // {"workload","metric","value","unit","impl":"kiln"} (scripts/gpu-check prints PyTorch's next
 // to them). Exits 0 with a note on stderr when no GPU is present.
 //
-//   build-gpu/bin/kiln_gpu_bench            # add_16M, h2d_64M, d2h_64M (pinned)
+//   build-gpu/bin/kiln_gpu_bench            # add_16M, mul_16M, gelu_16M, h2d_64M, d2h_64M (pinned)
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -54,6 +54,21 @@ int main() {
     double ms = median_ms(50, [&] { kiln::add_out(c, a, b); });
     emit("add_16M", "bandwidth", 3.0 * n * 4 / (ms * 1e-3) / 1e9, "GB/s");
     emit("add_16M", "time", ms * 1e3, "us");
+  }
+  {
+    const int64_t n = int64_t{1} << 24;  // mul_16M: c = a * b, float32, 3 * 64 MiB moved
+    Tensor a = kiln::full({n}, 1.5, kFloat32, dev), b = kiln::full({n}, 0.5, kFloat32, dev);
+    Tensor c = kiln::empty({n}, kFloat32, dev);
+    double ms = median_ms(50, [&] { kiln::mul_out(c, a, b); });
+    emit("mul_16M", "bandwidth", 3.0 * n * 4 / (ms * 1e-3) / 1e9, "GB/s");
+    emit("mul_16M", "time", ms * 1e3, "us");
+  }
+  {
+    const int64_t n = int64_t{1} << 24;  // gelu_16M: y = gelu(x) (erf form), float32, 2 * 64 MiB moved
+    Tensor x = kiln::linspace(-4, 4, n, kFloat32, dev), y = kiln::empty({n}, kFloat32, dev);
+    double ms = median_ms(50, [&] { kiln::gelu_out(y, x); });
+    emit("gelu_16M", "bandwidth", 2.0 * n * 4 / (ms * 1e-3) / 1e9, "GB/s");
+    emit("gelu_16M", "time", ms * 1e3, "us");
   }
   {
     const int64_t bytes = int64_t{64} << 20;  // 64 MiB pinned <-> device
