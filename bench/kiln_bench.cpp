@@ -1,0 +1,145 @@
+// kiln_bench: times the WORKLOADS.md workloads through Kiln's C++ API and, in the same run, the
+// references the issue names: oneDNN's dnnl_sgemm called directly ("onednn-direct") and plain
+// OpenMP loops ("openmp-loop"). One JSON object per line.
+//
+//   kiln_bench [--only dispatch,gemm,elementwise,reduction] [--quick]
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+// The references: plain OpenMP loops over raw buffers, as a C programmer would write them.
+__attribute__((noinline)) void omp_add(const float* __restrict x, const float* __restrict y,
+                                       float* __restrict z, int64_t n, int threads) {
+#pragma omp parallel for simd schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) z[i] = x[i] + y[i];
+}
+
+__attribute__((noinline)) float omp_sum(const float* __restrict x, int64_t n, int threads) {
+  float acc = 0;
+#pragma omp parallel for simd reduction(+ : acc) schedule(static) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) acc += x[i];
+  return acc;
+}
+
+void emit(const char* workload, const std::string& metric, double value, const char* unit,
+          const char* impl) {
+  std::printf("{\"workload\": \"%s\", \"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"impl\": \"%s\"}\n",
+              workload, metric.c_str(), value, unit, impl);
+  std::fflush(stdout);
+}
+
+// Best of `repeat` timings of `inner` calls, after one warm-up call (seconds per call).
+double best_time(const std::function<void()>& fn, int repeat = 5, int inner = 1) {
+  fn();
+  double best = 1e30;
+  for (int r = 0; r < repeat; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < inner; ++i) fn();
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::min(best, t / inner);
+  }
+  return best;
+}
+
+void w_dispatch(bool quick) {
+  int n = quick ? 20000 : 200000;
+  Tensor a = ones({1}), b = ones({1});
+  Tensor c;
+  double t = best_time([&] {
+    for (int i = 0; i < n; ++i) c = a + b;
+  }, 3);
+  emit("dispatch", "add_1elem", t / n * 1e9, "ns/op", "kiln-cpp");
+}
+
+void w_gemm(bool quick) {
+  std::vector<int64_t> sizes = quick ? std::vector<int64_t>{512, 1024} : std::vector<int64_t>{512, 1024, 2048};
+  for (int64_t n : sizes) {
+    manual_seed(0);
+    Tensor A = randn({n, n}), B = randn({n, n});
+    Tensor C;
+    double flops = 2.0 * n * n * n;
+    double t = best_time([&] { C = mm(A, B); });
+    emit("gemm", "sgemm_" + std::to_string(n), flops / t / 1e9, "GFLOP/s", "kiln-cpp");
+    Tensor D = empty({n, n});
+    const float* a = A.data_ptr<float>();
+    const float* bb = B.data_ptr<float>();
+    float* d = D.data_ptr<float>();
+    double td = best_time([&] { dnnl_sgemm('N', 'N', n, n, n, 1.0f, a, n, bb, n, 0.0f, d, n); });
+    emit("gemm", "sgemm_" + std::to_string(n), flops / td / 1e9, "GFLOP/s", "onednn-direct");
+  }
+}
+
+void w_elementwise(bool) {
+  const int64_t n = int64_t{1} << 24;
+  manual_seed(0);
+  Tensor a = randn({n}), b = randn({n}), c = empty({n});
+  double t = best_time([&] { add_out(c, a, b); });
+  emit("elementwise", "add_16M", 12.0 * n / t / 1e9, "GB/s", "kiln-cpp");
+  const float* x = a.data_ptr<float>();
+  const float* y = b.data_ptr<float>();
+  float* z = c.data_ptr<float>();
+  int threads = get_num_threads();
+  double tl = best_time([&] { omp_add(x, y, z, n, threads); });
+  emit("elementwise", "add_16M", 12.0 * n / tl / 1e9, "GB/s", "openmp-loop");
+  Tensor g;
+  double tg = best_time([&] { g = gelu(a); });
+  emit("elementwise", "gelu_16M", 8.0 * n / tg / 1e9, "GB/s", "kiln-cpp");
+}
+
+void w_reduction(bool) {
+  const int64_t n = int64_t{1} << 24;
+  manual_seed(0);
+  Tensor a = randn({n});
+  Tensor s;
+  double t = best_time([&] { s = a.sum(); });
+  emit("reduction", "sum_16M", 4.0 * n / t / 1e9, "GB/s", "kiln-cpp");
+  const float* x = a.data_ptr<float>();
+  int threads = get_num_threads();
+  volatile float sink = 0;
+  double tl = best_time([&] { sink = omp_sum(x, n, threads); });
+  (void)sink;
+  emit("reduction", "sum_16M", 4.0 * n / tl / 1e9, "GB/s", "openmp-loop");
+  Tensor X = randn({4096, 1024});
+  Tensor y;
+  double ts = best_time([&] { y = softmax(X, -1); });
+  emit("reduction", "softmax_4096x1024", 8.0 * X.numel() / ts / 1e9, "GB/s", "kiln-cpp");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::set<std::string> only;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg == "--only" && i + 1 < argc) {
+      std::stringstream ss(argv[++i]);
+      for (std::string name; std::getline(ss, name, ',');) only.insert(name);
+    } else {
+      std::fprintf(stderr, "usage: kiln_bench [--only NAMES] [--quick]\n");
+      return 2;
+    }
+  }
+  auto want = [&](const char* name) { return only.empty() || only.count(name); };
+  if (want("dispatch")) w_dispatch(quick);
+  if (want("gemm")) w_gemm(quick);
+  if (want("elementwise")) w_elementwise(quick);
+  if (want("reduction")) w_reduction(quick);
+  return 0;
+}
