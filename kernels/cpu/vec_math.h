@@ -152,8 +152,32 @@ KILN_VEC_INLINE float erf(float x) {
   return t > 0.927734375f ? big : small;  // nan takes the small branch and stays nan
 }
 
+// erf as one rational function, erf(z) ~ z P(z^2) / Q(z^2) on |z| <= 3.92 (beyond it erf rounds
+// to +-1 in float32). Branch-free and about half the work of vec::erf, for gelu's hot loop.
+// Coefficients: Kiln's own weighted least-squares fit of degrees (5, 5) in z^2 against erf in
+// 30-digit arithmetic; float32 evaluation stays within 5 ulp of erf over the whole line.
+KILN_VEC_INLINE float erf_rational(float z) {
+  z = z < -3.92f ? -3.92f : (z > 3.92f ? 3.92f : z);  // nan stays nan
+  float s = z * z;
+  float p = 2.0500867776718223e-06f;
+  p = std::fma(p, s, 2.848792355507612e-04f);
+  p = std::fma(p, s, 3.7655222695320845e-03f);
+  p = std::fma(p, s, 5.2748437970876694e-02f);
+  p = std::fma(p, s, 1.9040445983409882e-01f);
+  p = std::fma(p, s, 1.1283791065216064f);
+  float q = 3.809152258327231e-05f;
+  q = std::fma(q, s, 1.1625097831711173e-03f);
+  q = std::fma(q, s, 1.4969032257795334e-02f);
+  q = std::fma(q, s, 1.1410826444625854e-01f);
+  q = std::fma(q, s, 5.020743012428284e-01f);
+  q = std::fma(q, s, 1.0f);
+  return z * p / q;
+}
+
 // gelu, erf form: x/2 (1 + erf(x / sqrt 2)).
-KILN_VEC_INLINE float gelu_erf(float x) { return 0.5f * x * (1.0f + vec::erf(x * 0.707106781186547524f)); }
+KILN_VEC_INLINE float gelu_erf(float x) {
+  return 0.5f * x * (1.0f + vec::erf_rational(x * 0.707106781186547524f));
+}
 
 // gelu, tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 KILN_VEC_INLINE float gelu_tanh(float x) {

@@ -506,11 +506,16 @@ TEST(VecMath, AccuracyAgainstStd) {
     }
     EXPECT_LE(worst, 3.0) << f.name << " worst at x = " << at;
   }
+  double worst = 0;
+  for (float x : xs) worst = std::max(worst, ulp_error(vec::erf_rational(x), std::erf(double{x})));
+  EXPECT_LE(worst, 5.0) << "erf_rational";
   // gelu's 1 + erf cancels for x << 0 (as in PyTorch): check it in absolute terms there.
   for (float x : xs) {
     if (!std::isfinite(x)) continue;
     double want = 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
-    EXPECT_NEAR(vec::gelu_erf(x), want, 4e-7 * std::max(1.0, std::fabs(want))) << x;
+    // gelu uses erf_rational (<= 5 ulp near +-1 instead of <= 3): for x in [-5.6, -3] the
+    // cancellation in 1 + erf then costs up to ~7e-7 absolute, on values below 4e-3.
+    EXPECT_NEAR(vec::gelu_erf(x), want, 8e-7 * std::max(1.0, std::fabs(want))) << x;
     double wt = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
     if (std::fabs(x) < 1e12f) EXPECT_NEAR(vec::gelu_tanh(x), wt, 4e-7 * std::max(1.0, std::fabs(wt))) << x;
   }
