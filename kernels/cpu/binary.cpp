@@ -36,7 +36,7 @@ struct ZeroFlag {
 
 // x: broadcastable to out, y: broadcastable to out -> out = x + alpha * y
 void add_cpu(const Tensor& out, const Tensor& self, const Tensor& other, const Scalar& alpha) {
-  auto in = cast_inputs(out.dtype(), {self, other});
+  auto in = cast_inputs(out.dtype(), self, other);
   KILN_DISPATCH_ALL_TYPES(out.dtype(), "add", [&] {
     using T = scalar_t;
     if constexpr (std::is_same_v<T, bool>) {
@@ -57,7 +57,7 @@ void add_cpu(const Tensor& out, const Tensor& self, const Tensor& other, const S
 
 // out = x - alpha * y (no bool: the meta function rejects it)
 void sub_cpu(const Tensor& out, const Tensor& self, const Tensor& other, const Scalar& alpha) {
-  auto in = cast_inputs(out.dtype(), {self, other});
+  auto in = cast_inputs(out.dtype(), self, other);
   KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), "sub", [&] {
     using T = scalar_t;
     using C = std::conditional_t<kReduced<T>, float, T>;
@@ -68,7 +68,7 @@ void sub_cpu(const Tensor& out, const Tensor& self, const Tensor& other, const S
 }
 
 void mul_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
-  auto in = cast_inputs(out.dtype(), {self, other});
+  auto in = cast_inputs(out.dtype(), self, other);
   KILN_DISPATCH_ALL_TYPES(out.dtype(), "mul", [&] {
     using T = scalar_t;
     binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return a * b; });
@@ -88,7 +88,7 @@ C div_floor_float(C a, C b) {
 }
 
 template <typename T>
-void div_rounding(const Tensor& out, const std::array<Tensor, 2>& in, bool trunc, const ZeroFlag& zero) {
+void div_rounding(const Tensor& out, const CastInputs<2>& in, bool trunc, const ZeroFlag& zero) {
   if constexpr (std::is_integral_v<T>) {
     binary_kernel<T>(out, in[0], in[1], [&zero, trunc](T a, T b) -> T {
       if (b == 0) {
@@ -109,7 +109,7 @@ void div_rounding(const Tensor& out, const std::array<Tensor, 2>& in, bool trunc
 // out = x / y; rounding_mode None (true division, float out), 'trunc' or 'floor'.
 void div_cpu(const Tensor& out, const Tensor& self, const Tensor& other,
              std::optional<std::string_view> rounding_mode) {
-  auto in = cast_inputs(out.dtype(), {self, other});
+  auto in = cast_inputs(out.dtype(), self, other);
   if (!rounding_mode) {
     KILN_DISPATCH_FLOAT_TYPES(out.dtype(), "div", [&] {
       binary_op<scalar_t>(out, in[0], in[1], [](auto a, auto b) { return a / b; });
@@ -124,13 +124,13 @@ void div_cpu(const Tensor& out, const Tensor& self, const Tensor& other,
 
 // maximum/minimum propagate nan.
 void maximum_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
-  auto in = cast_inputs(out.dtype(), {self, other});
+  auto in = cast_inputs(out.dtype(), self, other);
   KILN_DISPATCH_ALL_TYPES(out.dtype(), "maximum", [&] {
     binary_op<scalar_t>(out, in[0], in[1], [](auto a, auto b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); });
   });
 }
 void minimum_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
-  auto in = cast_inputs(out.dtype(), {self, other});
+  auto in = cast_inputs(out.dtype(), self, other);
   KILN_DISPATCH_ALL_TYPES(out.dtype(), "minimum", [&] {
     binary_op<scalar_t>(out, in[0], in[1], [](auto a, auto b) { return a != a ? a : (b != b ? b : (b < a ? b : a)); });
   });
@@ -156,19 +156,19 @@ T powi(T a, T b) {
 }
 
 template <typename T>
-void pow_typed(const Tensor& out, const std::array<Tensor, 2>& in) {
+void pow_typed(const Tensor& out, const CastInputs<2>& in) {
   if constexpr (std::is_integral_v<T>) binary_kernel<T>(out, in[0], in[1], [](T a, T b) { return powi(a, b); });
   else binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return std::pow(a, b); });
 }
 
 void pow_cpu(const Tensor& out, const Tensor& self, const Tensor& exponent) {
-  auto in = cast_inputs(out.dtype(), {self, exponent});
+  auto in = cast_inputs(out.dtype(), self, exponent);
   KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), "pow", [&] { pow_typed<scalar_t>(out, in); });
 }
 
 // fmod: the remainder has the sign of x (C fmod); remainder: the sign of y (Python %).
 template <bool kPython, typename T>
-void mod_typed(const Tensor& out, const std::array<Tensor, 2>& in, const ZeroFlag& zero) {
+void mod_typed(const Tensor& out, const CastInputs<2>& in, const ZeroFlag& zero) {
   if constexpr (std::is_integral_v<T>) {
     binary_kernel<T>(out, in[0], in[1], [&zero](T a, T b) -> T {
       if (b == 0) {
@@ -190,7 +190,7 @@ void mod_typed(const Tensor& out, const std::array<Tensor, 2>& in, const ZeroFla
 
 template <bool kPython>
 void mod_cpu(const char* name, const Tensor& out, const Tensor& self, const Tensor& other) {
-  auto in = cast_inputs(out.dtype(), {self, other});
+  auto in = cast_inputs(out.dtype(), self, other);
   ZeroFlag zero;
   KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), name, [&] { mod_typed<kPython, scalar_t>(out, in, zero); });
   zero.check(name);
@@ -206,7 +206,7 @@ void remainder_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
 template <typename Cmp>
 void compare_cpu(const char* name, const Tensor& out, const Tensor& self, const Tensor& other, Cmp cmp) {
   ScalarType ct = result_type({self, other});
-  auto in = cast_inputs(ct, {self, other});
+  auto in = cast_inputs(ct, self, other);
   KILN_DISPATCH_ALL_TYPES(ct, name, [&] {
     using T = scalar_t;
     using C = std::conditional_t<kReduced<T>, float, T>;
@@ -230,7 +230,7 @@ KILN_COMPARE(ge, >=)
 // Logical ops: inputs as bool (nonzero, nan included, is true) -> bool out.
 template <typename F>
 void logical_cpu(const Tensor& out, const Tensor& self, const Tensor& other, F f) {
-  auto in = cast_inputs(kBool, {self, other});
+  auto in = cast_inputs(kBool, self, other);
   binary_kernel<bool>(out, in[0], in[1], f);
 }
 void logical_and_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
@@ -246,7 +246,7 @@ void logical_xor_cpu(const Tensor& out, const Tensor& self, const Tensor& other)
 // condition: bool, x, y: all broadcastable to out -> out = condition ? x : y
 void where_cpu(const Tensor& out, const Tensor& condition, const Tensor& self, const Tensor& other) {
   if (out.numel() == 0) return;
-  auto in = cast_inputs(out.dtype(), {self, other});
+  auto in = cast_inputs(out.dtype(), self, other);
   StridedIter<4> it({&out, &condition, &in[0], &in[1]});
   KILN_DISPATCH_ALL_TYPES(out.dtype(), "where", [&] {
     using T = scalar_t;

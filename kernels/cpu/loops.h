@@ -40,13 +40,31 @@ void parallel_for(int64_t n, int64_t grain, const F& f) {
   for (int64_t c = 0; c < chunks; ++c) f(c * grain, std::min(n, (c + 1) * grain));
 }
 
-// Converts each input to `dtype` (a copy only when its dtype differs). No heap allocation when
-// nothing needs a cast: this runs on every pointwise call.
+// The inputs of a kernel converted to one dtype: a cast copy where the dtype differs, else a
+// reference to the caller's tensor (no copy, no refcount traffic: this runs on every call).
 template <size_t N>
-std::array<Tensor, N> cast_inputs(ScalarType dtype, const Tensor (&ins)[N]) {
-  std::array<Tensor, N> out;
-  for (size_t i = 0; i < N; ++i) out[i] = ins[i].dtype() == dtype ? ins[i] : ins[i].to(dtype);
-  return out;
+class CastInputs {
+ public:
+  const Tensor& operator[](size_t i) const { return *ptr_[i]; }
+  template <typename... Ts>
+  CastInputs(ScalarType dtype, const Ts&... ins) : ptr_{&ins...} {
+    for (size_t i = 0; i < N; ++i) {
+      if (ptr_[i]->dtype() == dtype) continue;
+      owned_[i] = ptr_[i]->to(dtype);
+      ptr_[i] = &owned_[i];
+    }
+  }
+  CastInputs(const CastInputs&) = delete;
+  CastInputs& operator=(const CastInputs&) = delete;
+
+ private:
+  std::array<const Tensor*, N> ptr_;
+  std::array<Tensor, N> owned_;
+};
+
+template <typename... Ts>
+CastInputs<sizeof...(Ts)> cast_inputs(ScalarType dtype, const Ts&... ins) {
+  return CastInputs<sizeof...(Ts)>(dtype, ins...);
 }
 
 // Shape and byte strides of N operands (operand 0 is the output) over the output's shape.

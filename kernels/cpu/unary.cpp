@@ -31,7 +31,7 @@ void float_typed(const Tensor& out, const Tensor& x, const FV& fv, const FD& fd)
 // out = f(self) for a floating out dtype: fv on float (float32, float16, bfloat16), fd on double.
 template <typename FV, typename FD>
 void float_op(const char* name, const Tensor& out, const Tensor& self, const FV& fv, const FD& fd) {
-  Tensor x = cast_inputs(out.dtype(), {self})[0];
+  Tensor x = cast_inputs(out.dtype(), self)[0];
   KILN_DISPATCH_FLOAT_TYPES(out.dtype(), name, [&] { float_typed<scalar_t>(out, x, fv, fd); });
 }
 
@@ -43,7 +43,7 @@ void numeric_typed(const Tensor& out, const Tensor& x, const F& f) {
 }
 template <typename F>
 void numeric_op(const char* name, const Tensor& out, const Tensor& self, const F& f) {
-  Tensor x = cast_inputs(out.dtype(), {self})[0];
+  Tensor x = cast_inputs(out.dtype(), self)[0];
   KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), name, [&] { numeric_typed<scalar_t>(out, x, f); });
 }
 
@@ -115,7 +115,7 @@ void round_cpu(const Tensor& out, const Tensor& self) {
 
 void sign_cpu(const Tensor& out, const Tensor& self) {
   if (out.dtype() == kBool) {
-    unary_kernel<bool>(out, cast_inputs(kBool, {self})[0], [](bool a) { return a; });
+    unary_kernel<bool>(out, cast_inputs(kBool, self)[0], [](bool a) { return a; });
     return;
   }
   numeric_op("sign", out, self, [](auto a) {
@@ -126,13 +126,13 @@ void sign_cpu(const Tensor& out, const Tensor& self) {
 
 // x: (*) any dtype -> (*) bool
 void logical_not_cpu(const Tensor& out, const Tensor& self) {
-  unary_kernel<bool>(out, cast_inputs(kBool, {self})[0], [](bool a) { return !a; });
+  unary_kernel<bool>(out, cast_inputs(kBool, self)[0], [](bool a) { return !a; });
 }
 
 // out = min(max(self, min), max); nan stays nan; min > max gives max (as PyTorch).
 void clamp_cpu(const Tensor& out, const Tensor& self, const std::optional<Scalar>& min,
                const std::optional<Scalar>& max) {
-  Tensor x = cast_inputs(out.dtype(), {self})[0];
+  Tensor x = cast_inputs(out.dtype(), self)[0];
   KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), "clamp", [&] {
     using T = scalar_t;
     using C = std::conditional_t<kReduced<T>, float, T>;

@@ -63,13 +63,17 @@ Tensor empty_strided_on(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype
     else hi += (sizes[i] - 1) * strides[i];
   }
   size_t nbytes = empty ? 0 : static_cast<size_t>(hi + 1) * element_size(dtype);
-  return Tensor(TensorImpl::make(Storage::create(nbytes, device), dtype, sizes, strides));
+  for (int64_t st : strides) KILN_CHECK(st >= 0, Value, "negative stride in ", strides);
+  KILN_CHECK(strides.size() == sizes.size(), Value, "sizes ", sizes, " and strides ", strides,
+             " differ in length");
+  return Tensor(TensorImpl::make_trusted(Storage::create(nbytes, device), dtype, sizes, strides));
 }
 
 Tensor empty_on(IntArrayRef sizes, ScalarType dtype, Device device) {
   for (int64_t s : sizes) KILN_CHECK(s >= 0, Value, "negative dimension in size ", sizes);
   size_t nbytes = static_cast<size_t>(numel_of(sizes)) * element_size(dtype);
-  return Tensor(TensorImpl::make(Storage::create(nbytes, device), dtype, sizes));
+  return Tensor(TensorImpl::make_trusted(Storage::create(nbytes, device), dtype, sizes,
+                                         contiguous_strides(sizes)));
 }
 
 Tensor scalar_tensor_of(const Scalar& s, ScalarType dtype, Device device) {
@@ -86,17 +90,26 @@ Tensor scalar_to_tensor(const Scalar& s) {
 
 // Note [Type promotion] (scalar_type.h): three priority levels, combined by category.
 ScalarType result_type(TensorList tensors) {
+  std::vector<const Tensor*> ptrs;
+  for (const Tensor& t : tensors) ptrs.push_back(&t);
+  return result_type(ptrs.data(), ptrs.size());
+}
+
+ScalarType result_type(const Tensor* const* tensors, size_t n) {
   // Fast path: plain tensors of one dtype (the common case) need no category logic.
-  if (!tensors.empty() && tensors[0].defined()) {
-    ScalarType t0 = tensors[0].dtype();
+  if (n > 0 && tensors[0]->defined()) {
+    ScalarType t0 = tensors[0]->dtype();
     bool plain = true;
-    for (const Tensor& t : tensors)
+    for (size_t i = 0; i < n; ++i) {
+      const Tensor& t = *tensors[i];
       plain = plain && t.defined() && t.dtype() == t0 && t.dim() > 0 && !t.impl()->is_wrapped_number();
+    }
     if (plain) return t0;
   }
   std::optional<ScalarType> dim_r, zero_r, wrapped_r;
   auto upd = [](std::optional<ScalarType>& r, ScalarType t) { r = r ? promote_types(*r, t) : t; };
-  for (const Tensor& t : tensors) {
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& t = *tensors[i];
     if (!t.defined()) continue;
     if (t.impl()->is_wrapped_number()) {
       upd(wrapped_r, is_floating(t.dtype()) ? kFloat32 : t.dtype());

@@ -42,6 +42,16 @@ intrusive_ptr<TensorImpl> TensorImpl::make(intrusive_ptr<Storage> storage, Scala
   return t;
 }
 
+intrusive_ptr<TensorImpl> TensorImpl::make_trusted(intrusive_ptr<Storage> storage, ScalarType dtype,
+                                                   IntArrayRef sizes, IntArrayRef strides) {
+  intrusive_ptr<TensorImpl> t(new TensorImpl(std::move(storage), dtype));
+  t->sizes_ = sizes;
+  t->strides_ = strides;
+  t->numel_ = numel_of(sizes);
+  t->refresh_derived();
+  return t;
+}
+
 int64_t TensorImpl::size(int64_t d) const {
   int64_t n = dim();
   KILN_CHECK(d >= -n && d < n, Index, "dimension ", d, " out of range for a ", n, "-d tensor");

@@ -23,7 +23,13 @@ int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim);
 std::vector<bool> dim_mask(const char* op, OptionalIntArrayRef dims, int64_t ndim);
 DimVector broadcast_shapes(const char* op, IntArrayRef a, IntArrayRef b);
 // The device all tensor operands share (0-dim CPU tensors may join any device).
+Device common_device(const char* op, const Tensor* const* tensors, size_t n);
 Device common_device(const char* op, TensorList tensors);
+template <typename... Ts>
+Device common_device(const char* op, const Tensor& first, const Ts&... rest) {
+  const Tensor* ptrs[] = {&first, &rest...};
+  return common_device(op, ptrs, 1 + sizeof...(rest));
+}
 TensorSpec contiguous_spec(IntArrayRef sizes, ScalarType dtype, Device device);
 // A view of argument 0 with the given geometry.
 TensorSpec view_spec(const Tensor& self, IntArrayRef sizes, IntArrayRef strides, int64_t offset);

@@ -14,10 +14,11 @@
 
 #include "kiln/allocator.h"
 #include "kiln/intrusive_ptr.h"
+#include "kiln/object_pool.h"
 
 namespace kiln {
 
-class Storage : public RefCounted {
+class Storage final : public RefCounted, public PooledObject<Storage> {
  public:
   static intrusive_ptr<Storage> create(size_t nbytes, Device device);
   static intrusive_ptr<Storage> create_dataless(size_t nbytes, Device device);

@@ -84,7 +84,14 @@ Tensor scalar_tensor_of(const Scalar& s, ScalarType dtype, Device device = kCPU)
 Tensor empty_on(IntArrayRef sizes, ScalarType dtype, Device device);
 Tensor empty_strided_on(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype, Device device);
 
-// The result type of an op over these operands (torch.result_type).
+// The result type of an op over these operands (torch.result_type). The variadic form takes
+// references, so the hot path copies no handles.
+ScalarType result_type(const Tensor* const* tensors, size_t n);
 ScalarType result_type(TensorList tensors);
+template <typename... Ts>
+ScalarType result_type(const Tensor& first, const Ts&... rest) {
+  const Tensor* ptrs[] = {&first, &rest...};
+  return result_type(ptrs, 1 + sizeof...(rest));
+}
 
 }  // namespace kiln

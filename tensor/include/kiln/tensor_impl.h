@@ -14,6 +14,7 @@
 
 #include "kiln/array_ref.h"
 #include "kiln/dispatch_key.h"
+#include "kiln/object_pool.h"
 #include "kiln/scalar_type.h"
 #include "kiln/storage.h"
 
@@ -30,12 +31,17 @@ struct BackendHandle {
   virtual ~BackendHandle() = default;
 };
 
-class TensorImpl : public RefCounted {
+class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {
  public:
   // A tensor with `sizes` over `storage`; contiguous strides unless `strides` is given.
   static intrusive_ptr<TensorImpl> make(intrusive_ptr<Storage> storage, ScalarType dtype,
                                         IntArrayRef sizes, IntArrayRef strides = {},
                                         int64_t offset = 0);
+
+  // As make(), for callers that sized the storage for this geometry themselves (fresh
+  // allocations): skips the bounds check.
+  static intrusive_ptr<TensorImpl> make_trusted(intrusive_ptr<Storage> storage, ScalarType dtype,
+                                                IntArrayRef sizes, IntArrayRef strides);
 
   IntArrayRef sizes() const { return sizes_; }
   IntArrayRef strides() const { return strides_; }

@@ -17,7 +17,7 @@ TensorSpec index_select(const Tensor& self, int64_t dim, const Tensor& index) {
   KILN_CHECK(index.dim() <= 1, Value,
              "index_select: index must be a vector or a scalar, got shape ", index.sizes());
   int64_t d = wrap_dim("index_select", dim, self.dim());
-  Device device = common_device("index_select", {self, index});
+  Device device = common_device("index_select", self, index);
   if (self.dim() == 0) {
     KILN_CHECK(index.numel() == 1, Index, "index_select: a 0-d self takes exactly one index, got ",
                index.numel());
@@ -32,7 +32,7 @@ TensorSpec gather(const Tensor& self, int64_t dim, const Tensor& index) {
   KILN_CHECK(index.dtype() == kInt64, Type, "gather: expected index to have dtype int64, got ",
              index.dtype());
   int64_t d = wrap_dim("gather", dim, self.dim());
-  Device device = common_device("gather", {self, index});
+  Device device = common_device("gather", self, index);
   if (index.numel() != 0) {
     KILN_CHECK(dim1(index) == dim1(self), Value,
                "gather: index must have the same number of dimensions as self, got index of shape ",
@@ -52,7 +52,7 @@ TensorSpec scatter(const Tensor& self, int64_t dim, const Tensor& index, const T
              "scatter: expected self and src to have the same dtype, got ", self.dtype(), " and ",
              src.dtype());
   int64_t d = wrap_dim("scatter", dim, self.dim());
-  Device device = common_device("scatter", {self, index, src});
+  Device device = common_device("scatter", self, index, src);
   if (index.numel() != 0) {
     KILN_CHECK(
         dim1(index) == dim1(self) && dim1(src) == dim1(self), Value,
@@ -72,7 +72,7 @@ TensorSpec scatter(const Tensor& self, int64_t dim, const Tensor& index, const T
 TensorSpec masked_fill(const Tensor& self, const Tensor& mask, const Scalar&) {
   KILN_CHECK(mask.dtype() == kBool, Type, "masked_fill: expected a mask of dtype bool, got ",
              mask.dtype());
-  Device device = common_device("masked_fill", {self, mask});
+  Device device = common_device("masked_fill", self, mask);
   return contiguous_spec(broadcast_shapes("masked_fill", self.sizes(), mask.sizes()), self.dtype(),
                          device);
 }

@@ -47,7 +47,7 @@ DimVector mm_shape(const char* op, const Tensor& mat1, const Tensor& mat2) {
 
 TensorSpec mm(const Tensor& self, const Tensor& mat2) {
   DimVector s = mm_shape("mm", self, mat2);
-  return contiguous_spec(s, self.dtype(), common_device("mm", {self, mat2}));
+  return contiguous_spec(s, self.dtype(), common_device("mm", self, mat2));
 }
 
 TensorSpec bmm(const Tensor& self, const Tensor& mat2) {
@@ -61,7 +61,7 @@ TensorSpec bmm(const Tensor& self, const Tensor& mat2) {
              "bmm: batch1 and batch2 shapes cannot be multiplied (", by_x(self.sizes()), " and ",
              by_x(mat2.sizes()), ")");
   return contiguous_spec({self.size(0), self.size(1), mat2.size(2)}, self.dtype(),
-                         common_device("bmm", {self, mat2}));
+                         common_device("bmm", self, mat2));
 }
 
 TensorSpec addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const Scalar&,
@@ -70,7 +70,7 @@ TensorSpec addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, con
   check_same_dtype("addmm", self, mat1);
   KILN_CHECK(expands_to(self.sizes(), s), Value, "addmm: self of shape ", self.sizes(),
              " cannot be broadcast to the result shape ", s.ref());
-  return contiguous_spec(s, self.dtype(), common_device("addmm", {self, mat1, mat2}));
+  return contiguous_spec(s, self.dtype(), common_device("addmm", self, mat1, mat2));
 }
 
 // PyTorch's matmul rules: 1-D operands get a dim of size 1 prepended (self) or appended (other)
@@ -89,7 +89,7 @@ TensorSpec matmul(const Tensor& self, const Tensor& other) {
   DimVector out = broadcast_shapes("matmul", b1, b2);
   if (d1 > 1) out.push_back(self.size(-2));
   if (d2 > 1) out.push_back(other.size(-1));
-  return contiguous_spec(out, self.dtype(), common_device("matmul", {self, other}));
+  return contiguous_spec(out, self.dtype(), common_device("matmul", self, other));
 }
 
 TensorSpec linear(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias) {
@@ -107,9 +107,9 @@ TensorSpec linear(const Tensor& input, const Tensor& weight, const std::optional
     check_same_dtype("linear", input, *bias);
     KILN_CHECK(expands_to(bias->sizes(), out), Value, "linear: bias of shape ", bias->sizes(),
                " cannot be broadcast to the result shape ", out.ref());
-    return contiguous_spec(out, input.dtype(), common_device("linear", {input, weight, *bias}));
+    return contiguous_spec(out, input.dtype(), common_device("linear", input, weight, *bias));
   }
-  return contiguous_spec(out, input.dtype(), common_device("linear", {input, weight}));
+  return contiguous_spec(out, input.dtype(), common_device("linear", input, weight));
 }
 
 }  // namespace kiln::meta

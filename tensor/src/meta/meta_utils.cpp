@@ -36,15 +36,22 @@ DimVector broadcast_shapes(const char* op, IntArrayRef a, IntArrayRef b) {
 }
 
 Device common_device(const char* op, TensorList tensors) {
-  if (!tensors.empty() && tensors[0].defined()) {
-    Device d0 = tensors[0].device();
+  std::vector<const Tensor*> ptrs;
+  for (const Tensor& t : tensors) ptrs.push_back(&t);
+  return common_device(op, ptrs.data(), ptrs.size());
+}
+
+Device common_device(const char* op, const Tensor* const* tensors, size_t n) {
+  if (n > 0 && tensors[0]->defined()) {
+    Device d0 = tensors[0]->device();
     bool same = true;
-    for (const Tensor& t : tensors) same = same && t.defined() && t.device() == d0;
+    for (size_t i = 0; i < n; ++i) same = same && tensors[i]->defined() && tensors[i]->device() == d0;
     if (same) return d0;
   }
   std::optional<Device> dev;
   bool from_scalar = false;
-  for (const Tensor& t : tensors) {
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& t = *tensors[i];
     if (!t.defined()) continue;
     bool cpu_scalar = t.dim() == 0 && t.device().is_cpu();
     if (!dev || (from_scalar && !cpu_scalar)) {

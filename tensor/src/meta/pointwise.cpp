@@ -7,7 +7,7 @@ namespace kiln::meta {
 namespace {
 
 TensorSpec broadcast_spec(const char* op, const Tensor& a, const Tensor& b, ScalarType dtype) {
-  Device d = common_device(op, {a, b});
+  Device d = common_device(op, a, b);
   return contiguous_spec(broadcast_shapes(op, a.sizes(), b.sizes()), dtype, d);
 }
 
@@ -24,14 +24,14 @@ TensorSpec unary_no_bool(const char* op, const Tensor& self, const char* hint = 
 
 // Binary ops over the promoted type that have no bool kernel (pow, fmod, remainder, ...).
 TensorSpec binary_no_bool(const char* op, const Tensor& self, const Tensor& other) {
-  ScalarType t = result_type({self, other});
+  ScalarType t = result_type(self, other);
   KILN_CHECK(t != kBool, Type, op, ": not supported for bool tensors (shapes ", self.sizes(),
              " and ", other.sizes(), ")");
   return broadcast_spec(op, self, other, t);
 }
 
 TensorSpec binary_promoted(const char* op, const Tensor& self, const Tensor& other) {
-  return broadcast_spec(op, self, other, result_type({self, other}));
+  return broadcast_spec(op, self, other, result_type(self, other));
 }
 
 TensorSpec binary_bool_result(const char* op, const Tensor& self, const Tensor& other) {
@@ -48,7 +48,7 @@ void check_alpha(const char* op, ScalarType t, const Scalar& alpha) {
 }  // namespace
 
 TensorSpec binary_alpha(const Tensor& self, const Tensor& other, const Scalar& alpha) {
-  ScalarType t = result_type({self, other});
+  ScalarType t = result_type(self, other);
   check_alpha("add", t, alpha);
   return broadcast_spec("add", self, other, t);
 }
@@ -58,7 +58,7 @@ TensorSpec sub(const Tensor& self, const Tensor& other, const Scalar& alpha) {
              "sub: subtraction, the `-` operator, with a bool tensor is not supported (shapes ",
              self.sizes(), " and ", other.sizes(),
              "). If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
-  ScalarType t = result_type({self, other});
+  ScalarType t = result_type(self, other);
   check_alpha("sub", t, alpha);
   return broadcast_spec("sub", self, other, t);
 }
@@ -66,7 +66,7 @@ TensorSpec sub(const Tensor& self, const Tensor& other, const Scalar& alpha) {
 TensorSpec mul(const Tensor& self, const Tensor& other) { return binary_promoted("mul", self, other); }
 
 TensorSpec div(const Tensor& self, const Tensor& other, std::optional<std::string_view> rounding_mode) {
-  ScalarType t = result_type({self, other});
+  ScalarType t = result_type(self, other);
   if (!rounding_mode) return broadcast_spec("div", self, other, default_float(t));
   KILN_CHECK(*rounding_mode == "trunc" || *rounding_mode == "floor", Value,
              "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '",
@@ -102,10 +102,10 @@ TensorSpec logical_xor(const Tensor& self, const Tensor& other) {
 TensorSpec where(const Tensor& condition, const Tensor& self, const Tensor& other) {
   KILN_CHECK(condition.dtype() == kBool, Type, "where: expected condition to be a bool tensor, but got ",
              condition.dtype(), " (shape ", condition.sizes(), ")");
-  Device d = common_device("where", {condition, self, other});
+  Device d = common_device("where", condition, self, other);
   DimVector s = broadcast_shapes("where", condition.sizes(), self.sizes());
   s = broadcast_shapes("where", s, other.sizes());
-  return contiguous_spec(s, result_type({self, other}), d);
+  return contiguous_spec(s, result_type(self, other), d);
 }
 
 // ---- unary
