@@ -5,11 +5,19 @@
 #include "kiln/generated/op_handles.h"
 #include "kiln/meta.h"
 #include "reduce.h"
+#include "vec_math.h"
 
 namespace kiln::kernels {
 namespace {
 
 constexpr int64_t kSoftmaxCols = 64;  // inner columns per task when dim is not the last
+
+// e^x: the vectorizable float version (Note [Vectorizable math]) for float accumulators.
+template <typename A>
+KILN_VEC_INLINE A exp_acc(A x) {
+  if constexpr (std::is_same_v<A, float>) return vec::exp(x);
+  else return std::exp(x);
+}
 
 // x, y: (D,) contiguous, one row.
 template <typename T, bool kLog>
@@ -17,20 +25,22 @@ void softmax_row(const T* x, T* y, int64_t D) {
   using A = acc_t<T>;
   A m = reduce_contiguous(x, D, MinMaxReducer<T, A, true, CastMap<A>>{}, 0);
   if constexpr (!kLog && std::is_same_v<T, A>) {  // float32/float64: one exp per element
-    for (int64_t i = 0; i < D; ++i) y[i] = std::exp(x[i] - m);
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) y[i] = exp_acc<A>(x[i] - m);
     A inv = A(1) / reduce_contiguous(y, D, SumReducer<T, A, CastMap<A>>{}, 0);
 #pragma omp simd
     for (int64_t i = 0; i < D; ++i) y[i] *= inv;
     return;
   }
-  auto ex = [m](T v, int64_t) { return std::exp(static_cast<A>(v) - m); };
+  auto ex = [m](T v, int64_t) KILN_VEC_INLINE_LAMBDA { return exp_acc<A>(static_cast<A>(v) - m); };
   A s = reduce_contiguous(x, D, SumReducer<T, A, decltype(ex)>{ex}, 0);
   if constexpr (kLog) {
     A ls = std::log(s);  // (x - m) - log(s): m + log(s) would round away the small part
     for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>((static_cast<A>(x[i]) - m) - ls);
   } else {
     A inv = A(1) / s;
-    for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>(std::exp(static_cast<A>(x[i]) - m) * inv);
+#pragma omp simd
+    for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>(exp_acc<A>(static_cast<A>(x[i]) - m) * inv);
   }
 }
 
@@ -49,7 +59,8 @@ void softmax_cols(const T* x, T* y, int64_t D, int64_t inner, int64_t c0, int64_
   }
   for (int64_t k = 0; k < D; ++k) {
     const T* row = x + k * inner + c0;
-    for (int64_t j = 0; j < n; ++j) s[j] += std::exp(static_cast<A>(row[j]) - m[j]);
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) s[j] += exp_acc<A>(static_cast<A>(row[j]) - m[j]);
   }
   for (int64_t j = 0; j < n; ++j) s[j] = kLog ? std::log(s[j]) : A(1) / s[j];
   for (int64_t k = 0; k < D; ++k) {
@@ -57,7 +68,7 @@ void softmax_cols(const T* x, T* y, int64_t D, int64_t inner, int64_t c0, int64_
     T* out = y + k * inner + c0;
     for (int64_t j = 0; j < n; ++j) {
       A v = static_cast<A>(row[j]);
-      out[j] = static_cast<T>(kLog ? (v - m[j]) - s[j] : std::exp(v - m[j]) * s[j]);
+      out[j] = static_cast<T>(kLog ? (v - m[j]) - s[j] : exp_acc<A>(v - m[j]) * s[j]);
     }
   }
 }

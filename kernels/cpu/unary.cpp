@@ -11,9 +11,8 @@
 #include "loops.h"
 #include "vec_math.h"
 
-// The float lambdas must inline into the loops of loops.h or the loops stay scalar (Note
-// [Vectorizable math]); GCC's heuristics gave up on gelu's without this.
-#define KILN_VEC_INLINE_LAMBDA __attribute__((always_inline))
+// The float lambdas are KILN_VEC_INLINE_LAMBDA: they must inline into the loops of loops.h or
+// the loops stay scalar (Note [Vectorizable math]).
 
 namespace kiln::kernels {
 namespace {

@@ -22,6 +22,8 @@
 // Forced inline: a call left in a loop body stops GCC from vectorizing the loop, and GCC's
 // heuristics decline to inline erf (which inlines exp) into the gelu lambda.
 #define KILN_VEC_INLINE inline __attribute__((always_inline))
+// For lambdas handed to the loops: GCC otherwise may decline to inline the math into them.
+#define KILN_VEC_INLINE_LAMBDA __attribute__((always_inline))
 
 namespace kiln::vec {
 
