@@ -21,7 +21,11 @@ class ArrayRef {
   constexpr ArrayRef() = default;
   constexpr ArrayRef(const T* data, size_t n) : data_(data), size_(n) {}
   constexpr ArrayRef(const T& one) : data_(&one), size_(1) {}  // NOLINT: implicit by design
+  // Valid for the full-expression that creates the list (a call's arguments), as in PyTorch.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winit-list-lifetime"
   constexpr ArrayRef(std::initializer_list<T> il) : data_(il.begin()), size_(il.size()) {}
+#pragma GCC diagnostic pop
   template <typename A>
   ArrayRef(const std::vector<T, A>& v) : data_(v.data()), size_(v.size()) {}  // NOLINT
   constexpr const T* data() const { return data_; }

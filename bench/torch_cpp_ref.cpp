@@ -1,0 +1,62 @@
+// The PyTorch C++ API reference for scripts/bench --vs-torch (Debian's libtorch-dev): the same
+// workloads as kiln_bench, timed the same way, printed with impl "torch-<version>-cpp".
+//
+//   g++ -O2 -std=c++17 bench/torch_cpp_ref.cpp -I/usr/include/torch/csrc/api/include \
+//       -ltorch -ltorch_cpu -lc10 -o build/torch_cpp_ref && build/torch_cpp_ref [--quick]
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+
+namespace {
+
+std::string impl() { return std::string("torch-") + TORCH_VERSION + "-cpp"; }
+
+void emit(const char* workload, const std::string& metric, double value, const char* unit) {
+  std::printf("{\"workload\": \"%s\", \"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"impl\": \"%s\"}\n",
+              workload, metric.c_str(), value, unit, impl().c_str());
+  std::fflush(stdout);
+}
+
+double best_time(const std::function<void()>& fn, int repeat = 5) {
+  fn();
+  double best = 1e30;
+  for (int r = 0; r < repeat; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  torch::NoGradGuard no_grad;
+  {
+    int n = quick ? 20000 : 200000;
+    auto a = torch::ones({1}), b = torch::ones({1});
+    torch::Tensor c;
+    double t = best_time([&] {
+      for (int i = 0; i < n; ++i) c = a + b;
+    }, 3);
+    emit("dispatch", "add_1elem", t / n * 1e9, "ns/op");
+  }
+  for (int64_t n : {512, 1024, 2048}) {
+    if (quick && n == 2048) continue;
+    auto A = torch::randn({n, n}), B = torch::randn({n, n});
+    double t = best_time([&] { torch::mm(A, B); });
+    emit("gemm", "sgemm_" + std::to_string(n), 2.0 * n * n * n / t / 1e9, "GFLOP/s");
+  }
+  const int64_t n = int64_t{1} << 24;
+  auto a = torch::randn({n}), b = torch::randn({n}), c = torch::empty({n});
+  emit("elementwise", "add_16M", 12.0 * n / best_time([&] { torch::add_out(c, a, b); }) / 1e9, "GB/s");
+  emit("elementwise", "gelu_16M", 8.0 * n / best_time([&] { torch::gelu(a); }) / 1e9, "GB/s");
+  emit("reduction", "sum_16M", 4.0 * n / best_time([&] { a.sum(); }) / 1e9, "GB/s");
+  auto x = torch::randn({4096, 1024});
+  emit("reduction", "softmax_4096x1024", 8.0 * x.numel() / best_time([&] { torch::softmax(x, -1); }) / 1e9, "GB/s");
+  return 0;
+}
