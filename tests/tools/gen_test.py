@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Checks that tensor/ops/gen.py refuses bad op-table rows (missing fields, unknown rules,
+formulas naming unknown identifiers, bad schemas) with a message naming the row, and accepts a
+good one. Run by ctest; prints 'N passed, N failed'."""
+import os
+import subprocess
+import sys
+import tempfile
+
+GEN = os.path.join(os.path.dirname(__file__), "..", "..", "tensor", "ops", "gen.py")
+
+GOOD = '''
+[[op]]
+schema = "myop(Tensor self, int dim=0) -> Tensor"
+kind = "kernel"
+tags = ["pointwise"]
+dtypes = { cpu = "floating" }
+meta = "myop"
+derivative = { self = "grad * dim" }
+jvp = "derived"
+batching = "pointwise"
+autocast = "none"
+sharding = "pointwise"
+decomposition = "none"
+'''
+
+CASES = [
+    ("missing derivative", GOOD.replace('derivative = { self = "grad * dim" }\n', ""),
+     "missing required field 'derivative'"),
+    ("unknown batching rule", GOOD.replace('batching = "pointwise"', 'batching = "magic"'),
+     "batching 'magic' is not a known rule"),
+    ("unknown sharding rule", GOOD.replace('sharding = "pointwise"', 'sharding = "nope"'),
+     "sharding 'nope' is not a known rule"),
+    ("formula with unknown name", GOOD.replace('"grad * dim"', '"grad * undefined_helper(dim)"'),
+     "uses unknown name 'undefined_helper'"),
+    ("derivative misses an input", GOOD.replace("Tensor self, int dim=0", "Tensor self, Tensor other"),
+     "no formula for input 'other'"),
+    ("unknown field", GOOD + 'colour = "blue"\n', "unknown field 'colour'"),
+    ("unknown tag", GOOD.replace('tags = ["pointwise"]', 'tags = ["shiny"]'), "unknown tag 'shiny'"),
+    ("bad schema type", GOOD.replace("int dim=0", "complex dim"), "unknown argument type 'complex'"),
+    ("unknown dtype set", GOOD.replace('"floating"', '"quaternions"'), "unknown dtype set 'quaternions'"),
+    ("composite without decomposition", GOOD.replace('kind = "kernel"', 'kind = "composite"'),
+     "a composite row needs a decomposition"),
+    ("duplicate op", GOOD + GOOD, "op 'myop' already defined"),
+]
+
+
+def run(table_text):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.toml")
+        with open(path, "w") as f:
+            f.write(table_text)
+        r = subprocess.run([sys.executable, GEN, os.path.join(d, "out"), path],
+                           capture_output=True, text=True)
+        return r.returncode, r.stderr
+
+
+def main():
+    passed = failed = 0
+    code, err = run(GOOD)
+    if code == 0:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL good row rejected: {err}")
+    for name, text, needle in CASES:
+        code, err = run(text)
+        if code == 1 and needle in err and "t.toml row" in err:
+            passed += 1
+        else:
+            failed += 1
+            print(f"FAIL {name}: exit {code}, stderr: {err.strip()}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
