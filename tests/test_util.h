@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -112,5 +113,27 @@ void expect_error(ErrorKind kind, const std::string& needle, F&& fn) {
 }
 
 std::vector<ScalarType> dtypes_of_set(const std::string& set_name);
+
+// Calls f(index) for every multi-index of `shape`, row-major (reference implementations).
+inline void for_each_index(IntArrayRef shape, const std::function<void(const std::vector<int64_t>&)>& f) {
+  std::vector<int64_t> idx(shape.size(), 0);
+  if (numel_of(shape) == 0) return;
+  while (true) {
+    f(idx);
+    int64_t d = static_cast<int64_t>(shape.size()) - 1;
+    for (; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+// Row-major flat position of `idx` in a tensor of `sizes`.
+inline int64_t flat(IntArrayRef sizes, const std::vector<int64_t>& idx) {
+  int64_t f = 0;
+  for (size_t d = 0; d < sizes.size(); ++d) f = f * sizes[d] + idx[d];
+  return f;
+}
 
 }  // namespace kiln::testing

@@ -11,20 +11,6 @@
 namespace kiln::testing {
 namespace {
 
-void for_each_index(IntArrayRef shape, const std::function<void(const std::vector<int64_t>&)>& f) {
-  std::vector<int64_t> idx(shape.size(), 0);
-  if (numel_of(shape) == 0) return;
-  while (true) {
-    f(idx);
-    int64_t d = static_cast<int64_t>(shape.size()) - 1;
-    for (; d >= 0; --d) {
-      if (++idx[d] < shape[d]) break;
-      idx[d] = 0;
-    }
-    if (d < 0) return;
-  }
-}
-
 // PyTorch's matmul semantics, spelled out: 1-D operands get a unit dim, batch dims broadcast,
 // then C[b] = A[b] @ B[b] by a triple loop in double.
 Tensor ref_matmul(const Tensor& a, const Tensor& b) {

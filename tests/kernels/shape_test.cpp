@@ -8,25 +8,6 @@
 namespace kiln::testing {
 namespace {
 
-// Calls f(index) for every multi-index of `shape`, row-major.
-void for_each_index(IntArrayRef shape, const std::function<void(const std::vector<int64_t>&)>& f) {
-  std::vector<int64_t> idx(shape.size(), 0);
-  if (numel_of(shape) == 0) return;
-  while (true) {
-    f(idx);
-    int64_t d = static_cast<int64_t>(shape.size()) - 1;
-    for (; d >= 0; --d) {
-      if (++idx[d] < shape[d]) break;
-      idx[d] = 0;
-    }
-    if (d < 0) return;
-  }
-}
-int64_t flat(IntArrayRef sizes, const std::vector<int64_t>& idx) {
-  int64_t f = 0;
-  for (size_t d = 0; d < sizes.size(); ++d) f = f * sizes[d] + idx[d];
-  return f;
-}
 Tensor ref_tensor(const std::vector<double>& v, IntArrayRef sizes) {
   return from_vector<double>(v, sizes);
 }
