@@ -1,10 +1,21 @@
-// arange, linspace, eye on the CPU.
+// empty, empty_strided, arange, linspace, eye on the CPU.
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
 #include "loops.h"
 
 namespace kiln::kernels {
 namespace {
+
+Tensor empty_cpu(IntArrayRef size, std::optional<ScalarType> dtype, std::optional<Device> device) {
+  TensorSpec s = meta::empty(size, dtype, device);
+  return empty_on(s.sizes, s.dtype, s.device);
+}
+
+Tensor empty_strided_cpu(IntArrayRef size, IntArrayRef stride, std::optional<ScalarType> dtype,
+                         std::optional<Device> device) {
+  TensorSpec s = meta::empty_strided(size, stride, dtype, device);
+  return empty_strided_on(s.sizes, s.strides, s.dtype, s.device);
+}
 
 Tensor arange_cpu(const Scalar& start, const Scalar& end, const Scalar& step,
                   std::optional<ScalarType> dtype, std::optional<Device> device) {
@@ -50,6 +61,8 @@ Tensor eye_cpu(int64_t n, std::optional<int64_t> m, std::optional<ScalarType> dt
 }
 
 KILN_LIBRARY(CPU, m) {
+  m.impl<ops::empty>(empty_cpu);
+  m.impl<ops::empty_strided>(empty_strided_cpu);
   m.impl<ops::arange>(arange_cpu);
   m.impl<ops::linspace>(linspace_cpu);
   m.impl<ops::eye>(eye_cpu);
