@@ -157,3 +157,21 @@ TEST(Allocator, CachesBlocksAndReportsStats) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+TEST(Parallel, SetNumThreads) {
+  int before = get_num_threads();
+  set_num_threads(1);
+  EXPECT_EQ(get_num_threads(), 1);
+  Tensor x = testing::random({1 << 17});
+  Tensor one = x.sum();  // results never depend on the thread count
+  set_num_threads(2);
+  EXPECT_EQ(testing::to_doubles(x.sum()), testing::to_doubles(one));
+  testing::expect_error(ErrorKind::Value, "positive number of threads", [] { set_num_threads(0); });
+  set_num_threads(before);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -13,4 +13,8 @@ namespace kiln {
 void set_num_threads(int n);  // ValueError for n < 1
 int get_num_threads();        // default: OMP_NUM_THREADS, else the number of cores
 
+// For kernels/cpu: called with the new count on every set_num_threads (and once at
+// registration), so the OpenMP runtime that oneDNN uses follows the setting too.
+void set_num_threads_hook(void (*hook)(int));
+
 }  // namespace kiln
