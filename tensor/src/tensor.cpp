@@ -9,6 +9,10 @@
 
 namespace kiln {
 
+void Tensor::undefined_error() {
+  KILN_FAIL(Value, "this tensor is undefined (a default-constructed Tensor holds no data)");
+}
+
 const Tensor& Tensor::check_defined(const char* what) const {
   KILN_CHECK(defined(), Value, what, " is an undefined tensor");
   return *this;

@@ -95,6 +95,10 @@ TEST(Dispatcher, MissingKernelNamesOpAndKeys) {
 
 TEST(Dispatcher, UndefinedArgument) {
   expect_error(ErrorKind::Value, "add: argument 'other' is an undefined tensor", [] { add(ones({1}), Tensor()); });
+  Tensor t;
+  expect_error(ErrorKind::Value, "undefined", [&] { t.sizes(); });
+  expect_error(ErrorKind::Value, "argument 'self' is an undefined tensor", [&] { t.exp(); });
+  EXPECT_EQ(t.repr(), "tensor(undefined)");
 }
 
 TEST(Dispatcher, OpInfoCarriesTheTableFields) {

@@ -34,30 +34,30 @@ class Tensor {
   // Throws RuntimeError naming `what` for an undefined tensor.
   const Tensor& check_defined(const char* what) const;
 
-  IntArrayRef sizes() const { return impl_->sizes(); }
-  IntArrayRef strides() const { return impl_->strides(); }
-  IntArrayRef shape() const { return impl_->sizes(); }
-  int64_t size(int64_t d) const { return impl_->size(d); }
-  int64_t stride(int64_t d) const { return impl_->stride(d); }
-  int64_t dim() const { return impl_->dim(); }
-  int64_t ndimension() const { return impl_->dim(); }
-  int64_t numel() const { return impl_->numel(); }
-  int64_t storage_offset() const { return impl_->storage_offset(); }
-  ScalarType dtype() const { return impl_->dtype(); }
-  ScalarType scalar_type() const { return impl_->dtype(); }
-  Device device() const { return impl_->device(); }
-  DispatchKeySet key_set() const { return impl_->key_set(); }
-  bool is_contiguous() const { return impl_->is_contiguous(); }
+  IntArrayRef sizes() const { return live()->sizes(); }
+  IntArrayRef strides() const { return live()->strides(); }
+  IntArrayRef shape() const { return live()->sizes(); }
+  int64_t size(int64_t d) const { return live()->size(d); }
+  int64_t stride(int64_t d) const { return live()->stride(d); }
+  int64_t dim() const { return live()->dim(); }
+  int64_t ndimension() const { return live()->dim(); }
+  int64_t numel() const { return live()->numel(); }
+  int64_t storage_offset() const { return live()->storage_offset(); }
+  ScalarType dtype() const { return live()->dtype(); }
+  ScalarType scalar_type() const { return live()->dtype(); }
+  Device device() const { return live()->device(); }
+  DispatchKeySet key_set() const { return live()->key_set(); }
+  bool is_contiguous() const { return live()->is_contiguous(); }
   bool is_meta() const { return device().type() == DeviceType::Meta; }
-  size_t element_size() const { return impl_->itemsize(); }
+  size_t element_size() const { return live()->itemsize(); }
   size_t nbytes() const { return numel() * element_size(); }
-  void* data_ptr() const { return impl_->data_ptr(); }
+  void* data_ptr() const { return live()->data_ptr(); }
   template <typename T>
   T* data_ptr() const;  // checks that T matches dtype()
-  uint32_t version() const { return impl_->version(); }
+  uint32_t version() const { return live()->version(); }
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
   // True when both tensors view the same Storage.
-  bool is_alias_of(const Tensor& o) const { return impl_->storage() == o.impl_->storage(); }
+  bool is_alias_of(const Tensor& o) const { return live()->storage() == o.live()->storage(); }
 
   // The single element of a one-element tensor, converted to T (syncs a device tensor).
   template <typename T>
@@ -70,6 +70,12 @@ class Tensor {
 #include "kiln/generated/tensor_methods.inc"
 
  private:
+  // The impl, or a ValueError for an undefined tensor (never a null dereference).
+  TensorImpl* live() const {
+    if (__builtin_expect(impl_.get() == nullptr, 0)) undefined_error();
+    return impl_.get();
+  }
+  [[noreturn]] static void undefined_error();
   intrusive_ptr<TensorImpl> impl_;
 };
 
