@@ -58,26 +58,35 @@ template int32_t Tensor::item<int32_t>() const;
 template float Tensor::item<float>() const;
 template double Tensor::item<double>() const;
 
-Tensor empty_strided_on(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype, Device device) {
-  int64_t hi = 0;
-  bool empty = false;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    KILN_CHECK(sizes[i] >= 0, Value, "negative dimension in size ", sizes);
-    if (sizes[i] == 0) empty = true;
-    else hi += (sizes[i] - 1) * strides[i];
-  }
-  size_t nbytes = empty ? 0 : static_cast<size_t>(hi + 1) * element_size(dtype);
-  for (int64_t st : strides) KILN_CHECK(st >= 0, Value, "negative stride in ", strides);
+// Bytes spanned by a geometry, or a ValueError naming the sizes when that overflows.
+static size_t checked_nbytes(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype) {
   KILN_CHECK(strides.size() == sizes.size(), Value, "sizes ", sizes, " and strides ", strides,
              " differ in length");
+  int64_t hi = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    KILN_CHECK(sizes[i] >= 0, Value, "negative dimension in size ", sizes);
+    KILN_CHECK(strides[i] >= 0, Value, "negative stride in ", strides);
+    if (sizes[i] == 0) return 0;
+    int64_t span;
+    bool overflow = __builtin_mul_overflow(sizes[i] - 1, strides[i], &span) ||
+                    __builtin_add_overflow(hi, span, &hi);
+    KILN_CHECK(!overflow, Value, "a tensor of size ", sizes, " is too large to allocate");
+  }
+  int64_t n;
+  KILN_CHECK(!__builtin_mul_overflow(hi + 1, static_cast<int64_t>(element_size(dtype)), &n), Value,
+             "a tensor of size ", sizes, " is too large to allocate");
+  return static_cast<size_t>(n);
+}
+
+Tensor empty_strided_on(IntArrayRef sizes, IntArrayRef strides, ScalarType dtype, Device device) {
+  size_t nbytes = checked_nbytes(sizes, strides, dtype);
   return Tensor(TensorImpl::make_trusted(Storage::create(nbytes, device), dtype, sizes, strides));
 }
 
 Tensor empty_on(IntArrayRef sizes, ScalarType dtype, Device device) {
-  for (int64_t s : sizes) KILN_CHECK(s >= 0, Value, "negative dimension in size ", sizes);
-  size_t nbytes = static_cast<size_t>(numel_of(sizes)) * element_size(dtype);
-  return Tensor(TensorImpl::make_trusted(Storage::create(nbytes, device), dtype, sizes,
-                                         contiguous_strides(sizes)));
+  DimVector strides = contiguous_strides(sizes);
+  size_t nbytes = checked_nbytes(sizes, strides, dtype);
+  return Tensor(TensorImpl::make_trusted(Storage::create(nbytes, device), dtype, sizes, strides));
 }
 
 Tensor scalar_tensor_of(const Scalar& s, ScalarType dtype, Device device) {

@@ -117,6 +117,8 @@ TEST(Creation, Basics) {
   EXPECT_EQ(to_doubles(ones_like(zeros({2}, kInt8))), (std::vector<double>{1, 1}));
   EXPECT_EQ(zeros({2, 0}).numel(), 0);
   expect_error(ErrorKind::Value, "negative dimension", [] { empty({-1}); });
+  expect_error(ErrorKind::Value, "too large to allocate", [] { empty({int64_t{1} << 40, int64_t{1} << 40}); });
+  expect_error(ErrorKind::Runtime, "out of memory", [] { empty({int64_t{1} << 50}, kInt8); });
   expect_error(ErrorKind::Value, "step must be nonzero", [] { arange(0, 1, 0); });
   expect_error(ErrorKind::Value, "inconsistent with step sign", [] { arange(0, 10, -1); });
   expect_error(ErrorKind::Value, "non-negative", [] { linspace(0, 1, -1); });
