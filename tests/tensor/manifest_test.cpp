@@ -45,6 +45,16 @@ std::vector<ManifestEntry> manifest() {
   };
 }
 
+}  // namespace
+
+std::vector<std::string> manifest_names() {
+  std::vector<std::string> names;
+  for (const auto& e : manifest()) names.push_back(e.name);
+  return names;
+}
+
+namespace {
+
 Tensor to_meta(const Tensor& t) {
   auto storage = Storage::create_dataless(t.impl()->storage()->nbytes(), Device(DeviceType::Meta));
   Tensor m(TensorImpl::make(storage, t.dtype(), t.sizes(), t.strides(), t.storage_offset()));
@@ -120,6 +130,25 @@ TEST(Manifest, MetaAgreesWithCpu) {
         EXPECT_EQ(alias_index(co[i], cpu_in), alias_index(mo[i], meta_in)) << "aliasing differs";
       }
     }
+  }
+}
+
+}  // namespace kiln::testing
+
+namespace kiln::testing {
+
+// Boxed calls with arguments of the wrong kind (what a malformed remote program would send)
+// raise kiln::Error for every op; none crashes.
+TEST(Manifest, WrongArgumentKindsRaise) {
+  for (const auto& e : manifest_names()) {
+    OperatorHandle& op = Dispatcher::get().find_or_throw(e);
+    int n = op.info().num_args;
+    Stack nones(n);
+    EXPECT_THROW(op.call_boxed(nones), Error) << e;
+    Stack strings(n, IValue(std::string("x")));
+    EXPECT_THROW(op.call_boxed(strings), Error) << e;
+    Stack too_few;
+    if (n > 0) EXPECT_THROW(op.call_boxed(too_few), Error) << e;
   }
 }
 
