@@ -96,6 +96,17 @@ Tensor scatter_add_backward(const Tensor& grad, int64_t dim, const Tensor& index
   return grad.gather(dim, index);
 }
 
+// index: (i0, i1, ...) <= src_sizes in every dim; the gathered gradient fills the leading corner.
+Tensor scatter_add_backward(const Tensor& grad, int64_t dim, const Tensor& index,
+                            IntArrayRef src_sizes) {
+  Tensor g = grad.gather(dim, index);
+  if (g.sizes() == src_sizes) return g;
+  Tensor pos = arange(0, numel_of(src_sizes), 1, kInt64, grad.device()).reshape(src_sizes);
+  for (int64_t d = 0; d < index.dim(); ++d) pos = pos.narrow(d, 0, index.size(d));
+  Tensor flat = zeros({numel_of(src_sizes)}, grad.dtype(), grad.device());
+  return flat.scatter_add(0, pos.reshape({-1}), g.reshape({-1})).reshape(src_sizes);
+}
+
 // indices[j] index dim j of self (j < k); they broadcast to shape B, and grad has shape
 // B + sizes[k:]. The k indexed dims are flattened to one of size P = prod(sizes[:k]) and grad is
 // scatter-added along it at the linear index sum_j indices[j] * stride_j.

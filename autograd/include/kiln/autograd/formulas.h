@@ -140,8 +140,12 @@ Tensor index_select_backward(const Tensor& grad, IntArrayRef sizes, int64_t dim,
 Tensor gather_backward(const Tensor& grad, const Tensor& self, int64_t dim, const Tensor& index);
 // scatter(self, dim, index, src): the gradient for self (zero where src was written).
 Tensor scatter_backward(const Tensor& grad, int64_t dim, const Tensor& index);
-// scatter/scatter_add(self, dim, index, src): the gradient for src.
+// scatter/scatter_add(self, dim, index, src): the gradient for src, grad.gather(dim, index); with
+// src_sizes, zero-padded to src's shape (src may be larger than index: its extra elements are
+// unused and get 0).
 Tensor scatter_add_backward(const Tensor& grad, int64_t dim, const Tensor& index);
+Tensor scatter_add_backward(const Tensor& grad, int64_t dim, const Tensor& index,
+                            IntArrayRef src_sizes);
 // self[indices[0], ..., indices[k-1]] (int64 index tensors that broadcast together, indexing the
 // leading k dims): grad accumulated into zeros of `sizes`.
 Tensor index_backward(const Tensor& grad, IntArrayRef sizes, TensorList indices);
