@@ -141,9 +141,32 @@ def eval_function(row, sch, where):
     return "\n".join(L), (sch["name"] + ("." + sch["overload"] if sch["overload"] else ""), name)
 
 
+def jvp_function(row, sch):
+    """For a row with a jvp formula: a function that evaluates it on boxed arguments `in`, the
+    op's outputs `outs` and one tangent per Tensor input (`<arg>_t`)."""
+    jvp = row["jvp"]
+    if jvp in ("derived", "non_differentiable") or "random" in row["tags"] or not sch["rets"]:
+        return None, None
+    if any(a.type == "Tensor[]" for a in sch["args"]):
+        return None, None
+    name = ident(sch["name"] + ("_" + sch["overload"] if sch["overload"] else ""))
+    L = [f"Tensor jvp_{name}(const Stack& in, const ::std::vector<Tensor>& outs, const ::std::vector<Tensor>& tangents) {{"]
+    k = 0
+    for i, a in enumerate(sch["args"]):
+        unbox = a.unbox.replace("v.", f"in[{i}].").replace("(v)", f"(in[{i}])")
+        L.append(f"  [[maybe_unused]] {a.cpp} {a.name} = {unbox};")
+        if a.is_tensor:
+            L.append(f"  [[maybe_unused]] const Tensor& {a.name}_t = tangents[{k}];")
+            k += 1
+    L.append("  [[maybe_unused]] const Tensor& result = outs[0];")
+    L.append(f"  return {jvp};")
+    L.append("}")
+    return "\n".join(L), (sch["name"] + ("." + sch["overload"] if sch["overload"] else ""), name)
+
+
 def main():
     out, paths = sys.argv[1], sys.argv[2:]
-    funcs, count, evals, keys = [], 0, [], []
+    funcs, count, evals, keys, jvps, jkeys = [], 0, [], [], [], []
     for path in sorted(paths):
         if os.path.basename(path) == "rules.toml":
             continue
@@ -162,6 +185,10 @@ def main():
             if ev:
                 evals.append(ev)
                 keys.append(key)
+            jv, jkey = jvp_function(row, sch)
+            if jv:
+                jvps.append(jv)
+                jkeys.append(jkey)
     if gen.errors:
         for e in gen.errors:
             print(f"check_formulas: {e}", file=sys.stderr)
@@ -193,6 +220,15 @@ def main():
            "const ::std::map<::std::string, FormulaEval>& formula_evals() {",
            "  static const ::std::map<::std::string, FormulaEval> m{",
            *[f"      {{\"{k}\", &eval_{n}}}," for k, n in keys],
+           "  };",
+           "  return m;",
+           "}",
+           "",
+           "\n\n".join(jvps),
+           "",
+           "const ::std::map<::std::string, JvpEval>& jvp_evals() {",
+           "  static const ::std::map<::std::string, JvpEval> m{",
+           *[f"      {{\"{k}\", &jvp_{n}}}," for k, n in jkeys],
            "  };",
            "  return m;",
            "}",

@@ -3,6 +3,7 @@
 //
 //   const FormulaEval& f = formula_evals().at("mul");
 //   std::vector<Tensor> g = f(inputs, outputs, grad);   // one per Tensor input (lists flattened)
+//   Tensor t = jvp_evals().at("mul")(inputs, outputs, tangents);
 #pragma once
 
 #include <map>
@@ -17,5 +18,10 @@ namespace kiln::autograd::formula_check {
 using FormulaEval = std::vector<Tensor> (*)(const Stack& in, const std::vector<Tensor>& outs,
                                             const Tensor& grad);
 const std::map<std::string, FormulaEval>& formula_evals();
+
+// The jvp formulas (rows with an explicit one): tangents holds one tangent per Tensor input.
+using JvpEval = Tensor (*)(const Stack& in, const std::vector<Tensor>& outs,
+                           const std::vector<Tensor>& tangents);
+const std::map<std::string, JvpEval>& jvp_evals();
 
 }  // namespace kiln::autograd::formula_check

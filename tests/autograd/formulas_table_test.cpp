@@ -147,5 +147,48 @@ TEST(FormulasTable, EveryFormulaMatchesFiniteDifferences) {
             << " op rows checked against finite differences\n";
 }
 
+// The jvp formulas against the central difference (f(x + h t) - f(x - h t)) / 2h, every floating
+// input moved along its tangent at once.
+TEST(FormulasTable, EveryJvpMatchesFiniteDifferences) {
+  std::set<std::string> ops_checked;
+  for (const auto& [name, jvp] : formula_check::jvp_evals()) {
+    OperatorHandle& op = Dispatcher::get().find_or_throw(name);
+    int n = 0;
+    for (const Stack& sample : samples_for(name)) {
+      SCOPED_TRACE(name + " sample " + std::to_string(n++));
+      Stack in = to_float64(sample);
+      std::vector<Tensor> outs = call(op, in);
+      if (outs.empty() || !is_floating(outs[0].dtype())) continue;
+      std::vector<Tensor> tangents;
+      for (size_t k = 0; Tensor* x = tensor_at(in, k); ++k)
+        tangents.push_back(is_floating(x->dtype())
+                               ? testing::random(x->sizes(), kFloat64, -1, 1, 100 + static_cast<uint32_t>(k))
+                               : zeros_like(*x));
+      Tensor got = jvp(clone_stack(in), outs, tangents);
+      ASSERT_EQ(got.sizes(), outs[0].sizes());
+      auto moved = [&](double h) {
+        Stack p = clone_stack(in);
+        for (size_t k = 0; k < tangents.size(); ++k) {
+          Tensor* x = tensor_at(p, k);
+          if (is_floating(x->dtype())) *x = *x + tangents[k] * h;
+        }
+        return call(op, p)[0];
+      };
+      const double h = 1e-6;
+      std::vector<double> want = testing::to_doubles((moved(h) - moved(-h)) / (2 * h));
+      std::vector<double> g = testing::to_doubles(got);
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (std::isnan(want[i])) continue;
+        EXPECT_NEAR(g[i], want[i], 1e-5 * (1 + std::fabs(want[i]))) << "element " << i;
+      }
+      ops_checked.insert(name);
+    }
+  }
+  for (const auto& [name, jvp] : formula_check::jvp_evals())
+    EXPECT_TRUE(ops_checked.count(name)) << name << ": no sample with a floating output";
+  std::cout << "[          ] jvp formulas of " << ops_checked.size()
+            << " op rows checked against finite differences\n";
+}
+
 }  // namespace
 }  // namespace kiln::autograd
