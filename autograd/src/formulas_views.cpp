@@ -1,9 +1,9 @@
 // Formula helpers for views (kiln/autograd/formulas.h): the gradient of a view is the input-shaped
 // zeros with grad placed where the view took its elements.
 //
-// Note [Placing a view's gradient]: the helpers take the view of an int64 tensor of storage
-// positions (arange(numel).reshape(sizes)) with the same arguments as the forward view, then
-// scatter_add grad into a flat zero tensor at those positions. scatter_add's gradient with respect
+// Note [Placing a view's gradient]: select and slice with step 1 concatenate zero blocks around
+// grad. The others take the view of an int64 tensor of storage positions
+// (arange(numel).reshape(sizes)) with the same arguments as the forward view, then scatter_add grad into a flat zero tensor at those positions. scatter_add's gradient with respect
 // to its source is gather, so double backward works without in-place writes into views, and
 // overlapping views (as_strided with a stride of 0) add up as they must.
 #include <algorithm>
@@ -25,6 +25,25 @@ Tensor positions(IntArrayRef sizes, Device device) {
 Tensor place(const Tensor& grad, IntArrayRef sizes, const Tensor& pos) {
   Tensor flat = zeros({numel_of(sizes)}, grad.dtype(), grad.device());
   return flat.scatter_add(0, pos.reshape({-1}), grad.reshape({-1})).reshape(sizes);
+}
+
+// zeros of `sizes` with `part` (sizes but part.size(d) along d) at offset `start` along d: a cat
+// with zero blocks (cheaper than a scatter; cat's gradient is narrow).
+Tensor pad_along(const Tensor& part, IntArrayRef sizes, int64_t d, int64_t start) {
+  const int64_t after = sizes[d] - start - part.size(d);
+  if (start == 0 && after == 0) return part;
+  std::vector<Tensor> pieces;
+  std::vector<int64_t> shape = sizes.vec();
+  if (start > 0) {
+    shape[d] = start;
+    pieces.push_back(zeros(shape, part.dtype(), part.device()));
+  }
+  pieces.push_back(part);
+  if (after > 0) {
+    shape[d] = after;
+    pieces.push_back(zeros(shape, part.dtype(), part.device()));
+  }
+  return cat(pieces, d);
 }
 
 // One past the last storage element a (sizes, strides, offset) geometry touches (0 when empty).
@@ -49,12 +68,22 @@ Tensor permute_backward(const Tensor& grad, IntArrayRef dims) {
 }
 
 Tensor select_backward(const Tensor& grad, IntArrayRef sizes, int64_t dim, int64_t index) {
-  return place(grad, sizes, positions(sizes, grad.device()).select(dim, index));
+  const int64_t d = meta::wrap_dim("select_backward", dim, static_cast<int64_t>(sizes.size()));
+  const int64_t n = sizes[d];
+  KILN_CHECK(index >= -n && index < n, Index, "select_backward: index ", index,
+             " out of range for dimension of size ", n);
+  return pad_along(grad.unsqueeze(d), sizes, d, index < 0 ? index + n : index);
 }
 
 Tensor slice_backward(const Tensor& grad, IntArrayRef sizes, int64_t dim,
                       std::optional<int64_t> start, std::optional<int64_t> end, int64_t step) {
-  return place(grad, sizes, positions(sizes, grad.device()).slice(dim, start, end, step));
+  if (step != 1) return place(grad, sizes, positions(sizes, grad.device()).slice(dim, start, end, step));
+  // The start that slice's meta function computes (tensor/src/meta/views.cpp).
+  const int64_t d = meta::wrap_dim("slice_backward", dim, static_cast<int64_t>(sizes.size()));
+  int64_t s = start.value_or(0);
+  if (s < 0) s += sizes[d];
+  s = std::clamp<int64_t>(s, 0, sizes[d]);
+  return pad_along(grad, sizes, d, s);
 }
 
 Tensor diagonal_backward(const Tensor& grad, IntArrayRef sizes, int64_t offset, int64_t dim1,

@@ -92,6 +92,37 @@ TEST(Formulas, ViewBackwardsPlaceGrad) {
   EXPECT_EQ(g.select(0, 2).abs().sum().item<double>(), 0.0);
 }
 
+TEST(Formulas, EdgeCasesZeroSizeNonContiguousDtypes) {
+  // Empty slices and zero-size inputs give zeros of the input's shape.
+  Tensor x = random({4, 3}, kFloat32);
+  Tensor e = x.slice(0, 3, 1, 1);
+  ASSERT_EQ(e.size(0), 0);
+  Tensor g = slice_backward(zeros_like(e), x.sizes(), 0, 3, 1, 1);
+  EXPECT_EQ(g.sizes(), x.sizes());
+  EXPECT_EQ(g.dtype(), kFloat32);
+  EXPECT_EQ(g.abs().sum().item<double>(), 0.0);
+  Tensor z = zeros({0, 3}, kFloat64);
+  EXPECT_EQ(select_backward(zeros({0}, kFloat64), z.sizes(), 1, 0).sizes(), z.sizes());
+  EXPECT_EQ(slice_backward(zeros({0, 1}, kFloat64), z.sizes(), 1, 1, 2, 2).sizes(), z.sizes());
+  EXPECT_EQ(sum_backward(zeros({3}, kFloat64), z.sizes(), std::vector<int64_t>{0}, false).sizes(),
+            z.sizes());
+  EXPECT_EQ(index_select_backward(zeros({0, 3}, kFloat64), {4, 3}, 0, zeros({0}, kInt64)).sizes(),
+            (std::vector<int64_t>{4, 3}));
+  // A slice whose start is past the end of the dim (clamped), and a non-contiguous grad.
+  Tensor y = random({5, 4}, kFloat64);
+  auto f = [](const Tensor& t) { return t.slice(1, -3, 100, 1); };
+  Tensor v = testing::non_contiguous(cotangent(f(y)));
+  expect_vjp(f, y, slice_backward(v, y.sizes(), 1, -3, 100, 1), v);
+  Tensor wide = testing::non_contiguous(cotangent(zeros({2, 5, 4}, kFloat64)));
+  expect_close(sum_to(wide, {5, 1}), wide.contiguous().sum(std::vector<int64_t>{0, 2}).reshape({5, 1}));
+  // float32 gradients stay float32.
+  Tensor gf = random({3, 4}, kFloat32);
+  EXPECT_EQ(select_backward(gf.select(0, 1), gf.sizes(), 0, 1).dtype(), kFloat32);
+  EXPECT_EQ(gelu_backward(gf, gf, "tanh").dtype(), kFloat32);
+  EXPECT_EQ(softmax_backward(gf, gf.softmax(1), 1, gf).dtype(), kFloat32);
+  testing::expect_error(ErrorKind::Index, "select_backward", [&] { select_backward(gf, {3, 4}, 0, 3); });
+}
+
 TEST(Formulas, AsStridedBackward) {
   Tensor x = random({12}, kFloat64);
   {  // a plain window with an offset
