@@ -114,7 +114,9 @@ def eval_function(row, sch, where):
     for i, a in enumerate(sch["args"]):
         unbox = a.unbox.replace("v.", f"in[{i}].").replace("(v)", f"(in[{i}])")
         L.append(f"  [[maybe_unused]] {a.cpp} {a.name} = {unbox};")
-    L.append("  [[maybe_unused]] TensorList grads(outs);")
+    L.append("  ::std::vector<Tensor> grads_of_outputs(outs.size());  // only the first output's is given")
+    L.append("  if (!grads_of_outputs.empty()) grads_of_outputs[0] = grad;")
+    L.append("  [[maybe_unused]] TensorList grads(grads_of_outputs);")
     if len(rets) == 1 and rets[0][0].startswith("Tensor[]"):
         L.append("  [[maybe_unused]] const ::std::vector<Tensor>& result = outs;")
     else:
