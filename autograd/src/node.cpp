@@ -50,6 +50,8 @@ variable_list NotImplementedBackward::apply(variable_list&&) {
 }
 
 AutogradMeta::~AutogradMeta() {
+  if (base_.defined())
+    if (AutogradMeta* bm = meta_of(base_)) bm->live_views_--;
   if (retains_grad_ && grad_fn_) {
     auto& v = grad_fn_->retained_grads();
     v.erase(std::remove_if(v.begin(), v.end(), [this](const auto& p) { return p.second == this; }),
@@ -78,9 +80,23 @@ Edge gradient_edge(const Tensor& t) {
 
 void set_history(const Tensor& t, const std::shared_ptr<Node>& fn) {
   AutogradMeta& m = materialize_meta(t);
+  if (m.retains_grad_ && m.grad_fn_) {  // an in-place op rebases t: move its retain_grad entry
+    auto& v = m.grad_fn_->retained_grads();
+    v.erase(std::remove_if(v.begin(), v.end(), [&m](const auto& p) { return p.second == &m; }),
+            v.end());
+  }
   m.grad_fn_ = fn;
   m.output_nr_ = fn->add_input_metadata(t);
+  if (m.retains_grad_) fn->retained_grads().emplace_back(m.output_nr_, &m);
   t.impl()->add_keys(DispatchKey::Autograd);
+}
+
+void set_view_base(const Tensor& view, const Tensor& self) {
+  AutogradMeta* sm = meta_of(self);
+  AutogradMeta& vm = materialize_meta(view);
+  if (vm.base_.defined()) return;
+  vm.base_ = (sm != nullptr && sm->base_.defined()) ? sm->base_ : self;
+  materialize_meta(vm.base_).live_views_++;
 }
 
 void collect_edge(Node& fn, const Tensor& t) { fn.mutable_next_edges().push_back(gradient_edge(t)); }

@@ -191,6 +191,8 @@ def kernel(r, op):
     L.append(f"  {{\n    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);\n    r = {below};\n  }}")
     if op.ret_cpp == "Tensor":
         L.append("  set_history(r, node);")
+        if op.is_view:
+            L.append(f"  set_view_base(r, {op.args[0].name});")
         if r.generated and "result" in r.used:
             L.append(f"  node->result_ = SavedVariable(r, true, {1 if inplace else 0});")
     elif op.ret_cpp.startswith("::std::tuple"):

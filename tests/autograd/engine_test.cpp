@@ -182,6 +182,40 @@ TEST(AutogradEngine, InplaceOnLeafRequiringGrad) {
   EXPECT_TRUE(x.is_leaf());
 }
 
+TEST(AutogradEngine, InplaceOnViews) {
+  Tensor x = random({2, 3}, kFloat64, -1, 1, 29).requires_grad_();
+  Tensor v = x.t();
+  expect_error(ErrorKind::Runtime, "a view of a leaf Variable that requires grad",
+               [&] { v *= 2; });
+  Tensor y = x * 2;
+  Tensor yv = y.view({6});
+  expect_error(ErrorKind::NotImplemented, "view of a tensor that requires grad",
+               [&] { yv *= 2; });
+  // Changing the base while a recorded view is alive would leave the view's grad_fn stale.
+  expect_error(ErrorKind::NotImplemented, "whose views autograd recorded", [&] { y *= 2; });
+  yv = Tensor();
+  y *= 2;  // no view left
+  y.sum().backward();
+  expect_close(x.grad(), kiln::full_like(x.detach(), 4), 0, 0);
+  // Writing a tensor that requires grad into a view of a plain tensor would lose the base's
+  // history.
+  Tensor p = kiln::ones({2, 3}, kFloat64);
+  expect_error(ErrorKind::NotImplemented, "shares its storage", [&] { p.t().mul_(x.t()); });
+  Tensor q = kiln::ones({2, 3}, kFloat64);
+  q.mul_(x);
+  EXPECT_TRUE(q.requires_grad());
+}
+
+TEST(AutogradEngine, RetainGradSurvivesInplace) {
+  Tensor x = random({3}, kFloat64, -1, 1, 30).requires_grad_();
+  Tensor h = x * 2;
+  h.retain_grad();
+  h *= 3;  // rebased: the retained gradient is now the one flowing into the in-place result
+  h.sum().backward();
+  expect_close(h.grad(), kiln::ones({3}, kFloat64), 0, 0);
+  expect_close(x.grad(), kiln::full_like(x.detach(), 6), 0, 0);
+}
+
 TEST(AutogradEngine, GradModes) {
   Tensor x = random({3}, kFloat64, -1, 1, 17).requires_grad_();
   {

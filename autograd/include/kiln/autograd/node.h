@@ -105,6 +105,8 @@ struct AutogradMeta final : AutogradMetaInterface {
   Tensor grad_;
   std::shared_ptr<Node> grad_fn_;
   std::weak_ptr<Node> grad_accumulator_;
+  Tensor base_;  // views recorded in grad mode: the tensor they view (a base, never a view)
+  int live_views_ = 0;  // bases: how many recorded views of this tensor are alive
   bool requires_grad() const override { return requires_grad_ || grad_fn_ != nullptr; }
   ~AutogradMeta() override;
 };
@@ -120,6 +122,8 @@ AutogradMeta& materialize_meta(const Tensor& t);
 Edge gradient_edge(const Tensor& t);
 // Makes `t` the `output_nr`-th output of `fn`: sets grad_fn and the Autograd dispatch key.
 void set_history(const Tensor& t, const std::shared_ptr<Node>& fn);
+// Records that `view` (an output of a view op) views `self`'s base.
+void set_view_base(const Tensor& view, const Tensor& self);
 // Adds `t`'s gradient edge to `fn` (an invalid edge when t is undefined or does not need grad).
 void collect_edge(Node& fn, const Tensor& t);
 void collect_edge(Node& fn, const std::optional<Tensor>& t);
