@@ -20,6 +20,20 @@ std::string describe(const Tensor& t) {
 
 Node::Node() : sequence_nr_(tls_sequence_nr++) {}
 
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> stack;
+  for (Edge& e : next_edges_)
+    if (e.fn) stack.push_back(std::move(e.fn));
+  while (!stack.empty()) {
+    std::shared_ptr<Node> n = std::move(stack.back());
+    stack.pop_back();
+    if (n.use_count() == 1) {  // we hold the last reference: take its edges before it dies
+      for (Edge& e : n->next_edges_)
+        if (e.fn) stack.push_back(std::move(e.fn));
+    }
+  }
+}
+
 uint32_t Node::add_input_metadata(const Tensor& t) {
   input_metadata_.push_back(InputMetadata{DimVector(t.sizes()), t.dtype(), t.device()});
   return static_cast<uint32_t>(input_metadata_.size() - 1);

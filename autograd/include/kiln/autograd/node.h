@@ -7,6 +7,8 @@
 // Note [Graph ownership]: a tensor's AutogradMeta holds its grad_fn strongly; a node holds its
 // next nodes strongly through its edges; a leaf holds its AccumulateGrad weakly (the node holds
 // the leaf). Saved outputs are stored without their grad_fn (no cycle) and reattached on unpack.
+// A node's destructor frees the chain behind it with a loop, not recursion, so dropping a graph
+// of a million nodes does not overflow the stack.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +41,7 @@ struct InputMetadata {
 class Node : public std::enable_shared_from_this<Node> {
  public:
   Node();
-  virtual ~Node() = default;
+  virtual ~Node();  // releases long chains iteratively (Note [Graph ownership])
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
