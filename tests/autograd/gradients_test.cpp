@@ -78,6 +78,37 @@ TEST(AutogradGradcheck, Composites) {
   EXPECT_TRUE(gradcheck([](const V& v) { return v[0].clone(); }, {a}));
 }
 
+TEST(AutogradGradcheck, InplaceVariants) {
+  // The in-place variants record the same node on the modified tensor; formulas that use the
+  // result see it after the op, formulas that use self see a copy taken before.
+  Tensor a = random({2, 3}, kFloat64, -1, 1, 16);
+  Tensor b = random({2, 3}, kFloat64, 0.5, 2, 17);
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).exp_(); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).tanh_(); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).sin_(); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).mul_(v[1]); }, {a, b}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).div_(v[1]); }, {a, b}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).add_(v[1], 3.0); }, {a, b}));
+}
+
+TEST(AutogradGradcheck, DtypeConversionFlowsBack) {
+  // to() is composite (empty + copy_): CopyBackward0 casts the gradient back.
+  Tensor x = random({3}, kFloat64, -1, 1, 18).requires_grad_();
+  Tensor y = x.to(kFloat32);
+  EXPECT_STREQ(y.grad_fn()->name(), "CopyBackward0");
+  (y * 2).sum().backward();
+  EXPECT_EQ(x.grad().dtype(), kFloat64);
+  testing::expect_close(x.grad(), full_like(x.detach(), 2), 0, 0);
+}
+
+TEST(AutogradCoverage, MultiOutputOpsRecordFloatingOutputsOnly) {
+  Tensor x = random({2, 3}, kFloat64, -1, 1, 19).requires_grad_();
+  auto [values, indices] = max(x, 1);
+  EXPECT_TRUE(values.requires_grad());
+  EXPECT_STREQ(values.grad_fn()->name(), "MaxBackward1");
+  EXPECT_FALSE(indices.requires_grad());
+}
+
 TEST(AutogradCoverage, PendingDerivativesRaiseNotImplemented) {
   const auto& pending = autograd::pending_derivatives();
   std::ostringstream os;
