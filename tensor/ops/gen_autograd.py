@@ -190,6 +190,8 @@ def kernel(r, op):
     L.append(f"  {ret} r;")
     L.append(f"  {{\n    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);\n    r = {below};\n  }}")
     if op.ret_cpp == "Tensor":
+        if not inplace:
+            L.append("  if (!is_floating(r.dtype())) return r;  // integer outputs are not differentiable")
         L.append("  set_history(r, node);")
         if op.is_view:
             L.append(f"  set_view_base(r, {op.args[0].name});")

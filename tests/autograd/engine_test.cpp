@@ -40,6 +40,14 @@ TEST(AutogradEngine, RequiresGradPropagationAndKeys) {
   expect_error(ErrorKind::Runtime, "leaf variables", [&] { z.requires_grad_(false); });
 }
 
+TEST(AutogradEngine, IntegerOutputsDoNotRequireGrad) {
+  Tensor x = random({3}, kFloat64, -1, 1, 31).requires_grad_();
+  Tensor s = x.sum(std::nullopt, false, kInt64);
+  EXPECT_EQ(s.dtype(), kInt64);
+  EXPECT_FALSE(s.requires_grad());
+  EXPECT_TRUE(x.sum().requires_grad());
+}
+
 TEST(AutogradEngine, GradFnNamesAndEdges) {
   Tensor x = random({2, 3}, kFloat64, -1, 1, 3).requires_grad_();
   Tensor w = random({3, 2}, kFloat64, -1, 1, 4).requires_grad_();
