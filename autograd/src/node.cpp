@@ -50,7 +50,11 @@ variable_list AccumulateGrad::apply(variable_list&& grads) {
   if (GradMode::is_enabled()) {  // create_graph: .grad keeps its history
     m.grad_ = m.grad_.defined() ? m.grad_ + g : g;
   } else if (!m.grad_.defined()) {
-    m.grad_ = g.detach().clone();  // never alias a gradient another leaf may also receive
+    // Keep g itself when nothing else can see it (PyTorch steals it the same way); otherwise a
+    // copy, so .grad never aliases a gradient another leaf or the caller also holds.
+    bool sole = g.impl_ptr().use_count() == 1 && g.impl()->storage().use_count() == 1 &&
+                g.is_contiguous() && meta_of(g) == nullptr;
+    m.grad_ = sole ? std::move(g) : g.detach().clone();
   } else if (m.grad_.requires_grad()) {
     m.grad_ = m.grad_.detach() + g;
   } else {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "autograd/gradcheck.h"
+#include "kiln/autograd_hooks.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -46,6 +47,19 @@ TEST(AutogradEngine, IntegerOutputsDoNotRequireGrad) {
   EXPECT_EQ(s.dtype(), kInt64);
   EXPECT_FALSE(s.requires_grad());
   EXPECT_TRUE(x.sum().requires_grad());
+}
+
+TEST(AutogradEngine, WithoutAutogradHooksMethodsRaise) {
+  const AutogradHooks* hooks = autograd_hooks();
+  ASSERT_NE(hooks, nullptr);  // kiln_autograd registered itself at load time
+  set_autograd_hooks(nullptr);
+  Tensor x = kiln::ones({2}, kFloat32);
+  expect_error(ErrorKind::Runtime, "kiln_autograd is not loaded", [&] { x.requires_grad_(); });
+  expect_error(ErrorKind::Runtime, "kiln_autograd is not loaded", [&] { x.backward(); });
+  EXPECT_FALSE(x.requires_grad());  // reads need no hooks
+  EXPECT_TRUE(x.is_leaf());
+  EXPECT_FALSE(x.grad().defined());
+  set_autograd_hooks(hooks);
 }
 
 TEST(AutogradEngine, GradFnNamesAndEdges) {
