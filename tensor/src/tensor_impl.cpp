@@ -28,6 +28,7 @@ std::ostream& operator<<(std::ostream& os, IntArrayRef a) {
 
 TensorImpl::TensorImpl(intrusive_ptr<Storage> storage, ScalarType dtype)
     : storage_(std::move(storage)), dtype_(dtype) {
+  inference_ = tls_local_dispatch_key_set().inference_mode;
   key_set_ = DispatchKeySet(backend_key(storage_->device().type()));
 }
 

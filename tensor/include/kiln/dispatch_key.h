@@ -79,6 +79,7 @@ DispatchKey backend_key(DeviceType t);
 struct LocalDispatchKeySet {
   DispatchKeySet included;
   DispatchKeySet excluded;
+  bool inference_mode = false;  // set by autograd's InferenceModeGuard; marks new TensorImpls
 };
 LocalDispatchKeySet& tls_local_dispatch_key_set();
 

@@ -20,6 +20,10 @@
 
 namespace kiln {
 
+namespace autograd {
+class Node;  // kiln_autograd's graph node (tensor/ only passes pointers to it around)
+}
+
 class Tensor;
 using TensorList = ArrayRef<Tensor>;
 
@@ -65,6 +69,26 @@ class Tensor {
   Scalar item() const;
   std::string repr() const;
   std::string to_string() const { return repr(); }
+
+  // Autograd (PyTorch's names). kiln_autograd implements them through AutogradHooks
+  // (kiln/autograd_hooks.h); without it, the ones that need it raise a RuntimeError.
+  const Tensor& requires_grad_(bool requires_grad = true) const;
+  bool requires_grad() const {
+    const AutogradMetaInterface* m = live()->autograd_meta();
+    return m != nullptr && m->requires_grad();
+  }
+  Tensor grad() const;                      // undefined when no gradient was accumulated
+  void set_grad(const Tensor& grad) const;  // replaces .grad (undefined clears it)
+  std::shared_ptr<autograd::Node> grad_fn() const;
+  bool is_leaf() const;
+  int64_t output_nr() const;
+  void backward(const Tensor& gradient = Tensor(), std::optional<bool> retain_graph = std::nullopt,
+                bool create_graph = false) const;
+  void retain_grad() const;
+  bool retains_grad() const;
+  // A tensor sharing this one's storage (and version counter) that does not require grad.
+  Tensor detach() const;
+  bool is_inference() const { return live()->is_inference(); }
 
   // Methods generated from the op table (add, sum, view, ...).
 #include "kiln/generated/tensor_methods.inc"

@@ -82,9 +82,13 @@ class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {
   void add_keys(DispatchKeySet ks) { key_set_ = key_set_ | ks; }
   void remove_keys(DispatchKeySet ks) { key_set_ = key_set_ - ks; }
 
+  // Created under inference mode: such tensors never enter autograd (Note [Inference tensors]).
+  bool is_inference() const { return inference_; }
+
   AutogradMetaInterface* autograd_meta() const { return autograd_meta_.get(); }
   void set_autograd_meta(std::unique_ptr<AutogradMetaInterface> m) { autograd_meta_ = std::move(m); }
   BackendHandle* backend_handle() const { return backend_handle_.get(); }
+  const std::shared_ptr<BackendHandle>& backend_handle_ptr() const { return backend_handle_; }
   void set_backend_handle(std::shared_ptr<BackendHandle> h) { backend_handle_ = std::move(h); }
 
  private:
@@ -99,6 +103,7 @@ class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {
   ScalarType dtype_;
   bool is_contiguous_ = true;
   bool wrapped_number_ = false;
+  bool inference_ = false;
   DispatchKeySet key_set_;
   std::unique_ptr<AutogradMetaInterface> autograd_meta_;
   std::shared_ptr<BackendHandle> backend_handle_;

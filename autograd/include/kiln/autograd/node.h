@@ -1,0 +1,157 @@
+// kiln/autograd/node.h: the backward graph: nodes, edges, per-tensor autograd state and saved
+// variables.
+//
+//   auto y = kiln::exp(x.requires_grad_());      // y.grad_fn()->name() == "ExpBackward0"
+//   y.grad_fn()->next_edges()[0].fn->name();     // "AccumulateGrad" (x is a leaf)
+//
+// Note [Graph ownership]: a tensor's AutogradMeta holds its grad_fn strongly; a node holds its
+// next nodes strongly through its edges; a leaf holds its AccumulateGrad weakly (the node holds
+// the leaf). Saved outputs are stored without their grad_fn (no cycle) and reattached on unpack.
+// A node's destructor frees the chain behind it with a loop, not recursion, so dropping a graph
+// of a million nodes does not overflow the stack.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor.h"
+
+namespace kiln::autograd {
+
+using variable_list = std::vector<Tensor>;
+class Node;
+struct AutogradMeta;
+
+// The `input_nr`-th input of `fn` (i.e. the gradient slot it receives).
+struct Edge {
+  std::shared_ptr<Node> fn;
+  uint32_t input_nr = 0;
+  bool valid() const { return fn != nullptr; }
+};
+
+// What a gradient flowing into a node's input must look like (a forward output's geometry).
+struct InputMetadata {
+  DimVector sizes;
+  ScalarType dtype = kFloat32;
+  Device device = kCPU;
+};
+
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  Node();
+  virtual ~Node();  // releases long chains iteratively (Note [Graph ownership])
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // PyTorch's name: "MulBackward0", "AccumulateGrad", ...
+  virtual const char* name() const = 0;
+  // One gradient per forward output in, one per next edge out (undefined: no gradient).
+  virtual variable_list apply(variable_list&& grads) = 0;
+  // Frees saved tensors (after a backward without retain_graph).
+  virtual void release_variables() {}
+
+  const std::vector<Edge>& next_edges() const { return next_edges_; }
+  std::vector<Edge>& mutable_next_edges() { return next_edges_; }
+  const Edge& next_edge(size_t i) const { return next_edges_[i]; }
+  size_t num_outputs() const { return next_edges_.size(); }
+  // Creation order: the engine runs later nodes first among those ready.
+  uint64_t sequence_nr() const { return sequence_nr_; }
+
+  size_t num_inputs() const { return input_metadata_.size(); }
+  const InputMetadata& input_metadata(size_t i) const { return input_metadata_[i]; }
+  uint32_t add_input_metadata(const Tensor& t);
+
+  // Non-leaf tensors that asked retain_grad() and whose gradient arrives at input `nr`.
+  std::vector<std::pair<uint32_t, AutogradMeta*>>& retained_grads() { return retained_; }
+
+ protected:
+  bool should_compute_output(size_t i) const { return i < next_edges_.size() && next_edges_[i].valid(); }
+
+ private:
+  std::vector<Edge> next_edges_;
+  std::vector<InputMetadata> input_metadata_;
+  std::vector<std::pair<uint32_t, AutogradMeta*>> retained_;
+  uint64_t sequence_nr_;
+};
+
+// Accumulates the incoming gradient into a leaf's .grad.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(Tensor variable);
+  const char* name() const override { return "AccumulateGrad"; }
+  variable_list apply(variable_list&& grads) override;
+  const Tensor& variable() const { return variable_; }
+
+ private:
+  Tensor variable_;
+};
+
+// Backward of an op whose derivative formula needs helpers not implemented yet.
+class NotImplementedBackward final : public Node {
+ public:
+  NotImplementedBackward(const char* name, const char* op) : name_(name), op_(op) {}
+  const char* name() const override { return name_; }
+  variable_list apply(variable_list&& grads) override;
+
+ private:
+  const char* name_;
+  const char* op_;
+};
+
+struct AutogradMeta final : AutogradMetaInterface {
+  bool requires_grad_ = false;  // leaves: set by requires_grad_()
+  bool retains_grad_ = false;
+  uint32_t output_nr_ = 0;
+  Tensor grad_;
+  std::shared_ptr<Node> grad_fn_;
+  std::weak_ptr<Node> grad_accumulator_;
+  Tensor base_;  // views recorded in grad mode: the tensor they view (a base, never a view)
+  int live_views_ = 0;  // bases: how many recorded views of this tensor are alive
+  bool requires_grad() const override { return requires_grad_ || grad_fn_ != nullptr; }
+  ~AutogradMeta() override;
+};
+
+// The tensor's autograd state, or nullptr when it has none.
+inline AutogradMeta* meta_of(const Tensor& t) {
+  return static_cast<AutogradMeta*>(t.impl()->autograd_meta());
+}
+AutogradMeta& materialize_meta(const Tensor& t);
+
+// Where a gradient for `t` goes: its grad_fn's slot, or its (created on demand) AccumulateGrad.
+// Invalid when t does not require grad.
+Edge gradient_edge(const Tensor& t);
+// Makes `t` the `output_nr`-th output of `fn`: sets grad_fn and the Autograd dispatch key.
+void set_history(const Tensor& t, const std::shared_ptr<Node>& fn);
+// Records that `view` (an output of a view op) views `self`'s base.
+void set_view_base(const Tensor& view, const Tensor& self);
+// Adds `t`'s gradient edge to `fn` (an invalid edge when t is undefined or does not need grad).
+void collect_edge(Node& fn, const Tensor& t);
+void collect_edge(Node& fn, const std::optional<Tensor>& t);
+void collect_edge(Node& fn, TensorList ts);
+
+// Note [Saved variables]: a tensor saved for backward, with the version counter value at save
+// time. unpack() fails if the tensor was modified in place since, or was freed by a backward
+// without retain_graph.
+class SavedVariable {
+ public:
+  SavedVariable() = default;
+  // `is_output`: t is an output of the node saving it (saved without its grad_fn).
+  // `version_offset`: bumps still to come before the op returns (in-place ops save after the
+  // kernel, before the dispatcher bumps the counter).
+  SavedVariable(const Tensor& t, bool is_output, uint32_t version_offset = 0);
+  Tensor unpack(Node& owner, const char* arg) const;
+  void reset();
+
+ private:
+  Tensor data_;
+  uint32_t version_ = 0;
+  uint32_t output_nr_ = 0;
+  bool is_output_ = false;
+  bool was_defined_ = false;
+  bool released_ = false;
+  bool output_requires_grad_ = false;
+};
+
+}  // namespace kiln::autograd

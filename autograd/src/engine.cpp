@@ -1,0 +1,217 @@
+// Note [Engine] in engine.h.
+#include "kiln/autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/generated/ops.h"
+#include "kiln/operators.h"
+
+namespace kiln::autograd {
+namespace {
+
+struct Capture {
+  uint32_t input_nr;
+  size_t index;
+};
+
+struct GraphTask {
+  std::unordered_map<Node*, int> deps;
+  std::unordered_map<Node*, variable_list> buffers;
+  std::unordered_map<Node*, std::vector<Capture>> captures;  // grad(): where inputs' grads arrive
+  std::unordered_map<Node*, bool> needed;                     // grad(): nodes worth running
+  bool capture_mode = false;
+  bool keep_graph = false;
+  variable_list captured;
+};
+
+void accumulate(variable_list& buf, size_t i, Tensor g) {
+  if (!buf[i].defined()) buf[i] = std::move(g);
+  else buf[i] = buf[i] + g;
+}
+
+Tensor checked_grad(Tensor g, const InputMetadata& m, const Node& from, size_t i) {
+  KILN_CHECK(g.sizes() == IntArrayRef(m.sizes), Runtime, "Function ", from.name(),
+             " returned an invalid gradient at index ", i, " - got ", g.sizes(),
+             " but expected shape compatible with ", IntArrayRef(m.sizes));
+  if (g.dtype() != m.dtype) g = g.to(m.dtype);
+  return g;
+}
+
+// Counts incoming edges of every node reachable from the roots.
+void count_dependencies(GraphTask& task, const std::vector<Node*>& roots) {
+  std::vector<Node*> stack;
+  std::unordered_set<Node*> seen;
+  for (Node* r : roots)
+    if (seen.insert(r).second) stack.push_back(r);
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges()) {
+      if (!e.valid()) continue;
+      task.deps[e.fn.get()]++;
+      if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+    }
+  }
+}
+
+// grad(): a node is worth running when some path from it reaches a capture.
+bool compute_needed(GraphTask& task, Node* n) {
+  auto it = task.needed.find(n);
+  if (it != task.needed.end()) return it->second;
+  task.needed[n] = false;  // the graph is acyclic; this only guards the recursion
+  bool need = false;
+  for (const Edge& e : n->next_edges()) {
+    if (!e.valid()) continue;
+    Node* c = e.fn.get();
+    if (task.captures.count(c) || compute_needed(task, c)) need = true;
+  }
+  task.needed[n] = need;
+  return need;
+}
+
+void execute(GraphTask& task, const std::vector<Edge>& roots, const variable_list& root_grads,
+             bool create_graph) {
+  AutoGradMode mode(create_graph);
+  std::vector<Node*> root_nodes;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    Node* n = roots[i].fn.get();
+    auto& buf = task.buffers[n];
+    buf.resize(n->num_inputs());
+    accumulate(buf, roots[i].input_nr, root_grads[i]);
+    root_nodes.push_back(n);
+  }
+  count_dependencies(task, root_nodes);
+  if (task.capture_mode)
+    for (Node* r : root_nodes) compute_needed(task, r);
+
+  auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
+    return a->sequence_nr() < b->sequence_nr();
+  };
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)>
+      ready(later_first);
+  std::unordered_set<Node*> queued;
+  for (const Edge& r : roots)
+    if (task.deps[r.fn.get()] == 0 && queued.insert(r.fn.get()).second) ready.push(r.fn);
+
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    variable_list buf = std::move(task.buffers[node.get()]);
+    task.buffers.erase(node.get());
+    buf.resize(node->num_inputs());
+    for (auto& [nr, meta] : node->retained_grads()) {
+      if (nr >= buf.size() || !buf[nr].defined()) continue;
+      if (!meta->grad_.defined()) meta->grad_ = create_graph ? buf[nr] : buf[nr].detach().clone();
+      else meta->grad_ = meta->grad_ + buf[nr];
+    }
+    if (task.capture_mode) {
+      auto c = task.captures.find(node.get());
+      if (c != task.captures.end())
+        for (const Capture& cap : c->second)
+          if (cap.input_nr < buf.size() && buf[cap.input_nr].defined()) {
+            Tensor& dst = task.captured[cap.index];
+            dst = dst.defined() ? dst + buf[cap.input_nr] : buf[cap.input_nr];
+          }
+      if (!task.needed[node.get()]) continue;
+    }
+    bool any = false;
+    for (const Tensor& g : buf) any = any || g.defined();
+    variable_list out;
+    if (any) {
+      for (size_t i = 0; i < buf.size(); ++i) {
+        const InputMetadata& m = node->input_metadata(i);
+        if (!buf[i].defined()) {  // a multi-output node: the unused outputs get zeros
+          buf[i] = kiln::zeros(IntArrayRef(m.sizes), m.dtype, m.device);
+        } else {
+          buf[i] = checked_grad(std::move(buf[i]), m, *node, i);
+        }
+      }
+      out = node->apply(std::move(buf));
+      if (!task.keep_graph) node->release_variables();
+    }
+    out.resize(node->num_outputs());
+    for (size_t i = 0; i < node->num_outputs(); ++i) {
+      const Edge& e = node->next_edge(i);
+      if (!e.valid()) continue;
+      Node* next = e.fn.get();
+      if (out[i].defined()) {
+        auto& nbuf = task.buffers[next];
+        nbuf.resize(next->num_inputs());
+        accumulate(nbuf, e.input_nr,
+                   checked_grad(std::move(out[i]), next->input_metadata(e.input_nr), *node, i));
+      }
+      if (--task.deps[next] == 0 && queued.insert(next).second) ready.push(e.fn);
+    }
+  }
+}
+
+// Root edges and their gradients (implicit ones only for one-element outputs).
+void prepare_roots(const variable_list& tensors, const variable_list& grads,
+                   std::vector<Edge>& edges, variable_list& root_grads) {
+  KILN_CHECK(grads.empty() || grads.size() == tensors.size(), Runtime, "got ", grads.size(),
+             " gradients for ", tensors.size(), " tensors");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i].check_defined("backward(): an output");
+    Edge e = gradient_edge(t);
+    KILN_CHECK(e.valid(), Runtime, "element ", i,
+               " of tensors does not require grad and does not have a grad_fn");
+    Tensor g = grads.empty() ? Tensor() : grads[i];
+    if (!g.defined()) {
+      KILN_CHECK(t.numel() == 1, Runtime,
+                 "grad can be implicitly created only for scalar outputs (got an output of shape ",
+                 t.sizes(), ")");
+      NoGradGuard ng;
+      g = kiln::ones_like(t);
+    } else {
+      KILN_CHECK(g.sizes() == t.sizes(), Runtime, "Mismatch in shape: grad_output[", i,
+                 "] has a shape of ", g.sizes(), " and output[", i, "] has a shape of ", t.sizes());
+    }
+    edges.push_back(std::move(e));
+    root_grads.push_back(std::move(g));
+  }
+}
+
+}  // namespace
+
+void backward(const variable_list& tensors, const variable_list& grad_tensors,
+              std::optional<bool> retain_graph, bool create_graph) {
+  std::vector<Edge> edges;
+  variable_list root_grads;
+  prepare_roots(tensors, grad_tensors, edges, root_grads);
+  GraphTask task;
+  task.keep_graph = retain_graph.value_or(create_graph);
+  execute(task, edges, root_grads, create_graph);
+}
+
+variable_list grad(const variable_list& outputs, const variable_list& inputs,
+                   const variable_list& grad_outputs, std::optional<bool> retain_graph,
+                   bool create_graph, bool allow_unused) {
+  std::vector<Edge> edges;
+  variable_list root_grads;
+  prepare_roots(outputs, grad_outputs, edges, root_grads);
+  GraphTask task;
+  task.keep_graph = retain_graph.value_or(create_graph);
+  task.capture_mode = true;
+  task.captured.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i].check_defined("grad(): an input");
+    AutogradMeta* m = meta_of(t);
+    KILN_CHECK(m != nullptr && m->requires_grad(), Runtime, "One of the differentiated Tensors (input ",
+               i, ") does not require grad");
+    std::shared_ptr<Node> fn = m->grad_fn_ ? m->grad_fn_ : m->grad_accumulator_.lock();
+    if (fn) task.captures[fn.get()].push_back(Capture{m->grad_fn_ ? m->output_nr_ : 0, i});
+  }
+  execute(task, edges, root_grads, create_graph);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    KILN_CHECK(allow_unused || task.captured[i].defined(), Runtime,
+               "One of the differentiated Tensors (input ", i,
+               ") appears to not have been used in the graph. Set allow_unused=True if this is the "
+               "desired behavior.");
+  }
+  return task.captured;
+}
+
+}  // namespace kiln::autograd

@@ -1,0 +1,175 @@
+#include "kiln/autograd/node.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/generated/ops.h"
+#include "kiln/operators.h"
+
+namespace kiln::autograd {
+namespace {
+thread_local uint64_t tls_sequence_nr = 0;
+
+std::string describe(const Tensor& t) {
+  std::ostringstream os;
+  os << "[" << scalar_type_name(t.dtype()) << " " << t.sizes() << "]";
+  return os.str();
+}
+}  // namespace
+
+Node::Node() : sequence_nr_(tls_sequence_nr++) {}
+
+Node::~Node() {
+  std::vector<std::shared_ptr<Node>> stack;
+  for (Edge& e : next_edges_)
+    if (e.fn) stack.push_back(std::move(e.fn));
+  while (!stack.empty()) {
+    std::shared_ptr<Node> n = std::move(stack.back());
+    stack.pop_back();
+    if (n.use_count() == 1) {  // we hold the last reference: take its edges before it dies
+      for (Edge& e : n->next_edges_)
+        if (e.fn) stack.push_back(std::move(e.fn));
+    }
+  }
+}
+
+uint32_t Node::add_input_metadata(const Tensor& t) {
+  input_metadata_.push_back(InputMetadata{DimVector(t.sizes()), t.dtype(), t.device()});
+  return static_cast<uint32_t>(input_metadata_.size() - 1);
+}
+
+AccumulateGrad::AccumulateGrad(Tensor variable) : variable_(std::move(variable)) {
+  add_input_metadata(variable_);
+}
+
+variable_list AccumulateGrad::apply(variable_list&& grads) {
+  Tensor g = std::move(grads[0]);
+  if (!g.defined()) return {};
+  AutogradMeta& m = materialize_meta(variable_);
+  if (GradMode::is_enabled()) {  // create_graph: .grad keeps its history
+    m.grad_ = m.grad_.defined() ? m.grad_ + g : g;
+  } else if (!m.grad_.defined()) {
+    // Keep g itself when nothing else can see it (PyTorch steals it the same way); otherwise a
+    // copy, so .grad never aliases a gradient another leaf or the caller also holds.
+    bool sole = g.impl_ptr().use_count() == 1 && g.impl()->storage().use_count() == 1 &&
+                g.is_contiguous() && meta_of(g) == nullptr;
+    m.grad_ = sole ? std::move(g) : g.detach().clone();
+  } else if (m.grad_.requires_grad()) {
+    m.grad_ = m.grad_.detach() + g;
+  } else {
+    m.grad_.add_(g);
+  }
+  return {};
+}
+
+variable_list NotImplementedBackward::apply(variable_list&&) {
+  KILN_FAIL(NotImplemented, "derivative of ", op_, " is not implemented yet (", name_, ")");
+}
+
+AutogradMeta::~AutogradMeta() {
+  if (base_.defined())
+    if (AutogradMeta* bm = meta_of(base_)) bm->live_views_--;
+  if (retains_grad_ && grad_fn_) {
+    auto& v = grad_fn_->retained_grads();
+    v.erase(std::remove_if(v.begin(), v.end(), [this](const auto& p) { return p.second == this; }),
+            v.end());
+  }
+}
+
+AutogradMeta& materialize_meta(const Tensor& t) {
+  TensorImpl* impl = t.impl();
+  if (impl->autograd_meta() == nullptr) impl->set_autograd_meta(std::make_unique<AutogradMeta>());
+  return *static_cast<AutogradMeta*>(impl->autograd_meta());
+}
+
+Edge gradient_edge(const Tensor& t) {
+  AutogradMeta* m = t.defined() ? meta_of(t) : nullptr;
+  if (m == nullptr) return {};
+  if (m->grad_fn_) return Edge{m->grad_fn_, m->output_nr_};
+  if (!m->requires_grad_) return {};
+  std::shared_ptr<Node> acc = m->grad_accumulator_.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t);
+    m->grad_accumulator_ = acc;
+  }
+  return Edge{acc, 0};
+}
+
+void set_history(const Tensor& t, const std::shared_ptr<Node>& fn) {
+  AutogradMeta& m = materialize_meta(t);
+  if (m.retains_grad_ && m.grad_fn_) {  // an in-place op rebases t: move its retain_grad entry
+    auto& v = m.grad_fn_->retained_grads();
+    v.erase(std::remove_if(v.begin(), v.end(), [&m](const auto& p) { return p.second == &m; }),
+            v.end());
+  }
+  m.grad_fn_ = fn;
+  m.output_nr_ = fn->add_input_metadata(t);
+  if (m.retains_grad_) fn->retained_grads().emplace_back(m.output_nr_, &m);
+  t.impl()->add_keys(DispatchKey::Autograd);
+}
+
+void set_view_base(const Tensor& view, const Tensor& self) {
+  AutogradMeta* sm = meta_of(self);
+  AutogradMeta& vm = materialize_meta(view);
+  if (vm.base_.defined()) return;
+  vm.base_ = (sm != nullptr && sm->base_.defined()) ? sm->base_ : self;
+  materialize_meta(vm.base_).live_views_++;
+}
+
+void collect_edge(Node& fn, const Tensor& t) { fn.mutable_next_edges().push_back(gradient_edge(t)); }
+void collect_edge(Node& fn, const std::optional<Tensor>& t) {
+  fn.mutable_next_edges().push_back(t ? gradient_edge(*t) : Edge{});
+}
+void collect_edge(Node& fn, TensorList ts) {
+  for (const Tensor& t : ts) fn.mutable_next_edges().push_back(gradient_edge(t));
+}
+
+SavedVariable::SavedVariable(const Tensor& t, bool is_output, uint32_t version_offset) {
+  if (!t.defined()) return;
+  KILN_CHECK(!t.is_inference(), Runtime,
+             "Inference tensors cannot be saved for backward. To work around it, make a clone to "
+             "get a normal tensor and use it in autograd (the tensor ", describe(t),
+             " was created under InferenceModeGuard)");
+  was_defined_ = true;
+  is_output_ = is_output;
+  version_ = t.version() + version_offset;
+  if (is_output) {
+    data_ = t.detach();  // Note [Graph ownership]: no reference back to the node saving it
+    AutogradMeta* m = meta_of(t);
+    output_requires_grad_ = m != nullptr && m->grad_fn_ != nullptr;
+    output_nr_ = m != nullptr ? m->output_nr_ : 0;
+  } else {
+    data_ = t;
+  }
+}
+
+Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
+  if (!was_defined_) return Tensor();
+  KILN_CHECK(!released_, Runtime,
+             "Trying to backward through the graph a second time (or directly access saved tensors "
+             "after they have already been freed). Saved intermediate values of the graph are freed "
+             "when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to "
+             "backward through the graph a second time or if you need to access saved tensors after "
+             "calling backward. (", owner.name(), " needed '", arg, "')");
+  KILN_CHECK(data_.version() == version_, Runtime,
+             "one of the variables needed for gradient computation has been modified by an inplace "
+             "operation: ", describe(data_), ", which is '", arg, "' saved by ", owner.name(),
+             ", is at version ", data_.version(), "; expected version ", version_, " instead.");
+  if (!is_output_ || !output_requires_grad_ || !GradMode::is_enabled()) return data_;
+  // create_graph: the saved output is again the output of its node (for grad of grad).
+  Tensor r = data_.detach();
+  AutogradMeta& m = materialize_meta(r);
+  m.grad_fn_ = owner.shared_from_this();
+  m.output_nr_ = output_nr_;
+  r.impl()->add_keys(DispatchKey::Autograd);
+  return r;
+}
+
+void SavedVariable::reset() {
+  if (!was_defined_) return;
+  data_ = Tensor();
+  released_ = true;
+}
+
+}  // namespace kiln::autograd

@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Generates kiln_autograd's Autograd kernels from the op table's derivative formulas.
+
+Usage: gen_autograd.py OUT_DIR TABLE.toml [TABLE.toml ...]   (reuses gen.py's parser)
+
+For every non-composite row with a derivative table it writes a node class named like
+PyTorch's (MulBackward0) whose apply() evaluates the formulas, and Autograd kernels for the
+row's variants that run the op below Autograd and record that node. A formula may use only the
+row's arguments, grad, result, ops of the table, Tensor methods, C++ operators and the helpers in
+AVAILABLE_HELPERS; a row needing anything else records a NotImplementedBackward node instead
+and is listed in pending_derivatives().
+"""
+import os
+import re
+import sys
+import tomllib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen  # noqa: E402
+
+# Helpers the generated code may call: every formula_functions name (rules.toml and the tables),
+# all implemented in autograd/include/kiln/autograd/formulas.h (the formula compile check,
+# autograd/check_formulas.py, fails the build if one is missing), and <cmath>'s constants.
+AVAILABLE_HELPERS = {"M_SQRT1_2", "M_2_SQRTPI", "M_PI"}  # main() adds the formula_functions
+CXX_WORDS = {"true", "false"}
+
+# How a non-Tensor argument is stored in a node and bound again in apply().
+STORE = {
+    "IntArrayRef": ("::std::vector<int64_t>", "IntArrayRef {n}({n}_);", "std::vector<int64_t>({n}.begin(), {n}.end())"),
+    "OptionalIntArrayRef": ("::std::optional<::std::vector<int64_t>>", "OptionalIntArrayRef {n}({n}_);",
+                            "{n}.has_value() ? ::std::optional<::std::vector<int64_t>>(::std::vector<int64_t>({n}->begin(), {n}->end())) : ::std::nullopt"),
+    "::std::string_view": ("::std::string", "::std::string_view {n}({n}_);", "::std::string({n})"),
+    "::std::optional<::std::string_view>": ("::std::optional<::std::string>",
+                                            "::std::optional<::std::string_view> {n} = {n}_ ? ::std::optional<::std::string_view>(*{n}_) : ::std::nullopt;",
+                                            "{n} ? ::std::optional<::std::string>(::std::string(*{n})) : ::std::nullopt"),
+}
+
+
+def camel(name):
+    return "".join(p[:1].upper() + p[1:] for p in name.split("_") if p)
+
+
+def idents(formula):
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "", formula)
+    return [ident for dot, ident in re.findall(r"(\.?)\b([A-Za-z_]\w*)\b", text) if not dot]
+
+
+def cxx_formula(formula):
+    return re.sub(r"'([^']*)'", lambda m: '"' + m.group(1) + '"', formula)
+
+
+class Row:
+    def __init__(self, row, ops, node_name):
+        self.row, self.ops, self.node = row, ops, node_name
+        self.func = next(o for o in ops if o.variant == "functional")
+        self.args = self.func.args
+        self.formulas = {k: v for k, v in row["derivative"].items()}
+        self.missing = set()
+        self.reason = None
+        names = {a.name for a in self.args} | {"grad", "result"}
+        for f in self.formulas.values():
+            if f == "non_differentiable":
+                continue
+            for i in idents(f):
+                if i not in names and i not in gen.ALL_OP_NAMES and i not in AVAILABLE_HELPERS \
+                        and i not in CXX_WORDS:
+                    self.missing.add(i)
+        if self.func.num_returns != 1 or self.func.returns_list:
+            self.reason = "multi-output ops (grads)"
+        for a in self.args:
+            if a.type in ("Tensor?", "Tensor[]") and self.formulas.get(a.name, "non_differentiable") != "non_differentiable":
+                self.reason = f"a derivative for a {a.type} input"
+        self.generated = not self.missing and not self.reason
+        used = set()
+        for f in self.formulas.values():
+            if f != "non_differentiable":
+                used |= set(idents(f))
+        self.used = used
+        # Tensor arguments the formulas use only through .sizes() / .numel(): the node keeps the
+        # shape, not the tensor (less memory, and no version check on a tensor it never reads).
+        self.shape_only = set()
+        live = [f for f in self.formulas.values() if f != "non_differentiable"]
+        for a in self.args:
+            if a.type != "Tensor" or a.name not in used:
+                continue
+            stripped = [re.sub(rf"\b{a.name}\.(sizes|numel)\(\)", "", f) for f in live]
+            if not any(a.name in idents(f) for f in stripped):
+                self.shape_only.add(a.name)
+        self.tensor_args = [a for a in self.args if a.is_tensor]
+        self.diff_args = [a.name for a in self.tensor_args
+                          if self.formulas.get(a.name, "non_differentiable") != "non_differentiable"]
+
+    def missing_text(self):
+        if self.reason:
+            return self.reason
+        return ", ".join(sorted(self.missing))
+
+
+def node_class(r):
+    L = [f"struct {r.node} final : Node {{", f'  const char* name() const override {{ return "{r.node}"; }}']
+    saved, binds, rel = [], [], []
+    for a in r.args:
+        if a.name not in r.used:
+            continue
+        if a.name in r.shape_only:
+            saved.append(f"  ::std::vector<int64_t> {a.name}_sizes_;")
+        elif a.type == "Tensor":
+            saved.append(f"  SavedVariable {a.name}_;")
+            binds.append(f'  Tensor {a.name} = {a.name}_.unpack(*this, "{a.name}");')
+            rel.append(f"{a.name}_.reset();")
+        else:
+            store, bind, _ = STORE.get(a.cpp, (stored_type(a.cpp), f"const auto& {{n}} = {{n}}_;", "{n}"))
+            saved.append(f"  {store} {a.name}_;")
+            binds.append("  " + bind.format(n=a.name))
+    if "result" in r.used:
+        saved.append("  SavedVariable result_;")
+        binds.append('  Tensor result = result_.unpack(*this, "result");')
+        rel.append("result_.reset();")
+    L += saved
+    L.append("  variable_list apply(variable_list&& grads) override {")
+    L.append("    const Tensor& grad = grads[0];\n    (void)grad;")
+    L += ["  " + b for b in binds]
+    L.append(f"    variable_list out({len(r.tensor_args)});")
+    for i, a in enumerate(r.tensor_args):
+        f = r.formulas.get(a.name, "non_differentiable")
+        if f != "non_differentiable":
+            for n in r.shape_only:
+                f = re.sub(rf"\b{n}\.sizes\(\)", f"IntArrayRef({n}_sizes_)", f)
+                f = re.sub(rf"\b{n}\.numel\(\)", f"numel_of({n}_sizes_)", f)
+            L.append(f"    if (should_compute_output({i})) out[{i}] = {cxx_formula(f)};")
+    L.append("    return out;\n  }")
+    L.append(f"  void release_variables() override {{ {' '.join(rel)} }}")
+    L.append("};\n")
+    return L
+
+
+def stored_type(cpp):
+    t = cpp.replace("const ", "").replace("&", "").strip()
+    return t
+
+
+def save_line(a):
+    if a.cpp in STORE:
+        return f"node->{a.name}_ = {STORE[a.cpp][2].format(n=a.name)};"
+    return f"node->{a.name}_ = {a.name};"
+
+
+def kernel(r, op):
+    h, p, n = op.handle, op.params(), op.arg_names()
+    ret = op.ret_cpp
+    inplace = op.variant == "inplace"
+    L = [f"static {ret} autograd_{h}({p}) {{"]
+    diff = [a for a in op.args if a.name in r.diff_args]
+    rg = " || ".join(f"needs_grad({a.name})" for a in diff) or "false"
+    L.append(f"  const bool need = GradMode::is_enabled() && ({rg});")
+    below = f"ops::{h}::redispatch(below_autograd(ops::{h}::key_set({n})){', ' if n else ''}{n})"
+    if op.variant == "out":
+        L.append(f'  KILN_CHECK(!need, Runtime, "{op.name}(): functions with out=... arguments don\'t support '
+                 f'automatic differentiation, but one of the arguments requires grad.");')
+        L.append("  ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);")
+        L.append(f"  return {below};\n}}")
+        return L
+    L.append("  if (!need) {\n    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);")
+    L.append(f"    return {below};\n  }}")
+    if inplace:
+        L.append(f'  check_inplace({op.args[0].name}, "{op.name}");')
+    if r.generated:
+        L.append(f"  auto node = std::make_shared<{r.node}>();")
+    else:
+        L.append(f'  auto node = std::make_shared<NotImplementedBackward>("{r.node}", "{r.func.name}");')
+    for a in op.args:
+        if a.is_tensor and a.name != "out":
+            if a.type == "Tensor" and a.name not in r.diff_args:
+                L.append("  node->mutable_next_edges().emplace_back();")
+            else:
+                L.append(f"  collect_edge(*node, {a.name});")
+    if r.generated:
+        for a in op.args:
+            if a.name not in r.used:
+                continue
+            if a.name in r.shape_only:
+                L.append(f"  node->{a.name}_sizes_.assign({a.name}.sizes().begin(), {a.name}.sizes().end());")
+            elif a.type == "Tensor":
+                if inplace and a.name == op.args[0].name:
+                    L.append(f"  node->{a.name}_ = SavedVariable(clone_below_autograd({a.name}), false);")
+                else:
+                    L.append(f"  node->{a.name}_ = SavedVariable({a.name}, false);")
+            else:
+                L.append("  " + save_line(a))
+    L.append(f"  {ret} r;")
+    L.append(f"  {{\n    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);\n    r = {below};\n  }}")
+    if op.ret_cpp == "Tensor":
+        if not inplace:
+            L.append("  if (!is_floating(r.dtype())) return r;  // integer outputs are not differentiable")
+        L.append("  set_history(r, node);")
+        if op.is_view:
+            L.append(f"  set_view_base(r, {op.args[0].name});")
+        if r.generated and "result" in r.used:
+            L.append(f"  node->result_ = SavedVariable(r, true, {1 if inplace else 0});")
+    elif op.ret_cpp.startswith("::std::tuple"):
+        for i in range(len(op.rets)):
+            L.append(f"  if (is_floating(std::get<{i}>(r).dtype())) set_history(std::get<{i}>(r), node);")
+            L.append(f"  else node->add_input_metadata(std::get<{i}>(r));")
+    else:  # Tensor[]
+        L.append("  for (const Tensor& t : r) set_history(t, node);")
+    L.append("  return r;\n}")
+    return L
+
+
+def main():
+    out_dir, paths = sys.argv[1], sys.argv[2:]
+    with open(os.path.join(gen.HERE, "rules.toml"), "rb") as f:
+        rules = tomllib.load(f)
+    for path in paths:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+        rules["formula_functions"] = rules["formula_functions"] + table.get("formula_functions", [])
+        for row in table.get("op", []):
+            gen.ALL_OP_NAMES.add(row.get("schema", "").split("(")[0].split(".")[0])
+    AVAILABLE_HELPERS.update(rules["formula_functions"])
+    ops = gen.load(paths, rules)
+    if gen.errors:
+        for e in gen.errors:
+            print(f"op table error: {e}", file=sys.stderr)
+        sys.exit(1)
+    rows, order, counts = {}, [], {}
+    for op in ops:
+        rows.setdefault(id(op.row), []).append(op)
+        if len(rows[id(op.row)]) == 1:
+            order.append(id(op.row))
+    C = ["// Generated by tensor/ops/gen_autograd.py from the op table's derivative formulas. Do not edit.",
+         '#include <cmath>\n', '#include "autograd_support.h"\n',
+         "namespace kiln::autograd {\nnamespace {\n"]
+    REG, PENDING = [], []
+    for rid in order:
+        rops = rows[rid]
+        row = rops[0].row
+        base = rops[0].base
+        idx = counts.get(base, 0)
+        counts[base] = idx + 1
+        if row["kind"] == "composite" or not isinstance(row["derivative"], dict):
+            continue
+        if all(v == "non_differentiable" for v in row["derivative"].values()):
+            continue
+        r = Row(row, rops, f"{camel(base)}Backward{idx}")
+        if r.generated:
+            C.extend(node_class(r))
+        else:
+            PENDING.append(f'    {{"{r.func.name}", "{r.missing_text()}"}},')
+        for op in rops:
+            C.extend(kernel(r, op))
+            C.append("")
+            REG.append(f"  m.impl<ops::{op.handle}>(&autograd_{op.handle});")
+    C.append("}  // namespace\n")
+    C.append("const std::vector<PendingDerivative>& pending_derivatives() {")
+    C.append("  static const std::vector<PendingDerivative> kPending = {")
+    C += PENDING
+    C.append("  };\n  return kPending;\n}\n")
+    C.append("KILN_LIBRARY(Autograd, m) {")
+    C += REG
+    C.append("}\n\n}  // namespace kiln::autograd")
+    os.makedirs(out_dir, exist_ok=True)
+    gen.write_if_changed(os.path.join(out_dir, "autograd_kernels.cpp"), "\n".join(C) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+// Generated Autograd kernels against finite differences (float64), and the coverage list.
+#include <gtest/gtest.h>
+
+#include "autograd/gradcheck.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::gradcheck;
+using testing::random;
+using V = std::vector<Tensor>;
+
+TEST(AutogradGradcheck, Unary) {
+  Tensor x = random({2, 3}, kFloat64, -2, 2, 1);
+  Tensor pos = random({2, 3}, kFloat64, 0.5, 2, 2);
+  EXPECT_TRUE(gradcheck([](const V& v) { return neg(v[0]); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return exp(v[0]); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return log(v[0]); }, {pos}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return sqrt(v[0]); }, {pos}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return tanh(v[0]); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return sigmoid(v[0]); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return sin(v[0]); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return cos(v[0]); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return silu(v[0]); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return erf(v[0]); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return reciprocal(v[0]); }, {pos}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return relu(v[0]); }, {x}));  // no element near 0
+}
+
+TEST(AutogradGradcheck, Binary) {
+  Tensor a = random({2, 3}, kFloat64, -2, 2, 3);
+  Tensor b = random({2, 3}, kFloat64, 0.5, 2, 4);
+  EXPECT_TRUE(gradcheck([](const V& v) { return mul(v[0], v[1]); }, {a, b}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return div(v[0], v[1]); }, {a, b}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return add(v[0], v[1], 2.5); }, {a, b}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return sub(v[0], v[1], 0.5); }, {a, b}));
+  // Broadcasting: (2, 3) * (3) and (2, 1) + (2, 3).
+  Tensor row = random({3}, kFloat64, -1, 1, 5);
+  Tensor col = random({2, 1}, kFloat64, -1, 1, 6);
+  EXPECT_TRUE(gradcheck([](const V& v) { return mul(v[0], v[1]); }, {a, row}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return add(v[0], v[1]); }, {col, a}));
+  Tensor cond = random({2, 3}, kFloat64, -1, 1, 7) > 0;
+  EXPECT_TRUE(gradcheck([cond](const V& v) { return where(cond, v[0], v[1]); }, {a, b}));
+}
+
+TEST(AutogradGradcheck, MatmulAndViews) {
+  Tensor a = random({2, 3}, kFloat64, -1, 1, 8);
+  Tensor b = random({3, 4}, kFloat64, -1, 1, 9);
+  Tensor c = random({2, 4}, kFloat64, -1, 1, 10);
+  EXPECT_TRUE(gradcheck([](const V& v) { return mm(v[0], v[1]); }, {a, b}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return addmm(v[2], v[0], v[1], 0.5, 2.0); }, {a, b, c}));
+  Tensor ba = random({2, 2, 3}, kFloat64, -1, 1, 11);
+  Tensor bb = random({2, 3, 2}, kFloat64, -1, 1, 12);
+  EXPECT_TRUE(gradcheck([](const V& v) { return bmm(v[0], v[1]); }, {ba, bb}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].t(); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].transpose(0, 2); }, {ba}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].view({3, 2}); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].unsqueeze(1); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].unsqueeze(0).squeeze({0}); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].unsqueeze(0).expand({4, 2, 3}); }, {a}));
+}
+
+TEST(AutogradGradcheck, Reductions) {
+  Tensor a = random({2, 3}, kFloat64, -1, 1, 13);
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].sum(); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].sum({1}); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].sum({0}, true); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].mean(); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].mean({-1}); }, {a}));
+}
+
+TEST(AutogradGradcheck, Composites) {
+  // Composite rows record their constituents (no Autograd kernel of their own).
+  Tensor a = random({2, 3}, kFloat64, -1, 1, 14);
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].reshape({3, 2}); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].t().contiguous(); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].clone(); }, {a}));
+}
+
+TEST(AutogradGradcheck, InplaceVariants) {
+  // The in-place variants record the same node on the modified tensor; formulas that use the
+  // result see it after the op, formulas that use self see a copy taken before.
+  Tensor a = random({2, 3}, kFloat64, -1, 1, 16);
+  Tensor b = random({2, 3}, kFloat64, 0.5, 2, 17);
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).exp_(); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).tanh_(); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).sin_(); }, {a}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).mul_(v[1]); }, {a, b}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).div_(v[1]); }, {a, b}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return (v[0] * 1).add_(v[1], 3.0); }, {a, b}));
+}
+
+TEST(AutogradGradcheck, DtypeConversionFlowsBack) {
+  // to() is composite (empty + copy_): CopyBackward0 casts the gradient back.
+  Tensor x = random({3}, kFloat64, -1, 1, 18).requires_grad_();
+  Tensor y = x.to(kFloat32);
+  EXPECT_STREQ(y.grad_fn()->name(), "CopyBackward0");
+  (y * 2).sum().backward();
+  EXPECT_EQ(x.grad().dtype(), kFloat64);
+  testing::expect_close(x.grad(), full_like(x.detach(), 2), 0, 0);
+}
+
+TEST(AutogradCoverage, MultiOutputOpsRecordFloatingOutputsOnly) {
+  Tensor x = random({2, 3}, kFloat64, -1, 1, 19).requires_grad_();
+  auto [values, indices] = max(x, 1);
+  EXPECT_TRUE(values.requires_grad());
+  EXPECT_STREQ(values.grad_fn()->name(), "MaxBackward1");
+  EXPECT_FALSE(indices.requires_grad());
+}
+
+TEST(AutogradCoverage, PendingDerivativesRaiseNotImplemented) {
+  const auto& pending = autograd::pending_derivatives();
+  std::ostringstream os;
+  for (const auto& p : pending) os << "  " << p.op << ": waits for " << p.missing << "\n";
+  std::cout << pending.size() << " differentiable ops record a NotImplemented backward:\n" << os.str();
+  for (const auto& p : pending) {
+    const OperatorHandle* op = Dispatcher::get().find(p.op);
+    ASSERT_NE(op, nullptr) << p.op;
+    EXPECT_TRUE(op->has_kernel(DispatchKey::Autograd)) << p.op;
+  }
+  Tensor a = random({2, 3}, kFloat64, -1, 1, 15).requires_grad_();
+  Tensor y = cat({a, a}, 0);
+  ASSERT_TRUE(y.requires_grad());
+  try {
+    y.backward(ones_like(y));
+    FAIL() << "expected NotImplemented";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::NotImplemented);
+    EXPECT_NE(std::string(e.what()).find("derivative of cat is not implemented yet"),
+              std::string::npos) << e.what();
+  }
+}
+
+// The ops whose derivatives call the formula helpers of autograd/src/formulas_*.cpp.
+TEST(Gradcheck, OpsThroughFormulaHelpers) {
+  using V = std::vector<Tensor>;
+  Tensor x = random({3, 4}, kFloat64, -1, 1, 31);
+  Tensor pos = random({3, 4}, kFloat64, 0.5, 2, 32);
+  Tensor sq = random({4, 4}, kFloat64, -1, 1, 33);
+  Tensor idx = testing::from_vector<int64_t>({2, 0, 2}, {3});
+  EXPECT_TRUE(gradcheck([](const V& v) { return softmax(v[0], 1); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return log_softmax(v[0], 0); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return gelu(v[0]); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return gelu(v[0], "tanh"); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return pow(v[0], v[1]); }, {pos, x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].prod({1}); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].var({1}); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].std({0}); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].norm(2, {1}); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return logsumexp(v[0], {1}); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return clamp(v[0], -0.5, 0.5); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].permute({1, 0}) * 2; }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].select(1, 2) * 2; }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].slice(1, 1, 4, 2) * 2; }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].diagonal(1) * 2; }, {sq}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].as_strided({2, 2}, {1, 4}, 1) * 2; }, {sq}));
+  EXPECT_TRUE(gradcheck([&](const V& v) { return index_select(v[0], 1, idx); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].max(); }, {x}));
+  EXPECT_TRUE(gradcheck([](const V& v) { return v[0].min(); }, {x}));
+}
+
+TEST(AutogradCoverage, CompositeRowsHaveNoGeneratedAutogradKernel) {
+  for (const OperatorHandle* op : Dispatcher::get().ops()) {
+    if (std::string(op->info().kind) != "composite") continue;
+    // Composite rows register their decomposition at every key, Autograd included.
+    EXPECT_EQ(op->kernel(DispatchKey::Autograd).unboxed, op->kernel(DispatchKey::CPU).unboxed)
+        << op->name();
+  }
+}
+
+}  // namespace
+}  // namespace kiln
