@@ -2,7 +2,7 @@
 // references the issue names: oneDNN's dnnl_sgemm called directly ("onednn-direct") and plain
 // OpenMP loops ("openmp-loop"). One JSON object per line.
 //
-//   kiln_bench [--only dispatch,gemm,elementwise,reduction] [--quick]
+//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd] [--quick]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
@@ -77,6 +77,21 @@ void w_dispatch(bool quick) {
     for (int i = 0; i < n; ++i) c = a + b;
   }, 3);
   emit("dispatch", "add_1elem", t / n * 1e9, "ns/op", "kiln-cpp");
+  a.requires_grad_(true);
+  double tg = best_time([&] {
+    for (int i = 0; i < n; ++i) c = a * b;
+  }, 3);
+  emit("dispatch", "mul_1elem_requires_grad", tg / n * 1e9, "ns/op", "kiln-cpp");
+}
+
+void w_autograd(bool) {
+  Tensor x = ones({1}).requires_grad_(true);
+  double t = best_time([&] {
+    Tensor y = x;
+    for (int i = 0; i < 1000; ++i) y = y * 1.0001;
+    y.backward();
+  }, 3);
+  emit("autograd", "backward_chain_1000_tiny", t * 1e3, "ms", "kiln-cpp");
 }
 
 void w_gemm(bool quick) {
@@ -153,5 +168,6 @@ int main(int argc, char** argv) {
   if (want("gemm")) w_gemm(quick);
   if (want("elementwise")) w_elementwise(quick);
   if (want("reduction")) w_reduction(quick);
+  if (want("autograd")) w_autograd(quick);
   return 0;
 }

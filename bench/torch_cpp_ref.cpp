@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <set>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -34,9 +36,19 @@ double best_time(const std::function<void()>& fn, int repeat = 5) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = argc > 1 && std::string(argv[1]) == "--quick";
-  torch::NoGradGuard no_grad;
-  {
+  bool quick = false;
+  std::set<std::string> only;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--quick") quick = true;
+    if (arg == "--only" && i + 1 < argc) {
+      std::stringstream ss(argv[++i]);
+      for (std::string name; std::getline(ss, name, ',');) only.insert(name);
+    }
+  }
+  auto want = [&](const char* name) { return only.empty() || only.count(name) > 0; };
+  if (want("dispatch")) {
+    torch::NoGradGuard no_grad;
     int n = quick ? 20000 : 200000;
     auto a = torch::ones({1}), b = torch::ones({1});
     torch::Tensor c;
@@ -45,18 +57,42 @@ int main(int argc, char** argv) {
     }, 3);
     emit("dispatch", "add_1elem", t / n * 1e9, "ns/op");
   }
+  if (want("dispatch")) {
+    int n = quick ? 20000 : 200000;
+    auto a = torch::ones({1}).requires_grad_(true), b = torch::ones({1});
+    torch::Tensor c;
+    torch::AutoGradMode enable(true);
+    double t = best_time([&] {
+      for (int i = 0; i < n; ++i) c = a * b;
+    }, 3);
+    emit("dispatch", "mul_1elem_requires_grad", t / n * 1e9, "ns/op");
+  }
+  if (want("autograd")) {
+    auto x = torch::ones({1}).requires_grad_(true);
+    double tc = best_time([&] {
+      auto y = x;
+      for (int i = 0; i < 1000; ++i) y = y * 1.0001;
+      y.backward();
+    }, 3);
+    emit("autograd", "backward_chain_1000_tiny", tc * 1e3, "ms");
+  }
+  torch::NoGradGuard no_grad;
   for (int64_t n : {512, 1024, 2048}) {
-    if (quick && n == 2048) continue;
+    if (!want("gemm") || (quick && n == 2048)) continue;
     auto A = torch::randn({n, n}), B = torch::randn({n, n});
     double t = best_time([&] { torch::mm(A, B); });
     emit("gemm", "sgemm_" + std::to_string(n), 2.0 * n * n * n / t / 1e9, "GFLOP/s");
   }
   const int64_t n = int64_t{1} << 24;
   auto a = torch::randn({n}), b = torch::randn({n}), c = torch::empty({n});
-  emit("elementwise", "add_16M", 12.0 * n / best_time([&] { torch::add_out(c, a, b); }) / 1e9, "GB/s");
-  emit("elementwise", "gelu_16M", 8.0 * n / best_time([&] { torch::gelu(a); }) / 1e9, "GB/s");
-  emit("reduction", "sum_16M", 4.0 * n / best_time([&] { a.sum(); }) / 1e9, "GB/s");
-  auto x = torch::randn({4096, 1024});
-  emit("reduction", "softmax_4096x1024", 8.0 * x.numel() / best_time([&] { torch::softmax(x, -1); }) / 1e9, "GB/s");
+  if (want("elementwise")) {
+    emit("elementwise", "add_16M", 12.0 * n / best_time([&] { torch::add_out(c, a, b); }) / 1e9, "GB/s");
+    emit("elementwise", "gelu_16M", 8.0 * n / best_time([&] { torch::gelu(a); }) / 1e9, "GB/s");
+  }
+  if (want("reduction")) {
+    emit("reduction", "sum_16M", 4.0 * n / best_time([&] { a.sum(); }) / 1e9, "GB/s");
+    auto x = torch::randn({4096, 1024});
+    emit("reduction", "softmax_4096x1024", 8.0 * x.numel() / best_time([&] { torch::softmax(x, -1); }) / 1e9, "GB/s");
+  }
   return 0;
 }
