@@ -41,6 +41,11 @@ class CheckpointBackward final : public Node {
   }
 
   variable_list apply(variable_list&& grads) override {
+    // The engine runs nodes with grad mode on only for create_graph: the inner backward below is
+    // not recorded, so a double backward would be silently wrong.
+    KILN_CHECK(!GradMode::is_enabled(), Runtime,
+               "checkpoint: backward with create_graph=true through a checkpointed region is not "
+               "supported (the recomputed backward is not recorded)");
     variable_list detached;
     for (size_t i = 0; i < inputs_.size(); ++i) {
       Tensor x = inputs_[i].unpack(*this, "input");

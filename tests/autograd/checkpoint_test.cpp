@@ -135,6 +135,12 @@ TEST(AutogradCheckpoint, GradcheckAndNoGradInputs) {
   EXPECT_TRUE(x.is_leaf());
   (outs[0] + outs[1]).sum().backward();
   expect_close(x.grad(), full({2}, 3.0, kFloat64), 0, 0);
+  // Double backward through a checkpoint is refused rather than silently wrong.
+  Tensor z = autograd::checkpoint(fn, {a.clone().requires_grad_(), b})[0];
+  testing::expect_error(ErrorKind::Runtime, "create_graph=true", [&] {
+    autograd::grad({z.sum()}, {z}, {}, std::nullopt, /*create_graph=*/false);  // fine: z itself
+    autograd::backward({z.sum()}, {}, std::nullopt, /*create_graph=*/true);
+  });
 }
 
 }  // namespace
