@@ -29,6 +29,14 @@ void check_inplace(const Tensor& self, const char* op) {
   }
 }
 
+std::vector<Tensor> geometry_placeholders(const std::vector<InputMetadata>& geom) {
+  std::vector<Tensor> out;
+  out.reserve(geom.size());
+  for (const InputMetadata& m : geom)
+    out.push_back(kiln::zeros({}, m.dtype, m.device).expand(IntArrayRef(m.sizes)));
+  return out;
+}
+
 Tensor clone_below_autograd(const Tensor& t) {
   ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);
   return t.clone();

@@ -23,6 +23,13 @@ inline DispatchKeySet below_autograd(DispatchKeySet ks) {
   return ((ks | tls.included) - tls.excluded) & DispatchKeySet::below(DispatchKey::Autograd);
 }
 
+// Tensor[] arguments of a node (gen_autograd.py LIST_GEOMETRY_HELPERS): the geometry is kept,
+// and apply() passes zero-stride placeholders of that geometry to the formula.
+inline InputMetadata geometry_of(const Tensor& t) {
+  return InputMetadata{DimVector(t.sizes()), t.dtype(), t.device()};
+}
+std::vector<Tensor> geometry_placeholders(const std::vector<InputMetadata>& geom);
+
 // PyTorch's error for an in-place op on a leaf that requires grad (grad mode on).
 void check_inplace(const Tensor& self, const char* op);
 // A copy of `t` made below autograd (the pre-op value an in-place op's formula needs).

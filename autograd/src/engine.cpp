@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/generated/ops.h"
 #include "kiln/operators.h"
@@ -40,6 +41,81 @@ Tensor checked_grad(Tensor g, const InputMetadata& m, const Node& from, size_t i
   return g;
 }
 
+// Tensor hooks of the node's inputs (a leaf's for AccumulateGrad), in registration order.
+void run_tensor_pre_hooks(const HookTable* h, variable_list& buf) {
+  if (h == nullptr || h->tensor_pre.empty()) return;
+  auto hooks = h->tensor_pre;  // a hook may register or remove hooks
+  for (auto& th : hooks) {
+    if (th.input_nr >= buf.size() || !buf[th.input_nr].defined()) continue;
+    Tensor r = th.fn(buf[th.input_nr]);
+    if (r.defined()) buf[th.input_nr] = std::move(r);
+  }
+}
+
+void check_hook_result(const variable_list& r, size_t n, const Node& node, const char* kind) {
+  KILN_CHECK(r.size() == n, Runtime, "hook '", kind, "' of ", node.name(), " returned ", r.size(),
+             " gradients, expected ", n);
+}
+
+std::string anomaly_trace(const Node& node) {
+  const std::string& st = node.creation_stack();
+  if (st.empty())
+    return "\n(no forward trace: anomaly mode was off when the node was created)";
+  return "\nTraceback of forward call that caused the error (" + std::string(node.name()) +
+         " was created here):\n" + st;
+}
+
+// Anomaly mode: the node's gradients must not hold NaN.
+void check_nan(const Node& node, const variable_list& out) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!out[i].defined() || !is_floating(out[i].dtype())) continue;
+    NoGradGuard ng;
+    if (kiln::ne(out[i], out[i]).any().item<bool>())
+      KILN_FAIL(Runtime, "Function '", node.name(), "' returned nan values in its ", i,
+                "th output.", anomaly_trace(node));
+  }
+}
+
+// Runs node pre-hooks, the node, and node post-hooks (Note [Hook order] in engine.h).
+variable_list call_node(Node& node, variable_list&& buf) {
+  HookTable* h = node.hooks();
+  if (h != nullptr && !h->pre.empty()) {
+    auto hooks = h->pre;
+    for (auto& [id, fn] : hooks) {
+      variable_list r = fn(buf);
+      if (r.empty()) continue;
+      check_hook_result(r, buf.size(), node, "pre-hook");
+      buf = std::move(r);
+    }
+  }
+  const bool post = h != nullptr && !h->post.empty();
+  variable_list inputs_copy;
+  if (post) inputs_copy = buf;
+  variable_list out;
+  if (AnomalyMode::is_enabled()) {
+    try {
+      out = node.apply(std::move(buf));
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("Traceback of forward call") != std::string::npos) throw;
+      throw Error(e.kind(), std::string(e.what()) + "\n(raised in the backward of " + node.name() +
+                                ")" + anomaly_trace(node));
+    }
+    check_nan(node, out);
+  } else {
+    out = node.apply(std::move(buf));
+  }
+  if (post) {
+    auto hooks = h->post;
+    for (auto& [id, fn] : hooks) {
+      variable_list r = fn(out, inputs_copy);
+      if (r.empty()) continue;
+      check_hook_result(r, out.size(), node, "post-hook");
+      out = std::move(r);
+    }
+  }
+  return out;
+}
+
 // Counts incoming edges of every node reachable from the roots.
 void count_dependencies(GraphTask& task, const std::vector<Node*>& roots) {
   std::vector<Node*> stack;
@@ -66,7 +142,9 @@ bool compute_needed(GraphTask& task, Node* n) {
   for (const Edge& e : n->next_edges()) {
     if (!e.valid()) continue;
     Node* c = e.fn.get();
-    if (task.captures.count(c) || compute_needed(task, c)) need = true;
+    // Evaluated for every child (a captured node may itself lead to further captures).
+    const bool below = compute_needed(task, c);
+    if (below || task.captures.count(c)) need = true;
   }
   task.needed[n] = need;
   return need;
@@ -102,6 +180,8 @@ void execute(GraphTask& task, const std::vector<Edge>& roots, const variable_lis
     variable_list buf = std::move(task.buffers[node.get()]);
     task.buffers.erase(node.get());
     buf.resize(node->num_inputs());
+    run_tensor_pre_hooks(node->hooks(), buf);
+    run_tensor_pre_hooks(node->leaf_hooks(), buf);
     for (auto& [nr, meta] : node->retained_grads()) {
       if (nr >= buf.size() || !buf[nr].defined()) continue;
       if (!meta->grad_.defined()) meta->grad_ = create_graph ? buf[nr] : buf[nr].detach().clone();
@@ -129,7 +209,7 @@ void execute(GraphTask& task, const std::vector<Edge>& roots, const variable_lis
           buf[i] = checked_grad(std::move(buf[i]), m, *node, i);
         }
       }
-      out = node->apply(std::move(buf));
+      out = call_node(*node, std::move(buf));
       if (!task.keep_graph) node->release_variables();
     }
     out.resize(node->num_outputs());

@@ -1,8 +1,10 @@
 #include "kiln/autograd/node.h"
 
 #include <algorithm>
+#include <atomic>
 #include <sstream>
 
+#include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/generated/ops.h"
 #include "kiln/operators.h"
@@ -18,7 +20,96 @@ std::string describe(const Tensor& t) {
 }
 }  // namespace
 
-Node::Node() : sequence_nr_(tls_sequence_nr++) {}
+Node::Node() : sequence_nr_(tls_sequence_nr++) {
+  if (AnomalyMode::is_enabled()) creation_stack_ = std::make_shared<const std::string>(current_backtrace());
+}
+
+const std::string& Node::creation_stack() const {
+  static const std::string kEmpty;
+  return creation_stack_ ? *creation_stack_ : kEmpty;
+}
+
+void HookTable::remove(uint64_t id) {
+  auto drop = [id](auto& v) {
+    v.erase(std::remove_if(v.begin(), v.end(), [id](const auto& e) {
+              if constexpr (requires { e.id; }) return e.id == id;
+              else return e.first == id;
+            }),
+            v.end());
+  };
+  drop(tensor_pre);
+  drop(pre);
+  drop(post);
+  drop(post_acc);
+}
+
+uint64_t HookTable::next_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+void RemovableHandle::remove() {
+  if (auto t = table_.lock()) t->remove(id_);
+  table_.reset();
+}
+
+HookTable& Node::hook_table() {
+  if (!hooks_) hooks_ = std::make_shared<HookTable>();
+  return *hooks_;
+}
+
+RemovableHandle Node::register_prehook(NodePreHook fn) {
+  uint64_t id = HookTable::next_id();
+  hook_table().pre.emplace_back(id, std::move(fn));
+  return RemovableHandle(hooks_, id);
+}
+
+RemovableHandle Node::register_hook(NodePostHook fn) {
+  uint64_t id = HookTable::next_id();
+  hook_table().post.emplace_back(id, std::move(fn));
+  return RemovableHandle(hooks_, id);
+}
+
+RemovableHandle Node::add_tensor_pre_hook(uint32_t input_nr, TensorHook fn) {
+  uint64_t id = HookTable::next_id();
+  hook_table().tensor_pre.push_back(HookTable::TensorPre{id, input_nr, std::move(fn)});
+  return RemovableHandle(hooks_, id);
+}
+
+HookTable* AccumulateGrad::leaf_hooks() const {
+  AutogradMeta* m = meta_of(variable_);
+  return m != nullptr ? m->leaf_hooks_.get() : nullptr;
+}
+
+namespace {
+HookTable& leaf_table(AutogradMeta& m) {
+  if (!m.leaf_hooks_) m.leaf_hooks_ = std::make_shared<HookTable>();
+  return *m.leaf_hooks_;
+}
+}  // namespace
+
+RemovableHandle register_hook(const Tensor& t, TensorHook fn) {
+  t.check_defined("register_hook()");
+  KILN_CHECK(t.requires_grad(), Runtime,
+             "cannot register a hook on a tensor that doesn't require gradient");
+  AutogradMeta& m = materialize_meta(t);
+  if (m.grad_fn_) return m.grad_fn_->add_tensor_pre_hook(m.output_nr_, std::move(fn));
+  uint64_t id = HookTable::next_id();
+  leaf_table(m).tensor_pre.push_back(HookTable::TensorPre{id, 0, std::move(fn)});
+  return RemovableHandle(m.leaf_hooks_, id);
+}
+
+RemovableHandle register_post_accumulate_grad_hook(const Tensor& t, PostAccumulateGradHook fn) {
+  t.check_defined("register_post_accumulate_grad_hook()");
+  KILN_CHECK(t.requires_grad(), Runtime,
+             "cannot register a hook on a tensor that doesn't require gradient");
+  AutogradMeta& m = materialize_meta(t);
+  KILN_CHECK(m.grad_fn_ == nullptr, Runtime,
+             "post accumulate grad hooks cannot be registered on non-leaf tensors");
+  uint64_t id = HookTable::next_id();
+  leaf_table(m).post_acc.emplace_back(id, std::move(fn));
+  return RemovableHandle(m.leaf_hooks_, id);
+}
 
 Node::~Node() {
   std::vector<std::shared_ptr<Node>> stack;
@@ -59,6 +150,10 @@ variable_list AccumulateGrad::apply(variable_list&& grads) {
     m.grad_ = m.grad_.detach() + g;
   } else {
     m.grad_.add_(g);
+  }
+  if (m.leaf_hooks_ && !m.leaf_hooks_->post_acc.empty()) {
+    auto hooks = m.leaf_hooks_->post_acc;  // a hook may remove itself
+    for (auto& [id, fn] : hooks) fn(variable_);
   }
   return {};
 }

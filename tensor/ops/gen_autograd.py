@@ -9,6 +9,11 @@ row's variants that run the op below Autograd and record that node. A formula ma
 row's arguments, grad, result, ops of the table, Tensor methods, C++ operators and the helpers in
 AVAILABLE_HELPERS; a row needing anything else records a NotImplementedBackward node instead
 and is listed in pending_derivatives().
+
+Multi-output rows: `grad` is the first output's gradient, `grads[i]` the i-th one (zeros when
+that output got none), and the named outputs (`indices` of max.dim) are saved for the formulas.
+Tensor[] inputs: the formula returns one gradient per element (cat_backward); the node keeps only
+the elements' geometry (LIST_GEOMETRY_HELPERS read nothing else), not the tensors.
 """
 import os
 import re
@@ -23,6 +28,9 @@ import gen  # noqa: E402
 # autograd/check_formulas.py, fails the build if one is missing), and <cmath>'s constants.
 AVAILABLE_HELPERS = {"M_SQRT1_2", "M_2_SQRTPI", "M_PI"}  # main() adds the formula_functions
 CXX_WORDS = {"true", "false"}
+# Helpers that read only the sizes, dtype and device of a Tensor[] argument: a node passes them
+# placeholders of that geometry (zero-stride expands of a 0-d tensor: no memory, no version check).
+LIST_GEOMETRY_HELPERS = {"cat_backward", "stack_backward"}
 
 # How a non-Tensor argument is stored in a node and bound again in apply().
 STORE = {
@@ -57,7 +65,8 @@ class Row:
         self.formulas = {k: v for k, v in row["derivative"].items()}
         self.missing = set()
         self.reason = None
-        names = {a.name for a in self.args} | {"grad", "result"}
+        self.out_names = [n for _, n in self.func.rets if n] if self.func.num_returns > 1 else []
+        names = {a.name for a in self.args} | {"grad", "grads", "result"} | set(self.out_names)
         for f in self.formulas.values():
             if f == "non_differentiable":
                 continue
@@ -65,11 +74,17 @@ class Row:
                 if i not in names and i not in gen.ALL_OP_NAMES and i not in AVAILABLE_HELPERS \
                         and i not in CXX_WORDS:
                     self.missing.add(i)
-        if self.func.num_returns != 1 or self.func.returns_list:
-            self.reason = "multi-output ops (grads)"
+        if self.func.returns_list:
+            self.reason = "Tensor[] outputs"
         for a in self.args:
-            if a.type in ("Tensor?", "Tensor[]") and self.formulas.get(a.name, "non_differentiable") != "non_differentiable":
+            if a.type == "Tensor?" and self.formulas.get(a.name, "non_differentiable") != "non_differentiable":
                 self.reason = f"a derivative for a {a.type} input"
+            if a.type == "Tensor[]":
+                for f in self.formulas.values():
+                    rest = re.sub(rf"\b({'|'.join(LIST_GEOMETRY_HELPERS)})\(grad, {a.name},", "", f)
+                    if a.name in idents(rest):
+                        raise SystemExit(f"gen_autograd: {self.func.name}: a formula reads the Tensor[] "
+                                         f"argument '{a.name}' other than through {sorted(LIST_GEOMETRY_HELPERS)}")
         self.generated = not self.missing and not self.reason
         used = set()
         for f in self.formulas.values():
@@ -100,6 +115,8 @@ def node_class(r):
     L = [f"struct {r.node} final : Node {{", f'  const char* name() const override {{ return "{r.node}"; }}']
     saved, binds, rel = [], [], []
     for a in r.args:
+        if a.type == "Tensor[]":
+            saved.append(f"  size_t {a.name}_n_ = 0;")
         if a.name not in r.used:
             continue
         if a.name in r.shape_only:
@@ -108,10 +125,19 @@ def node_class(r):
             saved.append(f"  SavedVariable {a.name}_;")
             binds.append(f'  Tensor {a.name} = {a.name}_.unpack(*this, "{a.name}");')
             rel.append(f"{a.name}_.reset();")
+        elif a.type == "Tensor[]":
+            saved.append(f"  ::std::vector<InputMetadata> {a.name}_geom_;")
+            binds.append(f"  ::std::vector<Tensor> {a.name}_ph = geometry_placeholders({a.name}_geom_);")
+            binds.append(f"  TensorList {a.name}({a.name}_ph);")
         else:
             store, bind, _ = STORE.get(a.cpp, (stored_type(a.cpp), f"const auto& {{n}} = {{n}}_;", "{n}"))
             saved.append(f"  {store} {a.name}_;")
             binds.append("  " + bind.format(n=a.name))
+    for n in r.out_names:
+        if n in r.used:
+            saved.append(f"  SavedVariable {n}_;")
+            binds.append(f'  Tensor {n} = {n}_.unpack(*this, "{n}");')
+            rel.append(f"{n}_.reset();")
     if "result" in r.used:
         saved.append("  SavedVariable result_;")
         binds.append('  Tensor result = result_.unpack(*this, "result");')
@@ -120,15 +146,23 @@ def node_class(r):
     L.append("  variable_list apply(variable_list&& grads) override {")
     L.append("    const Tensor& grad = grads[0];\n    (void)grad;")
     L += ["  " + b for b in binds]
-    L.append(f"    variable_list out({len(r.tensor_args)});")
-    for i, a in enumerate(r.tensor_args):
+    L.append("    variable_list out(num_outputs());\n    size_t pos = 0;")
+    for a in r.tensor_args:
         f = r.formulas.get(a.name, "non_differentiable")
+        n = f"{a.name}_n_" if a.type == "Tensor[]" else "1"
         if f != "non_differentiable":
-            for n in r.shape_only:
-                f = re.sub(rf"\b{n}\.sizes\(\)", f"IntArrayRef({n}_sizes_)", f)
-                f = re.sub(rf"\b{n}\.numel\(\)", f"numel_of({n}_sizes_)", f)
-            L.append(f"    if (should_compute_output({i})) out[{i}] = {cxx_formula(f)};")
-    L.append("    return out;\n  }")
+            for sn in r.shape_only:
+                f = re.sub(rf"\b{sn}\.sizes\(\)", f"IntArrayRef({sn}_sizes_)", f)
+                f = re.sub(rf"\b{sn}\.numel\(\)", f"numel_of({sn}_sizes_)", f)
+            if a.type == "Tensor[]":
+                L.append(f"    if (any_output_needed(pos, {n})) {{")
+                L.append(f"      ::std::vector<Tensor> gs = {cxx_formula(f)};")
+                L.append(f"      for (size_t k = 0; k < {n} && k < gs.size(); ++k)")
+                L.append("        if (should_compute_output(pos + k)) out[pos + k] = gs[k];\n    }")
+            else:
+                L.append(f"    if (should_compute_output(pos)) out[pos] = {cxx_formula(f)};")
+        L.append(f"    pos += {n};")
+    L.append("    (void)pos;\n    return out;\n  }")
     L.append(f"  void release_variables() override {{ {' '.join(rel)} }}")
     L.append("};\n")
     return L
@@ -176,9 +210,13 @@ def kernel(r, op):
                 L.append(f"  collect_edge(*node, {a.name});")
     if r.generated:
         for a in op.args:
+            if a.type == "Tensor[]":
+                L.append(f"  node->{a.name}_n_ = {a.name}.size();")
             if a.name not in r.used:
                 continue
-            if a.name in r.shape_only:
+            if a.type == "Tensor[]":
+                L.append(f"  for (const Tensor& t : {a.name}) node->{a.name}_geom_.push_back(geometry_of(t));")
+            elif a.name in r.shape_only:
                 L.append(f"  node->{a.name}_sizes_.assign({a.name}.sizes().begin(), {a.name}.sizes().end());")
             elif a.type == "Tensor":
                 if inplace and a.name == op.args[0].name:
@@ -201,6 +239,10 @@ def kernel(r, op):
         for i in range(len(op.rets)):
             L.append(f"  if (is_floating(std::get<{i}>(r).dtype())) set_history(std::get<{i}>(r), node);")
             L.append(f"  else node->add_input_metadata(std::get<{i}>(r));")
+        if r.generated:
+            for i, n in enumerate(r.out_names):
+                if n in r.used:
+                    L.append(f"  node->{n}_ = SavedVariable(std::get<{i}>(r), true);")
     else:  # Tensor[]
         L.append("  for (const Tensor& t : r) set_history(t, node);")
     L.append("  return r;\n}")

@@ -1,7 +1,11 @@
-// kiln/autograd/autograd.h: everything kiln_autograd offers (graph, engine, grad modes).
+// kiln/autograd/autograd.h: everything kiln_autograd offers (graph, engine, grad modes, hooks,
+// custom functions, anomaly mode, checkpointing).
 #pragma once
 
+#include "kiln/autograd/anomaly.h"
+#include "kiln/autograd/checkpoint.h"
 #include "kiln/autograd/engine.h"
+#include "kiln/autograd/function.h"
 #include "kiln/autograd/formulas.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"

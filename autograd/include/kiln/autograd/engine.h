@@ -7,6 +7,13 @@
 // and run once all their gradients have arrived, later-created nodes first among ready ones.
 // Gradients for one slot from several edges are summed. Without retain_graph each node frees its
 // saved tensors after running; without create_graph backward runs with grad mode off.
+//
+// Note [Hook order] (PyTorch's): when a node runs, first the tensor hooks of the tensors whose
+// gradients it receives (register_hook; for AccumulateGrad, the leaf's), each seeing the previous
+// one's result, then retain_grad() and grad()'s captures see that gradient, then the node's
+// pre-hooks, the node itself (AccumulateGrad: .grad updated, then the post-accumulate-grad hooks),
+// then its post-hooks. A tensor hook registered before an in-place op sees the gradient of the
+// value before the op (it stays on the old node).
 #pragma once
 
 #include <optional>

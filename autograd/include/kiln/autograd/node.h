@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,48 @@ struct InputMetadata {
   DimVector sizes;
   ScalarType dtype = kFloat32;
   Device device = kCPU;
+};
+
+// ---- Hooks (Note [Hook order] in engine.h) ------------------------------------------------------
+// A tensor hook sees the gradient of its tensor; returning a defined tensor replaces it.
+using TensorHook = std::function<Tensor(const Tensor& grad)>;
+// Runs after a leaf's .grad was updated, with the leaf.
+using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
+// Node pre-hook: sees the node's incoming gradients; a non-empty result replaces them.
+using NodePreHook = std::function<variable_list(const variable_list& grad_outputs)>;
+// Node post-hook: sees what the node returned (grad_inputs) and what it got (grad_outputs); a
+// non-empty result replaces grad_inputs.
+using NodePostHook =
+    std::function<variable_list(const variable_list& grad_inputs, const variable_list& grad_outputs)>;
+
+// The hooks of a node (or of a leaf, kept in its AutogradMeta), allocated on first use.
+struct HookTable {
+  struct TensorPre {
+    uint64_t id;
+    uint32_t input_nr;
+    TensorHook fn;
+  };
+  std::vector<TensorPre> tensor_pre;
+  std::vector<std::pair<uint64_t, NodePreHook>> pre;
+  std::vector<std::pair<uint64_t, NodePostHook>> post;
+  std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_acc;  // leaves only
+  bool empty() const { return tensor_pre.empty() && pre.empty() && post.empty() && post_acc.empty(); }
+  void remove(uint64_t id);
+  static uint64_t next_id();
+};
+
+// Returned by every register_*hook; remove() unregisters the hook (idempotent, and harmless once
+// the node or tensor is gone).
+class RemovableHandle {
+ public:
+  RemovableHandle() = default;
+  RemovableHandle(std::weak_ptr<HookTable> table, uint64_t id) : table_(std::move(table)), id_(id) {}
+  void remove();
+  uint64_t id() const { return id_; }
+
+ private:
+  std::weak_ptr<HookTable> table_;
+  uint64_t id_ = 0;
 };
 
 class Node : public std::enable_shared_from_this<Node> {
@@ -66,10 +109,31 @@ class Node : public std::enable_shared_from_this<Node> {
   // Non-leaf tensors that asked retain_grad() and whose gradient arrives at input `nr`.
   std::vector<std::pair<uint32_t, AutogradMeta*>>& retained_grads() { return retained_; }
 
+  // Node hooks (PyTorch's Node.register_prehook / register_hook).
+  RemovableHandle register_prehook(NodePreHook fn);
+  RemovableHandle register_hook(NodePostHook fn);
+  // A tensor hook on this node's input `input_nr` (register_hook on a non-leaf output).
+  RemovableHandle add_tensor_pre_hook(uint32_t input_nr, TensorHook fn);
+  HookTable* hooks() const { return hooks_.get(); }
+  // Hooks of the tensor behind this node (AccumulateGrad: the leaf's), or nullptr.
+  virtual HookTable* leaf_hooks() const { return nullptr; }
+
+  // Anomaly mode (kiln/autograd/anomaly.h): where the forward op that recorded this node was
+  // called from; empty when anomaly mode was off at the time.
+  const std::string& creation_stack() const;
+
  protected:
   bool should_compute_output(size_t i) const { return i < next_edges_.size() && next_edges_[i].valid(); }
+  bool any_output_needed(size_t first, size_t n) const {
+    for (size_t i = first; i < first + n; ++i)
+      if (should_compute_output(i)) return true;
+    return false;
+  }
 
  private:
+  HookTable& hook_table();
+  std::shared_ptr<HookTable> hooks_;
+  std::shared_ptr<const std::string> creation_stack_;
   std::vector<Edge> next_edges_;
   std::vector<InputMetadata> input_metadata_;
   std::vector<std::pair<uint32_t, AutogradMeta*>> retained_;
@@ -83,6 +147,7 @@ class AccumulateGrad final : public Node {
   const char* name() const override { return "AccumulateGrad"; }
   variable_list apply(variable_list&& grads) override;
   const Tensor& variable() const { return variable_; }
+  HookTable* leaf_hooks() const override;
 
  private:
   Tensor variable_;
@@ -109,6 +174,7 @@ struct AutogradMeta final : AutogradMetaInterface {
   std::weak_ptr<Node> grad_accumulator_;
   Tensor base_;  // views recorded in grad mode: the tensor they view (a base, never a view)
   int live_views_ = 0;  // bases: how many recorded views of this tensor are alive
+  std::shared_ptr<HookTable> leaf_hooks_;  // leaves: tensor and post-accumulate-grad hooks
   bool requires_grad() const override { return requires_grad_ || grad_fn_ != nullptr; }
   ~AutogradMeta() override;
 };
@@ -130,6 +196,13 @@ void set_view_base(const Tensor& view, const Tensor& self);
 void collect_edge(Node& fn, const Tensor& t);
 void collect_edge(Node& fn, const std::optional<Tensor>& t);
 void collect_edge(Node& fn, TensorList ts);
+
+// A hook on `t`'s gradient, run before the gradient flows on (into the leaf's .grad for a leaf,
+// into the node that made t otherwise); `fn` may return a replacement (same shape).
+RemovableHandle register_hook(const Tensor& t, TensorHook fn);
+// Leaves only: `fn(leaf)` runs after backward updated leaf.grad() (DDP/FSDP launch collectives
+// from here).
+RemovableHandle register_post_accumulate_grad_hook(const Tensor& t, PostAccumulateGradHook fn);
 
 // Note [Saved variables]: a tensor saved for backward, with the version counter value at save
 // time. unpack() fails if the tensor was modified in place since, or was freed by a backward
