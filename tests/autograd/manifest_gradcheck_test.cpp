@@ -279,6 +279,27 @@ TEST(ManifestGradcheck, EveryDifferentiableOpIsCheckedInFloat64) {
   EXPECT_GT(by_kind["non-contiguous"], 0);
 }
 
+// Boxed calls (the interpreter's, the manifest's) of every op that mutates its first argument
+// bump its version counter, as typed calls do: saved-tensor checks depend on it. (Composite
+// in-place rows such as zero_ bump once more through the op they call, typed or boxed.)
+TEST(ManifestGradcheck, BoxedMutatingCallsBumpTheVersionCounter) {
+  int checked = 0;
+  for (const std::string& name : manifest_ops()) {
+    OperatorHandle& op = Dispatcher::get().find_or_throw(name);
+    if (!mutates_self(op.info()) || op.info().is_random) continue;
+    for (const Stack& sample : op_sample_registry().at(name)()) {
+      Stack s = sample;
+      s[0] = IValue(sample[0].to_tensor().clone());
+      Tensor self = s[0].to_tensor();
+      const uint32_t before = self.impl()->version();
+      op.call_boxed(s);
+      EXPECT_GT(self.impl()->version(), before) << name;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
 // Second derivatives of a representative set (both through create_graph and w.r.t. the cotangent).
 TEST(ManifestGradcheck, GradGradRepresentativeOps) {
   using V = std::vector<Tensor>;
