@@ -449,7 +449,14 @@ def gen_op_cpp(op, idx):
     L.append("}")
     L.append(f"static void boxed_entry_{h}(const OperatorHandle&, DispatchKeySet ks, Stack& s) {{")
     call = f"ops::{h}::redispatch(ks{', ' if unbox_args else ''}{unbox_args})"
-    L.extend(push_result(op, call))
+    boxed = push_result(op, call)
+    # Boxed calls of mutating ops bump the version counters too, as ops::X::call does.
+    mutated_idx = [i for i, a in enumerate(op.args) if a.mutable] or (
+        [0] if op.variant == "inplace" else [])
+    if mutated_idx and op.ret_cpp != "void":
+        boxed[1:1] = [f"  s[s.size() - {nargs - i}].to_tensor().impl()->bump_version();"
+                      "  // Note [Version counters]" for i in mutated_idx]
+    L.extend(boxed)
     L.append("}")
     # boxed meta
     fargs = op.args[:-1] if op.variant == "out" else op.args
