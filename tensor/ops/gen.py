@@ -437,7 +437,8 @@ def gen_op_cpp(op, idx):
              f'"{",".join(op.tags)}", "{esc(deriv)}", "{esc(r["jvp"])}", "{r["batching"]}", '
              f'"{r["autocast"]}", "{r["sharding"]}", "{r["decomposition"]}", kArgs_{h}, {len(op.args)}, '
              f'{op.num_returns}, {str(op.returns_list).lower()}, {str(op.is_random).lower()}, '
-             f'{str(op.variant == "inplace").lower()}, {str(op.variant == "out").lower()}, '
+             f'{str(op.variant == "inplace" or bool(op.args and op.args[0].mutable)).lower()}, '
+             f'{str(op.variant == "out").lower()}, '
              f'{str(op.is_view).lower()}}};')
     nargs = len(op.args)
     unbox_args = ", ".join(f"unbox_arg<{i}>(s, {nargs}, [](const IValue& v) {{ return {a.unbox}; }})"

@@ -182,7 +182,8 @@ def save_line(a):
 def kernel(r, op):
     h, p, n = op.handle, op.params(), op.arg_names()
     ret = op.ret_cpp
-    inplace = op.variant == "inplace"
+    # Generated `_` variants and rows like fill_/copy_ whose schema mutates `self`.
+    inplace = op.variant == "inplace" or bool(op.args and op.args[0].mutable)
     L = [f"static {ret} autograd_{h}({p}) {{"]
     diff = [a for a in op.args if a.name in r.diff_args]
     rg = " || ".join(f"needs_grad({a.name})" for a in diff) or "false"
@@ -196,7 +197,9 @@ def kernel(r, op):
         return L
     L.append("  if (!need) {\n    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);")
     L.append(f"    return {below};\n  }}")
-    if inplace:
+    if inplace:  # writing into an integer tensor records nothing: it cannot carry a gradient
+        L.append(f"  if (!is_floating({op.args[0].name}.dtype())) {{\n"
+                 f"    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);\n    return {below};\n  }}")
         L.append(f'  check_inplace({op.args[0].name}, "{op.name}");')
     if r.generated:
         L.append(f"  auto node = std::make_shared<{r.node}>();")

@@ -230,3 +230,29 @@ TEST(AutogradCoverage, CompositeRowsHaveNoGeneratedAutogradKernel) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// In-place rows that are not generated `_` variants (fill_, copy_, zero_) refuse a leaf that
+// requires grad, like every other in-place op.
+TEST(AutogradInPlace, KernelRowsRefuseLeaves) {
+  Tensor leaf = ones({3}, kFloat64).requires_grad_();
+  for (auto fn : std::vector<std::function<void()>>{[&] { leaf.fill_(2); },
+                                                    [&] { leaf.copy_(zeros({3}, kFloat64)); },
+                                                    [&] { leaf.zero_(); }}) {
+    testing::expect_error(ErrorKind::Runtime, "leaf", fn);
+    EXPECT_TRUE(leaf.is_leaf());
+    EXPECT_EQ(leaf.grad_fn(), nullptr);
+  }
+  Tensor as_int = leaf.to(kInt64);  // copy_ into an integer tensor records nothing
+  EXPECT_FALSE(as_int.requires_grad());
+  Tensor x = ones({3}, kFloat64).requires_grad_();
+  Tensor y = x * 2;
+  y.fill_(5);  // a non-leaf: its history is replaced
+  y.sum().backward();
+  testing::expect_close(x.grad(), zeros({3}, kFloat64), 0, 0);
+}
+
+}  // namespace
+}  // namespace kiln

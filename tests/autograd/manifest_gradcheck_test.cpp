@@ -22,11 +22,6 @@ const std::map<std::string, std::string> kSkipped = {
     {"bernoulli", "random"},
     {"normal_", "random"},
     {"uniform_", "random"},
-    // Backward not implemented yet (NotImplemented node; the hooks/multi-output work adds them).
-    {"max.dim", "backward pending"},
-    {"min.dim", "backward pending"},
-    {"cat", "backward pending"},
-    {"stack", "decomposes into cat (backward pending)"},
 };
 
 // Composite rows whose result does not depend on the input's values: as in PyTorch they record
