@@ -251,6 +251,26 @@ TEST(Functional, GradOfGrad) {
   }
 }
 
+TEST(Functional, MixedCompositions) {
+  Tensor x = random({4}, kFloat64, -2, 2, 29), v = random({4}, kFloat64, -1, 1, 30);
+  func::UnaryFn f(sin_x2);
+  Tensor H = diag(map(x, sin_x2_d2));
+  expect_near(func::jacfwd(func::grad(f))(x), H);
+  expect_near(func::jacrev(func::grad(f))(x), H);
+  expect_near(func::jvp(func::grad(f), x, v).second, matmul(H, v));  // a Hessian-vector product
+  // grad through a vjp taken inside: h(x) = sum((1 - tanh(x)^2) * v), h' = -2 tanh (1 - tanh^2) v.
+  func::UnaryFn h = [v](const Tensor& a) {
+    auto [out, vjp_fn] = func::vjp(func::UnaryFn([](const Tensor& b) { return tanh(b); }), a);
+    return vjp_fn(v).sum();
+  };
+  Tensor th = map(x, [](double e) { return std::tanh(e); });
+  expect_near(func::grad(h)(x), -2.0 * th * (1.0 - th * th) * v);
+  // Non-contiguous primals give the same results.
+  Tensor nc = testing::non_contiguous(x);
+  expect_near(func::hessian(f)(nc), H);
+  expect_near(func::jvp(func::grad(f), nc, testing::non_contiguous(v)).second, matmul(H, v));
+}
+
 TEST(Functional, NestedTransformSeesOuterVariables) {
   // d/dx [grad_y sum(x * y^2)](y0) = d/dx (2 x y0) = diag(2 y0): the inner transform's result
   // must stay differentiable in the outer transform's input that f captures.
@@ -269,6 +289,8 @@ TEST(Functional, ComposesWithCallerAutograd) {
   x.requires_grad_();
   Tensor g = func::grad(func::UnaryFn(sin_x2))(x);
   EXPECT_TRUE(g.requires_grad());
+  EXPECT_FALSE(x.grad().defined());  // transforms accumulate nothing into .grad
+  EXPECT_TRUE(x.is_leaf());
   g.sum().backward();
   expect_near(x.grad(), map(x.detach(), sin_x2_d2));
   // Under no_grad the results are plain again.
