@@ -202,7 +202,8 @@ Tensor jvp_from(const LinearizedVjp& l, const Tensor& out, const std::vector<Ten
   }
   Tensor jv;
   if (!gs.empty())
-    jv = autograd::grad(gs, {l.u}, ts, /*retain_graph=*/true, create_graph, /*allow_unused=*/true)[0];
+    jv = autograd::grad(gs, {l.u}, ts, /*retain_graph=*/true, create_graph,
+                        /*allow_unused=*/true)[0];
   return jv.defined() ? jv : kiln::zeros_like(out);
 }
 
@@ -278,10 +279,10 @@ std::pair<Tensor, Tensor> jvp(const Fn& f, const std::vector<Tensor>& primals,
   for (size_t i = 0; i < tangents.size(); ++i) {
     KILN_CHECK(tangents[i].defined() && primals[i].defined(), Value, "jvp: primal or tangent ", i,
                " is an undefined tensor");
-    KILN_CHECK(tangents[i].sizes() == primals[i].sizes(), Value, "jvp: tangent ", i,
-               " has shape ", tangents[i].sizes(), " but its primal has shape ", primals[i].sizes());
-    KILN_CHECK(tangents[i].dtype() == primals[i].dtype(), Value, "jvp: tangent ", i,
-               " has dtype ", tangents[i].dtype(), " but its primal has dtype ", primals[i].dtype());
+    KILN_CHECK(tangents[i].sizes() == primals[i].sizes(), Value, "jvp: tangent ", i, " has shape ",
+               tangents[i].sizes(), " but its primal has shape ", primals[i].sizes());
+    KILN_CHECK(tangents[i].dtype() == primals[i].dtype(), Value, "jvp: tangent ", i, " has dtype ",
+               tangents[i].dtype(), " but its primal has dtype ", primals[i].dtype());
     tangents_require_grad = tangents_require_grad || tangents[i].requires_grad();
   }
   Traced t = trace("jvp", f, primals);

@@ -1,11 +1,12 @@
 // kiln::func transforms (functional.h): grad, grad_and_value, vjp, jvp, jacrev, jacfwd, hessian
 // against analytical results in float64, against each other, composed, and on bad input.
+#include "kiln/autograd/functional.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "kiln/autograd/autograd.h"
-#include "kiln/autograd/functional.h"
 #include "kiln/kiln.h"
 #include "test_util.h"
 
@@ -91,7 +92,9 @@ TEST(Functional, GradOfUnusedInputIsZero) {
   expect_near(func::grad(f, 1)({x, c}), kiln::zeros({2}, kFloat64));
   func::UnaryFn constant = [](const Tensor&) { return kiln::ones({}, kFloat64); };
   expect_near(func::grad(constant)(x), kiln::zeros({3}, kFloat64));
-  func::UnaryFn outer = [](const Tensor& v) { return kiln::ones({2, 2}, kFloat64) + 0.0 * v.sum(); };
+  func::UnaryFn outer = [](const Tensor& v) {
+    return kiln::ones({2, 2}, kFloat64) + 0.0 * v.sum();
+  };
   expect_near(func::jacrev(constant)(x), kiln::zeros({3}, kFloat64));
   expect_near(func::jacfwd(constant)(x), kiln::zeros({3}, kFloat64));
   expect_near(func::jacfwd(outer)(x), kiln::zeros({2, 2, 3}, kFloat64));
@@ -307,13 +310,17 @@ TEST(Functional, BadInput) {
   func::Fn f = [](const std::vector<Tensor>& a) { return (a[0] * a[1]).sum(); };
   expect_error(ErrorKind::Index, "argnums=2", [&] { func::grad(f, 2)({x, x}); });
   expect_error(ErrorKind::Index, "argnums=-3", [&] { func::jacrev(f, -3)({x, x}); });
-  expect_error(ErrorKind::Value, "unique", [&] { func::grad(f, std::vector<int64_t>{1, -1})({x, x}); });
-  expect_error(ErrorKind::Value, "at least one", [&] { func::jacfwd(f, std::vector<int64_t>{})({x, x}); });
-  expect_error(ErrorKind::Value, "floating point",
-               [&] { func::grad(f, 0)({kiln::ones({3}, kInt64), x}); });
+  expect_error(ErrorKind::Value, "unique", [&] {
+    func::grad(f, std::vector<int64_t>{1, -1})({x, x});
+  });
+  expect_error(ErrorKind::Value, "at least one", [&] {
+    func::jacfwd(f, std::vector<int64_t>{})({x, x});
+  });
+  expect_error(ErrorKind::Value, "floating point", [&] {
+    func::grad(f, 0)({kiln::ones({3}, kInt64), x});
+  });
   expect_error(ErrorKind::Value, "undefined", [&] { func::jacrev(vec)(Tensor()); });
-  expect_error(ErrorKind::Value, "one tangent per primal",
-               [&] { func::jvp(f, {x, x}, {x}); });
+  expect_error(ErrorKind::Value, "one tangent per primal", [&] { func::jvp(f, {x, x}, {x}); });
   expect_error(ErrorKind::Value, "tangent 0 has shape [2]",
                [&] { func::jvp(vec, x, kiln::ones({2}, kFloat64)); });
   expect_error(ErrorKind::Value, "dtype", [&] { func::jvp(vec, x, kiln::ones({3}, kFloat32)); });
