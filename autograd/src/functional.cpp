@@ -96,26 +96,6 @@ Tensor basis(const Tensor& eye_n, int64_t k, IntArrayRef shape) {
   return eye_n.select(0, k).reshape(shape);
 }
 
-// stack(ts, dim), differentiable while recording: cat (which stack uses) has no derivative yet
-// (pending_derivatives()), so a recorded stack is sum_j unsqueeze(t_j, dim) * e_j, with e_j the
-// j-th basis vector along `dim`. That costs k times the result's size; switch to kiln::stack once
-// cat's derivative exists.
-Tensor stack_recorded(const std::vector<Tensor>& ts, int64_t dim) {
-  bool any_requires_grad = false;
-  for (const Tensor& t : ts) any_requires_grad = any_requires_grad || t.requires_grad();
-  if (!any_requires_grad || !GradMode::is_enabled()) return kiln::stack(ts, dim);
-  const int64_t k = static_cast<int64_t>(ts.size());
-  std::vector<int64_t> shape(ts[0].dim() + 1, 1);
-  shape[dim] = k;
-  Tensor eye_k = kiln::eye(k, std::nullopt, ts[0].dtype(), ts[0].device());
-  Tensor out;
-  for (int64_t j = 0; j < k; ++j) {
-    Tensor term = ts[j].unsqueeze(dim) * basis(eye_k, j, shape);
-    out = out.defined() ? out + term : term;
-  }
-  return out;
-}
-
 std::pair<std::vector<Tensor>, Tensor> grad_and_value_impl(const char* name, const Fn& f,
                                                            const std::vector<Tensor>& primals,
                                                            const std::vector<int64_t>& argnums) {
@@ -165,7 +145,7 @@ std::vector<Tensor> jacrev_impl(const Fn& f, const std::vector<Tensor>& primals,
     }
     for (Tensor& r : rows[i])
       if (!r.defined()) r = kiln::zeros_like(xs[i]);
-    jacs.push_back(finish(stack_recorded(rows[i], 0).reshape(shape), t.keep_graph));
+    jacs.push_back(finish(kiln::stack(rows[i], 0).reshape(shape), t.keep_graph));
   }
   return jacs;
 }
@@ -229,7 +209,7 @@ std::vector<Tensor> jacfwd_impl(const Fn& f, const std::vector<Tensor>& primals,
     for (int64_t k = 0; k < m; ++k)
       cols.push_back(jvp_from(one, t.out, {basis(eye_m, k, xs[i].sizes())}, t.keep_graph));
     AutoGradMode mode(t.keep_graph);
-    jacs.push_back(finish(stack_recorded(cols, t.out.dim()).reshape(shape), t.keep_graph));
+    jacs.push_back(finish(kiln::stack(cols, t.out.dim()).reshape(shape), t.keep_graph));
   }
   return jacs;
 }

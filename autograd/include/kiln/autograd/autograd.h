@@ -7,6 +7,7 @@
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/function.h"
 #include "kiln/autograd/formulas.h"
+#include "kiln/autograd/functional.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
 
