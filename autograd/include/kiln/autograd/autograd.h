@@ -1,5 +1,11 @@
-// kiln/autograd/autograd.h: everything kiln_autograd offers (graph, engine, grad modes, hooks,
-// custom functions, anomaly mode, checkpointing).
+// kiln/autograd/autograd.h: everything kiln_autograd offers: the graph, the engine, grad modes,
+// hooks, custom Functions, anomaly mode, checkpointing and the kiln::func transforms.
+//
+//   kiln::Tensor w = kiln::randn({3, 2}).requires_grad_();
+//   kiln::Tensor loss = kiln::matmul(x, w).sum();
+//   loss.backward();                                       // fills w.grad()
+//   { kiln::autograd::NoGradGuard ng; w.sub_(w.grad() * 0.1); }
+//   auto hess = kiln::func::hessian(f)(x);                  // transforms compose
 #pragma once
 
 #include "kiln/autograd/anomaly.h"
