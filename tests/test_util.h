@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "kiln/ivalue.h"
 #include "kiln/kiln.h"
 
 namespace kiln::testing {
@@ -127,6 +128,37 @@ inline void for_each_index(IntArrayRef shape, const std::function<void(const std
     }
     if (d < 0) return;
   }
+}
+
+// A boxed sample with floating tensors (and floating dtype arguments) in float64; others stay.
+inline Stack to_float64(const Stack& s) {
+  auto as_f64 = [](const Tensor& t) { return is_floating(t.dtype()) ? t.to(kFloat64) : t; };
+  Stack out;
+  for (const IValue& v : s) {
+    if (v.is_tensor()) {
+      out.emplace_back(as_f64(v.to_tensor()));
+    } else if (v.is_tensor_list()) {
+      std::vector<Tensor> ts;
+      for (const Tensor& t : v.to_tensor_list()) ts.push_back(as_f64(t));
+      out.emplace_back(std::move(ts));
+    } else if (v.is<ScalarType>() && is_floating(v.get<ScalarType>())) {
+      out.emplace_back(kFloat64);
+    } else {
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
+// The tensors a boxed call left on its stack, flattened (lists expanded).
+inline std::vector<Tensor> outputs_of(const Stack& s) {
+  std::vector<Tensor> out;
+  for (const IValue& v : s) {
+    if (v.is_tensor()) out.push_back(v.to_tensor());
+    if (v.is_tensor_list())
+      for (const Tensor& t : v.to_tensor_list()) out.push_back(t);
+  }
+  return out;
 }
 
 // Row-major flat position of `idx` in a tensor of `sizes`.

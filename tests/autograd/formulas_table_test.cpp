@@ -31,25 +31,6 @@ Stack clone_stack(const Stack& s) {
   return out;
 }
 
-// Floating tensors (and floating dtype arguments) become float64; others stay.
-Tensor as_f64(const Tensor& t) { return is_floating(t.dtype()) ? t.to(kFloat64) : t; }
-Stack to_float64(const Stack& s) {
-  Stack out;
-  for (const IValue& v : s) {
-    if (v.is_tensor()) {
-      out.emplace_back(as_f64(v.to_tensor()));
-    } else if (v.is_tensor_list()) {
-      std::vector<Tensor> ts;
-      for (const Tensor& t : v.to_tensor_list()) ts.push_back(as_f64(t));
-      out.emplace_back(std::move(ts));
-    } else if (v.is<ScalarType>() && is_floating(v.get<ScalarType>())) {
-      out.emplace_back(kFloat64);
-    } else {
-      out.push_back(v);
-    }
-  }
-  return out;
-}
 
 // The k-th tensor of a stack (lists flattened), by reference into the stack.
 Tensor* tensor_at(Stack& s, size_t k) {
@@ -104,7 +85,7 @@ TEST(FormulasTable, EveryFormulaMatchesFiniteDifferences) {
     int n = 0;
     for (const Stack& sample : samples_for(name)) {
       SCOPED_TRACE(name + " sample " + std::to_string(n++));
-      Stack in = to_float64(sample);
+      Stack in = testing::to_float64(sample);
       std::vector<Tensor> outs = call(op, in);
       if (outs.empty() || !is_floating(outs[0].dtype())) continue;
       Tensor v = testing::cotangent(outs[0]);
@@ -156,7 +137,7 @@ TEST(FormulasTable, EveryJvpMatchesFiniteDifferences) {
     int n = 0;
     for (const Stack& sample : samples_for(name)) {
       SCOPED_TRACE(name + " sample " + std::to_string(n++));
-      Stack in = to_float64(sample);
+      Stack in = testing::to_float64(sample);
       std::vector<Tensor> outs = call(op, in);
       if (outs.empty() || !is_floating(outs[0].dtype())) continue;
       std::vector<Tensor> tangents;

@@ -45,25 +45,6 @@ bool differentiable(const OpInfo& info) {
   return has_tensor_arg && !info.is_out && std::string(info.derivative) != "non_differentiable";
 }
 
-Tensor as_f64(const Tensor& t) { return is_floating(t.dtype()) ? t.to(kFloat64) : t; }
-
-Stack to_float64(const Stack& s) {
-  Stack out;
-  for (const IValue& v : s) {
-    if (v.is_tensor()) {
-      out.emplace_back(as_f64(v.to_tensor()));
-    } else if (v.is_tensor_list()) {
-      std::vector<Tensor> ts;
-      for (const Tensor& t : v.to_tensor_list()) ts.push_back(as_f64(t));
-      out.emplace_back(std::move(ts));
-    } else if (v.is<ScalarType>() && is_floating(v.get<ScalarType>())) {
-      out.emplace_back(kFloat64);
-    } else {
-      out.push_back(v);
-    }
-  }
-  return out;
-}
 
 // The floating tensors of a stack (lists flattened), in order: the gradcheck inputs.
 std::vector<Tensor> floating_tensors(const Stack& s) {
@@ -95,15 +76,6 @@ Stack substitute(const Stack& s, const std::vector<Tensor>& xs) {
   return out;
 }
 
-std::vector<Tensor> outputs_of(const Stack& s) {
-  std::vector<Tensor> out;
-  for (const IValue& v : s) {
-    if (v.is_tensor()) out.push_back(v.to_tensor());
-    if (v.is_tensor_list())
-      for (const Tensor& t : v.to_tensor_list()) out.push_back(t);
-  }
-  return out;
-}
 
 // Mutates its first argument: in-place variants and standalone rows such as fill_ and copy_
 // (OpInfo::is_inplace is set for the variants only), by the schema's Tensor(a!) self.

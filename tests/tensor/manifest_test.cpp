@@ -73,16 +73,6 @@ IValue to_meta(const IValue& v) {
   return v;
 }
 
-// Outputs of a boxed call, flattened.
-std::vector<Tensor> outputs(const Stack& s) {
-  std::vector<Tensor> out;
-  for (const IValue& v : s) {
-    if (v.is_tensor()) out.push_back(v.to_tensor());
-    if (v.is_tensor_list())
-      for (const Tensor& t : v.to_tensor_list()) out.push_back(t);
-  }
-  return out;
-}
 
 // Index of the input tensor whose storage `t` shares, or -1.
 int alias_index(const Tensor& t, const Stack& inputs) {
@@ -119,7 +109,7 @@ TEST(Manifest, MetaAgreesWithCpu) {
       Stack cpu = cpu_in, meta = meta_in;
       op.call_boxed(cpu);
       op.call_boxed(meta);
-      auto co = outputs(cpu), mo = outputs(meta);
+      auto co = outputs_of(cpu), mo = outputs_of(meta);
       ASSERT_EQ(co.size(), mo.size());
       for (size_t i = 0; i < co.size(); ++i) {
         EXPECT_TRUE(mo[i].is_meta());
