@@ -32,15 +32,11 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // 2^n for n in [-126, 127] (a normal float built from its exponent bits).
 KILN_VEC_INLINE float pow2i(int32_t n) { return std::bit_cast<float>((n + 127) << 23); }
 
-// e^x. Cephes expf: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact r), a
-// degree-6 polynomial for e^r, then 2^n applied in two halves so that results down to the
-// smallest denormal round once. ~1 ulp.
-KILN_VEC_INLINE float exp(float x) {
-  constexpr float kHi = 88.7228394f, kLo = -103.972084f;
-  float xc = x < kHi ? x : kHi;  // nan -> kHi, patched at the end
-  xc = xc > kLo ? xc : kLo;
+// The shared core of exp: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite, two-part ln2), then
+// e^r by a degree-6 polynomial. Returns e^r and sets n; the caller scales by 2^n.
+KILN_VEC_INLINE float exp_reduced(float xc, int32_t& n) {
   float j = std::fma(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;  // round(x / ln2)
-  int32_t n = static_cast<int32_t>(j);
+  n = static_cast<int32_t>(j);
   float r = std::fma(j, -0.693359375f, xc);
   r = std::fma(j, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
@@ -49,7 +45,17 @@ KILN_VEC_INLINE float exp(float x) {
   p = std::fma(p, r, 4.1665795894e-2f);
   p = std::fma(p, r, 1.6666665459e-1f);
   p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r) + 1.0f;
+  return std::fma(p, r * r, r) + 1.0f;
+}
+
+// e^x (Cephes expf, ~1 ulp): exp_reduced, then 2^n applied in two halves so that results down to
+// the smallest denormal round once.
+KILN_VEC_INLINE float exp(float x) {
+  constexpr float kHi = 88.7228394f, kLo = -103.972084f;
+  float xc = x < kHi ? x : kHi;  // nan -> kHi, patched at the end
+  xc = xc > kLo ? xc : kLo;
+  int32_t n;
+  float p = exp_reduced(xc, n);
   int32_t n1 = n >> 1;
   float y = p * pow2i(n1) * pow2i(n - n1);
   y = x > kHi ? kInf : y;
@@ -60,17 +66,8 @@ KILN_VEC_INLINE float exp(float x) {
 // polynomial value or -inf, and 1 - e^x only needs results down to ~1e-8). Saves ~8 operations.
 KILN_VEC_INLINE float exp_nonpositive(float x) {
   float xc = x > -87.0f ? x : -87.0f;  // -inf -> -87: e^-87 is below erf's resolution
-  float j = std::fma(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
-  int32_t n = static_cast<int32_t>(j);
-  float r = std::fma(j, -0.693359375f, xc);
-  r = std::fma(j, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r) + 1.0f;
+  int32_t n;
+  float p = exp_reduced(xc, n);
   return p * pow2i(n);
 }
 
