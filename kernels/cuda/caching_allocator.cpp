@@ -5,6 +5,7 @@
 // cudaMalloc, a free set ordered by (stream, size, address), and a FIFO of (event, block) for
 // freed blocks still in use on other streams.
 #include "kiln/cuda/allocator.h"
+#include "kiln/cuda/device.h"
 
 #include <algorithm>
 #include <deque>
@@ -181,20 +182,9 @@ class DevicePool {
     return static_cast<const char*>(ptr) < base + b->size ? b : nullptr;
   }
 
-  // Returns blocks whose pending events have all completed to the free set. Events complete in
-  // order on one stream but not across streams, so scan the whole queue.
+  // Returns blocks whose pending events have all completed to the free set.
   void process_events() {
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      cudaError_t err = cudaEventQuery(it->first);
-      if (err == cudaErrorNotReady) {
-        cudaGetLastError();
-        ++it;
-        continue;
-      }
-      KILN_CUDA_CHECK(err);
-      finish_event(*it);
-      it = pending_.erase(it);
-    }
+    drain_completed_events(pending_, [this](const auto& pe) { finish_event(pe); });
   }
 
   void finish_event(const std::pair<cudaEvent_t, Block*>& pe) {

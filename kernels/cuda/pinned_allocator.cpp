@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/cuda/pinned.h"
+#include "kiln/cuda/device.h"
 
 namespace kiln::cuda {
 namespace {
@@ -123,18 +124,9 @@ class PinnedAllocator final : public Allocator {
     return static_cast<const char*>(ptr) < static_cast<const char*>(b->ptr) + b->size ? b : nullptr;
   }
 
+  // Returns blocks whose pending events have all completed to the free set.
   void process_events() {
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      cudaError_t err = cudaEventQuery(it->first);
-      if (err == cudaErrorNotReady) {
-        cudaGetLastError();
-        ++it;
-        continue;
-      }
-      KILN_CUDA_CHECK(err);
-      finish(*it);
-      it = pending_.erase(it);
-    }
+    drain_completed_events(pending_, [this](const auto& pe) { finish(pe); });
   }
 
   void finish(const std::pair<cudaEvent_t, HostBlock*>& pe) {

@@ -82,21 +82,6 @@ inline void expect_close(const Tensor& got, const std::vector<double>& want, dou
   }
 }
 
-// Row-major index of `i` (over out_sizes) into a tensor of `sizes` broadcast to it.
-inline int64_t broadcast_index(int64_t i, IntArrayRef out_sizes, IntArrayRef sizes) {
-  int64_t idx = 0, stride = 1;
-  int64_t off = static_cast<int64_t>(out_sizes.size()) - static_cast<int64_t>(sizes.size());
-  for (int64_t d = static_cast<int64_t>(out_sizes.size()) - 1; d >= 0; --d) {
-    int64_t c = i % out_sizes[d];
-    i /= out_sizes[d];
-    if (d - off >= 0) {
-      int64_t sd = sizes[d - off];
-      idx += (sd == 1 ? 0 : c) * stride;
-      stride *= sd;
-    }
-  }
-  return idx;
-}
 
 // A 0-dim CPU tensor of dtype t holding v (converted as write_values does).
 inline Tensor host_scalar(ScalarType t, double v) {

@@ -58,3 +58,25 @@ class DeviceGuard {
 
 // Checks the last kernel launch.
 #define KILN_CUDA_CHECK_LAUNCH() KILN_CUDA_CHECK(cudaGetLastError())
+
+namespace kiln::cuda {
+
+// Hands each (event, block) entry of `pending` whose event has completed to `done` and removes
+// it; entries still running stay. Events complete in order on one stream but not across
+// streams, so the whole queue is scanned. The caching allocators use it.
+template <typename Queue, typename Done>
+void drain_completed_events(Queue& pending, Done done) {
+  for (auto it = pending.begin(); it != pending.end();) {
+    cudaError_t err = cudaEventQuery(it->first);
+    if (err == cudaErrorNotReady) {
+      cudaGetLastError();  // clear the sticky "not ready"
+      ++it;
+      continue;
+    }
+    KILN_CUDA_CHECK(err);
+    done(*it);
+    it = pending.erase(it);
+  }
+}
+
+}  // namespace kiln::cuda
