@@ -102,6 +102,17 @@ inline int64_t out_offset(const ReducePlan& p, int64_t o) {
 
 // Pairwise combination of a stream of partial results (a binary counter: level k holds the
 // combination of 2^k consecutive items). Deterministic for a given stream.
+// The multi-index (over red_sizes) of flat reduced position `pos`, and its element offset.
+inline int64_t reduced_position(const ReducePlan& p, int64_t pos, DimVector& idx) {
+  int64_t off = 0;
+  for (int64_t d = static_cast<int64_t>(p.red_sizes.size()) - 1; d >= 0; --d) {
+    idx[d] = pos % p.red_sizes[d];
+    pos /= p.red_sizes[d];
+    off += idx[d] * p.red_strides[d];
+  }
+  return off;
+}
+
 template <typename R>
 struct Cascade {
   using Acc = typename R::Acc;
@@ -184,12 +195,7 @@ typename R::Acc reduce_range(const ReducePlan& p, const T* base, const R& r, int
   BlockLanes<T, R> blk;
   blk.reset(r);
   DimVector idx(nd);
-  int64_t rem = rb, off = 0;
-  for (int64_t d = nd - 1; d >= 0; --d) {
-    idx[d] = rem % p.red_sizes[d];
-    rem /= p.red_sizes[d];
-    off += idx[d] * p.red_strides[d];
-  }
+  int64_t off = reduced_position(p, rb, idx);
   int64_t i = rb;
   while (i < re) {
     int64_t n = std::min(inner - idx[nd - 1], re - i);
@@ -266,12 +272,7 @@ void reduce_columns(const ReducePlan& p, const T* base, const R& r, int64_t o0, 
     ++pushed;
   };
   DimVector idx(nd);
-  int64_t rem = rb, off = 0;
-  for (int64_t d = nd - 1; d >= 0; --d) {
-    idx[d] = rem % p.red_sizes[d];
-    rem /= p.red_sizes[d];
-    off += idx[d] * p.red_strides[d];
-  }
+  int64_t off = reduced_position(p, rb, idx);
   int64_t rows = 0;
   for (int64_t i = rb; i < re; ++i) {
     const T* q = base + off;
