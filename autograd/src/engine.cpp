@@ -258,6 +258,11 @@ void prepare_roots(const variable_list& tensors, const variable_list& grads,
 
 void backward(const variable_list& tensors, const variable_list& grad_tensors,
               std::optional<bool> retain_graph, bool create_graph) {
+  if (create_graph)
+    KILN_WARN_ONCE("Using backward() with create_graph=true creates a reference cycle between a leaf "
+                   "and its .grad (the gradient's graph saves the leaf), which leaks memory. Prefer "
+                   "autograd::grad(..., create_graph=true); otherwise reset the leaves' .grad "
+                   "(set_grad(Tensor())) after use to break the cycle.");
   std::vector<Edge> edges;
   variable_list root_grads;
   prepare_roots(tensors, grad_tensors, edges, root_grads);

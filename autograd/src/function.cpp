@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <unordered_map>
 
+#include "autograd_support.h"
+
 namespace kiln::autograd {
 
 void AutogradContext::save_for_backward(variable_list to_save) { to_save_ = std::move(to_save); }
@@ -22,6 +24,11 @@ variable_list AutogradContext::get_saved_variables() const {
 void AutogradContext::mark_non_differentiable(const variable_list& outputs) {
   for (const Tensor& t : outputs)
     if (t.defined()) non_differentiable_.insert(t.impl());
+}
+
+void AutogradContext::mark_dirty(const variable_list& inputs) {
+  for (const Tensor& t : inputs)
+    if (t.defined()) dirty_.insert(t.impl());
 }
 
 bool AutogradContext::needs_input_grad(size_t i) const {
@@ -41,8 +48,17 @@ variable_list CustomFunctionNode::wrap_outputs(const variable_list& inputs, vari
   std::unordered_map<const TensorImpl*, size_t> raw;  // forward's output -> its index
   for (size_t i = 0; i < outputs.size(); ++i)
     if (outputs[i].defined()) raw.emplace(outputs[i].impl(), i);
+  for (const TensorImpl* d : ctx_.dirty_) {
+    bool is_input = false;
+    for (const Tensor& in : inputs) is_input = is_input || (in.defined() && in.impl() == d);
+    KILN_CHECK(is_input, Value, name(), ": mark_dirty() was given a tensor that is not an input of "
+               "forward");
+    KILN_CHECK(raw.count(d) != 0, Value, name(), ": an input marked dirty with mark_dirty() was not "
+               "returned by forward; a function must return the tensors it modifies in place");
+  }
   if (!is_executable) {
     ctx_.non_differentiable_.clear();
+    ctx_.dirty_.clear();
     return outputs;
   }
   std::shared_ptr<Node> self = shared_from_this();
@@ -52,7 +68,9 @@ variable_list CustomFunctionNode::wrap_outputs(const variable_list& inputs, vari
     KILN_CHECK(o.defined(), Runtime, name(), ": forward returned an undefined tensor at index ", i);
     bool is_input = false;
     for (const Tensor& in : inputs) is_input = is_input || (in.defined() && in.impl() == o.impl());
-    if (is_input) o = o.detach();  // the input keeps its own history; the alias gets this node's
+    const bool dirty = ctx_.dirty_.count(o.impl()) != 0;
+    if (dirty) check_inplace(o, name());  // rebased in place, like an in-place op's self
+    else if (is_input) o = o.detach();  // the input keeps its own history; the alias gets ours
     if (ctx_.non_differentiable_.count(raw_outputs[i].impl()) || !is_floating(o.dtype())) {
       add_input_metadata(o);
     } else {
@@ -67,11 +85,13 @@ variable_list CustomFunctionNode::wrap_outputs(const variable_list& inputs, vari
     auto it = raw.find(t.impl());
     bool is_input = false;
     for (const Tensor& in : inputs) is_input = is_input || (in.defined() && in.impl() == t.impl());
-    if (it != raw.end() && !is_input) ctx_.saved_.emplace_back(outputs[it->second], true);
+    if (it != raw.end() && (!is_input || ctx_.dirty_.count(t.impl())))
+      ctx_.saved_.emplace_back(outputs[it->second], true);  // an output: saved without a cycle
     else ctx_.saved_.emplace_back(t, false);
   }
   ctx_.to_save_.clear();
   ctx_.non_differentiable_.clear();
+  ctx_.dirty_.clear();
   return outputs;
 }
 

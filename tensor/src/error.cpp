@@ -1,5 +1,6 @@
 #include "kiln/error.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
@@ -15,6 +16,19 @@ const char* error_kind_name(ErrorKind k) {
   }
   return "Error";
 }
+
+namespace {
+void default_warning_handler(const std::string& msg) {
+  std::fprintf(stderr, "kiln warning: %s\n", msg.c_str());
+}
+std::atomic<WarningHandler> g_warning_handler{&default_warning_handler};
+}  // namespace
+
+WarningHandler set_warning_handler(WarningHandler h) {
+  return g_warning_handler.exchange(h != nullptr ? h : &default_warning_handler);
+}
+
+void warn(const std::string& msg) { g_warning_handler.load()(msg); }
 
 namespace detail {
 void throw_error(ErrorKind kind, const std::string& msg) { throw Error(kind, msg); }

@@ -326,6 +326,7 @@ TEST(AutogradEngine, GradOfGrad) {
   ASSERT_TRUE(w.grad().requires_grad());
   auto gw = grad({w.grad().sum()}, {w});
   expect_close(gw[0], kiln::full_like(w.detach(), 2), 0, 0);
+  w.set_grad(Tensor());  // breaks the w -> .grad -> MulBackward0 -> w cycle (as in PyTorch)
 }
 
 TEST(AutogradEngine, Detach) {

@@ -164,5 +164,57 @@ TEST(AutogradFunction, ReturnedInputIsAliasedAndErrors) {
                [&] { WrongCount::apply(z).sum().backward(); });
 }
 
+// x.mul_(2) in place, marked dirty: x is returned and its history moves onto this function.
+struct DoubleInPlace : autograd::Function<DoubleInPlace> {
+  static Tensor forward(AutogradContext* ctx, Tensor x) {
+    x.mul_(full({}, 2.0, x.dtype()));
+    ctx->mark_dirty({x});
+    ctx->save_for_backward({x});  // the modified x: saved as an output, version-checked
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    EXPECT_EQ(ctx->get_saved_variables().size(), 1u);
+    return {g[0] * 2};
+  }
+};
+
+// Marks its input dirty but returns something else.
+struct DirtyNotReturned : autograd::Function<DirtyNotReturned> {
+  static Tensor forward(AutogradContext* ctx, Tensor x) {
+    x.add_(ones_like(x));
+    ctx->mark_dirty({x});
+    return x * 1;
+  }
+  static variable_list backward(AutogradContext*, variable_list g) { return {g[0]}; }
+};
+
+TEST(AutogradFunction, MarkDirtyRebasesTheInput) {
+  Tensor leaf = random({3}, kFloat64, -1, 1, 11).requires_grad_();
+  Tensor h = leaf * 3;  // a non-leaf: may be modified in place
+  const int64_t v0 = h.version();
+  Tensor y = DoubleInPlace::apply(h);
+  EXPECT_EQ(y.impl(), h.impl());  // the same tensor, not an alias
+  EXPECT_GT(h.version(), v0);
+  EXPECT_STREQ(h.grad_fn()->name(), "DoubleInPlaceBackward");
+  (y * y).sum().backward();
+  // y = 6 leaf, d/dleaf sum(y^2) = 2 y * 6.
+  expect_close(leaf.grad(), 72 * leaf.detach(), 1e-12, 1e-12);
+  EXPECT_TRUE(testing::gradcheck(
+      [](const std::vector<Tensor>& v) { return DoubleInPlace::apply(v[0] * 1); },
+      {random({4}, kFloat64, -1, 1, 12)}));
+  // A leaf that requires grad can't be modified in place, and a dirty input must be returned.
+  Tensor leaf2 = random({3}, kFloat64, -1, 1, 13).requires_grad_();
+  expect_error(ErrorKind::Runtime, "leaf Variable that requires grad",
+               [&] { DoubleInPlace::apply(leaf2); });
+  expect_error(ErrorKind::Value, "was not returned",
+               [&] { DirtyNotReturned::apply(leaf * 1); });
+  // A saved dirty tensor changed again before backward is caught by the version check.
+  Tensor h2 = leaf * 1;
+  Tensor y2 = DoubleInPlace::apply(h2);
+  y2.detach().add_(ones_like(y2.detach()));
+  expect_error(ErrorKind::Runtime, "modified by an inplace operation",
+               [&] { y2.sum().backward(); });
+}
+
 }  // namespace
 }  // namespace kiln

@@ -27,6 +27,14 @@ class Error : public std::runtime_error {
   ErrorKind kind_;
 };
 
+// Note [Warnings]: a warning goes to the current handler (default: one "kiln warning: ..." line on
+// stderr; the Python package installs one that calls warnings.warn). KILN_WARN_ONCE warns the
+// first time its call site runs in the process, like PyTorch's TORCH_WARN_ONCE.
+using WarningHandler = void (*)(const std::string& msg);
+// Installs `h` (nullptr restores the default) and returns the previous handler.
+WarningHandler set_warning_handler(WarningHandler h);
+void warn(const std::string& msg);
+
 namespace detail {
 template <typename... Args>
 std::string str_cat(const Args&... args) {
@@ -49,6 +57,12 @@ std::string str_cat(const Args&... args) {
 
 #define KILN_FAIL(kind, ...) \
   ::kiln::detail::throw_error(::kiln::ErrorKind::kind, ::kiln::detail::str_cat(__VA_ARGS__))
+
+#define KILN_WARN_ONCE(...)                                                           \
+  do {                                                                                \
+    static const bool kiln_warned_ = (::kiln::warn(::kiln::detail::str_cat(__VA_ARGS__)), true); \
+    (void)kiln_warned_;                                                               \
+  } while (0)
 
 #define KILN_ASSERT(cond, ...)                                                     \
   do {                                                                             \

@@ -19,6 +19,10 @@
 // argument in edge order (further entries must be undefined, e.g. for trailing non-Tensor
 // arguments); entries for inputs that need no gradient are dropped.
 // Outputs that are inputs returned unchanged are returned as new aliases carrying the history.
+// An input that forward changed in place is marked with ctx->mark_dirty({x}) and returned: like
+// an in-place op, it then is that output (same tensor, version bumped) and its history is
+// rebased onto this node; the usual in-place checks apply (a leaf that requires grad is refused),
+// and forward must return every tensor it marks dirty.
 // The Python binding builds on the same CustomFunctionNode with a PyObject forward/backward.
 #pragma once
 
@@ -40,6 +44,9 @@ class AutogradContext {
   variable_list get_saved_variables() const;
   // Outputs that are not differentiable (an index tensor): they never require grad.
   void mark_non_differentiable(const variable_list& outputs);
+  // Inputs that forward modified in place (and returns): their history moves onto this function
+  // (Note [Custom functions]).
+  void mark_dirty(const variable_list& inputs);
   // Whether the i-th Tensor argument (in edge order) needs a gradient.
   bool needs_input_grad(size_t i) const;
   // Anything else backward needs (non-tensor values).
@@ -50,6 +57,7 @@ class AutogradContext {
   variable_list to_save_;
   std::vector<SavedVariable> saved_;
   std::unordered_set<const TensorImpl*> non_differentiable_;
+  std::unordered_set<const TensorImpl*> dirty_;
   std::weak_ptr<Node> node_;
 };
 
