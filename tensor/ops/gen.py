@@ -305,10 +305,15 @@ def check_row(row, sch, rules, where):
     deriv = row["derivative"]
     tensor_args = [a.name for a in sch["args"] if a.is_tensor]
     if isinstance(deriv, str):
-        if deriv not in ("non_differentiable", "composite"):
-            err(where, "derivative must be a table of formulas, 'non_differentiable' or 'composite'")
+        if deriv not in ("non_differentiable", "composite", "decompose"):
+            err(where, "derivative must be a table of formulas, 'non_differentiable', 'composite' or "
+                "'decompose'")
         if deriv == "composite" and kind != "composite":
             err(where, "derivative 'composite' is only for composite rows")
+        if deriv == "decompose" and (kind == "composite" or row["decomposition"] == "none"
+                                     or row.get("variants")):
+            err(where, "derivative 'decompose' is for a non-composite row without variants that names "
+                "its decomposition")
     elif isinstance(deriv, dict):
         for a in tensor_args:
             if a not in deriv:
@@ -396,7 +401,7 @@ def gen(ops, out_dir):
     CD = ["// Generated: the decompositions that composite rows name. Do not edit.", "#pragma once\n",
           '#include "kiln/generated/ops.h"\n', "namespace kiln::composite {"]
     for op in ops:
-        if op.kind == "composite":
+        if op.kind == "composite" or op.row["derivative"] == "decompose":
             CD.append(f"{op.ret_cpp} {op.row['decomposition']}({op.params()});")
     CD.append("}  // namespace kiln::composite\n")
     for idx, op in enumerate(ops):

@@ -252,6 +252,21 @@ def kernel(r, op):
     return L
 
 
+def decompose_kernel(op):
+    """Note [Differentiating by decomposition]: a row with derivative = "decompose" (a fused
+    backward kernel such as a norm's backward) runs its fast kernel when no gradient is needed, and
+    its decomposition (a C++ composition of table ops, each recording itself) when one is: so double
+    backward goes through the written-out ops and needs no formula of its own."""
+    h, p, n = op.handle, op.params(), op.arg_names()
+    tensors = [a for a in op.args if a.is_tensor]
+    rg = " || ".join(f"needs_grad({a.name})" for a in tensors) or "false"
+    below = f"ops::{h}::redispatch(below_autograd(ops::{h}::key_set({n})){', ' if n else ''}{n})"
+    return [f"static {op.ret_cpp} autograd_{h}({p}) {{",
+            f"  if (GradMode::is_enabled() && ({rg})) return composite::{op.row['decomposition']}({n});",
+            "  ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);",
+            f"  return {below};", "}"]
+
+
 def main():
     out_dir, paths = sys.argv[1], sys.argv[2:]
     with open(os.path.join(gen.HERE, "rules.toml"), "rb") as f:
@@ -283,6 +298,12 @@ def main():
         base = rops[0].base
         idx = counts.get(base, 0)
         counts[base] = idx + 1
+        if row["derivative"] == "decompose":
+            for op in rops:
+                C.extend(decompose_kernel(op))
+                C.append("")
+                REG.append(f"  m.impl<ops::{op.handle}>(&autograd_{op.handle});")
+            continue
         if row["kind"] == "composite" or not isinstance(row["derivative"], dict):
             continue
         if all(v == "non_differentiable" for v in row["derivative"].values()):

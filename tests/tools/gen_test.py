@@ -41,6 +41,9 @@ CASES = [
     ("unknown dtype set", GOOD.replace('"floating"', '"quaternions"'), "unknown dtype set 'quaternions'"),
     ("composite without decomposition", GOOD.replace('kind = "kernel"', 'kind = "composite"'),
      "a composite row needs a decomposition"),
+    ("decompose without a decomposition",
+     GOOD.replace('derivative = { self = "grad * dim" }', 'derivative = "decompose"'),
+     "derivative 'decompose' is for a non-composite row"),
     ("duplicate op", GOOD + GOOD, "op 'myop' already defined"),
 ]
 
