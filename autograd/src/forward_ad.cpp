@@ -113,8 +113,9 @@ Tensor make_dual(const Tensor& primal, const Tensor& tangent) {
   KILN_CHECK(tangent.device() == primal.device(), Value, "make_dual: the tangent is on ",
              tangent.device(), " but the primal is on ", primal.device(), " (shapes ",
              tangent.sizes(), " and ", primal.sizes(), ")");
-  KILN_CHECK(!detail::has_tangent(tangent), NotImplemented,
-             "make_dual: the tangent (shape ", tangent.sizes(), ") has a tangent itself; tangents "
+  KILN_CHECK(!detail::has_tangent(tangent), NotImplemented, "make_dual: the tangent (shape ",
+             tangent.sizes(),
+             ") has a tangent itself; tangents "
              "of tangents at one level are not supported");
   Tensor dual;
   {

@@ -44,10 +44,12 @@ void set_output_tangent(const Tensor& out, Tensor t, const char* op) {
   if (!out.defined() || !is_floating(out.dtype())) return;
   KILN_CHECK(t.defined(), Runtime, op, ": its jvp gave no tangent for an output of shape ",
              out.sizes());
-  KILN_CHECK(t.sizes() == out.sizes(), Runtime, op, ": its jvp gave a tangent of shape ",
-             t.sizes(), " for an output of shape ", out.sizes());
-  if (t.dtype() != out.dtype()) t = t.to(out.dtype());
-  else if (maybe_aliased(t)) t = t.clone();
+  KILN_CHECK(t.sizes() == out.sizes(), Runtime, op, ": its jvp gave a tangent of shape ", t.sizes(),
+             " for an output of shape ", out.sizes());
+  if (t.dtype() != out.dtype())
+    t = t.to(out.dtype());
+  else if (maybe_aliased(t))
+    t = t.clone();
   forward::detail::set_tangent(out, t);
 }
 
@@ -63,13 +65,16 @@ void set_inplace_tangent(const Tensor& self, Tensor t, const char* op) {
     old.copy_(t);
     return;
   }
-  if (t.dtype() != self.dtype()) t = t.to(self.dtype());
-  else if (maybe_aliased(t)) t = t.clone();
+  if (t.dtype() != self.dtype())
+    t = t.to(self.dtype());
+  else if (maybe_aliased(t))
+    t = t.clone();
   forward::detail::set_tangent(self, t);
 }
 
 void fail_out_variant_tangent(const char* op) {
-  KILN_FAIL(Runtime, op, "(): functions with out=... arguments don't support forward-mode "
+  KILN_FAIL(Runtime, op,
+            "(): functions with out=... arguments don't support forward-mode "
             "automatic differentiation, but one of the arguments has a tangent");
 }
 

@@ -14,6 +14,14 @@ Multi-output rows: `grad` is the first output's gradient, `grads[i]` the i-th on
 that output got none), and the named outputs (`indices` of max.dim) are saved for the formulas.
 Tensor[] inputs: the formula returns one gradient per element (cat_backward); the node keeps only
 the elements' geometry (LIST_GEOMETRY_HELPERS read nothing else), not the tensors.
+
+Forward AD (Note [Forward AD] in autograd/include/kiln/autograd/forward_ad.h): each kernel also
+has a forward path, taken only while a DualLevel is active, that gives the outputs tangents: a
+row's jvp formula (one jvp_<Node>() function per row, `<x>_t` the tangents, `result` the output),
+"derived" (the row's node, fresh, through derived_jvp(): the double-vjp trick per op), the same
+view of the input's tangent for view rows, or nothing for "non_differentiable". The reverse-mode
+part is one record_<op>() function that both paths call; its `fw` step runs between set_history
+and saving the outputs, so saved outputs keep their tangents.
 """
 import os
 import re
@@ -434,9 +442,9 @@ def forward_fn(r, op, below, strict):
         L.append(f"    ::std::vector<Tensor> out = derived_jvp(*node, {{{', '.join(outs)}}}, tangents, {rec});")
         for i, o in enumerate(outs):
             if inplace:
-                L.append(f'    set_inplace_tangent({self_name}, out[{i}], "{op.name}");')
+                L.append(f'    set_inplace_tangent({self_name}, ::std::move(out[{i}]), "{op.name}");')
             else:
-                L.append(f'    set_output_tangent({o}, out[{i}], "{op.name}");')
+                L.append(f'    set_output_tangent({o}, ::std::move(out[{i}]), "{op.name}");')
     L.append("  };")
     L.append(f"  if (need) return record_{h}({n}{sep}fw);")
     L.append(f"  {ret} r;")

@@ -53,15 +53,19 @@ TEST(ForwardAD, MakeDualAndUnpackDual) {
 
 TEST(ForwardAD, BadInput) {
   Tensor x = random({2, 3}, kFloat64, -1, 1, 4);
-  expect_error(ErrorKind::Runtime, "no forward AD level is active",
-               [&] { fwd::make_dual(x, kiln::ones({2, 3}, kFloat64)); });
+  expect_error(ErrorKind::Runtime, "no forward AD level is active", [&] {
+    fwd::make_dual(x, kiln::ones({2, 3}, kFloat64));
+  });
   fwd::DualLevel level;
-  expect_error(ErrorKind::Value, "shape [3, 2] but the primal has shape [2, 3]",
-               [&] { fwd::make_dual(x, kiln::ones({3, 2}, kFloat64)); });
-  expect_error(ErrorKind::Value, "dtype float32 but the primal has dtype float64",
-               [&] { fwd::make_dual(x, kiln::ones({2, 3}, kFloat32)); });
-  expect_error(ErrorKind::Value, "floating point tangent",
-               [&] { fwd::make_dual(x, kiln::ones({2, 3}, kInt64)); });
+  expect_error(ErrorKind::Value, "shape [3, 2] but the primal has shape [2, 3]", [&] {
+    fwd::make_dual(x, kiln::ones({3, 2}, kFloat64));
+  });
+  expect_error(ErrorKind::Value, "dtype float32 but the primal has dtype float64", [&] {
+    fwd::make_dual(x, kiln::ones({2, 3}, kFloat32));
+  });
+  expect_error(ErrorKind::Value, "floating point tangent", [&] {
+    fwd::make_dual(x, kiln::ones({2, 3}, kInt64));
+  });
   expect_error(ErrorKind::Value, "undefined", [&] { fwd::make_dual(Tensor(), x); });
   expect_error(ErrorKind::NotImplemented, "nested forward AD levels",
                [&] { fwd::DualLevel inner; });
@@ -196,7 +200,8 @@ std::vector<std::string> manifest_ops() {
 bool differentiable(const OpInfo& info) {
   bool has_tensor_arg = false;
   for (int i = 0; i < info.num_args; ++i)
-    has_tensor_arg = has_tensor_arg || std::string(info.args[i].type).find("Tensor") != std::string::npos;
+    has_tensor_arg =
+        has_tensor_arg || std::string(info.args[i].type).find("Tensor") != std::string::npos;
   return has_tensor_arg && !info.is_out && std::string(info.derivative) != "non_differentiable";
 }
 
@@ -261,8 +266,8 @@ std::vector<Stack> samples_for(const std::string& name) {
 }
 
 // Forward mode: the tangent of every output (zeros where an output got none).
-std::vector<Tensor> forward_jt(OperatorHandle& op, const Stack& sample, const std::vector<Tensor>& xs,
-                               const std::vector<Tensor>& ts) {
+std::vector<Tensor> forward_jt(OperatorHandle& op, const Stack& sample,
+                               const std::vector<Tensor>& xs, const std::vector<Tensor>& ts) {
   fwd::DualLevel level;
   std::vector<Tensor> duals;
   for (size_t i = 0; i < xs.size(); ++i) duals.push_back(fwd::make_dual(xs[i], ts[i]));
@@ -347,8 +352,8 @@ TEST(ForwardAD, EveryDifferentiableOpMatchesReverseModeJacobian) {
         ASSERT_EQ(got.size(), want.size());
         bool ok = true;
         for (size_t o = 0; o < got.size(); ++o) {
-          std::vector<double> g = got[o].defined() ? to_doubles(got[o])
-                                                   : std::vector<double>(want[o].size(), 0.0);
+          std::vector<double> g =
+              got[o].defined() ? to_doubles(got[o]) : std::vector<double>(want[o].size(), 0.0);
           ASSERT_EQ(g.size(), want[o].size());
           for (size_t j = 0; j < g.size(); ++j) {
             if (std::isnan(want[o][j]) && std::isnan(g[j])) continue;
@@ -382,8 +387,9 @@ TEST(ForwardAD, EveryDifferentiableOpMatchesReverseModeJacobian) {
 
 TEST(ForwardAD, JvpOfMlpMatchesFiniteDifferences) {
   Tensor x = random({5, 4}, kFloat64, -1, 1, 20);
-  std::vector<Tensor> params = {random({4, 8}, kFloat64, -1, 1, 21), random({8}, kFloat64, -1, 1, 22),
-                                random({8, 3}, kFloat64, -1, 1, 23), random({3}, kFloat64, -1, 1, 24)};
+  std::vector<Tensor> params = {
+      random({4, 8}, kFloat64, -1, 1, 21), random({8}, kFloat64, -1, 1, 22),
+      random({8, 3}, kFloat64, -1, 1, 23), random({3}, kFloat64, -1, 1, 24)};
   func::Fn mlp = [x](const std::vector<Tensor>& p) {
     Tensor h = kiln::gelu(kiln::matmul(x, p[0]) + p[1]);
     return kiln::log_softmax(kiln::tanh(kiln::matmul(h, p[2]) + p[3]), 1);
@@ -402,7 +408,8 @@ TEST(ForwardAD, JvpOfMlpMatchesFiniteDifferences) {
   const double h = 1e-6;
   expect_close(jv, (moved(h) - moved(-h)) / (2 * h), 1e-6, 1e-7);
   // jacfwd agrees with jacrev on the same network (one argnum at a time).
-  for (int64_t a = 0; a < 4; ++a) expect_near(func::jacfwd(mlp, a)(params), func::jacrev(mlp, a)(params));
+  for (int64_t a = 0; a < 4; ++a)
+    expect_near(func::jacfwd(mlp, a)(params), func::jacrev(mlp, a)(params));
 }
 
 TEST(ForwardAD, HessianIsJacfwdOfJacrev) {

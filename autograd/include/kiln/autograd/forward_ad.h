@@ -32,7 +32,9 @@
 // Each level has a process-unique id; a tangent is valid only while its level is the thread's
 // active one, and leaving the level drops every tangent set during it (and the Autograd key of
 // the tensors that no longer need it). With no level active, a kernel pays one flag test, read
-// together with grad mode (Note [Autograd thread-local state] in grad_mode.h).
+// together with grad mode (Note [Autograd thread-local state] in grad_mode.h). Levels belong to
+// a thread: another thread does not see this level's tangents (and should not share dual
+// tensors while the level is active).
 //
 // Limitations: an in-place op that gives a tangent to a view of a tensor without one does not
 // give the base a tangent (PyTorch does); as_strided's tangent is computed (derived), not a view
