@@ -424,6 +424,20 @@ TEST(ForwardAD, HessianIsJacfwdOfJacrev) {
   EXPECT_FALSE(H.requires_grad());
 }
 
+TEST(ForwardAD, JvpStaysDifferentiableInPrimalsAndTangents) {
+  // g(x) = sin(x) * x elementwise: J v = g'(x) v.
+  Tensor x0 = random({4}, kFloat64, -1, 1, 60), v0 = random({4}, kFloat64, -1, 1, 61);
+  func::UnaryFn g = [](const Tensor& a) { return kiln::sin(a) * a; };
+  Tensor x = x0.clone().requires_grad_(), v = v0.clone().requires_grad_();
+  auto [out, jv] = func::jvp(g, x, v);
+  ASSERT_TRUE(jv.requires_grad());
+  jv.sum().backward();
+  // d/dx sum(g'(x) v) = g''(x) v, d/dv sum(g'(x) v) = g'(x).
+  expect_near(x.grad(), (2.0 * kiln::cos(x0) - x0 * kiln::sin(x0)) * v0);
+  expect_near(v.grad(), kiln::cos(x0) * x0 + kiln::sin(x0));
+  EXPECT_TRUE(out.requires_grad());
+}
+
 TEST(ForwardAD, TransformsInsideAnActiveLevel) {
   // jvp inside a level falls back to the double-vjp transform; the level's tangents ride along.
   Tensor x = random({3}, kFloat64, -1, 1, 50), v = random({3}, kFloat64, -1, 1, 51);
