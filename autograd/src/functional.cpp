@@ -54,8 +54,9 @@ Traced trace(const char* name, const Fn& f, const std::vector<Tensor>& primals) 
   const bool any_requires_grad = check_primals(name, primals);
   // A primal carrying a tangent (inside jvp/jacfwd, Note [jvp by double vjp]) keeps it on its
   // fresh handle, and the results keep theirs (finish() must not detach them).
+  using autograd::forward::detail::tangent_of;
   bool any_tangent = false;
-  for (const Tensor& p : primals) any_tangent = any_tangent || autograd::forward::detail::has_tangent(p);
+  for (const Tensor& p : primals) any_tangent = any_tangent || tangent_of(p).defined();
   t.keep_graph = g_depth > 0 || (GradMode::is_enabled() && any_requires_grad) || any_tangent;
   DepthGuard depth;
   EnableGradGuard enable;
@@ -65,7 +66,7 @@ Traced trace(const char* name, const Fn& f, const std::vector<Tensor>& primals) 
     } else {
       Tensor leaf = p.detach();
       leaf.requires_grad_();
-      if (Tensor tangent = autograd::forward::detail::tangent_of(p); tangent.defined())
+      if (Tensor tangent = tangent_of(p); tangent.defined())
         autograd::forward::detail::set_tangent(leaf, tangent);
       t.inputs.push_back(std::move(leaf));
     }
@@ -256,7 +257,8 @@ std::vector<Tensor> jacfwd_impl(const Fn& f, const std::vector<Tensor>& primals,
                                 const std::vector<int64_t>& argnums) {
   std::vector<size_t> idx = resolve_argnums("jacfwd", argnums, primals.size());
   if (autograd::forward::current_level() != 0) return jacfwd_by_double_vjp(f, primals, idx);
-  const bool keep = g_depth > 0 || (GradMode::is_enabled() && check_primals("jacfwd", primals));
+  const bool any_requires_grad = check_primals("jacfwd", primals);
+  const bool keep = g_depth > 0 || (GradMode::is_enabled() && any_requires_grad);
   DepthGuard depth;
   const std::vector<Tensor> xs = dual_inputs(primals, keep);
   std::vector<Tensor> jacs;

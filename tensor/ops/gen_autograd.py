@@ -377,7 +377,6 @@ def forward_fn(r, op, below, strict):
             expr = f"kiln::reshape({self_name}_tan, {', '.join(rest)})"
         else:
             expr = f"ops::{h}::call({', '.join([self_name + '_tan'] + rest)})"
-        L.append("    (void)need;")
         L.append(f"    forward::detail::set_tangent(r, {expr});  // a view of the input's tangent")
     elif kind == "formula":
         used = set(idents(r.row["jvp"]))
@@ -396,7 +395,6 @@ def forward_fn(r, op, below, strict):
             else:
                 L.append(f"    const Tensor {a.name}_t = tangent_or_zeros({a.name}_tan, {a.name});")
             args.append(f"{a.name}_t")
-        L.append("    (void)need;")
         call = f"jvp_{r.node}({', '.join(args)})"
         if inplace:
             L.append(f'    set_inplace_tangent({self_name}, {call}, "{op.name}");')
