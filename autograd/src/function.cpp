@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <unordered_map>
 
+#include "forward_support.h"
+
 namespace kiln::autograd {
 
 void AutogradContext::save_for_backward(variable_list to_save) { to_save_ = std::move(to_save); }
@@ -52,7 +54,11 @@ variable_list CustomFunctionNode::wrap_outputs(const variable_list& inputs, vari
     KILN_CHECK(o.defined(), Runtime, name(), ": forward returned an undefined tensor at index ", i);
     bool is_input = false;
     for (const Tensor& in : inputs) is_input = is_input || (in.defined() && in.impl() == o.impl());
-    if (is_input) o = o.detach();  // the input keeps its own history; the alias gets this node's
+    if (is_input) {  // the input keeps its own history; the alias gets this node's (and the tangent)
+      Tensor alias = o.detach();
+      forward::detail::copy_tangent(o, alias);
+      o = std::move(alias);
+    }
     if (ctx_.non_differentiable_.count(raw_outputs[i].impl()) || !is_floating(o.dtype())) {
       add_input_metadata(o);
     } else {

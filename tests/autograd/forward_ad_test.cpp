@@ -181,6 +181,34 @@ TEST(ForwardAD, ForwardOverReverse) {
   expect_near(fwd::unpack_dual(gx).tangent, 6.0 * x * t);
 }
 
+struct Cube : autograd::Function<Cube> {
+  static Tensor forward(autograd::AutogradContext* ctx, Tensor x) {
+    ctx->save_for_backward({x});
+    return x * x * x;
+  }
+  static autograd::variable_list backward(autograd::AutogradContext* ctx,
+                                          autograd::variable_list grads) {
+    Tensor x = ctx->get_saved_variables()[0];
+    return {grads[0] * 3.0 * x * x};
+  }
+};
+struct Identity : autograd::Function<Identity> {
+  static Tensor forward(autograd::AutogradContext*, Tensor x) { return x; }
+  static autograd::variable_list backward(autograd::AutogradContext*, autograd::variable_list g) {
+    return g;
+  }
+};
+
+TEST(ForwardAD, CustomFunctionsPropagateThroughTheirForward) {
+  Tensor x = random({3}, kFloat64, -1, 1, 17), t = random({3}, kFloat64, -1, 1, 18);
+  fwd::DualLevel level;
+  expect_near(fwd::unpack_dual(Cube::apply(fwd::make_dual(x, t))).tangent, 3.0 * x * x * t);
+  Tensor xr = x.clone().requires_grad_();
+  Tensor y = Identity::apply(fwd::make_dual(xr, t));  // an input returned as is: a new alias
+  EXPECT_TRUE(y.requires_grad());
+  expect_near(fwd::unpack_dual(y).tangent, t);
+}
+
 // ---- Every differentiable op of the manifest -------------------------------------------------
 
 // Differentiable ops whose forward mode cannot be compared with reverse mode. Empty: random ops
@@ -319,8 +347,9 @@ TEST(ForwardAD, EveryDifferentiableOpMatchesReverseModeJacobian) {
     differentiable_ops.insert(name);
     const std::string jvp = op.info().jvp;
     // A row with derivative formulas must say how its tangents are computed.
-    if (std::string(op.info().kind) != "composite")
+    if (std::string(op.info().kind) != "composite") {
       EXPECT_NE(jvp, "non_differentiable") << name << " has derivatives but no jvp";
+    }
     if (kSkipped.count(name)) continue;
     int n = 0;
     for (const Stack& raw : samples_for(name)) {

@@ -36,6 +36,9 @@
 // a thread: another thread does not see this level's tangents (and should not share dual
 // tensors while the level is active).
 //
+// Custom Functions (function.h) have no jvp of their own: their outputs get the tangents the ops
+// inside forward() compute (PyTorch asks for a jvp staticmethod instead).
+//
 // Limitations: an in-place op that gives a tangent to a view of a tensor without one does not
 // give the base a tangent (PyTorch does); as_strided's tangent is computed (derived), not a view
 // of the input's tangent.
