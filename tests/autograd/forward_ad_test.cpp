@@ -207,6 +207,14 @@ TEST(ForwardAD, CustomFunctionsPropagateThroughTheirForward) {
   Tensor y = Identity::apply(fwd::make_dual(xr, t));  // an input returned as is: a new alias
   EXPECT_TRUE(y.requires_grad());
   expect_near(fwd::unpack_dual(y).tangent, t);
+  // Checkpointed regions too (their forward runs the ops, under no_grad).
+  autograd::variable_list outs = autograd::checkpoint(
+      [](const autograd::variable_list& v) {
+        return autograd::variable_list{kiln::sin(v[0]), v[0]};
+      },
+      {fwd::make_dual(xr, t)});
+  expect_near(fwd::unpack_dual(outs[0]).tangent, kiln::cos(x) * t);
+  expect_near(fwd::unpack_dual(outs[1]).tangent, t);
 }
 
 // ---- Every differentiable op of the manifest -------------------------------------------------
