@@ -4,6 +4,7 @@
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/generator.h"
+#include "forward_support.h"
 
 namespace kiln::autograd {
 namespace {
@@ -109,7 +110,9 @@ variable_list checkpoint(const CheckpointFn& fn, const variable_list& inputs,
     KILN_CHECK(o.defined(), Value, "checkpoint: fn returned an undefined tensor at index ", i);
     for (const Tensor& x : inputs)
       if (x.defined() && x.impl() == o.impl()) {
-        o = o.detach();  // an input returned as is: the output is a new alias with this history
+        Tensor alias = o.detach();  // an input returned as is: a new alias with this history
+        forward::detail::copy_tangent(o, alias);  // (and the input's tangent)
+        o = std::move(alias);
         break;
       }
     if (is_floating(o.dtype())) set_history(o, node);

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "autograd_support.h"
+#include "forward_support.h"
 
 namespace kiln::autograd {
 
@@ -68,9 +69,13 @@ variable_list CustomFunctionNode::wrap_outputs(const variable_list& inputs, vari
     KILN_CHECK(o.defined(), Runtime, name(), ": forward returned an undefined tensor at index ", i);
     bool is_input = false;
     for (const Tensor& in : inputs) is_input = is_input || (in.defined() && in.impl() == o.impl());
-    const bool dirty = ctx_.dirty_.count(o.impl()) != 0;
-    if (dirty) check_inplace(o, name());  // rebased in place, like an in-place op's self
-    else if (is_input) o = o.detach();  // the input keeps its own history; the alias gets ours
+    if (ctx_.dirty_.count(o.impl()) != 0) {
+      check_inplace(o, name());  // rebased in place, like an in-place op's self
+    } else if (is_input) {  // the input keeps its own history; the alias gets ours (and the tangent)
+      Tensor alias = o.detach();
+      forward::detail::copy_tangent(o, alias);
+      o = std::move(alias);
+    }
     if (ctx_.non_differentiable_.count(raw_outputs[i].impl()) || !is_floating(o.dtype())) {
       add_input_metadata(o);
     } else {

@@ -2,12 +2,15 @@
 // [jvp by double vjp] in functional.h.
 #include "kiln/autograd/functional.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "kiln/autograd/engine.h"
+#include "kiln/autograd/forward_ad.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/generated/ops.h"
 #include "kiln/operators.h"
+#include "forward_support.h"
 
 namespace kiln::func {
 namespace {
@@ -33,8 +36,8 @@ struct Traced {
   bool keep_graph = false;     // record the results' graph (Note [Transform levels])
 };
 
-Traced trace(const char* name, const Fn& f, const std::vector<Tensor>& primals) {
-  Traced t;
+// Whether any primal requires grad; ValueError for undefined or non-floating primals.
+bool check_primals(const char* name, const std::vector<Tensor>& primals) {
   bool any_requires_grad = false;
   for (size_t i = 0; i < primals.size(); ++i) {
     const Tensor& p = primals[i];
@@ -43,7 +46,18 @@ Traced trace(const char* name, const Fn& f, const std::vector<Tensor>& primals) 
                " (shape ", p.sizes(), "); transforms differentiate floating point tensors only");
     any_requires_grad = any_requires_grad || p.requires_grad();
   }
-  t.keep_graph = g_depth > 0 || (GradMode::is_enabled() && any_requires_grad);
+  return any_requires_grad;
+}
+
+Traced trace(const char* name, const Fn& f, const std::vector<Tensor>& primals) {
+  Traced t;
+  const bool any_requires_grad = check_primals(name, primals);
+  // A primal carrying a tangent (inside jvp/jacfwd, Note [jvp by double vjp]) keeps it on its
+  // fresh handle, and the results keep theirs (finish() must not detach them).
+  using autograd::forward::detail::tangent_of;
+  bool any_tangent = false;
+  for (const Tensor& p : primals) any_tangent = any_tangent || tangent_of(p).defined();
+  t.keep_graph = g_depth > 0 || (GradMode::is_enabled() && any_requires_grad) || any_tangent;
   DepthGuard depth;
   EnableGradGuard enable;
   for (const Tensor& p : primals) {
@@ -52,6 +66,8 @@ Traced trace(const char* name, const Fn& f, const std::vector<Tensor>& primals) 
     } else {
       Tensor leaf = p.detach();
       leaf.requires_grad_();
+      if (Tensor tangent = tangent_of(p); tangent.defined())
+        autograd::forward::detail::set_tangent(leaf, tangent);
       t.inputs.push_back(std::move(leaf));
     }
   }
@@ -187,10 +203,10 @@ Tensor jvp_from(const LinearizedVjp& l, const Tensor& out, const std::vector<Ten
   return jv.defined() ? jv : kiln::zeros_like(out);
 }
 
-// One jvp per input element: column k of the Jacobian is J e_k.
-std::vector<Tensor> jacfwd_impl(const Fn& f, const std::vector<Tensor>& primals,
-                                const std::vector<int64_t>& argnums) {
-  std::vector<size_t> idx = resolve_argnums("jacfwd", argnums, primals.size());
+// One jvp per input element: column k of the Jacobian is J e_k (Note [jvp by double vjp]: for
+// jacfwd inside an active forward AD level).
+std::vector<Tensor> jacfwd_by_double_vjp(const Fn& f, const std::vector<Tensor>& primals,
+                                         const std::vector<size_t>& idx) {
   Traced t = trace("jacfwd", f, primals);
   std::vector<Tensor> xs = pick(t.inputs, idx);
   LinearizedVjp l = linearize(t, xs);
@@ -210,6 +226,64 @@ std::vector<Tensor> jacfwd_impl(const Fn& f, const std::vector<Tensor>& primals,
       cols.push_back(jvp_from(one, t.out, {basis(eye_m, k, xs[i].sizes())}, t.keep_graph));
     AutoGradMode mode(t.keep_graph);
     jacs.push_back(finish(kiln::stack(cols, t.out.dim()).reshape(shape), t.keep_graph));
+  }
+  return jacs;
+}
+
+// Fresh handles of the primals for f under dual tensors (Note [Transform inputs]): the primal
+// itself (make_dual aliases it, keeping its history) when the graph is kept and it requires
+// grad, else a detached one.
+std::vector<Tensor> dual_inputs(const std::vector<Tensor>& primals, bool keep_graph) {
+  std::vector<Tensor> xs;
+  for (const Tensor& p : primals) xs.push_back(keep_graph && p.requires_grad() ? p : p.detach());
+  return xs;
+}
+
+// f(xs) with xs[i] carrying `tangent`, in a level of its own: f's value and J_i tangent (zeros
+// when f's output does not depend on xs[i]).
+std::pair<Tensor, Tensor> jvp_with_duals(const char* name, const Fn& f, std::vector<Tensor> xs,
+                                         const std::vector<Tensor>& tangents) {
+  autograd::forward::DualLevel level;
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (tangents[i].defined()) xs[i] = autograd::forward::make_dual(xs[i], tangents[i]);
+  Tensor out = f(xs);
+  KILN_CHECK(out.defined(), Value, name, ": f returned an undefined tensor");
+  Tensor jv = autograd::forward::unpack_dual(out).tangent;
+  return {out, jv.defined() ? jv : kiln::zeros_like(out)};
+}
+
+// jacfwd with dual tensors: one jvp per element of each primals[i], i in idx.
+std::vector<Tensor> jacfwd_impl(const Fn& f, const std::vector<Tensor>& primals,
+                                const std::vector<int64_t>& argnums) {
+  std::vector<size_t> idx = resolve_argnums("jacfwd", argnums, primals.size());
+  if (autograd::forward::current_level() != 0) return jacfwd_by_double_vjp(f, primals, idx);
+  const bool any_requires_grad = check_primals("jacfwd", primals);
+  const bool keep = g_depth > 0 || (GradMode::is_enabled() && any_requires_grad);
+  DepthGuard depth;
+  const std::vector<Tensor> xs = dual_inputs(primals, keep);
+  std::vector<Tensor> jacs;
+  for (size_t i : idx) {
+    const int64_t m = xs[i].numel();
+    std::vector<Tensor> tangents(xs.size()), cols;
+    Tensor out;
+    Tensor eye_m = kiln::eye(std::max<int64_t>(m, 1), std::nullopt, xs[i].dtype(), xs[i].device());
+    for (int64_t k = 0; k < m; ++k) {
+      tangents[i] = basis(eye_m, k, xs[i].sizes());
+      auto [o, jv] = jvp_with_duals("jacfwd", f, xs, tangents);
+      out = o;
+      cols.push_back(jv);
+    }
+    if (m == 0) {
+      out = f(xs);
+      KILN_CHECK(out.defined(), Value, "jacfwd: f returned an undefined tensor");
+    }
+    AutoGradMode mode(keep);
+    std::vector<int64_t> shape = concat_shape(out.sizes(), xs[i].sizes());
+    if (m == 0 || out.numel() == 0) {
+      jacs.push_back(kiln::zeros(shape, out.dtype(), out.device()));
+      continue;
+    }
+    jacs.push_back(finish(kiln::stack(cols, out.dim()).reshape(shape), keep));
   }
   return jacs;
 }
@@ -265,11 +339,20 @@ std::pair<Tensor, Tensor> jvp(const Fn& f, const std::vector<Tensor>& primals,
                tangents[i].dtype(), " but its primal has dtype ", primals[i].dtype());
     tangents_require_grad = tangents_require_grad || tangents[i].requires_grad();
   }
-  Traced t = trace("jvp", f, primals);
-  const bool keep = t.keep_graph || (GradMode::is_enabled() && tangents_require_grad);
-  LinearizedVjp l = linearize(t, t.inputs);
-  Tensor jv = jvp_from(l, t.out, tangents, keep);
-  return {finish(t.out, t.keep_graph), finish(jv, keep)};
+  if (autograd::forward::current_level() != 0) {  // Note [jvp by double vjp]
+    Traced t = trace("jvp", f, primals);
+    const bool keep = t.keep_graph || (GradMode::is_enabled() && tangents_require_grad);
+    LinearizedVjp l = linearize(t, t.inputs);
+    Tensor jv = jvp_from(l, t.out, tangents, keep);
+    return {finish(t.out, t.keep_graph), finish(jv, keep)};
+  }
+  const bool any_requires_grad = check_primals("jvp", primals);
+  const bool keep_out = g_depth > 0 || (GradMode::is_enabled() && any_requires_grad);
+  const bool keep = keep_out || (GradMode::is_enabled() && tangents_require_grad);
+  DepthGuard depth;
+  auto [out, jv] = jvp_with_duals("jvp", f, dual_inputs(primals, keep_out), tangents);
+  AutoGradMode mode(keep);
+  return {finish(out, keep_out), finish(jv, keep)};
 }
 
 std::pair<Tensor, Tensor> jvp(const UnaryFn& f, const Tensor& primal, const Tensor& tangent) {

@@ -2,11 +2,13 @@
 
 namespace kiln::autograd {
 namespace {
-thread_local bool tls_grad_enabled = true;
+thread_local detail::AutogradTLS tls_state;
 }
 
-bool GradMode::is_enabled() { return tls_grad_enabled; }
-void GradMode::set_enabled(bool enabled) { tls_grad_enabled = enabled; }
+detail::AutogradTLS& detail::autograd_tls() { return tls_state; }
+
+bool GradMode::is_enabled() { return tls_state.grad_enabled; }
+void GradMode::set_enabled(bool enabled) { tls_state.grad_enabled = enabled; }
 
 InferenceModeGuard::InferenceModeGuard(bool enabled)
     : prev_grad_(GradMode::is_enabled()), prev_tls_(tls_local_dispatch_key_set()) {

@@ -6,6 +6,7 @@
 
 #include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/grad_mode.h"
+#include "forward_support.h"
 #include "kiln/generated/ops.h"
 #include "kiln/operators.h"
 
@@ -163,6 +164,7 @@ variable_list NotImplementedBackward::apply(variable_list&&) {
 }
 
 AutogradMeta::~AutogradMeta() {
+  if (fw_grad_.defined()) forward::detail::forget_tangent(this);
   if (base_.defined())
     if (AutogradMeta* bm = meta_of(base_)) bm->live_views_--;
   if (retains_grad_ && grad_fn_) {
@@ -231,6 +233,7 @@ SavedVariable::SavedVariable(const Tensor& t, bool is_output, uint32_t version_o
   version_ = t.version() + version_offset;
   if (is_output) {
     data_ = t.detach();  // Note [Graph ownership]: no reference back to the node saving it
+    forward::detail::copy_tangent(t, data_);  // forward-over-reverse needs the output's tangent
     AutogradMeta* m = meta_of(t);
     output_requires_grad_ = m != nullptr && m->grad_fn_ != nullptr;
     output_nr_ = m != nullptr ? m->output_nr_ : 0;
@@ -258,6 +261,7 @@ Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
   m.grad_fn_ = owner.shared_from_this();
   m.output_nr_ = output_nr_;
   r.impl()->add_keys(DispatchKey::Autograd);
+  forward::detail::copy_tangent(data_, r);
   return r;
 }
 

@@ -25,7 +25,7 @@ class Hooks final : public AutogradHooks {
     }
     m.requires_grad_ = requires_grad;
     if (requires_grad) t.impl()->add_keys(DispatchKey::Autograd);
-    else t.impl()->remove_keys(DispatchKey::Autograd);
+    else if (!m.fw_grad_.defined()) t.impl()->remove_keys(DispatchKey::Autograd);  // duals keep it
   }
   Tensor grad(const Tensor& t) const override { return meta_of(t)->grad_; }
   void set_grad(const Tensor& t, const Tensor& g) const override {

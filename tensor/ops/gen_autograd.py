@@ -14,6 +14,14 @@ Multi-output rows: `grad` is the first output's gradient, `grads[i]` the i-th on
 that output got none), and the named outputs (`indices` of max.dim) are saved for the formulas.
 Tensor[] inputs: the formula returns one gradient per element (cat_backward); the node keeps only
 the elements' geometry (LIST_GEOMETRY_HELPERS read nothing else), not the tensors.
+
+Forward AD (Note [Forward AD] in autograd/include/kiln/autograd/forward_ad.h): each kernel also
+has a forward path, taken only while a DualLevel is active, that gives the outputs tangents: a
+row's jvp formula (one jvp_<Node>() function per row, `<x>_t` the tangents, `result` the output),
+"derived" (the row's node, fresh, through derived_jvp(): the double-vjp trick per op), the same
+view of the input's tangent for view rows, or nothing for "non_differentiable". The reverse-mode
+part is one record_<op>() function that both paths call; its `fw` step runs between set_history
+and saving the outputs, so saved outputs keep their tangents.
 """
 import os
 import re
@@ -180,23 +188,73 @@ def save_line(a):
 
 
 def kernel(r, op):
+    """The Autograd kernel of one variant: reverse mode as before, and (Note [Forward AD] in
+    kiln/autograd/forward_ad.h) a forward path taken only while a forward AD level is active."""
     h, p, n = op.handle, op.params(), op.arg_names()
     ret = op.ret_cpp
-    # Generated `_` variants and rows like fill_/copy_ whose schema mutates `self`.
-    inplace = op.variant == "inplace" or bool(op.args and op.args[0].mutable)
-    L = [f"static {ret} autograd_{h}({p}) {{"]
     diff = [a for a in op.args if a.name in r.diff_args]
     rg = " || ".join(f"needs_grad({a.name})" for a in diff) or "false"
-    L.append(f"  const bool need = GradMode::is_enabled() && ({rg});")
+    strict = " || ".join(f"requires_grad_of({a.name})" for a in diff) or "false"
     below = f"ops::{h}::redispatch(below_autograd(ops::{h}::key_set({n})){', ' if n else ''}{n})"
     if op.variant == "out":
-        L.append(f'  KILN_CHECK(!need, Runtime, "{op.name}(): functions with out=... arguments don\'t support '
-                 f'automatic differentiation, but one of the arguments requires grad.");')
-        L.append("  ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);")
-        L.append(f"  return {below};\n}}")
+        tan = " || ".join(f"has_tangent({a.name})" for a in diff) or "false"
+        L = [f"static {ret} autograd_{h}({p}) {{",
+             "  const detail::AutogradTLS& st = detail::autograd_tls();",
+             f"  if (st.forward_ad && ({tan})) [[unlikely]] fail_out_variant_tangent(\"{op.name}\");",
+             "  // While a level is active a dual tensor carries the Autograd key without requiring grad.",
+             f"  const bool need = st.grad_enabled && (st.fw_level != 0 ? ({strict}) : ({rg}));",
+             f'  KILN_CHECK(!need, Runtime, "{op.name}(): functions with out=... arguments don\'t support '
+             f'automatic differentiation, but one of the arguments requires grad.");',
+             "  ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);",
+             f"  return {below};\n}}"]
         return L
-    L.append("  if (!need) {\n    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);")
-    L.append(f"    return {below};\n  }}")
+    return record_fn(r, op, below) + [""] + forward_fn(r, op, below, strict) + [""] + [
+        f"static {ret} autograd_{h}({p}) {{",
+        "  const detail::AutogradTLS& st = detail::autograd_tls();",
+        f"  if (st.fw_level != 0) [[unlikely]] return forward_{h}({n});",
+        f"  const bool need = st.grad_enabled && ({rg});",
+        "  if (!need) {\n    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);",
+        f"    return {below};\n  }}",
+        f"  return record_{h}({n}{', ' if n else ''}NoForward{{}});",
+        "}"]
+
+
+def is_inplace(op):
+    # Generated `_` variants and rows like fill_/copy_ whose schema mutates `self`.
+    return op.variant == "inplace" or bool(op.args and op.args[0].mutable)
+
+
+def save_lines(r, op, inplace, forward):
+    """Saving the node's arguments (a jvp node saves inputs as they are: Note [Derived jvp])."""
+    L = []
+    for a in op.args:
+        if a.type == "Tensor[]":
+            L.append(f"  node->{a.name}_n_ = {a.name}.size();")
+        if a.name not in r.used:
+            continue
+        if a.type == "Tensor[]":
+            L.append(f"  for (const Tensor& t : {a.name}) node->{a.name}_geom_.push_back(geometry_of(t));")
+        elif a.name in r.shape_only:
+            L.append(f"  node->{a.name}_sizes_.assign({a.name}.sizes().begin(), {a.name}.sizes().end());")
+        elif a.type == "Tensor":
+            if inplace and a.name == op.args[0].name:
+                src = f"{a.name}_pre" if forward else f"clone_below_autograd({a.name})"
+                L.append(f"  node->{a.name}_ = SavedVariable({src}, false);")
+            else:
+                L.append(f"  node->{a.name}_ = SavedVariable({a.name}, false);")
+        else:
+            L.append("  " + save_line(a))
+    return L
+
+
+def record_fn(r, op, below):
+    """Reverse mode: runs the op below Autograd and records the node. `fw` (the forward path's
+    tangent step, or NoForward) runs once the outputs have their history and before the node
+    saves them, so saved outputs keep their tangents (forward-over-reverse)."""
+    h, p, n = op.handle, op.params(), op.arg_names()
+    ret = op.ret_cpp
+    inplace = is_inplace(op)
+    L = ["template <typename Fw>", f"static {ret} record_{h}({p}{', ' if p else ''}Fw&& fw) {{"]
     if inplace:  # writing into an integer tensor records nothing: it cannot carry a gradient
         L.append(f"  if (!is_floating({op.args[0].name}.dtype())) {{\n"
                  f"    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);\n    return {below};\n  }}")
@@ -212,22 +270,7 @@ def kernel(r, op):
             else:
                 L.append(f"  collect_edge(*node, {a.name});")
     if r.generated:
-        for a in op.args:
-            if a.type == "Tensor[]":
-                L.append(f"  node->{a.name}_n_ = {a.name}.size();")
-            if a.name not in r.used:
-                continue
-            if a.type == "Tensor[]":
-                L.append(f"  for (const Tensor& t : {a.name}) node->{a.name}_geom_.push_back(geometry_of(t));")
-            elif a.name in r.shape_only:
-                L.append(f"  node->{a.name}_sizes_.assign({a.name}.sizes().begin(), {a.name}.sizes().end());")
-            elif a.type == "Tensor":
-                if inplace and a.name == op.args[0].name:
-                    L.append(f"  node->{a.name}_ = SavedVariable(clone_below_autograd({a.name}), false);")
-                else:
-                    L.append(f"  node->{a.name}_ = SavedVariable({a.name}, false);")
-            else:
-                L.append("  " + save_line(a))
+        L += save_lines(r, op, inplace, forward=False)
     L.append(f"  {ret} r;")
     L.append(f"  {{\n    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);\n    r = {below};\n  }}")
     if op.ret_cpp == "Tensor":
@@ -236,19 +279,175 @@ def kernel(r, op):
         L.append("  set_history(r, node);")
         if op.is_view:
             L.append(f"  set_view_base(r, {op.args[0].name});")
+        L.append("  fw(r);")
         if r.generated and "result" in r.used:
             L.append(f"  node->result_ = SavedVariable(r, true, {1 if inplace else 0});")
     elif op.ret_cpp.startswith("::std::tuple"):
         for i in range(len(op.rets)):
             L.append(f"  if (is_floating(std::get<{i}>(r).dtype())) set_history(std::get<{i}>(r), node);")
             L.append(f"  else node->add_input_metadata(std::get<{i}>(r));")
+        L.append("  fw(r);")
         if r.generated:
-            for i, n in enumerate(r.out_names):
-                if n in r.used:
-                    L.append(f"  node->{n}_ = SavedVariable(std::get<{i}>(r), true);")
+            for i, nm in enumerate(r.out_names):
+                if nm in r.used:
+                    L.append(f"  node->{nm}_ = SavedVariable(std::get<{i}>(r), true);")
     else:  # Tensor[]
         L.append("  for (const Tensor& t : r) set_history(t, node);")
+        L.append("  fw(r);")
     L.append("  return r;\n}")
+    return L
+
+
+def self_by_value(formula):
+    """Whether a jvp formula reads self's values (not only its sizes or dtype)."""
+    stripped = re.sub(r"\bself\.(sizes|numel|dim)\(\)", "", formula)
+    stripped = re.sub(r",\s*self\)", ")", stripped)  # cast_back(x, self): self's dtype only
+    return "self" in idents(stripped)
+
+
+def jvp_kind(r, op):
+    jvp = r.row["jvp"]
+    if jvp == "non_differentiable":
+        return "none"
+    if op.is_view and jvp == "derived" and r.func.name != "as_strided":
+        return "view"
+    if jvp == "derived":
+        return "derived" if r.generated else "pending"
+    return "formula"
+
+
+def jvp_formula_fn(r):
+    """One function per row evaluating its jvp formula: the op's arguments, `result`, and the
+    tangents `<x>_t` the formula reads."""
+    f = r.row["jvp"]
+    if r.func.num_returns > 1 or r.func.returns_list:
+        raise SystemExit(f"gen_autograd: {r.func.name}: jvp formulas of multi-output rows are not "
+                         f"supported (use \"derived\")")
+    used = set(idents(f))
+    ps = [f"[[maybe_unused]] {a.cpp} {a.name}" for a in r.args]
+    ps.append("[[maybe_unused]] const Tensor& result")
+    for a in r.tensor_args:
+        if f"{a.name}_t" in used:
+            ps.append(f"{'TensorList' if a.type == 'Tensor[]' else 'const Tensor&'} {a.name}_t")
+    return [f"static Tensor jvp_{r.node}({', '.join(ps)}) {{", f"  return {cxx_formula(f)};", "}", ""]
+
+
+def forward_fn(r, op, below, strict):
+    """The forward path (a level is active): tangents in, the op (recorded when needed), tangents
+    out. Forward AD disabled (a nested guard) falls back to reverse mode with the strict
+    requires-grad test."""
+    h, p, n = op.handle, op.params(), op.arg_names()
+    ret = op.ret_cpp
+    inplace = is_inplace(op)
+    kind = jvp_kind(r, op)
+    diff = [a for a in op.args if a.name in r.diff_args]
+    sep = ", " if n else ""
+    L = [f"static {ret} forward_{h}({p}) {{",
+         f"  const bool need = GradMode::is_enabled() && ({strict});"]
+    tan = " || ".join(f"has_tangent({a.name})" for a in diff) or "false"
+    if kind == "none":  # jvp = "non_differentiable": outputs get no tangent
+        L.append(f"  if (need) return record_{h}({n}{sep}NoForward{{}});")
+        L.append(f"  ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);\n  return {below};\n}}")
+        return L
+    L.append(f"  if (!detail::autograd_tls().forward_ad || !({tan})) {{")
+    L.append(f"    if (need) return record_{h}({n}{sep}NoForward{{}});")
+    L.append(f"    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);\n    return {below};\n  }}")
+    if kind == "pending":
+        L.append(f'  KILN_FAIL(NotImplemented, "{op.name}: forward-mode AD of this op needs its backward '
+                 f'formula, which is not implemented yet");\n}}')
+        return L
+    for a in diff:
+        if a.type == "Tensor[]":
+            L.append(f"  const ::std::vector<Tensor> {a.name}_tan = tangents_of({a.name});")
+        else:
+            L.append(f"  const Tensor {a.name}_tan = tangent_of({a.name});")
+    self_name = op.args[0].name if op.args else None
+    pre = False
+    if inplace and kind == "formula":
+        pre = self_by_value(r.row["jvp"])
+    elif inplace and kind == "derived":
+        pre = self_name in r.used and self_name not in r.shape_only
+    if pre:
+        L.append(f"  const Tensor {self_name}_pre = clone_for_jvp({self_name});")
+    L.append(f"  auto fw = [&](const {ret}& r) {{")
+    L.append("    ForwardADDisabledGuard off;")
+    if kind == "view":
+        rest = [a.name for a in op.args[1:]]
+        if r.func.name == "view":
+            expr = f"kiln::reshape({self_name}_tan, {', '.join(rest)})"
+        else:
+            expr = f"ops::{h}::call({', '.join([self_name + '_tan'] + rest)})"
+        L.append(f"    forward::detail::set_tangent(r, {expr});  // a view of the input's tangent")
+    elif kind == "formula":
+        used = set(idents(r.row["jvp"]))
+        args = []
+        for a in op.args:
+            args.append(f"{a.name}_pre" if pre and a.name == self_name else a.name)
+        args.append(self_name if inplace else "r")
+        for a in r.tensor_args:
+            if f"{a.name}_t" not in used:
+                continue
+            if a.name not in r.diff_args:
+                raise SystemExit(f"gen_autograd: {r.func.name}: the jvp formula reads {a.name}_t, "
+                                 f"but {a.name} is not differentiable")
+            if a.type == "Tensor[]":
+                L.append(f"    const ::std::vector<Tensor> {a.name}_t = tangents_or_zeros({a.name}_tan, {a.name});")
+            else:
+                L.append(f"    const Tensor {a.name}_t = tangent_or_zeros({a.name}_tan, {a.name});")
+            args.append(f"{a.name}_t")
+        call = f"jvp_{r.node}({', '.join(args)})"
+        if inplace:
+            L.append(f'    set_inplace_tangent({self_name}, {call}, "{op.name}");')
+        else:
+            L.append(f'    set_output_tangent(r, {call}, "{op.name}");')
+    else:  # derived
+        L.append(f"    auto node = std::make_shared<{r.node}>();")
+        # One edge and one tangent per gradient slot, in the order record_fn collects edges.
+        tans = []
+        for a in op.args:
+            if not a.is_tensor:
+                continue
+            if a.name not in r.diff_args:
+                count = f"{a.name}.size()" if a.type == "Tensor[]" else "1"
+                L.append(f"    node->mutable_next_edges().resize(node->num_outputs() + {count});")
+                tans.append(("none", count))
+            elif a.type == "Tensor[]":
+                L.append(f"    for (const Tensor& t : {a.name}_tan) node->mutable_next_edges().push_back(forward_edge(t));")
+                tans.append(("list", f"{a.name}_tan"))
+            else:
+                L.append(f"    node->mutable_next_edges().push_back(forward_edge({a.name}_tan));")
+                tans.append(("one", f"{a.name}_tan"))
+        L += ["  " + line for line in save_lines(r, op, inplace, forward=True)]
+        out = self_name if inplace else "r"
+        if op.ret_cpp.startswith("::std::tuple"):
+            outs = [f"std::get<{i}>(r)" for i in range(len(op.rets))]
+            for i, nm in enumerate(r.out_names):
+                if nm in r.used:
+                    L.append(f"    node->{nm}_ = SavedVariable(std::get<{i}>(r), false);")
+        else:
+            outs = [out]
+            if "result" in r.used:
+                L.append(f"    node->result_ = SavedVariable({out}, false);")
+        L.append("    ::std::vector<Tensor> tangents;")
+        for how, t in tans:
+            if how == "none":
+                L.append(f"    tangents.resize(tangents.size() + {t});")
+            elif how == "list":
+                L.append(f"    tangents.insert(tangents.end(), {t}.begin(), {t}.end());")
+            else:
+                L.append(f"    tangents.push_back({t});")
+        rec = " || ".join(["need"] + [f"requires_grad_of({t})" for how, t in tans if how != "none"])
+        L.append(f"    ::std::vector<Tensor> out = derived_jvp(*node, {{{', '.join(outs)}}}, tangents, {rec});")
+        for i, o in enumerate(outs):
+            if inplace:
+                L.append(f'    set_inplace_tangent({self_name}, ::std::move(out[{i}]), "{op.name}");')
+            else:
+                L.append(f'    set_output_tangent({o}, ::std::move(out[{i}]), "{op.name}");')
+    L.append("  };")
+    L.append(f"  if (need) return record_{h}({n}{sep}fw);")
+    L.append(f"  {ret} r;")
+    L.append(f"  {{\n    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);\n    r = {below};\n  }}")
+    L.append("  fw(r);\n  return r;\n}")
     return L
 
 
@@ -256,13 +455,16 @@ def decompose_kernel(op):
     """Note [Differentiating by decomposition]: a row with derivative = "decompose" (a fused
     backward kernel such as a norm's backward) runs its fast kernel when no gradient is needed, and
     its decomposition (a C++ composition of table ops, each recording itself) when one is: so double
-    backward goes through the written-out ops and needs no formula of its own."""
+    backward goes through the written-out ops and needs no formula of its own. The same holds for
+    forward mode: with a tangent on an input, the decomposition's ops carry it."""
     h, p, n = op.handle, op.params(), op.arg_names()
     tensors = [a for a in op.args if a.is_tensor]
     rg = " || ".join(f"needs_grad({a.name})" for a in tensors) or "false"
+    tan = " || ".join(f"has_tangent({a.name})" for a in tensors) or "false"
     below = f"ops::{h}::redispatch(below_autograd(ops::{h}::key_set({n})){', ' if n else ''}{n})"
     return [f"static {op.ret_cpp} autograd_{h}({p}) {{",
-            f"  if (GradMode::is_enabled() && ({rg})) return composite::{op.row['decomposition']}({n});",
+            f"  if ((GradMode::is_enabled() && ({rg})) || (detail::autograd_tls().forward_ad && ({tan})))",
+            f"    return composite::{op.row['decomposition']}({n});",
             "  ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);",
             f"  return {below};", "}"]
 
@@ -313,6 +515,8 @@ def main():
             C.extend(node_class(r))
         else:
             PENDING.append(f'    {{"{r.func.name}", "{r.missing_text()}"}},')
+        if any(jvp_kind(r, op) == "formula" for op in rops):
+            C.extend(jvp_formula_fn(r))
         for op in rops:
             C.extend(kernel(r, op))
             C.append("")

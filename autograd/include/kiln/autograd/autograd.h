@@ -1,5 +1,6 @@
 // kiln/autograd/autograd.h: everything kiln_autograd offers: the graph, the engine, grad modes,
-// hooks, custom Functions, anomaly mode, checkpointing and the kiln::func transforms.
+// hooks, custom Functions, anomaly mode, checkpointing, forward-mode AD (dual tensors,
+// forward_ad.h) and the kiln::func transforms.
 //
 //   kiln::Tensor w = kiln::randn({3, 2}).requires_grad_();
 //   kiln::Tensor loss = kiln::matmul(x, w).sum();
@@ -10,6 +11,7 @@
 
 #include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/checkpoint.h"
+#include "kiln/autograd/forward_ad.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/function.h"
 #include "kiln/autograd/formulas.h"

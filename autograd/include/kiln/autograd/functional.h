@@ -23,12 +23,16 @@
 // at the outermost level, f's dependence on captured tensors that require grad is not kept in the
 // results (functorch would keep it); pass such tensors as primals instead.
 //
-// Note [jvp by double vjp]: forward-mode dual tensors do not exist yet, so jvp and jacfwd use the
-// double-vjp trick: with a dummy cotangent u (zeros that require grad), g(u) = vjp(u) = J^T u is
-// computed with create_graph, and since g is linear in u, the vjp of g with respect to u in the
-// direction v is (J^T)^T v = J v. This costs one forward, one backward and one double backward
-// per tangent, and needs every op on the path to have a differentiable backward formula. When
-// dual tensors land, jvp/jacfwd should switch to them (and to the op table's jvp formulas).
+// Note [jvp by double vjp]: jvp and jacfwd run f on dual tensors (kiln/autograd/forward_ad.h):
+// one forward pass per tangent, in a forward AD level of its own, with the op table's jvp
+// formulas. Only one level can be active per thread, so a jvp/jacfwd called while one is active
+// (jacfwd(jacfwd(f)), jvp inside a DualLevel) uses the double-vjp trick instead: with a dummy
+// cotangent u (zeros that require grad), g(u) = vjp(u) = J^T u is computed with create_graph,
+// and since g is linear in u, the vjp of g with respect to u in the direction v is
+// (J^T)^T v = J v. That costs one forward, one backward and one double backward per tangent, and
+// needs every op on the path to have a differentiable backward formula. Inside an active level,
+// the primals' tangents ride along on the transforms' fresh handles (forward-over-reverse:
+// hessian = jacfwd(jacrev(f)) differentiates jacrev's backward pass with tangents).
 #pragma once
 
 #include <cstdint>
@@ -57,7 +61,7 @@ std::pair<Tensor, VjpFn> vjp(const Fn& f, const std::vector<Tensor>& primals);
 std::pair<Tensor, UnaryFn> vjp(const UnaryFn& f, const Tensor& primal);
 
 // f(primals) and J(primals) @ tangents (one tangent per primal, same shape and dtype).
-// Note [jvp by double vjp].
+// Dual tensors (Note [jvp by double vjp]).
 std::pair<Tensor, Tensor> jvp(const Fn& f, const std::vector<Tensor>& primals,
                               const std::vector<Tensor>& tangents);
 std::pair<Tensor, Tensor> jvp(const UnaryFn& f, const Tensor& primal, const Tensor& tangent);
@@ -76,7 +80,7 @@ std::function<std::pair<std::vector<Tensor>, Tensor>(const std::vector<Tensor>&)
 std::function<std::pair<Tensor, Tensor>(const Tensor&)> grad_and_value(const UnaryFn& f);
 
 // Jacobians of shape f(x).shape + primals[argnum].shape. jacrev takes one vjp per output element;
-// jacfwd one jvp per input element (Note [jvp by double vjp]).
+// jacfwd one jvp per input element, with dual tensors (Note [jvp by double vjp]).
 Fn jacrev(const Fn& f, int64_t argnum = 0);
 MultiFn jacrev(const Fn& f, const std::vector<int64_t>& argnums);
 UnaryFn jacrev(const UnaryFn& f);

@@ -5,9 +5,27 @@
 //   { kiln::autograd::InferenceModeGuard g; t = exp(x); }   // t.is_inference(): never enters autograd
 #pragma once
 
+#include <cstdint>
+
 #include "kiln/dispatch_key.h"
 
 namespace kiln::autograd {
+
+namespace detail {
+// Note [Autograd thread-local state]: grad mode and the forward-AD state share one thread-local
+// struct, so a generated Autograd kernel learns both with one call and one TLS access (the
+// reverse-mode path costs no more than it did before forward AD existed).
+struct AutogradTLS {
+  bool grad_enabled = true;
+  // A forward AD level is active and forward AD is not disabled (forward_ad.h): the kernels
+  // propagate tangents. Kept equal to `fw_level != 0 && fw_disabled == 0`.
+  bool forward_ad = false;
+  uint32_t fw_disabled = 0;  // ForwardADDisabledGuard nesting
+  uint64_t fw_level = 0;     // id of the active DualLevel, 0 when none
+  void refresh() { forward_ad = fw_level != 0 && fw_disabled == 0; }
+};
+AutogradTLS& autograd_tls();
+}  // namespace detail
 
 struct GradMode {
   static bool is_enabled();

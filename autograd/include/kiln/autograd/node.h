@@ -175,6 +175,12 @@ struct AutogradMeta final : AutogradMetaInterface {
   Tensor base_;  // views recorded in grad mode: the tensor they view (a base, never a view)
   int live_views_ = 0;  // bases: how many recorded views of this tensor are alive
   std::shared_ptr<HookTable> leaf_hooks_;  // leaves: tensor and post-accumulate-grad hooks
+  // Forward AD (Note [Forward AD levels] in forward_ad.h): the tangent, valid while level
+  // fw_level_ is the active one; fw_owner_ is the impl owning this meta (its Autograd key is
+  // dropped with the tangent when nothing else needs it).
+  Tensor fw_grad_;
+  uint64_t fw_level_ = 0;
+  TensorImpl* fw_owner_ = nullptr;
   bool requires_grad() const override { return requires_grad_ || grad_fn_ != nullptr; }
   ~AutogradMeta() override;
 };
