@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "batched_internal.h"
 #include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/generated/ops.h"
@@ -258,6 +259,8 @@ void prepare_roots(const variable_list& tensors, const variable_list& grads,
 
 void backward(const variable_list& tensors, const variable_list& grad_tensors,
               std::optional<bool> retain_graph, bool create_graph) {
+  KILN_CHECK(!any_batched(tensors), NotImplemented,
+             "backward() of a tensor batched by vmap: use func::grad or func::vjp inside vmap");
   if (create_graph)
     KILN_WARN_ONCE("Using backward() with create_graph=true creates a reference cycle between a leaf "
                    "and its .grad (the gradient's graph saves the leaf), which leaks memory. Prefer "
@@ -274,6 +277,11 @@ void backward(const variable_list& tensors, const variable_list& grad_tensors,
 variable_list grad(const variable_list& outputs, const variable_list& inputs,
                    const variable_list& grad_outputs, std::optional<bool> retain_graph,
                    bool create_graph, bool allow_unused) {
+  // Autograd records plain tensors only (Note [vmap and autograd] in batched.h); cotangents may
+  // stay batched (their logical shape is checked), outputs and inputs are translated.
+  if (any_batched(outputs) || any_batched(inputs))
+    return grad_of_batched(outputs, inputs, grad_outputs, retain_graph, create_graph,
+                           allow_unused);
   std::vector<Edge> edges;
   variable_list root_grads;
   prepare_roots(outputs, grad_outputs, edges, root_grads);

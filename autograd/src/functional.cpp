@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "kiln/autograd/batched.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/forward_ad.h"
 #include "kiln/autograd/grad_mode.h"
@@ -52,24 +53,30 @@ bool check_primals(const char* name, const std::vector<Tensor>& primals) {
 Traced trace(const char* name, const Fn& f, const std::vector<Tensor>& primals) {
   Traced t;
   const bool any_requires_grad = check_primals(name, primals);
-  // A primal carrying a tangent (inside jvp/jacfwd, Note [jvp by double vjp]) keeps it on its
-  // fresh handle, and the results keep theirs (finish() must not detach them).
+  // Note [vmap and autograd]: the leaves are made from the plain values, batched first at every
+  // active vmap level so that each example gets its own gradient.
+  std::vector<autograd::PhysicalView> views;
+  for (const Tensor& p : primals)
+    views.push_back(autograd::to_physical(autograd::promote_to_active_levels(p)));
+  // A primal carrying a tangent (inside jvp/jacfwd) keeps it on its fresh handle, and the
+  // results keep theirs (finish() must not detach them).
   using autograd::forward::detail::tangent_of;
   bool any_tangent = false;
-  for (const Tensor& p : primals) any_tangent = any_tangent || tangent_of(p).defined();
+  for (const autograd::PhysicalView& v : views) any_tangent = any_tangent || tangent_of(v.base).defined();
   t.keep_graph = g_depth > 0 || (GradMode::is_enabled() && any_requires_grad) || any_tangent;
   DepthGuard depth;
   EnableGradGuard enable;
-  for (const Tensor& p : primals) {
-    if (t.keep_graph && p.requires_grad()) {
-      t.inputs.push_back(p.clone());
+  for (const autograd::PhysicalView& v : views) {
+    Tensor leaf;
+    if (t.keep_graph && v.base.requires_grad()) {
+      leaf = v.base.clone();
     } else {
-      Tensor leaf = p.detach();
+      leaf = v.base.detach();
       leaf.requires_grad_();
-      if (Tensor tangent = tangent_of(p); tangent.defined())
+      if (Tensor tangent = tangent_of(v.base); tangent.defined())
         autograd::forward::detail::set_tangent(leaf, tangent);
-      t.inputs.push_back(std::move(leaf));
     }
+    t.inputs.push_back(v.levels.empty() ? leaf : autograd::from_physical(leaf, v.levels));
   }
   t.out = f(t.inputs);
   KILN_CHECK(t.out.defined(), Value, name, ": f returned an undefined tensor");
@@ -132,36 +139,39 @@ std::pair<std::vector<Tensor>, Tensor> grad_and_value_impl(const char* name, con
   return {std::move(grads), finish(t.out, t.keep_graph)};
 }
 
-// One vjp per output element: row j of the Jacobian is J^T e_j.
+// Row j of the Jacobian is J^T e_j: one backward, batched by vmap over the rows of eye(n)
+// (Note [Batched gradients] in batched.cpp: the cotangent stays batched through the backward).
 std::vector<Tensor> jacrev_impl(const Fn& f, const std::vector<Tensor>& primals,
                                 const std::vector<int64_t>& argnums) {
   std::vector<size_t> idx = resolve_argnums("jacrev", argnums, primals.size());
   Traced t = trace("jacrev", f, primals);
   std::vector<Tensor> xs = pick(t.inputs, idx);
   const int64_t n = t.out.numel();
-  std::vector<std::vector<Tensor>> rows(xs.size());
+  std::vector<Tensor> rows(xs.size());  // (n, *x.shape) per input; undefined: no dependence
+  std::vector<bool> used(xs.size(), false);
   if (t.out.requires_grad() && n > 0) {
-    Tensor eye_n = kiln::eye(n, std::nullopt, t.out.dtype(), t.out.device());
-    for (int64_t j = 0; j < n; ++j) {
-      std::vector<Tensor> gs = autograd::grad({t.out}, xs, {basis(eye_n, j, t.out.sizes())},
-                                              /*retain_graph=*/true, t.keep_graph,
-                                              /*allow_unused=*/true);
-      for (size_t i = 0; i < xs.size(); ++i) rows[i].push_back(gs[i]);
-    }
+    const Tensor out = t.out;
+    const bool keep = t.keep_graph;
+    MultiFn row_vjp = [&](const std::vector<Tensor>& e) {
+      std::vector<Tensor> gs = autograd::grad({out}, xs, {e[0].reshape(out.sizes())},
+                                              /*retain_graph=*/true, keep, /*allow_unused=*/true);
+      for (size_t i = 0; i < gs.size(); ++i) {
+        used[i] = used[i] || gs[i].defined();
+        if (!gs[i].defined()) gs[i] = kiln::zeros_like(xs[i]);
+      }
+      return gs;
+    };
+    rows = vmap(row_vjp)({kiln::eye(n, std::nullopt, out.dtype(), out.device())});
   }
   AutoGradMode mode(t.keep_graph);
   std::vector<Tensor> jacs;
   for (size_t i = 0; i < xs.size(); ++i) {
     std::vector<int64_t> shape = concat_shape(t.out.sizes(), xs[i].sizes());
-    bool any = false;
-    for (const Tensor& r : rows[i]) any = any || r.defined();
-    if (!any) {
+    if (!used[i]) {
       jacs.push_back(kiln::zeros(shape, xs[i].dtype(), xs[i].device()));
       continue;
     }
-    for (Tensor& r : rows[i])
-      if (!r.defined()) r = kiln::zeros_like(xs[i]);
-    jacs.push_back(finish(kiln::stack(rows[i], 0).reshape(shape), t.keep_graph));
+    jacs.push_back(finish(rows[i].reshape(shape), t.keep_graph));
   }
   return jacs;
 }

@@ -1,6 +1,7 @@
 // Tensor's autograd methods (requires_grad_, grad, backward, ...): kiln_autograd's side of
 // kiln/autograd_hooks.h, registered when the library loads.
 #include "kiln/autograd_hooks.h"
+#include "kiln/autograd/batched.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/grad_mode.h"
 
@@ -10,6 +11,10 @@ namespace {
 class Hooks final : public AutogradHooks {
  public:
   void set_requires_grad(const Tensor& t, bool requires_grad) const override {
+    if (is_batched(t)) {  // autograd records the plain value (Note [vmap and autograd])
+      to_physical(t).base.requires_grad_(requires_grad);
+      return;
+    }
     KILN_CHECK(!requires_grad || !t.is_inference() || InferenceModeGuard::is_enabled(), Runtime,
                "Setting requires_grad=True on inference tensor outside InferenceMode is not allowed.");
     KILN_CHECK(!requires_grad || is_floating(t.dtype()), Runtime,

@@ -67,6 +67,8 @@ bool Tensor::retains_grad() const {
 
 Tensor Tensor::detach() const {
   const TensorImpl* src = live();
+  if (const BackendHandle* h = src->backend_handle())
+    if (auto d = h->detached(*src)) return Tensor(std::move(d));
   auto impl = TensorImpl::make(src->storage(), src->dtype(), src->sizes(), src->strides(),
                                src->storage_offset());
   impl->set_wrapped_number(src->is_wrapped_number());

@@ -65,7 +65,13 @@ int64_t TensorImpl::stride(int64_t d) const {
   return strides_[d < 0 ? d + n : d];
 }
 
+intrusive_ptr<TensorImpl> BackendHandle::detached(const TensorImpl&) const { return {}; }
+
 void* TensorImpl::data_ptr() const {
+  KILN_CHECK(!key_set_.has(DispatchKey::Batched), Runtime,
+             "cannot access the data of a tensor batched by vmap (a BatchedTensor of shape ",
+             sizes(), "): inside vmap only ops see its examples; return it from the vmapped "
+             "function instead");
   KILN_CHECK(storage_->has_data(), Runtime, "cannot access the data of a tensor on device '",
              device().str(), "' (it has no local storage)");
   return raw_data();

@@ -74,8 +74,10 @@ class Tensor {
   // (kiln/autograd_hooks.h); without it, the ones that need it raise a RuntimeError.
   const Tensor& requires_grad_(bool requires_grad = true) const;
   bool requires_grad() const {
-    const AutogradMetaInterface* m = live()->autograd_meta();
-    return m != nullptr && m->requires_grad();
+    const TensorImpl* impl = live();
+    if (const AutogradMetaInterface* m = impl->autograd_meta()) return m->requires_grad();
+    const BackendHandle* h = impl->backend_handle();
+    return __builtin_expect(h != nullptr, 0) && h->requires_grad();
   }
   Tensor grad() const;                      // undefined when no gradient was accumulated
   void set_grad(const Tensor& grad) const;  // replaces .grad (undefined clears it)

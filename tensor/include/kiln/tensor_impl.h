@@ -26,9 +26,19 @@ struct AutogradMetaInterface {
   virtual bool requires_grad() const = 0;
 };
 
-// Opaque per-backend state (e.g. a remote value id). tensor/ never looks inside.
+class TensorImpl;
+
+// Opaque per-backend state (e.g. a remote value id, or the value a vmap wrapper batches).
+// tensor/ never looks inside; the one thing it asks is how to detach a tensor carrying it.
 struct BackendHandle {
   virtual ~BackendHandle() = default;
+  // Tensor::detach() of a tensor carrying this handle, when the handle's owner must build it
+  // (a storage-less wrapper such as autograd's BatchedTensor detaches its value); nullptr: the
+  // default (a new impl over the same storage, sharing this handle).
+  virtual intrusive_ptr<TensorImpl> detached(const TensorImpl& self) const;
+  // Tensor::requires_grad() of a tensor without autograd state of its own (a wrapper answers
+  // for the value autograd records instead of it).
+  virtual bool requires_grad() const { return false; }
 };
 
 class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {

@@ -1,0 +1,581 @@
+// The Batched key's kernels: one boxed kernel per batching rule of the op table, registered for
+// every row by its `batching` name (Note [Batching rules] in batched.h).
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "batched_internal.h"
+#include "kiln/dispatcher.h"
+#include "kiln/generated/ops.h"
+
+namespace kiln::autograd {
+namespace {
+
+// ---- helpers over one call's arguments --------------------------------------------------------
+
+// A rule's outputs (what goes back on the stack), or nullopt: "use the per-example loop".
+using Result = std::optional<Stack>;
+
+struct Call {
+  const OperatorHandle& op;
+  Stack args;
+  int64_t level = 0;
+  int64_t batch = -1;
+  const OpInfo& info() const { return op.info(); }
+  const char* name() const { return op.name(); }
+  int index(const char* arg) const {
+    for (int i = 0; i < info().num_args; ++i)
+      if (std::strcmp(info().args[i].name, arg) == 0) return i;
+    return -1;
+  }
+  bool batched(const Tensor& t) const { return t.defined() && batched_level(t) == level; }
+};
+
+// `t` batched at the call's level, as its value with the batch dim first.
+Tensor front(const Tensor& t) {
+  const Tensor& v = batched_value(t);
+  const int64_t d = batched_bdim(t);
+  if (d == 0) return v;
+  std::vector<int64_t> perm{d};
+  for (int64_t i = 0; i < v.dim(); ++i)
+    if (i != d) perm.push_back(i);
+  return v.permute(perm);
+}
+
+// The call's argument as a physical tensor with the batch dim first (expanded if unbatched).
+Tensor front_or_expand(const Call& c, const Tensor& t) {
+  if (c.batched(t)) return front(t);
+  DimVector sizes(t.sizes());
+  sizes.insert(0, c.batch);
+  return t.unsqueeze(0).expand(IntArrayRef(sizes));
+}
+
+// PyTorch's dim wrapping over the logical rank (0-dim tensors accept 0 and -1).
+int64_t wrap_dim(const Call& c, int64_t d, int64_t rank) {
+  const int64_t r = std::max<int64_t>(rank, 1);
+  KILN_CHECK(d >= -r && d < r, Index, c.name(),
+             ": dimension out of range (expected to be in range "
+             "of [",
+             -r, ", ", r - 1, "], but got ", d, ") for an example of rank ", rank, " inside vmap");
+  return d < 0 ? d + r : d;
+}
+
+Tensor pad_after_batch(Tensor phys, int64_t rank) {
+  while (phys.dim() - 1 < rank) phys = phys.unsqueeze(1);
+  return phys;
+}
+
+Stack run(const OperatorHandle& op, Stack args) {
+  op.call_boxed(args);
+  return args;
+}
+
+Stack run(const char* op, Stack args) {
+  return run(Dispatcher::get().find_or_throw(op), std::move(args));
+}
+
+Stack wrap_outputs(const Call& c, Stack outs) {
+  for (IValue& v : outs) {
+    if (v.is_tensor()) {
+      v = make_batched(v.to_tensor(), 0, c.level);
+    } else if (v.is_tensor_list()) {
+      std::vector<Tensor> ts;
+      for (const Tensor& t : v.to_tensor_list()) ts.push_back(make_batched(t, 0, c.level));
+      v = ts;
+    }
+  }
+  return outs;
+}
+
+void check_inplace_self(const Call& c) {
+  KILN_CHECK(c.batched(c.args[0].to_tensor()), Value, "vmap: ", c.name(),
+             "(self, *extra_args) is not possible because self is not batched by this vmap while "
+             "another argument is: an in-place op cannot give each example its own result in a "
+             "tensor that holds only one (batch self too, or use the out-of-place op)");
+}
+
+// ---- pointwise (and copy_) ---------------------------------------------------------------------
+
+bool promotes(const Call& c, int i) {
+  const char* n = c.info().args[i].name;
+  return std::strcmp(n, "condition") != 0 && std::strcmp(n, "mask") != 0;
+}
+
+Result pointwise(Call& c) {
+  const bool inplace = c.info().is_inplace;
+  if (inplace) check_inplace_self(c);
+  std::vector<int> tensor_args;
+  int64_t rank = 0;
+  for (int i = 0; i < c.info().num_args; ++i) {
+    if (c.args[i].is_tensor_list()) return std::nullopt;
+    if (!c.args[i].is_tensor()) continue;
+    tensor_args.push_back(i);
+    rank = std::max(rank, c.args[i].to_tensor().dim());
+  }
+  // Note [Batched type promotion]: a logically 0-dim example is a dimensioned tensor physically,
+  // and 0-dim tensors lose to dimensioned ones in promotion; compute in the logical result type.
+  std::vector<Tensor> logical, physical;
+  Stack args = c.args;
+  for (int i : tensor_args) {
+    const Tensor& t = c.args[i].to_tensor();
+    if (c.batched(t)) args[i] = pad_after_batch(front(t), rank);
+    if (!promotes(c, i)) continue;
+    logical.push_back(t);
+    physical.push_back(args[i].to_tensor());
+  }
+  if (!logical.empty()) {
+    ScalarType want = result_type(logical), got = result_type(physical);
+    if (want != got) {
+      for (int i : tensor_args) {
+        if (!promotes(c, i) || (inplace && i == 0)) continue;
+        const Tensor& t = args[i].to_tensor();
+        if (!t.impl()->is_wrapped_number() && t.dtype() != want) args[i] = t.to(want);
+      }
+    }
+  }
+  Stack outs = run(c.op, std::move(args));
+  if (inplace) return Stack{c.args[0]};
+  return wrap_outputs(c, std::move(outs));
+}
+
+// ---- reduction and softmax ---------------------------------------------------------------------
+
+Result reduction(Call& c) {
+  const Tensor& self = c.args[0].to_tensor();
+  if (!c.batched(self)) return std::nullopt;
+  for (int i = 1; i < c.info().num_args; ++i)
+    if (c.args[i].is_tensor() || c.args[i].is_tensor_list()) return std::nullopt;
+  Tensor v = front(self);
+  const int64_t rank = self.dim();
+  const int dim_i = c.index("dim");
+  const std::string name = c.name();
+  if (dim_i < 0) {  // max() / min(): the dim variant over the flattened example
+    if (name != "max" && name != "min") return std::nullopt;
+    Tensor flat = rank == 0 ? v.unsqueeze(1) : v.flatten(1);
+    Stack outs = run(name == "max" ? "max.dim" : "min.dim", Stack{flat, int64_t{1}, false});
+    return wrap_outputs(c, Stack{outs[0]});
+  }
+  const bool scalar = rank == 0;  // reduce a (B, 1) view instead, then drop that dim
+  if (scalar) v = v.unsqueeze(1);
+  Stack args = c.args;
+  args[0] = v;
+  const std::string type = c.info().args[dim_i].type;
+  const int keep_i = c.index("keepdim");
+  const bool keepdim = keep_i >= 0 && c.args[keep_i].get<bool>("keepdim");
+  bool flattened_argmax = false;
+  if (type == "int") {
+    args[dim_i] = wrap_dim(c, c.args[dim_i].to_int(), rank) + 1;
+  } else if (type == "int?") {
+    if (c.args[dim_i].is_none()) {  // argmax/argmin over the flattened example
+      args[0] = scalar ? v : v.flatten(1);
+      args[dim_i] = int64_t{1};
+      if (keep_i >= 0) args[keep_i] = false;
+      flattened_argmax = true;
+    } else {
+      args[dim_i] = wrap_dim(c, c.args[dim_i].to_int(), rank) + 1;
+    }
+  } else if (type == "int[]" || type == "int[]?") {
+    std::vector<int64_t> dims;
+    if (!c.args[dim_i].is_none()) dims = c.args[dim_i].get<std::vector<int64_t>>("dim");
+    if (dims.empty()) {
+      for (int64_t d = 1; d <= std::max<int64_t>(rank, 1); ++d) dims.push_back(d);
+    } else {
+      for (int64_t& d : dims) d = wrap_dim(c, d, rank) + 1;
+    }
+    args[dim_i] = dims;
+  } else {
+    return std::nullopt;
+  }
+  Stack outs = run(c.op, std::move(args));
+  for (IValue& o : outs) {
+    if (!o.is_tensor()) return std::nullopt;
+    Tensor t = o.to_tensor();
+    if (scalar && t.dim() == 2) t = t.squeeze(std::vector<int64_t>{1});
+    if (flattened_argmax && keepdim) {
+      std::vector<int64_t> sizes(rank + 1, 1);
+      sizes[0] = c.batch;
+      t = t.reshape(sizes);
+    }
+    o = t;
+  }
+  return wrap_outputs(c, std::move(outs));
+}
+
+// ---- views and shape ops -----------------------------------------------------------------------
+
+Result view(Call& c) {
+  const Tensor& self = c.args[0].to_tensor();
+  if (!c.batched(self)) return std::nullopt;
+  for (int i = 1; i < c.info().num_args; ++i)
+    if (c.args[i].is_tensor() || c.args[i].is_tensor_list()) return std::nullopt;
+  const std::string name = c.name();
+  const int64_t rank = self.dim();
+  Tensor v = front(self);
+  Stack args = c.args;
+  args[0] = v;
+  if (name == "alias") return wrap_outputs(c, run(c.op, std::move(args)));
+  if (name == "t") {
+    if (rank > 2) return std::nullopt;
+    return wrap_outputs(c, Stack{rank < 2 ? v.alias() : v.transpose(1, 2)});
+  }
+  if (name == "expand") {
+    std::vector<int64_t> size = c.args[1].get<std::vector<int64_t>>("size");
+    if (static_cast<int64_t>(size.size()) < rank) return std::nullopt;
+    size.insert(size.begin(), c.batch);
+    return wrap_outputs(c, Stack{pad_after_batch(v, size.size() - 1).expand(size)});
+  }
+  if (name == "flatten" && rank == 0) return wrap_outputs(c, Stack{v.unsqueeze(1)});
+  if (name == "squeeze") {
+    std::vector<int64_t> dims;
+    if (c.args[1].is_none()) {
+      for (int64_t d = 0; d < rank; ++d)
+        if (self.size(d) == 1) dims.push_back(d + 1);
+    } else {
+      for (int64_t d : c.args[1].get<std::vector<int64_t>>("dim"))
+        dims.push_back(wrap_dim(c, d, rank) + 1);
+      if (dims.empty()) return std::nullopt;
+    }
+    if (dims.empty()) return wrap_outputs(c, Stack{v.alias()});
+    args[1] = dims;
+    return wrap_outputs(c, run(c.op, std::move(args)));
+  }
+  if (rank == 0 && name != "view" && name != "reshape" && name != "unsqueeze" && name != "permute")
+    return std::nullopt;  // dims of a 0-dim example: let the loop raise or handle them
+  for (int i = 1; i < c.info().num_args; ++i) {
+    const char* an = c.info().args[i].name;
+    const std::string type = c.info().args[i].type;
+    if (c.args[i].is_none()) continue;
+    if (type == "int" && (std::strcmp(an, "dim") == 0 || std::strcmp(an, "dim0") == 0 ||
+                          std::strcmp(an, "dim1") == 0 || std::strcmp(an, "dim2") == 0 ||
+                          std::strcmp(an, "start_dim") == 0 || std::strcmp(an, "end_dim") == 0)) {
+      const int64_t r = name == "unsqueeze" ? rank + 1 : rank;
+      args[i] = wrap_dim(c, c.args[i].to_int(), r) + 1;
+    } else if (type == "int[]" && (std::strcmp(an, "size") == 0 || std::strcmp(an, "shape") == 0)) {
+      std::vector<int64_t> s = c.args[i].get<std::vector<int64_t>>("size");
+      s.insert(s.begin(), c.batch);
+      args[i] = s;
+    } else if (type == "int[]" && std::strcmp(an, "dims") == 0) {
+      std::vector<int64_t> s{0};
+      for (int64_t d : c.args[i].get<std::vector<int64_t>>("dims"))
+        s.push_back(wrap_dim(c, d, rank) + 1);
+      args[i] = s;
+    } else if (type == "int[]" && std::strcmp(an, "sizes") == 0) {
+      continue;  // unflatten's sizes describe the one dim they replace
+    } else if (type == "int" || type == "int?") {
+      continue;  // indices, starts, lengths, sizes of splits: per example, unchanged
+    } else {
+      return std::nullopt;  // as_strided's geometry and anything else: the loop
+    }
+  }
+  return wrap_outputs(c, run(c.op, std::move(args)));
+}
+
+// ---- matmul family -----------------------------------------------------------------------------
+
+// matmul of two arguments (at least one batched at the call's level), physical and batched.
+Result matmul_of(Call& c, const Tensor& a, const Tensor& b) {
+  const bool ab = c.batched(a), bb = c.batched(b);
+  int64_t ra = a.dim(), rb = b.dim();
+  if (ra == 0 || rb == 0) return std::nullopt;
+  Tensor x = ab ? front(a) : a, y = bb ? front(b) : b;
+  const bool row_a = ab && ra == 1, col_b = bb && rb == 1;
+  if (row_a) x = x.unsqueeze(1), ra = 2;  // (B, k) -> (B, 1, k)
+  if (col_b) y = y.unsqueeze(2), rb = 2;  // (B, k) -> (B, k, 1)
+  const int64_t r = std::max(ra, rb);
+  if (ab) x = pad_after_batch(x, r);
+  if (bb) y = pad_after_batch(y, r);
+  Tensor out = kiln::matmul(x, y);
+  const bool b_has_cols = !(rb == 1 && !bb);
+  if (col_b) out = out.squeeze(std::vector<int64_t>{-1});
+  if (row_a) out = out.squeeze(std::vector<int64_t>{(b_has_cols && !col_b) ? -2 : -1});
+  return wrap_outputs(c, Stack{out});
+}
+
+Result matmul_rule(Call& c) {
+  const std::string name = c.name();
+  if (name == "mm" || name == "bmm" || name == "matmul") {
+    const Tensor &a = c.args[0].to_tensor(), &b = c.args[1].to_tensor();
+    const int64_t want = name == "mm" ? 2 : 3;
+    if (name != "matmul" && (a.dim() != want || b.dim() != want)) return std::nullopt;
+    return matmul_of(c, a, b);
+  }
+  // The others decompose into logical ops on the BatchedTensors (each hits its own rule).
+  if (name == "addmm") {
+    const Tensor &self = c.args[0].to_tensor(), &m1 = c.args[1].to_tensor(),
+                 &m2 = c.args[2].to_tensor();
+    if (m1.dim() != 2 || m2.dim() != 2) return std::nullopt;
+    const Scalar beta = c.args[3].to_scalar(), alpha = c.args[4].to_scalar();
+    Tensor prod = kiln::matmul(m1, m2);
+    if (beta.to<double>() == 0) {
+      Tensor out = kiln::mul(prod, scalar_to_tensor(alpha));
+      if (!c.batched(out)) out = make_batched(front_or_expand(c, out), 0, c.level);
+      return Stack{out};
+    }
+    Tensor s = beta.to<double>() == 1 ? self : kiln::mul(self, scalar_to_tensor(beta));
+    return Stack{kiln::add(s, prod, alpha)};
+  }
+  if (name == "linear") {
+    const Tensor &x = c.args[0].to_tensor(), &w = c.args[1].to_tensor();
+    Tensor out = kiln::matmul(x, w.dim() == 2 ? w.t() : w);
+    if (!c.args[2].is_none()) out = kiln::add(out, c.args[2].to_tensor());
+    return Stack{out};
+  }
+  return std::nullopt;
+}
+
+// ---- ops whose only batched argument is self: creation (*_like), random, copies -----------------
+
+Result on_self(Call& c) {
+  const Tensor& self = c.args[0].to_tensor();
+  if (!c.batched(self)) return std::nullopt;
+  for (int i = 1; i < c.info().num_args; ++i)
+    if (c.args[i].is_tensor() || c.args[i].is_tensor_list()) return std::nullopt;
+  Stack args = c.args;
+  args[0] = front(self);
+  Stack outs = run(c.op, std::move(args));
+  if (c.info().is_inplace) return Stack{c.args[0]};
+  return wrap_outputs(c, std::move(outs));
+}
+
+Result copy_rule(Call& c) {
+  if (c.info().is_inplace) return pointwise(c);  // copy_(self, src): src broadcasts into self
+  return on_self(c);
+}
+
+// ---- cat / stack -------------------------------------------------------------------------------
+
+Result cat_rule(Call& c) {
+  if (!c.args[0].is_tensor_list()) return std::nullopt;
+  const std::vector<Tensor>& ts = c.args[0].to_tensor_list();
+  if (ts.empty()) return std::nullopt;
+  const bool stack = std::strcmp(c.name(), "stack") == 0;
+  int64_t rank = 0;
+  for (const Tensor& t : ts) rank = std::max(rank, t.dim());
+  // cat skips 1-d empty members among higher-rank ones (PyTorch's legacy rule); they still
+  // take part in type promotion.
+  auto skipped = [&](const Tensor& t) {
+    return !stack && rank != 1 && t.dim() == 1 && t.size(0) == 0;
+  };
+  std::vector<Tensor> phys;
+  for (const Tensor& t : ts) {
+    if (skipped(t)) continue;
+    if (t.dim() != rank) return std::nullopt;  // a rank error: the loop raises it
+    phys.push_back(front_or_expand(c, t));
+  }
+  if (phys.empty()) return std::nullopt;
+  const ScalarType want = result_type(TensorList(ts));
+  if (result_type(TensorList(phys)) != want)
+    for (Tensor& t : phys) t = t.to(want);
+  Stack args = c.args;
+  args[0] = phys;
+  args[1] = wrap_dim(c, c.args[1].to_int(), stack ? rank + 1 : rank) + 1;
+  return wrap_outputs(c, run(c.op, std::move(args)));
+}
+
+// ---- gather / scatter / index_select -----------------------------------------------------------
+
+Result index_rule(Call& c) {
+  const std::string name = c.name();
+  const Tensor& self = c.args[0].to_tensor();
+  const int64_t rank = self.dim();
+  if (rank == 0) return std::nullopt;
+  const int64_t dim = wrap_dim(c, c.args[1].to_int(), rank) + 1;
+  if (name == "index_select") {
+    const Tensor& index = c.args[2].to_tensor();
+    if (!c.batched(index))
+      return wrap_outputs(c, Stack{kiln::index_select(front(self), dim, index)});
+    // A different index per example: gather along dim with the index broadcast over the rest.
+    Tensor idx = front(index);
+    if (idx.dim() == 1) idx = idx.unsqueeze(1);
+    if (idx.dim() != 2) return std::nullopt;
+    Tensor src = front_or_expand(c, self);
+    std::vector<int64_t> view(src.dim(), 1);
+    view[0] = c.batch;
+    view[dim] = idx.size(1);
+    DimVector target(src.sizes());
+    target[dim] = idx.size(1);
+    return wrap_outputs(
+        c, Stack{kiln::gather(src, dim, idx.reshape(view).expand(IntArrayRef(target)))});
+  }
+  const bool inplace = c.info().is_inplace;
+  if (inplace) check_inplace_self(c);
+  Stack args = c.args;
+  args[1] = dim;
+  for (int i = 0; i < c.info().num_args; ++i) {
+    if (c.args[i].is_tensor_list()) return std::nullopt;
+    if (!c.args[i].is_tensor()) continue;
+    const Tensor& t = c.args[i].to_tensor();
+    if (t.dim() != rank) return std::nullopt;
+    args[i] = front_or_expand(c, t);
+  }
+  Stack outs = run(c.op, std::move(args));
+  if (inplace) return Stack{c.args[0]};
+  return wrap_outputs(c, std::move(outs));
+}
+
+// ---- the per-example loop ----------------------------------------------------------------------
+
+std::mutex g_fallback_mutex;
+std::set<std::string>& fallback_ops() {
+  static std::set<std::string> s;
+  return s;
+}
+
+// Warned once per op and process; the recorded set can be cleared (tests), the warnings not.
+void note_fallback(const char* op) {
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(g_fallback_mutex);
+  fallback_ops().insert(op);
+  if (warned.insert(op).second)
+    std::cerr << "vmap: no batching rule for " << op << "; using the slow per-example loop\n";
+}
+
+Stack per_example(Call& c) {
+  note_fallback(c.name());
+  if (c.info().is_inplace) check_inplace_self(c);
+  KILN_CHECK(c.batch > 0, NotImplemented, "vmap: ", c.name(),
+             " has no batching rule, and its per-example loop needs at least one example");
+  Stack phys = c.args;
+  for (IValue& v : phys) {
+    if (v.is_tensor() && c.batched(v.to_tensor())) {
+      v = front(v.to_tensor());
+    } else if (v.is_tensor_list()) {
+      std::vector<Tensor> ts;
+      for (const Tensor& t : v.to_tensor_list()) ts.push_back(c.batched(t) ? front(t) : t);
+      v = ts;
+    }
+  }
+  std::vector<Stack> per;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    Stack args = phys;
+    for (int i = 0; i < c.info().num_args; ++i) {
+      if (c.args[i].is_tensor() && c.batched(c.args[i].to_tensor())) {
+        args[i] = phys[i].to_tensor().select(0, b);
+      } else if (c.args[i].is_tensor_list()) {
+        const auto& orig = c.args[i].to_tensor_list();
+        std::vector<Tensor> ts = phys[i].to_tensor_list();
+        for (size_t j = 0; j < ts.size(); ++j)
+          if (c.batched(orig[j])) ts[j] = ts[j].select(0, b);
+        args[i] = ts;
+      }
+    }
+    per.push_back(run(c.op, std::move(args)));
+  }
+  if (c.info().is_inplace) return Stack{c.args[0]};
+  Stack outs;
+  for (size_t j = 0; j < per[0].size(); ++j) {
+    if (per[0][j].is_tensor()) {
+      std::vector<Tensor> ts;
+      for (const Stack& s : per) ts.push_back(s[j].to_tensor());
+      outs.push_back(make_batched(kiln::stack(ts, 0), 0, c.level));
+    } else if (per[0][j].is_tensor_list()) {
+      std::vector<Tensor> list;
+      for (size_t k = 0; k < per[0][j].to_tensor_list().size(); ++k) {
+        std::vector<Tensor> ts;
+        for (const Stack& s : per) ts.push_back(s[j].to_tensor_list()[k]);
+        list.push_back(make_batched(kiln::stack(ts, 0), 0, c.level));
+      }
+      outs.push_back(list);
+    } else {
+      outs.push_back(per[0][j]);
+    }
+  }
+  return outs;
+}
+
+Result fallback_rule(Call&) { return std::nullopt; }
+
+// out= variants: the functional op (batched by its own rule), copied into `out`.
+Result out_variant(Call& c) {
+  std::string base = c.name();
+  base = base.substr(0, base.find('.'));
+  const OperatorHandle* f = Dispatcher::get().find(base);
+  const int out_i = c.index("out");
+  if (f == nullptr || out_i < 0) return std::nullopt;
+  Stack args;
+  for (int i = 0; i < c.info().num_args; ++i)
+    if (i != out_i) args.push_back(c.args[i]);
+  Stack r = run(*f, std::move(args));
+  if (r.size() != 1 || !r[0].is_tensor()) return std::nullopt;
+  const Tensor& out = c.args[out_i].to_tensor();
+  const Tensor& result = r[0].to_tensor();
+  KILN_CHECK(out.sizes() == result.sizes(), NotImplemented, "vmap: ", c.name(),
+             ": out= is not resized inside vmap; pass an out of the result's shape ",
+             result.sizes(), " (got ", out.sizes(), ")");
+  out.copy_(result);
+  return Stack{out};
+}
+
+// ---- the kernels -------------------------------------------------------------------------------
+
+using Rule = Result (*)(Call&);
+
+template <Rule R>
+void batched_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
+  const int n = op.info().num_args;
+  Call c{op, Stack(stack.end() - n, stack.end())};
+  stack.resize(stack.size() - n);
+  auto visit = [&](const Tensor& t) {
+    if (!t.defined()) return;
+    const int64_t l = batched_level(t);
+    if (l <= c.level) return;
+    c.level = l;
+  };
+  for (const IValue& v : c.args) {
+    if (v.is_tensor())
+      visit(v.to_tensor());
+    else if (v.is_tensor_list())
+      for (const Tensor& t : v.to_tensor_list()) visit(t);
+  }
+  KILN_ASSERT(c.level > 0, op.name(), ": Batched kernel without a BatchedTensor argument");
+  auto batch_of = [&](const Tensor& t) {
+    if (c.batched(t)) c.batch = batched_value(t).size(batched_bdim(t));
+  };
+  for (const IValue& v : c.args) {
+    if (v.is_tensor()) batch_of(v.to_tensor());
+    if (v.is_tensor_list())
+      for (const Tensor& t : v.to_tensor_list()) batch_of(t);
+  }
+  Result out = c.info().is_out ? out_variant(c) : R(c);
+  if (!out) out = per_example(c);
+  for (IValue& v : *out) stack.push_back(std::move(v));
+}
+
+BoxedKernel kernel_for(const std::string& rule) {
+  if (rule == "pointwise") return &batched_kernel<pointwise>;
+  if (rule == "reduction" || rule == "softmax") return &batched_kernel<reduction>;
+  if (rule == "view") return &batched_kernel<view>;
+  if (rule == "matmul") return &batched_kernel<matmul_rule>;
+  if (rule == "creation" || rule == "random") return &batched_kernel<on_self>;
+  if (rule == "copy") return &batched_kernel<copy_rule>;
+  if (rule == "cat") return &batched_kernel<cat_rule>;
+  if (rule == "index") return &batched_kernel<index_rule>;
+  KILN_ASSERT(rule == "fallback", "unknown batching rule ", rule);
+  return &batched_kernel<fallback_rule>;
+}
+
+}  // namespace
+
+KILN_LIBRARY(Batched, m) {
+  for (OperatorHandle* op : Dispatcher::get().ops())
+    m.boxed(op->name(), kernel_for(op->info().batching));
+}
+
+}  // namespace kiln::autograd
+
+namespace kiln::func {
+
+std::vector<std::string> vmap_fallback_ops() {
+  std::lock_guard<std::mutex> lock(autograd::g_fallback_mutex);
+  return {autograd::fallback_ops().begin(), autograd::fallback_ops().end()};
+}
+
+void clear_vmap_fallback_ops() {
+  std::lock_guard<std::mutex> lock(autograd::g_fallback_mutex);
+  autograd::fallback_ops().clear();
+}
+
+}  // namespace kiln::func

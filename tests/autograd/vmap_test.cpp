@@ -1,0 +1,547 @@
+// func::vmap and the Batched key (kiln/autograd/batched.h): every op of the manifest against a
+// loop over the examples, the models' ops never taking the per-example fallback, nesting,
+// in_dims/out_dims, errors, and composition with grad, vjp and jacrev.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "kiln/autograd/autograd.h"
+#include "kiln/autograd/batched.h"
+#include "kiln/kiln.h"
+#include "op_samples.h"
+#include "test_util.h"
+
+namespace kiln::testing {
+std::vector<std::string> manifest_names();
+}
+
+namespace kiln {
+namespace {
+
+using testing::expect_close;
+using testing::expect_error;
+using testing::random;
+using testing::to_doubles;
+
+constexpr int64_t kB = 3;
+
+std::vector<Tensor> tensors_of(const Stack& s) {
+  std::vector<Tensor> out;
+  for (const IValue& v : s) {
+    if (v.is_tensor()) out.push_back(v.to_tensor());
+    if (v.is_tensor_list())
+      for (const Tensor& t : v.to_tensor_list()) out.push_back(t);
+  }
+  return out;
+}
+
+// Example b of a sample's tensor: floating values scaled per example, others copied.
+Tensor example(const Tensor& t, int64_t b, bool perturb) {
+  Tensor c = t.clone();
+  if (perturb && is_floating(t.dtype()) && b > 0) c = (c * (1.0 + 0.125 * b)).to(t.dtype());
+  return c;
+}
+
+// Where a tensor of the sample sits: argument index, and list member (-1 for a Tensor argument).
+struct Slot {
+  int arg;
+  int member;
+};
+
+void put(Stack& s, const Slot& slot, const Tensor& t) {
+  if (slot.member < 0) {
+    s[slot.arg] = t;
+    return;
+  }
+  std::vector<Tensor> ts = s[slot.arg].to_tensor_list();
+  ts[slot.member] = t;
+  s[slot.arg] = ts;
+}
+
+Tensor get(const Stack& s, const Slot& slot) {
+  return slot.member < 0 ? s[slot.arg].to_tensor() : s[slot.arg].to_tensor_list()[slot.member];
+}
+
+bool is_integral_like(ScalarType t) { return !is_floating(t); }
+
+struct OpCheck {
+  std::string failures;         // value mismatches
+  std::string silent_fallback;  // non-fallback rules that took the loop
+  int checked = 0;
+};
+
+// vmap(op) over one sample, with each tensor argument batched at dim 0, at its last dim, or not
+// batched (cycling with `variant`), against the op applied to each example and stacked.
+void check_sample(const OperatorHandle& op, const Stack& sample, int variant, OpCheck& r) {
+  const OpInfo& info = op.info();
+  const std::string name = op.name();
+  const bool random_op = info.is_random;
+  std::vector<Slot> slots;
+  for (int i = 0; i < static_cast<int>(sample.size()); ++i) {
+    if (sample[i].is_tensor()) slots.push_back({i, -1});
+    if (sample[i].is_tensor_list())
+      for (int k = 0; k < static_cast<int>(sample[i].to_tensor_list().size()); ++k)
+        slots.push_back({i, k});
+  }
+  if (slots.empty()) return;  // nothing to batch (creation ops)
+  const int out_i = [&] {
+    for (int i = 0; i < info.num_args; ++i)
+      if (std::string(info.args[i].name) == "out") return i;
+    return -1;
+  }();
+  // Batching mode per slot: 0 = dim 0, 1 = last dim, 2 = unbatched.
+  std::vector<int> mode(slots.size());
+  bool any = false;
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const Tensor& t = get(sample, slots[k]);
+    mode[k] = t.impl()->is_wrapped_number() ? 2 : static_cast<int>((k + variant) % 3);
+    if ((info.is_inplace || slots[k].arg == out_i) && slots[k].arg == (out_i >= 0 ? out_i : 0))
+      mode[k] = variant % 2;  // in-place self and out= must be batched
+    if (name == "as_strided") mode[k] = 0;
+    any = any || mode[k] != 2;
+  }
+  if (!any) mode[0] = 0;
+
+  // The reference: the op on each example.
+  std::vector<std::vector<Tensor>> ex(slots.size());
+  for (size_t k = 0; k < slots.size(); ++k)
+    for (int64_t b = 0; b < kB; ++b)
+      ex[k].push_back(mode[k] == 2 ? get(sample, slots[k])
+                                   : example(get(sample, slots[k]), b, !random_op));
+  std::vector<std::vector<Tensor>> per;  // per example, the outputs
+  bool ref_failed = false;
+  // out=: the loop runs the functional op (out= is not resized inside vmap), the vmap call gets
+  // an out of the result's shape.
+  const OperatorHandle* ref_op = &op;
+  if (out_i >= 0) ref_op = &Dispatcher::get().find_or_throw(name.substr(0, name.find('.')));
+  try {
+    for (int64_t b = 0; b < kB; ++b) {
+      Stack s = sample;
+      for (size_t k = 0; k < slots.size(); ++k) {
+        Tensor e = ex[k][b];
+        if (mode[k] != 2 && (info.is_inplace && slots[k].arg == 0)) e = e.clone();
+        put(s, slots[k], e);
+      }
+      if (out_i >= 0) s.erase(s.begin() + out_i);
+      ref_op->call_boxed(s);
+      per.push_back(tensors_of(s));
+    }
+  } catch (const Error&) {
+    ref_failed = true;
+  }
+
+  std::vector<Tensor> inputs;
+  std::vector<std::optional<int64_t>> in_dims;
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (mode[k] == 2) {
+      inputs.push_back(get(sample, slots[k]));
+      in_dims.push_back(std::nullopt);
+      continue;
+    }
+    Tensor first = ex[k][0];
+    if (slots[k].arg == out_i && !ref_failed) {  // out= shaped and typed like the result
+      for (int64_t b = 0; b < kB; ++b) ex[k][b] = kiln::zeros(per[b][0].sizes(), per[b][0].dtype());
+      first = ex[k][0];
+    }
+    const int64_t d = mode[k] == 0 ? 0 : first.dim();
+    inputs.push_back(kiln::stack(ex[k], d));
+    in_dims.push_back(d);
+  }
+  func::MultiFn f = [&](const std::vector<Tensor>& ts) {
+    Stack s = sample;
+    for (size_t k = 0; k < slots.size(); ++k) put(s, slots[k], ts[k]);
+    op.call_boxed(s);
+    return tensors_of(s);
+  };
+  func::clear_vmap_fallback_ops();
+  std::vector<Tensor> got;
+  try {
+    got = func::vmap(f, in_dims)(inputs);
+  } catch (const Error& e) {
+    if (!ref_failed)
+      r.failures +=
+          name + " sample " + std::to_string(variant) + ": vmap raised " + e.what() + "\n";
+    return;
+  }
+  if (ref_failed) {
+    r.failures +=
+        name + " sample " + std::to_string(variant) + ": the loop raised but vmap did not\n";
+    return;
+  }
+  std::vector<std::string> fb = func::vmap_fallback_ops();
+  if (std::string(info.batching) != "fallback" && !fb.empty())
+    r.silent_fallback += name + " (rule " + info.batching + ") sample " + std::to_string(variant) +
+                         " took the loop via " + fb[0] + "\n";
+  ++r.checked;
+  SCOPED_TRACE(name + " sample " + std::to_string(variant));
+  ASSERT_EQ(got.size(), per[0].size());
+  for (size_t j = 0; j < got.size(); ++j) {
+    std::vector<Tensor> col;
+    for (int64_t b = 0; b < kB; ++b) col.push_back(per[b][j]);
+    Tensor want = kiln::stack(col, 0);
+    EXPECT_EQ(got[j].sizes(), want.sizes()) << name;
+    EXPECT_EQ(got[j].dtype(), want.dtype()) << name;
+    if (got[j].sizes() != want.sizes()) continue;
+    if (name.rfind("empty", 0) == 0 || name == "as_strided") continue;  // see the test's comment
+    if (random_op) {
+      if ((name == "normal_" || name == "uniform_") && got[j].numel() > kB) {
+        EXPECT_NE(to_doubles(got[j].select(0, 0)), to_doubles(got[j].select(0, 1)))
+            << name << ": examples drew the same values";
+      }
+      continue;
+    }
+    if (is_integral_like(want.dtype())) {
+      EXPECT_EQ(to_doubles(got[j]), to_doubles(want)) << name;
+    } else {
+      expect_close(got[j], want, std::max(1e-5, testing::rtol_for(want.dtype())), 1e-6);
+    }
+  }
+}
+
+// Every op of the manifest over its samples. Random ops: shapes, and normal_/uniform_ draw
+// differently per example. empty*: shapes only (uninitialized). as_strided: shapes only (its
+// explicit storage offset addresses the batched value's storage, not a standalone example's).
+TEST(Vmap, EveryManifestOpMatchesTheLoop) {
+  OpCheck r;
+  for (const std::string& name : testing::manifest_names()) {
+    auto it = testing::op_sample_registry().find(name);
+    if (it == testing::op_sample_registry().end()) continue;
+    const OperatorHandle& op = Dispatcher::get().find_or_throw(name);
+    ASSERT_NE(op.info().batching, nullptr);
+    ASSERT_STRNE(op.info().batching, "") << name << " has no batching rule";
+    int n = 0;
+    for (const Stack& sample : it->second()) {
+      check_sample(op, sample, n, r);
+      check_sample(op, sample, n + 1, r);
+      ++n;
+    }
+  }
+  EXPECT_TRUE(r.failures.empty()) << r.failures;
+  EXPECT_TRUE(r.silent_fallback.empty()) << "non-fallback rules that took the loop:\n"
+                                         << r.silent_fallback;
+  EXPECT_GT(r.checked, 200);
+}
+
+// ---- the ops models use never take the loop ----------------------------------------------------
+
+// The ops of an MLP, a CNN and a transformer block. Extend these lists as the kernels issue adds
+// ops (conv2d, max_pool2d, batch_norm, layer_norm, embedding, dropout, ...).
+const std::vector<std::string> kMlpOps = {
+    "linear",  "addmm",  "mm",   "matmul",      "t",       "relu",   "gelu",      "tanh",
+    "sigmoid", "silu",   "add",  "sub",         "mul",     "div",    "neg",       "exp",
+    "log",     "sum",    "mean", "log_softmax", "softmax", "gather", "unsqueeze", "squeeze",
+    "max.dim", "argmax", "eq",   "where",       "clamp",   "pow"};
+const std::vector<std::string> kCnnOps = {  // conv/pool/batch_norm: not in the table yet
+    "view", "reshape", "flatten", "permute", "mean", "var",    "sqrt", "rsqrt",
+    "add",  "mul",     "relu",    "max.dim", "cat",  "narrow", "slice"};
+// (A causal mask from tril/triu of constants is never batched, so their loop does not matter.)
+const std::vector<std::string> kTransformerOps = {
+    "matmul", "bmm",         "softmax", "transpose",  "permute", "view",     "reshape",
+    "mul",    "add",         "div",     "sqrt",       "rsqrt",   "mean",     "var",
+    "sub",    "masked_fill", "expand",  "contiguous", "split",   "chunk",    "stack",
+    "cat",    "select",      "gelu",    "exp",        "maximum", "logsumexp"};
+
+TEST(Vmap, ModelOpsHaveBatchingRules) {
+  std::string missing;
+  for (const auto* list : {&kMlpOps, &kCnnOps, &kTransformerOps})
+    for (const std::string& name : *list) {
+      const OperatorHandle* op = Dispatcher::get().find(name);
+      if (op == nullptr) {
+        missing += name + " (not in the table) ";
+        continue;
+      }
+      if (std::string(op->info().batching) == "fallback") missing += name + " ";
+    }
+  EXPECT_TRUE(missing.empty()) << "model ops without a batching rule: " << missing;
+}
+
+// A two-layer MLP classifier's loss for one example: x (3,), y () int64.
+Tensor mlp_loss(const std::vector<Tensor>& p) {
+  const Tensor &w1 = p[0], &b1 = p[1], &w2 = p[2], &b2 = p[3], &x = p[4], &y = p[5];
+  Tensor h = kiln::gelu(kiln::linear(x, w1, b1)) + kiln::tanh(kiln::relu(x.matmul(w1.t())));
+  h = h * kiln::sigmoid(h) + kiln::exp(-h.abs()).log1p();
+  Tensor logits =
+      kiln::addmm(b2.unsqueeze(0), h.unsqueeze(0), w2.t()).squeeze(std::vector<int64_t>{0});
+  Tensor logp = kiln::log_softmax(logits, 0);
+  Tensor pick = kiln::gather(logp, 0, y.unsqueeze(0));
+  return -pick.sum() + 0.01 * kiln::softmax(logits, -1).log().mean();
+}
+
+std::vector<Tensor> mlp_params() {
+  return {random({4, 3}, kFloat64, -1, 1, 1), random({4}, kFloat64, -1, 1, 2),
+          random({2, 4}, kFloat64, -1, 1, 3), random({2}, kFloat64, -1, 1, 4)};
+}
+
+TEST(Vmap, MlpForwardAndPerSampleGradientsTakeNoLoop) {
+  func::clear_vmap_fallback_ops();
+  std::vector<Tensor> p = mlp_params();
+  Tensor x = random({5, 3}, kFloat64, -2, 2, 7);
+  Tensor y = testing::from_vector<int64_t>({0, 1, 1, 0, 1}, {5});
+  std::vector<std::optional<int64_t>> in_dims = {
+      std::nullopt, std::nullopt, std::nullopt, std::nullopt, 0, 0};
+  std::vector<Tensor> args = {p[0], p[1], p[2], p[3], x, y};
+  Tensor losses = func::vmap(func::Fn(mlp_loss), in_dims)(args);
+  ASSERT_EQ(losses.sizes(), IntArrayRef({5}));
+  for (int64_t b = 0; b < 5; ++b)
+    expect_close(losses.select(0, b),
+                 mlp_loss({p[0], p[1], p[2], p[3], x.select(0, b), y.select(0, b)}), 1e-12);
+
+  // grad over the parameters of one example's loss; the labels are not differentiated.
+  func::MultiFn grads_of = [](const std::vector<Tensor>& a) {
+    const Tensor y = a[5];
+    func::Fn loss = [y](const std::vector<Tensor>& q) {
+      return mlp_loss({q[0], q[1], q[2], q[3], q[4], y});
+    };
+    return func::grad(loss, {0, 1, 2, 3})({a[0], a[1], a[2], a[3], a[4]});
+  };
+  func::MultiFn per_sample = func::vmap(grads_of, in_dims);
+  std::vector<Tensor> gs = per_sample(args);
+  ASSERT_EQ(gs.size(), 4u);
+  for (int64_t b = 0; b < 5; ++b) {
+    std::vector<Tensor> want = grads_of({p[0], p[1], p[2], p[3], x.select(0, b), y.select(0, b)});
+    for (size_t i = 0; i < 4; ++i) expect_close(gs[i].select(0, b), want[i], 1e-10, 1e-12);
+  }
+  EXPECT_FALSE(gs[0].requires_grad());
+  EXPECT_TRUE(func::vmap_fallback_ops().empty())
+      << "fallback taken by " << func::vmap_fallback_ops()[0];
+}
+
+// Multi-head self-attention and a layer norm, written from table ops, on one sequence (T, C).
+Tensor attention_block(const std::vector<Tensor>& in) {
+  const Tensor &x = in[0], &wqkv = in[1], &wo = in[2];
+  const int64_t T = x.size(0), C = x.size(1), H = 2, D = C / H;
+  std::vector<Tensor> qkv = kiln::linear(x, wqkv).chunk(3, -1);
+  auto heads = [&](const Tensor& t) { return t.view({T, H, D}).transpose(0, 1); };  // (H, T, D)
+  Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  Tensor scores = kiln::bmm(q, k.transpose(1, 2)) / std::sqrt(static_cast<double>(D));
+  Tensor causal = kiln::ones({T, T}, kBool).triu(1);
+  scores = scores.masked_fill(causal, -1e9);
+  Tensor att = kiln::matmul(kiln::softmax(scores, -1), v);  // (H, T, D)
+  Tensor merged = att.permute({1, 0, 2}).contiguous().reshape({T, C});
+  Tensor h = x + kiln::matmul(merged, wo.t());
+  Tensor mu = h.mean(std::vector<int64_t>{-1}, true);
+  Tensor var = h.var(std::vector<int64_t>{-1}, 0.0, true);
+  return (h - mu) * kiln::rsqrt(var + 1e-5);
+}
+
+TEST(Vmap, AttentionBlockTakesNoLoop) {
+  func::clear_vmap_fallback_ops();
+  Tensor x = random({3, 4, 6}, kFloat64, -1, 1, 11);
+  Tensor wqkv = random({18, 6}, kFloat64, -0.5, 0.5, 12),
+         wo = random({6, 6}, kFloat64, -0.5, 0.5, 13);
+  Tensor got =
+      func::vmap(func::Fn(attention_block), {0, std::nullopt, std::nullopt})({x, wqkv, wo});
+  ASSERT_EQ(got.sizes(), IntArrayRef({3, 4, 6}));
+  for (int64_t b = 0; b < 3; ++b)
+    expect_close(got.select(0, b), attention_block({x.select(0, b), wqkv, wo}), 1e-10, 1e-12);
+  // Batched weights too (an ensemble), and the batch dim elsewhere.
+  Tensor ws = kiln::stack({wqkv, wqkv * 0.5, wqkv * 2.0}, 1);
+  Tensor got2 =
+      func::vmap(func::Fn(attention_block), {1, 1, std::nullopt}, 2)({x.transpose(0, 1), ws, wo});
+  ASSERT_EQ(got2.sizes(), IntArrayRef({4, 6, 3}));
+  for (int64_t b = 0; b < 3; ++b)
+    expect_close(got2.select(2, b), attention_block({x.select(0, b), ws.select(1, b), wo}), 1e-10,
+                 1e-12);
+  EXPECT_TRUE(func::vmap_fallback_ops().empty())
+      << "fallback taken by " << func::vmap_fallback_ops()[0];
+}
+
+// ---- vmap itself -------------------------------------------------------------------------------
+
+TEST(Vmap, NestedVmapIsAnOuterProduct) {
+  Tensor a = random({3}, kFloat64, -1, 1, 1), b = random({4}, kFloat64, -1, 1, 2);
+  func::Fn mul = [](const std::vector<Tensor>& v) { return v[0] * v[1]; };
+  Tensor outer = func::vmap(func::vmap(mul, {std::nullopt, 0}), {0, std::nullopt})({a, b});
+  ASSERT_EQ(outer.sizes(), IntArrayRef({3, 4}));
+  expect_close(outer, a.unsqueeze(1) * b.unsqueeze(0), 1e-12);
+  // vmap of vmap over a (3, 4, 5) tensor: the inner op sees (5,).
+  Tensor x = random({3, 4, 5}, kFloat64, -1, 1, 3);
+  func::UnaryFn soft = [](const Tensor& t) { return kiln::softmax(t, 0) * t.sum(); };
+  Tensor y = func::vmap(func::vmap(soft, 1, 0), 0, 1)(x);  // inner maps dim 1 of each (4, 5)
+  ASSERT_EQ(y.sizes(), IntArrayRef({5, 3, 4}));
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t j = 0; j < 5; ++j)
+      expect_close(y.select(0, j).select(0, i), soft(x.select(0, i).select(1, j)), 1e-12);
+}
+
+TEST(Vmap, InDimsAndOutDims) {
+  Tensor x = random({4, 3}, kFloat64, -1, 1, 1), w = random({3}, kFloat64, -1, 1, 2);
+  func::Fn dot = [](const std::vector<Tensor>& v) { return (v[0] * v[1]).sum(); };
+  expect_close(func::vmap(dot, {0, std::nullopt})({x, w}), kiln::matmul(x, w), 1e-12);
+  expect_close(func::vmap(dot, {-1, std::nullopt})({x.t(), w}), kiln::matmul(x, w), 1e-12);
+  func::UnaryFn twice = [](const Tensor& t) { return t * 2.0; };
+  expect_close(func::vmap(twice, 0, 1)(x), x.t() * 2.0, 1e-12);
+  expect_close(func::vmap(twice, 1, -1)(x), x * 2.0, 1e-12);
+  // An output that does not depend on the batch comes back expanded.
+  func::Fn constant = [&](const std::vector<Tensor>&) { return w; };
+  Tensor c = func::vmap(constant)({x});
+  ASSERT_EQ(c.sizes(), IntArrayRef({4, 3}));
+  expect_close(c.select(0, 2), w, 0);
+  // Several outputs with their own out_dims, and chunking.
+  func::MultiFn two = [](const std::vector<Tensor>& v) {
+    return std::vector<Tensor>{v[0].sum(), v[0].unsqueeze(0) * 3.0};
+  };
+  std::vector<Tensor> outs = func::vmap(two, {}, {0, 2}, 3)({x});
+  expect_close(outs[0], x.sum(std::vector<int64_t>{1}), 1e-12);
+  ASSERT_EQ(outs[1].sizes(), IntArrayRef({1, 3, 4}));
+  expect_close(outs[1].select(0, 0), x.t() * 3.0, 1e-12);
+}
+
+TEST(Vmap, Errors) {
+  Tensor x = random({4, 3}), y = random({5, 3});
+  func::Fn add = [](const std::vector<Tensor>& v) { return v[0] + v[1]; };
+  expect_error(ErrorKind::Value, "same batch size", [&] { func::vmap(add)({x, y}); });
+  expect_error(ErrorKind::Value, "at least one input must be batched", [&] {
+    func::vmap(add, {std::nullopt, std::nullopt})({x, y});
+  });
+  expect_error(ErrorKind::Value, "in_dim 2 of input 0 is out of range", [&] {
+    func::vmap(add, {2, 0})({x, x});
+  });
+  expect_error(ErrorKind::Value, "in_dims has 1 entries", [&] { func::vmap(add, {0})({x, x}); });
+  func::UnaryFn id = [](const Tensor& t) { return t; };
+  expect_error(ErrorKind::Value, "out_dim 3", [&] { func::vmap(id, 0, 3)(x); });
+  // In-place into an unbatched tensor from a batched one.
+  Tensor z = kiln::zeros({3});
+  func::UnaryFn into = [&](const Tensor& t) { return z.add_(t); };
+  expect_error(ErrorKind::Value, "self is not batched", [&] { func::vmap(into)(x); });
+  // Data of a BatchedTensor cannot be read; backward is refused.
+  func::UnaryFn read = [](const Tensor& t) { return scalar_to_tensor(t.sum().item<float>()); };
+  expect_error(ErrorKind::Runtime, "batched by vmap", [&] { func::vmap(read)(x); });
+  func::UnaryFn back = [](const Tensor& t) {
+    t.sum().backward();
+    return t;
+  };
+  expect_error(ErrorKind::NotImplemented, "use func::grad", [&] { func::vmap(back)(x); });
+}
+
+TEST(Vmap, InPlaceOnBatchedWritesEachExample) {
+  Tensor x = random({4, 3}, kFloat64, -1, 1, 5);
+  Tensor w = random({3}, kFloat64, -1, 1, 6);
+  Tensor target = x.clone();
+  func::Fn f = [](const std::vector<Tensor>& v) {
+    v[0].mul_(v[1]).add_(scalar_to_tensor(1.0));
+    v[0].select(0, 1).zero_();  // through a view of the example
+    return v[0];
+  };
+  Tensor out = func::vmap(f, {0, std::nullopt})({target, w});
+  Tensor want = x * w + 1.0;
+  want.select(1, 1).zero_();
+  expect_close(out, want, 1e-12);
+  expect_close(target, want, 1e-12);  // the caller's tensor was the value
+  // Batched at dim 1: writes land in the right examples.
+  Tensor t2 = x.t().contiguous();
+  func::vmap(f, {1, std::nullopt})({t2, w});
+  expect_close(t2.t(), want, 1e-12);
+}
+
+TEST(Vmap, RandomnessDiffersPerExample) {
+  Tensor p = kiln::full({4, 1000}, 0.5, kFloat64);
+  func::UnaryFn draw = [](const Tensor& t) { return kiln::bernoulli(t); };
+  Tensor s = func::vmap(draw)(p);
+  ASSERT_EQ(s.sizes(), IntArrayRef({4, 1000}));
+  EXPECT_NE(to_doubles(s.select(0, 0)), to_doubles(s.select(0, 1)));
+}
+
+TEST(Vmap, FallbackIsCorrectAndWarnsOnce) {
+  Tensor x = random({3, 4, 4}, kFloat64, -1, 1, 9);
+  func::UnaryFn low = [](const Tensor& t) { return kiln::tril(t, -1); };
+  const std::string msg = "vmap: no batching rule for tril; using the slow per-example loop";
+  ::testing::internal::CaptureStderr();
+  Tensor a = func::vmap(low)(x);
+  std::string first = ::testing::internal::GetCapturedStderr();
+  ::testing::internal::CaptureStderr();
+  Tensor b = func::vmap(low)(x);
+  std::string second = ::testing::internal::GetCapturedStderr();
+  // Once per process: the first call warns unless an earlier test already did; never again.
+  EXPECT_LE(std::count(first.begin(), first.end(), '\n'), 1) << first;
+  EXPECT_EQ(second.find(msg), std::string::npos) << second;
+  std::vector<std::string> ops = func::vmap_fallback_ops();
+  EXPECT_NE(std::find(ops.begin(), ops.end(), "tril"), ops.end());
+  for (int64_t i = 0; i < 3; ++i) expect_close(a.select(0, i), kiln::tril(x.select(0, i), -1), 0);
+  expect_close(a, b, 0);
+}
+
+// ---- composition with autograd -----------------------------------------------------------------
+
+Tensor sin_x2(const Tensor& x) { return (kiln::sin(x) * x * x).sum(); }
+
+TEST(Vmap, GradOfVmap) {
+  Tensor x = random({4, 3}, kFloat64, -2, 2, 1);
+  func::UnaryFn total = [](const Tensor& t) { return func::vmap(func::UnaryFn(sin_x2))(t).sum(); };
+  Tensor g = func::grad(total)(x);
+  Tensor want = x * x * kiln::cos(x) + 2.0 * x * kiln::sin(x);
+  expect_close(g, want, 1e-10, 1e-12);
+  // Through a batch dim that is not first (the permute is differentiated).
+  func::UnaryFn total1 = [](const Tensor& t) {
+    return func::vmap(func::UnaryFn(sin_x2), 1, 0)(t).sum();
+  };
+  expect_close(func::grad(total1)(x), want, 1e-10, 1e-12);
+}
+
+TEST(Vmap, VmapOfGradAndVjp) {
+  Tensor x = random({4, 3}, kFloat64, -2, 2, 2);
+  Tensor g = func::vmap(func::grad(func::UnaryFn(sin_x2)))(x);
+  expect_close(g, x * x * kiln::cos(x) + 2.0 * x * kiln::sin(x), 1e-10, 1e-12);
+  // Per-example vjp with a captured, unbatched primal: each example its own gradient.
+  Tensor w = random({3}, kFloat64, -1, 1, 3);
+  func::Fn f = [](const std::vector<Tensor>& v) { return (v[0] * v[1]).sum() * v[1].sum(); };
+  func::Fn grad_w = func::grad(f, 0);
+  Tensor per = func::vmap(grad_w, {std::nullopt, 0})({w, x});
+  for (int64_t b = 0; b < 4; ++b)
+    expect_close(per.select(0, b), grad_w({w, x.select(0, b)}), 1e-10, 1e-12);
+  func::UnaryFn vjp_row = [&](const Tensor& row) {
+    auto [out, fn] =
+        func::vjp(func::UnaryFn([](const Tensor& t) { return kiln::sin(t) * 2.0; }), row);
+    return fn(kiln::ones_like(out) * row);
+  };
+  expect_close(func::vmap(vjp_row)(x), kiln::cos(x) * 2.0 * x, 1e-10, 1e-12);
+}
+
+TEST(Vmap, VmapOfJacrevJacfwdAndHessian) {
+  Tensor x = random({3, 2}, kFloat64, -1, 1, 4);
+  func::UnaryFn j =
+      func::jacrev(func::UnaryFn([](const Tensor& t) { return kiln::sin(t) * t.sum(); }));
+  Tensor per = func::vmap(j)(x);
+  ASSERT_EQ(per.sizes(), IntArrayRef({3, 2, 2}));
+  for (int64_t b = 0; b < 3; ++b) expect_close(per.select(0, b), j(x.select(0, b)), 1e-10, 1e-12);
+  // Forward mode and hessian (jacfwd(jacrev)) per example.
+  func::UnaryFn s = [](const Tensor& t) { return (kiln::sin(t) * t).sum() * t.sum(); };
+  func::UnaryFn fwd =
+      func::jacfwd(func::UnaryFn([](const Tensor& t) { return kiln::exp(t) * t.sum(); }));
+  Tensor hs = func::vmap(func::hessian(s))(x), fs = func::vmap(fwd)(x);
+  for (int64_t b = 0; b < 3; ++b) {
+    expect_close(hs.select(0, b), func::hessian(s)(x.select(0, b)), 1e-10, 1e-12);
+    expect_close(fs.select(0, b), fwd(x.select(0, b)), 1e-10, 1e-12);
+  }
+  // A BatchedTensor answers requires_grad for its value (what autograd records).
+  func::UnaryFn probe = [](const Tensor& t) {
+    EXPECT_TRUE(t.requires_grad());
+    return t * 2.0;
+  };
+  func::grad(func::UnaryFn([&](const Tensor& t) { return func::vmap(probe)(t).sum(); }))(x);
+}
+
+// jacrev's one batched backward equals one backward per output element (what it did before).
+TEST(Vmap, JacrevEqualsTheRowLoop) {
+  Tensor x = random({2, 3}, kFloat64, -1, 1, 8);
+  func::UnaryFn f = [](const Tensor& t) {
+    return kiln::matmul(kiln::softmax(t, -1), t.t()).exp() +
+           t.sum(std::vector<int64_t>{1}).unsqueeze(0);
+  };
+  Tensor jac = func::jacrev(f)(x);
+  auto [out, vjp_fn] = func::vjp(f, x);
+  Tensor eye = kiln::eye(out.numel(), std::nullopt, kFloat64);
+  std::vector<Tensor> rows;
+  for (int64_t j = 0; j < out.numel(); ++j)
+    rows.push_back(vjp_fn(eye.select(0, j).reshape(out.sizes())));
+  DimVector shape(out.sizes());
+  for (int64_t s : x.sizes()) shape.push_back(s);
+  expect_close(jac, kiln::stack(rows, 0).reshape(shape), 1e-12, 1e-14);
+  // jacrev of jacrev (second derivatives through a batched backward) against hessian.
+  func::UnaryFn s = [](const Tensor& t) { return (kiln::sin(t) * t * t).sum(); };
+  expect_close(func::jacrev(func::jacrev(s))(x), func::hessian(s)(x), 1e-10, 1e-12);
+}
+
+}  // namespace
+}  // namespace kiln
