@@ -2,12 +2,14 @@
 // kiln/autograd/forward_ad.h.
 #include "kiln/autograd/forward_ad.h"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_set>
 
 #include "autograd_support.h"
 #include "forward_support.h"
+#include "kiln/autograd/batched.h"
 
 namespace kiln::autograd::forward {
 namespace {
@@ -46,6 +48,37 @@ void clear_level(uint64_t level) {
       it = reg.erase(it);
     }
   }
+}
+
+// Note [Dual tensors under vmap]: autograd, and so forward AD, only sees the plain bases of
+// BatchedTensors (Note [vmap and autograd]), so a tangent must sit on the primal's base, laid out
+// like it. make_dual batches primal and tangent at every active vmap level, moves the levels'
+// dims to the front of both bases in level order, pairs the bases and wraps the dual again;
+// unpack_dual reads the tangent of the base and wraps it at the dual's levels.
+Tensor levels_to_front(const Tensor& t, std::vector<std::pair<int64_t, int64_t>>& levels) {
+  PhysicalView p = to_physical(promote_to_active_levels(t));
+  std::vector<int64_t> perm;
+  levels.clear();
+  for (const auto& [level, dim] : p.levels) {
+    levels.emplace_back(level, static_cast<int64_t>(perm.size()));
+    perm.push_back(dim);
+  }
+  for (int64_t d = 0; d < p.base.dim(); ++d)
+    if (std::find(perm.begin(), perm.end(), d) == perm.end()) perm.push_back(d);
+  return p.base.permute(perm);
+}
+
+Tensor make_batched_dual(const Tensor& primal, const Tensor& tangent) {
+  std::vector<std::pair<int64_t, int64_t>> levels, tangent_levels;
+  Tensor base_dual, tangent_base;
+  {
+    detail::ForwardADDisabledGuard off;
+    base_dual = kiln::alias(levels_to_front(primal, levels));
+    tangent_base = levels_to_front(tangent, tangent_levels);
+  }
+  KILN_ASSERT(levels == tangent_levels, "make_dual: primal and tangent levels differ");
+  detail::set_tangent(base_dual, tangent_base);
+  return from_physical(base_dual, levels);
 }
 
 }  // namespace
@@ -117,6 +150,7 @@ Tensor make_dual(const Tensor& primal, const Tensor& tangent) {
              tangent.sizes(),
              ") has a tangent itself; tangents "
              "of tangents at one level are not supported");
+  if (is_batched(primal) || is_batched(tangent)) return make_batched_dual(primal, tangent);
   Tensor dual;
   {
     detail::ForwardADDisabledGuard off;  // the alias keeps primal's history, not its tangent
@@ -128,6 +162,12 @@ Tensor make_dual(const Tensor& primal, const Tensor& tangent) {
 
 UnpackedDual unpack_dual(const Tensor& t) {
   KILN_CHECK(t.defined(), Value, "unpack_dual: got an undefined tensor");
+  if (is_batched(t)) {  // Note [Dual tensors under vmap]
+    PhysicalView p = to_physical(t);
+    UnpackedDual u = unpack_dual(p.base);
+    return {from_physical(u.primal, p.levels),
+            u.tangent.defined() ? from_physical(u.tangent, p.levels) : Tensor()};
+  }
   Tensor tangent = detail::tangent_of(t);
   if (!tangent.defined()) return {t, Tensor()};
   detail::ForwardADDisabledGuard off;

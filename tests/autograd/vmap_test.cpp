@@ -8,6 +8,7 @@
 
 #include "kiln/autograd/autograd.h"
 #include "kiln/autograd/batched.h"
+#include "kiln/autograd/forward_ad.h"
 #include "kiln/kiln.h"
 #include "op_samples.h"
 #include "test_util.h"
@@ -520,6 +521,28 @@ TEST(Vmap, VmapOfJacrevJacfwdAndHessian) {
     return t * 2.0;
   };
   func::grad(func::UnaryFn([&](const Tensor& t) { return func::vmap(probe)(t).sum(); }))(x);
+}
+
+// vmap over jvp: batched primals with one tangent, and one primal with batched tangents (the
+// tangent sits on the primal's plain base, Note [Dual tensors under vmap]).
+TEST(Vmap, VmapOfJvp) {
+  Tensor x = random({4, 3}, kFloat64, -1, 1, 21), v = random({4, 3}, kFloat64, -1, 1, 22);
+  func::UnaryFn f = [](const Tensor& t) { return kiln::tanh(t) * t.sum(); };
+  func::Fn jv = [&](const std::vector<Tensor>& a) { return func::jvp(f, a[0], a[1]).second; };
+  Tensor both = func::vmap(jv)({x, v});
+  Tensor tangents_only = func::vmap(jv, {std::nullopt, 0})({x.select(0, 1), v});
+  for (int64_t b = 0; b < 4; ++b) {
+    expect_close(both.select(0, b), func::jvp(f, x.select(0, b), v.select(0, b)).second, 1e-12);
+    expect_close(tangents_only.select(0, b), func::jvp(f, x.select(0, 1), v.select(0, b)).second,
+                 1e-12);
+  }
+  // The tangent of a dual made inside vmap comes back batched like the primal.
+  func::UnaryFn roundtrip = [](const Tensor& t) {
+    autograd::forward::DualLevel level;
+    Tensor d = autograd::forward::make_dual(t, t * 3.0);
+    return autograd::forward::unpack_dual(kiln::sin(d)).tangent;
+  };
+  expect_close(func::vmap(roundtrip)(x), kiln::cos(x) * x * 3.0, 1e-12);
 }
 
 // jacrev's one batched backward equals one backward per output element (what it did before).
