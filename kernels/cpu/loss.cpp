@@ -67,7 +67,7 @@ A row_lse(const T* x, int64_t C) {
   for (int64_t c = 0; c < C; ++c) m = std::max(m, static_cast<A>(x[c]));
   if (std::isinf(m)) return m;
   A s = 0;
-#pragma omp simd reduction(+ : s)
+  _Pragma("omp simd reduction(+ : s)")
   for (int64_t c = 0; c < C; ++c) s += exp_acc<A>(static_cast<A>(x[c]) - m);
   return m + std::log(s);
 }
@@ -143,12 +143,12 @@ Tensor cross_entropy_indices_backward_cpu(const Tensor& grad, const Tensor& inpu
         const A coef = gi * (wy + eC * cw.total);
         if (cw.w.empty()) {
           const A shift = gi * eC;
-#pragma omp simd
+          _Pragma("omp simd")
           for (int64_t c = 0; c < C; ++c)
             dr[c] = static_cast<T>(coef * exp_acc<A>(static_cast<A>(xr[c]) - lse) - shift);
         } else {
           const A* w = cw.w.data();
-#pragma omp simd
+          _Pragma("omp simd")
           for (int64_t c = 0; c < C; ++c)
             dr[c] = static_cast<T>(coef * exp_acc<A>(static_cast<A>(xr[c]) - lse) - gi * eC * w[c]);
         }

@@ -38,7 +38,7 @@ std::pair<A, A> stats(const T* x, const Runs& s, double eps) {
     for (int64_t k = 0; k < s.count; ++k) {
       const T* p = x + s.base + k * s.stride;
       A acc = 0;
-#pragma omp simd reduction(+ : acc)
+      _Pragma("omp simd reduction(+ : acc)")
       for (int64_t i = 0; i < s.len; ++i) acc += static_cast<A>(p[i]);
       m += acc;
     }
@@ -48,7 +48,7 @@ std::pair<A, A> stats(const T* x, const Runs& s, double eps) {
   for (int64_t k = 0; k < s.count; ++k) {
     const T* p = x + s.base + k * s.stride;
     A acc = 0;
-#pragma omp simd reduction(+ : acc)
+    _Pragma("omp simd reduction(+ : acc)")
     for (int64_t i = 0; i < s.len; ++i) {
       A d = static_cast<A>(p[i]) - m;
       acc += d * d;
@@ -102,7 +102,7 @@ Tensor row_norm_forward(const char* name, const TensorSpec& spec, const Tensor& 
         auto [m, r] = stats<kRms>(xp, Runs{i * D, 1, 0, D}, eps);
         const T* xr = xp + i * D;
         T* yr = yp + i * D;
-#pragma omp simd
+        _Pragma("omp simd")
         for (int64_t j = 0; j < D; ++j) {
           A v = (static_cast<A>(xr[j]) - m) * r * static_cast<A>(wp[j]);
           if constexpr (!kRms) v += static_cast<A>(bp[j]);
@@ -134,7 +134,7 @@ Tensor row_norm_backward(const char* name, const TensorSpec& spec, const Tensor&
         auto [m, r] = stats<kRms>(xp, Runs{i * D, 1, 0, D}, eps);
         const T *gr = gp + i * D, *xr = xp + i * D;
         A s1 = 0, s2 = 0;
-#pragma omp simd reduction(+ : s1, s2)
+        _Pragma("omp simd reduction(+ : s1, s2)")
         for (int64_t j = 0; j < D; ++j) {
           A gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
           s1 += gw;
@@ -142,7 +142,7 @@ Tensor row_norm_backward(const char* name, const TensorSpec& spec, const Tensor&
         }
         const A c1 = kRms ? A(0) : s1 * inv_d, c2 = s2 * inv_d;
         T* dr = dp + i * D;
-#pragma omp simd
+        _Pragma("omp simd")
         for (int64_t j = 0; j < D; ++j) {
           A gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
           A xh = (static_cast<A>(xr[j]) - m) * r;
@@ -175,7 +175,7 @@ Tensor row_norm_backward_weight(const char* name, const TensorSpec& spec, const 
         for (int64_t i = c * rows; i < std::min(M, (c + 1) * rows); ++i) {
           auto [m, r] = stats<kRms>(xp, Runs{i * D, 1, 0, D}, eps);
           const T *gr = gp + i * D, *xr = xp + i * D;
-#pragma omp simd
+          _Pragma("omp simd")
           for (int64_t j = 0; j < D; ++j)
             p[j] += static_cast<A>(gr[j]) * (static_cast<A>(xr[j]) - m) * r;
         }
@@ -183,7 +183,7 @@ Tensor row_norm_backward_weight(const char* name, const TensorSpec& spec, const 
     });
     for (int64_t c = 1; c < chunks; ++c) {
       const A* p = part.data() + c * D;
-#pragma omp simd
+      _Pragma("omp simd")
       for (int64_t j = 0; j < D; ++j) part[j] += p[j];
     }
     T* op = mutable_data_of<T>(out);
@@ -252,7 +252,7 @@ Runs channel_set(const NCS& d, int64_t c) { return {c * d.S, d.N, d.C * d.S, d.S
 // y = x * scale + shift over one run.
 template <typename T, typename A>
 void affine_run(const T* x, T* y, int64_t n, A scale, A shift) {
-#pragma omp simd
+  _Pragma("omp simd")
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(static_cast<A>(x[i]) * scale + shift);
 }
 
@@ -260,7 +260,7 @@ void affine_run(const T* x, T* y, int64_t n, A scale, A shift) {
 template <typename T, typename A>
 void grad_sums_run(const T* g, const T* x, int64_t n, A m, A r, A& s1, A& s2) {
   A a = 0, b = 0;
-#pragma omp simd reduction(+ : a, b)
+  _Pragma("omp simd reduction(+ : a, b)")
   for (int64_t i = 0; i < n; ++i) {
     A gi = static_cast<A>(g[i]);
     a += gi;
@@ -273,7 +273,7 @@ void grad_sums_run(const T* g, const T* x, int64_t n, A m, A r, A& s1, A& s2) {
 // dx = k * (g - c1 - (x - m) * r * c2) over one run.
 template <typename T, typename A>
 void grad_input_run(const T* g, const T* x, T* dx, int64_t n, A m, A r, A k, A c1, A c2) {
-#pragma omp simd
+  _Pragma("omp simd")
   for (int64_t i = 0; i < n; ++i)
     dx[i] = static_cast<T>(k * (static_cast<A>(g[i]) - c1 - (static_cast<A>(x[i]) - m) * r * c2));
 }
@@ -334,7 +334,7 @@ Tensor group_norm_backward_cpu(const Tensor& grad, const Tensor& input, const Te
         for (int64_t k = 0; k < Cg; ++k) {
           const int64_t off = s.base + k * d.S;
           const A wc = static_cast<A>(wp[(q % G) * Cg + k]);
-#pragma omp simd
+          _Pragma("omp simd")
           for (int64_t i = 0; i < d.S; ++i) {
             A xh = (static_cast<A>(xp[off + i]) - m) * r;
             dp[off + i] = static_cast<T>(r * (static_cast<A>(gp[off + i]) * wc - s1 * inv_n -
