@@ -262,14 +262,27 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const std::optio
     x = input.permute(perm).reshape({target.numel(), C});
   }
   Tensor t = target.reshape({target.numel()});
-  Tensor per = cross_entropy_indices(x, t, weight, ignore_index, label_smoothing);
+  Tensor keep = t != Scalar(ignore_index);
+  Tensor per;
+  // Class weights that need a gradient (or carry a tangent) take the written-out path: the fused
+  // row treats them as constants.
+  if (weight && weight->key_set().has(DispatchKey::Autograd)) {
+    Tensor logp = log_softmax(x, 1);
+    Tensor y = where(keep, t, kiln::zeros({}, kInt64, t.device()));
+    Tensor nll = -logp.gather(1, y.unsqueeze(1)).squeeze(std::vector<int64_t>{1});
+    Tensor smooth = -(logp * weight->unsqueeze(0)).sum(std::vector<int64_t>{1});
+    per = (nll * weight->index_select(0, y) * (1 - label_smoothing) +
+           smooth * (label_smoothing / C)) * keep.to(input.dtype());
+  } else {
+    per = cross_entropy_indices(x, t, weight, ignore_index, label_smoothing);
+  }
   if (reduction == "none") return per.reshape(target.sizes());
   if (reduction == "sum") return per.sum();
   // mean: divided by the total weight of the samples that are not ignored
-  Tensor valid = (t != Scalar(ignore_index)).to(input.dtype());
+  Tensor valid = keep.to(input.dtype());
   if (!weight) return per.sum() / valid.sum();
-  Tensor safe = where(t != Scalar(ignore_index), t, kiln::zeros({}, kInt64, t.device()));
-  return per.sum() / (weight->detach().index_select(0, safe) * valid).sum();
+  Tensor safe = where(keep, t, kiln::zeros({}, kInt64, t.device()));
+  return per.sum() / (weight->index_select(0, safe) * valid).sum();
 }
 
 // dL_i/dx = g_i * [((1 - e) w_y + e/C * sum(w)) * softmax(x) - (1 - e) w_y onehot(y) - e/C * w]
@@ -299,7 +312,7 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const std::optional<T
   Tensor y = where(keep, target, kiln::zeros({}, kInt64, target.device()));
   Tensor picked = input.gather(cdim, y.unsqueeze(cdim)).squeeze(std::vector<int64_t>{cdim});
   Tensor wy = keep.to(input.dtype());
-  if (weight) wy = wy * weight->detach().index_select(0, y.reshape({y.numel()})).reshape(y.sizes());
+  if (weight) wy = wy * weight->index_select(0, y.reshape({y.numel()})).reshape(y.sizes());
   Tensor loss = -picked * wy;
   if (reduction == "mean") return loss.sum() / wy.sum();
   return reduce_loss(loss, reduction);

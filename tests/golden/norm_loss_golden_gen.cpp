@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   for (const char* red : {"mean", "sum", "none"}) {  // cross_entropy with class indices
     auto x = leaf({6, 5}, 0.7, 0.3);
     auto wc = wave({5}, 0.9, 0.1).abs() + 0.5;
-    auto reduction = std::string(red) == "mean" ? torch::kMean
+    auto reduction = std::string(red) == "mean" ? at::Reduction::Mean
                      : std::string(red) == "sum" ? torch::Reduction::Sum : torch::Reduction::None;
     auto y = torch::cross_entropy_loss(x, target, wc, reduction, 2, 0.1);
     record(std::string("cross_entropy_") + red, y, {{"x", x}});
@@ -119,12 +119,12 @@ int main(int argc, char** argv) {
     auto x2 = leaf({3, 4}, 0.6, 0.2);
     auto p = torch::softmax(wave({3, 4}, 0.8, 0.1), 1);
     record("cross_entropy_probs",
-           torch::cross_entropy_loss(x2, p, {}, torch::kMean, -100, 0.2), {{"x", x2}});
+           torch::cross_entropy_loss(x2, p, {}, at::Reduction::Mean, -100, 0.2), {{"x", x2}});
   }
   {  // nll_loss with weights and ignore_index
     auto x = leaf({6, 5}, 0.7, 0.3);
     auto wc = wave({5}, 0.9, 0.1).abs() + 0.5;
-    record("nll_loss", torch::nll_loss(x, target, wc, torch::kMean, 2), {{"x", x}});
+    record("nll_loss", torch::nll_loss(x, target, wc, at::Reduction::Mean, 2), {{"x", x}});
   }
   {  // elementwise losses
     auto a = leaf({3, 4}, 0.7, 0.3), t = wave({3, 4}, 0.5, 1.1);
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
     auto a2 = leaf({3, 4}, 0.7, 0.3);
     record("l1_loss", torch::l1_loss(a2, t, torch::Reduction::Sum), {{"a", a2}});
     auto a3 = leaf({3, 4}, 0.7, 0.3);
-    record("smooth_l1_loss", F::smooth_l1_loss(a3, t, F::SmoothL1LossFuncOptions().beta(0.5)),
+    record("smooth_l1_loss", torch::smooth_l1_loss(a3, t, at::Reduction::Mean, 0.5),
            {{"a", a3}});
     auto p = torch::sigmoid(wave({3, 4}, 0.7, 0.3)).detach().requires_grad_(true);
     auto tb = (wave({3, 4}, 0.5, 1.1) + 1) / 2;
