@@ -69,7 +69,6 @@ Tensor embedding_dense_backward_cpu(const Tensor& grad, const Tensor& indices, i
         if (v != padding_idx) {
           for (int64_t k = start[v]; k < start[v + 1]; ++k) {
             const T* row = gp + pos[k] * D;
-            _Pragma("omp simd")
             for (int64_t j = 0; j < D; ++j) acc[j] += static_cast<A>(row[j]);
           }
           if (scale_grad_by_freq && count > 0)

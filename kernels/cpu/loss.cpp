@@ -66,10 +66,16 @@ A row_lse(const T* x, int64_t C) {
   A m = -std::numeric_limits<A>::infinity();
   for (int64_t c = 0; c < C; ++c) m = std::max(m, static_cast<A>(x[c]));
   if (std::isinf(m)) return m;
-  A s = 0;
-  _Pragma("omp simd reduction(+ : s)")
-  for (int64_t c = 0; c < C; ++c) s += exp_acc<A>(static_cast<A>(x[c]) - m);
-  return m + std::log(s);
+  // independent lanes, so the loop vectorizes (Note [Lane sums] in norm.cpp)
+  constexpr int L = 16;
+  A lanes[L] = {};
+  int64_t c = 0;
+  for (; c + L <= C; c += L)
+    for (int l = 0; l < L; ++l) lanes[l] += exp_acc<A>(static_cast<A>(x[c + l]) - m);
+  for (int l = 0; c < C; ++c, ++l) lanes[l] += exp_acc<A>(static_cast<A>(x[c]) - m);
+  for (int w = L / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return m + std::log(lanes[0]);
 }
 
 // input: (N, C), target: (N,) -> (N,)
@@ -143,12 +149,10 @@ Tensor cross_entropy_indices_backward_cpu(const Tensor& grad, const Tensor& inpu
         const A coef = gi * (wy + eC * cw.total);
         if (cw.w.empty()) {
           const A shift = gi * eC;
-          _Pragma("omp simd")
           for (int64_t c = 0; c < C; ++c)
             dr[c] = static_cast<T>(coef * exp_acc<A>(static_cast<A>(xr[c]) - lse) - shift);
         } else {
           const A* w = cw.w.data();
-          _Pragma("omp simd")
           for (int64_t c = 0; c < C; ++c)
             dr[c] = static_cast<T>(coef * exp_acc<A>(static_cast<A>(xr[c]) - lse) - gi * eC * w[c]);
         }

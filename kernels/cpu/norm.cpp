@@ -20,8 +20,40 @@
 #include "kiln/meta.h"
 #include "loops.h"
 
+#define KILN_NORM_INLINE inline __attribute__((always_inline))
+
 namespace kiln::kernels {
 namespace {
+
+// Note [Lane sums]: sum over i in [0, n) of f(i) in kLanes independent accumulators (lane =
+// i mod kLanes, folded pairwise at the end): a fixed order, and a loop the compiler vectorizes
+// without reassociating a single float accumulator (omp simd reductions are not vectorized
+// inside the parallel regions' outlined functions). sums2 does two sums in one pass.
+constexpr int kLanes = 16;
+
+template <typename A, typename F>
+KILN_NORM_INLINE A lane_sum(int64_t n, const F& f) {
+  A lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += f(i + l);
+  for (int l = 0; i < n; ++i, ++l) lanes[l] += f(i);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0];
+}
+
+template <typename A, typename F>
+KILN_NORM_INLINE std::pair<A, A> lane_sums2(int64_t n, const F& f) {
+  A a[kLanes] = {}, b[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) f(i + l, a[l], b[l]);
+  for (int l = 0; i < n; ++i, ++l) f(i, a[l], b[l]);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) a[l] += a[l + w], b[l] += b[l + w];
+  return {a[0], b[0]};
+}
 
 // `count` runs of `len` contiguous elements, the k-th at base + k * stride.
 struct Runs {
@@ -37,23 +69,17 @@ std::pair<A, A> stats(const T* x, const Runs& s, double eps) {
   if (!kRms) {
     for (int64_t k = 0; k < s.count; ++k) {
       const T* p = x + s.base + k * s.stride;
-      A acc = 0;
-      _Pragma("omp simd reduction(+ : acc)")
-      for (int64_t i = 0; i < s.len; ++i) acc += static_cast<A>(p[i]);
-      m += acc;
+      m += lane_sum<A>(s.len, [p](int64_t i) { return static_cast<A>(p[i]); });
     }
     m /= n;
   }
   A v = 0;
   for (int64_t k = 0; k < s.count; ++k) {
     const T* p = x + s.base + k * s.stride;
-    A acc = 0;
-    _Pragma("omp simd reduction(+ : acc)")
-    for (int64_t i = 0; i < s.len; ++i) {
+    v += lane_sum<A>(s.len, [p, m](int64_t i) {
       A d = static_cast<A>(p[i]) - m;
-      acc += d * d;
-    }
-    v += acc;
+      return d * d;
+    });
   }
   return {m, A(1) / std::sqrt(v / n + static_cast<A>(eps))};
 }
@@ -102,7 +128,6 @@ Tensor row_norm_forward(const char* name, const TensorSpec& spec, const Tensor& 
         auto [m, r] = stats<kRms>(xp, Runs{i * D, 1, 0, D}, eps);
         const T* xr = xp + i * D;
         T* yr = yp + i * D;
-        _Pragma("omp simd")
         for (int64_t j = 0; j < D; ++j) {
           A v = (static_cast<A>(xr[j]) - m) * r * static_cast<A>(wp[j]);
           if constexpr (!kRms) v += static_cast<A>(bp[j]);
@@ -133,16 +158,13 @@ Tensor row_norm_backward(const char* name, const TensorSpec& spec, const Tensor&
       for (int64_t i = r0; i < r1; ++i) {
         auto [m, r] = stats<kRms>(xp, Runs{i * D, 1, 0, D}, eps);
         const T *gr = gp + i * D, *xr = xp + i * D;
-        A s1 = 0, s2 = 0;
-        _Pragma("omp simd reduction(+ : s1, s2)")
-        for (int64_t j = 0; j < D; ++j) {
+        auto [s1, s2] = lane_sums2<A>(D, [&, m = m, r = r](int64_t j, A& a, A& b) {
           A gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
-          s1 += gw;
-          s2 += gw * (static_cast<A>(xr[j]) - m) * r;
-        }
+          a += gw;
+          b += gw * (static_cast<A>(xr[j]) - m) * r;
+        });
         const A c1 = kRms ? A(0) : s1 * inv_d, c2 = s2 * inv_d;
         T* dr = dp + i * D;
-        _Pragma("omp simd")
         for (int64_t j = 0; j < D; ++j) {
           A gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
           A xh = (static_cast<A>(xr[j]) - m) * r;
@@ -175,7 +197,6 @@ Tensor row_norm_backward_weight(const char* name, const TensorSpec& spec, const 
         for (int64_t i = c * rows; i < std::min(M, (c + 1) * rows); ++i) {
           auto [m, r] = stats<kRms>(xp, Runs{i * D, 1, 0, D}, eps);
           const T *gr = gp + i * D, *xr = xp + i * D;
-          _Pragma("omp simd")
           for (int64_t j = 0; j < D; ++j)
             p[j] += static_cast<A>(gr[j]) * (static_cast<A>(xr[j]) - m) * r;
         }
@@ -183,7 +204,6 @@ Tensor row_norm_backward_weight(const char* name, const TensorSpec& spec, const 
     });
     for (int64_t c = 1; c < chunks; ++c) {
       const A* p = part.data() + c * D;
-      _Pragma("omp simd")
       for (int64_t j = 0; j < D; ++j) part[j] += p[j];
     }
     T* op = mutable_data_of<T>(out);
@@ -252,20 +272,17 @@ Runs channel_set(const NCS& d, int64_t c) { return {c * d.S, d.N, d.C * d.S, d.S
 // y = x * scale + shift over one run.
 template <typename T, typename A>
 void affine_run(const T* x, T* y, int64_t n, A scale, A shift) {
-  _Pragma("omp simd")
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(static_cast<A>(x[i]) * scale + shift);
 }
 
 // sum(g) and sum(g * (x - m) * r) over one run.
 template <typename T, typename A>
 void grad_sums_run(const T* g, const T* x, int64_t n, A m, A r, A& s1, A& s2) {
-  A a = 0, b = 0;
-  _Pragma("omp simd reduction(+ : a, b)")
-  for (int64_t i = 0; i < n; ++i) {
+  auto [a, b] = lane_sums2<A>(n, [=](int64_t i, A& sa, A& sb) {
     A gi = static_cast<A>(g[i]);
-    a += gi;
-    b += gi * (static_cast<A>(x[i]) - m) * r;
-  }
+    sa += gi;
+    sb += gi * (static_cast<A>(x[i]) - m) * r;
+  });
   s1 += a;
   s2 += b;
 }
@@ -273,7 +290,6 @@ void grad_sums_run(const T* g, const T* x, int64_t n, A m, A r, A& s1, A& s2) {
 // dx = k * (g - c1 - (x - m) * r * c2) over one run.
 template <typename T, typename A>
 void grad_input_run(const T* g, const T* x, T* dx, int64_t n, A m, A r, A k, A c1, A c2) {
-  _Pragma("omp simd")
   for (int64_t i = 0; i < n; ++i)
     dx[i] = static_cast<T>(k * (static_cast<A>(g[i]) - c1 - (static_cast<A>(x[i]) - m) * r * c2));
 }
@@ -334,7 +350,6 @@ Tensor group_norm_backward_cpu(const Tensor& grad, const Tensor& input, const Te
         for (int64_t k = 0; k < Cg; ++k) {
           const int64_t off = s.base + k * d.S;
           const A wc = static_cast<A>(wp[(q % G) * Cg + k]);
-          _Pragma("omp simd")
           for (int64_t i = 0; i < d.S; ++i) {
             A xh = (static_cast<A>(xp[off + i]) - m) * r;
             dp[off + i] = static_cast<T>(r * (static_cast<A>(gp[off + i]) * wc - s1 * inv_n -
