@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 
+#include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -146,6 +147,25 @@ void w_reduction(bool) {
   emit("reduction", "softmax_4096x1024", 8.0 * X.numel() / ts / 1e9, "GB/s", "kiln-cpp");
 }
 
+// layer_norm_fwd_bwd_4096x1024, cross_entropy_fwd_bwd_4096x1000: forward, then the gradients of
+// the inputs (autograd::grad, so nothing accumulates into .grad between repetitions).
+void w_norm_loss(bool) {
+  Tensor x = randn({4096, 1024}).requires_grad_(), g = randn({4096, 1024});
+  Tensor w = ones({1024}).requires_grad_(), b = zeros({1024}).requires_grad_();
+  double t = best_time([&] {
+    Tensor y = layer_norm(x, {1024}, w, b);
+    autograd::grad({y}, {x, w, b}, {g});
+  });
+  emit("kernels", "layer_norm_fwd_bwd_4096x1024", t * 1e3, "ms", "kiln-cpp");
+  Tensor logits = randn({4096, 1000}).requires_grad_();
+  Tensor target = randint(0, 1000, {4096});
+  double tc = best_time([&] {
+    Tensor loss = cross_entropy(logits, target);
+    autograd::grad({loss}, {logits});
+  });
+  emit("kernels", "cross_entropy_fwd_bwd_4096x1000", tc * 1e3, "ms", "kiln-cpp");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,5 +189,6 @@ int main(int argc, char** argv) {
   if (want("elementwise")) w_elementwise(quick);
   if (want("reduction")) w_reduction(quick);
   if (want("autograd")) w_autograd(quick);
+  if (want("kernels")) w_norm_loss(quick);
   return 0;
 }

@@ -94,5 +94,22 @@ int main(int argc, char** argv) {
     auto x = torch::randn({4096, 1024});
     emit("reduction", "softmax_4096x1024", 8.0 * x.numel() / best_time([&] { torch::softmax(x, -1); }) / 1e9, "GB/s");
   }
+  if (want("kernels")) {
+    torch::AutoGradMode enable(true);
+    auto x = torch::randn({4096, 1024}).requires_grad_(true), g = torch::randn({4096, 1024});
+    auto w = torch::ones({1024}).requires_grad_(true), b = torch::zeros({1024}).requires_grad_(true);
+    double t = best_time([&] {
+      auto y = torch::layer_norm(x, {1024}, w, b);
+      torch::autograd::grad({y}, {x, w, b}, {g});
+    });
+    emit("kernels", "layer_norm_fwd_bwd_4096x1024", t * 1e3, "ms");
+    auto logits = torch::randn({4096, 1000}).requires_grad_(true);
+    auto target = torch::randint(0, 1000, {4096}, torch::kInt64);
+    double tc = best_time([&] {
+      auto loss = torch::cross_entropy_loss(logits, target);
+      torch::autograd::grad({loss}, {logits});
+    });
+    emit("kernels", "cross_entropy_fwd_bwd_4096x1000", tc * 1e3, "ms");
+  }
   return 0;
 }

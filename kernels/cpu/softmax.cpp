@@ -1,5 +1,5 @@
-// softmax and log_softmax on the CPU (tensor/ops/reduction.toml). Stable: every row is shifted
-// by its max before exp. Each row (or column block) is computed by one task in a fixed order, so
+// softmax and log_softmax, and their fused backward rows, on the CPU (tensor/ops/reduction.toml).
+// Stable: every row is shifted by its max before exp. Each row (or column block) is computed by one task in a fixed order, so
 // results do not depend on the thread count (Note [Deterministic reductions] in reduce.h).
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
@@ -111,9 +111,89 @@ Tensor softmax_cpu(const Tensor& self, int64_t dim, std::optional<ScalarType> dt
   return out;
 }
 
+// ---- backward: softmax dx = y * (g - sum(g * y)), log_softmax dx = g - exp(y) * sum(g) ----------
+
+// g, y, dx: (D,) contiguous, one row.
+template <typename T, bool kLog>
+void softmax_backward_row(const T* g, const T* y, T* dx, int64_t D) {
+  using A = acc_t<T>;
+  A s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < D; ++i) s += kLog ? static_cast<A>(g[i]) : static_cast<A>(g[i]) * static_cast<A>(y[i]);
+#pragma omp simd
+  for (int64_t i = 0; i < D; ++i) {
+    const A gi = static_cast<A>(g[i]), yi = static_cast<A>(y[i]);
+    dx[i] = static_cast<T>(kLog ? gi - exp_acc<A>(yi) * s : yi * (gi - s));
+  }
+}
+
+// g, y, dx: (D, inner) contiguous; columns [c0, c0 + n) of one outer index.
+template <typename T, bool kLog>
+void softmax_backward_cols(const T* g, const T* y, T* dx, int64_t D, int64_t inner, int64_t c0,
+                           int64_t n) {
+  using A = acc_t<T>;
+  A s[kSoftmaxCols] = {};
+  for (int64_t k = 0; k < D; ++k) {
+    const T *gr = g + k * inner + c0, *yr = y + k * inner + c0;
+    for (int64_t j = 0; j < n; ++j)
+      s[j] += kLog ? static_cast<A>(gr[j]) : static_cast<A>(gr[j]) * static_cast<A>(yr[j]);
+  }
+  for (int64_t k = 0; k < D; ++k) {
+    const T *gr = g + k * inner + c0, *yr = y + k * inner + c0;
+    T* out = dx + k * inner + c0;
+    for (int64_t j = 0; j < n; ++j) {
+      const A gj = static_cast<A>(gr[j]), yj = static_cast<A>(yr[j]);
+      out[j] = static_cast<T>(kLog ? gj - exp_acc<A>(yj) * s[j] : yj * (gj - s[j]));
+    }
+  }
+}
+
+// grad, output: (outer, D, inner) around `dim` -> same shape.
+template <bool kLog>
+Tensor softmax_backward_cpu(const Tensor& grad, const Tensor& output, int64_t dim) {
+  const char* name = kLog ? "log_softmax_backward_data" : "softmax_backward_data";
+  TensorSpec spec = kLog ? meta::log_softmax_backward_data(grad, output, dim)
+                         : meta::softmax_backward_data(grad, output, dim);
+  Tensor out = empty_strided_on(spec.sizes, spec.strides, spec.dtype, spec.device);
+  if (out.numel() == 0) return out;
+  Tensor g = grad.contiguous(), y = output.contiguous();
+  int64_t d = meta::wrap_dim(name, dim, output.dim());
+  int64_t outer = 1, D = 1, inner = 1;
+  for (int64_t i = 0; i < output.dim(); ++i) {
+    if (i < d) outer *= output.size(i);
+    else if (i == d) D = output.size(i);
+    else inner *= output.size(i);
+  }
+  KILN_DISPATCH_FLOAT_TYPES(spec.dtype, name, [&] {
+    using T = scalar_t;
+    const T* gp = static_cast<const T*>(g.impl()->raw_data());
+    const T* yp = static_cast<const T*>(y.impl()->raw_data());
+    T* dp = static_cast<T*>(out.impl()->raw_data());
+    if (inner == 1) {
+      parallel_for(outer, std::max<int64_t>(1, kGrainSize / D), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r)
+          softmax_backward_row<T, kLog>(gp + r * D, yp + r * D, dp + r * D, D);
+      });
+      return;
+    }
+    int64_t nb = (inner + kSoftmaxCols - 1) / kSoftmaxCols;
+    int64_t grain = std::max<int64_t>(1, kGrainSize / (D * std::min(inner, kSoftmaxCols)));
+    parallel_for(outer * nb, grain, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        int64_t o = t / nb, c0 = (t % nb) * kSoftmaxCols;
+        softmax_backward_cols<T, kLog>(gp + o * D * inner, yp + o * D * inner, dp + o * D * inner,
+                                       D, inner, c0, std::min(kSoftmaxCols, inner - c0));
+      }
+    });
+  });
+  return out;
+}
+
 KILN_LIBRARY(CPU, m) {
   m.impl<ops::softmax>(softmax_cpu<false>);
   m.impl<ops::log_softmax>(softmax_cpu<true>);
+  m.impl<ops::softmax_backward_data>(softmax_backward_cpu<false>);
+  m.impl<ops::log_softmax_backward_data>(softmax_backward_cpu<true>);
 }
 
 }  // namespace

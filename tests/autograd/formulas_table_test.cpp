@@ -92,6 +92,7 @@ TEST(FormulasTable, EveryFormulaMatchesFiniteDifferences) {
       std::vector<Tensor> grads = eval(clone_stack(in), outs, v);
       for (size_t k = 0; k < grads.size(); ++k) {
         Tensor* x = tensor_at(in, k);
+        if (x == nullptr && !grads[k].defined()) continue;  // a trailing Tensor? given None
         ASSERT_NE(x, nullptr);
         if (!grads[k].defined() || !is_floating(x->dtype())) continue;
         SCOPED_TRACE("input " + std::to_string(k));

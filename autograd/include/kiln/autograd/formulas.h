@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kiln/autograd/formulas_nn.h"  // norm rows: channel_sum
 #include "kiln/kiln.h"
 
 namespace kiln::autograd {
