@@ -2,7 +2,7 @@
 // references the issue names: oneDNN's dnnl_sgemm called directly ("onednn-direct") and plain
 // OpenMP loops ("openmp-loop"). One JSON object per line.
 //
-//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd] [--quick]
+//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd,kernels] [--quick]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
@@ -146,6 +146,15 @@ void w_reduction(bool) {
   emit("reduction", "softmax_4096x1024", 8.0 * X.numel() / ts / 1e9, "GB/s", "kiln-cpp");
 }
 
+// conv2d 32 -> 64 channels, 3x3, pad 1, on 32x32x16x16: forward, then backward for the input,
+// weight and bias (gradients accumulate into .grad, as in a training step).
+void w_kernels_conv(bool) {
+  Tensor x = randn({32, 32, 16, 16}).requires_grad_(), w = (randn({64, 32, 3, 3}) * 0.05).requires_grad_();
+  Tensor b = zeros({64}).requires_grad_(), gy = randn({32, 64, 16, 16});
+  double t = best_time([&] { conv2d(x, w, b, {1, 1}, {1, 1}).backward(gy); }, 7);
+  emit("kernels", "conv2d_fwd_bwd_b32_c32_16x16", t * 1e3, "ms", "kiln-cpp");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,5 +178,6 @@ int main(int argc, char** argv) {
   if (want("elementwise")) w_elementwise(quick);
   if (want("reduction")) w_reduction(quick);
   if (want("autograd")) w_autograd(quick);
+  if (want("kernels")) w_kernels_conv(quick);
   return 0;
 }

@@ -76,6 +76,13 @@ int main(int argc, char** argv) {
     }, 3);
     emit("autograd", "backward_chain_1000_tiny", tc * 1e3, "ms");
   }
+  if (want("kernels")) {
+    auto x = torch::randn({32, 32, 16, 16}).requires_grad_(true);
+    auto w = (torch::randn({64, 32, 3, 3}) * 0.05).requires_grad_(true);
+    auto b = torch::zeros({64}).requires_grad_(true), gy = torch::randn({32, 64, 16, 16});
+    double t = best_time([&] { torch::conv2d(x, w, b, 1, 1).backward(gy); }, 7);
+    emit("kernels", "conv2d_fwd_bwd_b32_c32_16x16", t * 1e3, "ms");
+  }
   torch::NoGradGuard no_grad;
   for (int64_t n : {512, 1024, 2048}) {
     if (!want("gemm") || (quick && n == 2048)) continue;
