@@ -455,16 +455,16 @@ Result conv_rule(Call& c) {
     meta::convolution_backward_weight(go, x, ws, stride, padding, dilation, groups);
     const int64_t out_channels = ws[0];
     ws[0] *= B;
-    Tensor gw = kiln::convolution_backward_weight(fold_into_channels(c, go),
-                                                  fold_into_channels(c, x), ws, stride, padding,
-                                                  dilation, groups * B);
+    Tensor gw =
+        kiln::convolution_backward_weight(fold_into_channels(c, go), fold_into_channels(c, x), ws,
+                                          stride, padding, dilation, groups * B);
     return wrap_outputs(c, Stack{gw.unflatten(0, {B, out_channels})});
   }
   const Tensor &x = c.args[0].to_tensor(), &w = c.args[1].to_tensor();
   const bool transposed = c.args[c.index("transposed")].get<bool>("transposed");
   const std::vector<int64_t> output_padding = int_list(c, "output_padding");
-  TensorSpec spec = meta::convolution(x, w, stride, padding, dilation, transposed, output_padding,
-                                      groups);
+  TensorSpec spec =
+      meta::convolution(x, w, stride, padding, dilation, transposed, output_padding, groups);
   if (!c.batched(w)) {
     Tensor y = kiln::convolution(front(x).flatten(0, 1), w, stride, padding, dilation, transposed,
                                  output_padding, groups);
@@ -492,8 +492,10 @@ Result pool_rule(Call& c) {
   if (size_i >= 0) {
     std::vector<int64_t> s = int_list(c, "self_size");
     if (static_cast<int64_t>(s.size()) != rank) return std::nullopt;
-    if (rank == 4) s[0] *= c.batch;
-    else s.insert(s.begin(), c.batch);
+    if (rank == 4)
+      s[0] *= c.batch;
+    else
+      s.insert(s.begin(), c.batch);
     args[size_i] = s;
   }
   Stack outs = run(c.op, std::move(args));

@@ -56,8 +56,8 @@ memory::dims weight_dims(const ConvGeom& g) {
 // diff_dst, wei; backward weights: src, diff_dst), contiguous; out: its contiguous output.
 // Returns false, computing nothing, when dt is a low-precision type that oneDNN supports only
 // with its reference implementation here.
-bool dnnl_conv(Pass pass, const ConvGeom& g, memory::data_type dt, const Tensor& a,
-               const Tensor& b, const Tensor& out) {
+bool dnnl_conv(Pass pass, const ConvGeom& g, memory::data_type dt, const Tensor& a, const Tensor& b,
+               const Tensor& out) {
   using namespace dnnl;
   engine& eng = dnnl_engine();
   const memory::dims src = to_dims(g.src), dst = to_dims(g.dst), wei = weight_dims(g);
@@ -99,8 +99,8 @@ bool dnnl_conv(Pass pass, const ConvGeom& g, memory::data_type dt, const Tensor&
       scratch = pd.scratchpad_desc();
     } else {
       convolution_backward_weights::primitive_desc pd(
-          convolution_backward_weights::desc(alg, any(src), any(wei), any(dst), strides, dil,
-                                             pad, pad),
+          convolution_backward_weights::desc(alg, any(src), any(wei), any(dst), strides, dil, pad,
+                                             pad),
           attr, eng, fwd);
       if (lowp && is_reference_impl(pd)) return false;
       prim = convolution_backward_weights(pd);
@@ -161,8 +161,7 @@ void for_each_tap(const ConvGeom& g, const F& f) {
                        for (int64_t oh = 0; oh < OH; ++oh) {
                          const int64_t ih = oh * g.stride[0] - g.padding[0] + kh * g.dilation[0];
                          for (int64_t ow = 0; ow < OW; ++ow) {
-                           const int64_t iw =
-                               ow * g.stride[1] - g.padding[1] + kw * g.dilation[1];
+                           const int64_t iw = ow * g.stride[1] - g.padding[1] + kw * g.dilation[1];
                            const bool in = ih >= 0 && ih < H && iw >= 0 && iw < W;
                            f(p, kh * KW + kw, oh * OW + ow, in ? ih * W + iw : -1);
                          }
@@ -253,8 +252,7 @@ Tensor convolution_cpu(const Tensor& input, const Tensor& weight, IntArrayRef st
              padding,
              dilation,
              groups};
-  return run_conv(transposed ? Pass::kBackwardData : Pass::kForward, g, input, weight,
-                  spec.sizes);
+  return run_conv(transposed ? Pass::kBackwardData : Pass::kForward, g, input, weight, spec.sizes);
 }
 
 // grad_output: (N, O, out...), input: (N, C, in...) -> (O, C / groups, k...) = weight_size.

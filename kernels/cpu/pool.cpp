@@ -18,8 +18,14 @@ namespace {
 struct Window {
   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
   Window(IntArrayRef k, IntArrayRef s, IntArrayRef p, IntArrayRef d)
-      : kh(k[0]), kw(second(k)), sh(s.empty() ? kh : s[0]), sw(s.empty() ? kw : second(s)),
-        ph(p[0]), pw(second(p)), dh(d[0]), dw(second(d)) {}
+      : kh(k[0]),
+        kw(second(k)),
+        sh(s.empty() ? kh : s[0]),
+        sw(s.empty() ? kw : second(s)),
+        ph(p[0]),
+        pw(second(p)),
+        dh(d[0]),
+        dw(second(d)) {}
   static int64_t second(IntArrayRef v) { return v.size() == 2 ? v[1] : v[0]; }
 };
 
@@ -105,8 +111,8 @@ Tensor max_pool2d_backward_cpu(const Tensor& grad_output, const Tensor& indices,
   const int64_t* ip = data_of<const int64_t>(ind);
   bool in_range = true;  // checked first: a bad index never writes out of bounds
   for (int64_t i = 0; i < ind.numel(); ++i) in_range = in_range && ip[i] >= 0 && ip[i] < HW;
-  KILN_CHECK(in_range, Index, "max_pool2d_backward: an index is out of range for planes of ",
-             pl.H, "x", pl.W, " elements");
+  KILN_CHECK(in_range, Index, "max_pool2d_backward: an index is out of range for planes of ", pl.H,
+             "x", pl.W, " elements");
   KILN_DISPATCH_FLOAT_TYPES(spec.dtype, "max_pool2d_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
@@ -138,8 +144,8 @@ void avg_windows(const Planes& pl, const Window& w, bool count_include_pad,
       h0 = std::max<int64_t>(h0, 0), w0 = std::max<int64_t>(w0, 0);
       h1 = std::min(h1, pl.H), w1 = std::min(w1, pl.W);
       const int64_t inside = (h1 - h0) * (w1 - w0);
-      const int64_t div = divisor_override ? *divisor_override
-                                           : (count_include_pad ? padded : inside);
+      const int64_t div =
+          divisor_override ? *divisor_override : (count_include_pad ? padded : inside);
       f(oh, ow, h0, h1, w0, w1, h0 < h1 && w0 < w1 ? 1.0 / static_cast<double>(div) : 0.0);
     }
 }

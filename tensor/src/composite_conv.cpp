@@ -31,9 +31,9 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const std::optional<Ten
                                    false, {0}, groups));
 }
 
-Tensor conv1d_padding(const Tensor& input, const Tensor& weight,
-                      const std::optional<Tensor>& bias, IntArrayRef stride,
-                      std::string_view padding, IntArrayRef dilation, int64_t groups) {
+Tensor conv1d_padding(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
+                      IntArrayRef stride, std::string_view padding, IntArrayRef dilation,
+                      int64_t groups) {
   return conv_with(
       "conv1d", input, weight, bias,
       meta::conv_args("conv1d", 1, input, weight, bias, stride, padding, dilation, groups));
@@ -46,18 +46,17 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const std::optional<Ten
                                    false, {0}, groups));
 }
 
-Tensor conv2d_padding(const Tensor& input, const Tensor& weight,
-                      const std::optional<Tensor>& bias, IntArrayRef stride,
-                      std::string_view padding, IntArrayRef dilation, int64_t groups) {
+Tensor conv2d_padding(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
+                      IntArrayRef stride, std::string_view padding, IntArrayRef dilation,
+                      int64_t groups) {
   return conv_with(
       "conv2d", input, weight, bias,
       meta::conv_args("conv2d", 2, input, weight, bias, stride, padding, dilation, groups));
 }
 
 Tensor conv_transpose2d(const Tensor& input, const Tensor& weight,
-                        const std::optional<Tensor>& bias, IntArrayRef stride,
-                        IntArrayRef padding, IntArrayRef output_padding, int64_t groups,
-                        IntArrayRef dilation) {
+                        const std::optional<Tensor>& bias, IntArrayRef stride, IntArrayRef padding,
+                        IntArrayRef output_padding, int64_t groups, IntArrayRef dilation) {
   return conv_with("conv_transpose2d", input, weight, bias,
                    meta::conv_args("conv_transpose2d", 2, input, weight, bias, stride, padding,
                                    dilation, true, output_padding, groups));

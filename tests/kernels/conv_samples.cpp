@@ -14,27 +14,29 @@ IValue str(const char* s) { return std::string(s); }
 
 // ---- conv.toml
 KILN_OP_SAMPLES("convolution", convolution_s) {
-  return S{{random({2, 4, 5, 5}), random({6, 2, 3, 3}), Dims{1, 1}, Dims{1, 1}, Dims{1, 1}, false,
-            Dims{0, 0}, i64(2)},
-           {random({2, 3, 7}), random({4, 3, 2}), Dims{2}, Dims{1}, Dims{2}, false, Dims{0}, i64(1)},
-           {random({1, 4, 3, 4}), random({4, 3, 3, 2}), Dims{2, 1}, Dims{1, 0}, Dims{1, 1}, true,
-            Dims{1, 0}, i64(2)},
-           {non_contiguous(random({2, 3, 4, 4})), random({2, 3, 2, 2}), Dims{1, 1}, Dims{0, 0},
-            Dims{1, 1}, false, Dims{0, 0}, i64(1)}};
+  return S{
+      {random({2, 4, 5, 5}), random({6, 2, 3, 3}), Dims{1, 1}, Dims{1, 1}, Dims{1, 1}, false,
+       Dims{0, 0}, i64(2)},
+      {random({2, 3, 7}), random({4, 3, 2}), Dims{2}, Dims{1}, Dims{2}, false, Dims{0}, i64(1)},
+      {random({1, 4, 3, 4}), random({4, 3, 3, 2}), Dims{2, 1}, Dims{1, 0}, Dims{1, 1}, true,
+       Dims{1, 0}, i64(2)},
+      {non_contiguous(random({2, 3, 4, 4})), random({2, 3, 2, 2}), Dims{1, 1}, Dims{0, 0},
+       Dims{1, 1}, false, Dims{0, 0}, i64(1)}};
 }
 KILN_OP_SAMPLES("convolution_backward_weight", convolution_backward_weight_s) {
-  return S{{random({2, 6, 5, 5}), random({2, 4, 5, 5}), Dims{6, 2, 3, 3}, Dims{1, 1}, Dims{1, 1},
-            Dims{1, 1}, i64(2)},
-           {random({2, 4, 4}), random({2, 3, 7}), Dims{4, 3, 2}, Dims{2}, Dims{1}, Dims{2}, i64(1)}};
+  return S{
+      {random({2, 6, 5, 5}), random({2, 4, 5, 5}), Dims{6, 2, 3, 3}, Dims{1, 1}, Dims{1, 1},
+       Dims{1, 1}, i64(2)},
+      {random({2, 4, 4}), random({2, 3, 7}), Dims{4, 3, 2}, Dims{2}, Dims{1}, Dims{2}, i64(1)}};
 }
 KILN_OP_SAMPLES("conv1d", conv1d_s) {
   return S{{random({2, 3, 7}), random({4, 3, 3}), random({4}), Dims{1}, Dims{1}, Dims{1}, i64(1)},
            {random({3, 6}), random({2, 3, 2}), kNone, Dims{2}, Dims{0}, Dims{1}, i64(1)}};
 }
 KILN_OP_SAMPLES("conv1d.padding", conv1d_padding_s) {
-  return S{{random({2, 3, 7}), random({4, 3, 4}), random({4}), Dims{1}, str("same"), Dims{1},
-            i64(1)},
-           {random({2, 4, 6}), random({2, 2, 3}), kNone, Dims{2}, str("valid"), Dims{1}, i64(2)}};
+  return S{
+      {random({2, 3, 7}), random({4, 3, 4}), random({4}), Dims{1}, str("same"), Dims{1}, i64(1)},
+      {random({2, 4, 6}), random({2, 2, 3}), kNone, Dims{2}, str("valid"), Dims{1}, i64(2)}};
 }
 KILN_OP_SAMPLES("conv2d", conv2d_s) {
   return S{{random({2, 3, 5, 5}), random({4, 3, 3, 3}), random({4}), Dims{1, 1}, Dims{1, 1},
@@ -46,10 +48,10 @@ KILN_OP_SAMPLES("conv2d.padding", conv2d_padding_s) {
             Dims{2, 1}, i64(1)}};
 }
 KILN_OP_SAMPLES("conv_transpose2d", conv_transpose2d_s) {
-  return S{{random({2, 4, 3, 3}), random({4, 3, 3, 3}), random({6}), Dims{2, 2}, Dims{1, 1},
-            Dims{1, 0}, i64(2), Dims{1, 1}},
-           {random({2, 3, 4}), random({2, 2, 2, 2}), kNone, Dims{1}, Dims{0}, Dims{0}, i64(1),
-            Dims{2}}};
+  return S{
+      {random({2, 4, 3, 3}), random({4, 3, 3, 3}), random({6}), Dims{2, 2}, Dims{1, 1}, Dims{1, 0},
+       i64(2), Dims{1, 1}},
+      {random({2, 3, 4}), random({2, 2, 2, 2}), kNone, Dims{1}, Dims{0}, Dims{0}, i64(1), Dims{2}}};
 }
 
 // ---- pool.toml

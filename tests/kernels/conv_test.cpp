@@ -164,8 +164,8 @@ TEST(Conv1d, AgainstReference) {
     Tensor x = random({2, 4, 11}, dt), w = random({6, 2, 3}, dt, -2, 2, 4);
     Tensor y = conv1d(x, w, std::nullopt, {2}, {2}, {3}, 2);
     Geo g{{1, 2}, {0, 2}, {1, 3}, 2};
-    expect_conv_close(y, ref_conv(x.unsqueeze(2), w.unsqueeze(2), g).squeeze(std::vector<int64_t>{2}),
-                      dt, 6);
+    expect_conv_close(
+        y, ref_conv(x.unsqueeze(2), w.unsqueeze(2), g).squeeze(std::vector<int64_t>{2}), dt, 6);
   }
   Tensor x = random({2, 3, 9}), w = random({4, 3, 4}, kFloat32, -2, 2, 2);
   EXPECT_EQ(conv1d(x, w, std::nullopt, {1}, "same").sizes(), IntArrayRef({2, 4, 9}));
@@ -177,8 +177,8 @@ TEST(ConvTranspose2d, ForwardAndGradientsAgainstReference) {
     Geo g{{2, 3}, {1, 0}, {1, 2}, 2};
     Tensor x = random({2, 4, 3, 4}, dt).requires_grad_();
     Tensor w = random({4, 3, 3, 2}, dt, -2, 2, 11).requires_grad_();
-    Tensor y = conv_transpose2d(x, w, std::nullopt, g.stride, g.padding, {1, 2}, g.groups,
-                                g.dilation);
+    Tensor y =
+        conv_transpose2d(x, w, std::nullopt, g.stride, g.padding, {1, 2}, g.groups, g.dilation);
     Tensor want = ref_conv_transpose(x.detach(), w.detach(), g, {1, 2});
     expect_conv_close(y, want, dt, 12);
     Tensor gy = random(y.sizes(), dt, -1, 1, 12);
@@ -219,34 +219,50 @@ TEST(Conv, ZeroSizes) {
 
 TEST(Conv, BadInputNamesTheShapes) {
   Tensor x = random({1, 3, 8, 8});
-  expect_error(ErrorKind::Value, "conv2d: Given groups=1, weight of size [8, 4, 3, 3], expected "
-                                 "input[1, 3, 8, 8] to have 4 channels, but got 3 channels",
-               [&] { conv2d(x, random({8, 4, 3, 3})); });
-  expect_error(ErrorKind::Value, "Calculated padded input size per channel: (10 x 10). Kernel "
-                                 "size: (11 x 11). Kernel size can't be greater",
-               [&] { conv2d(x, random({2, 3, 11, 11}), std::nullopt, {1, 1}, {1, 1}); });
-  expect_error(ErrorKind::Value, "conv2d: expected bias of size [2]",
-               [&] { conv2d(x, random({2, 3, 3, 3}), random({3})); });
-  expect_error(ErrorKind::Value, "padding='same' is not supported for strided convolutions",
-               [&] { conv2d(x, random({2, 3, 3, 3}), std::nullopt, {2, 2}, "same"); });
-  expect_error(ErrorKind::Value, "invalid padding string 'full'",
-               [&] { conv2d(x, random({2, 3, 3, 3}), std::nullopt, {1, 1}, "full"); });
-  expect_error(ErrorKind::Value, "conv2d: expected 3-D (unbatched) or 4-D (batched) input",
-               [&] { conv2d(random({3, 8}), random({2, 3, 3, 3})); });
-  expect_error(ErrorKind::Type, "conv2d: expected input and weight to have the same dtype",
-               [&] { conv2d(x, random({2, 3, 3, 3}, kFloat64)); });
-  expect_error(ErrorKind::Value, "expected weight to be divisible by 2 at dimension 0",
-               [&] { conv2d(random({1, 4, 5, 5}), random({3, 2, 3, 3}), std::nullopt, {1, 1},
-                            std::vector<int64_t>{0, 0}, {1, 1}, 2); });
-  expect_error(ErrorKind::Value, "conv_transpose2d: Given transposed=1, weight of size [4, 2, 3, "
-                                 "3], expected input[1, 3, 8, 8] to have 4 channels",
-               [&] { conv_transpose2d(x, random({4, 2, 3, 3})); });
+  expect_error(ErrorKind::Value,
+               "conv2d: Given groups=1, weight of size [8, 4, 3, 3], expected "
+               "input[1, 3, 8, 8] to have 4 channels, but got 3 channels",
+               [&] {
+                 conv2d(x, random({8, 4, 3, 3}));
+               });
+  expect_error(ErrorKind::Value,
+               "Calculated padded input size per channel: (10 x 10). Kernel "
+               "size: (11 x 11). Kernel size can't be greater",
+               [&] {
+                 conv2d(x, random({2, 3, 11, 11}), std::nullopt, {1, 1}, {1, 1});
+               });
+  expect_error(ErrorKind::Value, "conv2d: expected bias of size [2]", [&] {
+    conv2d(x, random({2, 3, 3, 3}), random({3}));
+  });
+  expect_error(ErrorKind::Value, "padding='same' is not supported for strided convolutions", [&] {
+    conv2d(x, random({2, 3, 3, 3}), std::nullopt, {2, 2}, "same");
+  });
+  expect_error(ErrorKind::Value, "invalid padding string 'full'", [&] {
+    conv2d(x, random({2, 3, 3, 3}), std::nullopt, {1, 1}, "full");
+  });
+  expect_error(ErrorKind::Value, "conv2d: expected 3-D (unbatched) or 4-D (batched) input", [&] {
+    conv2d(random({3, 8}), random({2, 3, 3, 3}));
+  });
+  expect_error(ErrorKind::Type, "conv2d: expected input and weight to have the same dtype", [&] {
+    conv2d(x, random({2, 3, 3, 3}, kFloat64));
+  });
+  expect_error(ErrorKind::Value, "expected weight to be divisible by 2 at dimension 0", [&] {
+    conv2d(random({1, 4, 5, 5}), random({3, 2, 3, 3}), std::nullopt, {1, 1},
+           std::vector<int64_t>{0, 0}, {1, 1}, 2);
+  });
+  expect_error(ErrorKind::Value,
+               "conv_transpose2d: Given transposed=1, weight of size [4, 2, 3, "
+               "3], expected input[1, 3, 8, 8] to have 4 channels",
+               [&] {
+                 conv_transpose2d(x, random({4, 2, 3, 3}));
+               });
   expect_error(ErrorKind::Value, "output padding must be non-negative and smaller than stride",
-               [&] { conv_transpose2d(x, random({3, 2, 3, 3}), std::nullopt, {1, 1}, {0, 0},
-                                      {1, 1}); });
-  expect_error(ErrorKind::Value, "convolution_backward_weight: expected grad_output of size",
-               [&] { convolution_backward_weight(random({1, 2, 7, 7}), x, {2, 3, 3, 3}, {1, 1},
-                                                 {0, 0}, {1, 1}, 1); });
+               [&] {
+                 conv_transpose2d(x, random({3, 2, 3, 3}), std::nullopt, {1, 1}, {0, 0}, {1, 1});
+               });
+  expect_error(ErrorKind::Value, "convolution_backward_weight: expected grad_output of size", [&] {
+    convolution_backward_weight(random({1, 2, 7, 7}), x, {2, 3, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 1);
+  });
 }
 
 // Per-example weight gradients of a conv-pool-linear loss: vmap(grad) against a loop, with no
@@ -254,8 +270,7 @@ TEST(Conv, BadInputNamesTheShapes) {
 TEST(Conv, PerExampleGradientsUnderVmap) {
   auto loss = [](const std::vector<Tensor>& p) {  // p: w (4, 2, 3, 3), x (2, 6, 6)
     Tensor h = relu(conv2d(p[1], p[0], std::nullopt, {1, 1}, {1, 1}));
-    Tensor pooled = max_pool2d(h, {2, 2}) + avg_pool2d(h, {2, 2}) +
-                    adaptive_avg_pool2d(h, {3, 3});
+    Tensor pooled = max_pool2d(h, {2, 2}) + avg_pool2d(h, {2, 2}) + adaptive_avg_pool2d(h, {3, 3});
     return (pooled * pooled).sum();
   };
   Tensor w = random({4, 2, 3, 3}, kFloat64, -1, 1, 21), xs = random({3, 2, 6, 6}, kFloat64);
@@ -276,7 +291,8 @@ TEST(Conv, SecondDerivatives) {
   auto convt = [](const std::vector<Tensor>& t) {
     return std::vector<Tensor>{conv_transpose2d(t[0], t[1], std::nullopt, {2, 2}, {1, 0}, {1, 1})};
   };
-  EXPECT_TRUE(gradgradcheck(convt, {random({1, 2, 3, 3}, kFloat64), random({2, 3, 2, 2}, kFloat64)}));
+  EXPECT_TRUE(
+      gradgradcheck(convt, {random({1, 2, 3, 3}, kFloat64), random({2, 3, 2, 2}, kFloat64)}));
 }
 
 // ---- golden values from PyTorch (tests/golden/conv_golden_gen.cpp) ------------------------------
@@ -286,8 +302,9 @@ namespace fs = std::filesystem;
 // The format of tests/golden/*_golden.bin (as read by tests/autograd/mlp_golden_test.cpp).
 std::map<std::string, Tensor> read_golden(const std::string& name) {
   fs::path path;
-  for (fs::path p : {fs::path(__FILE__).parent_path().parent_path(), fs::current_path(),
-                     fs::current_path().parent_path(), fs::current_path().parent_path().parent_path()})
+  for (fs::path p :
+       {fs::path(__FILE__).parent_path().parent_path(), fs::current_path(),
+        fs::current_path().parent_path(), fs::current_path().parent_path().parent_path()})
     for (const fs::path& c : {p / "golden" / name, p / "tests" / "golden" / name})
       if (path.empty() && fs::exists(c)) path = c;
   std::map<std::string, Tensor> out;
@@ -326,7 +343,8 @@ TEST(ConvGolden, MatchesPyTorch) {
     SCOPED_TRACE(name);
     (y * fill(y.sizes().vec(), 0.53, 0.2).detach()).sum().backward();
     expect_close(y, golden.at(name + ".y"), 1e-10, 1e-12);
-    for (auto& [n, t] : inputs) expect_close(t.grad(), golden.at(name + "." + n + ".grad"), 1e-10, 1e-12);
+    for (auto& [n, t] : inputs)
+      expect_close(t.grad(), golden.at(name + "." + n + ".grad"), 1e-10, 1e-12);
   };
   {
     Tensor x = fill({2, 4, 7, 6}, .37, .1), w = fill({6, 2, 3, 2}, .23, .5, .3),
@@ -334,7 +352,8 @@ TEST(ConvGolden, MatchesPyTorch) {
     check("conv2d", conv2d(x, w, b, {2, 1}, {1, 1}, {1, 2}, 2), {{"x", x}, {"w", w}, {"b", b}});
   }
   {
-    Tensor x = fill({2, 3, 9}, .37, .1), w = fill({4, 3, 4}, .23, .5, .3), b = fill({4}, .71, 0, .1);
+    Tensor x = fill({2, 3, 9}, .37, .1), w = fill({4, 3, 4}, .23, .5, .3),
+           b = fill({4}, .71, 0, .1);
     check("conv1d", conv1d(x, w, b, {1}, "same"), {{"x", x}, {"w", w}, {"b", b}});
   }
   {

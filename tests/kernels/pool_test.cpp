@@ -59,15 +59,16 @@ std::pair<Tensor, Tensor> ref_max_pool(const Tensor& x, const Pool& p) {
   auto xv = to_doubles(x);
   std::vector<double> y(numel_of(x.sizes()) / (H * W) * oh * ow);
   std::vector<int64_t> idx(y.size());
-  windows(x.sizes(), p, oh, ow, [&](int64_t pl, int64_t o, const std::vector<int64_t>& at, int64_t) {
-    int64_t best = at[0];
-    for (int64_t a : at) {
-      double v = xv[pl * H * W + a], b = xv[pl * H * W + best];
-      if (v > b || std::isnan(v)) best = a;
-    }
-    y[o] = xv[pl * H * W + best];
-    idx[o] = best;
-  });
+  windows(x.sizes(), p, oh, ow,
+          [&](int64_t pl, int64_t o, const std::vector<int64_t>& at, int64_t) {
+            int64_t best = at[0];
+            for (int64_t a : at) {
+              double v = xv[pl * H * W + a], b = xv[pl * H * W + best];
+              if (v > b || std::isnan(v)) best = a;
+            }
+            y[o] = xv[pl * H * W + best];
+            idx[o] = best;
+          });
   return {from_vector<double>(y, out_sizes(x.sizes(), oh, ow)),
           from_vector<int64_t>(idx, out_sizes(x.sizes(), oh, ow))};
 }
@@ -76,7 +77,8 @@ std::pair<Tensor, Tensor> ref_max_pool(const Tensor& x, const Pool& p) {
 std::pair<Tensor, Tensor> ref_avg_pool(const Tensor& x, const Pool& p, bool include_pad,
                                        std::optional<int64_t> divisor, const Tensor* gy) {
   const int64_t H = x.size(-2), W = x.size(-1);
-  const int64_t oh = pooled(H, p.kh, p.ph, p.sh, 1, p.ceil), ow = pooled(W, p.kw, p.pw, p.sw, 1, p.ceil);
+  const int64_t oh = pooled(H, p.kh, p.ph, p.sh, 1, p.ceil),
+                ow = pooled(W, p.kw, p.pw, p.sw, 1, p.ceil);
   auto xv = to_doubles(x);
   std::vector<double> y(numel_of(x.sizes()) / (H * W) * oh * ow), gx(x.numel(), 0.0), gv;
   if (gy) gv = to_doubles(*gy);
@@ -89,8 +91,7 @@ std::pair<Tensor, Tensor> ref_avg_pool(const Tensor& x, const Pool& p, bool incl
             if (gy)
               for (int64_t a : at) gx[pl * H * W + a] += gv[o] / div;
           });
-  return {from_vector<double>(y, out_sizes(x.sizes(), oh, ow)),
-          from_vector<double>(gx, x.sizes())};
+  return {from_vector<double>(y, out_sizes(x.sizes(), oh, ow)), from_vector<double>(gx, x.sizes())};
 }
 
 const std::vector<Pool> kPools = {
@@ -145,7 +146,8 @@ TEST(AvgPool2d, EveryDtypeAndModeAgainstReference) {
         for (std::optional<int64_t> div : {std::optional<int64_t>(), std::optional<int64_t>(5)}) {
           SCOPED_TRACE(scalar_type_name(dt));
           Tensor x = random({2, 3, 7, 8}, dt);
-          Tensor y = avg_pool2d(x, {p.kh, p.kw}, {p.sh, p.sw}, {p.ph, p.pw}, p.ceil, include_pad, div);
+          Tensor y =
+              avg_pool2d(x, {p.kh, p.kw}, {p.sh, p.sw}, {p.ph, p.pw}, p.ceil, include_pad, div);
           expect_close(y, ref_avg_pool(x, p, include_pad, div, nullptr).first, rtol_for(dt), 1e-6);
         }
     }
@@ -169,8 +171,8 @@ TEST(AdaptiveAvgPool2d, ForwardAndBackwardAgainstReference) {
     std::vector<int64_t> x, out;
   };
   for (ScalarType dt : {kFloat32, kFloat64, kBFloat16})
-    for (const Case& c : {Case{{2, 3, 7, 5}, {3, 2}}, Case{{3, 4, 4}, {1, 1}},
-                          Case{{1, 2, 3, 3}, {5, 4}}}) {
+    for (const Case& c :
+         {Case{{2, 3, 7, 5}, {3, 2}}, Case{{3, 4, 4}, {1, 1}}, Case{{1, 2, 3, 3}, {5, 4}}}) {
       SCOPED_TRACE(scalar_type_name(dt));
       Tensor x = random(c.x, dt).requires_grad_();
       Tensor y = adaptive_avg_pool2d(x, c.out);
@@ -210,23 +212,31 @@ TEST(Pool, ZeroBatch) {
 TEST(Pool, BadInputNamesTheShapes) {
   Tensor x = random({1, 3, 4, 4});
   expect_error(ErrorKind::Value, "max_pool2d: pad should be at most half of effective kernel size",
-               [&] { max_pool2d(x, {2, 2}, {}, {2, 2}); });
-  expect_error(ErrorKind::Value, "Given input size: (3x4x4). Calculated output size: (3x0x0). "
-                                 "Output size is too small",
-               [&] { max_pool2d(x, {5, 5}, {1, 1}); });
-  expect_error(ErrorKind::Value, "avg_pool2d: Expected 3D or 4D (batch mode) tensor",
-               [&] { avg_pool2d(random({4, 4}), {2, 2}); });
-  expect_error(ErrorKind::Value, "avg_pool2d: divisor must be not zero",
-               [&] { avg_pool2d(x, {2, 2}, {}, {0, 0}, false, true, 0); });
-  expect_error(ErrorKind::Value, "adaptive_avg_pool2d: Expected 3D or 4D",
-               [&] { adaptive_avg_pool2d(random({2, 3, 0, 4}), {2, 2}); });
-  expect_error(ErrorKind::Type, "max_pool2d: expected a floating-point input",
-               [&] { max_pool2d(random({1, 2, 4, 4}, kInt64), {2, 2}); });
-  expect_error(ErrorKind::Index, "max_pool2d_backward: an index is out of range",
                [&] {
-                 max_pool2d_backward(random({1, 1, 1, 1}), from_vector<int64_t>({16}, {1, 1, 1, 1}),
-                                     {1, 1, 4, 4});
+                 max_pool2d(x, {2, 2}, {}, {2, 2});
                });
+  expect_error(ErrorKind::Value,
+               "Given input size: (3x4x4). Calculated output size: (3x0x0). "
+               "Output size is too small",
+               [&] {
+                 max_pool2d(x, {5, 5}, {1, 1});
+               });
+  expect_error(ErrorKind::Value, "avg_pool2d: Expected 3D or 4D (batch mode) tensor", [&] {
+    avg_pool2d(random({4, 4}), {2, 2});
+  });
+  expect_error(ErrorKind::Value, "avg_pool2d: divisor must be not zero", [&] {
+    avg_pool2d(x, {2, 2}, {}, {0, 0}, false, true, 0);
+  });
+  expect_error(ErrorKind::Value, "adaptive_avg_pool2d: Expected 3D or 4D", [&] {
+    adaptive_avg_pool2d(random({2, 3, 0, 4}), {2, 2});
+  });
+  expect_error(ErrorKind::Type, "max_pool2d: expected a floating-point input", [&] {
+    max_pool2d(random({1, 2, 4, 4}, kInt64), {2, 2});
+  });
+  expect_error(ErrorKind::Index, "max_pool2d_backward: an index is out of range", [&] {
+    max_pool2d_backward(random({1, 1, 1, 1}), from_vector<int64_t>({16}, {1, 1, 1, 1}),
+                        {1, 1, 4, 4});
+  });
 }
 
 }  // namespace

@@ -38,8 +38,8 @@ DimVector conv_shape(const char* op, IntArrayRef in, IntArrayRef w, IntArrayRef 
                      IntArrayRef padding, IntArrayRef dilation, bool transposed,
                      IntArrayRef output_padding, int64_t groups) {
   const int64_t k = static_cast<int64_t>(in.size()) - 2;
-  KILN_CHECK(w.size() == in.size(), Value, op, ": expected weight to be ", k + 2,
-             "-D for input", in, ", got weight of size ", w);
+  KILN_CHECK(w.size() == in.size(), Value, op, ": expected weight to be ", k + 2, "-D for input",
+             in, ", got weight of size ", w);
   for (IntArrayRef v : {stride, padding, dilation, output_padding})
     KILN_CHECK(static_cast<int64_t>(v.size()) == k, Value, op,
                ": expected stride, padding, dilation and output_padding to have ", k,
@@ -47,16 +47,16 @@ DimVector conv_shape(const char* op, IntArrayRef in, IntArrayRef w, IntArrayRef 
                " and ", output_padding);
   KILN_CHECK(groups > 0, Value, op, ": non-positive groups is not supported (groups=", groups, ")");
   for (int64_t d = 0; d < k; ++d) {
-    KILN_CHECK(stride[d] > 0, Value, op, ": non-positive stride is not supported (stride=",
-               stride, ")");
-    KILN_CHECK(padding[d] >= 0, Value, op, ": negative padding is not supported (padding=",
-               padding, ")");
-    KILN_CHECK(dilation[d] > 0, Value, op, ": dilation should be greater than zero (dilation=",
-               dilation, ")");
+    KILN_CHECK(stride[d] > 0, Value, op, ": non-positive stride is not supported (stride=", stride,
+               ")");
+    KILN_CHECK(padding[d] >= 0, Value, op, ": negative padding is not supported (padding=", padding,
+               ")");
+    KILN_CHECK(dilation[d] > 0, Value, op,
+               ": dilation should be greater than zero (dilation=", dilation, ")");
     KILN_CHECK(w[d + 2] > 0, Value, op, ": expected a positive kernel size, got weight of size ",
                w);
-    KILN_CHECK(!transposed || (output_padding[d] >= 0 && output_padding[d] < stride[d]), Value,
-               op, ": output padding must be non-negative and smaller than stride (output_padding=",
+    KILN_CHECK(!transposed || (output_padding[d] >= 0 && output_padding[d] < stride[d]), Value, op,
+               ": output padding must be non-negative and smaller than stride (output_padding=",
                output_padding, ", stride=", stride, ")");
   }
   KILN_CHECK(w[0] % groups == 0, Value, op, ": Given groups=", groups,
@@ -67,9 +67,9 @@ DimVector conv_shape(const char* op, IntArrayRef in, IntArrayRef w, IntArrayRef 
                ", expected input", in, " to have ", w[0], " channels, but got ", in[1],
                " channels instead");
   } else {
-    KILN_CHECK(in[1] == w[1] * groups, Value, op, ": Given groups=", groups, ", weight of size ",
-               w, ", expected input", in, " to have ", w[1] * groups, " channels, but got ",
-               in[1], " channels instead");
+    KILN_CHECK(in[1] == w[1] * groups, Value, op, ": Given groups=", groups, ", weight of size ", w,
+               ", expected input", in, " to have ", w[1] * groups, " channels, but got ", in[1],
+               " channels instead");
   }
   DimVector out{in[0], transposed ? w[1] * groups : w[0]}, padded, kernel;
   for (int64_t d = 0; d < k; ++d) {
@@ -86,9 +86,8 @@ DimVector conv_shape(const char* op, IntArrayRef in, IntArrayRef w, IntArrayRef 
                  by_x(IntArrayRef(in.data() + 2, k)), "). Calculated output size per channel: (",
                  by_x(IntArrayRef(out.data() + 2, k)), "). Output size is too small");
     } else {
-      KILN_CHECK(padded[d] >= kernel[d], Value, op,
-                 ": Calculated padded input size per channel: (", by_x(padded),
-                 "). Kernel size: (", by_x(kernel),
+      KILN_CHECK(padded[d] >= kernel[d], Value, op, ": Calculated padded input size per channel: (",
+                 by_x(padded), "). Kernel size: (", by_x(kernel),
                  "). Kernel size can't be greater than actual input size");
     }
   }
@@ -109,8 +108,7 @@ ConvArgs conv_args(const char* op, int64_t k, const Tensor& input, const Tensor&
                    int64_t groups) {
   check_dtypes(op, input, "input", weight, "weight");
   KILN_CHECK(input.dim() == k + 1 || input.dim() == k + 2, Value, op, ": expected ", k + 1,
-             "-D (unbatched) or ", k + 2, "-D (batched) input, got input of size ",
-             input.sizes());
+             "-D (unbatched) or ", k + 2, "-D (batched) input, got input of size ", input.sizes());
   KILN_CHECK(weight.dim() == k + 2, Value, op, ": expected weight to be ", k + 2,
              "-D, got weight of size ", weight.sizes());
   ConvArgs a;
@@ -134,16 +132,15 @@ ConvArgs conv_args(const char* op, int64_t k, const Tensor& input, const Tensor&
 }
 
 ConvArgs conv_args(const char* op, int64_t k, const Tensor& input, const Tensor& weight,
-                   const std::optional<Tensor>& bias, IntArrayRef stride,
-                   std::string_view padding, IntArrayRef dilation, int64_t groups) {
+                   const std::optional<Tensor>& bias, IntArrayRef stride, std::string_view padding,
+                   IntArrayRef dilation, int64_t groups) {
   KILN_CHECK(padding == "valid" || padding == "same", Value, op, ": invalid padding string '",
              padding, "', should be one of 'valid' or 'same'");
   ConvArgs a = conv_args(op, k, input, weight, bias, stride, {0}, dilation, false, {0}, groups);
   if (padding == "valid") return a;
   for (int64_t d = 0; d < k; ++d) {
     KILN_CHECK(a.stride[d] == 1, Value, op,
-               ": padding='same' is not supported for strided convolutions (stride=", stride,
-               ")");
+               ": padding='same' is not supported for strided convolutions (stride=", stride, ")");
     const int64_t total = a.dilation[d] * (weight.size(d + 2) - 1);
     a.padding[d] = (total + 1) / 2;
     a.trim[d] = total % 2;
@@ -151,12 +148,11 @@ ConvArgs conv_args(const char* op, int64_t k, const Tensor& input, const Tensor&
   return a;
 }
 
-TensorSpec conv_spec(const char* op, const Tensor& input, const Tensor& weight,
-                     const ConvArgs& a) {
+TensorSpec conv_spec(const char* op, const Tensor& input, const Tensor& weight, const ConvArgs& a) {
   DimVector in(input.sizes());
   if (a.unbatched) in.insert(0, 1);
-  DimVector out = conv_shape(op, in, weight.sizes(), a.stride, a.padding, a.dilation,
-                             a.transposed, a.output_padding, a.groups);
+  DimVector out = conv_shape(op, in, weight.sizes(), a.stride, a.padding, a.dilation, a.transposed,
+                             a.output_padding, a.groups);
   for (size_t d = 0; d < a.trim.size(); ++d) out[d + 2] -= a.trim[d];
   if (a.unbatched) out.erase(0);
   return contiguous_spec(out, input.dtype(), common_device(op, input, weight));
@@ -175,14 +171,13 @@ TensorSpec convolution(const Tensor& input, const Tensor& weight, IntArrayRef st
 
 TensorSpec convolution_backward_weight(const Tensor& grad_output, const Tensor& input,
                                        IntArrayRef weight_size, IntArrayRef stride,
-                                       IntArrayRef padding, IntArrayRef dilation,
-                                       int64_t groups) {
+                                       IntArrayRef padding, IntArrayRef dilation, int64_t groups) {
   const char* op = "convolution_backward_weight";
   check_dtypes(op, input, "input", grad_output, "grad_output");
   check_batched_input(op, input);
   DimVector zeros(stride.size(), 0);
-  DimVector out = conv_shape(op, input.sizes(), weight_size, stride, padding, dilation, false,
-                             zeros, groups);
+  DimVector out =
+      conv_shape(op, input.sizes(), weight_size, stride, padding, dilation, false, zeros, groups);
   KILN_CHECK(grad_output.sizes() == out.ref(), Value, op, ": expected grad_output of size ",
              out.ref(), " (the output of input", input.sizes(), " convolved with weight",
              weight_size, "), got ", grad_output.sizes());
@@ -191,32 +186,30 @@ TensorSpec convolution_backward_weight(const Tensor& grad_output, const Tensor& 
 
 TensorSpec conv1d(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
                   IntArrayRef stride, IntArrayRef padding, IntArrayRef dilation, int64_t groups) {
-  return conv_spec("conv1d", input, weight,
-                   conv_args("conv1d", 1, input, weight, bias, stride, padding, dilation, false,
-                             {0}, groups));
+  return conv_spec(
+      "conv1d", input, weight,
+      conv_args("conv1d", 1, input, weight, bias, stride, padding, dilation, false, {0}, groups));
 }
 
 TensorSpec conv1d_padding(const Tensor& input, const Tensor& weight,
                           const std::optional<Tensor>& bias, IntArrayRef stride,
                           std::string_view padding, IntArrayRef dilation, int64_t groups) {
-  return conv_spec(
-      "conv1d", input, weight,
-      conv_args("conv1d", 1, input, weight, bias, stride, padding, dilation, groups));
+  return conv_spec("conv1d", input, weight,
+                   conv_args("conv1d", 1, input, weight, bias, stride, padding, dilation, groups));
 }
 
 TensorSpec conv2d(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias,
                   IntArrayRef stride, IntArrayRef padding, IntArrayRef dilation, int64_t groups) {
-  return conv_spec("conv2d", input, weight,
-                   conv_args("conv2d", 2, input, weight, bias, stride, padding, dilation, false,
-                             {0}, groups));
+  return conv_spec(
+      "conv2d", input, weight,
+      conv_args("conv2d", 2, input, weight, bias, stride, padding, dilation, false, {0}, groups));
 }
 
 TensorSpec conv2d_padding(const Tensor& input, const Tensor& weight,
                           const std::optional<Tensor>& bias, IntArrayRef stride,
                           std::string_view padding, IntArrayRef dilation, int64_t groups) {
-  return conv_spec(
-      "conv2d", input, weight,
-      conv_args("conv2d", 2, input, weight, bias, stride, padding, dilation, groups));
+  return conv_spec("conv2d", input, weight,
+                   conv_args("conv2d", 2, input, weight, bias, stride, padding, dilation, groups));
 }
 
 TensorSpec conv_transpose2d(const Tensor& input, const Tensor& weight,
@@ -224,8 +217,8 @@ TensorSpec conv_transpose2d(const Tensor& input, const Tensor& weight,
                             IntArrayRef padding, IntArrayRef output_padding, int64_t groups,
                             IntArrayRef dilation) {
   return conv_spec("conv_transpose2d", input, weight,
-                   conv_args("conv_transpose2d", 2, input, weight, bias, stride, padding,
-                             dilation, true, output_padding, groups));
+                   conv_args("conv_transpose2d", 2, input, weight, bias, stride, padding, dilation,
+                             true, output_padding, groups));
 }
 
 }  // namespace kiln::meta

@@ -32,10 +32,9 @@ ConvArgs conv_args(const char* op, int64_t k, const Tensor& input, const Tensor&
                    int64_t groups);
 // The same with padding "valid" (none) or "same" (output size = input size; stride 1 only).
 ConvArgs conv_args(const char* op, int64_t k, const Tensor& input, const Tensor& weight,
-                   const std::optional<Tensor>& bias, IntArrayRef stride,
-                   std::string_view padding, IntArrayRef dilation, int64_t groups);
+                   const std::optional<Tensor>& bias, IntArrayRef stride, std::string_view padding,
+                   IntArrayRef dilation, int64_t groups);
 // The output spec of the op those arguments describe.
-TensorSpec conv_spec(const char* op, const Tensor& input, const Tensor& weight,
-                     const ConvArgs& a);
+TensorSpec conv_spec(const char* op, const Tensor& input, const Tensor& weight, const ConvArgs& a);
 
 }  // namespace kiln::meta

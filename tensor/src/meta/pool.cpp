@@ -14,8 +14,8 @@ struct Pool2d {
 
 // One value for both dims, or two (kernel_size, stride, padding, dilation as PyTorch takes them).
 void one_or_two(const char* op, const char* name, IntArrayRef v, bool may_be_empty) {
-  KILN_CHECK(v.size() == 1 || v.size() == 2 || (may_be_empty && v.empty()), Value, op, ": ",
-             name, " must either be a single int, or a tuple of two ints, got ", v);
+  KILN_CHECK(v.size() == 1 || v.size() == 2 || (may_be_empty && v.empty()), Value, op, ": ", name,
+             " must either be a single int, or a tuple of two ints, got ", v);
 }
 
 Pool2d pool_params(const char* op, IntArrayRef kernel, IntArrayRef stride, IntArrayRef padding,
@@ -25,21 +25,22 @@ Pool2d pool_params(const char* op, IntArrayRef kernel, IntArrayRef stride, IntAr
   one_or_two(op, "padding", padding, false);
   one_or_two(op, "dilation", dilation, false);
   auto second = [](IntArrayRef v) { return v.size() == 2 ? v[1] : v[0]; };
-  Pool2d p{kernel[0], second(kernel), 0, 0, padding[0], second(padding), dilation[0],
-           second(dilation)};
+  Pool2d p{kernel[0],  second(kernel),  0,           0,
+           padding[0], second(padding), dilation[0], second(dilation)};
   p.sh = stride.empty() ? p.kh : stride[0];
   p.sw = stride.empty() ? p.kw : second(stride);
   KILN_CHECK(p.kh > 0 && p.kw > 0, Value, op,
              ": kernel size should be greater than zero, but got kH: ", p.kh, " kW: ", p.kw);
-  KILN_CHECK(p.sh > 0 && p.sw > 0, Value, op, ": stride should be greater than zero, but got dH: ",
-             p.sh, " dW: ", p.sw);
+  KILN_CHECK(p.sh > 0 && p.sw > 0, Value, op,
+             ": stride should be greater than zero, but got dH: ", p.sh, " dW: ", p.sw);
   KILN_CHECK(p.dh > 0 && p.dw > 0, Value, op,
              ": dilation should be greater than zero, but got dilationH: ", p.dh,
              " dilationW: ", p.dw);
   KILN_CHECK(p.ph >= 0 && p.pw >= 0 && p.ph <= ((p.kh - 1) * p.dh + 1) / 2 &&
                  p.pw <= ((p.kw - 1) * p.dw + 1) / 2,
-             Value, op, ": pad should be at most half of effective kernel size, but got pad=",
-             padding, ", kernel_size=", kernel, " and dilation=", dilation);
+             Value, op,
+             ": pad should be at most half of effective kernel size, but got pad=", padding,
+             ", kernel_size=", kernel, " and dilation=", dilation);
   return p;
 }
 
@@ -69,8 +70,8 @@ DimVector pool_shape(const char* op, IntArrayRef in, const Pool2d& p, bool ceil)
   const int64_t n = in.size();
   int64_t oh = pooled(in[n - 2], p.kh, p.ph, p.sh, p.dh, ceil);
   int64_t ow = pooled(in[n - 1], p.kw, p.pw, p.sw, p.dw, ceil);
-  KILN_CHECK(oh >= 1 && ow >= 1, Value, op, ": Given input size: (", in[n - 3], "x", in[n - 2],
-             "x", in[n - 1], "). Calculated output size: (", in[n - 3], "x", oh, "x", ow,
+  KILN_CHECK(oh >= 1 && ow >= 1, Value, op, ": Given input size: (", in[n - 3], "x", in[n - 2], "x",
+             in[n - 1], "). Calculated output size: (", in[n - 3], "x", oh, "x", ow,
              "). Output size is too small");
   DimVector out(in);
   out[n - 2] = oh;
@@ -96,9 +97,8 @@ std::vector<TensorSpec> max_pool2d_with_indices(const Tensor& self, IntArrayRef 
                                                 IntArrayRef dilation, bool ceil_mode) {
   const char* op = "max_pool2d";
   check_floating(op, self);
-  DimVector out =
-      pool_shape(op, self.sizes(), pool_params(op, kernel_size, stride, padding, dilation),
-                 ceil_mode);
+  DimVector out = pool_shape(op, self.sizes(),
+                             pool_params(op, kernel_size, stride, padding, dilation), ceil_mode);
   return {contiguous_spec(out, self.dtype(), self.device()),
           contiguous_spec(out, kInt64, self.device())};
 }
@@ -115,8 +115,7 @@ TensorSpec max_pool2d_backward(const Tensor& grad_output, const Tensor& indices,
   KILN_CHECK(indices.dtype() == kInt64 && indices.sizes() == grad_output.sizes(), Value, op,
              ": expected int64 indices of size ", grad_output.sizes(), ", got ", indices.dtype(),
              " indices of size ", indices.sizes());
-  return contiguous_spec(self_size, grad_output.dtype(),
-                         common_device(op, grad_output, indices));
+  return contiguous_spec(self_size, grad_output.dtype(), common_device(op, grad_output, indices));
 }
 
 TensorSpec avg_pool2d(const Tensor& self, IntArrayRef kernel_size, IntArrayRef stride,
@@ -124,8 +123,7 @@ TensorSpec avg_pool2d(const Tensor& self, IntArrayRef kernel_size, IntArrayRef s
                       std::optional<int64_t> divisor_override) {
   const char* op = "avg_pool2d";
   check_floating(op, self);
-  KILN_CHECK(!divisor_override || *divisor_override != 0, Value, op,
-             ": divisor must be not zero");
+  KILN_CHECK(!divisor_override || *divisor_override != 0, Value, op, ": divisor must be not zero");
   DimVector out =
       pool_shape(op, self.sizes(), pool_params(op, kernel_size, stride, padding, {1}), ceil_mode);
   return contiguous_spec(out, self.dtype(), self.device());
@@ -136,8 +134,7 @@ TensorSpec avg_pool2d_backward(const Tensor& grad_output, IntArrayRef self_size,
                                bool ceil_mode, bool, std::optional<int64_t> divisor_override) {
   const char* op = "avg_pool2d_backward";
   check_backward_sizes(op, grad_output, self_size);
-  KILN_CHECK(!divisor_override || *divisor_override != 0, Value, op,
-             ": divisor must be not zero");
+  KILN_CHECK(!divisor_override || *divisor_override != 0, Value, op, ": divisor must be not zero");
   DimVector out =
       pool_shape(op, self_size, pool_params(op, kernel_size, stride, padding, {1}), ceil_mode);
   KILN_CHECK(grad_output.sizes() == out.ref(), Value, op, ": expected grad_output of size ",
