@@ -15,6 +15,7 @@
 // - float64, which oneDNN lacks, uses im2col and kiln::matmul (1-D convolutions as 2-D ones
 //   with H = 1).
 #include <oneapi/dnnl/dnnl.hpp>
+#include <vector>
 
 #include "dnnl_util.h"
 #include "kiln/generated/meta_decls.h"
@@ -111,21 +112,26 @@ bool dnnl_conv(Pass pass, const ConvGeom& g, memory::data_type dt, const Tensor&
     }
     sync_omp_threads();
     stream s(eng);
+    // Temporaries (blocked layouts, scratchpad) come from Kiln's caching allocator: steady-state
+    // training then maps no new memory.
+    std::vector<Tensor> temps;
+    auto temp = [&](const memory::desc& md) {
+      temps.push_back(empty_on({static_cast<int64_t>(md.get_size())}, kUInt8, kCPU));
+      return memory(md, eng, temps.back().impl()->raw_data());
+    };
     // A plain operand in the layout the primitive wants (reordered into a temporary if needed).
     auto bring_in = [&](const Tensor& t, const memory::dims& d, const memory::desc& want) {
       memory user(plain(d), eng, t.impl()->raw_data());
       if (want == user.get_desc()) return user;
-      memory m(want, eng);
+      memory m = temp(want);
       reorder(user, m).execute(s, user, m);
       return m;
     };
     memory am = bring_in(a, adims, amd), bm = bring_in(b, bdims, bmd);
     memory user_out(plain(odims), eng, out.impl()->raw_data());
     const bool direct = omd == user_out.get_desc();
-    memory om = direct ? user_out : memory(omd, eng);
-    Tensor pad_buf = empty_on({static_cast<int64_t>(scratch.get_size())}, kUInt8, kCPU);
-    memory sm(scratch, eng, pad_buf.impl()->raw_data());
-    prim.execute(s, {{aarg, am}, {barg, bm}, {oarg, om}, {DNNL_ARG_SCRATCHPAD, sm}});
+    memory om = direct ? user_out : temp(omd);
+    prim.execute(s, {{aarg, am}, {barg, bm}, {oarg, om}, {DNNL_ARG_SCRATCHPAD, temp(scratch)}});
     if (!direct) reorder(om, user_out).execute(s, om, user_out);
     s.wait();
     return true;
