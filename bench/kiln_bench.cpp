@@ -2,7 +2,7 @@
 // references the issue names: oneDNN's dnnl_sgemm called directly ("onednn-direct") and plain
 // OpenMP loops ("openmp-loop"). One JSON object per line.
 //
-//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd] [--quick]
+//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd,kernels] [--quick]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
@@ -166,6 +166,15 @@ void w_norm_loss(bool) {
   emit("kernels", "cross_entropy_fwd_bwd_4096x1000", tc * 1e3, "ms", "kiln-cpp");
 }
 
+// conv2d 32 -> 64 channels, 3x3, pad 1, no bias, on 32x32x16x16: forward, then backward for the
+// input and the weight (gradients accumulate into .grad), as shared/bench/torch_reference.py.
+void w_kernels_conv(bool) {
+  Tensor x = randn({32, 32, 16, 16}).requires_grad_(), w = randn({64, 32, 3, 3}).requires_grad_();
+  Tensor gy = ones({32, 64, 16, 16});
+  double t = best_time([&] { conv2d(x, w, std::nullopt, {1, 1}, {1, 1}).backward(gy); }, 7);
+  emit("kernels", "conv2d_fwd_bwd_b32_c32_16x16", t * 1e3, "ms", "kiln-cpp");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,5 +199,6 @@ int main(int argc, char** argv) {
   if (want("reduction")) w_reduction(quick);
   if (want("autograd")) w_autograd(quick);
   if (want("kernels")) w_norm_loss(quick);
+  if (want("kernels")) w_kernels_conv(quick);
   return 0;
 }

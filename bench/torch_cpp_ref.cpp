@@ -76,6 +76,12 @@ int main(int argc, char** argv) {
     }, 3);
     emit("autograd", "backward_chain_1000_tiny", tc * 1e3, "ms");
   }
+  if (want("kernels")) {  // as shared/bench/torch_reference.py: no bias, ones as the gradient
+    auto x = torch::randn({32, 32, 16, 16}).requires_grad_(true);
+    auto w = torch::randn({64, 32, 3, 3}).requires_grad_(true), gy = torch::ones({32, 64, 16, 16});
+    double t = best_time([&] { torch::conv2d(x, w, {}, 1, 1).backward(gy); }, 7);
+    emit("kernels", "conv2d_fwd_bwd_b32_c32_16x16", t * 1e3, "ms");
+  }
   torch::NoGradGuard no_grad;
   for (int64_t n : {512, 1024, 2048}) {
     if (!want("gemm") || (quick && n == 2048)) continue;

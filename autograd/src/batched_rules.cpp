@@ -9,6 +9,7 @@
 
 #include "batched_internal.h"
 #include "kiln/dispatcher.h"
+#include "kiln/generated/meta_decls.h"
 #include "kiln/generated/ops.h"
 
 namespace kiln::autograd {
@@ -416,6 +417,93 @@ Result index_rule(Call& c) {
   return wrap_outputs(c, std::move(outs));
 }
 
+// ---- convolution and pooling (conv.toml, pool.toml) --------------------------------------------
+
+bool is_composite(const Call& c) { return std::strcmp(c.info().kind, "composite") == 0; }
+
+// A composite row (conv2d, max_pool2d, ...): its decomposition, run on the BatchedTensors (each
+// op of it hits its own rule).
+Stack decompose(Call& c) {
+  Stack args = c.args;
+  c.op.redispatch_boxed(DispatchKeySet(DispatchKey::CPU), args);
+  return args;
+}
+
+std::vector<int64_t> int_list(const Call& c, const char* arg) {
+  return c.args[c.index(arg)].get<std::vector<int64_t>>(arg);
+}
+
+// `t` with the batch dim first, moved next to dim 1 and merged into it: (B, N, C, ..) ->
+// (N, B * C, ..).
+Tensor fold_into_channels(const Call& c, const Tensor& t) {
+  return front_or_expand(c, t).transpose(0, 1).flatten(1, 2);
+}
+
+// convolution: a batched weight folds the vmap dim into the groups (input (N, B * C, ..), weight
+// (B * O, ..), groups * B); a batched input alone folds it into N. convolution_backward_weight
+// folds it into the groups. The meta function checks the examples' shapes first, so errors are
+// those of one example.
+Result conv_rule(Call& c) {
+  if (is_composite(c)) return decompose(c);
+  if (c.batch == 0) return std::nullopt;
+  const int64_t B = c.batch, groups = c.args[c.index("groups")].to_int();
+  const std::vector<int64_t> stride = int_list(c, "stride"), padding = int_list(c, "padding"),
+                             dilation = int_list(c, "dilation");
+  if (std::strcmp(c.name(), "convolution_backward_weight") == 0) {
+    const Tensor &go = c.args[0].to_tensor(), &x = c.args[1].to_tensor();
+    std::vector<int64_t> ws = int_list(c, "weight_size");
+    meta::convolution_backward_weight(go, x, ws, stride, padding, dilation, groups);
+    const int64_t out_channels = ws[0];
+    ws[0] *= B;
+    Tensor gw =
+        kiln::convolution_backward_weight(fold_into_channels(c, go), fold_into_channels(c, x), ws,
+                                          stride, padding, dilation, groups * B);
+    return wrap_outputs(c, Stack{gw.unflatten(0, {B, out_channels})});
+  }
+  const Tensor &x = c.args[0].to_tensor(), &w = c.args[1].to_tensor();
+  const bool transposed = c.args[c.index("transposed")].get<bool>("transposed");
+  const std::vector<int64_t> output_padding = int_list(c, "output_padding");
+  TensorSpec spec =
+      meta::convolution(x, w, stride, padding, dilation, transposed, output_padding, groups);
+  if (!c.batched(w)) {
+    Tensor y = kiln::convolution(front(x).flatten(0, 1), w, stride, padding, dilation, transposed,
+                                 output_padding, groups);
+    return wrap_outputs(c, Stack{y.unflatten(0, {B, spec.sizes[0]})});
+  }
+  Tensor y = kiln::convolution(fold_into_channels(c, x), front(w).flatten(0, 1), stride, padding,
+                               dilation, transposed, output_padding, groups * B);
+  return wrap_outputs(c, Stack{y.unflatten(1, {B, spec.sizes[1]}).transpose(0, 1)});
+}
+
+// The pools and their backward rows: every tensor argument has the example's rank (3 or 4) and
+// the vmap dim folds into N (a 3-D example (C, H, W) takes it as its N); self_size follows.
+Result pool_rule(Call& c) {
+  if (is_composite(c)) return decompose(c);
+  int64_t rank = -1, n = 1;
+  Stack args = c.args;
+  for (int i = 0; i < c.info().num_args; ++i) {
+    if (!c.args[i].is_tensor()) continue;
+    const Tensor& t = c.args[i].to_tensor();
+    if (rank < 0) rank = t.dim(), n = t.dim() == 4 ? t.size(0) : 1;
+    if (t.dim() != rank || (rank != 3 && rank != 4)) return std::nullopt;  // the loop raises
+    args[i] = rank == 4 ? front_or_expand(c, t).flatten(0, 1) : front_or_expand(c, t);
+  }
+  const int size_i = c.index("self_size");
+  if (size_i >= 0) {
+    std::vector<int64_t> s = int_list(c, "self_size");
+    if (static_cast<int64_t>(s.size()) != rank) return std::nullopt;
+    if (rank == 4)
+      s[0] *= c.batch;
+    else
+      s.insert(s.begin(), c.batch);
+    args[size_i] = s;
+  }
+  Stack outs = run(c.op, std::move(args));
+  if (rank == 4)
+    for (IValue& o : outs) o = o.to_tensor().unflatten(0, {c.batch, n});
+  return wrap_outputs(c, std::move(outs));
+}
+
 // ---- the per-example loop ----------------------------------------------------------------------
 
 std::mutex g_fallback_mutex;
@@ -553,6 +641,8 @@ BoxedKernel kernel_for(const std::string& rule) {
   if (rule == "copy") return &batched_kernel<copy_rule>;
   if (rule == "cat") return &batched_kernel<cat_rule>;
   if (rule == "index") return &batched_kernel<index_rule>;
+  if (rule == "conv") return &batched_kernel<conv_rule>;
+  if (rule == "pool") return &batched_kernel<pool_rule>;
   KILN_ASSERT(rule == "fallback", "unknown batching rule ", rule);
   return &batched_kernel<fallback_rule>;
 }

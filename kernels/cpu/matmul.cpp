@@ -7,26 +7,19 @@
 // implementation for this CPU, else they compute in float32 (converted copies, sgemm) and store
 // rounded. float64 (which oneDNN's matmul lacks) uses gemm_f64 below. The output is never
 // zero-filled: with beta == 0 nothing reads it.
-#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <atomic>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <vector>
 
+#include "dnnl_util.h"
 #include "kiln/generated/op_handles.h"
 #include "loops.h"
 
 namespace kiln::kernels {
 namespace {
-
-// oneDNN parallelizes with the calling thread's OpenMP pool: size it like Kiln's own loops.
-void sync_omp_threads() {
-  int nt = get_num_threads();
-  if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
-}
 
 // How BLAS sees an (r x c) matrix with element strides (rs, cs): 'N' = rows of length c spaced
 // by ld, 'T' = the transpose of such a (c x r) matrix. nullopt when neither fits.
@@ -150,7 +143,7 @@ void scale_output(const Tensor& c, double beta) {
 // implementation (or none) for this dtype on this CPU. oneDNN caches primitives internally.
 bool dnnl_lowp_matmul(const Tensor& c, const Tensor& a, const Tensor& b, float alpha, float beta) {
   using dnnl::memory;
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::engine& engine = dnnl_engine();
   memory::data_type dt = c.dtype() == kBFloat16 ? memory::data_type::bf16 : memory::data_type::f16;
   auto md = [&](const Tensor& t) {
     memory::dims dims(t.sizes().begin(), t.sizes().end()),
@@ -170,7 +163,7 @@ bool dnnl_lowp_matmul(const Tensor& c, const Tensor& a, const Tensor& b, float a
     }
     memory::desc amd = md(a), bmd = md(b), cmd = md(c);
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), attr, engine);
-    if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
+    if (is_reference_impl(pd)) return false;
     Tensor scratch =
         empty_on({static_cast<int64_t>(pd.scratchpad_desc().get_size())}, kUInt8, kCPU);
     memory am(amd, engine, a.impl()->raw_data()), bm(bmd, engine, b.impl()->raw_data());

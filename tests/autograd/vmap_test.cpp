@@ -233,9 +233,11 @@ const std::vector<std::string> kMlpOps = {
     "sigmoid", "silu",   "add",  "sub",         "mul",     "div",    "neg",       "exp",
     "log",     "sum",    "mean", "log_softmax", "softmax", "gather", "unsqueeze", "squeeze",
     "max.dim", "argmax", "eq",   "where",       "clamp",   "pow"};
-const std::vector<std::string> kCnnOps = {  // conv/pool/batch_norm: not in the table yet
+const std::vector<std::string> kCnnOps = {  // batch_norm: not in the table yet
     "view", "reshape", "flatten", "permute", "mean", "var",    "sqrt", "rsqrt",
-    "add",  "mul",     "relu",    "max.dim", "cat",  "narrow", "slice"};
+    "add",  "mul",     "relu",    "max.dim", "cat",  "narrow", "slice",
+    "conv2d", "convolution", "convolution_backward_weight", "max_pool2d",
+    "max_pool2d_with_indices", "max_pool2d_backward", "avg_pool2d", "adaptive_avg_pool2d"};
 // (A causal mask from tril/triu of constants is never batched, so their loop does not matter.)
 const std::vector<std::string> kTransformerOps = {
     "matmul", "bmm",         "softmax", "transpose",  "permute", "view",     "reshape",

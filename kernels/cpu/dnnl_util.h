@@ -1,0 +1,35 @@
+// kernels/cpu/dnnl_util.h: what the oneDNN-backed CPU kernels (matmul.cpp, conv.cpp) share.
+//
+//   sync_omp_threads();                        // before running a primitive
+//   dnnl::stream s(dnnl_engine());
+//   if (is_reference_impl(pd)) ...             // oneDNN has nothing optimized for this CPU
+#pragma once
+
+#include <omp.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+
+#include "kiln/parallel.h"
+
+namespace kiln::kernels {
+
+inline dnnl::engine& dnnl_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// oneDNN parallelizes with the calling thread's OpenMP pool: size it like Kiln's own loops.
+inline void sync_omp_threads() {
+  int nt = get_num_threads();
+  if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
+}
+
+// True when oneDNN picked its reference (unoptimized) implementation: bfloat16/float16 on a CPU
+// without AVX-512 (BF16) support. Callers then compute in float32 instead.
+template <typename PrimitiveDesc>
+bool is_reference_impl(const PrimitiveDesc& pd) {
+  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+}
+
+}  // namespace kiln::kernels
