@@ -151,3 +151,6 @@ Tensor scatter_add_backward(const Tensor& grad, int64_t dim, const Tensor& index
 Tensor index_backward(const Tensor& grad, IntArrayRef sizes, TensorList indices);
 
 }  // namespace kiln::autograd
+
+// Advanced indexing, sort/scan and padding helpers.
+#include "kiln/autograd/formulas_index.h"
