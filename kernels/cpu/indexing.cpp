@@ -212,7 +212,7 @@ Tensor nonzero_cpu(const Tensor& self) {
   KILN_DISPATCH_ALL_TYPES(c.dtype(), "nonzero", [&] {
     const scalar_t* p = static_cast<const scalar_t*>(c.impl()->raw_data());
     for (int64_t i = 0; i < n; ++i)
-      if (static_cast<bool>(p[i] != scalar_t(0))) hits.push_back(i);
+      if (static_cast<double>(p[i]) != 0.0) hits.push_back(i);
   });
   const int64_t count = static_cast<int64_t>(hits.size());
   Tensor out = empty_on({count, nd}, kInt64, self.device());
@@ -328,10 +328,10 @@ void index_put_cpu(const Tensor& out, const Tensor& self, TensorList indices, co
   if (!out.is_same(self)) out.copy_(self);
   std::vector<Tensor> ints = expand_masks(indices);
   TensorSpec probe = meta::index(out, ints);  // the indexed shape (*B, *rest)
-  KILN_CHECK(values.dim() <= static_cast<int64_t>(probe.sizes.size()) &&
-                 meta::broadcast_shapes("index_put", values.sizes(), probe.sizes) ==
-                     IntArrayRef(probe.sizes),
-             Value, "index_put: shape mismatch: values of shape ", values.sizes(),
+  bool fits = values.dim() <= static_cast<int64_t>(probe.sizes.size());
+  for (int64_t k = 1; fits && k <= values.dim(); ++k)
+    fits = values.size(-k) == 1 || values.size(-k) == probe.sizes[probe.sizes.size() - k];
+  KILN_CHECK(fits, Value, "index_put: shape mismatch: values of shape ", values.sizes(),
              " cannot be broadcast to the indexing result of shape ", probe.sizes);
   const int64_t k = static_cast<int64_t>(ints.size());
   IntArrayRef batch(probe.sizes.data(), probe.sizes.size() - (out.dim() - k));

@@ -9,6 +9,7 @@
 //   max((o + 0.5) * r - 0.5, 0); the taps are i0 = floor(src) and min(i0 + 1, in - 1), weighted
 //   1 - (src - i0) and src - i0.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 

@@ -1,6 +1,8 @@
 // constant_pad_nd on the CPU (tensor/ops/shape.toml): out is filled with the value, then the
 // part of self that survives (a negative pad crops) is copied into its place. Reflect, replicate
 // and circular padding decompose into index_select (src/composite_index.cpp).
+#include <algorithm>
+
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
 #include "kiln/meta.h"

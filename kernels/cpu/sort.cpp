@@ -19,7 +19,7 @@ namespace {
 
 // The type values are compared in: float for the reduced-precision floats, int64 for bool.
 template <typename T>
-using key_t = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float,
+using sort_key_t = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float,
                                  std::conditional_t<std::is_same_v<T, bool>, int64_t, T>>;
 
 template <typename K>
@@ -70,7 +70,7 @@ std::tuple<Tensor, Tensor> sort_cpu(const Tensor& self, int64_t dim, bool descen
   const int64_t d = meta::wrap_dim("sort", dim, self.dim());
   KILN_DISPATCH_ALL_TYPES(self.dtype(), "sort", [&] {
     using T = scalar_t;
-    using K = key_t<T>;
+    using K = sort_key_t<T>;
     const int64_t n = self.dim() == 0 ? 1 : self.size(d);
     for_rows<T>(self, d, n, values, indices, [&](const T* x, int64_t len, T* v, int64_t* idx) {
       std::vector<std::pair<K, int64_t>> row(len);
@@ -96,7 +96,7 @@ std::tuple<Tensor, Tensor> topk_cpu(const Tensor& self, int64_t k, int64_t dim, 
   const int64_t d = meta::wrap_dim("topk", dim, self.dim());
   KILN_DISPATCH_NUMERIC_TYPES(self.dtype(), "topk", [&] {
     using T = scalar_t;
-    using K = key_t<T>;
+    using K = sort_key_t<T>;
     for_rows<T>(self, d, k, values, indices, [&](const T* x, int64_t len, T* v, int64_t* idx) {
       std::vector<std::pair<K, int64_t>> row(len);
       for (int64_t i = 0; i < len; ++i) row[i] = {static_cast<K>(x[i]), i};

@@ -1,9 +1,12 @@
 // Decompositions of the composite rows of sort.toml, shape.toml and interpolate.toml: argsort,
 // repeat_interleave, pad and interpolate. Each validates through its meta function first (except
 // where that needs data), so errors name the op the user called.
+#include <tuple>
+
 #include "kiln/generated/composite_decls.h"
 #include "kiln/generated/meta_decls.h"
 #include "kiln/meta.h"
+#include "kiln/operators.h"
 
 namespace kiln::composite {
 

@@ -151,6 +151,14 @@ static IndexInfo analyze_indices(const char* op, const Tensor& self, TensorList 
   return info;
 }
 
+// Whether a tensor of shape `from` broadcasts to `to` (without changing `to`).
+static bool broadcasts_to(IntArrayRef from, IntArrayRef to) {
+  if (from.size() > to.size()) return false;
+  for (size_t k = 1; k <= from.size(); ++k)
+    if (from[from.size() - k] != 1 && from[from.size() - k] != to[to.size() - k]) return false;
+  return true;
+}
+
 // B + self.sizes()[consumed:]
 static DimVector indexed_shape(const Tensor& self, const IndexInfo& info) {
   DimVector sizes = info.batch;
@@ -183,9 +191,7 @@ TensorSpec index_put(const Tensor& self, TensorList indices, const Tensor& value
                  " cannot be broadcast to the indexed part of self of shape ", self.sizes());
   } else {
     DimVector target = indexed_shape(self, info);
-    KILN_CHECK(values.dim() <= static_cast<int64_t>(target.size()) &&
-                   broadcast_shapes("index_put", values.sizes(), target) == IntArrayRef(target),
-               Value, "index_put: shape mismatch: values of shape ", values.sizes(),
+    KILN_CHECK(broadcasts_to(values.sizes(), target), Value, "index_put: shape mismatch: values of shape ", values.sizes(),
                " cannot be broadcast to the indexing result of shape ", target);
   }
   return contiguous_spec(self.sizes(), self.dtype(), device);
