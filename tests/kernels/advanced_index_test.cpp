@@ -105,7 +105,7 @@ TEST(IndexPut, OverwriteAccumulateAndMasks) {
     auto xv = to_doubles(x), vv = to_doubles(v), rv = to_doubles(r);
     for (int64_t i = 0; i < 4; ++i)
       for (int64_t j = 0; j < 3; ++j) {
-        const double want = i == 3 ? vv[3 + j] : i == 0 ? vv[j] : xv[i * 3 + j];
+        const double want = i == 3 ? vv[j] : i == 0 ? vv[3 + j] : xv[i * 3 + j];
         EXPECT_EQ(rv[i * 3 + j], want);
       }
     EXPECT_EQ(to_doubles(x), xv);  // functional: x unchanged

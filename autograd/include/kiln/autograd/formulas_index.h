@@ -10,6 +10,7 @@
 
 #include <vector>
 
+#include "kiln/autograd/grad_mode.h"
 #include "kiln/kiln.h"
 #include "kiln/meta.h"
 
@@ -48,24 +49,38 @@ inline Tensor cumsum_backward(const Tensor& grad, int64_t dim, const Tensor& sel
   return cast_back(grad.flip(d).cumsum(dim).flip(d), self);
 }
 
-// cumprod(self, dim) = result: d result_k / d x_i = prod_{j <= k, j != i} x_j (k >= i). Before
-// the first zero of a row that is result_k / x_i; at the first zero it is the cumulative product
-// with that zero replaced by 1; after it, 0. Exact with zeros, and differentiable again.
+// cumprod(self, dim) = result: d result_k / d x_i = prod_{j <= k, j != i} x_j (k >= i).
+// Without create_graph, O(n): before the first zero of a row that is result_k / x_i; at the
+// first zero it is the cumulative product with that zero replaced by 1; after it, 0. With
+// create_graph (the backward is differentiated again, and the gradient after a zero, though 0,
+// depends on that zero), O(n^2) over the products themselves, as PyTorch does.
 inline Tensor cumprod_backward(const Tensor& grad, const Tensor& self, int64_t dim,
                                const Tensor& result) {
-  if (self.dim() == 0) return cast_back(grad, self);
-  std::vector<int64_t> d{dim};
-  auto rev_cumsum = [&](const Tensor& t) { return t.flip(d).cumsum(dim).flip(d); };
+  if (self.dim() == 0 || self.numel() == 0) return cast_back(grad, self);
+  const int64_t d = meta::wrap_dim("cumprod_backward", dim, self.dim()), n = self.size(d);
+  std::vector<int64_t> dv{d};
+  auto rev_cumsum = [&](const Tensor& t) { return t.flip(dv).cumsum(d).flip(dv); };
   Tensor x = self.to(grad.dtype());
+  if (GradMode::is_enabled()) {
+    DimVector one_shape(x.sizes());
+    one_shape[d] = 1;
+    Tensor ones_1 = ones(one_shape, grad.dtype(), grad.device());
+    std::vector<Tensor> parts;
+    for (int64_t i = 0; i < n; ++i) {
+      Tensor before = i == 0 ? ones_1 : x.narrow(d, 0, i).prod(dv, true);
+      Tensor after = ones_1;
+      if (i + 1 < n) after = cat({ones_1, x.narrow(d, i + 1, n - i - 1).cumprod(d)}, d);
+      parts.push_back((grad.narrow(d, i, n - i) * after).sum(dv, true) * before);
+    }
+    return cast_back(cat(parts, d), self);
+  }
   Tensor is_zero = x == 0;
-  Tensor zeros_so_far = is_zero.cumsum(dim);
+  Tensor zeros_so_far = is_zero.cumsum(d);
   Tensor before = zeros_so_far == 0;
   Tensor first_zero = is_zero.logical_and(zeros_so_far == 1);
   Tensor one = ones({}, grad.dtype(), grad.device()), zero = zeros({}, grad.dtype(), grad.device());
-  Tensor safe_x = where(before, x, one);
-  Tensor g_before = rev_cumsum(grad * result.to(grad.dtype())) / safe_x;
-  Tensor skipped = where(first_zero, one, x).cumprod(dim);
-  Tensor g_first = rev_cumsum(grad * skipped);
+  Tensor g_before = rev_cumsum(grad * result.to(grad.dtype())) / where(before, x, one);
+  Tensor g_first = rev_cumsum(grad * where(first_zero, one, x).cumprod(d));
   return cast_back(where(before, g_before, where(first_zero, g_first, zero)), self);
 }
 
