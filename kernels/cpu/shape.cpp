@@ -1,10 +1,11 @@
-// cat, tril and triu on the CPU (tensor/ops/shape.toml).
+// cat, tril, triu, flip, roll and repeat on the CPU (tensor/ops/shape.toml).
 #include <cstring>
 
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
 #include "kiln/meta.h"
 #include "loops.h"
+#include "strided.h"
 
 namespace kiln::kernels {
 namespace {
@@ -87,10 +88,76 @@ void triangular_cpu(const Tensor& out, const Tensor& self, int64_t diagonal) {
   }
 }
 
+// self -> out (contiguous, self's shape) with the listed dims reversed: self read with those
+// dims' strides negated, starting from their last element.
+void flip_cpu(const Tensor& out, const Tensor& self, IntArrayRef dims) {
+  if (out.numel() == 0) return;
+  DimVector st(self.strides());
+  int64_t base = 0;
+  for (int64_t dim : dims) {
+    const int64_t d = meta::wrap_dim("flip", dim, self.dim());
+    if (self.dim() == 0) continue;
+    base += (self.size(d) - 1) * st[d];
+    st[d] = -st[d];
+  }
+  dispatch_word(out.element_size(), [&](auto word) {
+    using U = decltype(word);
+    gather_strided<U>(static_cast<U*>(out.impl()->raw_data()),
+                      static_cast<const U*>(self.impl()->raw_data()) + base, self.sizes(), st);
+  });
+}
+
+// dst = src rolled by `shift` along d: dst[(i + shift) mod n] = src[i], as two slab copies.
+void roll_one(const Tensor& dst, const Tensor& src, int64_t d, int64_t shift) {
+  const int64_t n = src.size(d);
+  const int64_t s = n == 0 ? 0 : ((shift % n) + n) % n;
+  if (s == 0) {
+    dst.copy_(src);
+    return;
+  }
+  dst.narrow(d, s, n - s).copy_(src.narrow(d, 0, n - s));
+  dst.narrow(d, 0, s).copy_(src.narrow(d, n - s, s));
+}
+
+// Without dims the flattened tensor is rolled; otherwise one dim after the other.
+void roll_cpu(const Tensor& out, const Tensor& self, IntArrayRef shifts, IntArrayRef dims) {
+  if (out.numel() == 0) return;
+  if (dims.empty()) {
+    roll_one(out.reshape({-1}), self.reshape({-1}), 0, shifts[0]);
+    return;
+  }
+  Tensor src = self;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = meta::wrap_dim("roll", dims[i], self.dim());
+    Tensor dst = i + 1 == dims.size() ? out : empty_on(self.sizes(), self.dtype(), self.device());
+    roll_one(dst, src, d, shifts[i]);
+    src = dst;
+  }
+}
+
+// self: (s_0, .., s_m) padded with leading 1s to len(repeats) -> out: (r_0 s_0, .., r_m s_m);
+// out viewed as (r_0, s_0, r_1, s_1, ...) is self broadcast along the r_k.
+void repeat_cpu(const Tensor& out, const Tensor& self, IntArrayRef repeats) {
+  if (out.numel() == 0) return;
+  const size_t lead = repeats.size() - self.dim();
+  DimVector split, src;
+  for (size_t k = 0; k < repeats.size(); ++k) {
+    const int64_t s = k < lead ? 1 : self.size(k - lead);
+    split.push_back(repeats[k]);
+    split.push_back(s);
+    src.push_back(1);
+    src.push_back(s);
+  }
+  out.view(split).copy_(self.reshape(src));
+}
+
 KILN_LIBRARY(CPU, m) {
   m.structured<ops::cat>(cat_cpu);
   m.structured<ops::tril>(triangular_cpu<true>);
   m.structured<ops::triu>(triangular_cpu<false>);
+  m.structured<ops::flip>(flip_cpu);
+  m.structured<ops::roll>(roll_cpu);
+  m.structured<ops::repeat>(repeat_cpu);
 }
 
 }  // namespace

@@ -13,7 +13,8 @@ and is listed in pending_derivatives().
 Multi-output rows: `grad` is the first output's gradient, `grads[i]` the i-th one (zeros when
 that output got none), and the named outputs (`indices` of max.dim) are saved for the formulas.
 Tensor[] inputs: the formula returns one gradient per element (cat_backward); the node keeps only
-the elements' geometry (LIST_GEOMETRY_HELPERS read nothing else), not the tensors.
+the elements' geometry when the formulas read the list through LIST_GEOMETRY_HELPERS alone, and the
+tensors themselves (one SavedVariable each: index's index tensors) when a formula reads the list.
 
 Forward AD (Note [Forward AD] in autograd/include/kiln/autograd/forward_ad.h): each kernel also
 has a forward path, taken only while a DualLevel is active, that gives the outputs tangents: a
@@ -87,12 +88,14 @@ class Row:
         for a in self.args:
             if a.type == "Tensor?" and self.formulas.get(a.name, "non_differentiable") != "non_differentiable":
                 self.reason = f"a derivative for a {a.type} input"
+        # Tensor[] arguments a formula reads other than through LIST_GEOMETRY_HELPERS: saved by value.
+        self.lists_by_value = set()
+        for a in self.args:
             if a.type == "Tensor[]":
                 for f in self.formulas.values():
                     rest = re.sub(rf"\b({'|'.join(LIST_GEOMETRY_HELPERS)})\(grad, {a.name},", "", f)
-                    if a.name in idents(rest):
-                        raise SystemExit(f"gen_autograd: {self.func.name}: a formula reads the Tensor[] "
-                                         f"argument '{a.name}' other than through {sorted(LIST_GEOMETRY_HELPERS)}")
+                    if f != "non_differentiable" and a.name in idents(rest):
+                        self.lists_by_value.add(a.name)
         self.generated = not self.missing and not self.reason
         used = set()
         for f in self.formulas.values():
@@ -133,6 +136,13 @@ def node_class(r):
             saved.append(f"  SavedVariable {a.name}_;")
             binds.append(f'  Tensor {a.name} = {a.name}_.unpack(*this, "{a.name}");')
             rel.append(f"{a.name}_.reset();")
+        elif a.type == "Tensor[]" and a.name in r.lists_by_value:
+            saved.append(f"  ::std::vector<SavedVariable> {a.name}_vals_;")
+            binds.append(f"  ::std::vector<Tensor> {a.name}_v;")
+            binds.append(f"  for (SavedVariable& sv : {a.name}_vals_) "
+                         f'{a.name}_v.push_back(sv.unpack(*this, "{a.name}"));')
+            binds.append(f"  TensorList {a.name}({a.name}_v);")
+            rel.append(f"{a.name}_vals_.clear();")
         elif a.type == "Tensor[]":
             saved.append(f"  ::std::vector<InputMetadata> {a.name}_geom_;")
             binds.append(f"  ::std::vector<Tensor> {a.name}_ph = geometry_placeholders({a.name}_geom_);")
@@ -232,7 +242,9 @@ def save_lines(r, op, inplace, forward):
             L.append(f"  node->{a.name}_n_ = {a.name}.size();")
         if a.name not in r.used:
             continue
-        if a.type == "Tensor[]":
+        if a.type == "Tensor[]" and a.name in r.lists_by_value:
+            L.append(f"  for (const Tensor& t : {a.name}) node->{a.name}_vals_.emplace_back(t, false);")
+        elif a.type == "Tensor[]":
             L.append(f"  for (const Tensor& t : {a.name}) node->{a.name}_geom_.push_back(geometry_of(t));")
         elif a.name in r.shape_only:
             L.append(f"  node->{a.name}_sizes_.assign({a.name}.sizes().begin(), {a.name}.sizes().end());")

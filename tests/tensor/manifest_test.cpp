@@ -108,7 +108,16 @@ TEST(Manifest, MetaAgreesWithCpu) {
       }
       Stack cpu = cpu_in, meta = meta_in;
       op.call_boxed(cpu);
-      op.call_boxed(meta);
+      try {
+        op.call_boxed(meta);
+      } catch (const Error& e) {
+        // Note [Data-dependent shapes] (tensor/src/meta/indexing.cpp): nothing to compare.
+        const bool data_dependent =
+            e.kind() == ErrorKind::NotImplemented &&
+            std::string(e.what()).find("data-dependent output shape") != std::string::npos;
+        if (data_dependent) continue;
+        throw;
+      }
       auto co = outputs_of(cpu), mo = outputs_of(meta);
       ASSERT_EQ(co.size(), mo.size());
       for (size_t i = 0; i < co.size(); ++i) {

@@ -94,3 +94,155 @@ TensorSpec one_hot(const Tensor& self, int64_t num_classes) {
 }
 
 }  // namespace kiln::meta
+
+namespace kiln::meta {
+
+// Note [Data-dependent shapes]: nonzero, masked_select, repeat_interleave with a repeats tensor
+// and index with a bool mask have an output shape that depends on the input's values. A backend
+// with data (CPU, CUDA) computes it in its kernel; without data (Meta) these meta functions raise
+// NotImplemented, naming the op (tests recognise the phrase "data-dependent output shape").
+[[noreturn]] static void data_dependent(const char* op, const Tensor& t) {
+  KILN_FAIL(NotImplemented, op, ": the output shape depends on the values of a ", t.device(),
+            " tensor of shape ", t.sizes(),
+            " (a data-dependent output shape), which are not available here");
+}
+
+// Note [Advanced indexing]: index(self, indices) indexes the leading dims of self, one per
+// integer index tensor (int64 or int32; negative values wrap as in Python) and m per bool mask
+// of m dims (whose shape must equal those dims; it stands for the positions of its true
+// elements, as nonzero gives them). The integer indices and the masks' position lists broadcast
+// together to a shape B; the result is B + self.sizes()[consumed dims:]. index_put writes values
+// (broadcast to that shape) at the same positions. PyTorch's None and slices between index
+// tensors are not part of this schema: permute or narrow first.
+struct IndexInfo {
+  int64_t consumed = 0;  // dims of self the indices cover
+  bool has_mask = false;
+  DimVector batch;       // B (when there is no mask)
+};
+
+static IndexInfo analyze_indices(const char* op, const Tensor& self, TensorList indices) {
+  KILN_CHECK(!indices.empty(), Value, op, ": expected at least one index tensor");
+  IndexInfo info;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    const Tensor& idx = indices[i].check_defined(op);
+    const ScalarType dt = idx.dtype();
+    KILN_CHECK(dt == kInt64 || dt == kInt32 || dt == kBool, Type, op,
+               ": tensors used as indices must be int64, int32 or bool tensors, got ", dt,
+               " at position ", i);
+    if (dt == kBool) {
+      KILN_CHECK(idx.dim() > 0, Index, op,
+                 ": a 0-dim bool index is not supported (at position ", i, ")");
+      KILN_CHECK(info.consumed + idx.dim() <= self.dim(), Index, op, ": too many indices for a ",
+                 "tensor of shape ", self.sizes(), " (the bool mask at position ", i, " of shape ",
+                 idx.sizes(), " starts at dimension ", info.consumed, ")");
+      for (int64_t k = 0; k < idx.dim(); ++k)
+        KILN_CHECK(idx.size(k) == self.size(info.consumed + k), Index, op, ": the shape of the mask ",
+                   idx.sizes(), " at position ", i, " does not match the shape of the indexed tensor ",
+                   self.sizes(), " at dimension ", info.consumed + k);
+      info.consumed += idx.dim();
+      info.has_mask = true;
+      continue;
+    }
+    KILN_CHECK(info.consumed < self.dim(), Index, op, ": too many indices for a tensor of shape ",
+               self.sizes(), " (", indices.size(), " index tensors)");
+    info.consumed += 1;
+    info.batch = i == 0 ? DimVector(idx.sizes()) : broadcast_shapes(op, info.batch, idx.sizes());
+  }
+  return info;
+}
+
+// Whether a tensor of shape `from` broadcasts to `to` (without changing `to`).
+static bool broadcasts_to(IntArrayRef from, IntArrayRef to) {
+  if (from.size() > to.size()) return false;
+  for (size_t k = 1; k <= from.size(); ++k)
+    if (from[from.size() - k] != 1 && from[from.size() - k] != to[to.size() - k]) return false;
+  return true;
+}
+
+// B + self.sizes()[consumed:]
+static DimVector indexed_shape(const Tensor& self, const IndexInfo& info) {
+  DimVector sizes = info.batch;
+  for (int64_t k = info.consumed; k < self.dim(); ++k) sizes.push_back(self.size(k));
+  return sizes;
+}
+
+TensorSpec index(const Tensor& self, TensorList indices) {
+  IndexInfo info = analyze_indices("index", self, indices);
+  std::vector<const Tensor*> all{&self};
+  for (const Tensor& t : indices) all.push_back(&t);
+  Device device = common_device("index", all.data(), all.size());
+  if (info.has_mask) data_dependent("index (with a bool mask)", self);
+  return contiguous_spec(indexed_shape(self, info), self.dtype(), device);
+}
+
+TensorSpec index_put(const Tensor& self, TensorList indices, const Tensor& values, bool) {
+  KILN_CHECK(self.dtype() == values.dtype(), Type,
+             "index_put: expected values to have the dtype of self, got ", values.dtype(), " and ",
+             self.dtype());
+  IndexInfo info = analyze_indices("index_put", self, indices);
+  std::vector<const Tensor*> all{&self, &values};
+  for (const Tensor& t : indices) all.push_back(&t);
+  Device device = common_device("index_put", all.data(), all.size());
+  if (info.has_mask) {  // only the trailing (non-indexed) dims can be checked without data
+    const int64_t rest = self.dim() - info.consumed;
+    for (int64_t k = 1; k <= std::min(rest, values.dim()); ++k)
+      KILN_CHECK(values.size(-k) == 1 || values.size(-k) == self.size(-k), Value,
+                 "index_put: shape mismatch: values of shape ", values.sizes(),
+                 " cannot be broadcast to the indexed part of self of shape ", self.sizes());
+  } else {
+    DimVector target = indexed_shape(self, info);
+    KILN_CHECK(broadcasts_to(values.sizes(), target), Value, "index_put: shape mismatch: values of shape ", values.sizes(),
+               " cannot be broadcast to the indexing result of shape ", target);
+  }
+  return contiguous_spec(self.sizes(), self.dtype(), device);
+}
+
+TensorSpec masked_select(const Tensor& self, const Tensor& mask) {
+  KILN_CHECK(mask.dtype() == kBool, Type, "masked_select: expected a mask of dtype bool, got ",
+             mask.dtype());
+  common_device("masked_select", self, mask);
+  broadcast_shapes("masked_select", self.sizes(), mask.sizes());
+  data_dependent("masked_select", mask);
+}
+
+TensorSpec nonzero(const Tensor& self) { data_dependent("nonzero", self); }
+
+}  // namespace kiln::meta
+
+namespace kiln::meta {
+
+// ---- repeat_interleave (shape.toml; here for data_dependent)
+
+TensorSpec repeat_interleave_indices(const Tensor& repeats) {
+  KILN_CHECK(repeats.dtype() == kInt64, Type,
+             "repeat_interleave: expected repeats to have dtype int64, got ", repeats.dtype());
+  KILN_CHECK(repeats.dim() <= 1, Value, "repeat_interleave: repeats must be 0-dim or 1-dim, got shape ",
+             repeats.sizes());
+  data_dependent("repeat_interleave", repeats);
+}
+
+TensorSpec repeat_interleave_tensor(const Tensor& self, const Tensor& repeats,
+                                    std::optional<int64_t> dim) {
+  KILN_CHECK(repeats.dtype() == kInt64, Type,
+             "repeat_interleave: expected repeats to have dtype int64, got ", repeats.dtype());
+  KILN_CHECK(repeats.dim() <= 1, Value, "repeat_interleave: repeats must be 0-dim or 1-dim, got shape ",
+             repeats.sizes());
+  const int64_t n = dim ? (self.dim() == 0 ? 1 : self.size(wrap_dim("repeat_interleave", *dim, self.dim())))
+                        : self.numel();
+  KILN_CHECK(repeats.numel() == 1 || repeats.numel() == n, Value,
+             "repeat_interleave: repeats must have one element or as many as the repeated dimension (",
+             n, "), got shape ", repeats.sizes(), " for self of shape ", self.sizes());
+  common_device("repeat_interleave", self, repeats);
+  data_dependent("repeat_interleave", repeats);
+}
+
+TensorSpec repeat_interleave_int(const Tensor& self, int64_t repeats, std::optional<int64_t> dim) {
+  KILN_CHECK(repeats >= 0, Value, "repeat_interleave: repeats must be non-negative, got ", repeats);
+  if (!dim) return contiguous_spec({self.numel() * repeats}, self.dtype(), self.device());
+  const int64_t d = wrap_dim("repeat_interleave", *dim, self.dim());
+  DimVector sizes = self.dim() == 0 ? DimVector{1} : DimVector(self.sizes());
+  sizes[d] *= repeats;
+  return contiguous_spec(sizes, self.dtype(), self.device());
+}
+
+}  // namespace kiln::meta

@@ -94,3 +94,84 @@ TensorSpec tril(const Tensor& self, int64_t) { return triangular("tril", self); 
 TensorSpec triu(const Tensor& self, int64_t) { return triangular("triu", self); }
 
 }  // namespace kiln::meta
+
+namespace kiln::meta {
+
+// ---- flip, roll, repeat, padding
+
+TensorSpec flip(const Tensor& self, IntArrayRef dims) {
+  dim_mask("flip", dims, self.dim());  // wraps, rejects repeats
+  return contiguous_spec(self.sizes(), self.dtype(), self.device());
+}
+
+TensorSpec roll(const Tensor& self, IntArrayRef shifts, IntArrayRef dims) {
+  if (dims.empty()) {
+    KILN_CHECK(shifts.size() == 1, Value, "roll: without dims the flattened tensor is rolled by ",
+               "one shift, got shifts ", shifts);
+  } else {
+    KILN_CHECK(shifts.size() == dims.size(), Value, "roll: shifts and dims must have the same length, ",
+               "got shifts ", shifts, " and dims ", dims);
+    for (int64_t d : dims) wrap_dim("roll", d, self.dim());
+  }
+  return contiguous_spec(self.sizes(), self.dtype(), self.device());
+}
+
+TensorSpec repeat(const Tensor& self, IntArrayRef repeats) {
+  KILN_CHECK(static_cast<int64_t>(repeats.size()) >= self.dim(), Value,
+             "repeat: the number of repeats (", repeats.size(),
+             ") can not be smaller than the number of dimensions of self of shape ", self.sizes());
+  const size_t lead = repeats.size() - self.dim();
+  DimVector sizes(repeats.size());
+  for (size_t k = 0; k < repeats.size(); ++k) {
+    KILN_CHECK(repeats[k] >= 0, Value, "repeat: repeats must be non-negative, got ", repeats);
+    sizes[k] = repeats[k] * (k < lead ? 1 : self.size(k - lead));
+  }
+  return contiguous_spec(sizes, self.dtype(), self.device());
+}
+
+// pad = (left of the last dim, right of the last dim, left of the one before, ...), as PyTorch.
+static DimVector padded_shape(const char* op, const Tensor& self, IntArrayRef pad) {
+  KILN_CHECK(pad.size() % 2 == 0, Value, op, ": the padding length must be even, got ", pad);
+  const int64_t n = static_cast<int64_t>(pad.size()) / 2;
+  KILN_CHECK(n <= self.dim(), Value, op, ": padding ", pad, " covers ", n,
+             " dimensions but self of shape ", self.sizes(), " has only ", self.dim());
+  DimVector sizes(self.sizes());
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t d = self.dim() - 1 - k;
+    sizes[d] += pad[2 * k] + pad[2 * k + 1];
+    KILN_CHECK(sizes[d] >= 0, Value, op, ": padding ", pad, " makes dimension ", d,
+               " of self of shape ", self.sizes(), " negative (", sizes[d], ")");
+  }
+  return sizes;
+}
+
+TensorSpec constant_pad_nd(const Tensor& self, IntArrayRef pad, const Scalar&) {
+  return contiguous_spec(padded_shape("constant_pad_nd", self, pad), self.dtype(), self.device());
+}
+
+TensorSpec pad(const Tensor& self, IntArrayRef pad, std::string_view mode,
+               std::optional<double> value) {
+  KILN_CHECK(mode == "constant" || mode == "reflect" || mode == "replicate" || mode == "circular",
+             Value, "pad: mode must be 'constant', 'reflect', 'replicate' or 'circular', got '",
+             mode, "'");
+  DimVector sizes = padded_shape("pad", self, pad);
+  if (mode == "constant") return contiguous_spec(sizes, self.dtype(), self.device());
+  KILN_CHECK(!value.has_value(), Value, "pad: mode '", mode, "' takes no value argument");
+  for (size_t k = 0; k < pad.size(); ++k) {
+    const int64_t d = self.dim() - 1 - static_cast<int64_t>(k / 2), n = self.size(d);
+    KILN_CHECK(pad[k] >= 0, Value, "pad: mode '", mode, "' needs non-negative padding, got ", pad);
+    if (mode == "reflect")
+      KILN_CHECK(pad[k] < n, Value, "pad: reflect padding ", pad[k], " must be less than the size ",
+                 n, " of dimension ", d, " of self of shape ", self.sizes());
+    if (mode == "circular")
+      KILN_CHECK(pad[k] <= n, Value, "pad: circular padding ", pad[k],
+                 " must be at most the size ", n, " of dimension ", d, " of self of shape ",
+                 self.sizes());
+    if (mode == "replicate")
+      KILN_CHECK(pad[k] == 0 || n > 0, Value, "pad: replicate padding of the empty dimension ", d,
+                 " of self of shape ", self.sizes());
+  }
+  return contiguous_spec(sizes, self.dtype(), self.device());
+}
+
+}  // namespace kiln::meta

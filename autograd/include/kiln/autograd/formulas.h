@@ -153,4 +153,5 @@ Tensor index_backward(const Tensor& grad, IntArrayRef sizes, TensorList indices)
 
 }  // namespace kiln::autograd
 
-#include "kiln/autograd/formulas_conv.h"  // conv.toml and pool.toml
+#include "kiln/autograd/formulas_conv.h"   // conv.toml and pool.toml
+#include "kiln/autograd/formulas_index.h"  // advanced indexing, sort/scan and padding
