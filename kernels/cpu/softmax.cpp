@@ -19,28 +19,88 @@ KILN_VEC_INLINE A exp_acc(A x) {
   else return std::exp(x);
 }
 
+// Note [Softmax rows]: a row of float32 (or a 16-bit type, computed in float32) takes three
+// passes in kLanes independent lanes, which GCC vectorizes: the max (NaNs skipped: one NaN makes
+// exp(NaN - max) and so the sum NaN, and the whole row NaN as in PyTorch), exp(x - max) stored
+// and summed in one pass, then the scale (log_softmax: (x - max) - log(sum), nothing stored
+// before). Lanes are combined in a fixed order, so results do not depend on the thread count.
+constexpr int64_t kLanes = 16;
+
+template <typename T>
+KILN_VEC_INLINE float to_f(T v) { return static_cast<float>(v); }
+
+template <typename T>
+float row_max(const T* x, int64_t D) {
+  float m[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) m[j] = -vec::kInf;
+  int64_t i = 0;
+  for (; i + kLanes <= D; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) {
+      const float v = to_f(x[i + j]);
+      m[j] = v > m[j] ? v : m[j];
+    }
+  for (; i < D; ++i) m[0] = to_f(x[i]) > m[0] ? to_f(x[i]) : m[0];
+  float r = m[0];
+  for (int64_t j = 1; j < kLanes; ++j) r = m[j] > r ? m[j] : r;
+  return r;
+}
+
+float lane_sum(const float* acc) {
+  float s = 0;
+  for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
+  return s;
+}
+
+// x, y: (D,) contiguous, one row, float32 accumulation (Note [Softmax rows]).
+template <typename T, bool kLog>
+void softmax_row_f32(const T* x, T* y, int64_t D) {
+  const float m = row_max(x, D);
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  if constexpr (!kLog && std::is_same_v<T, float>) {  // store e^(x - m), then scale in place
+    for (; i + kLanes <= D; i += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const float e = vec::exp(x[i + j] - m);
+        y[i + j] = e;
+        acc[j] += e;
+      }
+    for (; i < D; ++i) acc[0] += (y[i] = vec::exp(x[i] - m));
+    const float inv = 1.0f / lane_sum(acc);
+#pragma omp simd
+    for (int64_t k = 0; k < D; ++k) y[k] *= inv;
+    return;
+  }
+  for (; i + kLanes <= D; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) acc[j] += vec::exp(to_f(x[i + j]) - m);
+  for (; i < D; ++i) acc[0] += vec::exp(to_f(x[i]) - m);
+  const float s = lane_sum(acc);
+  if constexpr (kLog) {
+    const float ls = std::log(s);  // (x - m) - log(s): m + log(s) would round away the small part
+#pragma omp simd
+    for (int64_t k = 0; k < D; ++k) y[k] = static_cast<T>((to_f(x[k]) - m) - ls);
+  } else {
+    const float inv = 1.0f / s;
+#pragma omp simd
+    for (int64_t k = 0; k < D; ++k) y[k] = static_cast<T>(vec::exp(to_f(x[k]) - m) * inv);
+  }
+}
+
 // x, y: (D,) contiguous, one row.
 template <typename T, bool kLog>
 void softmax_row(const T* x, T* y, int64_t D) {
   using A = acc_t<T>;
-  A m = reduce_contiguous(x, D, MinMaxReducer<T, A, true, CastMap<A>>{}, 0);
-  if constexpr (!kLog && std::is_same_v<T, A>) {  // float32/float64: one exp per element
-#pragma omp simd
-    for (int64_t i = 0; i < D; ++i) y[i] = exp_acc<A>(x[i] - m);
-    A inv = A(1) / reduce_contiguous(y, D, SumReducer<T, A, CastMap<A>>{}, 0);
-#pragma omp simd
-    for (int64_t i = 0; i < D; ++i) y[i] *= inv;
-    return;
-  }
-  auto ex = [m](T v, int64_t) KILN_VEC_INLINE_LAMBDA { return exp_acc<A>(static_cast<A>(v) - m); };
-  A s = reduce_contiguous(x, D, SumReducer<T, A, decltype(ex)>{ex}, 0);
-  if constexpr (kLog) {
-    A ls = std::log(s);  // (x - m) - log(s): m + log(s) would round away the small part
-    for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>((static_cast<A>(x[i]) - m) - ls);
+  if constexpr (std::is_same_v<A, float>) {
+    softmax_row_f32<T, kLog>(x, y, D);
   } else {
-    A inv = A(1) / s;
-#pragma omp simd
-    for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>(exp_acc<A>(static_cast<A>(x[i]) - m) * inv);
+    A m = reduce_contiguous(x, D, MinMaxReducer<T, A, true, CastMap<A>>{}, 0);
+    auto ex = [m](T v, int64_t) { return std::exp(static_cast<A>(v) - m); };
+    A s = reduce_contiguous(x, D, SumReducer<T, A, decltype(ex)>{ex}, 0);
+    if constexpr (kLog) {
+      A ls = std::log(s);
+      for (int64_t i = 0; i < D; ++i) y[i] = (x[i] - m) - ls;
+    } else {
+      for (int64_t i = 0; i < D; ++i) y[i] = std::exp(x[i] - m) / s;
+    }
   }
 }
 

@@ -292,6 +292,8 @@ def check_row(row, sch, rules, where):
             if ds not in rules["dtype_sets"]:
                 err(where, f"unknown dtype set '{ds}'")
     kind = row["kind"]
+    if row["batching"] == "composite" and kind != "composite":
+        err(where, "batching 'composite' runs the row's decomposition: only for composite rows")
     if kind == "composite" and row["decomposition"] == "none":
         err(where, "a composite row needs a decomposition (the C++ function that implements it)")
     if kind != "composite" and row["decomposition"] != "none" and not re.fullmatch(r"\w+", row["decomposition"]):

@@ -226,24 +226,30 @@ TEST(Vmap, EveryManifestOpMatchesTheLoop) {
 
 // ---- the ops models use never take the loop ----------------------------------------------------
 
-// The ops of an MLP, a CNN and a transformer block. Extend these lists as the kernels issue adds
-// ops (conv2d, max_pool2d, batch_norm, layer_norm, embedding, dropout, ...).
+// The ops of an MLP, a CNN and a transformer block (forward and the rows their backward uses).
 const std::vector<std::string> kMlpOps = {
     "linear",  "addmm",  "mm",   "matmul",      "t",       "relu",   "gelu",      "tanh",
     "sigmoid", "silu",   "add",  "sub",         "mul",     "div",    "neg",       "exp",
     "log",     "sum",    "mean", "log_softmax", "softmax", "gather", "unsqueeze", "squeeze",
-    "max.dim", "argmax", "eq",   "where",       "clamp",   "pow"};
-const std::vector<std::string> kCnnOps = {  // batch_norm: not in the table yet
+    "max.dim", "argmax", "eq",   "where",       "clamp",   "pow",
+    "cross_entropy", "cross_entropy_indices", "cross_entropy_indices_backward", "nll_loss",
+    "mse_loss", "dropout", "dropout_seeded", "softmax_backward_data", "log_softmax_backward_data"};
+const std::vector<std::string> kCnnOps = {
     "view", "reshape", "flatten", "permute", "mean", "var",    "sqrt", "rsqrt",
     "add",  "mul",     "relu",    "max.dim", "cat",  "narrow", "slice",
     "conv2d", "convolution", "convolution_backward_weight", "max_pool2d",
-    "max_pool2d_with_indices", "max_pool2d_backward", "avg_pool2d", "adaptive_avg_pool2d"};
+    "max_pool2d_with_indices", "max_pool2d_backward", "avg_pool2d", "adaptive_avg_pool2d",
+    "batch_norm", "_batch_norm", "batch_norm_backward", "batch_norm_backward_weight",
+    "group_norm", "_group_norm", "group_norm_backward", "group_norm_backward_weight"};
 // (A causal mask from tril/triu of constants is never batched, so their loop does not matter.)
 const std::vector<std::string> kTransformerOps = {
     "matmul", "bmm",         "softmax", "transpose",  "permute", "view",     "reshape",
     "mul",    "add",         "div",     "sqrt",       "rsqrt",   "mean",     "var",
     "sub",    "masked_fill", "expand",  "contiguous", "split",   "chunk",    "stack",
-    "cat",    "select",      "gelu",    "exp",        "maximum", "logsumexp"};
+    "cat",    "select",      "gelu",    "exp",        "maximum", "logsumexp",
+    "layer_norm", "_layer_norm", "layer_norm_backward", "layer_norm_backward_weight", "rms_norm",
+    "_rms_norm", "rms_norm_backward", "rms_norm_backward_weight", "embedding",
+    "embedding_dense_backward"};
 
 TEST(Vmap, ModelOpsHaveBatchingRules) {
   std::string missing;
@@ -348,6 +354,71 @@ TEST(Vmap, AttentionBlockTakesNoLoop) {
                  1e-12);
   EXPECT_TRUE(func::vmap_fallback_ops().empty())
       << "fallback taken by " << func::vmap_fallback_ops()[0];
+}
+
+// A token model: embedding, layer_norm, the attention block, rms_norm, a head and cross_entropy,
+// on one sequence of tokens (T,) with targets (T,). Per-example gradients of every parameter
+// under vmap(grad) take no loop and equal one grad per example.
+Tensor token_loss(const std::vector<Tensor>& a) {
+  const Tensor &emb = a[0], &ln_w = a[1], &ln_b = a[2], &wqkv = a[3], &wo = a[4], &head = a[5];
+  const Tensor &tokens = a[6], &targets = a[7];
+  Tensor h = kiln::embedding(emb, tokens, /*padding_idx=*/0);
+  h = kiln::layer_norm(h, {h.size(-1)}, ln_w, ln_b);
+  h = attention_block({h, wqkv, wo});
+  h = kiln::rms_norm(h, {h.size(-1)}, ln_w);
+  return kiln::cross_entropy(kiln::linear(h, head), targets, std::nullopt, "mean", -100, 0.1);
+}
+
+TEST(Vmap, TokenModelPerSampleGradientsTakeNoLoop) {
+  func::clear_vmap_fallback_ops();
+  std::vector<Tensor> params = {random({7, 6}, kFloat64, -1, 1, 31), random({6}, kFloat64, 0.5, 1.5, 32),
+                                random({6}, kFloat64, -0.5, 0.5, 33), random({18, 6}, kFloat64, -0.5, 0.5, 34),
+                                random({6, 6}, kFloat64, -0.5, 0.5, 35), random({7, 6}, kFloat64, -0.5, 0.5, 36)};
+  Tensor tokens = testing::from_vector<int64_t>({1, 2, 0, 3, 4, 4, 5, 6, 0, 1, 2, 3}, {3, 4});
+  Tensor targets = testing::from_vector<int64_t>({2, 0, 3, 1, 6, 5, 4, 4, 1, 1, 0, 2}, {3, 4});
+  func::MultiFn grads_of = [](const std::vector<Tensor>& a) {
+    func::Fn loss = [&a](const std::vector<Tensor>& q) {
+      return token_loss({q[0], q[1], q[2], q[3], q[4], q[5], a[6], a[7]});
+    };
+    return func::grad(loss, {0, 1, 2, 3, 4, 5})({a[0], a[1], a[2], a[3], a[4], a[5]});
+  };
+  std::vector<std::optional<int64_t>> in_dims(6, std::nullopt);
+  in_dims.push_back(0);
+  in_dims.push_back(0);
+  std::vector<Tensor> args = params;
+  args.push_back(tokens);
+  args.push_back(targets);
+  std::vector<Tensor> gs = func::vmap(grads_of, in_dims)(args);
+  EXPECT_TRUE(func::vmap_fallback_ops().empty())
+      << "fallback taken by " << func::vmap_fallback_ops()[0];
+  ASSERT_EQ(gs.size(), 6u);
+  for (int64_t b = 0; b < 3; ++b) {
+    std::vector<Tensor> one = params;
+    one.push_back(tokens.select(0, b));
+    one.push_back(targets.select(0, b));
+    std::vector<Tensor> want = grads_of(one);
+    for (size_t i = 0; i < 6; ++i) expect_close(gs[i].select(0, b), want[i], 1e-10, 1e-12);
+  }
+}
+
+// A conv block with batch_norm (training: each example's statistics over its own N) and
+// group_norm: per-example outputs under vmap equal the loop, with no fallback.
+TEST(Vmap, NormBlocksTakeNoLoop) {
+  func::clear_vmap_fallback_ops();
+  Tensor x = random({3, 2, 4, 5, 5}, kFloat64, -1, 1, 41);  // 3 examples of (N=2, C=4, 5, 5)
+  Tensor w = random({4}, kFloat64, 0.5, 1.5, 42), bias = random({4}, kFloat64, -0.5, 0.5, 43);
+  func::Fn block = [](const std::vector<Tensor>& a) {
+    Tensor h = kiln::batch_norm(a[0], a[1], a[2], std::nullopt, std::nullopt, true, 0.1, 1e-5);
+    return kiln::group_norm(kiln::relu(h), 2, a[1], a[2]).sum();
+  };
+  func::MultiFn g = [&](const std::vector<Tensor>& a) { return func::grad(block, {0, 1, 2})(a); };
+  std::vector<Tensor> gs = func::vmap(g, {0, std::nullopt, std::nullopt})({x, w, bias});
+  EXPECT_TRUE(func::vmap_fallback_ops().empty())
+      << "fallback taken by " << func::vmap_fallback_ops()[0];
+  for (int64_t b = 0; b < 3; ++b) {
+    std::vector<Tensor> want = g({x.select(0, b), w, bias});
+    for (size_t i = 0; i < 3; ++i) expect_close(gs[i].select(0, b), want[i], 1e-10, 1e-12);
+  }
 }
 
 // ---- vmap itself -------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ CASES = [
     ("decompose without a decomposition",
      GOOD.replace('derivative = { self = "grad * dim" }', 'derivative = "decompose"'),
      "derivative 'decompose' is for a non-composite row"),
+    ("composite batching on a kernel row", GOOD.replace('batching = "pointwise"', 'batching = "composite"'),
+     "batching 'composite' runs the row's decomposition: only for composite rows"),
     ("duplicate op", GOOD + GOOD, "op 'myop' already defined"),
 ]
 
