@@ -151,3 +151,5 @@ Tensor scatter_add_backward(const Tensor& grad, int64_t dim, const Tensor& index
 Tensor index_backward(const Tensor& grad, IntArrayRef sizes, TensorList indices);
 
 }  // namespace kiln::autograd
+
+#include "kiln/autograd/formulas_attention.h"  // IWYU pragma: export
