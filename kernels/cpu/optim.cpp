@@ -11,6 +11,7 @@
 
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
+#include "kiln/operators.h"
 #include "loops.h"
 
 namespace kiln::kernels {

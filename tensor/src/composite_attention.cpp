@@ -7,6 +7,7 @@
 #include "kiln/generated/composite_decls.h"
 #include "kiln/generated/meta_decls.h"
 #include "kiln/meta.h"
+#include "kiln/operators.h"
 
 namespace kiln::composite {
 
