@@ -2,7 +2,7 @@
 // references the issue names: oneDNN's dnnl_sgemm called directly ("onednn-direct") and plain
 // OpenMP loops ("openmp-loop"). One JSON object per line.
 //
-//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd] [--quick]
+//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd,kernels] [--quick]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 
+#include "kiln/autograd/autograd.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -146,6 +147,21 @@ void w_reduction(bool) {
   emit("reduction", "softmax_4096x1024", 8.0 * X.numel() / ts / 1e9, "GB/s", "kiln-cpp");
 }
 
+// Causal attention forward and backward through the fused kernel (torch_cpp_ref: written out).
+void w_attention(bool quick) {
+  for (int64_t T : {128, 512}) {
+    manual_seed(0);
+    Tensor q = randn({8, 8, T, 64}).requires_grad_(), k = randn({8, 8, T, 64}).requires_grad_();
+    Tensor v = randn({8, 8, T, 64}).requires_grad_(), g = randn({8, 8, T, 64});
+    double t = best_time([&] {
+      Tensor out = scaled_dot_product_attention(q, k, v, 0.0, true);
+      autograd::grad({out}, {q, k, v}, {g});
+    }, quick ? 2 : 5);
+    emit("kernels", "attention_fwd_bwd_b8_h8_t" + std::to_string(T) + "_d64", t * 1e3, "ms",
+         "kiln-cpp");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,5 +185,6 @@ int main(int argc, char** argv) {
   if (want("elementwise")) w_elementwise(quick);
   if (want("reduction")) w_reduction(quick);
   if (want("autograd")) w_autograd(quick);
+  if (want("kernels")) w_attention(quick);
   return 0;
 }

@@ -34,6 +34,7 @@ namespace {
 
 constexpr int64_t kQueryBlock = 64;
 constexpr int64_t kKeyBlock = 256;
+static_assert(kKeyBlock % kQueryBlock == 0, "a causal key block starts at a query block");
 
 // c (m x n) = alpha op(a) op(b) + beta c, row-major with leading dims; op transposes when t.
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -189,12 +190,14 @@ void backward_head(const Problem<A>& P, int64_t n, const A* go, const A* glse, c
   std::fill(dkn, dkn + S * E, A(0));
   std::fill(dvn, dvn + S * Ev, A(0));
   for (int64_t j0 = 0; j0 < S; j0 += kKeyBlock) {
-    const int64_t nk = std::min(kKeyBlock, S - j0);
+    const int64_t nk_block = std::min(kKeyBlock, S - j0);
     const A *kj = kn + j0 * E, *vj = vn + j0 * Ev;
     A *dkj = dkn + j0 * E, *dvj = dvn + j0 * Ev;
     const int64_t i_start = P.causal ? j0 / kQueryBlock * kQueryBlock : 0;
     for (int64_t i0 = i_start; i0 < L; i0 += kQueryBlock) {
       const int64_t rows = std::min(kQueryBlock, L - i0);
+      // Causal: keys past the block's last row get nothing; only the first nk of the key block.
+      const int64_t nk = P.causal ? std::min(nk_block, i0 + rows - j0) : nk_block;
       const A *qi = qn + i0 * E, *goi = gon + i0 * Ev;
       A* p = tile.data();
       A* dp = dtile.data();
