@@ -425,6 +425,13 @@ def gen(ops, out_dir):
     write_if_changed(os.path.join(out_dir, "ops.cpp"), "\n".join(C) + "\n")
 
 
+def is_inplace_of_self(op):
+    """OpInfo::is_inplace: the op writes into its first argument, a Tensor. Rows that update
+    Tensor(a!)[] lists (the fused optimizer steps) bump every element's version but are not
+    in-place ops of one tensor, which is what vmap's in-place handling expects."""
+    return op.variant == "inplace" or bool(op.args and op.args[0].mutable and op.args[0].type == "Tensor")
+
+
 def gen_op_cpp(op, idx):
     h, p, n = op.handle, op.params(), op.arg_names()
     L = [f"// ---- {op.schema}"]
@@ -443,7 +450,7 @@ def gen_op_cpp(op, idx):
              f'"{",".join(op.tags)}", "{esc(deriv)}", "{esc(r["jvp"])}", "{r["batching"]}", '
              f'"{r["autocast"]}", "{r["sharding"]}", "{r["decomposition"]}", kArgs_{h}, {len(op.args)}, '
              f'{op.num_returns}, {str(op.returns_list).lower()}, {str(op.is_random).lower()}, '
-             f'{str(op.variant == "inplace" or bool(op.args and op.args[0].mutable)).lower()}, '
+             f'{str(is_inplace_of_self(op)).lower()}, '
              f'{str(op.variant == "out").lower()}, '
              f'{str(op.is_view).lower()}}};')
     nargs = len(op.args)
