@@ -62,9 +62,11 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
   }
 }
 
+// e^x for the x = s - max <= 0 of a softmax (and s - lse in the backward, <= 0 up to rounding):
+// no special values, so the float loop vectorizes (vec::exp's inf/nan patches keep GCC from it).
 template <typename A>
 KILN_VEC_INLINE A exp_acc(A x) {
-  if constexpr (std::is_same_v<A, float>) return vec::exp(x);
+  if constexpr (std::is_same_v<A, float>) return vec::exp_nonpositive(x);
   else return std::exp(x);
 }
 
@@ -132,16 +134,16 @@ void forward_rows(const Problem<A>& P, int64_t n, int64_t i0, int64_t i1, const 
         std::fill(sr, sr + nk, A(0));
         continue;
       }
+      // Three loops: GCC vectorizes exp only in a loop without a reduction.
       A mx = m[r];
-      for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, sr[j]);
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < valid; ++j) mx = sr[j] > mx ? sr[j] : mx;
       const A alpha = l[r] == 0 ? A(0) : exp_acc<A>(m[r] - mx);
+#pragma omp simd
+      for (int64_t j = 0; j < valid; ++j) sr[j] = exp_acc<A>(sr[j] - mx);
       A sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < valid; ++j) {
-        A e = exp_acc<A>(sr[j] - mx);
-        sr[j] = e;
-        sum += e;
-      }
+      for (int64_t j = 0; j < valid; ++j) sum += sr[j];
       std::fill(sr + valid, sr + nk, A(0));
       l[r] = l[r] * alpha + sum;
       m[r] = mx;
