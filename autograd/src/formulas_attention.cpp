@@ -42,7 +42,7 @@ Tensor fused_attention_grad(int64_t which, const Tensor& grad_out, const Tensor&
                             bool is_causal, std::optional<double> scale, int64_t seed,
                             int64_t offset) {
   KILN_ASSERT(which >= 0 && which < 3, "fused_attention_grad: input ", which);
-  const std::array<const Tensor*, kArgs> args = {&grad_out, &grad_logsumexp, &query, &key,
+  const std::array<const Tensor*, kArgs> args = {&grad_out, &grad_logsumexp, &query,    &key,
                                                  &value,    &output,         &logsumexp};
   if (t_slot && t_slot->matches(args, dropout_p, is_causal, scale, seed, offset) &&
       t_slot->grads[which].defined()) {

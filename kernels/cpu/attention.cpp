@@ -40,9 +40,9 @@ static_assert(kKeyBlock % kQueryBlock == 0, "a causal key block starts at a quer
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a,
-                                std::max<int64_t>(lda, 1), b, std::max<int64_t>(ldb, 1), beta, c,
-                                ldc);
+  dnnl_status_t st =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, std::max<int64_t>(lda, 1), b,
+                 std::max<int64_t>(ldb, 1), beta, c, ldc);
   KILN_ASSERT(st == dnnl_success, "attention: dnnl_sgemm failed with status ", st);
 }
 
@@ -66,8 +66,10 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const
 // no special values, so the float loop vectorizes (vec::exp's inf/nan patches keep GCC from it).
 template <typename A>
 KILN_VEC_INLINE A exp_acc(A x) {
-  if constexpr (std::is_same_v<A, float>) return vec::exp_nonpositive(x);
-  else return std::exp(x);
+  if constexpr (std::is_same_v<A, float>)
+    return vec::exp_nonpositive(x);
+  else
+    return std::exp(x);
 }
 
 // Note [Attention dropout]: element e = (n L + i) S + j of the (N, L, S) probabilities is kept
@@ -218,8 +220,9 @@ void backward_head(const Problem<A>& P, int64_t n, const A* go, const A* glse, c
         }
       }
       const A* pd = P.drop.active ? dropped.data() : p;
-      gemm(true, false, nk, Ev, rows, A(1), pd, kKeyBlock, goi, Ev, A(1), dvj, Ev);  // dV += Pd^T dO
-      gemm(false, true, rows, nk, Ev, A(1), goi, Ev, vj, Ev, A(0), dp, kKeyBlock);   // dPd = dO V^T
+      // dV += Pd^T dO; dPd = dO V^T
+      gemm(true, false, nk, Ev, rows, A(1), pd, kKeyBlock, goi, Ev, A(1), dvj, Ev);
+      gemm(false, true, rows, nk, Ev, A(1), goi, Ev, vj, Ev, A(0), dp, kKeyBlock);
       for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - D) scale, dP = dPd * keep
         A *pr = p + r * kKeyBlock, *dr = dp + r * kKeyBlock;
         const A d = row_term[i0 + r];
@@ -231,8 +234,9 @@ void backward_head(const Problem<A>& P, int64_t n, const A* go, const A* glse, c
           for (int64_t j = 0; j < nk; ++j) dr[j] = pr[j] * (dr[j] - d) * P.scale;
         }
       }
-      gemm(false, false, rows, E, nk, A(1), dp, kKeyBlock, kj, E, A(1), dqn + i0 * E, E);  // dQ += dS K
-      gemm(true, false, nk, E, rows, A(1), dp, kKeyBlock, qi, E, A(1), dkj, E);  // dK += dS^T Q
+      // dQ += dS K; dK += dS^T Q
+      gemm(false, false, rows, E, nk, A(1), dp, kKeyBlock, kj, E, A(1), dqn + i0 * E, E);
+      gemm(true, false, nk, E, rows, A(1), dp, kKeyBlock, qi, E, A(1), dkj, E);
     }
   }
 }
@@ -258,8 +262,8 @@ Problem<A> problem(const Tensor& q, const Tensor& k, const Tensor& v, double dro
   for (int64_t d = 0; d < q.dim() - 2; ++d) N *= q.size(d);
   const int64_t E = q.size(-1);
   const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
-  return Problem<A>{N, q.size(-2), k.size(-2), E, v.size(-1), static_cast<A>(sc), is_causal,
-                    Dropout(dropout_p, seed, offset)};
+  const Dropout drop(dropout_p, seed, offset);
+  return Problem<A>{N, q.size(-2), k.size(-2), E, v.size(-1), static_cast<A>(sc), is_causal, drop};
 }
 
 std::tuple<Tensor, Tensor> fused_attention_cpu(const Tensor& query, const Tensor& key,
@@ -278,8 +282,8 @@ std::tuple<Tensor, Tensor> fused_attention_cpu(const Tensor& query, const Tensor
     const int64_t work = std::min(P.L, kQueryBlock) * P.S * (P.E + P.Ev);
     parallel_for(P.N * blocks, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(work, 1)),
                  [&](int64_t b, int64_t e) {
-                   std::vector<A> s(kQueryBlock * kKeyBlock), a(kQueryBlock * P.Ev),
-                       m(kQueryBlock), l(kQueryBlock);
+                   std::vector<A> s(kQueryBlock * kKeyBlock), a(kQueryBlock * P.Ev), m(kQueryBlock),
+                       l(kQueryBlock);
                    for (int64_t t = b; t < e; ++t) {
                      const int64_t n = t / blocks, i0 = t % blocks * kQueryBlock;
                      forward_rows<A>(P, n, i0, std::min(P.L, i0 + kQueryBlock), ptr<A>(q),
@@ -288,8 +292,10 @@ std::tuple<Tensor, Tensor> fused_attention_cpu(const Tensor& query, const Tensor
                    }
                  });
   };
-  if (acc == kFloat64) run(double{});
-  else run(float{});
+  if (acc == kFloat64)
+    run(double{});
+  else
+    run(float{});
   return {out.to(specs[0].dtype), lse};
 }
 
@@ -298,8 +304,8 @@ std::tuple<Tensor, Tensor, Tensor> fused_attention_backward_cpu(
     const Tensor& value, const Tensor& output, const Tensor& logsumexp, double dropout_p,
     bool is_causal, std::optional<double> scale, int64_t seed, int64_t offset) {
   std::vector<TensorSpec> specs =
-      meta::fused_attention_backward(grad_out, grad_logsumexp, query, key, value, output,
-                                     logsumexp, dropout_p, is_causal, scale, seed, offset);
+      meta::fused_attention_backward(grad_out, grad_logsumexp, query, key, value, output, logsumexp,
+                                     dropout_p, is_causal, scale, seed, offset);
   const ScalarType acc = acc_dtype(query.dtype());
   Tensor go = as_acc(grad_out, acc), glse = as_acc(grad_logsumexp, acc);
   Tensor q = as_acc(query, acc), k = as_acc(key, acc), v = as_acc(value, acc);
@@ -318,27 +324,34 @@ std::tuple<Tensor, Tensor, Tensor> fused_attention_backward_cpu(
                                       mut_ptr<A>(dk), mut_ptr<A>(dv));
                  });
   };
-  if (acc == kFloat64) run(double{});
-  else run(float{});
+  if (acc == kFloat64)
+    run(double{});
+  else
+    run(float{});
   return {dq.to(specs[0].dtype), dk.to(specs[1].dtype), dv.to(specs[2].dtype)};
 }
 
 // The mask of Note [Attention dropout] as a (..., L, S) tensor of multipliers (0 or 1 / (1 - p)).
 Tensor dropout_mask_cpu(IntArrayRef size, double dropout_p, int64_t seed, int64_t offset,
                         std::optional<ScalarType> dtype, std::optional<Device> device) {
-  TensorSpec spec = meta::fused_attention_dropout_mask(size, dropout_p, seed, offset, dtype, device);
+  TensorSpec spec =
+      meta::fused_attention_dropout_mask(size, dropout_p, seed, offset, dtype, device);
   const ScalarType acc = acc_dtype(spec.dtype);
   Tensor out = empty_on(spec.sizes, acc, spec.device);
   const Dropout drop(dropout_p, seed, offset);
   auto run = [&]<typename A>(A) {
     A* o = mut_ptr<A>(out);
     parallel_for(out.numel(), kGrainSize, [&](int64_t b, int64_t e) {
-      if (drop.active) drop.fill(b, e - b, o + b);
-      else std::fill(o + b, o + e, A(1));
+      if (drop.active)
+        drop.fill(b, e - b, o + b);
+      else
+        std::fill(o + b, o + e, A(1));
     });
   };
-  if (acc == kFloat64) run(double{});
-  else run(float{});
+  if (acc == kFloat64)
+    run(double{});
+  else
+    run(float{});
   return out.to(spec.dtype);
 }
 

@@ -87,8 +87,8 @@ void sgd_elems(T* p, const T* g, T* buf, int64_t n, const SgdArgs& a) {
 }
 
 void fused_sgd_cpu(TensorList self, TensorList grads, TensorList momentum_buffer_list,
-                   double weight_decay, double momentum, double lr, double dampening,
-                   bool nesterov, bool maximize, bool is_first_step) {
+                   double weight_decay, double momentum, double lr, double dampening, bool nesterov,
+                   bool maximize, bool is_first_step) {
   meta::fused_sgd_(self, grads, momentum_buffer_list, weight_decay, momentum, lr, dampening,
                    nesterov, maximize, is_first_step);
   const SgdArgs args{weight_decay, momentum, lr, dampening, nesterov, maximize, is_first_step};
@@ -127,8 +127,10 @@ void adam_elems(T* p, const T* g, T* m, T* v, T* vmax, int64_t n, const AdamArgs
     A pi = static_cast<A>(p[i]);
     A gi = static_cast<A>(g[i]);
     if (a.maximize) gi = -gi;
-    if (a.decoupled) pi *= decay;
-    else gi += wd * pi;
+    if (a.decoupled)
+      pi *= decay;
+    else
+      gi += wd * pi;
     A mi = static_cast<A>(m[i]);
     mi += (A(1) - b1) * (gi - mi);  // lerp, as PyTorch
     A vi = b2 * static_cast<A>(v[i]) + (A(1) - b2) * gi * gi;
@@ -149,10 +151,10 @@ double advance_step(const Tensor& step) {
   return next.item<double>();
 }
 
-void fused_adam_cpu(TensorList self, TensorList grads, TensorList exp_avgs,
-                    TensorList exp_avg_sqs, TensorList max_exp_avg_sqs, TensorList state_steps,
-                    double lr, double beta1, double beta2, double weight_decay, double eps,
-                    bool amsgrad, bool maximize, bool decoupled) {
+void fused_adam_cpu(TensorList self, TensorList grads, TensorList exp_avgs, TensorList exp_avg_sqs,
+                    TensorList max_exp_avg_sqs, TensorList state_steps, double lr, double beta1,
+                    double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
+                    bool decoupled) {
   const AdamArgs args{lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled};
   std::vector<AdamStep> steps;
   for (const Tensor& s : state_steps) {
@@ -162,14 +164,15 @@ void fused_adam_cpu(TensorList self, TensorList grads, TensorList exp_avgs,
   ContiguousList p(self), g(grads), m(exp_avgs), v(exp_avg_sqs);
   ContiguousList vmax(amsgrad ? max_exp_avg_sqs : TensorList());
   for_each_chunk(self, [&](const Chunk& c) {
-    KILN_DISPATCH_FLOAT_TYPES(self[c.tensor].dtype(), decoupled ? "_fused_adamw_" : "_fused_adam_", [&] {
-      using T = scalar_t;
-      const size_t t = c.tensor;
-      T* vm = vmax.data<T>(t);
-      adam_elems<T>(p.data<T>(t) + c.begin, g.data<T>(t) + c.begin, m.data<T>(t) + c.begin,
-                    v.data<T>(t) + c.begin, vm ? vm + c.begin : nullptr, c.end - c.begin, args,
-                    steps[t]);
-    });
+    KILN_DISPATCH_FLOAT_TYPES(
+        self[c.tensor].dtype(), decoupled ? "_fused_adamw_" : "_fused_adam_", [&] {
+          using T = scalar_t;
+          const size_t t = c.tensor;
+          T* vm = vmax.data<T>(t);
+          adam_elems<T>(p.data<T>(t) + c.begin, g.data<T>(t) + c.begin, m.data<T>(t) + c.begin,
+                        v.data<T>(t) + c.begin, vm ? vm + c.begin : nullptr, c.end - c.begin, args,
+                        steps[t]);
+        });
   });
   for (const ContiguousList* l : {&p, &m, &v, &vmax}) l->write_back();
 }
@@ -180,8 +183,8 @@ void fused_adam_entry(TensorList self, TensorList grads, TensorList exp_avgs,
                       bool amsgrad, bool maximize) {
   meta::fused_adam_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
                     beta2, weight_decay, eps, amsgrad, maximize);
-  fused_adam_cpu(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
-                 beta2, weight_decay, eps, amsgrad, maximize, false);
+  fused_adam_cpu(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
+                 weight_decay, eps, amsgrad, maximize, false);
 }
 
 void fused_adamw_entry(TensorList self, TensorList grads, TensorList exp_avgs,
@@ -190,8 +193,8 @@ void fused_adamw_entry(TensorList self, TensorList grads, TensorList exp_avgs,
                        bool amsgrad, bool maximize) {
   meta::fused_adamw_(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
                      beta2, weight_decay, eps, amsgrad, maximize);
-  fused_adam_cpu(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
-                 beta2, weight_decay, eps, amsgrad, maximize, true);
+  fused_adam_cpu(self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
+                 weight_decay, eps, amsgrad, maximize, true);
 }
 
 KILN_LIBRARY(CPU, m) {

@@ -53,8 +53,8 @@ std::tuple<Tensor, Tensor, Tensor> fused_attention_backward(
   Tensor grad_value = kiln::matmul(dropped.transpose(-2, -1), grad_out);
   Tensor grad_prob = kiln::matmul(grad_out, value.transpose(-2, -1));
   if (keep.defined()) grad_prob = grad_prob * keep;
-  Tensor row = (grad_out * output).sum(std::vector<int64_t>{-1}, true) -
-               grad_logsumexp.to(dt).unsqueeze(-1);
+  Tensor row =
+      (grad_out * output).sum(std::vector<int64_t>{-1}, true) - grad_logsumexp.to(dt).unsqueeze(-1);
   Tensor grad_scores = prob * (grad_prob - row) * sc;
   return {kiln::matmul(grad_scores, key), kiln::matmul(grad_scores.transpose(-2, -1), query),
           grad_value};

@@ -33,8 +33,18 @@ Stack backward_sample(IntArrayRef qs, IntArrayRef ks, IntArrayRef vs, double p, 
   Tensor q = random(qs, kFloat32, -1, 1, seed), k = random(ks, kFloat32, -1, 1, seed + 1);
   Tensor v = random(vs, kFloat32, -1, 1, seed + 2);
   auto [out, lse] = _fused_attention(q, k, v, p, causal, std::nullopt, 5, 3);
-  return {random(out.sizes(), kFloat32, -1, 1, seed + 3), random(lse.sizes(), kFloat32, -1, 1, seed + 4),
-          q, k, v, out, lse, p, causal, kNone, int64_t{5}, int64_t{3}};
+  return {random(out.sizes(), kFloat32, -1, 1, seed + 3),
+          random(lse.sizes(), kFloat32, -1, 1, seed + 4),
+          q,
+          k,
+          v,
+          out,
+          lse,
+          p,
+          causal,
+          kNone,
+          int64_t{5},
+          int64_t{3}};
 }
 
 KILN_OP_SAMPLES("_fused_attention_backward", fused_attention_backward_s) {

@@ -82,9 +82,9 @@ void check_case(const Case& c, ScalarType dt, uint32_t seed, double rtol, double
       },
       q, k, v, g_out, g_lse);
   Tensor keep = keep_mask(q, k, c, rng_seed, rng_offset);
-  Result want = run(
-      [&](const Tensor& a, const Tensor& b, const Tensor& d) { return written_out(a, b, d, c, keep); },
-      q.to(kFloat64), k.to(kFloat64), v.to(kFloat64), g_out, g_lse);
+  Result want = run([&](const Tensor& a, const Tensor& b,
+                        const Tensor& d) { return written_out(a, b, d, c, keep); },
+                    q.to(kFloat64), k.to(kFloat64), v.to(kFloat64), g_out, g_lse);
   EXPECT_EQ(got.out.dtype(), dt);
   EXPECT_EQ(got.lse.dtype(), dt == kFloat64 ? kFloat64 : kFloat32);
   EXPECT_EQ(got.dq.dtype(), dt);
@@ -127,8 +127,8 @@ TEST(FusedAttention, CausalWithMoreOrFewerKeysThanQueries) {
 }
 
 TEST(FusedAttention, DropoutMatchesTheRegeneratedMask) {
-  check_case({{2, 2, 67, 16}, {2, 2, 260, 16}, {2, 2, 260, 8}, false, {}, 0.3}, kFloat32, 5,
-             2e-4, 2e-5);
+  check_case({{2, 2, 67, 16}, {2, 2, 260, 16}, {2, 2, 260, 8}, false, {}, 0.3}, kFloat32, 5, 2e-4,
+             2e-5);
   check_case({{2, 70, 16}, {2, 70, 16}, {2, 70, 8}, true, 0.5, 0.1}, kFloat32, 6, 2e-4, 2e-5);
 }
 
@@ -148,17 +148,14 @@ TEST(FusedAttention, NonContiguousInputs) {
   Tensor v = non_contiguous(random({2, 3, 90, 8}, kFloat32, -1, 1, 12));
   ASSERT_FALSE(q.is_contiguous());
   Tensor g = random({2, 3, 70, 8}, kFloat64, -1, 1, 13), gl = zeros({2, 3, 70}, kFloat64);
-  Result got = run(
-      [](const Tensor& a, const Tensor& b, const Tensor& d) {
-        return _fused_attention(a, b, d, 0.0, true, std::nullopt, 0, 0);
-      },
-      q, k, v, g, gl);
+  Result got =
+      run([](const Tensor& a, const Tensor& b,
+             const Tensor& d) { return _fused_attention(a, b, d, 0.0, true, std::nullopt, 0, 0); },
+          q, k, v, g, gl);
   Case c{{}, {}, {}, true};
-  Result want = run(
-      [&](const Tensor& a, const Tensor& b, const Tensor& d) {
-        return written_out(a, b, d, c, Tensor());
-      },
-      q.to(kFloat64), k.to(kFloat64), v.to(kFloat64), g, gl);
+  Result want = run([&](const Tensor& a, const Tensor& b,
+                        const Tensor& d) { return written_out(a, b, d, c, Tensor()); },
+                    q.to(kFloat64), k.to(kFloat64), v.to(kFloat64), g, gl);
   expect_close(got.out, want.out, 2e-4, 2e-5);
   expect_close(got.dq, want.dq, 2e-4, 2e-5);
   expect_close(got.dk, want.dk, 2e-4, 2e-5);
@@ -169,12 +166,13 @@ TEST(FusedAttention, NonContiguousInputs) {
 // of only some inputs (Note [Fused attention gradients]: the helper's cache must not hand one
 // node's gradients to another).
 TEST(ScaledDotProductAttention, MatchesWrittenOutAndReservesDropoutCounters) {
-  Tensor q = random({2, 2, 9, 8}, kFloat32, -1, 1, 20), k = random({2, 2, 11, 8}, kFloat32, -1, 1, 21);
+  Tensor q = random({2, 2, 9, 8}, kFloat32, -1, 1, 20),
+         k = random({2, 2, 11, 8}, kFloat32, -1, 1, 21);
   Tensor v = random({2, 2, 11, 4}, kFloat32, -1, 1, 22);
   Case c{{}, {}, {}, true};
   expect_close(scaled_dot_product_attention(q, k, v, 0.0, true),
-               written_out(q.to(kFloat64), k.to(kFloat64), v.to(kFloat64), c, Tensor()).first,
-               1e-5, 1e-6);
+               written_out(q.to(kFloat64), k.to(kFloat64), v.to(kFloat64), c, Tensor()).first, 1e-5,
+               1e-6);
   Generator g(5);
   Tensor a = scaled_dot_product_attention(q, k, v, 0.5, false, std::nullopt, g);
   EXPECT_EQ(g.get_state().offset, static_cast<uint64_t>(2 * 2 * 9 * 11 + 3) / 4);
@@ -183,11 +181,11 @@ TEST(ScaledDotProductAttention, MatchesWrittenOutAndReservesDropoutCounters) {
   Tensor a2 = scaled_dot_product_attention(q, k, v, 0.5, false, std::nullopt, g2);
   EXPECT_EQ(to_doubles(a), to_doubles(a2));
   EXPECT_NE(to_doubles(a), to_doubles(b));
-  Tensor keep = _fused_attention_dropout_mask({2, 2, 9, 11}, 0.5, static_cast<int64_t>(g2.initial_seed()), 0,
-                                              kFloat64);
+  Tensor keep = _fused_attention_dropout_mask({2, 2, 9, 11}, 0.5,
+                                              static_cast<int64_t>(g2.initial_seed()), 0, kFloat64);
   c.causal = false;
-  expect_close(a, written_out(q.to(kFloat64), k.to(kFloat64), v.to(kFloat64), c, keep).first,
-               1e-5, 1e-6);
+  expect_close(a, written_out(q.to(kFloat64), k.to(kFloat64), v.to(kFloat64), c, keep).first, 1e-5,
+               1e-6);
 }
 
 TEST(ScaledDotProductAttention, GradientsOfSomeInputs) {
@@ -200,7 +198,8 @@ TEST(ScaledDotProductAttention, GradientsOfSomeInputs) {
              scaled_dot_product_attention(q2, k, vr, 0.0, false);
   auto got = autograd::grad({y.sum()}, {q1, q2, vr});
   Case causal{{}, {}, {}, true}, full;
-  Tensor z = written_out(q1, k, v, causal, Tensor()).first + written_out(q2, k, vr, full, Tensor()).first;
+  Tensor z =
+      written_out(q1, k, v, causal, Tensor()).first + written_out(q2, k, vr, full, Tensor()).first;
   auto want = autograd::grad({z.sum()}, {q1, q2, vr});
   for (size_t i = 0; i < 3; ++i) expect_close(got[i], want[i], 1e-10, 1e-12);
 }
@@ -217,14 +216,18 @@ TEST(FusedAttention, DropoutMaskKeepsOneMinusP) {
   // Element e reads lane e % 4 of counter offset + e / 4: a mask starting 4 counters later is
   // this one shifted by 16 elements.
   Tensor later = _fused_attention_dropout_mask({64, 1024}, 0.3, 123, 460);
-  EXPECT_EQ(to_doubles(m.reshape({-1}).slice(0, 16)), to_doubles(later.reshape({-1}).slice(0, 0, -16)));
-  EXPECT_EQ(to_doubles(_fused_attention_dropout_mask({3, 3}, 0.0, 1, 2)), std::vector<double>(9, 1.0));
-  EXPECT_EQ(to_doubles(_fused_attention_dropout_mask({3, 3}, 1.0, 1, 2)), std::vector<double>(9, 0.0));
+  EXPECT_EQ(to_doubles(m.reshape({-1}).slice(0, 16)),
+            to_doubles(later.reshape({-1}).slice(0, 0, -16)));
+  EXPECT_EQ(to_doubles(_fused_attention_dropout_mask({3, 3}, 0.0, 1, 2)),
+            std::vector<double>(9, 1.0));
+  EXPECT_EQ(to_doubles(_fused_attention_dropout_mask({3, 3}, 1.0, 1, 2)),
+            std::vector<double>(9, 0.0));
 }
 
 TEST(FusedAttention, ResultsDoNotDependOnTheThreadCount) {
   ThreadGuard guard;
-  Tensor q = random({4, 2, 130, 32}, kFloat32, -1, 1, 40), k = random({4, 2, 300, 32}, kFloat32, -1, 1, 41);
+  Tensor q = random({4, 2, 130, 32}, kFloat32, -1, 1, 40),
+         k = random({4, 2, 300, 32}, kFloat32, -1, 1, 41);
   Tensor v = random({4, 2, 300, 16}, kFloat32, -1, 1, 42);
   Tensor g = random({4, 2, 130, 16}, kFloat64, -1, 1, 43), gl = zeros({4, 2, 130}, kFloat64);
   auto f = [](const Tensor& a, const Tensor& b, const Tensor& d) {
@@ -241,8 +244,9 @@ TEST(FusedAttention, ResultsDoNotDependOnTheThreadCount) {
 }
 
 TEST(FusedAttention, ZeroSize) {
-  for (const Case& c : {Case{{0, 3, 4}, {0, 5, 4}, {0, 5, 2}}, Case{{2, 0, 4}, {2, 5, 4}, {2, 5, 2}},
-                        Case{{2, 3, 4}, {2, 0, 4}, {2, 0, 2}, true}}) {
+  for (const Case& c :
+       {Case{{0, 3, 4}, {0, 5, 4}, {0, 5, 2}}, Case{{2, 0, 4}, {2, 5, 4}, {2, 5, 2}},
+        Case{{2, 3, 4}, {2, 0, 4}, {2, 0, 2}, true}}) {
     Tensor q = random(c.q), k = random(c.k), v = random(c.v);
     Sizes os(c.q.begin(), c.q.end());
     os.back() = c.v.back();
@@ -276,22 +280,18 @@ TEST(FusedAttention, BadInputNamesTheShapes) {
   expect_error(ErrorKind::Value, "same number of dims", [&] {
     scaled_dot_product_attention(q, random({6, 8}), v);
   });
-  expect_error(ErrorKind::Value, "at least 2 dims", [&] {
-    scaled_dot_product_attention(random({8}), random({8}), random({8}));
-  });
-  expect_error(ErrorKind::Type, "same dtype", [&] {
-    scaled_dot_product_attention(q, k, v.to(kFloat64));
-  });
-  expect_error(ErrorKind::Type, "floating-point", [&] {
-    scaled_dot_product_attention(q.to(kInt32), k.to(kInt32), v.to(kInt32));
-  });
-  expect_error(ErrorKind::Value, "dropout probability has to be between 0 and 1, but got 1.5", [&] {
-    scaled_dot_product_attention(q, k, v, 1.5);
-  });
+  expect_error(ErrorKind::Value, "at least 2 dims",
+               [&] { scaled_dot_product_attention(random({8}), random({8}), random({8})); });
+  expect_error(ErrorKind::Type, "same dtype",
+               [&] { scaled_dot_product_attention(q, k, v.to(kFloat64)); });
+  expect_error(ErrorKind::Type, "floating-point",
+               [&] { scaled_dot_product_attention(q.to(kInt32), k.to(kInt32), v.to(kInt32)); });
+  expect_error(ErrorKind::Value, "dropout probability has to be between 0 and 1, but got 1.5",
+               [&] { scaled_dot_product_attention(q, k, v, 1.5); });
   auto [out, lse] = _fused_attention(q, k, v, 0.0, false, std::nullopt, 0, 0);
   expect_error(ErrorKind::Value, "expected grad_out and output of shape", [&] {
-    _fused_attention_backward(out.narrow(2, 0, 2), lse, q, k, v, out, lse, 0.0, false,
-                              std::nullopt, 0, 0);
+    _fused_attention_backward(out.narrow(2, 0, 2), lse, q, k, v, out, lse, 0.0, false, std::nullopt,
+                              0, 0);
   });
 }
 

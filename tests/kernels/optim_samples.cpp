@@ -14,10 +14,10 @@ List tensors(ScalarType dt, uint32_t seed, double lo = -1, double hi = 1) {
 List steps() { return {full({}, 2.0), full({1}, 5.0)}; }
 
 KILN_OP_SAMPLES("_fused_sgd_", fused_sgd_s) {
-  return S{{tensors(kFloat32, 1), tensors(kFloat32, 3), tensors(kFloat32, 5), 0.01, 0.9, 0.1,
-            0.0, true, false, false},
-           {tensors(kFloat64, 7), tensors(kFloat64, 9), List{}, 0.0, 0.0, 0.5, 0.0, false, true,
-            false}};
+  return S{
+      {tensors(kFloat32, 1), tensors(kFloat32, 3), tensors(kFloat32, 5), 0.01, 0.9, 0.1, 0.0, true,
+       false, false},
+      {tensors(kFloat64, 7), tensors(kFloat64, 9), List{}, 0.0, 0.0, 0.5, 0.0, false, true, false}};
 }
 KILN_OP_SAMPLES("_fused_adam_", fused_adam_s) {
   return S{{tensors(kFloat32, 11), tensors(kFloat32, 13), tensors(kFloat32, 15),

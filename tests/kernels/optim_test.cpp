@@ -55,8 +55,10 @@ void check_sgd(const SgdCfg& c, ScalarType dt, double rtol, double atol) {
       if (c.wd != 0) gi = gi + rp[i] * c.wd;
       if (c.momentum != 0) {
         Tensor b = step == 0 ? gi : rbuf[i] * c.momentum + gi * (1 - c.dampening);
-        if (step == 0) rbuf.push_back(stored(b, dt));
-        else rbuf[i] = stored(b, dt);
+        if (step == 0)
+          rbuf.push_back(stored(b, dt));
+        else
+          rbuf[i] = stored(b, dt);
         gi = c.nesterov ? gi + b * c.momentum : b;
       }
       rp[i] = stored(rp[i] - gi * c.lr, dt);
@@ -67,8 +69,9 @@ void check_sgd(const SgdCfg& c, ScalarType dt, double rtol, double atol) {
 }
 
 TEST(FusedSgd, MatchesTheSingleTensorLoop) {
-  for (const SgdCfg& c : {SgdCfg{0, 0, 0.1, 0, false, false}, SgdCfg{0.01, 0.9, 0.05, 0, false, false},
-                          SgdCfg{0.01, 0.9, 0.05, 0.3, false, true}, SgdCfg{0, 0.8, 0.1, 0, true, false}}) {
+  for (const SgdCfg& c :
+       {SgdCfg{0, 0, 0.1, 0, false, false}, SgdCfg{0.01, 0.9, 0.05, 0, false, false},
+        SgdCfg{0.01, 0.9, 0.05, 0.3, false, true}, SgdCfg{0, 0.8, 0.1, 0, true, false}}) {
     SCOPED_TRACE("wd " + std::to_string(c.wd) + " momentum " + std::to_string(c.momentum) +
                  " dampening " + std::to_string(c.dampening) + (c.nesterov ? " nesterov" : "") +
                  (c.maximize ? " maximize" : ""));
@@ -98,8 +101,10 @@ void check_adam(const AdamCfg& c, ScalarType dt, double rtol, double atol) {
       const double t = static_cast<double>(i + step + 1);
       Tensor gi = g[i].to(kFloat64);
       if (c.maximize) gi = -gi;
-      if (c.decoupled) rp[i] = rp[i] * (1 - c.lr * c.wd);
-      else if (c.wd != 0) gi = gi + rp[i] * c.wd;
+      if (c.decoupled)
+        rp[i] = rp[i] * (1 - c.lr * c.wd);
+      else if (c.wd != 0)
+        gi = gi + rp[i] * c.wd;
       Tensor mi = rm[i] + (gi - rm[i]) * (1 - c.beta1);
       Tensor vi = rv[i] * c.beta2 + gi * gi * (1 - c.beta2);
       Tensor denom_of = vi;
@@ -157,14 +162,14 @@ TEST(FusedOptim, StridedParametersAndVersionCounters) {
 TEST(FusedOptim, BadInput) {
   List p = {random({2, 3}), random({4})}, g = {random({2, 3}), random({4})};
   List steps = {full({}, 0.0), full({}, 0.0)};
-  expect_error(ErrorKind::Value, "expected 2 grads (one per parameter), got 1", [&] {
-    _fused_sgd_(p, {g[0]}, {}, 0.0, 0.0, 0.1, 0.0, false, false, false);
-  });
+  expect_error(ErrorKind::Value, "expected 2 grads (one per parameter), got 1",
+               [&] { _fused_sgd_(p, {g[0]}, {}, 0.0, 0.0, 0.1, 0.0, false, false, false); });
   expect_error(ErrorKind::Value, "grads[1] has shape [5] but parameter 1 has shape [4]", [&] {
     _fused_sgd_(p, {g[0], random({5})}, {}, 0.0, 0.0, 0.1, 0.0, false, false, false);
   });
   expect_error(ErrorKind::Type, "exp_avgs[0] has dtype", [&] {
-    _fused_adam_(p, g, {g[0].to(kFloat64), g[1]}, g, {}, steps, 1e-3, 0.9, 0.999, 0.0, 1e-8, false, false);
+    _fused_adam_(p, g, {g[0].to(kFloat64), g[1]}, g, {}, steps, 1e-3, 0.9, 0.999, 0.0, 1e-8, false,
+                 false);
   });
   expect_error(ErrorKind::Value, "expected 2 max_exp_avg_sqs", [&] {
     _fused_adamw_(p, g, g, g, {}, steps, 1e-3, 0.9, 0.999, 0.0, 1e-8, true, false);
@@ -175,11 +180,11 @@ TEST(FusedOptim, BadInput) {
   expect_error(ErrorKind::Value, "invalid betas (0.9, 1)", [&] {
     _fused_adam_(p, g, g, g, {}, steps, 1e-3, 0.9, 1.0, 0.0, 1e-8, false, false);
   });
-  expect_error(ErrorKind::Value, "nesterov momentum requires a momentum", [&] {
-    _fused_sgd_(p, g, {}, 0.0, 0.0, 0.1, 0.0, true, false, false);
-  });
+  expect_error(ErrorKind::Value, "nesterov momentum requires a momentum",
+               [&] { _fused_sgd_(p, g, {}, 0.0, 0.0, 0.1, 0.0, true, false, false); });
   expect_error(ErrorKind::Type, "parameter 0 must be floating-point", [&] {
-    _fused_sgd_({zeros({2}, kInt64)}, {zeros({2}, kInt64)}, {}, 0.0, 0.0, 0.1, 0.0, false, false, false);
+    _fused_sgd_({zeros({2}, kInt64)}, {zeros({2}, kInt64)}, {}, 0.0, 0.0, 0.1, 0.0, false, false,
+                false);
   });
 }
 

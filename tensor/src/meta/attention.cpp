@@ -10,8 +10,8 @@ namespace {
 ScalarType logsumexp_dtype(ScalarType t) { return t == kFloat64 ? kFloat64 : kFloat32; }
 
 void check_dropout(const char* op, double p) {
-  KILN_CHECK(p >= 0 && p <= 1, Value, op, ": dropout probability has to be between 0 and 1, but got ",
-             p);
+  KILN_CHECK(p >= 0 && p <= 1, Value, op,
+             ": dropout probability has to be between 0 and 1, but got ", p);
 }
 
 // Validates query/key/value; returns (..., L, Ev).
@@ -32,8 +32,8 @@ DimVector attention_shape(const char* op, const Tensor& q, const Tensor& k, cons
                ": query, key and value must have the same batch dims, got shapes ", q.sizes(), ", ",
                k.sizes(), " and ", v.sizes());
   KILN_CHECK(q.size(-1) == k.size(-1), Value, op,
-             ": query and key must have the same embedding size (last dim), got shapes ",
-             q.sizes(), " and ", k.sizes());
+             ": query and key must have the same embedding size (last dim), got shapes ", q.sizes(),
+             " and ", k.sizes());
   KILN_CHECK(k.size(-2) == v.size(-2), Value, op,
              ": key and value must have the same sequence length (dim -2), got shapes ", k.sizes(),
              " and ", v.sizes());
@@ -83,8 +83,10 @@ std::vector<TensorSpec> fused_attention_backward(const Tensor& grad_out,
              ": expected grad_logsumexp and logsumexp of shape ", rows.ref(), ", got ",
              grad_logsumexp.sizes(), " and ", logsumexp.sizes());
   for (const Tensor* t : {&grad_out, &grad_logsumexp, &output, &logsumexp})
-    KILN_CHECK(is_floating(t->dtype()), Type, op, ": expected floating-point gradients and saved "
-               "values, got ", t->dtype());
+    KILN_CHECK(is_floating(t->dtype()), Type, op,
+               ": expected floating-point gradients and saved "
+               "values, got ",
+               t->dtype());
   Device dev = common_device(op, query, key, value);
   return {contiguous_spec(query.sizes(), query.dtype(), dev),
           contiguous_spec(key.sizes(), key.dtype(), dev),
@@ -96,8 +98,7 @@ TensorSpec fused_attention_dropout_mask(IntArrayRef size, double dropout_p, int6
                                         std::optional<Device> device) {
   const char* op = "_fused_attention_dropout_mask";
   check_dropout(op, dropout_p);
-  for (int64_t s : size)
-    KILN_CHECK(s >= 0, Value, op, ": sizes must be non-negative, got ", size);
+  for (int64_t s : size) KILN_CHECK(s >= 0, Value, op, ": sizes must be non-negative, got ", size);
   ScalarType t = dtype.value_or(kFloat32);
   KILN_CHECK(is_floating(t), Type, op, ": expected a floating dtype, got ", t);
   return contiguous_spec(size, t, device.value_or(kCPU));

@@ -37,8 +37,8 @@ std::vector<TensorSpec> adam_meta(const char* op, TensorList self, TensorList gr
                                   TensorList max_exp_avg_sqs, TensorList state_steps, double lr,
                                   double beta1, double beta2, double eps, bool amsgrad) {
   check_params(op, self, grads, lr);
-  KILN_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, Value, op,
-             ": invalid betas (", beta1, ", ", beta2, "): each must be in [0, 1)");
+  KILN_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, Value, op, ": invalid betas (",
+             beta1, ", ", beta2, "): each must be in [0, 1)");
   KILN_CHECK(eps >= 0, Value, op, ": invalid epsilon ", eps);
   check_like_params(op, self, exp_avgs, "exp_avgs");
   check_like_params(op, self, exp_avg_sqs, "exp_avg_sqs");
@@ -60,8 +60,7 @@ std::vector<TensorSpec> adam_meta(const char* op, TensorList self, TensorList gr
 
 std::vector<TensorSpec> fused_sgd_(TensorList self, TensorList grads,
                                    TensorList momentum_buffer_list, double weight_decay,
-                                   double momentum, double lr, double, bool nesterov, bool,
-                                   bool) {
+                                   double momentum, double lr, double, bool nesterov, bool, bool) {
   const char* op = "_fused_sgd_";
   check_params(op, self, grads, lr);
   KILN_CHECK(momentum >= 0, Value, op, ": invalid momentum value ", momentum);
@@ -75,8 +74,8 @@ std::vector<TensorSpec> fused_adam_(TensorList self, TensorList grads, TensorLis
                                     TensorList exp_avg_sqs, TensorList max_exp_avg_sqs,
                                     TensorList state_steps, double lr, double beta1, double beta2,
                                     double, double eps, bool amsgrad, bool) {
-  return adam_meta("_fused_adam_", self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
-                   state_steps, lr, beta1, beta2, eps, amsgrad);
+  return adam_meta("_fused_adam_", self, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                   lr, beta1, beta2, eps, amsgrad);
 }
 
 std::vector<TensorSpec> fused_adamw_(TensorList self, TensorList grads, TensorList exp_avgs,
