@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 
+#include "kiln/autograd/autograd.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
 
@@ -175,6 +176,21 @@ void w_kernels_conv(bool) {
   emit("kernels", "conv2d_fwd_bwd_b32_c32_16x16", t * 1e3, "ms", "kiln-cpp");
 }
 
+// Causal attention forward and backward through the fused kernel (torch_cpp_ref: written out).
+void w_attention(bool quick) {
+  for (int64_t T : {128, 512}) {
+    manual_seed(0);
+    Tensor q = randn({8, 8, T, 64}).requires_grad_(), k = randn({8, 8, T, 64}).requires_grad_();
+    Tensor v = randn({8, 8, T, 64}).requires_grad_(), g = randn({8, 8, T, 64});
+    double t = best_time([&] {
+      Tensor out = scaled_dot_product_attention(q, k, v, 0.0, true);
+      autograd::grad({out}, {q, k, v}, {g});
+    }, quick ? 2 : 5);
+    emit("kernels", "attention_fwd_bwd_b8_h8_t" + std::to_string(T) + "_d64", t * 1e3, "ms",
+         "kiln-cpp");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,5 +216,6 @@ int main(int argc, char** argv) {
   if (want("autograd")) w_autograd(quick);
   if (want("kernels")) w_norm_loss(quick);
   if (want("kernels")) w_kernels_conv(quick);
+  if (want("kernels")) w_attention(quick);
   return 0;
 }

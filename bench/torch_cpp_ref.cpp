@@ -82,6 +82,19 @@ int main(int argc, char** argv) {
     double t = best_time([&] { torch::conv2d(x, w, {}, 1, 1).backward(gy); }, 7);
     emit("kernels", "conv2d_fwd_bwd_b32_c32_16x16", t * 1e3, "ms");
   }
+  for (int64_t T : {128, 512}) {  // causal attention written out: matmul, softmax, matmul
+    if (!want("kernels")) continue;
+    torch::manual_seed(0);
+    auto q = torch::randn({8, 8, T, 64}).requires_grad_(), k = torch::randn({8, 8, T, 64}).requires_grad_();
+    auto v = torch::randn({8, 8, T, 64}).requires_grad_(), g = torch::randn({8, 8, T, 64});
+    auto mask = torch::ones({T, T}, torch::kBool).triu(1);
+    double t = best_time([&] {
+      auto s = torch::matmul(q, k.transpose(-2, -1)) / 8.0;
+      auto out = torch::matmul(torch::softmax(s.masked_fill(mask, -INFINITY), -1), v);
+      torch::autograd::grad({out}, {q, k, v}, {g});
+    }, quick ? 2 : 5);
+    emit("kernels", "attention_fwd_bwd_b8_h8_t" + std::to_string(T) + "_d64", t * 1e3, "ms");
+  }
   torch::NoGradGuard no_grad;
   for (int64_t n : {512, 1024, 2048}) {
     if (!want("gemm") || (quick && n == 2048)) continue;

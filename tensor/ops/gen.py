@@ -47,14 +47,15 @@ def err(where, msg):
 
 class Arg:
     def __init__(self, text, kwarg_only, where):
-        m = re.fullmatch(r"([A-Za-z]+(?:\[\d*\])?)(\([a-z]!?\))?(\?)?\s+(\w+)(?:=(.+))?", text.strip())
+        # The alias annotation comes before a list's brackets, as in PyTorch: Tensor(a!)[] self.
+        m = re.fullmatch(r"([A-Za-z]+)(\([a-z]!?\))?(\[\d*\])?(\?)?\s+(\w+)(?:=(.+))?", text.strip())
         if not m:
             err(where, f"cannot parse argument '{text}'")
             self.ok = False
             return
         self.ok = True
-        base, alias, opt, self.name, self.default = m.groups()
-        base = re.sub(r"\[\d+\]", "[]", base)
+        base, alias, brackets, opt, self.name, self.default = m.groups()
+        base += "[]" if brackets else ""
         self.type = base + (opt or "")
         self.alias = alias
         self.mutable = bool(alias and "!" in alias)
@@ -104,7 +105,7 @@ def parse_schema(schema, where):
             args.append(a)
     rets = []
     ret = ret.strip()
-    if ret.startswith("("):
+    if ret.startswith("(") and ret != "()":  # "()": no returns (the fused optimizer steps)
         for piece in split_top(ret[1:-1]):
             t, _, rname = piece.strip().partition(" ")
             rets.append((t, rname.strip()))
@@ -426,6 +427,13 @@ def gen(ops, out_dir):
     write_if_changed(os.path.join(out_dir, "ops.cpp"), "\n".join(C) + "\n")
 
 
+def is_inplace_of_self(op):
+    """OpInfo::is_inplace: the op writes into its first argument, a Tensor. Rows that update
+    Tensor(a!)[] lists (the fused optimizer steps) bump every element's version but are not
+    in-place ops of one tensor, which is what vmap's in-place handling expects."""
+    return op.variant == "inplace" or bool(op.args and op.args[0].mutable and op.args[0].type == "Tensor")
+
+
 def gen_op_cpp(op, idx):
     h, p, n = op.handle, op.params(), op.arg_names()
     L = [f"// ---- {op.schema}"]
@@ -444,7 +452,7 @@ def gen_op_cpp(op, idx):
              f'"{",".join(op.tags)}", "{esc(deriv)}", "{esc(r["jvp"])}", "{r["batching"]}", '
              f'"{r["autocast"]}", "{r["sharding"]}", "{r["decomposition"]}", kArgs_{h}, {len(op.args)}, '
              f'{op.num_returns}, {str(op.returns_list).lower()}, {str(op.is_random).lower()}, '
-             f'{str(op.variant == "inplace" or bool(op.args and op.args[0].mutable)).lower()}, '
+             f'{str(is_inplace_of_self(op)).lower()}, '
              f'{str(op.variant == "out").lower()}, '
              f'{str(op.is_view).lower()}}};')
     nargs = len(op.args)
@@ -461,9 +469,8 @@ def gen_op_cpp(op, idx):
     # Boxed calls of mutating ops bump the version counters too, as ops::X::call does.
     mutated_idx = [i for i, a in enumerate(op.args) if a.mutable] or (
         [0] if op.variant == "inplace" else [])
-    if mutated_idx and op.ret_cpp != "void":
-        boxed[1:1] = [f"  s[s.size() - {nargs - i}].to_tensor().impl()->bump_version();"
-                      "  // Note [Version counters]" for i in mutated_idx]
+    boxed[1:1] = [bump_version_line(f"s[s.size() - {nargs - i}]", op.args[i].type, boxed=True)
+                  for i in mutated_idx]
     L.extend(boxed)
     L.append("}")
     # boxed meta
@@ -490,11 +497,13 @@ def gen_op_cpp(op, idx):
     L.append(f"  DispatchKeySet ks = (({key_set_expr(op)}) | tls.included) - tls.excluded;")
     mutated = [a.name for a in op.args if a.mutable] or (
         [op.args[0].name] if op.variant == "inplace" else [])
-    if mutated and op.ret_cpp != "void":
-        L.append(f"  auto r = redispatch(ks{', ' if n else ''}{n});")
+    if mutated:
+        void = op.ret_cpp == "void"
+        L.append(f"  {'' if void else 'auto r = '}redispatch(ks{', ' if n else ''}{n});")
+        types = {a.name: a.type for a in op.args}
         for m in mutated:
-            L.append(f"  {m}.impl()->bump_version();  // Note [Version counters]")
-        L.append("  return r;\n}")
+            L.append(bump_version_line(m, types.get(m, "Tensor"), boxed=False))
+        L.append("}" if void else "  return r;\n}")
     else:
         L.append(f"  return redispatch(ks{', ' if n else ''}{n});\n}}")
     L.append(f"{op.ret_cpp} ops::{h}::redispatch(DispatchKeySet ks{', ' if p else ''}{p}) {{")
@@ -563,6 +572,16 @@ def gen_structured(op):
                 L.append(f"  ops::{op.base}{'_' if v == 'inplace' else '_out'}::register_structured(k, fn);")
     L.append("}")
     return L
+
+
+def bump_version_line(expr, arg_type, boxed):
+    """Bumps the version counter of a mutated argument (every element of a Tensor(a!)[] list)."""
+    note = "  // Note [Version counters]"
+    if arg_type == "Tensor[]":
+        lst = f"{expr}.to_tensor_list()" if boxed else expr
+        return f"  for (const Tensor& t : {lst}) t.impl()->bump_version();{note}"
+    t = f"{expr}.to_tensor()" if boxed else expr
+    return f"  {t}.impl()->bump_version();{note}"
 
 
 def push_result(op, call):

@@ -50,14 +50,25 @@ CASES = [
 ]
 
 
-def run(table_text):
+# A row mutating every element of a list and returning nothing (the fused optimizer steps).
+LIST_MUTATION = (GOOD.replace("myop(Tensor self, int dim=0) -> Tensor",
+                              "mystep_(Tensor(a!)[] self, Tensor[] grads, *, float lr) -> ()")
+                 .replace('derivative = { self = "grad * dim" }', 'derivative = "non_differentiable"'))
+
+
+def run(table_text, generated=None):
+    """Runs gen.py on one table; with `generated`, also returns that generated file's text."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t.toml")
         with open(path, "w") as f:
             f.write(table_text)
         r = subprocess.run([sys.executable, GEN, os.path.join(d, "out"), path],
                            capture_output=True, text=True)
-        return r.returncode, r.stderr
+        if generated is None:
+            return r.returncode, r.stderr
+        out = os.path.join(d, "out", generated)
+        text = open(out).read() if os.path.exists(out) else ""
+        return r.returncode, r.stderr, text
 
 
 def main():
@@ -68,6 +79,14 @@ def main():
     else:
         failed += 1
         print(f"FAIL good row rejected: {err}")
+    code, err, cpp = run(LIST_MUTATION, "ops.cpp")
+    bump = "for (const Tensor& t : self) t.impl()->bump_version();"
+    if code == 0 and "void ops::mystep_::call(TensorList self" in cpp and bump in cpp \
+            and "mystep_(Tensor(a!)[] self, Tensor[] grads, *, float lr) -> ()" in cpp:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL Tensor(a!)[] row: exit {code}, stderr: {err.strip()}")
     for name, text, needle in CASES:
         code, err = run(text)
         if code == 1 and needle in err and "t.toml row" in err:

@@ -1,0 +1,365 @@
+// Fused scaled-dot-product attention on the CPU (tensor/ops/attention.toml).
+//
+// Note [Fused attention]: FlashAttention's scheme on the CPU. q: (N, L, E), k: (N, S, E),
+// v: (N, S, Ev) -> out: (N, L, Ev), lse: (N, L), N the flattened batch and head dims.
+//  - Forward: per block of kQueryBlock query rows, the keys are walked in blocks of kKeyBlock
+//    keeping, per row, the running max m, the sum l of exp(s - m) and the unnormalised output
+//    (online softmax). Only (kQueryBlock, kKeyBlock) tiles of scores exist, never (L, S). It
+//    saves out and lse = m + log l.
+//  - Backward: per batch-head, key blocks outside and query blocks inside. Each tile of
+//    probabilities is recomputed as exp(s - lse); dV and dK of a key block are complete when its
+//    inner loop ends, and dQ accumulates over the key blocks. The softmax term uses
+//    D_i = dO_i . O_i - dlse_i, so the gradient of lse is exact too.
+//  - Tiles multiply through dnnl_sgemm (float32; float16 and bfloat16 compute in float32) or a
+//    plain loop (float64). One task per (batch-head, query block) in the forward and per
+//    batch-head in the backward: every output element is computed by one task in a fixed order,
+//    so results do not depend on the thread count.
+//  - is_causal masks keys j > i (PyTorch's top-left aligned tril), skipping tiles wholly above
+//    the diagonal.
+#include <oneapi/dnnl/dnnl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/op_handles.h"
+#include "kiln/generator.h"
+#include "loops.h"
+#include "vec_math.h"
+
+namespace kiln::kernels {
+namespace {
+
+constexpr int64_t kQueryBlock = 64;
+constexpr int64_t kKeyBlock = 256;
+static_assert(kKeyBlock % kQueryBlock == 0, "a causal key block starts at a query block");
+
+// c (m x n) = alpha op(a) op(b) + beta c, row-major with leading dims; op transposes when t.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  dnnl_status_t st =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, std::max<int64_t>(lda, 1), b,
+                 std::max<int64_t>(ldb, 1), beta, c, ldc);
+  KILN_ASSERT(st == dnnl_success, "attention: dnnl_sgemm failed with status ", st);
+}
+
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    double* ci = c + i * ldc;
+    for (int64_t j = 0; j < n; ++j) ci[j] = beta == 0 ? 0.0 : beta * ci[j];
+    for (int64_t p = 0; p < k; ++p) {
+      const double av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);
+      if (tb) {
+        for (int64_t j = 0; j < n; ++j) ci[j] += av * b[j * ldb + p];
+      } else {
+        for (int64_t j = 0; j < n; ++j) ci[j] += av * b[p * ldb + j];
+      }
+    }
+  }
+}
+
+// e^x for the x = s - max <= 0 of a softmax (and s - lse in the backward, <= 0 up to rounding):
+// no special values, so the float loop vectorizes (vec::exp's inf/nan patches keep GCC from it).
+template <typename A>
+KILN_VEC_INLINE A exp_acc(A x) {
+  if constexpr (std::is_same_v<A, float>)
+    return vec::exp_nonpositive(x);
+  else
+    return std::exp(x);
+}
+
+// Note [Attention dropout]: element e = (n L + i) S + j of the (N, L, S) probabilities is kept
+// when lane e % 4 of philox4x32(seed, offset + e / 4) is >= p 2^32 (probability 1 - p), and
+// then scaled by 1 / (1 - p). The forward, the backward and _fused_attention_dropout_mask all
+// regenerate this one mask; scaled_dot_product_attention reserves its counters.
+struct Dropout {
+  Dropout(double p, int64_t seed, int64_t offset)
+      : active(p > 0),
+        seed(static_cast<uint64_t>(seed)),
+        offset(static_cast<uint64_t>(offset)),
+        threshold(static_cast<uint64_t>(p * 4294967296.0)),
+        keep_scale(p < 1 ? 1.0 / (1.0 - p) : 0.0) {}
+
+  // out[t] = the multiplier (0 or 1 / (1 - p)) of element e0 + t, t < n.
+  template <typename A>
+  void fill(int64_t e0, int64_t n, A* out) const {
+    for (int64_t t = 0; t < n;) {
+      const int64_t e = e0 + t;
+      std::array<uint32_t, 4> r = philox4x32(seed, offset + static_cast<uint64_t>(e / 4));
+      for (int64_t lane = e % 4; lane < 4 && t < n; ++lane, ++t)
+        out[t] = r[lane] >= threshold ? static_cast<A>(keep_scale) : A(0);
+    }
+  }
+
+  bool active;
+  uint64_t seed, offset, threshold;
+  double keep_scale;
+};
+
+template <typename A>
+struct Problem {
+  int64_t N, L, S, E, Ev;
+  A scale;
+  bool causal;
+  Dropout drop;
+
+  // How many keys of the block starting at j0 (nk wide) row i attends to.
+  int64_t valid_keys(int64_t i, int64_t j0, int64_t nk) const {
+    return causal ? std::clamp<int64_t>(i - j0 + 1, 0, nk) : nk;
+  }
+};
+
+// Rows [i0, i1) of batch-head n (Note [Fused attention]). s: kQueryBlock x kKeyBlock scratch,
+// acc: kQueryBlock x Ev, m, l: kQueryBlock.
+template <typename A>
+void forward_rows(const Problem<A>& P, int64_t n, int64_t i0, int64_t i1, const A* q, const A* k,
+                  const A* v, A* out, A* lse, A* s, A* acc, A* m, A* l) {
+  const int64_t rows = i1 - i0, E = P.E, Ev = P.Ev, S = P.S, L = P.L;
+  const A* qn = q + (n * L + i0) * E;
+  const A* kn = k + n * S * E;
+  const A* vn = v + n * S * Ev;
+  std::fill(acc, acc + rows * Ev, A(0));
+  std::fill(m, m + rows, -std::numeric_limits<A>::infinity());
+  std::fill(l, l + rows, A(0));
+  const int64_t s_end = P.causal ? std::min(S, i1) : S;  // causal: keys j <= i < i1
+  for (int64_t j0 = 0; j0 < s_end; j0 += kKeyBlock) {
+    const int64_t nk = std::min(kKeyBlock, s_end - j0);
+    gemm(false, true, rows, nk, E, P.scale, qn, E, kn + j0 * E, E, A(0), s, kKeyBlock);
+    for (int64_t r = 0; r < rows; ++r) {
+      A* sr = s + r * kKeyBlock;
+      const int64_t i = i0 + r, valid = P.valid_keys(i, j0, nk);
+      if (valid == 0) {
+        std::fill(sr, sr + nk, A(0));
+        continue;
+      }
+      // Three loops: GCC vectorizes exp only in a loop without a reduction.
+      A mx = m[r];
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < valid; ++j) mx = sr[j] > mx ? sr[j] : mx;
+      const A alpha = l[r] == 0 ? A(0) : exp_acc<A>(m[r] - mx);
+#pragma omp simd
+      for (int64_t j = 0; j < valid; ++j) sr[j] = exp_acc<A>(sr[j] - mx);
+      A sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < valid; ++j) sum += sr[j];
+      std::fill(sr + valid, sr + nk, A(0));
+      l[r] = l[r] * alpha + sum;
+      m[r] = mx;
+      if (P.drop.active) {
+        A keep[kKeyBlock];
+        P.drop.fill((n * L + i) * S + j0, valid, keep);
+        for (int64_t j = 0; j < valid; ++j) sr[j] *= keep[j];
+      }
+      if (alpha != A(1)) {
+        A* ar = acc + r * Ev;
+        for (int64_t c = 0; c < Ev; ++c) ar[c] *= alpha;
+      }
+    }
+    gemm(false, false, rows, Ev, nk, A(1), s, kKeyBlock, vn + j0 * Ev, Ev, A(1), acc, Ev);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    const A inv = l[r] > 0 ? A(1) / l[r] : A(0);
+    A* o = out + (n * L + i) * Ev;
+    for (int64_t c = 0; c < Ev; ++c) o[c] = acc[r * Ev + c] * inv;
+    lse[n * L + i] = l[r] > 0 ? m[r] + std::log(l[r]) : -std::numeric_limits<A>::infinity();
+  }
+}
+
+// Gradients of batch-head n (Note [Fused attention]). dq, dk, dv: this head's outputs, written
+// whole.
+template <typename A>
+void backward_head(const Problem<A>& P, int64_t n, const A* go, const A* glse, const A* q,
+                   const A* k, const A* v, const A* o, const A* lse, A* dq, A* dk, A* dv) {
+  const int64_t L = P.L, S = P.S, E = P.E, Ev = P.Ev;
+  std::vector<A> row_term(L), tile(kQueryBlock * kKeyBlock), dtile(kQueryBlock * kKeyBlock);
+  std::vector<A> keep, dropped;
+  if (P.drop.active) {
+    keep.resize(kQueryBlock * kKeyBlock);
+    dropped.resize(kQueryBlock * kKeyBlock);
+  }
+  const A *qn = q + n * L * E, *kn = k + n * S * E, *vn = v + n * S * Ev;
+  const A *gon = go + n * L * Ev, *on = o + n * L * Ev;
+  A *dqn = dq + n * L * E, *dkn = dk + n * S * E, *dvn = dv + n * S * Ev;
+  for (int64_t i = 0; i < L; ++i) {
+    A d = 0;
+    for (int64_t c = 0; c < Ev; ++c) d += gon[i * Ev + c] * on[i * Ev + c];
+    row_term[i] = d - glse[n * L + i];
+  }
+  std::fill(dqn, dqn + L * E, A(0));
+  std::fill(dkn, dkn + S * E, A(0));
+  std::fill(dvn, dvn + S * Ev, A(0));
+  for (int64_t j0 = 0; j0 < S; j0 += kKeyBlock) {
+    const int64_t nk_block = std::min(kKeyBlock, S - j0);
+    const A *kj = kn + j0 * E, *vj = vn + j0 * Ev;
+    A *dkj = dkn + j0 * E, *dvj = dvn + j0 * Ev;
+    const int64_t i_start = P.causal ? j0 / kQueryBlock * kQueryBlock : 0;
+    for (int64_t i0 = i_start; i0 < L; i0 += kQueryBlock) {
+      const int64_t rows = std::min(kQueryBlock, L - i0);
+      // Causal: keys past the block's last row get nothing; only the first nk of the key block.
+      const int64_t nk = P.causal ? std::min(nk_block, i0 + rows - j0) : nk_block;
+      const A *qi = qn + i0 * E, *goi = gon + i0 * Ev;
+      A* p = tile.data();
+      A* dp = dtile.data();
+      gemm(false, true, rows, nk, E, P.scale, qi, E, kj, E, A(0), p, kKeyBlock);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t i = i0 + r, valid = P.valid_keys(i, j0, nk);
+        A* pr = p + r * kKeyBlock;
+        const A ls = lse[n * L + i];
+#pragma omp simd
+        for (int64_t j = 0; j < valid; ++j) pr[j] = exp_acc<A>(pr[j] - ls);
+        std::fill(pr + valid, pr + nk, A(0));
+        if (P.drop.active) {
+          A* kr = keep.data() + r * kKeyBlock;
+          P.drop.fill((n * L + i) * S + j0, nk, kr);
+          for (int64_t j = 0; j < nk; ++j) dropped[r * kKeyBlock + j] = pr[j] * kr[j];
+        }
+      }
+      const A* pd = P.drop.active ? dropped.data() : p;
+      // dV += Pd^T dO; dPd = dO V^T
+      gemm(true, false, nk, Ev, rows, A(1), pd, kKeyBlock, goi, Ev, A(1), dvj, Ev);
+      gemm(false, true, rows, nk, Ev, A(1), goi, Ev, vj, Ev, A(0), dp, kKeyBlock);
+      for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - D) scale, dP = dPd * keep
+        A *pr = p + r * kKeyBlock, *dr = dp + r * kKeyBlock;
+        const A d = row_term[i0 + r];
+        if (P.drop.active) {
+          const A* kr = keep.data() + r * kKeyBlock;
+          for (int64_t j = 0; j < nk; ++j) dr[j] = pr[j] * (dr[j] * kr[j] - d) * P.scale;
+        } else {
+#pragma omp simd
+          for (int64_t j = 0; j < nk; ++j) dr[j] = pr[j] * (dr[j] - d) * P.scale;
+        }
+      }
+      // dQ += dS K; dK += dS^T Q
+      gemm(false, false, rows, E, nk, A(1), dp, kKeyBlock, kj, E, A(1), dqn + i0 * E, E);
+      gemm(true, false, nk, E, rows, A(1), dp, kKeyBlock, qi, E, A(1), dkj, E);
+    }
+  }
+}
+
+ScalarType acc_dtype(ScalarType t) { return t == kFloat64 ? kFloat64 : kFloat32; }
+
+// t in dtype `acc`, contiguous (t itself when it already is).
+Tensor as_acc(const Tensor& t, ScalarType acc) { return t.to(acc).contiguous(); }
+
+template <typename A>
+const A* ptr(const Tensor& t) {
+  return static_cast<const A*>(t.impl()->raw_data());
+}
+template <typename A>
+A* mut_ptr(const Tensor& t) {
+  return static_cast<A*>(t.impl()->raw_data());
+}
+
+template <typename A>
+Problem<A> problem(const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p,
+                   bool is_causal, std::optional<double> scale, int64_t seed, int64_t offset) {
+  int64_t N = 1;
+  for (int64_t d = 0; d < q.dim() - 2; ++d) N *= q.size(d);
+  const int64_t E = q.size(-1);
+  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
+  const Dropout drop(dropout_p, seed, offset);
+  return Problem<A>{N, q.size(-2), k.size(-2), E, v.size(-1), static_cast<A>(sc), is_causal, drop};
+}
+
+std::tuple<Tensor, Tensor> fused_attention_cpu(const Tensor& query, const Tensor& key,
+                                               const Tensor& value, double dropout_p,
+                                               bool is_causal, std::optional<double> scale,
+                                               int64_t seed, int64_t offset) {
+  std::vector<TensorSpec> specs =
+      meta::fused_attention(query, key, value, dropout_p, is_causal, scale, seed, offset);
+  const ScalarType acc = acc_dtype(query.dtype());
+  Tensor out = empty_on(specs[0].sizes, acc, specs[0].device);
+  Tensor lse = empty_strided_on(specs[1].sizes, specs[1].strides, specs[1].dtype, specs[1].device);
+  Tensor q = as_acc(query, acc), k = as_acc(key, acc), v = as_acc(value, acc);
+  auto run = [&]<typename A>(A) {
+    const Problem<A> P = problem<A>(q, k, v, dropout_p, is_causal, scale, seed, offset);
+    const int64_t blocks = (P.L + kQueryBlock - 1) / kQueryBlock;
+    const int64_t work = std::min(P.L, kQueryBlock) * P.S * (P.E + P.Ev);
+    parallel_for(P.N * blocks, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(work, 1)),
+                 [&](int64_t b, int64_t e) {
+                   std::vector<A> s(kQueryBlock * kKeyBlock), a(kQueryBlock * P.Ev), m(kQueryBlock),
+                       l(kQueryBlock);
+                   for (int64_t t = b; t < e; ++t) {
+                     const int64_t n = t / blocks, i0 = t % blocks * kQueryBlock;
+                     forward_rows<A>(P, n, i0, std::min(P.L, i0 + kQueryBlock), ptr<A>(q),
+                                     ptr<A>(k), ptr<A>(v), mut_ptr<A>(out), mut_ptr<A>(lse),
+                                     s.data(), a.data(), m.data(), l.data());
+                   }
+                 });
+  };
+  if (acc == kFloat64)
+    run(double{});
+  else
+    run(float{});
+  return {out.to(specs[0].dtype), lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> fused_attention_backward_cpu(
+    const Tensor& grad_out, const Tensor& grad_logsumexp, const Tensor& query, const Tensor& key,
+    const Tensor& value, const Tensor& output, const Tensor& logsumexp, double dropout_p,
+    bool is_causal, std::optional<double> scale, int64_t seed, int64_t offset) {
+  std::vector<TensorSpec> specs =
+      meta::fused_attention_backward(grad_out, grad_logsumexp, query, key, value, output, logsumexp,
+                                     dropout_p, is_causal, scale, seed, offset);
+  const ScalarType acc = acc_dtype(query.dtype());
+  Tensor go = as_acc(grad_out, acc), glse = as_acc(grad_logsumexp, acc);
+  Tensor q = as_acc(query, acc), k = as_acc(key, acc), v = as_acc(value, acc);
+  Tensor o = as_acc(output, acc), lse = as_acc(logsumexp, acc);
+  Tensor dq = empty_on(specs[0].sizes, acc, specs[0].device);
+  Tensor dk = empty_on(specs[1].sizes, acc, specs[1].device);
+  Tensor dv = empty_on(specs[2].sizes, acc, specs[2].device);
+  auto run = [&]<typename A>(A) {
+    const Problem<A> P = problem<A>(q, k, v, dropout_p, is_causal, scale, seed, offset);
+    const int64_t work = P.L * P.S * (P.E + P.Ev);
+    parallel_for(P.N, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(work, 1)),
+                 [&](int64_t b, int64_t e) {
+                   for (int64_t n = b; n < e; ++n)
+                     backward_head<A>(P, n, ptr<A>(go), ptr<A>(glse), ptr<A>(q), ptr<A>(k),
+                                      ptr<A>(v), ptr<A>(o), ptr<A>(lse), mut_ptr<A>(dq),
+                                      mut_ptr<A>(dk), mut_ptr<A>(dv));
+                 });
+  };
+  if (acc == kFloat64)
+    run(double{});
+  else
+    run(float{});
+  return {dq.to(specs[0].dtype), dk.to(specs[1].dtype), dv.to(specs[2].dtype)};
+}
+
+// The mask of Note [Attention dropout] as a (..., L, S) tensor of multipliers (0 or 1 / (1 - p)).
+Tensor dropout_mask_cpu(IntArrayRef size, double dropout_p, int64_t seed, int64_t offset,
+                        std::optional<ScalarType> dtype, std::optional<Device> device) {
+  TensorSpec spec =
+      meta::fused_attention_dropout_mask(size, dropout_p, seed, offset, dtype, device);
+  const ScalarType acc = acc_dtype(spec.dtype);
+  Tensor out = empty_on(spec.sizes, acc, spec.device);
+  const Dropout drop(dropout_p, seed, offset);
+  auto run = [&]<typename A>(A) {
+    A* o = mut_ptr<A>(out);
+    parallel_for(out.numel(), kGrainSize, [&](int64_t b, int64_t e) {
+      if (drop.active)
+        drop.fill(b, e - b, o + b);
+      else
+        std::fill(o + b, o + e, A(1));
+    });
+  };
+  if (acc == kFloat64)
+    run(double{});
+  else
+    run(float{});
+  return out.to(spec.dtype);
+}
+
+KILN_LIBRARY(CPU, m) {
+  m.impl<ops::_fused_attention>(fused_attention_cpu);
+  m.impl<ops::_fused_attention_backward>(fused_attention_backward_cpu);
+  m.impl<ops::_fused_attention_dropout_mask>(dropout_mask_cpu);
+}
+
+}  // namespace
+}  // namespace kiln::kernels

@@ -1,0 +1,63 @@
+// Decompositions of attention.toml: scaled_dot_product_attention (reserves the dropout counters,
+// then runs the fused kernel) and the written-out backward of _fused_attention_backward, which
+// autograd differentiates for double backward and forward-mode AD (Note [Differentiating by
+// decomposition]).
+#include <cmath>
+
+#include "kiln/generated/composite_decls.h"
+#include "kiln/generated/meta_decls.h"
+#include "kiln/meta.h"
+#include "kiln/operators.h"
+
+namespace kiln::composite {
+
+// Note [Attention dropout]: the mask of a call is fixed by (seed, offset), which the call
+// reserves from its generator like a random op drawing 32 bits per (N, L, S) probability.
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    double dropout_p, bool is_causal, std::optional<double> scale,
+                                    std::optional<Generator> generator) {
+  meta::scaled_dot_product_attention(query, key, value, dropout_p, is_causal, scale, generator);
+  uint64_t seed = 0, offset = 0;
+  if (dropout_p > 0) {
+    int64_t n = key.size(-2);  // one draw per (..., L, S) probability
+    for (int64_t d = 0; d < query.dim() - 1; ++d) n *= query.size(d);
+    Generator& g = generator ? *generator : default_generator();
+    std::tie(seed, offset) = g.reserve(random_counters(RandomWidth::k32, n));
+  }
+  return std::get<0>(kiln::_fused_attention(query, key, value, dropout_p, is_causal, scale,
+                                            static_cast<int64_t>(seed),
+                                            static_cast<int64_t>(offset)));
+}
+
+// The backward of P = softmax(scale q k^T) (causal: keys j <= i), out = (P * M) v with the
+// dropout mask M (0 or 1 / (1 - p)), and logsumexp, written out with (..., L, S) matrices.
+std::tuple<Tensor, Tensor, Tensor> fused_attention_backward(
+    const Tensor& grad_out, const Tensor& grad_logsumexp, const Tensor& query, const Tensor& key,
+    const Tensor& value, const Tensor& output, const Tensor& logsumexp, double dropout_p,
+    bool is_causal, std::optional<double> scale, int64_t seed, int64_t offset) {
+  meta::fused_attention_backward(grad_out, grad_logsumexp, query, key, value, output, logsumexp,
+                                 dropout_p, is_causal, scale, seed, offset);
+  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(query.size(-1))));
+  const ScalarType dt = query.dtype();
+  Tensor kt = key.transpose(-2, -1);
+  Tensor prob = kiln::exp(kiln::matmul(query, kt) * sc - logsumexp.to(dt).unsqueeze(-1));
+  if (is_causal) {
+    Tensor above = kiln::ones({query.size(-2), key.size(-2)}, kBool, query.device()).triu(1);
+    prob = prob.masked_fill(above, 0.0);
+  }
+  Tensor keep;
+  if (dropout_p > 0)
+    keep = kiln::_fused_attention_dropout_mask(prob.sizes(), dropout_p, seed, offset, dt,
+                                               query.device());
+  Tensor dropped = keep.defined() ? prob * keep : prob;
+  Tensor grad_value = kiln::matmul(dropped.transpose(-2, -1), grad_out);
+  Tensor grad_prob = kiln::matmul(grad_out, value.transpose(-2, -1));
+  if (keep.defined()) grad_prob = grad_prob * keep;
+  Tensor row =
+      (grad_out * output).sum(std::vector<int64_t>{-1}, true) - grad_logsumexp.to(dt).unsqueeze(-1);
+  Tensor grad_scores = prob * (grad_prob - row) * sc;
+  return {kiln::matmul(grad_scores, key), kiln::matmul(grad_scores.transpose(-2, -1), query),
+          grad_value};
+}
+
+}  // namespace kiln::composite
