@@ -513,7 +513,8 @@ Result pool_rule(Call& c) {
 // per channel over N, so there the batch folds into the channels (weight repeated); the
 // weight-gradient rows sum over the rows of one example, so they are written as logical ops
 // that hit their own rules; group_norm and cross_entropy over (N, C, ..) examples merge the batch
-// into N.
+// into N; dropout gives every example the same mask, that of its (seed, offset), as the loop does
+// (PyTorch's randomness="same").
 // A batched weight or bias (a different parameter per example) uses the loop.
 bool is_parameter(const Call& c, int i) {
   const char* n = c.info().args[i].name;
@@ -645,6 +646,14 @@ Result rowwise_rule(Call& c) {
     if (name == "batch_norm_backward_weight") return wrap_outputs(c, Stack{out.unflatten(0, {B, C})});
     return wrap_outputs(c, Stack{out.unflatten(1, {B, C}).transpose(0, 1)});
   }
+  if (name == "dropout_seeded") {  // every example gets the mask of (seed, offset), as in the loop
+    const Tensor& x = c.args[0].to_tensor();
+    Tensor scale = kiln::dropout_seeded(kiln::ones(x.sizes(), x.dtype(), x.device()),
+                                        c.args[1].to_double(), c.args[2].to_int(),
+                                        c.args[3].to_int());
+    return Stack{kiln::where(kiln::ne(scale, scalar_to_tensor(Scalar(0.0))), kiln::mul(x, scale),
+                             scalar_to_tensor(Scalar(0.0)))};
+  }
   const bool cross_entropy = name == "cross_entropy_indices" || name == "cross_entropy_indices_backward";
   const int input_i = c.index("input");
   const int64_t rank = input_i >= 0 ? c.args[input_i].to_tensor().dim() : 0;
@@ -657,10 +666,6 @@ Result rowwise_rule(Call& c) {
     if (c.args[i].is_tensor()) {
       const Tensor& t = c.args[i].to_tensor();
       if (!t.defined() || is_parameter(c, i)) continue;
-      if (name == "embedding" || name == "dropout_seeded") {  // only the data is batched
-        args[i] = front_or_expand(c, t);
-        continue;
-      }
       Tensor f = front_or_expand(c, t);
       if (merge_n) {
         if (f.dim() < 2) return std::nullopt;
