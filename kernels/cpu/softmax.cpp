@@ -45,6 +45,13 @@ float row_max(const T* x, int64_t D) {
   return r;
 }
 
+// e^d for d = x - max <= 0 (or NaN): exp_nonpositive, with NaN kept and results below e^-87
+// (under 1e-38 of the row's sum, which is at least 1) flushed to 0.
+KILN_VEC_INLINE float exp_shifted(float d) {
+  const float e = vec::exp_nonpositive(d);
+  return d >= -87.0f ? e : (d != d ? d : 0.0f);
+}
+
 float lane_sum(const float* acc) {
   float s = 0;
   for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
@@ -60,19 +67,19 @@ void softmax_row_f32(const T* x, T* y, int64_t D) {
   if constexpr (!kLog && std::is_same_v<T, float>) {  // store e^(x - m), then scale in place
     for (; i + kLanes <= D; i += kLanes)
       for (int64_t j = 0; j < kLanes; ++j) {
-        const float e = vec::exp(x[i + j] - m);
+        const float e = exp_shifted(x[i + j] - m);
         y[i + j] = e;
         acc[j] += e;
       }
-    for (; i < D; ++i) acc[0] += (y[i] = vec::exp(x[i] - m));
+    for (; i < D; ++i) acc[0] += (y[i] = exp_shifted(x[i] - m));
     const float inv = 1.0f / lane_sum(acc);
 #pragma omp simd
     for (int64_t k = 0; k < D; ++k) y[k] *= inv;
     return;
   }
   for (; i + kLanes <= D; i += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) acc[j] += vec::exp(to_f(x[i + j]) - m);
-  for (; i < D; ++i) acc[0] += vec::exp(to_f(x[i]) - m);
+    for (int64_t j = 0; j < kLanes; ++j) acc[j] += exp_shifted(to_f(x[i + j]) - m);
+  for (; i < D; ++i) acc[0] += exp_shifted(to_f(x[i]) - m);
   const float s = lane_sum(acc);
   if constexpr (kLog) {
     const float ls = std::log(s);  // (x - m) - log(s): m + log(s) would round away the small part
@@ -81,7 +88,7 @@ void softmax_row_f32(const T* x, T* y, int64_t D) {
   } else {
     const float inv = 1.0f / s;
 #pragma omp simd
-    for (int64_t k = 0; k < D; ++k) y[k] = static_cast<T>(vec::exp(to_f(x[k]) - m) * inv);
+    for (int64_t k = 0; k < D; ++k) y[k] = static_cast<T>(exp_shifted(to_f(x[k]) - m) * inv);
   }
 }
 

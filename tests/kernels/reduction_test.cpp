@@ -326,6 +326,21 @@ TEST(Softmax, MatchesReference) {
   Tensor y = from_vector<float>({1000, 999, -kInfF, 0, -kInfF, -kInfF}, {2, 3});
   expect_close(kiln::softmax(y, 1), ref_softmax(y, 1, false), 1e-6, 1e-7);
   expect_close(kiln::log_softmax(y, 1), ref_softmax(y, 1, true), 1e-6, 1e-6);
+  // A NaN (or +inf) makes its row NaN, as in PyTorch; masked entries of a long row are exactly 0
+  // (the lanes of Note [Softmax rows]).
+  std::vector<float> row(40, 0.5f);
+  row[3] = std::numeric_limits<float>::quiet_NaN();
+  row[20] = -kInfF;
+  for (int64_t i = 40; i < 80; ++i) row.push_back(i % 3 == 0 ? -kInfF : 0.25f * static_cast<float>(i % 7));
+  row[41] = kInfF;
+  row.resize(120, -kInfF);
+  row[100] = 1.0f;
+  Tensor z = kiln::softmax(from_vector<float>(row, {3, 40}), 1);
+  for (int64_t j = 0; j < 40; ++j) {
+    EXPECT_TRUE(std::isnan(z.select(0, 0).select(0, j).item<float>())) << j;
+    EXPECT_TRUE(std::isnan(z.select(0, 1).select(0, j).item<float>())) << j;
+    EXPECT_EQ(z.select(0, 2).select(0, j).item<float>(), j == 20 ? 1.0f : 0.0f) << j;
+  }
   // 0-d input: softmax over "dim 0" is 1.
   EXPECT_EQ(kiln::softmax(scalar_tensor_of(Scalar(2.0), kFloat32), 0).item<float>(), 1.0f);
   EXPECT_EQ(DimVector(kiln::softmax(random({0, 3}), 1).sizes()), DimVector({0, 3}));
