@@ -6,69 +6,15 @@
 
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <map>
-#include <unistd.h>
 
+#include "golden/golden_file.h"
 #include "kiln/autograd/autograd.h"
 #include "test_util.h"
 
 namespace kiln {
 namespace {
 
-namespace fs = std::filesystem;
-
-struct Golden {
-  std::vector<int64_t> sizes;
-  std::vector<double> values;
-};
-
-// tests/golden/<name>, found next to this source file or above the working directory or the
-// test binary (ctest runs from build/tests, by hand from the repository root).
-fs::path golden_path(const std::string& name) {
-  std::vector<fs::path> starts = {fs::path(__FILE__).parent_path().parent_path(), fs::current_path()};
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) starts.push_back(fs::path(std::string(exe, n)).parent_path());
-  for (fs::path p : starts) {
-    for (int up = 0; up < 6 && !p.empty(); ++up, p = p.parent_path()) {
-      for (const fs::path& c : {p / "golden" / name, p / "tests" / "golden" / name})
-        if (fs::exists(c)) return c;
-      if (p == p.parent_path()) break;
-    }
-  }
-  return {};
-}
-
-// The format written by tests/golden/mlp_golden_gen.cpp (little endian): "KILNGLD1", uint32
-// count, per tensor: uint32 name length, name, uint32 ndim, int64 sizes[ndim], float64 values.
-std::map<std::string, Golden> read_golden(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[8];
-  in.read(magic, 8);
-  EXPECT_EQ(std::string(magic, 8), "KILNGLD1") << path;
-  uint32_t count = 0;
-  in.read(reinterpret_cast<char*>(&count), 4);
-  std::map<std::string, Golden> out;
-  for (uint32_t i = 0; i < count && in; ++i) {
-    uint32_t len = 0, ndim = 0;
-    in.read(reinterpret_cast<char*>(&len), 4);
-    std::string name(len, '\0');
-    in.read(name.data(), len);
-    in.read(reinterpret_cast<char*>(&ndim), 4);
-    Golden g;
-    g.sizes.resize(ndim);
-    in.read(reinterpret_cast<char*>(g.sizes.data()), 8 * ndim);
-    int64_t numel = 1;
-    for (int64_t s : g.sizes) numel *= s;
-    g.values.resize(numel);
-    in.read(reinterpret_cast<char*>(g.values.data()), 8 * numel);
-    out[name] = std::move(g);
-  }
-  EXPECT_TRUE(in.good()) << "truncated golden file " << path;
-  return out;
-}
+using testing::Golden;
 
 template <typename F>
 Tensor formula(int64_t rows, int64_t cols, F f) {
@@ -120,9 +66,8 @@ void expect_rel_close(const Tensor& got, const Golden& want, const std::string& 
 }
 
 TEST(MlpGolden, LossAndGradientsMatchPyTorch) {
-  fs::path path = golden_path("mlp_golden.bin");
-  ASSERT_FALSE(path.empty()) << "tests/golden/mlp_golden.bin not found";
-  auto golden = read_golden(path);
+  auto golden = testing::read_golden_file("mlp_golden.bin");
+  const std::string path = "tests/golden/mlp_golden.bin";
   for (const char* k : {"loss", "w1.grad", "b1.grad", "w2.grad", "b2.grad"})
     ASSERT_TRUE(golden.count(k)) << k << " missing from " << path;
 

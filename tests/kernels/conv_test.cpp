@@ -6,13 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 
 #include "autograd/gradgradcheck.h"
+#include "golden/golden_file.h"
 #include "kiln/autograd/autograd.h"
 #include "kiln/autograd/batched.h"
 #include "kiln/autograd/functional.h"
@@ -297,34 +295,11 @@ TEST(Conv, SecondDerivatives) {
 
 // ---- golden values from PyTorch (tests/golden/conv_golden_gen.cpp) ------------------------------
 
-namespace fs = std::filesystem;
-
-// The format of tests/golden/*_golden.bin (as read by tests/autograd/mlp_golden_test.cpp).
+// tests/golden/conv_golden.bin as tensors.
 std::map<std::string, Tensor> read_golden(const std::string& name) {
-  fs::path path;
-  for (fs::path p :
-       {fs::path(__FILE__).parent_path().parent_path(), fs::current_path(),
-        fs::current_path().parent_path(), fs::current_path().parent_path().parent_path()})
-    for (const fs::path& c : {p / "golden" / name, p / "tests" / "golden" / name})
-      if (path.empty() && fs::exists(c)) path = c;
   std::map<std::string, Tensor> out;
-  std::ifstream in(path, std::ios::binary);
-  char magic[8];
-  uint32_t count = 0;
-  if (!in.read(magic, 8) || std::memcmp(magic, "KILNGLD1", 8) != 0) return out;
-  in.read(reinterpret_cast<char*>(&count), 4);
-  for (uint32_t i = 0; i < count && in; ++i) {
-    uint32_t n = 0, nd = 0;
-    in.read(reinterpret_cast<char*>(&n), 4);
-    std::string key(n, '\0');
-    in.read(key.data(), n);
-    in.read(reinterpret_cast<char*>(&nd), 4);
-    std::vector<int64_t> sizes(nd);
-    in.read(reinterpret_cast<char*>(sizes.data()), 8 * nd);
-    std::vector<double> v(numel_of(sizes));
-    in.read(reinterpret_cast<char*>(v.data()), 8 * v.size());
-    out[key] = from_vector<double>(v, sizes);
-  }
+  for (const auto& [key, g] : testing::read_golden_file(name))
+    out[key] = from_vector<double>(g.values, g.sizes);
   return out;
 }
 
