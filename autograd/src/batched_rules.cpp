@@ -514,7 +514,8 @@ Result pool_rule(Call& c) {
 // weight-gradient rows sum over the rows of one example, so they are written as logical ops
 // that hit their own rules; group_norm and cross_entropy over (N, C, ..) examples merge the batch
 // into N; dropout gives every example the same mask, that of its (seed, offset), as the loop does
-// (PyTorch's randomness="same").
+// (PyTorch's randomness="same"); attention folds the batch into its leading dims (with dropout:
+// the loop).
 // A batched weight or bias (a different parameter per example) uses the loop.
 bool is_parameter(const Call& c, int i) {
   const char* n = c.info().args[i].name;
@@ -654,6 +655,9 @@ Result rowwise_rule(Call& c) {
     return Stack{kiln::where(kiln::ne(scale, scalar_to_tensor(Scalar(0.0))), kiln::mul(x, scale),
                              scalar_to_tensor(Scalar(0.0)))};
   }
+  if ((name == "_fused_attention" || name == "_fused_attention_backward") &&
+      c.args[c.index("dropout_p")].to_double() > 0)
+    return std::nullopt;  // the loop: every example draws the mask of one (seed, offset)
   const bool cross_entropy = name == "cross_entropy_indices" || name == "cross_entropy_indices_backward";
   const int input_i = c.index("input");
   const int64_t rank = input_i >= 0 ? c.args[input_i].to_tensor().dim() : 0;

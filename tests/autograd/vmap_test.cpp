@@ -66,10 +66,11 @@ Tensor get(const Stack& s, const Slot& slot) {
 
 bool is_integral_like(ScalarType t) { return !is_floating(t); }
 
-// Where vmap takes the loop on purpose: per-example class weights of cross_entropy (the fused
-// rows share one weight vector; Note [Row-wise batching]).
+// Where vmap takes the loop on purpose (Note [Row-wise batching]): per-example class weights of
+// cross_entropy (the fused rows share one weight vector), attention with dropout.
 const std::set<std::string> kLoopOnPurpose = {"cross_entropy_indices",
-                                              "cross_entropy_indices_backward"};
+                                              "cross_entropy_indices_backward", "_fused_attention",
+                                              "_fused_attention_backward"};
 // Where vmap refuses what the loop does: batch_norm updating running statistics that every
 // example shares (PyTorch's vmap refuses it too; pass batched running stats or none).
 bool vmap_refuses_on_purpose(const std::string& name, const std::string& what) {
@@ -259,7 +260,8 @@ const std::vector<std::string> kTransformerOps = {
     "cat",    "select",      "gelu",    "exp",        "maximum", "logsumexp",
     "layer_norm", "_layer_norm", "layer_norm_backward", "layer_norm_backward_weight", "rms_norm",
     "_rms_norm", "rms_norm_backward", "rms_norm_backward_weight", "embedding",
-    "embedding_dense_backward"};
+    "embedding_dense_backward", "scaled_dot_product_attention", "_fused_attention",
+    "_fused_attention_backward"};
 
 TEST(Vmap, ModelOpsHaveBatchingRules) {
   std::string missing;
@@ -408,6 +410,27 @@ TEST(Vmap, TokenModelPerSampleGradientsTakeNoLoop) {
     one.push_back(targets.select(0, b));
     std::vector<Tensor> want = grads_of(one);
     for (size_t i = 0; i < 6; ++i) expect_close(gs[i].select(0, b), want[i], 1e-10, 1e-12);
+  }
+}
+
+// The fused attention kernel under vmap(grad): per-example gradients of q, k, v and a weight,
+// with no loop.
+TEST(Vmap, FusedAttentionPerSampleGradientsTakeNoLoop) {
+  func::clear_vmap_fallback_ops();
+  Tensor x = random({3, 2, 5, 4}, kFloat64, -1, 1, 51);  // 3 examples of (heads=2, T=5, D=4)
+  Tensor w = random({4, 4}, kFloat64, -0.5, 0.5, 52);
+  func::Fn loss = [](const std::vector<Tensor>& a) {
+    Tensor q = kiln::matmul(a[0], a[1]);
+    Tensor y = kiln::scaled_dot_product_attention(q, a[0], a[0] * 2.0, 0.0, true);
+    return (y * y).sum();
+  };
+  func::MultiFn g = [&](const std::vector<Tensor>& a) { return func::grad(loss, {0, 1})(a); };
+  std::vector<Tensor> gs = func::vmap(g, {0, std::nullopt})({x, w});
+  EXPECT_TRUE(func::vmap_fallback_ops().empty())
+      << "fallback taken by " << func::vmap_fallback_ops()[0];
+  for (int64_t b = 0; b < 3; ++b) {
+    std::vector<Tensor> want = g({x.select(0, b), w});
+    for (size_t i = 0; i < 2; ++i) expect_close(gs[i].select(0, b), want[i], 1e-10, 1e-12);
   }
 }
 

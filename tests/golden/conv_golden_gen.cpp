@@ -15,89 +15,41 @@
 // For each case: "<case>.y" and the gradients "<case>.x.grad" (and .w.grad, .b.grad) of
 // sum(y * gy), gy = fill(i, .53, .2) shaped like y.
 //
-// File format (as mlp_golden.bin, little endian): "KILNGLD1", uint32 count, then per tensor:
-// uint32 name length, name bytes, uint32 ndim, int64 sizes[ndim], float64 values (row-major).
-#include <torch/torch.h>
+// File format: golden_writer.h.
+#include "golden_writer.h"
 
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <string>
-#include <utility>
-#include <vector>
-
-namespace {
-
-torch::Tensor fill(std::vector<int64_t> shape, double a, double b, double scale = 1.0) {
-  auto t = torch::empty(shape, torch::kFloat64);
-  double* p = t.data_ptr<double>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = std::sin(i * a + b) * scale;
-  return t.requires_grad_(true);
-}
-
-std::vector<std::pair<std::string, torch::Tensor>> out;
-
-// Records y and the gradients of sum(y * gy) for the named inputs.
-void record(const std::string& name, const torch::Tensor& y,
-            std::vector<std::pair<std::string, torch::Tensor>> inputs) {
-  auto gy = fill(y.sizes().vec(), 0.53, 0.2).detach();
-  (y * gy).sum().backward();
-  out.emplace_back(name + ".y", y.detach());
-  for (auto& [n, t] : inputs) out.emplace_back(name + "." + n + ".grad", t.grad());
-}
-
-void put(std::FILE* f, const std::string& name, const torch::Tensor& t0) {
-  torch::Tensor t = t0.contiguous().to(torch::kFloat64);
-  uint32_t n = name.size(), nd = t.dim();
-  std::fwrite(&n, 4, 1, f);
-  std::fwrite(name.data(), 1, n, f);
-  std::fwrite(&nd, 4, 1, f);
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    int64_t s = t.size(d);
-    std::fwrite(&s, 8, 1, f);
-  }
-  std::fwrite(t.data_ptr<double>(), 8, t.numel(), f);
-}
-
-}  // namespace
+using golden::fill;
 
 int main(int argc, char** argv) {
   const char* path = argc > 1 ? argv[1] : "conv_golden.bin";
+  golden::Writer out;
   {
     auto x = fill({2, 4, 7, 6}, .37, .1), w = fill({6, 2, 3, 2}, .23, .5, .3),
          b = fill({6}, .71, 0, .1);
-    record("conv2d", torch::conv2d(x, w, b, {2, 1}, {1, 1}, {1, 2}, 2),
-           {{"x", x}, {"w", w}, {"b", b}});
+    out.record("conv2d", torch::conv2d(x, w, b, {2, 1}, {1, 1}, {1, 2}, 2),
+               {{"x", x}, {"w", w}, {"b", b}});
   }
   {
     auto x = fill({2, 3, 9}, .37, .1), w = fill({4, 3, 4}, .23, .5, .3), b = fill({4}, .71, 0, .1);
-    record("conv1d", torch::conv1d(x, w, b, 1, "same"), {{"x", x}, {"w", w}, {"b", b}});
+    out.record("conv1d", torch::conv1d(x, w, b, 1, "same"), {{"x", x}, {"w", w}, {"b", b}});
   }
   {
     auto x = fill({2, 4, 3, 4}, .37, .1), w = fill({4, 3, 3, 3}, .23, .5, .3),
          b = fill({6}, .71, 0, .1);
-    record("convt2d", torch::conv_transpose2d(x, w, b, 2, {1, 0}, 1, 2),
-           {{"x", x}, {"w", w}, {"b", b}});
+    out.record("convt2d", torch::conv_transpose2d(x, w, b, 2, {1, 0}, 1, 2),
+               {{"x", x}, {"w", w}, {"b", b}});
   }
   {
     auto x = fill({2, 3, 7, 6}, .37, .1);
-    record("maxpool", torch::max_pool2d(x, {3, 2}, 2, 1, 1, true), {{"x", x}});
+    out.record("maxpool", torch::max_pool2d(x, {3, 2}, 2, 1, 1, true), {{"x", x}});
   }
   {
     auto x = fill({2, 3, 7, 6}, .37, .1);
-    record("avgpool", torch::avg_pool2d(x, 3, 2, 1, true, false), {{"x", x}});
+    out.record("avgpool", torch::avg_pool2d(x, 3, 2, 1, true, false), {{"x", x}});
   }
   {
     auto x = fill({2, 3, 7, 5}, .37, .1);
-    record("adaptive", torch::adaptive_avg_pool2d(x, {3, 2}), {{"x", x}});
+    out.record("adaptive", torch::adaptive_avg_pool2d(x, {3, 2}), {{"x", x}});
   }
-  std::FILE* f = std::fopen(path, "wb");
-  if (!f) return 1;
-  std::fwrite("KILNGLD1", 1, 8, f);
-  uint32_t count = out.size();
-  std::fwrite(&count, 4, 1, f);
-  for (auto& [name, t] : out) put(f, name, t);
-  std::fclose(f);
-  std::printf("wrote %u tensors to %s\n", count, path);
-  return 0;
+  return out.save(path);
 }
