@@ -45,6 +45,7 @@ def row_function(row, sch, where):
     body = []
     deriv = row["derivative"]
     if isinstance(deriv, dict):
+        deriv = gen.expand_derivative(deriv)
         for a in sch["args"]:
             f = deriv.get(a.name)
             if f is None or f == "non_differentiable":
@@ -105,6 +106,7 @@ def eval_function(row, sch, where):
     deriv = row["derivative"]
     if not isinstance(deriv, dict) or "random" in row["tags"]:
         return None, None
+    deriv = gen.expand_derivative(deriv)
     rets = sch["rets"]
     if not rets:
         return None, None

@@ -133,6 +133,23 @@ def split_top(s):
     return out
 
 
+def derivative_groups(deriv):
+    """The keys of a derivative table as lists of input names: a key may name several inputs
+    ("query, key, value"), whose one formula returns a tuple of their gradients (one backward
+    kernel computing all of them)."""
+    return [([n.strip() for n in k.split(",")], f) for k, f in deriv.items()]
+
+
+def expand_derivative(deriv):
+    """The derivative table with one formula per input; an input of a group gets
+    ::std::get<i>(formula) (gen_autograd.py evaluates a group's formula once for all of them)."""
+    out = {}
+    for names, f in derivative_groups(deriv):
+        for i, n in enumerate(names):
+            out[n] = f if len(names) == 1 else f"::std::get<{i}>({f})"
+    return out
+
+
 def validate_formula(text, names, rules, where):
     # Identifiers must be arguments, grads/results, ops of the table or declared helpers.
     text = re.sub(r"'[^']*'|\"[^\"]*\"", "", text)
@@ -318,14 +335,22 @@ def check_row(row, sch, rules, where):
             err(where, "derivative 'decompose' is for a non-composite row without variants that names "
                 "its decomposition")
     elif isinstance(deriv, dict):
+        covered = [n for ns, _ in derivative_groups(deriv) for n in ns]
         for a in tensor_args:
-            if a not in deriv:
+            if a not in covered:
                 err(where, f"derivative has no formula for input '{a}' (write 'non_differentiable')")
-        for k, f in deriv.items():
-            if k not in tensor_args:
+        for ns, f in derivative_groups(deriv):
+            k = ", ".join(ns)
+            if any(n not in tensor_args for n in ns):
                 err(where, f"derivative names '{k}', which is not a Tensor input")
+            elif any(covered.count(n) > 1 for n in ns):
+                err(where, f"derivative gives '{k}' more than one formula")
+            elif len(ns) > 1 and any(a.name in ns and a.type != "Tensor" for a in sch["args"]):
+                err(where, f"derivative group '{k}': only Tensor inputs share a formula")
             elif not isinstance(f, str) or not f.strip():
                 err(where, f"derivative for '{k}' is empty")
+            elif len(ns) > 1 and f == "non_differentiable":
+                err(where, f"derivative group '{k}' needs a formula (list the inputs one by one)")
             elif f != "non_differentiable":
                 validate_formula(f, names | ALL_OP_NAMES, rules, where)
     else:

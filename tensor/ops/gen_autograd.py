@@ -71,12 +71,14 @@ class Row:
         self.row, self.ops, self.node = row, ops, node_name
         self.func = next(o for o in ops if o.variant == "functional")
         self.args = self.func.args
-        self.formulas = {k: v for k, v in row["derivative"].items()}
+        self.formulas = gen.expand_derivative(row["derivative"])  # one per input
+        self.groups = gen.derivative_groups(row["derivative"])    # as written (shared formulas)
+        raw = [f for _, f in self.groups]
         self.missing = set()
         self.reason = None
         self.out_names = [n for _, n in self.func.rets if n] if self.func.num_returns > 1 else []
         names = {a.name for a in self.args} | {"grad", "grads", "result"} | set(self.out_names)
-        for f in self.formulas.values():
+        for f in raw:
             if f == "non_differentiable":
                 continue
             for i in idents(f):
@@ -92,20 +94,20 @@ class Row:
         self.lists_by_value = set()
         for a in self.args:
             if a.type == "Tensor[]":
-                for f in self.formulas.values():
+                for f in raw:
                     rest = re.sub(rf"\b({'|'.join(LIST_GEOMETRY_HELPERS)})\(grad, {a.name},", "", f)
                     if f != "non_differentiable" and a.name in idents(rest):
                         self.lists_by_value.add(a.name)
         self.generated = not self.missing and not self.reason
         used = set()
-        for f in self.formulas.values():
+        for f in raw:
             if f != "non_differentiable":
                 used |= set(idents(f))
         self.used = used
         # Tensor arguments the formulas use only through .sizes() / .numel(): the node keeps the
         # shape, not the tensor (less memory, and no version check on a tensor it never reads).
         self.shape_only = set()
-        live = [f for f in self.formulas.values() if f != "non_differentiable"]
+        live = [f for f in raw if f != "non_differentiable"]
         for a in self.args:
             if a.type != "Tensor" or a.name not in used:
                 continue
@@ -165,13 +167,33 @@ def node_class(r):
     L.append("    const Tensor& grad = grads[0];\n    (void)grad;")
     L += ["  " + b for b in binds]
     L.append("    variable_list out(num_outputs());\n    size_t pos = 0;")
+    def shaped(f):
+        for sn in r.shape_only:
+            f = re.sub(rf"\b{sn}\.sizes\(\)", f"IntArrayRef({sn}_sizes_)", f)
+            f = re.sub(rf"\b{sn}\.numel\(\)", f"numel_of({sn}_sizes_)", f)
+        return f
+
+    # A formula shared by several inputs (one backward kernel for all of them) runs once, when
+    # the last of its inputs has its position, if any of their gradients is needed.
+    group_of = {n: (ns, f) for ns, f in r.groups if len(ns) > 1 for n in ns}
+    order = [a.name for a in r.tensor_args]
     for a in r.tensor_args:
+        if a.name in group_of:
+            ns, f = group_of[a.name]
+            L.append(f"    const size_t pos_{a.name} = pos;")
+            if max(order.index(n) for n in ns) == order.index(a.name):
+                need = " || ".join(f"should_compute_output(pos_{n})" for n in ns)
+                L.append(f"    if ({need}) {{")
+                L.append(f"      auto gs = {cxx_formula(shaped(f))};")
+                for i, n in enumerate(ns):
+                    L.append(f"      if (should_compute_output(pos_{n})) out[pos_{n}] = ::std::get<{i}>(gs);")
+                L.append("    }")
+            L.append("    pos += 1;")
+            continue
         f = r.formulas.get(a.name, "non_differentiable")
         n = f"{a.name}_n_" if a.type == "Tensor[]" else "1"
         if f != "non_differentiable":
-            for sn in r.shape_only:
-                f = re.sub(rf"\b{sn}\.sizes\(\)", f"IntArrayRef({sn}_sizes_)", f)
-                f = re.sub(rf"\b{sn}\.numel\(\)", f"numel_of({sn}_sizes_)", f)
+            f = shaped(f)
             if a.type == "Tensor[]":
                 L.append(f"    if (any_output_needed(pos, {n})) {{")
                 L.append(f"      ::std::vector<Tensor> gs = {cxx_formula(f)};")

@@ -163,8 +163,7 @@ TEST(FusedAttention, NonContiguousInputs) {
 }
 
 // The public op: the default scale, dropout counters reserved from the generator, and gradients
-// of only some inputs (Note [Fused attention gradients]: the helper's cache must not hand one
-// node's gradients to another).
+// of only some inputs.
 TEST(ScaledDotProductAttention, MatchesWrittenOutAndReservesDropoutCounters) {
   Tensor q = random({2, 2, 9, 8}, kFloat32, -1, 1, 20),
          k = random({2, 2, 11, 8}, kFloat32, -1, 1, 21);

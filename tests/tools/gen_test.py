@@ -46,6 +46,14 @@ CASES = [
      "derivative 'decompose' is for a non-composite row"),
     ("composite batching on a kernel row", GOOD.replace('batching = "pointwise"', 'batching = "composite"'),
      "batching 'composite' runs the row's decomposition: only for composite rows"),
+    ("shared formula naming a non-input",
+     GOOD.replace('derivative = { self = "grad * dim" }', 'derivative = { "self, other" = "grad" }'),
+     "derivative names 'self, other', which is not a Tensor input"),
+    ("input with two formulas",
+     GOOD.replace("Tensor self, int dim=0", "Tensor self, Tensor other").replace(
+         'derivative = { self = "grad * dim" }',
+         'derivative = { "self, other" = "grad", other = "grad" }'),
+     "derivative gives 'self, other' more than one formula"),
     ("duplicate op", GOOD + GOOD, "op 'myop' already defined"),
 ]
 
