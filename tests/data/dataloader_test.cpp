@@ -1,4 +1,6 @@
 // kiln::data: datasets, samplers and the DataLoader (ordering, workers, resume).
+#include "kiln/data/dataloader.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -6,7 +8,6 @@
 #include <set>
 #include <thread>
 
-#include "kiln/data/dataloader.h"
 #include "kiln/kiln.h"
 #include "test_util.h"
 
@@ -70,7 +71,9 @@ TEST(DataTensorDataset, GetAndBatch) {
 }
 
 TEST(DataTensorDataset, Errors) {
-  EXPECT_NE(error_of([] { TensorDataset({ones({3, 2}), ones({4})}); }).find("[3, 2]"),
+  EXPECT_NE(error_of([] {
+              TensorDataset({ones({3, 2}), ones({4})});
+            }).find("[3, 2]"),
             std::string::npos);
   EXPECT_NE(error_of([] { TensorDataset(std::vector<Tensor>{}); }).find("at least one"),
             std::string::npos);
@@ -79,7 +82,9 @@ TEST(DataTensorDataset, Errors) {
   auto ds = numbered(3);
   EXPECT_NE(error_of([&] { ds->get(3); }).find("index 3 is out of range"), std::string::npos);
   EXPECT_NE(error_of([&] { ds->get_batch({0, -1}); }).find("index -1"), std::string::npos);
-  EXPECT_NE(error_of([] { collate_stack({{ones({2})}, {ones({2}), ones({2})}}); }).find("fields"),
+  EXPECT_NE(error_of([] {
+              collate_stack({{ones({2})}, {ones({2}), ones({2})}});
+            }).find("fields"),
             std::string::npos);
 }
 
@@ -89,9 +94,9 @@ TEST(DataSampler, SequentialAndSeededRandom) {
   std::vector<int64_t> e0 = s.indices(0);
   EXPECT_EQ(std::set<int64_t>(e0.begin(), e0.end()).size(), 50u);
   EXPECT_EQ(*std::max_element(e0.begin(), e0.end()), 49);
-  EXPECT_EQ(s.indices(0), e0);                   // a pure function of (seed, epoch)
+  EXPECT_EQ(s.indices(0), e0);  // a pure function of (seed, epoch)
   EXPECT_EQ(RandomSampler(50, 42).indices(0), e0);
-  EXPECT_NE(s.indices(1), e0);                   // a new order every epoch
+  EXPECT_NE(s.indices(1), e0);  // a new order every epoch
   EXPECT_NE(RandomSampler(50, 43).indices(0), e0);
   EXPECT_TRUE(RandomSampler(0, 1).indices(0).empty());
   EXPECT_NE(error_of([] { RandomSampler(-1, 0); }).find("-1"), std::string::npos);
@@ -138,8 +143,11 @@ TEST(DataLoader, WorkersGiveTheSameBatchesInOrder) {
   auto want0 = epoch(ref), want1 = epoch(ref);
   for (int workers : {1, 2, 3})
     for (int prefetch : {1, 4}) {
-      DataLoader l(numbered(37), {.batch_size = 4, .shuffle = true, .seed = 9,
-                                  .num_workers = workers, .prefetch_factor = prefetch});
+      DataLoader l(numbered(37), {.batch_size = 4,
+                                  .shuffle = true,
+                                  .seed = 9,
+                                  .num_workers = workers,
+                                  .prefetch_factor = prefetch});
       EXPECT_EQ(epoch(l), want0) << workers << " workers, prefetch " << prefetch;
       EXPECT_EQ(epoch(l), want1) << workers << " workers, prefetch " << prefetch;
     }
@@ -200,7 +208,9 @@ TEST(DataLoader, LeavingALoopEarlyKeepsThePlace) {
 
 TEST(DataLoader, PositionErrors) {
   DataLoader l(numbered(10), {.batch_size = 4});
-  EXPECT_NE(error_of([&] { l.set_position({0, 4}); }).find("past the end of an epoch of 3"),
+  EXPECT_NE(error_of([&] {
+              l.set_position({0, 4});
+            }).find("past the end of an epoch of 3"),
             std::string::npos);
   EXPECT_NE(error_of([&] { l.set_position({-1, 0}); }).find("negative"), std::string::npos);
   l.set_position({2, 3});  // the end of epoch 2: the next call closes it
@@ -292,8 +302,9 @@ TEST(DataIterableLoader, BatchesDropLastWorkersAndResume) {
     EXPECT_NE(error_of([&] { resumed.next(); }).find("the stream ended after 7"),
               std::string::npos);
   }
-  EXPECT_NE(error_of([] { DataLoader(std::make_shared<Counter>(1), {.shuffle = true}); })
-                .find("IterableDataset"),
+  EXPECT_NE(error_of([] {
+              DataLoader(std::make_shared<Counter>(1), {.shuffle = true});
+            }).find("IterableDataset"),
             std::string::npos);
   EXPECT_NE(error_of([] { DataLoader(std::make_shared<Counter>(1)).size(); }).find("no length"),
             std::string::npos);

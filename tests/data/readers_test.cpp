@@ -1,7 +1,6 @@
 // kiln::data file readers: .npy, .npz (fixtures from tests/data/make_npz_fixtures.py and
 // archives built here), and flat token files; malformed files fail with clear errors.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cstring>
@@ -59,8 +58,8 @@ Bytes le(uint64_t v, int bytes) {
 // A .npy file as NumPy writes it (version 1.0 unless told, header padded to 64 bytes).
 Bytes npy(const std::string& descr, const std::string& shape, const Bytes& data,
           const std::string& fortran = "False", int major = 1) {
-  std::string h = "{'descr': '" + descr + "', 'fortran_order': " + fortran + ", 'shape': " +
-                  shape + ", }";
+  std::string h =
+      "{'descr': '" + descr + "', 'fortran_order': " + fortran + ", 'shape': " + shape + ", }";
   const int len_bytes = major == 1 ? 2 : 4;
   h += std::string(64 - (8 + len_bytes + h.size() + 1) % 64, ' ') + "\n";
   return Bytes("\x93NUMPY", 6) + char(major) + char(0) + le(h.size(), len_bytes) + h + data;
@@ -80,8 +79,8 @@ std::string error_of(F&& f) {
   }
   return "(no error)";
 }
-#define EXPECT_ERROR(stmt, text) EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) \
-    << error_of([&] { stmt; })
+#define EXPECT_ERROR(stmt, text) \
+  EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
 
 TEST(DataNpy, ReadsDtypesShapesAndVersions) {
   Scratch s;
@@ -139,9 +138,9 @@ TEST(DataNpy, MalformedFilesFailClearly) {
   EXPECT_ERROR(load_npy(s.write("u2.npy", npy("<u2", "(1,)", "ab"))), "unsupported dtype '<u2'");
   EXPECT_ERROR(load_npy(s.write("c8.npy", npy("<c8", "(1,)", "abcdefgh"))), "'<c8'");
   EXPECT_ERROR(load_npy(s.write("obj.npy", npy("|O", "(1,)", "abcdefgh"))), "'|O'");
-  EXPECT_ERROR(load_npy(s.write("fo.npy", npy("<f4", "(2, 3)", raw<float>({0, 1, 2, 3, 4, 5}),
-                                              "True"))),
-               "fortran_order");
+  EXPECT_ERROR(
+      load_npy(s.write("fo.npy", npy("<f4", "(2, 3)", raw<float>({0, 1, 2, 3, 4, 5}), "True"))),
+      "fortran_order");
   EXPECT_ERROR(load_npy(s.write("shape.npy", npy("<f4", "(2, x)", ""))), "malformed .npy header");
   EXPECT_ERROR(load_npy(s.write("huge.npy", npy("<f4", "(4294967296, 4294967296)", ""))),
                "overflows");
@@ -175,9 +174,8 @@ Bytes zip(const std::vector<std::pair<std::string, Bytes>>& members, bool zip64,
     out += le(0x04034b50, 4) + le(20, 2) + le(0, 2) + le(method, 2) + le(0, 4) + le(0, 4) +
            le(data.size(), 4) + le(data.size(), 4) + le(name.size(), 2) + le(0, 2) + name;
     out += data;
-    Bytes extra = zip64 ? le(1, 2) + le(24, 2) + le(data.size(), 8) + le(data.size(), 8) +
-                              le(local, 8)
-                        : "";
+    Bytes extra =
+        zip64 ? le(1, 2) + le(24, 2) + le(data.size(), 8) + le(data.size(), 8) + le(local, 8) : "";
     const uint64_t sat = 0xFFFFFFFF;
     cd += le(0x02014b50, 4) + le(45, 2) + le(45, 2) + le(0, 2) + le(method, 2) + le(0, 4) +
           le(0, 4) + le(zip64 ? sat : data.size(), 4) + le(zip64 ? sat : data.size(), 4) +

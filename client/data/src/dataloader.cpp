@@ -191,8 +191,7 @@ std::optional<Example> DataLoader::next_iterable() {
     stream_->reset();
     for (int64_t i = 0; i < pos_.batch * options_.batch_size; ++i)
       KILN_CHECK(stream_->next().has_value(), Index, "DataLoader: cannot resume at batch ",
-                 pos_.batch, " of epoch ", pos_.epoch, ": the stream ended after ", i,
-                 " examples");
+                 pos_.batch, " of epoch ", pos_.epoch, ": the stream ended after ", i, " examples");
     run_ = std::make_unique<Run>();
     Run& r = *run_;
     r.next_claim = r.next_take = pos_.batch;

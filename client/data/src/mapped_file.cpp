@@ -41,8 +41,8 @@ MappedFile::~MappedFile() {
   if (data_) ::munmap(data_, size_);
 }
 
-Tensor tensor_over(const std::shared_ptr<const MappedFile>& file, uint64_t offset,
-                   ScalarType dtype, IntArrayRef sizes) {
+Tensor tensor_over(const std::shared_ptr<const MappedFile>& file, uint64_t offset, ScalarType dtype,
+                   IntArrayRef sizes) {
   const size_t nbytes = static_cast<size_t>(numel_of(sizes)) * element_size(dtype);
   KILN_ASSERT(offset <= file->size() && nbytes <= file->size() - offset);
   uint8_t* p = const_cast<uint8_t*>(file->data()) + offset;
@@ -52,9 +52,10 @@ Tensor tensor_over(const std::shared_ptr<const MappedFile>& file, uint64_t offse
     return t;
   }
   auto* owner = new std::shared_ptr<const MappedFile>(file);
-  DataPtr ptr(p, owner, [](void* ctx, void*) {
-    delete static_cast<std::shared_ptr<const MappedFile>*>(ctx);
-  }, Device(kCPU));
+  DataPtr ptr(
+      p, owner,
+      [](void* ctx, void*) { delete static_cast<std::shared_ptr<const MappedFile>*>(ctx); },
+      Device(kCPU));
   return Tensor(TensorImpl::make(Storage::wrap(std::move(ptr), nbytes), dtype, sizes));
 }
 

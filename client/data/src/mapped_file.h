@@ -30,7 +30,7 @@ class MappedFile {
 
 // A CPU tensor of `sizes` and `dtype` over bytes [offset, offset + nbytes) of `file`; copies
 // them into a fresh tensor when they are not aligned to the dtype's size.
-Tensor tensor_over(const std::shared_ptr<const MappedFile>& file, uint64_t offset,
-                   ScalarType dtype, IntArrayRef sizes);
+Tensor tensor_over(const std::shared_ptr<const MappedFile>& file, uint64_t offset, ScalarType dtype,
+                   IntArrayRef sizes);
 
 }  // namespace kiln::data::detail

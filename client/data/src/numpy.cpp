@@ -112,8 +112,8 @@ Tensor read_npy(const std::shared_ptr<const MappedFile>& file, uint64_t begin, u
                ": shape ", IntArrayRef(h.shape), " overflows the addressable size");
   KILN_CHECK(nbytes == size - data_begin, Value, where, ": ",
              nbytes > size - data_begin ? "truncated" : "size mismatch", ": shape ",
-             IntArrayRef(h.shape), " of ", h.descr, " needs ", nbytes, " bytes of data, the file has ",
-             size - data_begin);
+             IntArrayRef(h.shape), " of ", h.descr, " needs ", nbytes,
+             " bytes of data, the file has ", size - data_begin);
   return detail::tensor_over(file, begin + data_begin, dtype, h.shape);
 }
 
@@ -189,8 +189,8 @@ std::map<std::string, Tensor> load_npz(const std::string& path) {
       x += 4 + len;
     }
     KILN_CHECK(!(flags & 1), Value, path, ": member '", name, "' is encrypted");
-    KILN_CHECK(method == 0, Value, path, ": member '", name, "' is compressed (ZIP method ",
-               method, "); Kiln memory-maps only uncompressed archives: save with np.savez, "
+    KILN_CHECK(method == 0, Value, path, ": member '", name, "' is compressed (ZIP method ", method,
+               "); Kiln memory-maps only uncompressed archives: save with np.savez, "
                "not np.savez_compressed");
     KILN_CHECK(csize == usize, Value, path, ": corrupt .npz (member '", name,
                "' is stored with different compressed and uncompressed sizes)");

@@ -8,9 +8,9 @@ namespace kiln::data {
 namespace {
 int64_t token(const uint8_t* base, TokenWidth w, int64_t i) {
   const uint8_t* p = base + i * static_cast<int64_t>(w);
-  return w == TokenWidth::k16 ? int64_t{p[0]} | int64_t{p[1]} << 8
-                              : int64_t{p[0]} | int64_t{p[1]} << 8 | int64_t{p[2]} << 16 |
-                                    int64_t{p[3]} << 24;
+  return w == TokenWidth::k16
+             ? int64_t{p[0]} | int64_t{p[1]} << 8
+             : int64_t{p[0]} | int64_t{p[1]} << 8 | int64_t{p[2]} << 16 | int64_t{p[3]} << 24;
 }
 }  // namespace
 
@@ -24,8 +24,8 @@ TokenFile::TokenFile(const std::string& path, TokenWidth width, int64_t vocab_si
   if (vocab_size <= 0) return;
   for (int64_t i = 0; i < size_; ++i) {
     const int64_t t = token(file_->data(), width_, i);
-    KILN_CHECK(t < vocab_size, Value, path, ": token ", t, " at position ", i,
-               " is >= vocab_size ", vocab_size, " (is the file uint", width == TokenWidth::k16 ? 32 : 16,
+    KILN_CHECK(t < vocab_size, Value, path, ": token ", t, " at position ", i, " is >= vocab_size ",
+               vocab_size, " (is the file uint", width == TokenWidth::k16 ? 32 : 16,
                " rather than uint", 8 * w, "?)");
   }
 }
@@ -50,8 +50,8 @@ TokenDataset::TokenDataset(std::shared_ptr<const TokenFile> tokens, int64_t bloc
                            int64_t stride)
     : tokens_(std::move(tokens)), block_(block_size), stride_(stride ? stride : block_size) {
   KILN_CHECK(tokens_ != nullptr, Value, "TokenDataset: the token file is null");
-  KILN_CHECK(block_ >= 1 && stride_ >= 1, Value, "TokenDataset: block_size and stride must be >= 1, got ",
-             block_, " and ", stride_);
+  KILN_CHECK(block_ >= 1 && stride_ >= 1, Value,
+             "TokenDataset: block_size and stride must be >= 1, got ", block_, " and ", stride_);
   KILN_CHECK(tokens_->size() >= block_ + 1, Value, "TokenDataset: a file of ", tokens_->size(),
              " tokens is too short for one block of ", block_, " plus its next token");
   size_ = (tokens_->size() - block_ - 1) / stride_ + 1;

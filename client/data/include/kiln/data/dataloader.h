@@ -26,9 +26,9 @@ struct DataLoaderOptions {
   int64_t batch_size = 1;
   bool shuffle = false;  // a RandomSampler(size, seed); map-style datasets only
   uint64_t seed = 0;
-  bool drop_last = false;  // drop the last, short batch of an epoch
-  int num_workers = 0;     // 0: batches are made on the calling thread
-  int prefetch_factor = 2;  // batches in flight per worker, ahead of the consumer
+  bool drop_last = false;                  // drop the last, short batch of an epoch
+  int num_workers = 0;                     // 0: batches are made on the calling thread
+  int prefetch_factor = 2;                 // batches in flight per worker, ahead of the consumer
   std::shared_ptr<const Sampler> sampler;  // overrides shuffle; map-style datasets only
   // Builds a batch from its examples. Default: the dataset's get_batch (stacks each field).
   std::function<Example(const std::vector<Example>&)> collate;
@@ -39,7 +39,7 @@ struct DataLoaderOptions {
 struct LoaderPosition {
   int64_t epoch = 0;
   int64_t batch = 0;
-  std::string to_json() const;  // {"epoch":E,"batch":B}
+  std::string to_json() const;                             // {"epoch":E,"batch":B}
   static LoaderPosition from_json(std::string_view json);  // ValueError for anything else
   bool operator==(const LoaderPosition&) const = default;
 };

@@ -41,7 +41,7 @@ class Dataset {
 class IterableDataset {
  public:
   virtual ~IterableDataset() = default;
-  virtual void reset() = 0;                    // back to the first example
+  virtual void reset() = 0;                   // back to the first example
   virtual std::optional<Example> next() = 0;  // nullopt at the end
 };
 
