@@ -226,6 +226,23 @@ TEST(DataLoader, PositionErrors) {
             std::string::npos);
 }
 
+// Says it has 3 indices, gives 2.
+class ShortSampler : public Sampler {
+ public:
+  int64_t size() const override { return 3; }
+  std::vector<int64_t> indices(int64_t) const override { return {0, 1}; }
+};
+
+TEST(DataLoader, SamplerThatBreaksItsSizeIsRejected) {
+  DataLoaderOptions o{.batch_size = 2};
+  o.sampler = std::make_shared<ShortSampler>();
+  DataLoader l(numbered(5), o);
+  EXPECT_NE(error_of([&] { l.next(); }).find("sampler's size() is 3 but epoch 0 has 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { l.next(); }).find("sampler's size()"), std::string::npos);
+  EXPECT_EQ(l.position(), (LoaderPosition{0, 0}));
+}
+
 // Fails on one index, and counts the batches it made.
 class Flaky : public Dataset {
  public:

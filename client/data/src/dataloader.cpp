@@ -21,7 +21,6 @@ struct DataLoader::Run {
     std::optional<Example> batch;  // nullopt without an error: the stream ended
     std::exception_ptr error;
   };
-  int64_t epoch = 0;
   std::vector<int64_t> order;  // map-style: this epoch's sampler order
   int64_t num_batches = 0;     // map-style: batches in this epoch
   int64_t window = 0;
@@ -139,10 +138,13 @@ std::optional<Example> read_batch(IterableDataset& s, const DataLoaderOptions& o
 std::optional<Example> DataLoader::next() {
   if (stream_) return next_iterable();
   if (!run_) {
+    std::vector<int64_t> order = options_.sampler->indices(pos_.epoch);
+    KILN_CHECK(static_cast<int64_t>(order.size()) == options_.sampler->size(), Value,
+               "DataLoader: the sampler's size() is ", options_.sampler->size(), " but epoch ",
+               pos_.epoch, " has ", order.size(), " indices");
     run_ = std::make_unique<Run>();
     Run& r = *run_;
-    r.epoch = pos_.epoch;
-    r.order = options_.sampler->indices(pos_.epoch);
+    r.order = std::move(order);
     r.num_batches = size();
     r.next_claim = r.next_take = pos_.batch;
     r.window = int64_t{options_.num_workers} * options_.prefetch_factor;
