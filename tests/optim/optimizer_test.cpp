@@ -157,6 +157,64 @@ TEST(OptimSGD, Bfloat16AndFloat64Parameters) {
   check_against_reference(opt, sgd_ref, 1, 1e-2, 1e-2);  // one step: bf16 rounding only at the end
 }
 
+// torch.optim.RMSprop, one tensor.
+void rmsprop_ref(Vec& p, const Vec& g, std::map<std::string, Vec>& s, int, const Options& o) {
+  Vec &sq = get(s, "sq", p.size()), &ga = get(s, "ga", p.size()), &buf = get(s, "buf", p.size());
+  const double alpha = o.at("alpha"), mom = o.at("momentum");
+  for (size_t i = 0; i < p.size(); ++i) {
+    double d = o.at("maximize") != 0 ? -g[i] : g[i];
+    d += o.at("weight_decay") * p[i];
+    sq[i] = alpha * sq[i] + (1 - alpha) * d * d;
+    double avg;
+    if (o.at("centered") != 0) {
+      ga[i] = alpha * ga[i] + (1 - alpha) * d;
+      avg = std::sqrt(sq[i] - ga[i] * ga[i]) + o.at("eps");
+    } else {
+      avg = std::sqrt(sq[i]) + o.at("eps");
+    }
+    if (mom > 0) {
+      buf[i] = mom * buf[i] + d / avg;
+      p[i] -= o.at("lr") * buf[i];
+    } else {
+      p[i] -= o.at("lr") * d / avg;
+    }
+  }
+}
+
+// torch.optim.Adagrad, one tensor.
+void adagrad_ref(Vec& p, const Vec& g, std::map<std::string, Vec>& s, int t, const Options& o) {
+  Vec& sum = get(s, "sum", p.size(), o.at("initial_accumulator_value"));
+  const double clr = o.at("lr") / (1 + (t - 1) * o.at("lr_decay"));
+  for (size_t i = 0; i < p.size(); ++i) {
+    double d = o.at("maximize") != 0 ? -g[i] : g[i];
+    d += o.at("weight_decay") * p[i];
+    sum[i] += d * d;
+    p[i] -= clr * d / (std::sqrt(sum[i]) + o.at("eps"));
+  }
+}
+
+TEST(OptimRMSprop, MatchesTheReference) {
+  std::vector<Tensor> a = {param({3, 4}, 1), param({5}, 2)}, b = {param({6}, 3)},
+                      c = {param({2, 2}, 4)};
+  optim::RMSprop opt({{a, {}},
+                      {b, {{"centered", 1}, {"momentum", 0.9}, {"maximize", 1}}},
+                      {c, {{"centered", 1}, {"alpha", 0.9}}}},
+                     {.lr = 1e-2, .weight_decay = 0.01});
+  check_against_reference(opt, rmsprop_ref, 5, 1e-4, 1e-6, {1});
+  EXPECT_EQ(opt.state_of(b[0]).count("grad_avg"), 1u);
+  EXPECT_EQ(opt.state_of(b[0]).count("momentum_buffer"), 1u);
+  EXPECT_EQ(opt.state_of(a[0]).count("grad_avg"), 0u);
+  EXPECT_EQ(opt.state_of(a[0]).at("step").item<float>(), 5.0f);
+}
+
+TEST(OptimAdagrad, MatchesTheReference) {
+  std::vector<Tensor> a = {param({3, 4}, 1), param({5}, 2)}, b = {param({6}, 3)};
+  optim::Adagrad opt({{a, {}}, {b, {{"lr_decay", 0.1}, {"maximize", 1}, {"weight_decay", 0.1}}}},
+                     {.lr = 0.1, .initial_accumulator_value = 0.5});
+  EXPECT_EQ(to_doubles(opt.state_of(a[1]).at("sum")), Vec(5, 0.5));  // state from construction
+  check_against_reference(opt, adagrad_ref, 5, 1e-5, 1e-6, {0});
+}
+
 TEST(OptimStateDict, ResumeEqualsTheUninterruptedRun) {
   auto make_params = [] { return std::vector<Tensor>{param({3, 4}, 1), param({5}, 2)}; };
   std::vector<std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>> makers = {
@@ -167,6 +225,11 @@ TEST(OptimStateDict, ResumeEqualsTheUninterruptedRun) {
         return std::make_unique<optim::Adam>(p, optim::AdamOptions{.lr = 1e-2, .amsgrad = true});
       },
       [](std::vector<Tensor> p) { return std::make_unique<optim::AdamW>(p); },
+      [](std::vector<Tensor> p) {
+        return std::make_unique<optim::RMSprop>(
+            p, optim::RMSpropOptions{.momentum = 0.5, .centered = true});
+      },
+      [](std::vector<Tensor> p) { return std::make_unique<optim::Adagrad>(p); },
   };
   for (const auto& make : makers) {
     std::vector<Tensor> full = make_params(), resumed = make_params();
