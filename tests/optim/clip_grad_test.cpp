@@ -1,10 +1,11 @@
 // Gradient clipping (kiln/optim/clip_grad.h) against hand-computed norms and a naive loop.
+#include "kiln/optim/clip_grad.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
-#include "kiln/optim/clip_grad.h"
 #include "test_util.h"
 
 namespace kiln::testing {
@@ -63,7 +64,8 @@ TEST(ClipGradNorm, NonFiniteAndEmpty) {
   std::vector<Tensor> none = {zeros({3})};
   EXPECT_EQ(optim::clip_grad_norm_(none, 1.0).item<double>(), 0.0);
   std::vector<Tensor> ps = {with_grad({1, std::numeric_limits<float>::infinity()}, {2})};
-  expect_error(ErrorKind::Runtime, "clip_grad_norm_: the total norm of order 2 of the gradients is inf",
+  expect_error(ErrorKind::Runtime,
+               "clip_grad_norm_: the total norm of order 2 of the gradients is inf",
                [&] { optim::clip_grad_norm_(ps, 1.0, 2, true); });
   EXPECT_TRUE(std::isinf(optim::clip_grad_norm_(ps, 1.0).item<double>()));
 }

@@ -1,13 +1,14 @@
 // LR schedulers (kiln/optim/lr_scheduler.h): curves over two param groups with different base lrs
 // against closed forms written out here (and a few values worked by hand from PyTorch's
 // formulas), SequentialLR, OneCycleLR's momentum, state dicts and bad input.
+#include "kiln/optim/lr_scheduler.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
 #include <numbers>
 
-#include "kiln/optim/lr_scheduler.h"
 #include "kiln/optim/optimizers.h"
 #include "test_util.h"
 
@@ -59,8 +60,8 @@ TEST(LRScheduler, CosineAnnealingLR) {
   optim::SGD opt(two_groups(), {.lr = 1.0});
   optim::CosineAnnealingLR s(opt, {.T_max = 4, .eta_min = 0.1});
   // Hand-worked for base 1: (0.1 + 0.9 * (1 + cos(pi e / 4)) / 2).
-  const double hand[] = {1.0, 0.1 + 0.45 * (1 + std::sqrt(0.5)), 0.55, 0.1 + 0.45 * (1 - std::sqrt(0.5)),
-                         0.1};
+  const double hand[] = {1.0, 0.1 + 0.45 * (1 + std::sqrt(0.5)), 0.55,
+                         0.1 + 0.45 * (1 - std::sqrt(0.5)), 0.1};
   EXPECT_NEAR(opt.param_groups()[0].options.at("lr"), hand[0], 1e-12);
   expect_curve(s, opt, 9, [](double b, int e) {
     return 0.1 + (b - 0.1) * (1 + std::cos(std::numbers::pi * e / 4)) / 2;
@@ -106,8 +107,11 @@ TEST(LRScheduler, OneCycleLRWithAdam) {
 
 TEST(LRScheduler, OneCycleLRThreePhaseLinearWithSGD) {
   optim::SGD opt(two_groups(), {.lr = 1.0, .momentum = 0.9});
-  optim::OneCycleLR s(opt, {.max_lr = {1.0}, .epochs = 2, .steps_per_epoch = 5,
-                            .anneal_cos = false, .three_phase = true});
+  optim::OneCycleLR s(opt, {.max_lr = {1.0},
+                            .epochs = 2,
+                            .steps_per_epoch = 5,
+                            .anneal_cos = false,
+                            .three_phase = true});
   // Phases end at steps 2, 4 and 9: 0.04 -> 1 -> 0.04 -> 4e-6; momentum 0.95 -> 0.85 -> 0.95.
   const double lr[] = {0.04, 0.52, 1.0, 0.52, 0.04};
   const double mom[] = {0.95, 0.90, 0.85, 0.90, 0.95};
@@ -123,8 +127,8 @@ TEST(LRScheduler, SequentialLRWarmupThenCosine) {
   optim::SGD opt(two_groups(), {.lr = 1.0});
   auto warmup = std::make_shared<optim::LinearLR>(
       opt, optim::LinearLROptions{.start_factor = 0.1, .total_iters = 3});
-  auto cosine = std::make_shared<optim::CosineAnnealingLR>(
-      opt, optim::CosineAnnealingLROptions{.T_max = 5});
+  auto cosine =
+      std::make_shared<optim::CosineAnnealingLR>(opt, optim::CosineAnnealingLROptions{.T_max = 5});
   optim::SequentialLR s(opt, {warmup, cosine}, {3});
   expect_curve(s, opt, 10, [](double b, int e) {
     if (e < 3) return b * (0.1 + 0.9 * e / 3.0);
@@ -146,8 +150,9 @@ TEST(LRScheduler, StateDictResumes) {
     EXPECT_EQ(sa.get_last_lr(), sb.get_last_lr());
     sa.step(), sb.step();
   }
-  expect_error(ErrorKind::Value, "CosineAnnealingLR: state dict has no \"base_lr.1\"",
-               [&] { sb.load_state_dict({{"last_epoch", 1}, {"base_lr.0", 1}}); });
+  expect_error(ErrorKind::Value, "CosineAnnealingLR: state dict has no \"base_lr.1\"", [&] {
+    sb.load_state_dict({{"last_epoch", 1}, {"base_lr.0", 1}});
+  });
 }
 
 TEST(LRScheduler, TheOptimizerStepsWithTheScheduledLr) {
@@ -170,7 +175,9 @@ TEST(LRScheduler, BadInput) {
   expect_error(ErrorKind::Value, "LinearLR: start_factor must be in (0, 1], got 0",
                [&] { optim::LinearLR(opt, {.start_factor = 0}); });
   expect_error(ErrorKind::Value, "OneCycleLR: expected 1 max_lr or one per param group (2), got 3",
-               [&] { optim::OneCycleLR(opt, {.max_lr = {1, 2, 3}, .total_steps = 5}); });
+               [&] {
+                 optim::OneCycleLR(opt, {.max_lr = {1, 2, 3}, .total_steps = 5});
+               });
   expect_error(ErrorKind::Value, "give total_steps, or epochs and steps_per_epoch",
                [&] { optim::OneCycleLR(opt, {.max_lr = {1}}); });
   optim::Adagrad adagrad(two_groups());
@@ -181,8 +188,9 @@ TEST(LRScheduler, BadInput) {
                [&] { optim::SequentialLR(opt, {a}, {3}); });
   optim::SGD other(two_groups());
   auto b = std::make_shared<optim::StepLR>(other, optim::StepLROptions{.step_size = 2});
-  expect_error(ErrorKind::Value, "scheduler 1 is not built on this optimizer",
-               [&] { optim::SequentialLR(opt, {a, b}, {3}); });
+  expect_error(ErrorKind::Value, "scheduler 1 is not built on this optimizer", [&] {
+    optim::SequentialLR(opt, {a, b}, {3});
+  });
 }
 
 }  // namespace

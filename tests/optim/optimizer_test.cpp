@@ -129,7 +129,8 @@ TEST(OptimAdam, MatchesTheReference) {
     if (decoupled)
       opt = std::make_unique<optim::AdamW>(groups, optim::AdamWOptions{.lr = 1e-2});
     else
-      opt = std::make_unique<optim::Adam>(groups, optim::AdamOptions{.lr = 1e-2, .weight_decay = 0.1});
+      opt = std::make_unique<optim::Adam>(groups,
+                                          optim::AdamOptions{.lr = 1e-2, .weight_decay = 0.1});
     EXPECT_EQ(opt->param_groups()[0].options.at("weight_decay"), decoupled ? 1e-2 : 0.1);
     auto ref = [decoupled](Vec& p, const Vec& g, std::map<std::string, Vec>& s, int t,
                            const Options& o) { adam_ref(p, g, s, t, o, decoupled); };
@@ -286,7 +287,8 @@ TEST(OptimStateDict, BadStateDicts) {
                [&] { opt.load_state_dict(two_groups); });
   optim::StateDict bad_shape = sd;
   bad_shape.state["1.momentum_buffer"] = zeros({4});
-  expect_error(ErrorKind::Value, "state \"1.momentum_buffer\" has shape [4] but parameter 1 has shape [3]",
+  expect_error(ErrorKind::Value,
+               "state \"1.momentum_buffer\" has shape [4] but parameter 1 has shape [3]",
                [&] { opt.load_state_dict(bad_shape); });
   optim::StateDict bad_key = sd;
   bad_key.state["x.momentum_buffer"] = zeros({2});
@@ -311,10 +313,12 @@ TEST(Optim, ZeroGradAndBadInput) {
   opt.zero_grad();
   EXPECT_FALSE(ps[0].grad().defined());
   opt.step();  // no gradients: nothing happens
-  expect_error(ErrorKind::Value, "SGD: unknown option \"betas\" in param group 1",
-               [&] { optim::SGD({{{ps[0]}, {}}, {{ps[1]}, {{"betas", 1}}}}); });
-  expect_error(ErrorKind::Value, "appears in more than one group",
-               [&] { optim::Adam({{{ps[0]}, {}}, {{ps[0]}, {}}}); });
+  expect_error(ErrorKind::Value, "SGD: unknown option \"betas\" in param group 1", [&] {
+    optim::SGD({{{ps[0]}, {}}, {{ps[1]}, {{"betas", 1}}}});
+  });
+  expect_error(ErrorKind::Value, "appears in more than one group", [&] {
+    optim::Adam({{{ps[0]}, {}}, {{ps[0]}, {}}});
+  });
   expect_error(ErrorKind::Value, "Adam: invalid learning rate -1",
                [&] { optim::Adam(ps, {.lr = -1}); });
   expect_error(ErrorKind::Value, "empty parameter list",

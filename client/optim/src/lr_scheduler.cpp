@@ -47,8 +47,8 @@ void LRScheduler::load_state_dict(const std::map<std::string, double>& sd) {
   std::vector<double> base;
   for (size_t i = 0; i < base_lrs_.size(); ++i) {
     auto b = sd.find("base_lr." + std::to_string(i));
-    KILN_CHECK(b != sd.end(), Value, name_, ": state dict has no \"base_lr.", i, "\" (the optimizer has ",
-               base_lrs_.size(), " param groups)");
+    KILN_CHECK(b != sd.end(), Value, name_, ": state dict has no \"base_lr.", i,
+               "\" (the optimizer has ", base_lrs_.size(), " param groups)");
     base.push_back(b->second);
   }
   KILN_CHECK(sd.size() == base.size() + 1, Value, name_, ": state dict has ", sd.size() - 1,
@@ -75,8 +75,8 @@ MultiStepLR::MultiStepLR(Optimizer& optimizer, MultiStepLROptions options)
 }
 
 double MultiStepLR::lr_at(size_t group, int64_t epoch) const {
-  const auto n = std::upper_bound(o_.milestones.begin(), o_.milestones.end(), epoch) -
-                 o_.milestones.begin();
+  const auto n =
+      std::upper_bound(o_.milestones.begin(), o_.milestones.end(), epoch) - o_.milestones.begin();
   return base_lrs_.at(group) * std::pow(o_.gamma, static_cast<double>(n));
 }
 
@@ -188,7 +188,8 @@ void OneCycleLR::apply(int64_t epoch) {
   LRScheduler::apply(epoch);
   if (!o_.cycle_momentum) return;
   std::vector<ParamGroup>& groups = optimizer_.param_groups();
-  for (size_t i = 0; i < groups.size(); ++i) groups[i].options[momentum_key_] = momentum_at(i, epoch);
+  for (size_t i = 0; i < groups.size(); ++i)
+    groups[i].options[momentum_key_] = momentum_at(i, epoch);
 }
 
 SequentialLR::SequentialLR(Optimizer& optimizer,
@@ -213,8 +214,8 @@ SequentialLR::SequentialLR(Optimizer& optimizer,
 }
 
 std::pair<LRScheduler*, int64_t> SequentialLR::at(int64_t epoch) const {
-  const size_t i = std::upper_bound(milestones_.begin(), milestones_.end(), epoch) -
-                   milestones_.begin();
+  const size_t i =
+      std::upper_bound(milestones_.begin(), milestones_.end(), epoch) - milestones_.begin();
   return {schedulers_[i].get(), i == 0 ? epoch : epoch - milestones_[i - 1]};
 }
 

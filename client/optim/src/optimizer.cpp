@@ -31,7 +31,8 @@ std::vector<StateDict::Group> StateDict::groups_from_json(const std::string& jso
       if (key == "params") {
         KILN_CHECK(value.is_array(), Value, "optimizer state: \"params\" must be an array");
         for (const nlohmann::json& i : value) {
-          KILN_CHECK(i.is_number_integer(), Value, "optimizer state: parameter indices must be integers");
+          KILN_CHECK(i.is_number_integer(), Value,
+                     "optimizer state: parameter indices must be integers");
           group.params.push_back(i.get<int64_t>());
         }
         continue;
@@ -118,15 +119,14 @@ StateDict Optimizer::state_dict() const {
 }
 
 void Optimizer::load_state_dict(const StateDict& sd) {
-  KILN_CHECK(sd.param_groups.size() == groups_.size(), Value, name_,
-             ": loaded state dict has ", sd.param_groups.size(),
-             " param groups, but the optimizer has ", groups_.size());
+  KILN_CHECK(sd.param_groups.size() == groups_.size(), Value, name_, ": loaded state dict has ",
+             sd.param_groups.size(), " param groups, but the optimizer has ", groups_.size());
   std::map<int64_t, const Tensor*> by_index;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     const std::vector<int64_t>& ids = sd.param_groups[gi].params;
     KILN_CHECK(ids.size() == groups_[gi].params.size(), Value, name_, ": param group ", gi,
-               " of the loaded state dict has ", ids.size(), " parameters, but the optimizer's has ",
-               groups_[gi].params.size());
+               " of the loaded state dict has ", ids.size(),
+               " parameters, but the optimizer's has ", groups_[gi].params.size());
     for (size_t i = 0; i < ids.size(); ++i) by_index[ids[i]] = &groups_[gi].params[i];
   }
   std::unordered_map<const TensorImpl*, std::map<std::string, Tensor>> state;

@@ -28,8 +28,13 @@ Tensor effective_grad(const Tensor& p, const Tensor& grad, const Options& o) {
 }  // namespace
 
 Options RMSpropOptions::to_map() const {
-  return {{"lr", lr},         {"alpha", alpha},       {"eps", eps},          {"weight_decay", weight_decay},
-          {"momentum", momentum}, {"centered", centered}, {"maximize", maximize}};
+  return {{"lr", lr},
+          {"alpha", alpha},
+          {"eps", eps},
+          {"weight_decay", weight_decay},
+          {"momentum", momentum},
+          {"centered", centered},
+          {"maximize", maximize}};
 }
 
 RMSprop::RMSprop(std::vector<Tensor> params, const RMSpropOptions& options)
@@ -43,8 +48,8 @@ void RMSprop::step() {
   for (const ParamGroup& group : param_groups()) {
     const Options& o = group.options;
     const double alpha = o.at("alpha"), momentum = o.at("momentum"), lr = o.at("lr");
-    KILN_CHECK(alpha >= 0 && momentum >= 0 && o.at("eps") >= 0 && o.at("weight_decay") >= 0,
-               Value, name_, ": alpha, momentum, eps and weight_decay must be non-negative");
+    KILN_CHECK(alpha >= 0 && momentum >= 0 && o.at("eps") >= 0 && o.at("weight_decay") >= 0, Value,
+               name_, ": alpha, momentum, eps and weight_decay must be non-negative");
     std::vector<Tensor> params, grads;
     params_with_grad(group, params, grads);
     for (size_t i = 0; i < params.size(); ++i) {

@@ -66,8 +66,13 @@ void SGD::step() {
 }
 
 Options AdamOptions::to_map() const {
-  return {{"lr", lr},   {"beta1", beta1},       {"beta2", beta2},      {"eps", eps},
-          {"weight_decay", weight_decay}, {"amsgrad", amsgrad}, {"maximize", maximize}};
+  return {{"lr", lr},
+          {"beta1", beta1},
+          {"beta2", beta2},
+          {"eps", eps},
+          {"weight_decay", weight_decay},
+          {"amsgrad", amsgrad},
+          {"maximize", maximize}};
 }
 
 Options AdamWOptions::to_map() const {
