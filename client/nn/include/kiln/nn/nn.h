@@ -12,3 +12,4 @@
 #include "kiln/nn/init.h"
 #include "kiln/nn/layers.h"
 #include "kiln/nn/module.h"
+#include "kiln/nn/transformer.h"
