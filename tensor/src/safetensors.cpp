@@ -26,13 +26,11 @@ struct DtypeName {
   ScalarType type;
 };
 constexpr DtypeName kDtypeNames[] = {
-    {"BOOL", kBool},    {"U8", kUInt8},   {"I8", kInt8},         {"I16", kInt16},
-    {"I32", kInt32},    {"I64", kInt64},  {"F16", kFloat16},     {"BF16", kBFloat16},
-    {"F32", kFloat32},  {"F64", kFloat64}};
+    {"BOOL", kBool}, {"U8", kUInt8},    {"I8", kInt8},       {"I16", kInt16},   {"I32", kInt32},
+    {"I64", kInt64}, {"F16", kFloat16}, {"BF16", kBFloat16}, {"F32", kFloat32}, {"F64", kFloat64}};
 // Names the format defines but Kiln has no element type for.
-constexpr const char* kUnsupportedDtypeNames[] = {"U16", "U32", "U64", "F8_E4M3", "F8_E5M2",
-                                                  "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",
-                                                  "C64"};
+constexpr const char* kUnsupportedDtypeNames[] = {
+    "U16", "U32", "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "C64"};
 
 // One tensor of a validated header: its bytes are data[begin, end).
 struct Entry {
@@ -78,8 +76,9 @@ Entry parse_entry(const std::string& name, const json& v, uint64_t data_bytes) {
   const std::string where = "tensor '" + name + "'";
   KILN_CHECK(v.is_object(), Value, "safetensors: ", where, ": expected an object, got ", brief(v));
   for (const auto& [key, _] : v.items())
-    KILN_CHECK(key == "dtype" || key == "shape" || key == "data_offsets", Value, "safetensors: ",
-               where, ": unexpected key '", key, "' (expected dtype, shape, data_offsets)");
+    KILN_CHECK(key == "dtype" || key == "shape" || key == "data_offsets", Value,
+               "safetensors: ", where, ": unexpected key '", key,
+               "' (expected dtype, shape, data_offsets)");
   KILN_CHECK(v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"), Value,
              "safetensors: ", where, ": needs dtype, shape and data_offsets");
   const json& dtype = v["dtype"];
@@ -119,9 +118,9 @@ Entry parse_entry(const std::string& name, const json& v, uint64_t data_bytes) {
   KILN_CHECK(e.end <= data_bytes, Value, "safetensors: ", where, ": data_offsets [", e.begin, ", ",
              e.end, "] reach past the data section, which holds ", data_bytes,
              " bytes (truncated file?)");
-  KILN_CHECK(e.end - e.begin == nbytes, Value, "safetensors: ", where, ": shape ", shape_str(e.shape),
-             " of ", dtype.get<std::string>(), " needs ", nbytes, " bytes, but data_offsets [",
-             e.begin, ", ", e.end, "] span ", e.end - e.begin);
+  KILN_CHECK(e.end - e.begin == nbytes, Value, "safetensors: ", where, ": shape ",
+             shape_str(e.shape), " of ", dtype.get<std::string>(), " needs ", nbytes,
+             " bytes, but data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin);
   return e;
 }
 
@@ -161,8 +160,8 @@ Header parse_header(std::string_view text, uint64_t data_bytes) {
   for (const Entry& e : h.entries) {
     KILN_CHECK(e.begin >= covered, Value, "safetensors: tensor '", e.name, "' (bytes [", e.begin,
                ", ", e.end, ")) overlaps tensor '", *previous, "' (which ends at ", covered, ")");
-    KILN_CHECK(e.begin == covered, Value, "safetensors: a gap of unclaimed bytes [", covered,
-               ", ", e.begin, ") lies before tensor '", e.name, "'");
+    KILN_CHECK(e.begin == covered, Value, "safetensors: a gap of unclaimed bytes [", covered, ", ",
+               e.begin, ") lies before tensor '", e.name, "'");
     covered = e.end;
     previous = &e.name;
   }
@@ -196,8 +195,7 @@ struct Planned {
 };
 
 // The length prefix and padded header of `tensors`, and what to write after it, in order.
-std::string plan(const TensorMap& tensors, const StringMap& metadata,
-                 std::vector<Planned>& order) {
+std::string plan(const TensorMap& tensors, const StringMap& metadata, std::vector<Planned>& order) {
   json doc = json::object();
   if (!metadata.empty()) doc["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -218,7 +216,12 @@ std::string plan(const TensorMap& tensors, const StringMap& metadata,
     order.push_back({std::move(c), offset, offset + nbytes});
     offset += nbytes;
   }
-  std::string header = doc.dump();
+  std::string header;
+  try {
+    header = doc.dump();
+  } catch (const json::exception& e) {
+    KILN_FAIL(Value, "save_safetensors: tensor names and metadata must be UTF-8: ", e.what());
+  }
   header.append((8 - header.size() % 8) % 8, ' ');
   uint64_t n = header.size();
   char prefix[8];
@@ -258,10 +261,9 @@ SafetensorsData safetensors_from_bytes(std::string_view bytes) {
              "safetensors: header length ", n, " exceeds the ", bytes.size() - 8,
              " bytes that follow it (limit ", kSafetensorsMaxHeaderBytes, ")");
   std::string_view data = bytes.substr(8 + n);
-  return materialize(parse_header(bytes.substr(8, n), data.size()),
-                     [&](uint64_t off, char* dst, uint64_t len) {
-                       std::memcpy(dst, data.data() + off, len);
-                     });
+  return materialize(
+      parse_header(bytes.substr(8, n), data.size()),
+      [&](uint64_t off, char* dst, uint64_t len) { std::memcpy(dst, data.data() + off, len); });
 }
 
 void save_safetensors(const std::string& path, const TensorMap& tensors,
@@ -269,21 +271,21 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   std::vector<Planned> order;
   std::string header = plan(tensors, metadata, order);
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  KILN_CHECK(f.is_open(), Runtime, "save_safetensors: cannot open '", path, "' for writing: ",
-             std::strerror(errno));
+  KILN_CHECK(f.is_open(), Runtime, "save_safetensors: cannot open '", path,
+             "' for writing: ", std::strerror(errno));
   f.write(header.data(), static_cast<std::streamsize>(header.size()));
   for (const Planned& p : order)
     f.write(static_cast<const char*>(p.data.data_ptr()),
             static_cast<std::streamsize>(p.end - p.begin));
   f.close();
-  KILN_CHECK(!f.fail(), Runtime, "save_safetensors: writing '", path, "' failed: ",
-             std::strerror(errno));
+  KILN_CHECK(!f.fail(), Runtime, "save_safetensors: writing '", path,
+             "' failed: ", std::strerror(errno));
 }
 
 SafetensorsData load_safetensors(const std::string& path) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
-  KILN_CHECK(f.is_open(), Runtime, "load_safetensors: cannot open '", path, "': ",
-             std::strerror(errno));
+  KILN_CHECK(f.is_open(), Runtime, "load_safetensors: cannot open '", path,
+             "': ", std::strerror(errno));
   const uint64_t size = static_cast<uint64_t>(f.tellg());
   auto read_at = [&](uint64_t off, char* dst, uint64_t len) {
     f.seekg(static_cast<std::streamoff>(off));
@@ -302,8 +304,9 @@ SafetensorsData load_safetensors(const std::string& path) {
                " bytes that follow it (limit ", kSafetensorsMaxHeaderBytes, ")");
     std::string text(n, '\0');
     read_at(8, text.data(), n);
-    return materialize(parse_header(text, size - 8 - n),
-                       [&](uint64_t off, char* dst, uint64_t len) { read_at(8 + n + off, dst, len); });
+    return materialize(
+        parse_header(text, size - 8 - n),
+        [&](uint64_t off, char* dst, uint64_t len) { read_at(8 + n + off, dst, len); });
   } catch (const Error& e) {
     detail::throw_error(e.kind(), detail::str_cat(e.what(), " (in '", path, "')"));
   }

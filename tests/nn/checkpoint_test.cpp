@@ -2,8 +2,8 @@
 // saves in a loop (Note [Atomic checkpoints] in kiln/nn/checkpoint.h).
 #include "kiln/nn/checkpoint.h"
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -52,8 +52,8 @@ Checkpoint checkpoint_of_step(int64_t step) {
   c.groups["model"] = {{"fc.weight", filled<float>({256, 1024}, static_cast<float>(step))},
                        {"fc.bias", filled<int64_t>({17}, step)}};
   c.groups["optimizer"] = {{"0.exp_avg", filled<double>({64, 1024}, -static_cast<double>(step))}};
-  c.metadata = json{{"step", step}, {"rng", {step, 2 * step}}, {"loader", {{"index", step % 7}}}}
-                   .dump();
+  c.metadata =
+      json{{"step", step}, {"rng", {step, 2 * step}}, {"loader", {{"index", step % 7}}}}.dump();
   return c;
 }
 
@@ -99,8 +99,9 @@ TEST(Checkpoint, RoundTripAndGenerations) {
   EXPECT_TRUE(back.groups.at("optimizer").empty());
   for (const auto& [name, t] : c.groups.at("model"))
     testing::expect_close(back.groups.at("model").at(name), t, 0, 0);
-  EXPECT_EQ(files_in(dir.path), (std::vector<std::string>{"manifest.json", "model.00000001.safetensors",
-                                                           "optimizer.00000001.safetensors"}));
+  EXPECT_EQ(files_in(dir.path),
+            (std::vector<std::string>{"manifest.json", "model.00000001.safetensors",
+                                      "optimizer.00000001.safetensors"}));
 
   // The next save is generation 2 and removes generation 1's files, here the dropped group too.
   Checkpoint c2 = checkpoint_of_step(5);
@@ -241,8 +242,8 @@ TEST(Checkpoint, KillDuringSave) {
   }
   RecordProperty("killed_mid_save", mid_save);
   RecordProperty("last_step", static_cast<int>(last_step));
-  EXPECT_GT(last_step, 50);   // the children made progress
-  EXPECT_GE(mid_save, 10);    // and the kills landed inside saves
+  EXPECT_GT(last_step, 50);  // the children made progress
+  EXPECT_GE(mid_save, 10);   // and the kills landed inside saves
 }
 
 }  // namespace

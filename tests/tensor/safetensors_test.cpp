@@ -47,8 +47,8 @@ void expect_same(const TensorMap& got, const TensorMap& want) {
 // One tensor of every dtype, plus 0-dim, zero-size and non-contiguous ones.
 TensorMap all_kinds() {
   TensorMap m;
-  for (ScalarType t : {kBool, kUInt8, kInt8, kInt16, kInt32, kInt64, kFloat16, kBFloat16,
-                       kFloat32, kFloat64})
+  for (ScalarType t :
+       {kBool, kUInt8, kInt8, kInt16, kInt32, kInt64, kFloat16, kBFloat16, kFloat32, kFloat64})
     m[std::string("t_") + scalar_type_name(t)] = testing::random({3, 5}, t, -100, 100);
   m["scalar"] = testing::from_vector<double>({2.5}, {});
   m["empty"] = empty_on({0, 7}, kFloat32, kCPU);
@@ -107,18 +107,20 @@ TEST(Safetensors, LayoutIsTheFormat) {
   EXPECT_EQ(n % 8, 0u);  // padded, as the Python package writes
   EXPECT_EQ(bytes.size(), 8 + n + 2 + 8);
   std::string header = bytes.substr(8, n);
-  EXPECT_EQ(header.find_last_not_of(' ') + 1,
-            std::string(R"({"__metadata__":{"k":"v"},"a":{"data_offsets":[0,2],"dtype":"I16","shape":[1,1]},"b":{"data_offsets":[2,10],"dtype":"F32","shape":[2]}})")
-                .size());
+  EXPECT_EQ(
+      header.find_last_not_of(' ') + 1,
+      std::string(
+          R"({"__metadata__":{"k":"v"},"a":{"data_offsets":[0,2],"dtype":"I16","shape":[1,1]},"b":{"data_offsets":[2,10],"dtype":"F32","shape":[2]}})")
+          .size());
   int16_t a;
   std::memcpy(&a, bytes.data() + 8 + n, 2);
   EXPECT_EQ(a, 7);
 
   // A hand-written file (the reference writer's key order, no padding) loads.
   float v[2] = {3.f, -4.f};
-  SafetensorsData d = safetensors_from_bytes(
-      image(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
-            std::string(reinterpret_cast<char*>(v), 8)));
+  SafetensorsData d =
+      safetensors_from_bytes(image(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                                   std::string(reinterpret_cast<char*>(v), 8)));
   EXPECT_EQ(testing::to_doubles(d.tensors.at("x")), (std::vector<double>{3, -4}));
 }
 
@@ -135,16 +137,20 @@ TEST(Safetensors, WriterRejectsBadInput) {
   testing::expect_error(ErrorKind::Value, "invalid tensor name '__metadata__'", [] {
     safetensors_to_bytes({{"__metadata__", empty_on({1}, kFloat32, kCPU)}});
   });
-  testing::expect_error(ErrorKind::Value, "invalid tensor name ''",
-                        [] { safetensors_to_bytes({{"", empty_on({1}, kFloat32, kCPU)}}); });
-  testing::expect_error(ErrorKind::Value, "'u' is undefined",
-                        [] { safetensors_to_bytes({{"u", Tensor()}}); });
+  testing::expect_error(ErrorKind::Value, "invalid tensor name ''", [] {
+    safetensors_to_bytes({{"", empty_on({1}, kFloat32, kCPU)}});
+  });
+  testing::expect_error(ErrorKind::Value, "must be UTF-8", [] {
+    safetensors_to_bytes({{"ok", empty_on({1}, kFloat32, kCPU)}}, {{"k", "\xff\xfe"}});
+  });
+  testing::expect_error(ErrorKind::Value, "'u' is undefined", [] {
+    safetensors_to_bytes({{"u", Tensor()}});
+  });
   testing::expect_error(ErrorKind::Value, "meta device", [] {
     safetensors_to_bytes({{"m", empty_on({2}, kFloat32, Device(DeviceType::Meta))}});
   });
-  testing::expect_error(ErrorKind::Runtime, "cannot open", [] {
-    save_safetensors("/nonexistent-dir/x.safetensors", {});
-  });
+  testing::expect_error(ErrorKind::Runtime, "cannot open",
+                        [] { save_safetensors("/nonexistent-dir/x.safetensors", {}); });
   testing::expect_error(ErrorKind::Runtime, "cannot open",
                         [] { load_safetensors("/nonexistent-dir/x.safetensors"); });
 }
@@ -177,12 +183,15 @@ TEST(Safetensors, RejectsHostileHeaders) {
                   "shape entry must be a non-negative integer, got -2");
   expect_rejected(image(R"({"a":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", f8),
                   "non-negative integer");
-  expect_rejected(image(R"({"a":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,8]}})", f8),
-                  "is too large");
-  expect_rejected(image(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", f8),
-                  "shape [4294967296, 4294967296]... overflows 64 bits");
-  expect_rejected(image(R"({"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})", f8),
-                  "byte size of shape [4611686018427387904] overflows");
+  expect_rejected(
+      image(R"({"a":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,8]}})", f8),
+      "is too large");
+  expect_rejected(
+      image(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", f8),
+      "shape [4294967296, 4294967296]... overflows 64 bits");
+  expect_rejected(
+      image(R"({"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})", f8),
+      "byte size of shape [4611686018427387904] overflows");
   expect_rejected(image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", f8),
                   "data_offsets must be [begin, end]");
   expect_rejected(image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", f8),
@@ -190,12 +199,17 @@ TEST(Safetensors, RejectsHostileHeaders) {
   expect_rejected(image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,"8"]}})", f8),
                   "data_offsets[1] must be a non-negative integer");
   // A huge claimed tensor in a tiny file: rejected before anything is allocated.
-  expect_rejected(image(R"({"a":{"dtype":"F32","shape":[1000000000000],"data_offsets":[0,4000000000000]}})", f8),
-                  "reach past the data section, which holds 8 bytes");
+  expect_rejected(
+      image(R"({"a":{"dtype":"F32","shape":[1000000000000],"data_offsets":[0,4000000000000]}})",
+            f8),
+      "reach past the data section, which holds 8 bytes");
   expect_rejected(image(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", f8),
                   "shape [3] of F32 needs 12 bytes, but data_offsets [0, 8] span 8");
-  expect_rejected(image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f8),
-                  "tensor 'b' (bytes [4, 8)) overlaps tensor 'a'");
+  expect_rejected(
+      image(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          f8),
+      "tensor 'b' (bytes [4, 8)) overlaps tensor 'a'");
   expect_rejected(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f8),
                   "a gap of unclaimed bytes [0, 4) lies before tensor 'a'");
   expect_rejected(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", f8),
@@ -206,7 +220,8 @@ TEST(Safetensors, RejectsHostileHeaders) {
   const std::string deep = std::string(200000, '[') + std::string(200000, ']');
   expect_rejected(image(R"({"__metadata__":)" + deep + "}", ""),
                   "__metadata__ must be an object of strings, got an array of 1 elements");
-  expect_rejected(image(R"({"a":)" + deep + "}", ""), "tensor 'a': expected an object, got an array");
+  expect_rejected(image(R"({"a":)" + deep + "}", ""),
+                  "tensor 'a': expected an object, got an array");
   expect_rejected(image(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,)" + deep +
                             R"(],"data_offsets":[0,8]}})",
                         f8),
@@ -272,8 +287,8 @@ TensorMap interop_tensors() {
   m["f64"] = testing::from_vector<double>(f64, {2, 3});
   m["f16"] = testing::from_vector<float>({0, 0.25f, -1.5f, 65504.f, 1e-3f}, {5}).to(kFloat16);
   m["bf16"] = testing::from_vector<float>({-1.5f, -0.5f, 0.5f, 1.5f}, {2, 2}).to(kBFloat16);
-  m["i64"] = testing::from_vector<int64_t>({-(int64_t{1} << 40), -1, 0, (int64_t{1} << 40) + 3},
-                                           {4});
+  m["i64"] =
+      testing::from_vector<int64_t>({-(int64_t{1} << 40), -1, 0, (int64_t{1} << 40) + 3}, {4});
   m["i32"] = testing::from_vector<int32_t>({-7, 0, 2147483647}, {3, 1});
   m["i16"] = testing::from_vector<int16_t>({-32768, 5}, {2});
   m["i8"] = testing::from_vector<int8_t>({-128, 127, 3}, {3});

@@ -49,7 +49,8 @@ void commit_file(const fs::path& tmp, const fs::path& final_path) {
 
 void check_group_name(const std::string& name) {
   bool ok = !name.empty() && name.size() <= 128;
-  for (char c : name) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-');
+  for (char c : name)
+    ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-');
   KILN_CHECK(ok, Value, "save_checkpoint: group name '", name,
              "' must be 1 to 128 characters of [A-Za-z0-9_-]");
 }
@@ -84,8 +85,8 @@ bool is_ours(const std::string& name) {
 
 std::string read_text(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
-  KILN_CHECK(f.is_open(), Runtime, "load_checkpoint: cannot open '", p.string(), "': ",
-             std::strerror(errno));
+  KILN_CHECK(f.is_open(), Runtime, "load_checkpoint: cannot open '", p.string(),
+             "': ", std::strerror(errno));
   std::ostringstream s;
   s << f.rdbuf();
   return s.str();
@@ -114,7 +115,8 @@ void save_checkpoint(const std::string& dir_name, const Checkpoint& ckpt) {
   // A generation above every file present, so nothing the current manifest names is overwritten.
   uint64_t generation = 1;
   for (const fs::directory_entry& e : fs::directory_iterator(dir))
-    if (auto g = generation_of(e.path().filename().string())) generation = std::max(generation, *g + 1);
+    if (auto g = generation_of(e.path().filename().string()))
+      generation = std::max(generation, *g + 1);
 
   json groups = json::object();
   for (const auto& [name, tensors] : ckpt.groups) {
@@ -127,15 +129,18 @@ void save_checkpoint(const std::string& dir_name, const Checkpoint& ckpt) {
   }
   fsync_path(dir, true);  // the group files' names are durable before the manifest names them
 
-  const json manifest = {{"format", kFormat},  {"version", kVersion}, {"generation", generation},
-                         {"groups", groups},   {"metadata", metadata}};
+  const json manifest = {{"format", kFormat},
+                         {"version", kVersion},
+                         {"generation", generation},
+                         {"groups", groups},
+                         {"metadata", metadata}};
   const fs::path tmp = dir / (std::string(kManifest) + ".tmp");
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f << manifest.dump(1) << "\n";
     f.close();
-    KILN_CHECK(!f.fail(), Runtime, "save_checkpoint: writing '", tmp.string(), "' failed: ",
-               std::strerror(errno));
+    KILN_CHECK(!f.fail(), Runtime, "save_checkpoint: writing '", tmp.string(),
+               "' failed: ", std::strerror(errno));
   }
   commit_file(tmp, dir / kManifest);  // the commit point
   fsync_path(dir, true);
@@ -158,8 +163,8 @@ Checkpoint load_checkpoint(const std::string& dir_name) {
   } catch (const json::exception& e) {
     KILN_FAIL(Value, "load_checkpoint: '", where, "' is not valid JSON: ", e.what());
   }
-  KILN_CHECK(m.is_object() && m.value("format", "") == kFormat, Value, "load_checkpoint: '",
-             where, "' is not a Kiln checkpoint manifest");
+  KILN_CHECK(m.is_object() && m.value("format", "") == kFormat, Value, "load_checkpoint: '", where,
+             "' is not a Kiln checkpoint manifest");
   KILN_CHECK(m.value("version", 0) == kVersion, Value, "load_checkpoint: '", where,
              "' has version ", m.value("version", json()).dump(), ", this build reads ", kVersion);
   KILN_CHECK(m.contains("generation") && m["generation"].is_number_unsigned() &&
@@ -171,8 +176,8 @@ Checkpoint load_checkpoint(const std::string& dir_name) {
     const std::string file = group_file(name, generation);
     KILN_CHECK(g.is_object() && g.value("file", "") == file && g.contains("bytes") &&
                    g["bytes"].is_number_unsigned(),
-               Value, "load_checkpoint: '", where, "': group '", name, "' should name file '",
-               file, "' and its byte size");
+               Value, "load_checkpoint: '", where, "': group '", name, "' should name file '", file,
+               "' and its byte size");
     const fs::path path = dir / file;
     std::error_code ec;
     const uint64_t size = fs::file_size(path, ec);
