@@ -31,10 +31,10 @@ class Writer {
               std::vector<std::pair<std::string, torch::Tensor>> inputs) {
     auto gy = fill(y.sizes().vec(), 0.53, 0.2).detach();
     (y * gy).sum().backward();
-    out_.emplace_back(name + ".y", y.detach());
-    for (auto& [n, t] : inputs) out_.emplace_back(name + "." + n + ".grad", t.grad());
+    add(name + ".y", y);
+    for (auto& [n, t] : inputs) add(name + "." + n + ".grad", t.grad());
   }
-  void add(const std::string& name, const torch::Tensor& t) { out_.emplace_back(name, t); }
+  void add(const std::string& name, const torch::Tensor& t) { out_.emplace_back(name, t.detach()); }
 
   int save(const char* path) const {
     std::FILE* f = std::fopen(path, "wb");

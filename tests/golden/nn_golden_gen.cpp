@@ -6,7 +6,6 @@
 // s = sum of key's bytes, a = 0.05 + (s % 97) * 0.003, b = (s % 13) * 0.1 (float64); inputs are
 // waves too. Each output y is reduced as sum(y * wave(y.sizes, 0.37, 0.5)) and differentiated;
 // "<case>.y" is the output, "<case>.grad.<key>" a parameter's gradient.
-#include <torch/torch.h>
 
 #include <cmath>
 #include <cstdint>
@@ -14,10 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "golden_writer.h"
+
 namespace {
 
-std::FILE* g_out = nullptr;
-uint32_t g_count = 0;
+golden::Writer g_writer;
 
 torch::Tensor wave(std::vector<int64_t> sizes, double a, double b) {
   auto t = torch::empty(sizes, torch::kFloat64);
@@ -26,19 +26,7 @@ torch::Tensor wave(std::vector<int64_t> sizes, double a, double b) {
   return t;
 }
 
-void put(const std::string& name, const torch::Tensor& t0) {
-  torch::Tensor t = t0.detach().contiguous().to(torch::kFloat64);
-  uint32_t n = name.size(), nd = t.dim();
-  std::fwrite(&n, 4, 1, g_out);
-  std::fwrite(name.data(), 1, n, g_out);
-  std::fwrite(&nd, 4, 1, g_out);
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    int64_t s = t.size(d);
-    std::fwrite(&s, 8, 1, g_out);
-  }
-  std::fwrite(t.data_ptr<double>(), 8, t.numel(), g_out);
-  ++g_count;
-}
+void put(const std::string& name, const torch::Tensor& t) { g_writer.add(name, t); }
 
 void set_params(torch::nn::Module& m) {
   m.to(torch::kFloat64);
@@ -64,9 +52,6 @@ void finish(const std::string& name, torch::nn::Module& m, const torch::Tensor& 
 
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
-  g_out = std::fopen(argv[1], "wb");
-  std::fwrite("KILNGLD1", 1, 8, g_out);
-  std::fwrite(&g_count, 4, 1, g_out);
 
   {  // Bilinear(3, 4, 2) over (5, 3) x (5, 4)
     torch::nn::Bilinear m(3, 4, 2);
@@ -107,8 +92,5 @@ int main(int argc, char** argv) {
     finish("batchnorm", *m, y);
   }
 
-  std::fseek(g_out, 8, SEEK_SET);
-  std::fwrite(&g_count, 4, 1, g_out);
-  std::fclose(g_out);
-  return 0;
+  return g_writer.save(argv[1]);
 }

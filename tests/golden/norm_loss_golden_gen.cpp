@@ -7,7 +7,6 @@
 // Each case's output y is reduced to a scalar as sum(y * wave(y.sizes, 0.37, 0.5)) (a loss is used
 // as is) and differentiated; "<case>.y" is the output, "<case>.g<arg>" a gradient.
 // Libtorch 1.13 has no rms_norm: its reference is written out (x * rsqrt(mean(x^2) + eps) * w).
-#include <torch/torch.h>
 
 #include <cmath>
 #include <cstdint>
@@ -15,12 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "golden_writer.h"
+
 namespace F = torch::nn::functional;
 
 namespace {
 
-std::FILE* g_out = nullptr;
-uint32_t g_count = 0;
+golden::Writer g_writer;
 
 torch::Tensor wave(std::vector<int64_t> sizes, double a, double b) {
   auto t = torch::empty(sizes, torch::kFloat64);
@@ -33,19 +33,7 @@ torch::Tensor leaf(std::vector<int64_t> sizes, double a, double b) {
   return wave(sizes, a, b).requires_grad_(true);
 }
 
-void put(const std::string& name, const torch::Tensor& t0) {
-  torch::Tensor t = t0.detach().contiguous().to(torch::kFloat64);
-  uint32_t n = name.size(), nd = t.dim();
-  std::fwrite(&n, 4, 1, g_out);
-  std::fwrite(name.data(), 1, n, g_out);
-  std::fwrite(&nd, 4, 1, g_out);
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    int64_t s = t.size(d);
-    std::fwrite(&s, 8, 1, g_out);
-  }
-  std::fwrite(t.data_ptr<double>(), 8, t.numel(), g_out);
-  ++g_count;
-}
+void put(const std::string& name, const torch::Tensor& t) { g_writer.add(name, t); }
 
 // Writes y and the gradients of sum(y * wave) (or of y itself when it is a scalar) for `args`.
 void record(const std::string& name, const torch::Tensor& y,
@@ -60,10 +48,6 @@ void record(const std::string& name, const torch::Tensor& y,
 
 int main(int argc, char** argv) {
   const char* path = argc > 1 ? argv[1] : "norm_loss_golden.bin";
-  g_out = std::fopen(path, "wb");
-  if (!g_out) return 1;
-  std::fwrite("KILNGLD1", 1, 8, g_out);
-  std::fwrite(&g_count, 4, 1, g_out);  // patched at the end
 
   {  // layer_norm over the last two dims
     auto x = leaf({3, 4, 5}, 0.7, 0.1), w = leaf({4, 5}, 0.3, 1.0), b = leaf({4, 5}, 0.9, 0.2);
@@ -149,9 +133,5 @@ int main(int argc, char** argv) {
            {{"q", lq}});
   }
 
-  std::fseek(g_out, 8, SEEK_SET);
-  std::fwrite(&g_count, 4, 1, g_out);
-  std::fclose(g_out);
-  std::printf("wrote %u tensors to %s\n", g_count, path);
-  return 0;
+  return g_writer.save(path);
 }
