@@ -4,11 +4,12 @@
 //   .venv/bin/python examples/digits/export_digits.py build/data/digits
 //   build/bin/digits build/data/digits
 // Exits with status 1 if a model's held-out accuracy is below 95%.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kiln/autograd/grad_mode.h"
@@ -84,8 +85,8 @@ double fit(const std::string& name, nn::Module& model, const Split& s,
       ++batches;
     }
     acc = accuracy(model, x_test, s.y_test);
-    std::printf("%-3s epoch %2d  train loss %.4f  held-out accuracy %.2f%%\n", name.c_str(),
-                epoch, loss_sum / batches, 100 * acc);
+    std::printf("%-3s epoch %2d  train loss %.4f  held-out accuracy %.2f%%\n", name.c_str(), epoch,
+                loss_sum / batches, 100 * acc);
   }
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s: held-out accuracy %.2f%% (%lld images) after %d epochs, %.1f s\n", name.c_str(),
