@@ -98,8 +98,15 @@ double fit(const std::string& name, nn::Module& model, const Split& s,
 
 int main(int argc, char** argv) {
   std::string dir = argc > 1 ? argv[1] : "build/data/digits";
-  Tensor x = data::load_npy(dir + "/X.npy");  // (1797, 64) float32 in [0, 1]
-  Tensor y = data::load_npy(dir + "/y.npy");  // (1797) int64 labels 0..9
+  Tensor x, y;
+  try {
+    x = data::load_npy(dir + "/X.npy");  // (1797, 64) float32 in [0, 1]
+    y = data::load_npy(dir + "/y.npy");  // (1797) int64 labels 0..9
+  } catch (const Error& e) {
+    std::fprintf(stderr, "digits: %s\n(export the data first: .venv/bin/python "
+                 "examples/digits/export_digits.py %s)\n", e.what(), dir.c_str());
+    return 2;
+  }
   Split s = split(x, y);
   std::printf("digits: %lld images, %lld train / %lld held out\n",
               static_cast<long long>(x.size(0)), static_cast<long long>(s.y_train.size(0)),
