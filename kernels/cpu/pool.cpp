@@ -150,6 +150,56 @@ void avg_windows(const Planes& pl, const Window& w, bool count_include_pad,
     }
 }
 
+// Mean pooling over the windows that `windows(f)` enumerates, calling f(oh, ow, h0, h1, w0, w1,
+// scale) per output (avg_windows, adaptive_windows): the forward sums each window into its
+// output; the backward spreads each output's gradient over its window, one plane per task.
+template <typename Windows>
+void window_mean_forward(const char* name, const Tensor& self, const Tensor& out,
+                         const Planes& pl, int64_t cost, const Windows& windows) {
+  Tensor x = self.contiguous();
+  KILN_DISPATCH_FLOAT_TYPES(out.dtype(), name, [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    const T* xp = data_of<const T>(x);
+    T* yp = data_of<T>(out);
+    pl.each(cost, [&](int64_t p) {
+      const T* plane = xp + p * pl.H * pl.W;
+      T* o = yp + p * pl.OH * pl.OW;
+      windows([&](int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1,
+                  double scale) {
+        A s = 0;
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t c = w0; c < w1; ++c) s += static_cast<A>(plane[h * pl.W + c]);
+        o[oh * pl.OW + ow] = static_cast<T>(s * static_cast<A>(scale));
+      });
+    });
+  });
+}
+
+template <typename Windows>
+void window_mean_backward(const char* name, const Tensor& grad_output, const Tensor& out,
+                          const Planes& pl, int64_t cost, const Windows& windows) {
+  Tensor g = grad_output.contiguous();
+  KILN_DISPATCH_FLOAT_TYPES(out.dtype(), name, [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    const T* gp = data_of<const T>(g);
+    T* op = data_of<T>(out);
+    pl.each(cost, [&](int64_t p) {
+      std::vector<A> acc(pl.H * pl.W, A(0));
+      const T* gplane = gp + p * pl.OH * pl.OW;
+      windows([&](int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1,
+                  double scale) {
+        const A v = static_cast<A>(gplane[oh * pl.OW + ow]) * static_cast<A>(scale);
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t c = w0; c < w1; ++c) acc[h * pl.W + c] += v;
+      });
+      T* plane = op + p * pl.H * pl.W;
+      for (int64_t i = 0; i < pl.H * pl.W; ++i) plane[i] = static_cast<T>(acc[i]);
+    });
+  });
+}
+
 Tensor avg_pool2d_cpu(const Tensor& self, IntArrayRef kernel_size, IntArrayRef stride,
                       IntArrayRef padding, bool ceil_mode, bool count_include_pad,
                       std::optional<int64_t> divisor_override) {
@@ -159,24 +209,8 @@ Tensor avg_pool2d_cpu(const Tensor& self, IntArrayRef kernel_size, IntArrayRef s
   if (out.numel() == 0) return out;
   const Window w(kernel_size, stride, padding, {1});
   const Planes pl(self.sizes(), out.sizes());
-  Tensor x = self.contiguous();
-  KILN_DISPATCH_FLOAT_TYPES(spec.dtype, "avg_pool2d", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    const T* xp = data_of<const T>(x);
-    T* yp = data_of<T>(out);
-    pl.each(pl.OH * pl.OW * w.kh * w.kw, [&](int64_t p) {
-      const T* plane = xp + p * pl.H * pl.W;
-      T* o = yp + p * pl.OH * pl.OW;
-      avg_windows(pl, w, count_include_pad, divisor_override,
-                  [&](int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1,
-                      double scale) {
-                    A s = 0;
-                    for (int64_t h = h0; h < h1; ++h)
-                      for (int64_t c = w0; c < w1; ++c) s += static_cast<A>(plane[h * pl.W + c]);
-                    o[oh * pl.OW + ow] = static_cast<T>(s * static_cast<A>(scale));
-                  });
-    });
+  window_mean_forward("avg_pool2d", self, out, pl, pl.OH * pl.OW * w.kh * w.kw, [&](auto&& f) {
+    avg_windows(pl, w, count_include_pad, divisor_override, f);
   });
   return out;
 }
@@ -191,26 +225,8 @@ Tensor avg_pool2d_backward_cpu(const Tensor& grad_output, IntArrayRef self_size,
   if (out.numel() == 0) return out;
   const Window w(kernel_size, stride, padding, {1});
   const Planes pl(self_size, grad_output.sizes());
-  Tensor g = grad_output.contiguous();
-  KILN_DISPATCH_FLOAT_TYPES(spec.dtype, "avg_pool2d_backward", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    const T* gp = data_of<const T>(g);
-    T* op = data_of<T>(out);
-    pl.each(pl.OH * pl.OW * w.kh * w.kw, [&](int64_t p) {
-      std::vector<A> acc(pl.H * pl.W, A(0));
-      const T* gplane = gp + p * pl.OH * pl.OW;
-      avg_windows(pl, w, count_include_pad, divisor_override,
-                  [&](int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0, int64_t w1,
-                      double scale) {
-                    const A v = static_cast<A>(gplane[oh * pl.OW + ow]) * static_cast<A>(scale);
-                    for (int64_t h = h0; h < h1; ++h)
-                      for (int64_t c = w0; c < w1; ++c) acc[h * pl.W + c] += v;
-                  });
-      T* plane = op + p * pl.H * pl.W;
-      for (int64_t i = 0; i < pl.H * pl.W; ++i) plane[i] = static_cast<T>(acc[i]);
-    });
-  });
+  window_mean_backward("avg_pool2d_backward", grad_output, out, pl, pl.OH * pl.OW * w.kh * w.kw,
+                       [&](auto&& f) { avg_windows(pl, w, count_include_pad, divisor_override, f); });
   return out;
 }
 
@@ -236,24 +252,8 @@ Tensor adaptive_avg_pool2d_cpu(const Tensor& self, IntArrayRef output_size) {
   Tensor out = empty_on(spec.sizes, spec.dtype, kCPU);
   if (out.numel() == 0) return out;
   const Planes pl(self.sizes(), out.sizes());
-  Tensor x = self.contiguous();
-  KILN_DISPATCH_FLOAT_TYPES(spec.dtype, "adaptive_avg_pool2d", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    const T* xp = data_of<const T>(x);
-    T* yp = data_of<T>(out);
-    pl.each(std::max(pl.H * pl.W, pl.OH * pl.OW), [&](int64_t p) {
-      const T* plane = xp + p * pl.H * pl.W;
-      T* o = yp + p * pl.OH * pl.OW;
-      adaptive_windows(pl, [&](int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0,
-                               int64_t w1, double scale) {
-        A s = 0;
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t c = w0; c < w1; ++c) s += static_cast<A>(plane[h * pl.W + c]);
-        o[oh * pl.OW + ow] = static_cast<T>(s * static_cast<A>(scale));
-      });
-    });
-  });
+  window_mean_forward("adaptive_avg_pool2d", self, out, pl, std::max(pl.H * pl.W, pl.OH * pl.OW),
+                      [&](auto&& f) { adaptive_windows(pl, f); });
   return out;
 }
 
@@ -263,25 +263,9 @@ Tensor adaptive_avg_pool2d_backward_cpu(const Tensor& grad_output, IntArrayRef s
   if (out.numel() == 0) return out;
   const Planes pl(self_size, grad_output.sizes());
   if (pl.OH * pl.OW == 0) return out.zero_();
-  Tensor g = grad_output.contiguous();
-  KILN_DISPATCH_FLOAT_TYPES(spec.dtype, "adaptive_avg_pool2d_backward", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    const T* gp = data_of<const T>(g);
-    T* op = data_of<T>(out);
-    pl.each(std::max(pl.H * pl.W, pl.OH * pl.OW), [&](int64_t p) {
-      std::vector<A> acc(pl.H * pl.W, A(0));
-      const T* gplane = gp + p * pl.OH * pl.OW;
-      adaptive_windows(pl, [&](int64_t oh, int64_t ow, int64_t h0, int64_t h1, int64_t w0,
-                               int64_t w1, double scale) {
-        const A v = static_cast<A>(gplane[oh * pl.OW + ow]) * static_cast<A>(scale);
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t c = w0; c < w1; ++c) acc[h * pl.W + c] += v;
-      });
-      T* plane = op + p * pl.H * pl.W;
-      for (int64_t i = 0; i < pl.H * pl.W; ++i) plane[i] = static_cast<T>(acc[i]);
-    });
-  });
+  window_mean_backward("adaptive_avg_pool2d_backward", grad_output, out, pl,
+                       std::max(pl.H * pl.W, pl.OH * pl.OW),
+                       [&](auto&& f) { adaptive_windows(pl, f); });
   return out;
 }
 

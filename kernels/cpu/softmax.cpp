@@ -140,6 +140,20 @@ void softmax_cols(const T* x, T* y, int64_t D, int64_t inner, int64_t c0, int64_
   }
 }
 
+// A shape as (outer, D, inner) around dim d (a 0-dim tensor is (1, 1, 1)).
+struct AroundDim {
+  int64_t outer = 1, D = 1, inner = 1;
+};
+AroundDim around_dim(IntArrayRef sizes, int64_t d) {
+  AroundDim r;
+  for (int64_t i = 0; i < static_cast<int64_t>(sizes.size()); ++i) {
+    if (i < d) r.outer *= sizes[i];
+    else if (i == d) r.D = sizes[i];
+    else r.inner *= sizes[i];
+  }
+  return r;
+}
+
 // self: (outer, D, inner) around `dim` -> same shape, in dtype (or self's dtype).
 template <bool kLog>
 Tensor softmax_cpu(const Tensor& self, int64_t dim, std::optional<ScalarType> dtype) {
@@ -148,13 +162,7 @@ Tensor softmax_cpu(const Tensor& self, int64_t dim, std::optional<ScalarType> dt
   Tensor out = empty_strided_on(spec.sizes, spec.strides, spec.dtype, spec.device);
   if (out.numel() == 0) return out;
   Tensor x = (self.dtype() == spec.dtype ? self : self.to(spec.dtype)).contiguous();
-  int64_t d = meta::wrap_dim(name, dim, self.dim());
-  int64_t outer = 1, D = 1, inner = 1;
-  for (int64_t i = 0; i < self.dim(); ++i) {
-    if (i < d) outer *= self.size(i);
-    else if (i == d) D = self.size(i);
-    else inner *= self.size(i);
-  }
+  const auto [outer, D, inner] = around_dim(self.sizes(), meta::wrap_dim(name, dim, self.dim()));
   KILN_DISPATCH_FLOAT_TYPES(spec.dtype, name, [&] {
     using T = scalar_t;
     const T* xp = static_cast<const T*>(x.impl()->raw_data());
@@ -224,13 +232,8 @@ Tensor softmax_backward_cpu(const Tensor& grad, const Tensor& output, int64_t di
   Tensor out = empty_strided_on(spec.sizes, spec.strides, spec.dtype, spec.device);
   if (out.numel() == 0) return out;
   Tensor g = grad.contiguous(), y = output.contiguous();
-  int64_t d = meta::wrap_dim(name, dim, output.dim());
-  int64_t outer = 1, D = 1, inner = 1;
-  for (int64_t i = 0; i < output.dim(); ++i) {
-    if (i < d) outer *= output.size(i);
-    else if (i == d) D = output.size(i);
-    else inner *= output.size(i);
-  }
+  const auto [outer, D, inner] =
+      around_dim(output.sizes(), meta::wrap_dim(name, dim, output.dim()));
   KILN_DISPATCH_FLOAT_TYPES(spec.dtype, name, [&] {
     using T = scalar_t;
     const T* gp = static_cast<const T*>(g.impl()->raw_data());
