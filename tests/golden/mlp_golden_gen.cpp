@@ -12,14 +12,13 @@
 //   h = relu(x @ w1^T + b1); logits = h @ w2^T + b2
 //   loss = -mean(gather(log_softmax(logits, 1), 1, target[:, None]))
 //
-// File format (little endian): "KILNGLD1", uint32 count, then per tensor: uint32 name length,
-// name bytes, uint32 ndim, int64 sizes[ndim], float64 values (row-major).
-#include <torch/torch.h>
-
+// File format: golden_writer.h.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+
+#include "golden_writer.h"
 
 namespace {
 
@@ -29,19 +28,6 @@ torch::Tensor make(int64_t rows, int64_t cols, double (*f)(int64_t, int64_t)) {
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) a[i][j] = f(i, j);
   return t;
-}
-
-void put(std::FILE* f, const std::string& name, const torch::Tensor& t0) {
-  torch::Tensor t = t0.contiguous().to(torch::kFloat64);
-  uint32_t n = name.size(), nd = t.dim();
-  std::fwrite(&n, 4, 1, f);
-  std::fwrite(name.data(), 1, n, f);
-  std::fwrite(&nd, 4, 1, f);
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    int64_t s = t.size(d);
-    std::fwrite(&s, 8, 1, f);
-  }
-  std::fwrite(t.data_ptr<double>(), 8, t.numel(), f);
 }
 
 }  // namespace
@@ -63,17 +49,13 @@ int main(int argc, char** argv) {
   torch::Tensor loss = -torch::log_softmax(logits, 1).gather(1, target.unsqueeze(1)).mean();
   loss.backward();
 
-  std::FILE* f = std::fopen(path, "wb");
-  if (!f) return 1;
-  std::fwrite("KILNGLD1", 1, 8, f);
-  uint32_t count = 5;
-  std::fwrite(&count, 4, 1, f);
-  put(f, "loss", loss.detach());
-  put(f, "w1.grad", w1.grad());
-  put(f, "b1.grad", b1.grad());
-  put(f, "w2.grad", w2.grad());
-  put(f, "b2.grad", b2.grad());
-  std::fclose(f);
+  golden::Writer out;
+  out.add("loss", loss);
+  out.add("w1.grad", w1.grad());
+  out.add("b1.grad", b1.grad());
+  out.add("w2.grad", w2.grad());
+  out.add("b2.grad", b2.grad());
+  if (out.save(path) != 0) return 1;
   std::printf("loss %.17g written to %s\n", loss.item<double>(), path);
   return 0;
 }
