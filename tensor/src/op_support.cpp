@@ -1,5 +1,7 @@
 #include "op_support.h"
 
+#include <cstring>
+
 #include "kiln/generated/ops.h"
 
 namespace kiln::detail {
@@ -72,8 +74,13 @@ int register_view_kernel(OperatorHandle& op, void* fn) {
 }
 
 int register_composite(OperatorHandle& op, void* fn) {
-  for (int k = 0; k < kNumDispatchKeys; ++k)
+  // Note [Autocast]: a row with an autocast policy leaves its Autocast slot to the fallback,
+  // which casts the arguments before the decomposition runs.
+  const bool autocast_casts = std::strcmp(op.info().autocast, "none") != 0;
+  for (int k = 0; k < kNumDispatchKeys; ++k) {
+    if (autocast_casts && static_cast<DispatchKey>(k) == DispatchKey::Autocast) continue;
     Dispatcher::get().register_kernel(op, static_cast<DispatchKey>(k), fn, nullptr);
+  }
   return 0;
 }
 
