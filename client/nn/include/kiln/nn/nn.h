@@ -11,5 +11,6 @@
 #include "kiln/nn/functional.h"
 #include "kiln/nn/init.h"
 #include "kiln/nn/layers.h"
+#include "kiln/nn/loss.h"
 #include "kiln/nn/module.h"
 #include "kiln/nn/transformer.h"
