@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "kiln/autocast.h"
+#include "kiln/autograd/functional.h"
 #include "kiln/autograd/node.h"
 #include "kiln/nn/nn.h"
 #include "kiln/optim/optimizers.h"
@@ -213,6 +214,19 @@ TEST(Autocast, ATensorPassedTwiceIsCastOnce) {
   Tensor xb = x_ref.to(kBFloat16);
   mm(xb, xb).sum().backward();
   expect_same(x.grad(), x_ref.grad());
+}
+
+// Batched sits above Autocast: the batching rules run first, and each physical op is autocast.
+TEST(Autocast, ComposesWithVmap) {
+  Tensor xs = random({3, 4, 6}, kFloat32, -1, 1, 18), w = random({5, 6}, kFloat32, -1, 1, 19);
+  func::Fn f = [&](const std::vector<Tensor>& v) { return softmax(linear(v[0], w), 1); };
+  Tensor got;
+  {
+    AutocastGuard amp(kCPUType);
+    got = func::vmap(f)({xs});
+  }
+  EXPECT_EQ(got.dtype(), kFloat32);
+  expect_same(got, softmax(linear(xs.to(kBFloat16), w.to(kBFloat16)).to(kFloat32), 2));
 }
 
 TEST(Autocast, MlpTrainingStepLowersTheLoss) {
