@@ -23,8 +23,8 @@ void sync_autocast_key() {
   bool any = false;
   for (const DeviceAutocast& d : tls_autocast) any = any || d.enabled;
   LocalDispatchKeySet& tls = tls_local_dispatch_key_set();
-  tls.included = any ? tls.included.add(DispatchKey::Autocast)
-                     : tls.included.remove(DispatchKey::Autocast);
+  tls.included =
+      any ? tls.included.add(DispatchKey::Autocast) : tls.included.remove(DispatchKey::Autocast);
 }
 
 DeviceAutocast& state(DeviceType t) { return tls_autocast[static_cast<int>(t)]; }

@@ -37,8 +37,8 @@ TEST(LossModule, CrossEntropyAndNllMatchFunctional) {
     SCOPED_TRACE(r);
     nn::CrossEntropyLoss plain({.reduction = r});
     expect_same(plain(logits, target), F::cross_entropy(logits, target, std::nullopt, r));
-    nn::CrossEntropyLoss full({.weight = w, .ignore_index = 2, .reduction = r,
-                               .label_smoothing = 0.1});
+    nn::CrossEntropyLoss full(
+        {.weight = w, .ignore_index = 2, .reduction = r, .label_smoothing = 0.1});
     expect_same(full(logits, target), F::cross_entropy(logits, target, w, r, 2, 0.1));
     expect_same(full(logits, probs), F::cross_entropy(logits, probs, w, r, 2, 0.1));
     Tensor logp = log_softmax(logits, 1);
@@ -99,7 +99,8 @@ TEST(LossModule, BinaryAndKlLossesMatchFunctional) {
   Tensor q = softmax(random({4, 3}, kFloat32, -1, 1, 14), 1);
   for (const char* r : kReductions) {
     SCOPED_TRACE(r);
-    expect_same(nn::BCELoss({.reduction = r})(p, t), F::binary_cross_entropy(p, t, std::nullopt, r));
+    expect_same(nn::BCELoss({.reduction = r})(p, t),
+                F::binary_cross_entropy(p, t, std::nullopt, r));
     expect_same(nn::BCELoss({.weight = w, .reduction = r})(p, t),
                 F::binary_cross_entropy(p, t, w, r));
     expect_same(nn::BCEWithLogitsLoss({.weight = w, .reduction = r, .pos_weight = pw})(logits, t),
@@ -140,21 +141,18 @@ TEST(LossModule, WeightsAreBuffersAndReprsReadLikePyTorch) {
 TEST(LossModule, BadOptionsAndInputsAreClearErrors) {
   expect_error(ErrorKind::Value, "MSELoss: reduction must be 'none', 'mean', 'sum', got 'avg'",
                [] { nn::MSELoss("avg"); });
-  expect_error(ErrorKind::Value, "CrossEntropyLoss: reduction must be", [] {
-    nn::CrossEntropyLoss({.reduction = "batchmean"});
-  });
+  expect_error(ErrorKind::Value, "CrossEntropyLoss: reduction must be",
+               [] { nn::CrossEntropyLoss({.reduction = "batchmean"}); });
   expect_error(ErrorKind::Value, "or 'batchmean', got 'avg'", [] { nn::KLDivLoss("avg"); });
   expect_error(ErrorKind::Value, "SmoothL1Loss: beta must be non-negative, got -1",
                [] { nn::SmoothL1Loss("mean", -1); });
   expect_error(ErrorKind::Value, "HuberLoss: delta must be positive, got 0",
                [] { nn::HuberLoss("mean", 0); });
   Tensor logits = random({4, 3});
-  expect_error(ErrorKind::Value, "label_smoothing must be between 0.0 and 1.0, got 1.5", [&] {
-    nn::CrossEntropyLoss({.label_smoothing = 1.5})(logits, zeros({4}, kInt64));
-  });
-  expect_error(ErrorKind::Value, "expected a weight with one value per class", [&] {
-    nn::CrossEntropyLoss({.weight = ones({5})})(logits, zeros({4}, kInt64));
-  });
+  expect_error(ErrorKind::Value, "label_smoothing must be between 0.0 and 1.0, got 1.5",
+               [&] { nn::CrossEntropyLoss({.label_smoothing = 1.5})(logits, zeros({4}, kInt64)); });
+  expect_error(ErrorKind::Value, "expected a weight with one value per class",
+               [&] { nn::CrossEntropyLoss({.weight = ones({5})})(logits, zeros({4}, kInt64)); });
   expect_error(ErrorKind::Value, "expected target of the input's shape [4, 3], got [4, 2]", [&] {
     nn::BCEWithLogitsLoss()(logits, zeros({4, 2}));
   });

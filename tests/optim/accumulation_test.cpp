@@ -16,9 +16,9 @@ namespace {
 constexpr int64_t kBatch = 32, kMicro = 4;
 
 std::shared_ptr<nn::Sequential> make_mlp() {
-  return std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
-      std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::Tanh>(),
-      std::make_shared<nn::Linear>(16, 4)});
+  return std::make_shared<nn::Sequential>(
+      std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::Tanh>(),
+                                 std::make_shared<nn::Linear>(16, 4)});
 }
 
 using MakeOpt = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
@@ -83,8 +83,8 @@ TEST(GradAccumulation, AdamWEqualsTheWholeBatch) {
     SCOPED_TRACE(set_to_none ? "set_to_none" : "zero-filled");
     check_accumulation(
         [](std::vector<Tensor> ps) {
-          return std::make_unique<optim::AdamW>(std::move(ps),
-                                                optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+          return std::make_unique<optim::AdamW>(
+              std::move(ps), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
         },
         set_to_none);
   }

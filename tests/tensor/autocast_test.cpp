@@ -1,12 +1,13 @@
 // Autocast (kiln/autocast.h): the guard's state, each policy's output dtype, results equal to
 // doing the casts by hand, integer and in-place arguments untouched, one cast per tensor per
 // op, gradients reaching float32 leaves as float32, and an MLP that trains under autocast.
+#include "kiln/autocast.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <thread>
 
-#include "kiln/autocast.h"
 #include "kiln/autograd/functional.h"
 #include "kiln/autograd/node.h"
 #include "kiln/nn/nn.h"
@@ -74,7 +75,8 @@ TEST(Autocast, RejectsNonReducedDtypes) {
 TEST(Autocast, LowerPrecisionOpsRunInBFloat16) {
   Tensor x = random({4, 6}, kFloat32, -1, 1, 1), w = random({5, 6}, kFloat32, -1, 1, 2);
   Tensor b = random({5}, kFloat32, -1, 1, 3);
-  Tensor img = random({2, 3, 6, 6}, kFloat32, -1, 1, 4), k = random({4, 3, 3, 3}, kFloat32, -1, 1, 5);
+  Tensor img = random({2, 3, 6, 6}, kFloat32, -1, 1, 4),
+         k = random({4, 3, 3, 3}, kFloat32, -1, 1, 5);
   Tensor q = random({2, 2, 5, 4}, kFloat32, -1, 1, 6);
   AutocastGuard amp(kCPUType, kBFloat16);
   EXPECT_EQ(linear(x, w, b).dtype(), kBFloat16);
@@ -232,9 +234,9 @@ TEST(Autocast, ComposesWithVmap) {
 TEST(Autocast, MlpTrainingStepLowersTheLoss) {
   Tensor x = random({64, 8}, kFloat32, -1, 1, 16);
   Tensor target = argmax(mm(x, random({8, 3}, kFloat32, -1, 1, 17)), 1);
-  auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
-      std::make_shared<nn::Linear>(8, 32), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Linear>(32, 3)});
+  auto model = std::make_shared<nn::Sequential>(
+      std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(8, 32), std::make_shared<nn::ReLU>(),
+                                 std::make_shared<nn::Linear>(32, 3)});
   optim::SGD opt(model->parameters(), {.lr = 0.5});
   std::vector<float> losses;
   for (int step = 0; step < 30; ++step) {

@@ -38,8 +38,7 @@ ScalarType get_autocast_dtype(DeviceType device_type = DeviceType::CPU);
 // and restores the previous state on exit; guards nest. dtype must be bfloat16 or float16.
 class AutocastGuard {
  public:
-  explicit AutocastGuard(DeviceType device_type, ScalarType dtype = kBFloat16,
-                         bool enabled = true);
+  explicit AutocastGuard(DeviceType device_type, ScalarType dtype = kBFloat16, bool enabled = true);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
