@@ -140,8 +140,8 @@ TEST_P(Resume, EqualsTheUninterruptedRunBitForBit) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i;
   expect_same_bits(resumed.model->parameters(), straight.model->parameters(), "parameter");
   std::vector<Tensor> a, b;
-  for (const auto& [k, t] : resumed.opt->state_dict().state) a.push_back(t);
-  for (const auto& [k, t] : straight.opt->state_dict().state) b.push_back(t);
+  for (const auto& [key, t] : resumed.opt->state_dict().state) a.push_back(t);
+  for (const auto& [key, t] : straight.opt->state_dict().state) b.push_back(t);
   expect_same_bits(a, b, "optimizer state");
   EXPECT_EQ(resumed.opt->param_groups()[0].options, straight.opt->param_groups()[0].options);
   EXPECT_EQ(resumed.loader->position(), straight.loader->position());
