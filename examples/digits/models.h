@@ -22,8 +22,9 @@ constexpr double kMlpLr = 2e-3, kCnnLr = 2e-3;
 // Linear(64, 128) -> ReLU -> Linear(128, 10). State-dict keys: 0.weight, 0.bias, 2.weight, 2.bias.
 inline std::shared_ptr<kiln::nn::Sequential> make_mlp() {
   using namespace kiln::nn;
-  return std::make_shared<Sequential>(std::vector<ModulePtr>{
-      std::make_shared<Linear>(64, 128), std::make_shared<ReLU>(), std::make_shared<Linear>(128, 10)});
+  return std::make_shared<Sequential>(std::vector<ModulePtr>{std::make_shared<Linear>(64, 128),
+                                                             std::make_shared<ReLU>(),
+                                                             std::make_shared<Linear>(128, 10)});
 }
 
 // x: (B, 1, 8, 8) -> conv3x3(16) -> ReLU -> maxpool2 -> conv3x3(32) -> ReLU -> (B, 512) -> (B, 10).

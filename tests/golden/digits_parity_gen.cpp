@@ -52,9 +52,10 @@ void save_safetensors(const std::string& path, const std::map<std::string, torch
     for (int64_t s : t.sizes()) shape += (shape.empty() ? "" : ",") + std::to_string(s);
     size_t begin = data.size();
     data.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
-    header += (header.size() > 1 ? "," : "") + ("\"" + name + "\":{\"dtype\":\"" + dtype +
-              "\",\"shape\":[" + shape + "],\"data_offsets\":[" + std::to_string(begin) + "," +
-              std::to_string(data.size()) + "]}");
+    header +=
+        (header.size() > 1 ? "," : "") +
+        ("\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":[" + shape +
+         "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(data.size()) + "]}");
   }
   header += "}";
   header.resize((header.size() + 7) / 8 * 8, ' ');
@@ -79,7 +80,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string out_dir = argv[3];
-  std::vector<uint8_t> px = read_bytes(argv[1], kImages * kPixels), lb = read_bytes(argv[2], kImages);
+  std::vector<uint8_t> px = read_bytes(argv[1], kImages * kPixels),
+                       lb = read_bytes(argv[2], kImages);
   torch::Tensor pixels = torch::from_blob(px.data(), {kImages, kPixels}, torch::kUInt8).clone();
   torch::Tensor labels = torch::from_blob(lb.data(), {kImages}, torch::kUInt8).to(torch::kInt64);
   save_safetensors(out_dir + "/digits_parity_data.safetensors",
@@ -87,12 +89,13 @@ int main(int argc, char** argv) {
   torch::Tensor x = pixels.to(torch::kFloat32) / 16;  // exact, as export_digits.py's float64 / 16
 
   torch::manual_seed(0);
-  torch::nn::Sequential mlp(torch::nn::Linear(64, 128), torch::nn::ReLU(), torch::nn::Linear(128, 10));
-  torch::nn::Sequential cnn(
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)), torch::nn::ReLU(),
-      torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)),
-      torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)), torch::nn::ReLU(),
-      torch::nn::Flatten(), torch::nn::Linear(32 * 4 * 4, 10));
+  torch::nn::Sequential mlp(torch::nn::Linear(64, 128), torch::nn::ReLU(),
+                            torch::nn::Linear(128, 10));
+  torch::nn::Sequential cnn(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)),
+                            torch::nn::ReLU(), torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(2)),
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)),
+                            torch::nn::ReLU(), torch::nn::Flatten(),
+                            torch::nn::Linear(32 * 4 * 4, 10));
   save_safetensors(out_dir + "/digits_parity_mlp.safetensors", state_dict(*mlp));
   save_safetensors(out_dir + "/digits_parity_cnn.safetensors", state_dict(*cnn));
 
@@ -119,7 +122,8 @@ int main(int argc, char** argv) {
       sizes.insert(sizes.end(), shape.begin(), shape.end());
       return x.index_select(0, idx).reshape(sizes);
     };
-    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(2e-3).weight_decay(1e-4));
+    torch::optim::AdamW opt(model->parameters(),
+                            torch::optim::AdamWOptions(2e-3).weight_decay(1e-4));
     std::vector<double> losses;
     for (const torch::Tensor& idx : batches) {
       torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(shaped(idx)),
@@ -135,8 +139,7 @@ int main(int argc, char** argv) {
     out.add(name + ".losses", torch::tensor(losses, torch::kFloat64));
     out.add(name + ".heldout_loss", held.reshape({1}));
     std::printf("%s: step 1 loss %.9g, step %lld loss %.9g, held-out loss %.9g\n", name.c_str(),
-                losses.front(), static_cast<long long>(kSteps), losses.back(),
-                held.item<double>());
+                losses.front(), static_cast<long long>(kSteps), losses.back(), held.item<double>());
   };
   run("mlp", mlp, {64});
   run("cnn", cnn, {1, 8, 8});

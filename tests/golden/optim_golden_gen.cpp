@@ -59,10 +59,10 @@ int main(int argc, char** argv) {
       {"adamw", make<AdamW>(AdamWOptions(.01).weight_decay(.1))},
       {"adamw_amsgrad", make<AdamW>(AdamWOptions(.01).weight_decay(.1).amsgrad(true).eps(1e-6))},
       {"rmsprop", make<RMSprop>(RMSpropOptions(.01).alpha(.9).weight_decay(.01))},
-      {"rmsprop_centered_momentum",
-       make<RMSprop>(RMSpropOptions(.01).centered(true).momentum(.9))},
-      {"adagrad", make<Adagrad>(AdagradOptions(.1).lr_decay(.01).weight_decay(.01)
-                                    .initial_accumulator_value(.1))},
+      {"rmsprop_centered_momentum", make<RMSprop>(RMSpropOptions(.01).centered(true).momentum(.9))},
+      {"adagrad",
+       make<Adagrad>(
+           AdagradOptions(.1).lr_decay(.01).weight_decay(.01).initial_accumulator_value(.1))},
   };
   for (const auto& [name, make_opt] : configs) {
     std::vector<torch::Tensor> params;

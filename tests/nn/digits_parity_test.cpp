@@ -90,11 +90,12 @@ void check_parity(const std::string& name, nn::Module& model, const std::vector<
   const double heldout_rel = std::abs(got.heldout_loss - want_heldout) / want_heldout;
   EXPECT_LT(heldout_rel, 0.03) << name << " held-out loss " << got.heldout_loss << " vs PyTorch's "
                                << want_heldout;
-  std::printf("%s parity: step-1 loss %.9g (PyTorch %.9g, |diff| %.2g); worst per-step relative "
-              "loss difference over %zu steps %.2g; held-out loss %.9g (PyTorch %.9g, relative "
-              "difference %.2g)\n",
-              name.c_str(), got.losses[0], want[0], std::abs(got.losses[0] - want[0]),
-              want.size(), worst, got.heldout_loss, want_heldout, heldout_rel);
+  std::printf(
+      "%s parity: step-1 loss %.9g (PyTorch %.9g, |diff| %.2g); worst per-step relative "
+      "loss difference over %zu steps %.2g; held-out loss %.9g (PyTorch %.9g, relative "
+      "difference %.2g)\n",
+      name.c_str(), got.losses[0], want[0], std::abs(got.losses[0] - want[0]), want.size(), worst,
+      got.heldout_loss, want_heldout, heldout_rel);
 }
 
 TEST(DigitsParity, Mlp) {
@@ -109,11 +110,11 @@ TEST(DigitsParity, Cnn) {
 
 // The committed weights are exactly the example's models' state dicts: same keys and shapes.
 TEST(DigitsParity, WeightsMatchTheExampleModels) {
-  for (auto [name, model] : {std::pair<std::string, std::shared_ptr<nn::Sequential>>{
-                                 "mlp", digits::make_mlp()},
-                             {"cnn", digits::make_cnn()}}) {
-    nn::StateDict mine = model->state_dict(), theirs = load_weights("digits_parity_" + name +
-                                                                    ".safetensors");
+  for (auto [name, model] :
+       {std::pair<std::string, std::shared_ptr<nn::Sequential>>{"mlp", digits::make_mlp()},
+        {"cnn", digits::make_cnn()}}) {
+    nn::StateDict mine = model->state_dict(),
+                  theirs = load_weights("digits_parity_" + name + ".safetensors");
     EXPECT_EQ(mine.size(), theirs.size()) << name;
     for (const auto& [key, t] : mine) {
       ASSERT_TRUE(theirs.contains(key)) << name << " " << key;

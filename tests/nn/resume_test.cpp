@@ -48,8 +48,8 @@ struct Trainer {
     sched = std::make_unique<optim::OneCycleLR>(
         *opt, optim::OneCycleLROptions{.max_lr = {1e-2}, .total_steps = total_steps});
     loader = std::make_unique<data::DataLoader>(
-        dataset(), data::DataLoaderOptions{.batch_size = 8, .shuffle = true, .seed = 5,
-                                           .num_workers = num_workers});
+        dataset(), data::DataLoaderOptions{
+                       .batch_size = 8, .shuffle = true, .seed = 5, .num_workers = num_workers});
   }
 
   float step() {
@@ -147,14 +147,13 @@ TEST_P(Resume, EqualsTheUninterruptedRunBitForBit) {
   EXPECT_EQ(resumed.loader->position(), straight.loader->position());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Loaders, Resume,
-    ::testing::Combine(::testing::Values(0, 2),
-                       ::testing::Values(kStepsMidEpoch, kStepsEpochEnd)),
-    [](const auto& info) {
-      return std::to_string(std::get<0>(info.param)) + "_workers_" +
-             std::to_string(std::get<1>(info.param)) + "_steps";
-    });
+INSTANTIATE_TEST_SUITE_P(Loaders, Resume,
+                         ::testing::Combine(::testing::Values(0, 2),
+                                            ::testing::Values(kStepsMidEpoch, kStepsEpochEnd)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "_workers_" +
+                                  std::to_string(std::get<1>(info.param)) + "_steps";
+                         });
 
 }  // namespace
 }  // namespace kiln

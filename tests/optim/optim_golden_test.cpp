@@ -45,8 +45,9 @@ const std::vector<std::pair<std::string, Make>>& configs() {
       {"rmsprop", make<RMSprop>(RMSpropOptions{.lr = .01, .alpha = .9, .weight_decay = .01})},
       {"rmsprop_centered_momentum",
        make<RMSprop>(RMSpropOptions{.lr = .01, .momentum = .9, .centered = true})},
-      {"adagrad", make<Adagrad>(AdagradOptions{
-                      .lr = .1, .lr_decay = .01, .weight_decay = .01, .initial_accumulator_value = .1})},
+      {"adagrad",
+       make<Adagrad>(AdagradOptions{
+           .lr = .1, .lr_decay = .01, .weight_decay = .01, .initial_accumulator_value = .1})},
   };
   return c;
 }
