@@ -19,9 +19,9 @@
 #include "kiln/kiln.h"
 #include "kiln/nn/nn.h"
 #include "kiln/optim/optim.h"
+#include "models.h"
 
 using namespace kiln;
-using nn::ModulePtr;
 
 namespace {
 
@@ -69,8 +69,9 @@ double fit(const std::string& name, nn::Module& model, const Split& s,
   Tensor x_test = shaped(s.x_test);
   auto dataset =
       std::make_shared<data::TensorDataset>(std::vector<Tensor>{shaped(s.x_train), s.y_train});
-  data::DataLoader loader(dataset, {.batch_size = 32, .shuffle = true, .seed = kSeed});
-  optim::AdamW opt(model.parameters(), {.lr = lr, .weight_decay = 1e-4});
+  data::DataLoader loader(dataset,
+                          {.batch_size = digits::kBatchSize, .shuffle = true, .seed = kSeed});
+  optim::AdamW opt(model.parameters(), digits::optimizer_options(lr));
   auto start = std::chrono::steady_clock::now();
   double acc = 0;
   for (int epoch = 1; epoch <= epochs; ++epoch) {
@@ -113,23 +114,14 @@ int main(int argc, char** argv) {
               static_cast<long long>(s.y_test.size(0)));
 
   manual_seed(kSeed);
-  nn::Sequential mlp({std::make_shared<nn::Linear>(64, 128), std::make_shared<nn::ReLU>(),
-                      std::make_shared<nn::Linear>(128, 10)});
-  nn::Sequential cnn({
-      std::make_shared<nn::Conv2d>(1, 16, std::vector<int64_t>{3}, nn::ConvArgs{.padding = {1}}),
-      std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::MaxPool2d>(std::vector<int64_t>{2}),
-      std::make_shared<nn::Conv2d>(16, 32, std::vector<int64_t>{3}, nn::ConvArgs{.padding = {1}}),
-      std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Flatten>(),
-      std::make_shared<nn::Linear>(32 * 4 * 4, 10),
-  });
+  auto mlp = digits::make_mlp();
+  auto cnn = digits::make_cnn();
 
   bool ok = true;
   for (auto [name, model, shape, epochs, lr] :
        {std::tuple<std::string, nn::Module*, std::vector<int64_t>, int, double>{
-            "mlp", &mlp, {64}, 30, 2e-3},
-        {"cnn", &cnn, {1, 8, 8}, 20, 2e-3}}) {
+            "mlp", mlp.get(), {64}, 30, digits::kMlpLr},
+        {"cnn", cnn.get(), {1, 8, 8}, 20, digits::kCnnLr}}) {
     double acc = fit(name, *model, s, shape, epochs, lr);
     if (acc < 0.95) {
       std::printf("%s: FAILED, held-out accuracy below 95%%\n", name.c_str());

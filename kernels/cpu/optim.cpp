@@ -71,7 +71,8 @@ template <typename T>
 void sgd_elems(T* p, const T* g, T* buf, int64_t n, const SgdArgs& a) {
   using A = acc_t<T>;
   const A wd = static_cast<A>(a.weight_decay), mom = static_cast<A>(a.momentum);
-  const A lr = static_cast<A>(a.lr), damp = A(1) - static_cast<A>(a.dampening);
+  // 1 - x in double, then rounded once, as PyTorch passes it (A(1) - A(0.999) is off by 1e-5).
+  const A lr = static_cast<A>(a.lr), damp = static_cast<A>(1 - a.dampening);
   for (int64_t i = 0; i < n; ++i) {
     A pi = static_cast<A>(p[i]);
     A gi = static_cast<A>(g[i]);
@@ -119,9 +120,11 @@ template <typename T>
 void adam_elems(T* p, const T* g, T* m, T* v, T* vmax, int64_t n, const AdamArgs& a,
                 const AdamStep& s) {
   using A = acc_t<T>;
-  const A b1 = static_cast<A>(a.beta1), b2 = static_cast<A>(a.beta2);
+  const A b2 = static_cast<A>(a.beta2);
   const A wd = static_cast<A>(a.weight_decay), eps = static_cast<A>(a.eps);
-  const A decay = A(1) - static_cast<A>(a.lr * a.weight_decay);
+  // 1 - x in double, then rounded once, as PyTorch passes it (A(1) - A(0.999) is off by 1e-5).
+  const A decay = static_cast<A>(1 - a.lr * a.weight_decay);
+  const A one_minus_b1 = static_cast<A>(1 - a.beta1), one_minus_b2 = static_cast<A>(1 - a.beta2);
   const A step_size = static_cast<A>(s.step_size), bc2 = static_cast<A>(s.bias_correction2_sqrt);
   for (int64_t i = 0; i < n; ++i) {
     A pi = static_cast<A>(p[i]);
@@ -132,8 +135,8 @@ void adam_elems(T* p, const T* g, T* m, T* v, T* vmax, int64_t n, const AdamArgs
     else
       gi += wd * pi;
     A mi = static_cast<A>(m[i]);
-    mi += (A(1) - b1) * (gi - mi);  // lerp, as PyTorch
-    A vi = b2 * static_cast<A>(v[i]) + (A(1) - b2) * gi * gi;
+    mi += one_minus_b1 * (gi - mi);  // lerp, as PyTorch
+    A vi = b2 * static_cast<A>(v[i]) + one_minus_b2 * gi * gi;
     m[i] = static_cast<T>(mi);
     v[i] = static_cast<T>(vi);
     if (vmax != nullptr) {
