@@ -152,9 +152,10 @@ void bind_tensor(nb::module_& m) {
            })
       .def("__repr__", &tensor_repr)
       .def("_cpp_numpy", [](const Tensor& t) { return as_ndarray<nb::numpy>(t, "numpy()"); })
+      // nanobind's array object speaks both DLPack versions (a versioned, writable capsule
+      // when the consumer passes max_version).
       .def("__dlpack__", [](const Tensor& t, nb::kwargs kw) {
-             nb::object arr = nb::cast(as_ndarray<>(t, "__dlpack__"));
-             return arr.attr("__dlpack__")(**kw);
+             return nb::cast(as_ndarray<nb::array_api>(t, "__dlpack__")).attr("__dlpack__")(**kw);
            })
       .def("__dlpack_device__", [](const Tensor& t) {
              KILN_CHECK(t.device().is_cpu(), Type, "__dlpack__: expected a CPU tensor");
