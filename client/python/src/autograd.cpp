@@ -140,7 +140,8 @@ void bind_autograd(nb::module_& m, nb::class_<Tensor>& cls) {
   cls.def_prop_rw("requires_grad", &Tensor::requires_grad,
                   [](const Tensor& t, bool v) { t.requires_grad_(v); })
       .def_prop_rw("grad", [](const Tensor& t) { return to_py(t.grad()); },
-                   [](const Tensor& t, nb::handle g) { t.set_grad(tensor_or_undefined(g, "grad")); })
+                   [](const Tensor& t, nb::handle g) { t.set_grad(tensor_or_undefined(g, "grad")); },
+                   nb::for_setter(nb::arg("grad").none()))
       .def_prop_ro("grad_fn", &Tensor::grad_fn)
       .def_prop_ro("retains_grad", &Tensor::retains_grad)
       .def("requires_grad_", [](nb::handle self, bool v) {
