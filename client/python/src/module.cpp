@@ -27,11 +27,11 @@ constexpr int kDLCPU = 1;  // DLPack's device type of host memory
 nb::dlpack::dtype dl_dtype(ScalarType t) {
   using nb::dlpack::dtype_code;
   uint8_t bits = static_cast<uint8_t>(element_size(t) * 8);
-  dtype_code code = t == kBool ? dtype_code::Bool
+  dtype_code code = t == kBool       ? dtype_code::Bool
                     : t == kBFloat16 ? dtype_code::Bfloat
                     : is_floating(t) ? dtype_code::Float
-                    : t == kUInt8 ? dtype_code::UInt
-                                  : dtype_code::Int;
+                    : t == kUInt8    ? dtype_code::UInt
+                                     : dtype_code::Int;
   return {static_cast<uint8_t>(code), bits, 1};
 }
 
@@ -41,7 +41,8 @@ ScalarType from_dl_dtype(nb::dlpack::dtype d) {
     if (dl_dtype(t) == d) return t;
   }
   KILN_FAIL(Type, "from_numpy/from_dlpack: unsupported array dtype (code ", int(d.code), ", ",
-            int(d.bits), " bits, ", int(d.lanes), " lanes); Kiln supports bool, uint8, int8, int16, "
+            int(d.bits), " bits, ", int(d.lanes),
+            " lanes); Kiln supports bool, uint8, int8, int16, "
             "int32, int64, float16, bfloat16, float32 and float64");
 }
 
@@ -97,8 +98,10 @@ nb::tuple int_tuple(IntArrayRef v) {
 std::string tensor_repr(const Tensor& t) {
   std::string s = t.repr();
   std::string extra;
-  if (auto fn = t.grad_fn()) extra = std::string(", grad_fn=<") + fn->name() + ">";
-  else if (t.requires_grad()) extra = ", requires_grad=True";
+  if (auto fn = t.grad_fn())
+    extra = std::string(", grad_fn=<") + fn->name() + ">";
+  else if (t.requires_grad())
+    extra = ", requires_grad=True";
   if (!extra.empty() && !s.empty() && s.back() == ')') s.insert(s.size() - 1, extra);
   return s;
 }
@@ -129,20 +132,27 @@ void bind_tensor(nb::module_& m) {
       .def("numel", &Tensor::numel)
       .def("nelement", &Tensor::numel)
       .def("element_size", &Tensor::element_size)
-      .def("size", [](const Tensor& t, std::optional<int64_t> d) -> nb::object {
-             if (d) return nb::int_(t.size(*d));
-             return int_tuple(t.sizes());
-           }, nb::arg("dim") = nb::none())
-      .def("stride", [](const Tensor& t, std::optional<int64_t> d) -> nb::object {
-             if (d) return nb::int_(t.stride(*d));
-             return int_tuple(t.strides());
-           }, nb::arg("dim") = nb::none())
+      .def(
+          "size",
+          [](const Tensor& t, std::optional<int64_t> d) -> nb::object {
+            if (d) return nb::int_(t.size(*d));
+            return int_tuple(t.sizes());
+          },
+          nb::arg("dim") = nb::none())
+      .def(
+          "stride",
+          [](const Tensor& t, std::optional<int64_t> d) -> nb::object {
+            if (d) return nb::int_(t.stride(*d));
+            return int_tuple(t.strides());
+          },
+          nb::arg("dim") = nb::none())
       .def("storage_offset", &Tensor::storage_offset)
       .def("is_contiguous", &Tensor::is_contiguous)
       .def("is_floating_point", [](const Tensor& t) { return is_floating(t.dtype()); })
       .def("is_inference", &Tensor::is_inference)
       .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); })
-      .def("item", [](const Tensor& t) -> nb::object {
+      .def("item",
+           [](const Tensor& t) -> nb::object {
              KILN_CHECK(t.numel() == 1, Value, "item(): a Tensor with ", t.numel(),
                         " elements cannot be converted to a Python number");
              Scalar s = t.item();
@@ -154,13 +164,14 @@ void bind_tensor(nb::module_& m) {
       .def("_cpp_numpy", [](const Tensor& t) { return as_ndarray<nb::numpy>(t, "numpy()"); })
       // nanobind's array object speaks both DLPack versions (a versioned, writable capsule
       // when the consumer passes max_version).
-      .def("__dlpack__", [](const Tensor& t, nb::kwargs kw) {
+      .def("__dlpack__",
+           [](const Tensor& t, nb::kwargs kw) {
              return nb::cast(as_ndarray<nb::array_api>(t, "__dlpack__")).attr("__dlpack__")(**kw);
            })
       .def("__dlpack_device__", [](const Tensor& t) {
-             KILN_CHECK(t.device().is_cpu(), Type, "__dlpack__: expected a CPU tensor");
-             return nb::make_tuple(kDLCPU, 0);
-           });
+        KILN_CHECK(t.device().is_cpu(), Type, "__dlpack__: expected a CPU tensor");
+        return nb::make_tuple(kDLCPU, 0);
+      });
   // Every op of the table that the C++ Tensor has as a method (generated).
   for (PyMethodDef* d = kOpMethods; d->ml_name; ++d) {
     nb::object descr = nb::steal(PyDescr_NewMethod(g_tensor_type, d));
@@ -182,27 +193,34 @@ void bind_dtype_device(nb::module_& m) {
     g_dtypes[k] = nb::cast(DType{st});
     m.attr(scalar_type_name(st)) = g_dtypes[k];
   }
-  const std::pair<const char*, ScalarType> aliases[] = {
-      {"float", kFloat32}, {"double", kFloat64}, {"half", kFloat16}, {"long", kInt64},
-      {"int", kInt32}, {"short", kInt16}};
+  const std::pair<const char*, ScalarType> aliases[] = {{"float", kFloat32}, {"double", kFloat64},
+                                                        {"half", kFloat16},  {"long", kInt64},
+                                                        {"int", kInt32},     {"short", kInt16}};
   for (auto [name, st] : aliases) m.attr(name) = g_dtypes[static_cast<int>(st)];
 
   nb::class_<Device>(m, "device")
       .def(nb::init<const std::string&>(), nb::arg("type"))
-      .def("__init__", [](Device* d, const std::string& type, int index) {
-             new (d) Device(Device(type).type(), static_cast<int16_t>(index));
-           }, nb::arg("type"), nb::arg("index"))
+      .def(
+          "__init__",
+          [](Device* d, const std::string& type, int index) {
+            new (d) Device(Device(type).type(), static_cast<int16_t>(index));
+          },
+          nb::arg("type"), nb::arg("index"))
       .def_prop_ro("type", [](const Device& d) { return std::string(device_type_name(d.type())); })
-      .def_prop_ro("index", [](const Device& d) -> nb::object {
-             return d.index() < 0 ? nb::object(nb::none()) : nb::object(nb::int_(d.index()));
-           })
+      .def_prop_ro("index",
+                   [](const Device& d) -> nb::object {
+                     return d.index() < 0 ? nb::object(nb::none())
+                                          : nb::object(nb::int_(d.index()));
+                   })
       .def("__str__", &Device::str)
-      .def("__repr__", [](const Device& d) {
+      .def("__repr__",
+           [](const Device& d) {
              std::string s = "device(type='" + std::string(device_type_name(d.type())) + "'";
              if (d.index() >= 0) s += ", index=" + std::to_string(d.index());
              return s + ")";
            })
-      .def("__eq__", [](const Device& d, nb::handle o) {
+      .def("__eq__",
+           [](const Device& d, nb::handle o) {
              Device other;
              return device_from_object(o.ptr(), other) && other == d;
            })
@@ -210,18 +228,20 @@ void bind_dtype_device(nb::module_& m) {
 
   nb::class_<Generator>(m, "Generator")
       .def(nb::init<>())
-      .def("manual_seed", [](nb::handle self, uint64_t seed) {
+      .def("manual_seed",
+           [](nb::handle self, uint64_t seed) {
              nb::inst_ptr<Generator>(self)->manual_seed(seed);
              return nb::borrow(self);
            })
       .def("initial_seed", &Generator::initial_seed)
-      .def("get_state", [](const Generator& g) {
+      .def("get_state",
+           [](const Generator& g) {
              GeneratorState s = g.get_state();
              return std::make_pair(s.seed, s.offset);
            })
       .def("set_state", [](Generator& g, std::pair<uint64_t, uint64_t> s) {
-             g.set_state(GeneratorState{s.first, s.second});
-           });
+        g.set_state(GeneratorState{s.first, s.second});
+      });
   m.def("default_generator", [] { return default_generator(); });
 }
 
@@ -235,10 +255,14 @@ bool dtype_from_object(PyObject* o, ScalarType& out) {
     return true;
   }
   // dtype=float / int / bool, as PyTorch accepts the Python types.
-  if (o == reinterpret_cast<PyObject*>(&PyFloat_Type)) out = kFloat64;
-  else if (o == reinterpret_cast<PyObject*>(&PyLong_Type)) out = kInt64;
-  else if (o == reinterpret_cast<PyObject*>(&PyBool_Type)) out = kBool;
-  else return false;
+  if (o == reinterpret_cast<PyObject*>(&PyFloat_Type))
+    out = kFloat64;
+  else if (o == reinterpret_cast<PyObject*>(&PyLong_Type))
+    out = kInt64;
+  else if (o == reinterpret_cast<PyObject*>(&PyBool_Type))
+    out = kBool;
+  else
+    return false;
   return true;
 }
 
@@ -273,11 +297,14 @@ NB_MODULE(_C, m) {
     for (nb::object& d : g_dtypes) d.reset();
   }));
 
-  m.def("from_numpy", [](nb::ndarray<> a) { return from_array(std::move(a), "from_numpy"); },
-        nb::arg("ndarray"));
-  m.def("from_dlpack", [](nb::ndarray<> a) { return from_array(std::move(a), "from_dlpack"); },
-        nb::arg("ext_tensor"));
-  m.def("manual_seed", [](uint64_t seed) { manual_seed(seed); }, nb::arg("seed"));
+  m.def(
+      "from_numpy", [](nb::ndarray<> a) { return from_array(std::move(a), "from_numpy"); },
+      nb::arg("ndarray"));
+  m.def(
+      "from_dlpack", [](nb::ndarray<> a) { return from_array(std::move(a), "from_dlpack"); },
+      nb::arg("ext_tensor"));
+  m.def(
+      "manual_seed", [](uint64_t seed) { manual_seed(seed); }, nb::arg("seed"));
   m.def("initial_seed", [] { return default_generator().initial_seed(); });
   m.def("set_num_threads", &set_num_threads, nb::arg("n"));
   m.def("get_num_threads", &get_num_threads);

@@ -12,18 +12,24 @@ PyTypeObject* g_tensor_type = nullptr;
 namespace {
 
 const char* type_label(ArgType t) {
-  static const char* const kLabels[] = {
-      "Tensor", "Tensor?", "Tensor[]", "Scalar", "Scalar?", "int", "int?", "int[]", "int[]?",
-      "float", "float?", "bool", "ScalarType", "ScalarType?", "Device?", "str", "str?",
-      "Generator?"};
+  static const char* const kLabels[] = {"Tensor", "Tensor?", "Tensor[]",   "Scalar",      "Scalar?",
+                                        "int",    "int?",    "int[]",      "int[]?",      "float",
+                                        "float?", "bool",    "ScalarType", "ScalarType?", "Device?",
+                                        "str",    "str?",    "Generator?"};
   return kLabels[static_cast<int>(t)];
 }
 
 bool is_optional(ArgType t) {
   switch (t) {
-    case ArgType::OptTensor: case ArgType::OptScalar: case ArgType::OptInt:
-    case ArgType::OptIntList: case ArgType::OptFloat: case ArgType::OptDtype:
-    case ArgType::OptDevice: case ArgType::OptStr: case ArgType::OptGenerator:
+    case ArgType::OptTensor:
+    case ArgType::OptScalar:
+    case ArgType::OptInt:
+    case ArgType::OptIntList:
+    case ArgType::OptFloat:
+    case ArgType::OptDtype:
+    case ArgType::OptDevice:
+    case ArgType::OptStr:
+    case ArgType::OptGenerator:
       return true;
     default:
       return false;
@@ -122,21 +128,28 @@ Value parse_default(const ParamSpec& p) {
     return v;
   }
   switch (p.type) {
-    case ArgType::Scalar: case ArgType::OptScalar:
-      if (text.find_first_of(".eE") != std::string::npos) v.s = Scalar(std::strtod(text.c_str(), nullptr));
-      else if (text == "True" || text == "False") v.s = Scalar(text == "True");
-      else v.s = Scalar(static_cast<int64_t>(std::strtoll(text.c_str(), nullptr, 10)));
+    case ArgType::Scalar:
+    case ArgType::OptScalar:
+      if (text.find_first_of(".eE") != std::string::npos)
+        v.s = Scalar(std::strtod(text.c_str(), nullptr));
+      else if (text == "True" || text == "False")
+        v.s = Scalar(text == "True");
+      else
+        v.s = Scalar(static_cast<int64_t>(std::strtoll(text.c_str(), nullptr, 10)));
       break;
-    case ArgType::Int: case ArgType::OptInt:
+    case ArgType::Int:
+    case ArgType::OptInt:
       v.i = std::strtoll(text.c_str(), nullptr, 10);
       break;
-    case ArgType::Float: case ArgType::OptFloat:
+    case ArgType::Float:
+    case ArgType::OptFloat:
       v.d = std::strtod(text.c_str(), nullptr);
       break;
     case ArgType::Bool:
       v.b = text == "True";
       break;
-    case ArgType::IntList: case ArgType::OptIntList: {
+    case ArgType::IntList:
+    case ArgType::OptIntList: {
       const char* c = text.c_str() + 1;  // "[1, 1]"
       while (*c && *c != ']') {
         char* end;
@@ -148,10 +161,12 @@ Value parse_default(const ParamSpec& p) {
       }
       break;
     }
-    case ArgType::Str: case ArgType::OptStr:
+    case ArgType::Str:
+    case ArgType::OptStr:
       v.str = text.substr(1, text.size() - 2);  // 'mean'
       break;
-    case ArgType::Dtype: case ArgType::OptDtype:
+    case ArgType::Dtype:
+    case ArgType::OptDtype:
       v.st = scalar_type_from_name(text.c_str());
       break;
     default:
@@ -203,7 +218,8 @@ bool Signature::convert(const ParamSpec& p, PyObject* o, Value& v, bool first,
     }
   } else {
     switch (p.type) {
-      case ArgType::Tensor: case ArgType::OptTensor:
+      case ArgType::Tensor:
+      case ArgType::OptTensor:
         if (is_tensor(o)) {
           v.t = unwrap(o);
           return true;
@@ -221,7 +237,8 @@ bool Signature::convert(const ParamSpec& p, PyObject* o, Value& v, bool first,
         v.tl.reserve(n);
         for (Py_ssize_t k = 0; k < n; ++k) {
           if (!is_tensor(items[k])) {
-            why = "argument '" + std::string(p.name) + "' must be a list of Tensors, got an element of type " +
+            why = "argument '" + std::string(p.name) +
+                  "' must be a list of Tensors, got an element of type " +
                   Py_TYPE(items[k])->tp_name;
             return false;
           }
@@ -229,16 +246,20 @@ bool Signature::convert(const ParamSpec& p, PyObject* o, Value& v, bool first,
         }
         return true;
       }
-      case ArgType::Scalar: case ArgType::OptScalar:
+      case ArgType::Scalar:
+      case ArgType::OptScalar:
         if (as_scalar(o, v.s)) return true;
         break;
-      case ArgType::Int: case ArgType::OptInt:
+      case ArgType::Int:
+      case ArgType::OptInt:
         if (as_int(o, v.i)) return true;
         break;
-      case ArgType::IntList: case ArgType::OptIntList:
+      case ArgType::IntList:
+      case ArgType::OptIntList:
         if (as_int_list(o, p.fixed_size, v.il)) return true;
         break;
-      case ArgType::Float: case ArgType::OptFloat:
+      case ArgType::Float:
+      case ArgType::OptFloat:
         if (as_double(o, v.d)) return true;
         break;
       case ArgType::Bool:
@@ -247,13 +268,15 @@ bool Signature::convert(const ParamSpec& p, PyObject* o, Value& v, bool first,
           return true;
         }
         break;
-      case ArgType::Dtype: case ArgType::OptDtype:
+      case ArgType::Dtype:
+      case ArgType::OptDtype:
         if (dtype_from_object(o, v.st)) return true;
         break;
       case ArgType::OptDevice:
         if (device_from_object(o, v.dev)) return true;
         break;
-      case ArgType::Str: case ArgType::OptStr:
+      case ArgType::Str:
+      case ArgType::OptStr:
         if (PyUnicode_Check(o)) {
           Py_ssize_t n;
           const char* c = PyUnicode_AsUTF8AndSize(o, &n);
@@ -357,7 +380,8 @@ PyObject* no_match(PyObject* self, const Signature* const* sigs, const std::stri
       msg = sig.substr(0, sig.find('(')) + "(): " + why[k] + " (expected " + sig + ")";
       break;
     }
-    msg += (msg.empty() ? sig.substr(0, sig.find('(')) + "(): no overload matches the arguments:" : "");
+    msg += (msg.empty() ? sig.substr(0, sig.find('(')) + "(): no overload matches the arguments:"
+                        : "");
     msg += "\n  " + sig + ": " + why[k];
   }
   (void)self;
@@ -397,11 +421,21 @@ void set_python_error() {
   } catch (const Error& e) {
     PyObject* type = PyExc_RuntimeError;
     switch (e.kind()) {
-      case ErrorKind::Value: type = PyExc_ValueError; break;
-      case ErrorKind::Type: type = PyExc_TypeError; break;
-      case ErrorKind::Index: type = PyExc_IndexError; break;
-      case ErrorKind::NotImplemented: type = PyExc_NotImplementedError; break;
-      case ErrorKind::Runtime: type = PyExc_RuntimeError; break;
+      case ErrorKind::Value:
+        type = PyExc_ValueError;
+        break;
+      case ErrorKind::Type:
+        type = PyExc_TypeError;
+        break;
+      case ErrorKind::Index:
+        type = PyExc_IndexError;
+        break;
+      case ErrorKind::NotImplemented:
+        type = PyExc_NotImplementedError;
+        break;
+      case ErrorKind::Runtime:
+        type = PyExc_RuntimeError;
+        break;
     }
     PyErr_SetString(type, e.what());
   } catch (nb::python_error& e) {

@@ -29,8 +29,24 @@ namespace kiln::python {
 namespace nb = nanobind;
 
 enum class ArgType : uint8_t {
-  Tensor, OptTensor, TensorList, Scalar, OptScalar, Int, OptInt, IntList, OptIntList, Float,
-  OptFloat, Bool, Dtype, OptDtype, OptDevice, Str, OptStr, OptGenerator,
+  Tensor,
+  OptTensor,
+  TensorList,
+  Scalar,
+  OptScalar,
+  Int,
+  OptInt,
+  IntList,
+  OptIntList,
+  Float,
+  OptFloat,
+  Bool,
+  Dtype,
+  OptDtype,
+  OptDevice,
+  Str,
+  OptStr,
+  OptGenerator,
 };
 
 struct ParamSpec {
@@ -62,8 +78,8 @@ class Signature {
  public:
   Signature(const char* name, std::initializer_list<ParamSpec> params);
   // Note [Python argument parsing]. `self` is the bound Tensor of a method call (else nullptr).
-  bool parse(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
-             Value* out, std::string& why) const;
+  bool parse(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, Value* out,
+             std::string& why) const;
   std::string str() const;  // "add(Tensor self, Tensor other, *, Scalar alpha=1)"
 
  private:
