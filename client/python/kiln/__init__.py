@@ -1,0 +1,20 @@
+"""kiln: PyTorch-style tensors, autograd and training on Kiln's runtime, in-process.
+
+    import kiln
+    x = kiln.randn(4, 3, requires_grad=True)
+    loss = (x * 2).relu().sum()
+    loss.backward()                # x.grad
+    with kiln.no_grad():
+        x -= 0.1 * x.grad
+
+Every op of Kiln's op table is kiln.<op> (and kiln.Tensor.<op> where the C++ Tensor has the
+method), bound from the table with its keyword names and defaults.
+"""
+from kiln import _C
+from kiln._C import *  # noqa: F401,F403  the ops, dtypes, device, Generator, Tensor
+from kiln._C import Tensor, __version__  # noqa: F401
+from kiln import _tensor  # noqa: F401  Python-level Tensor methods (operators, indexing, numpy)
+from kiln._creation import *  # noqa: F401,F403
+from kiln.autograd.grad_mode import no_grad, enable_grad, inference_mode, set_grad_enabled  # noqa: F401
+from kiln._C import is_grad_enabled, is_inference_mode_enabled  # noqa: F401
+from kiln import autograd  # noqa: F401

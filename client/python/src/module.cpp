@@ -1,0 +1,329 @@
+// kiln._C: the extension module behind the `kiln` package. It links the same libkiln*.so as C++
+// programs (one dispatcher per process, DESIGN.md "Layers"). Every op of the table is bound by
+// the generated ops_bindings.cpp (kiln._C.<op>, kiln.Tensor.<op>); this file binds the Tensor
+// type itself, dtypes, devices, generators, NumPy/DLPack interop and the runtime settings;
+// autograd.cpp binds autograd.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "kiln/autograd/node.h"
+#include "python_args.h"
+
+namespace kiln::python {
+
+void bind_autograd(nb::module_& m, nb::class_<Tensor>& cls);  // autograd.cpp
+
+namespace {
+
+// kiln.float32, ...: one object per dtype, so `x.dtype is kiln.float32` holds.
+struct DType {
+  ScalarType st;
+};
+nb::object g_dtypes[kNumScalarTypes];
+constexpr int kDLCPU = 1;  // DLPack's device type of host memory
+
+nb::dlpack::dtype dl_dtype(ScalarType t) {
+  using nb::dlpack::dtype_code;
+  uint8_t bits = static_cast<uint8_t>(element_size(t) * 8);
+  dtype_code code = t == kBool       ? dtype_code::Bool
+                    : t == kBFloat16 ? dtype_code::Bfloat
+                    : is_floating(t) ? dtype_code::Float
+                    : t == kUInt8    ? dtype_code::UInt
+                                     : dtype_code::Int;
+  return {static_cast<uint8_t>(code), bits, 1};
+}
+
+ScalarType from_dl_dtype(nb::dlpack::dtype d) {
+  for (int k = 0; k < kNumScalarTypes; ++k) {
+    auto t = static_cast<ScalarType>(k);
+    if (dl_dtype(t) == d) return t;
+  }
+  KILN_FAIL(Type, "from_numpy/from_dlpack: unsupported array dtype (code ", int(d.code), ", ",
+            int(d.bits), " bits, ", int(d.lanes),
+            " lanes); Kiln supports bool, uint8, int8, int16, "
+            "int32, int64, float16, bfloat16, float32 and float64");
+}
+
+// A view of `t`'s memory that keeps `t`'s storage alive (NumPy export, DLPack export).
+template <class... Framework>
+nb::ndarray<Framework...> as_ndarray(const Tensor& t, const char* what) {
+  KILN_CHECK(t.device().is_cpu(), Type, what, ": expected a CPU tensor, got one on ", t.device(),
+             " (copy it with .cpu() first)");
+  std::vector<size_t> shape(t.sizes().begin(), t.sizes().end());
+  std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
+  nb::capsule owner(new Tensor(t), [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+  return nb::ndarray<Framework...>(t.data_ptr(), shape.size(), shape.data(), owner, strides.data(),
+                                   dl_dtype(t.dtype()), kDLCPU);
+}
+
+// Owns the array a tensor made by from_numpy/from_dlpack borrows (freed with the GIL held).
+void release_array(void* ctx, void*) {
+  auto* a = static_cast<nb::ndarray<>*>(ctx);
+  if (!Py_IsInitialized()) return;  // interpreter gone: leak rather than crash
+  nb::gil_scoped_acquire gil;
+  delete a;
+}
+
+Tensor from_array(nb::ndarray<> a, const char* what) {
+  KILN_CHECK(a.device_type() == kDLCPU, Type, what,
+             ": only CPU arrays can be shared, got device type ", a.device_type());
+  ScalarType dt = from_dl_dtype(a.dtype());
+  DimVector sizes, strides;
+  int64_t extent = 1;
+  bool empty = false;
+  for (size_t d = 0; d < a.ndim(); ++d) {
+    int64_t n = static_cast<int64_t>(a.shape(d)), s = a.stride(d);
+    KILN_CHECK(s >= 0, Value, what, ": arrays with negative strides are not supported (stride ", s,
+               " in dim ", d, "); make a copy first (numpy.ascontiguousarray)");
+    sizes.push_back(n);
+    strides.push_back(s);
+    empty = empty || n == 0;
+    extent += (n - 1) * s;
+  }
+  size_t nbytes = empty ? 0 : static_cast<size_t>(extent) * element_size(dt);
+  void* data = a.data();
+  DataPtr ptr(data, new nb::ndarray<>(std::move(a)), &release_array, kCPU);
+  return Tensor(TensorImpl::make(Storage::wrap(std::move(ptr), nbytes), dt, sizes, strides, 0));
+}
+
+nb::tuple int_tuple(IntArrayRef v) {
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(v.size()));
+  for (size_t k = 0; k < v.size(); ++k) PyTuple_SET_ITEM(t, k, PyLong_FromLongLong(v[k]));
+  return nb::steal<nb::tuple>(t);
+}
+
+// PyTorch's repr, with requires_grad / grad_fn as it prints them.
+std::string tensor_repr(const Tensor& t) {
+  std::string s = t.repr();
+  std::string extra;
+  if (auto fn = t.grad_fn())
+    extra = std::string(", grad_fn=<") + fn->name() + ">";
+  else if (t.requires_grad())
+    extra = ", requires_grad=True";
+  if (!extra.empty() && !s.empty() && s.back() == ')') s.insert(s.size() - 1, extra);
+  return s;
+}
+
+void python_warning(const std::string& msg) {
+  if (!Py_IsInitialized() || !PyGILState_Check()) {  // a kernel thread: never wait for the GIL
+    fprintf(stderr, "kiln warning: %s\n", msg.c_str());
+    return;
+  }
+  if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) PyErr_WriteUnraisable(nullptr);
+}
+
+void bind_tensor(nb::module_& m) {
+  nb::class_<Tensor> cls(m, "Tensor", nb::dynamic_attr());
+  g_tensor_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  cls.def_prop_ro("shape", [](const Tensor& t) { return int_tuple(t.sizes()); })
+      .def_prop_ro("dtype", [](const Tensor& t) { return nb::borrow(dtype_object(t.dtype())); })
+      .def_prop_ro("device", [](const Tensor& t) { return t.device(); })
+      .def_prop_ro("ndim", &Tensor::dim)
+      .def_prop_ro("is_cuda", [](const Tensor& t) { return t.device().is_cuda(); })
+      .def_prop_ro("is_meta", &Tensor::is_meta)
+      .def_prop_ro("is_leaf", &Tensor::is_leaf)
+      .def_prop_ro("_version", &Tensor::version)
+      .def_prop_ro("nbytes", &Tensor::nbytes)
+      .def_prop_ro("itemsize", &Tensor::element_size)
+      .def("dim", &Tensor::dim)
+      .def("ndimension", &Tensor::dim)
+      .def("numel", &Tensor::numel)
+      .def("nelement", &Tensor::numel)
+      .def("element_size", &Tensor::element_size)
+      .def(
+          "size",
+          [](const Tensor& t, std::optional<int64_t> d) -> nb::object {
+            if (d) return nb::int_(t.size(*d));
+            return int_tuple(t.sizes());
+          },
+          nb::arg("dim") = nb::none())
+      .def(
+          "stride",
+          [](const Tensor& t, std::optional<int64_t> d) -> nb::object {
+            if (d) return nb::int_(t.stride(*d));
+            return int_tuple(t.strides());
+          },
+          nb::arg("dim") = nb::none())
+      .def("storage_offset", &Tensor::storage_offset)
+      .def("is_contiguous", &Tensor::is_contiguous)
+      .def("is_floating_point", [](const Tensor& t) { return is_floating(t.dtype()); })
+      .def("is_inference", &Tensor::is_inference)
+      .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); })
+      .def("item",
+           [](const Tensor& t) -> nb::object {
+             KILN_CHECK(t.numel() == 1, Value, "item(): a Tensor with ", t.numel(),
+                        " elements cannot be converted to a Python number");
+             Scalar s = t.item();
+             if (s.is_bool()) return nb::bool_(s.to_bool());
+             if (s.is_integral()) return nb::int_(s.to_int());
+             return nb::float_(s.to_double());
+           })
+      .def("__repr__", &tensor_repr)
+      .def("_cpp_numpy", [](const Tensor& t) { return as_ndarray<nb::numpy>(t, "numpy()"); })
+      // nanobind's array object speaks both DLPack versions (a versioned, writable capsule
+      // when the consumer passes max_version).
+      .def("__dlpack__",
+           [](const Tensor& t, nb::kwargs kw) {
+             return nb::cast(as_ndarray<nb::array_api>(t, "__dlpack__")).attr("__dlpack__")(**kw);
+           })
+      .def("__dlpack_device__", [](const Tensor& t) {
+        KILN_CHECK(t.device().is_cpu(), Type, "__dlpack__: expected a CPU tensor");
+        return nb::make_tuple(kDLCPU, 0);
+      });
+  // Every op of the table that the C++ Tensor has as a method (generated).
+  for (PyMethodDef* d = kOpMethods; d->ml_name; ++d) {
+    nb::object descr = nb::steal(PyDescr_NewMethod(g_tensor_type, d));
+    if (!descr.is_valid() || PyObject_SetAttrString(cls.ptr(), d->ml_name, descr.ptr()) < 0)
+      throw nb::python_error();
+  }
+  bind_autograd(m, cls);
+}
+
+void bind_dtype_device(nb::module_& m) {
+  nb::class_<DType>(m, "dtype")
+      .def_prop_ro("is_floating_point", [](const DType& d) { return is_floating(d.st); })
+      .def_prop_ro("is_signed", [](const DType& d) { return d.st != kBool && d.st != kUInt8; })
+      .def_prop_ro("itemsize", [](const DType& d) { return element_size(d.st); })
+      .def("__repr__", [](const DType& d) { return std::string("kiln.") + scalar_type_name(d.st); })
+      .def("__reduce__", [](const DType& d) { return std::string(scalar_type_name(d.st)); });
+  for (int k = 0; k < kNumScalarTypes; ++k) {
+    auto st = static_cast<ScalarType>(k);
+    g_dtypes[k] = nb::cast(DType{st});
+    m.attr(scalar_type_name(st)) = g_dtypes[k];
+  }
+  const std::pair<const char*, ScalarType> aliases[] = {{"float", kFloat32}, {"double", kFloat64},
+                                                        {"half", kFloat16},  {"long", kInt64},
+                                                        {"int", kInt32},     {"short", kInt16}};
+  for (auto [name, st] : aliases) m.attr(name) = g_dtypes[static_cast<int>(st)];
+
+  nb::class_<Device>(m, "device")
+      .def(nb::init<const std::string&>(), nb::arg("type"))
+      .def(
+          "__init__",
+          [](Device* d, const std::string& type, int index) {
+            new (d) Device(Device(type).type(), static_cast<int16_t>(index));
+          },
+          nb::arg("type"), nb::arg("index"))
+      .def_prop_ro("type", [](const Device& d) { return std::string(device_type_name(d.type())); })
+      .def_prop_ro("index",
+                   [](const Device& d) -> nb::object {
+                     return d.index() < 0 ? nb::object(nb::none())
+                                          : nb::object(nb::int_(d.index()));
+                   })
+      .def("__str__", &Device::str)
+      .def("__repr__",
+           [](const Device& d) {
+             std::string s = "device(type='" + std::string(device_type_name(d.type())) + "'";
+             if (d.index() >= 0) s += ", index=" + std::to_string(d.index());
+             return s + ")";
+           })
+      .def("__eq__",
+           [](const Device& d, nb::handle o) {
+             Device other;
+             return device_from_object(o.ptr(), other) && other == d;
+           })
+      .def("__hash__", [](const Device& d) { return std::hash<std::string>()(d.str()); });
+
+  nb::class_<Generator>(m, "Generator")
+      .def(nb::init<>())
+      .def("manual_seed",
+           [](nb::handle self, uint64_t seed) {
+             nb::inst_ptr<Generator>(self)->manual_seed(seed);
+             return nb::borrow(self);
+           })
+      .def("initial_seed", &Generator::initial_seed)
+      .def("get_state",
+           [](const Generator& g) {
+             GeneratorState s = g.get_state();
+             return std::make_pair(s.seed, s.offset);
+           })
+      .def("set_state", [](Generator& g, std::pair<uint64_t, uint64_t> s) {
+        g.set_state(GeneratorState{s.first, s.second});
+      });
+  m.def("default_generator", [] { return default_generator(); });
+}
+
+}  // namespace
+
+PyObject* dtype_object(ScalarType t) { return g_dtypes[static_cast<int>(t)].ptr(); }
+
+bool dtype_from_object(PyObject* o, ScalarType& out) {
+  if (nb::isinstance<DType>(nb::handle(o))) {
+    out = nb::inst_ptr<DType>(o)->st;
+    return true;
+  }
+  // dtype=float / int / bool, as PyTorch accepts the Python types.
+  if (o == reinterpret_cast<PyObject*>(&PyFloat_Type))
+    out = kFloat64;
+  else if (o == reinterpret_cast<PyObject*>(&PyLong_Type))
+    out = kInt64;
+  else if (o == reinterpret_cast<PyObject*>(&PyBool_Type))
+    out = kBool;
+  else
+    return false;
+  return true;
+}
+
+bool device_from_object(PyObject* o, Device& out) {
+  if (nb::isinstance<Device>(nb::handle(o))) {
+    out = *nb::inst_ptr<Device>(o);
+    return true;
+  }
+  if (!PyUnicode_Check(o)) return false;
+  const char* s = PyUnicode_AsUTF8(o);
+  if (!s) {
+    PyErr_Clear();
+    return false;
+  }
+  out = Device(std::string(s));  // ValueError for a bad device string
+  return true;
+}
+
+}  // namespace kiln::python
+
+using namespace kiln;
+using namespace kiln::python;
+
+NB_MODULE(_C, m) {
+  m.attr("__version__") = KILN_VERSION;
+  bind_dtype_device(m);
+  bind_tensor(m);
+  if (PyModule_AddFunctions(m.ptr(), kOpFunctions) < 0) throw nb::python_error();
+  set_warning_handler(&python_warning);
+  // The dtype objects go before nanobind's leak check at exit.
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
+    for (nb::object& d : g_dtypes) d.reset();
+  }));
+
+  m.def(
+      "from_numpy", [](nb::ndarray<> a) { return from_array(std::move(a), "from_numpy"); },
+      nb::arg("ndarray"));
+  m.def(
+      "from_dlpack", [](nb::ndarray<> a) { return from_array(std::move(a), "from_dlpack"); },
+      nb::arg("ext_tensor"));
+  m.def(
+      "manual_seed", [](uint64_t seed) { manual_seed(seed); }, nb::arg("seed"));
+  m.def("initial_seed", [] { return default_generator().initial_seed(); });
+  m.def("set_num_threads", &set_num_threads, nb::arg("n"));
+  m.def("get_num_threads", &get_num_threads);
+  m.def("result_type", [](const Tensor& a, const Tensor& b) {
+    return nb::borrow(dtype_object(result_type(a, b)));
+  });
+  m.def("promote_types", [](nb::handle a, nb::handle b) {
+    ScalarType x, y;
+    KILN_CHECK(dtype_from_object(a.ptr(), x) && dtype_from_object(b.ptr(), y), Type,
+               "promote_types: expected two dtypes");
+    return nb::borrow(dtype_object(promote_types(x, y)));
+  });
+  // Kiln errors raised by nanobind-bound functions map to Python exceptions as in the op
+  // bindings (Note [Error kinds]).
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error&) {
+      set_python_error();
+    }
+  });
+}
