@@ -254,6 +254,8 @@ int main(int argc, char** argv) {
     step = load(args.ckpt, model, opt, sched, batch_gen);
     std::printf("chargpt: resumed from %s at step %lld\n", args.ckpt.c_str(),
                 static_cast<long long>(step));
+  } else if (args.resume) {
+    std::printf("chargpt: no checkpoint in %s yet; starting from step 0\n", args.ckpt.c_str());
   }
   std::printf("chargpt: GPT %lld layers, %lld heads, width %lld, context %lld: %.2fM parameters; "
               "batch %lld, AdamW lr %g, %lld steps\n",
