@@ -62,24 +62,36 @@ Args parse_args(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (flag == "--data") a.data = value();
-    else if (flag == "--steps") a.steps = std::stoll(value());
-    else if (flag == "--eval-every") a.eval_every = std::stoll(value());
-    else if (flag == "--ckpt") a.ckpt = value();
-    else if (flag == "--resume") a.resume = true;
-    else if (flag == "--prompt") a.prompt = value();
-    else if (flag == "--temperature") a.temperature = std::stod(value());
-    else if (flag == "--top-k") a.top_k = std::stoll(value());
-    else if (flag == "--sample-bytes") a.sample_bytes = std::stoll(value());
-    else if (flag == "--seed") a.seed = std::stoull(value());
+    if (flag == "--data")
+      a.data = value();
+    else if (flag == "--steps")
+      a.steps = std::stoll(value());
+    else if (flag == "--eval-every")
+      a.eval_every = std::stoll(value());
+    else if (flag == "--ckpt")
+      a.ckpt = value();
+    else if (flag == "--resume")
+      a.resume = true;
+    else if (flag == "--prompt")
+      a.prompt = value();
+    else if (flag == "--temperature")
+      a.temperature = std::stod(value());
+    else if (flag == "--top-k")
+      a.top_k = std::stoll(value());
+    else if (flag == "--sample-bytes")
+      a.sample_bytes = std::stoll(value());
+    else if (flag == "--seed")
+      a.seed = std::stoull(value());
     else {
-      std::fprintf(stderr, "chargpt: unknown argument %s (see the top of examples/chargpt/chargpt.cpp)\n",
+      std::fprintf(stderr,
+                   "chargpt: unknown argument %s (see the top of examples/chargpt/chargpt.cpp)\n",
                    flag.c_str());
       std::exit(2);
     }
   }
   if (a.steps < 1 || a.eval_every < 1 || a.temperature <= 0 || a.top_k < 1) {
-    std::fprintf(stderr, "chargpt: --steps, --eval-every and --top-k must be >= 1, --temperature > 0\n");
+    std::fprintf(stderr,
+                 "chargpt: --steps, --eval-every and --top-k must be >= 1, --temperature > 0\n");
     std::exit(2);
   }
   if (a.resume && a.ckpt.empty()) {
@@ -186,7 +198,8 @@ void sample(chargpt::GPT& model, const std::string& prompt, int64_t n, double te
   for (int64_t& c : ctx) c = static_cast<unsigned char>(c);
   if (ctx.empty()) ctx.push_back('\n');
   auto put = [](int64_t c) {
-    if (std::isprint(static_cast<int>(c)) || c == '\n' || c == '\t') std::putchar(static_cast<int>(c));
+    if (std::isprint(static_cast<int>(c)) || c == '\n' || c == '\t')
+      std::putchar(static_cast<int>(c));
   };
   std::for_each(ctx.begin(), ctx.end(), put);
   const int64_t V = model.config.vocab, block = model.config.block;
@@ -217,16 +230,20 @@ void sample(chargpt::GPT& model, const std::string& prompt, int64_t n, double te
 int main(int argc, char** argv) {
   Args args = parse_args(argc, argv);
   if (!fs::is_directory(args.data)) {
-    std::fprintf(stderr, "chargpt: data directory %s not found (install the fortunes: sudo apt-get "
-                 "install fortunes, or pass --data DIR)\n", args.data.c_str());
+    std::fprintf(stderr,
+                 "chargpt: data directory %s not found (install the fortunes: sudo apt-get "
+                 "install fortunes, or pass --data DIR)\n",
+                 args.data.c_str());
     return 2;
   }
   int files = 0;
   std::string text = read_fortunes(args.data, files);
   chargpt::GPTConfig config;
   if (static_cast<int64_t>(text.size()) < 20 * (config.block + 1)) {
-    std::fprintf(stderr, "chargpt: only %zu bytes of text in %s (install the fortunes: sudo "
-                 "apt-get install fortunes, or pass --data DIR)\n", text.size(), args.data.c_str());
+    std::fprintf(stderr,
+                 "chargpt: only %zu bytes of text in %s (install the fortunes: sudo "
+                 "apt-get install fortunes, or pass --data DIR)\n",
+                 text.size(), args.data.c_str());
     return 2;
   }
   size_t n_train = text.size() * 9 / 10;
@@ -257,11 +274,12 @@ int main(int argc, char** argv) {
   } else if (args.resume) {
     std::printf("chargpt: no checkpoint in %s yet; starting from step 0\n", args.ckpt.c_str());
   }
-  std::printf("chargpt: GPT %lld layers, %lld heads, width %lld, context %lld: %.2fM parameters; "
-              "batch %lld, AdamW lr %g, %lld steps\n",
-              static_cast<long long>(config.layers), static_cast<long long>(config.heads),
-              static_cast<long long>(config.width), static_cast<long long>(config.block),
-              n_params / 1e6, static_cast<long long>(kBatch), kLr, static_cast<long long>(args.steps));
+  std::printf(
+      "chargpt: GPT %lld layers, %lld heads, width %lld, context %lld: %.2fM parameters; "
+      "batch %lld, AdamW lr %g, %lld steps\n",
+      static_cast<long long>(config.layers), static_cast<long long>(config.heads),
+      static_cast<long long>(config.width), static_cast<long long>(config.block), n_params / 1e6,
+      static_cast<long long>(kBatch), kLr, static_cast<long long>(args.steps));
 
   using clock = std::chrono::steady_clock;
   auto start = clock::now(), last = start;

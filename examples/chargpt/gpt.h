@@ -87,7 +87,8 @@ class GPT : public kiln::nn::Module {
     pos = register_module("pos", std::make_shared<Embedding>(config.block, config.width));
     blocks = register_module("blocks", std::make_shared<Sequential>());
     for (int64_t i = 0; i < config.layers; ++i)
-      blocks->push_back(std::make_shared<Block>(config.width, config.heads, config.fused_attention));
+      blocks->push_back(
+          std::make_shared<Block>(config.width, config.heads, config.fused_attention));
     ln = register_module("ln", std::make_shared<LayerNorm>(std::vector<int64_t>{config.width}));
     head = register_module("head", std::make_shared<Linear>(config.width, config.vocab, false));
   }
@@ -114,7 +115,8 @@ inline std::vector<kiln::optim::ParamGroup> decay_groups(const kiln::nn::Module&
                                                          double weight_decay) {
   kiln::optim::ParamGroup decay{{}, {{"weight_decay", weight_decay}}};
   kiln::optim::ParamGroup no_decay{{}, {{"weight_decay", 0.0}}};
-  for (const kiln::Tensor& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
+  for (const kiln::Tensor& p : model.parameters())
+    (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
   return {decay, no_decay};
 }
 

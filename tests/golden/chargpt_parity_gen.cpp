@@ -70,8 +70,8 @@ struct GPTImpl : torch::nn::Module {
         pos(register_module("pos", torch::nn::Embedding(kBlock, kWidth))),
         blocks(register_module("blocks", torch::nn::ModuleList())),
         ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kWidth})))),
-        head(register_module("head",
-                             torch::nn::Linear(torch::nn::LinearOptions(kWidth, kVocab).bias(false)))) {
+        head(register_module(
+            "head", torch::nn::Linear(torch::nn::LinearOptions(kWidth, kVocab).bias(false)))) {
     for (int64_t i = 0; i < kLayers; ++i) blocks->push_back(Block(kWidth, kHeads));
   }
   torch::Tensor forward(torch::Tensor idx) {
@@ -169,8 +169,9 @@ int main(int argc, char** argv) {
 
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  torch::optim::AdamW opt({torch::optim::OptimizerParamGroup(decay), torch::optim::OptimizerParamGroup(no_decay)},
-                          torch::optim::AdamWOptions(1e-3));
+  torch::optim::AdamW opt(
+      {torch::optim::OptimizerParamGroup(decay), torch::optim::OptimizerParamGroup(no_decay)},
+      torch::optim::AdamWOptions(1e-3));
   static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[0].options()).weight_decay(0.1);
   static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[1].options()).weight_decay(0.0);
 
@@ -192,7 +193,8 @@ int main(int argc, char** argv) {
     val_loss = lm_loss(model, x, y);
   }
   golden::Writer out;
-  out.add("config", torch::tensor({kVocab, kBlock, kLayers, kHeads, kWidth, kBatch}, torch::kFloat64));
+  out.add("config",
+          torch::tensor({kVocab, kBlock, kLayers, kHeads, kWidth, kBatch}, torch::kFloat64));
   out.add("starts", starts);
   out.add("losses", losses);
   out.add("val_starts", val_starts);

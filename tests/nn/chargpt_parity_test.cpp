@@ -30,8 +30,12 @@ class ChargptParity : public ::testing::Test {
     golden = testing::read_golden_file("chargpt_parity.bin");
     ASSERT_TRUE(golden.count("config") && golden.count("losses") && golden.count("val_loss"));
     const std::vector<double>& c = golden.at("config").values;
-    config = {.vocab = int64_t(c[0]), .block = int64_t(c[1]), .layers = int64_t(c[2]),
-              .heads = int64_t(c[3]), .width = int64_t(c[4]), .fused_attention = false};
+    config = {.vocab = int64_t(c[0]),
+              .block = int64_t(c[1]),
+              .layers = int64_t(c[2]),
+              .heads = int64_t(c[3]),
+              .width = int64_t(c[4]),
+              .fused_attention = false};
     batch = int64_t(c[5]);
     std::filesystem::path text_path = testing::find_golden_file("chargpt_parity_text.bin");
     ASSERT_FALSE(text_path.empty()) << "tests/golden/chargpt_parity_text.bin not found";
@@ -102,10 +106,12 @@ TEST_F(ChargptParity, TrainingMatchesPyTorch) {
   auto [x, y] = windows(val, val_starts, 0, static_cast<int64_t>(val_starts.size()));
   const double val_loss = loss_of(model, x, y).item<float>();
   const double want_val = golden.at("val_loss").values[0];
-  EXPECT_NEAR(val_loss, want_val, 0.03 * want_val) << "validation loss after " << want.size() << " steps";
-  std::printf("chargpt parity: %zu steps, largest relative loss difference %.2e; validation loss "
-              "%.6f vs PyTorch's %.6f (%.2e relative)\n",
-              want.size(), max_rel, val_loss, want_val, std::abs(val_loss - want_val) / want_val);
+  EXPECT_NEAR(val_loss, want_val, 0.03 * want_val)
+      << "validation loss after " << want.size() << " steps";
+  std::printf(
+      "chargpt parity: %zu steps, largest relative loss difference %.2e; validation loss "
+      "%.6f vs PyTorch's %.6f (%.2e relative)\n",
+      want.size(), max_rel, val_loss, want_val, std::abs(val_loss - want_val) / want_val);
 }
 
 // The fused attention kernel computes the written-out attention's loss.
