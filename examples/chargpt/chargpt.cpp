@@ -7,8 +7,8 @@
 // windows of 128 bytes (seeded). Every K steps it prints the mean training loss since the last
 // line, the validation loss (the same 16 validation batches every time) and the step time, and
 // with --ckpt saves a training checkpoint (model, optimizer, scheduler, RNG and batch-sampler
-// state); --resume continues from it. Exits with status 1 if the final validation loss is not
-// below 2.5 nats per byte.
+// state); --resume continues from it. A run of the default 400 steps or more exits with status 1
+// if the final validation loss is not below 2.5 nats per byte.
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -315,7 +315,7 @@ int main(int argc, char** argv) {
   std::printf("--- sample (temperature %g, top-k %lld) ---\n", args.temperature,
               static_cast<long long>(args.top_k));
   sample(model, args.prompt, args.sample_bytes, args.temperature, args.top_k, args.seed);
-  if (val_loss >= 2.5) {
+  if (args.steps >= 400 && val_loss >= 2.5) {
     std::printf("chargpt: FAILED, validation loss not below 2.5\n");
     return 1;
   }

@@ -7,6 +7,7 @@
 //   kiln::manual_seed(0);
 #pragma once
 
+#include "kiln/autocast.h"
 #include "kiln/dispatcher.h"
 #include "kiln/generated/ops.h"
 #include "kiln/generator.h"
