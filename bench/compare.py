@@ -23,7 +23,9 @@ def main():
         for ref in refs:
             a, b = ours["value"], impls[ref]["value"]
             ratio = (b / a) if ours["unit"] in TIME_UNITS else (a / b)
-            print(f"  {w}/{m}: {ours['value']:.4g} {ours['unit']} vs {ref} {b:.4g} -> {ratio:.3f}x")
+            time_ratio = f" (time kiln/ref {a / b:.3f})" if ours["unit"] in TIME_UNITS else ""
+            print(f"  {w}/{m}: {ours['value']:.4g} {ours['unit']} vs {ref} {b:.4g} -> {ratio:.3f}x"
+                  f"{time_ratio}")
         if m == "gelu_16M":
             add = by_key.get(("elementwise", "add_16M"), {}).get(ours["impl"])
             if add:

@@ -2,7 +2,7 @@
 // references the issue names: oneDNN's dnnl_sgemm called directly ("onednn-direct") and plain
 // OpenMP loops ("openmp-loop"). One JSON object per line.
 //
-//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd,kernels] [--quick]
+//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd,kernels,mlp,cnn,gpt] [--quick]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
@@ -18,6 +18,8 @@
 #include "kiln/autograd/autograd.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/kiln.h"
+#include "kiln/nn/nn.h"
+#include "kiln/optim/optim.h"
 
 using namespace kiln;
 
@@ -191,6 +193,122 @@ void w_attention(bool quick) {
   }
 }
 
+// The training workloads (mlp, cnn, gpt) as shared/bench/torch_reference.py's train_ms: one fixed
+// batch; a step is zero_grad(set_to_none), forward, loss, backward, optimizer step and reading
+// the loss; two warm-up steps, then the mean over `steps` steps (ms per step).
+double train_ms(nn::Module& model, optim::Optimizer& opt, const Tensor& x, const Tensor& y,
+                const std::function<Tensor(const Tensor&, const Tensor&)>& loss_fn, int steps) {
+  volatile float sink = 0;
+  auto step = [&] {
+    opt.zero_grad(true);
+    Tensor loss = loss_fn(model.forward(x), y);
+    loss.backward();
+    opt.step();
+    sink = loss.item<float>();
+  };
+  for (int i = 0; i < 2; ++i) step();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  (void)sink;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps * 1e3;
+}
+
+Tensor ce(const Tensor& logits, const Tensor& y) { return cross_entropy(logits, y); }
+
+// 784-1024-1024-10 ReLU MLP, cross-entropy, AdamW(1e-3), batch 512.
+void w_mlp(bool quick) {
+  manual_seed(0);
+  nn::Sequential m({std::make_shared<nn::Linear>(784, 1024), std::make_shared<nn::ReLU>(),
+                    std::make_shared<nn::Linear>(1024, 1024), std::make_shared<nn::ReLU>(),
+                    std::make_shared<nn::Linear>(1024, 10)});
+  optim::AdamW opt(m.parameters(), {.lr = 1e-3});
+  Tensor x = randn({512, 784}), y = randint(0, 10, {512});
+  emit("mlp_train", "step_b512", train_ms(m, opt, x, y, ce, quick ? 5 : 20), "ms/step", "kiln-cpp");
+}
+
+// conv(3->32)-ReLU-maxpool2-conv(32->64)-ReLU-maxpool2-flatten-linear(4096->10), SGD momentum 0.9.
+void w_cnn(bool quick) {
+  manual_seed(0);
+  auto conv = [](int64_t in, int64_t out) {
+    return std::make_shared<nn::Conv2d>(in, out, std::vector<int64_t>{3}, nn::ConvArgs{.padding = {1}});
+  };
+  auto pool = [] { return std::make_shared<nn::MaxPool2d>(std::vector<int64_t>{2}); };
+  nn::Sequential m({conv(3, 32), std::make_shared<nn::ReLU>(), pool(), conv(32, 64),
+                    std::make_shared<nn::ReLU>(), pool(), std::make_shared<nn::Flatten>(),
+                    std::make_shared<nn::Linear>(64 * 8 * 8, 10)});
+  optim::SGD opt(m.parameters(), {.lr = 0.01, .momentum = 0.9});
+  Tensor x = randn({64, 3, 32, 32}), y = randint(0, 10, {64});
+  emit("cnn_train", "step_b64", train_ms(m, opt, x, y, ce, quick ? 5 : 20), "ms/step", "kiln-cpp");
+}
+
+// torch_reference.py's GPT block: pre-LayerNorm, causal attention written out (no fused
+// kernel), GELU MLP x4. x: (B, T, C) -> (B, T, C).
+class Block : public nn::Module {
+ public:
+  Block(int64_t d, int64_t h) : nn::Module("Block"), h_(h) {
+    ln1 = register_module("ln1", std::make_shared<nn::LayerNorm>(std::vector<int64_t>{d}));
+    ln2 = register_module("ln2", std::make_shared<nn::LayerNorm>(std::vector<int64_t>{d}));
+    qkv = register_module("qkv", std::make_shared<nn::Linear>(d, 3 * d));
+    proj = register_module("proj", std::make_shared<nn::Linear>(d, d));
+    fc = register_module("fc", std::make_shared<nn::Linear>(d, 4 * d));
+    out = register_module("out", std::make_shared<nn::Linear>(4 * d, d));
+  }
+  Tensor forward(const Tensor& x) override {
+    int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+    std::vector<Tensor> qkv_ = qkv->forward(ln1->forward(x)).split(C, 2);
+    for (Tensor& t : qkv_) t = t.view({B, T, h_, C / h_}).transpose(1, 2);
+    Tensor att = matmul(qkv_[0], qkv_[1].transpose(-2, -1)) / std::sqrt(double(C / h_));
+    Tensor mask = eq(ones({T, T}).tril(), zeros({}));
+    att = softmax(att.masked_fill(mask, -INFINITY), -1);
+    Tensor y = matmul(att, qkv_[2]).transpose(1, 2).reshape({B, T, C});
+    Tensor x1 = x + proj->forward(y);
+    return x1 + out->forward(gelu(fc->forward(ln2->forward(x1))));
+  }
+  std::shared_ptr<nn::LayerNorm> ln1, ln2;
+  std::shared_ptr<nn::Linear> qkv, proj, fc, out;
+
+ private:
+  int64_t h_;
+};
+
+class GPT : public nn::Module {
+ public:
+  GPT(int64_t vocab = 256, int64_t block = 128, int64_t layers = 4, int64_t heads = 4,
+      int64_t d = 256)
+      : nn::Module("GPT") {
+    tok = register_module("tok", std::make_shared<nn::Embedding>(vocab, d));
+    pos = register_module("pos", std::make_shared<nn::Embedding>(block, d));
+    blocks = register_module("blocks", std::make_shared<nn::Sequential>());
+    for (int64_t i = 0; i < layers; ++i) blocks->push_back(std::make_shared<Block>(d, heads));
+    ln = register_module("ln", std::make_shared<nn::LayerNorm>(std::vector<int64_t>{d}));
+    head = register_module("head", std::make_shared<nn::Linear>(d, vocab, false));
+  }
+  // idx: (B, T) int64 -> logits (B, T, vocab).
+  Tensor forward(const Tensor& idx) override {
+    Tensor x = tok->forward(idx) + pos->forward(arange(0, idx.size(1), 1, kInt64));
+    return head->forward(ln->forward(blocks->forward(x)));
+  }
+  std::shared_ptr<nn::Embedding> tok, pos;
+  std::shared_ptr<nn::Sequential> blocks;
+  std::shared_ptr<nn::LayerNorm> ln;
+  std::shared_ptr<nn::Linear> head;
+};
+
+// Byte vocab 256, context 128, 4 layers, 4 heads, width 256, AdamW(3e-4), batch 16.
+void w_gpt(bool quick) {
+  manual_seed(0);
+  GPT m;
+  optim::AdamW opt(m.parameters(), {.lr = 3e-4});
+  const int64_t B = 16, T = 128;
+  Tensor x = randint(0, 256, {B, T}), y = randint(0, 256, {B, T});
+  auto loss = [](const Tensor& logits, const Tensor& t) {
+    return cross_entropy(logits.view({-1, 256}), t.view({-1}));
+  };
+  double ms = train_ms(m, opt, x, y, loss, quick ? 3 : 10);
+  emit("gpt_train", "step_b16_t128", ms, "ms/step", "kiln-cpp");
+  emit("gpt_train", "tokens_per_s", B * T / ms * 1e3, "tokens/s", "kiln-cpp");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -217,5 +335,8 @@ int main(int argc, char** argv) {
   if (want("kernels")) w_norm_loss(quick);
   if (want("kernels")) w_kernels_conv(quick);
   if (want("kernels")) w_attention(quick);
+  if (want("mlp")) w_mlp(quick);
+  if (want("cnn")) w_cnn(quick);
+  if (want("gpt")) w_gpt(quick);
   return 0;
 }

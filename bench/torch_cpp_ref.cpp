@@ -33,6 +33,116 @@ double best_time(const std::function<void()>& fn, int repeat = 5) {
   return best;
 }
 
+// shared/bench/torch_reference.py's train_ms: zero_grad(set_to_none=True), forward, loss,
+// backward, step, loss.item(); two warm-up steps, then the mean over `steps` (ms per step).
+template <typename Model, typename Loss>
+double train_ms(Model& model, torch::optim::Optimizer& opt, const torch::Tensor& x,
+                const torch::Tensor& y, Loss loss_fn, int steps) {
+  auto params = model->parameters();
+  volatile float sink = 0;
+  auto step = [&] {
+    for (auto& p : params) p.mutable_grad().reset();  // set_to_none (1.13's C++ zero_grad zeroes)
+    auto loss = loss_fn(model->forward(x), y);
+    loss.backward();
+    opt.step();
+    sink = loss.template item<float>();
+  };
+  for (int i = 0; i < 2; ++i) step();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) step();
+  (void)sink;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps * 1e3;
+}
+
+torch::Tensor ce(const torch::Tensor& logits, const torch::Tensor& y) {
+  return torch::cross_entropy_loss(logits, y);
+}
+
+// torch_reference.py's Block and GPT, attention written out.
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t d, int64_t h) : h(h) {
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    qkv = register_module("qkv", torch::nn::Linear(d, 3 * d));
+    proj = register_module("proj", torch::nn::Linear(d, d));
+    fc = register_module("fc", torch::nn::Linear(d, 4 * d));
+    out = register_module("out", torch::nn::Linear(4 * d, d));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+    auto parts = qkv(ln1(x)).split(C, 2);
+    for (auto& t : parts) t = t.view({B, T, h, C / h}).transpose(1, 2);
+    auto att = torch::matmul(parts[0], parts[1].transpose(-2, -1)) / std::sqrt(double(C / h));
+    auto mask = torch::ones({T, T}).tril() == 0;
+    att = att.masked_fill(mask, -INFINITY).softmax(-1);
+    auto y = torch::matmul(att, parts[2]).transpose(1, 2).reshape({B, T, C});
+    x = x + proj(y);
+    return x + out(torch::gelu(fc(ln2(x))));
+  }
+  int64_t h;
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, out{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct GPTImpl : torch::nn::Module {
+  GPTImpl(int64_t vocab = 256, int64_t block = 128, int64_t layers = 4, int64_t heads = 4,
+          int64_t d = 256) {
+    tok = register_module("tok", torch::nn::Embedding(vocab, d));
+    pos = register_module("pos", torch::nn::Embedding(block, d));
+    blocks = register_module("blocks", torch::nn::Sequential());
+    for (int64_t i = 0; i < layers; ++i) blocks->push_back(Block(d, heads));
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(d, vocab).bias(false)));
+  }
+  torch::Tensor forward(torch::Tensor idx) {
+    auto x = tok(idx) + pos(torch::arange(idx.size(1)));
+    return head(ln(blocks->forward(x)));
+  }
+  torch::nn::Embedding tok{nullptr}, pos{nullptr};
+  torch::nn::Sequential blocks{nullptr};
+  torch::nn::LayerNorm ln{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(GPT);
+
+void w_train(bool quick, const std::function<bool(const char*)>& want) {
+  namespace nn = torch::nn;
+  if (want("mlp")) {
+    torch::manual_seed(0);
+    nn::Sequential m(nn::Linear(784, 1024), nn::ReLU(), nn::Linear(1024, 1024), nn::ReLU(),
+                     nn::Linear(1024, 10));
+    torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-3));
+    auto x = torch::randn({512, 784}), y = torch::randint(0, 10, {512});
+    emit("mlp_train", "step_b512", train_ms(m, opt, x, y, ce, quick ? 5 : 20), "ms/step");
+  }
+  if (want("cnn")) {
+    torch::manual_seed(0);
+    auto conv = [](int64_t in, int64_t out) {
+      return nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1));
+    };
+    nn::Sequential m(conv(3, 32), nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(2)), conv(32, 64),
+                     nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(2)), nn::Flatten(),
+                     nn::Linear(64 * 8 * 8, 10));
+    torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    auto x = torch::randn({64, 3, 32, 32}), y = torch::randint(0, 10, {64});
+    emit("cnn_train", "step_b64", train_ms(m, opt, x, y, ce, quick ? 5 : 20), "ms/step");
+  }
+  if (want("gpt")) {
+    torch::manual_seed(0);
+    GPT m;
+    torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(3e-4));
+    const int64_t B = 16, T = 128;
+    auto x = torch::randint(0, 256, {B, T}), y = torch::randint(0, 256, {B, T});
+    auto loss = [](const torch::Tensor& logits, const torch::Tensor& t) {
+      return torch::cross_entropy_loss(logits.view({-1, 256}), t.view({-1}));
+    };
+    double ms = train_ms(m, opt, x, y, loss, quick ? 3 : 10);
+    emit("gpt_train", "step_b16_t128", ms, "ms/step");
+    emit("gpt_train", "tokens_per_s", B * T / ms * 1e3, "tokens/s");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -130,5 +240,7 @@ int main(int argc, char** argv) {
     });
     emit("kernels", "cross_entropy_fwd_bwd_4096x1000", tc * 1e3, "ms");
   }
+  torch::AutoGradMode enable(true);
+  w_train(quick, want);
   return 0;
 }

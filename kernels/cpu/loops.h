@@ -27,7 +27,9 @@ namespace kiln::kernels {
 constexpr int64_t kGrainSize = 32768;
 
 // Runs f(begin, end) over [0, n), in parallel when n is large enough. Chunk boundaries depend
-// only on n and grain, never on the thread count (determinism for reductions).
+// only on n and grain, never on the thread count (determinism for reductions). Chunks are handed
+// out dynamically: on a machine shared with other processes, a thread that the OS has not
+// scheduled yet leaves its share to the running ones instead of stalling the whole op.
 template <typename F>
 void parallel_for(int64_t n, int64_t grain, const F& f) {
   int threads = get_num_threads();
@@ -36,7 +38,7 @@ void parallel_for(int64_t n, int64_t grain, const F& f) {
     return;
   }
   int64_t chunks = (n + grain - 1) / grain;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
   for (int64_t c = 0; c < chunks; ++c) f(c * grain, std::min(n, (c + 1) * grain));
 }
 

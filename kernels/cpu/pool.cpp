@@ -1,6 +1,8 @@
 // The 2-D pools and their backward rows on the CPU (tensor/ops/pool.toml). Every kernel works on
 // contiguous (P, H, W) planes (P = N * C), one plane per task, so the backward sums (windows
 // overlap) are deterministic. Windows accumulate in acc_t (float32 for bfloat16/float16).
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -73,8 +75,61 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices_cpu(const Tensor& self, IntAr
     const T* xp = data_of<const T>(x);
     T* yp = data_of<T>(out);
     int64_t* ip = data_of<int64_t>(idx);
+    // Every window inside the plane (no padding, no ceil_mode overhang): no bounds checks.
+    const bool inside = w.ph == 0 && w.pw == 0 && (pl.OH - 1) * w.sh + (w.kh - 1) * w.dh < pl.H &&
+                        (pl.OW - 1) * w.sw + (w.kw - 1) * w.dw < pl.W;
+    const bool two_by_two = inside && w.kh == 2 && w.kw == 2 && w.sh == 2 && w.sw == 2 &&
+                            w.dh == 1 && w.dw == 1;
     pl.each(pl.OH * pl.OW * w.kh * w.kw, [&](int64_t p) {
       const T* plane = xp + p * pl.H * pl.W;
+      if (two_by_two) {  // the CNN case: straight-line selects the compiler vectorizes
+        const int64_t W = pl.W, OW = pl.OW;
+        for (int64_t oh = 0; oh < pl.OH; ++oh) {
+          const T* __restrict r0 = plane + 2 * oh * W;
+          const T* __restrict r1 = r0 + W;
+          T* __restrict yrow = yp + (p * pl.OH + oh) * OW;
+          int64_t* __restrict irow = ip + (p * pl.OH + oh) * OW;
+          const int64_t base = 2 * oh * W;
+          for (int64_t ow = 0; ow < OW; ++ow) {
+            const int64_t k = 2 * ow;
+            const A b = static_cast<A>(r0[k + 1]), c = static_cast<A>(r1[k]),
+                    d = static_cast<A>(r1[k + 1]);
+            A best = static_cast<A>(r0[k]);
+            int64_t off = 0;
+            bool t = b > best || std::isnan(b);
+            best = t ? b : best, off = t ? 1 : off;
+            t = c > best || std::isnan(c);
+            best = t ? c : best, off = t ? W : off;
+            t = d > best || std::isnan(d);
+            best = t ? d : best, off = t ? W + 1 : off;
+            yrow[ow] = static_cast<T>(best);
+            irow[ow] = base + k + off;
+          }
+        }
+        return;
+      }
+      if (inside) {
+        for (int64_t oh = 0; oh < pl.OH; ++oh) {
+          T* yrow = yp + (p * pl.OH + oh) * pl.OW;
+          int64_t* irow = ip + (p * pl.OH + oh) * pl.OW;
+          for (int64_t ow = 0; ow < pl.OW; ++ow) {
+            const int64_t first = oh * w.sh * pl.W + ow * w.sw;
+            A best = static_cast<A>(plane[first]);
+            int64_t at = first;
+            for (int64_t i = 0; i < w.kh; ++i)
+              for (int64_t j = 0; j < w.kw; ++j) {
+                const int64_t k = first + i * w.dh * pl.W + j * w.dw;
+                const A v = static_cast<A>(plane[k]);
+                const bool take = v > best || (std::isnan(v) && k != first);  // selects, no branch
+                best = take ? v : best;
+                at = take ? k : at;
+              }
+            yrow[ow] = static_cast<T>(best);
+            irow[ow] = at;
+          }
+        }
+        return;
+      }
       for (int64_t oh = 0; oh < pl.OH; ++oh)
         for (int64_t ow = 0; ow < pl.OW; ++ow) {
           A best = -std::numeric_limits<A>::infinity();
@@ -109,22 +164,31 @@ Tensor max_pool2d_backward_cpu(const Tensor& grad_output, const Tensor& indices,
   Tensor g = grad_output.contiguous(), ind = indices.contiguous();
   const int64_t HW = pl.H * pl.W, L = pl.OH * pl.OW;
   const int64_t* ip = data_of<const int64_t>(ind);
-  bool in_range = true;  // checked first: a bad index never writes out of bounds
-  for (int64_t i = 0; i < ind.numel(); ++i) in_range = in_range && ip[i] >= 0 && ip[i] < HW;
-  KILN_CHECK(in_range, Index, "max_pool2d_backward: an index is out of range for planes of ", pl.H,
-             "x", pl.W, " elements");
+  std::atomic<bool> in_range{true};  // a bad index is skipped (never written out of bounds)
   KILN_DISPATCH_FLOAT_TYPES(spec.dtype, "max_pool2d_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     const T* gp = data_of<const T>(g);
     T* op = data_of<T>(out);
     pl.each(L, [&](int64_t p) {
-      std::vector<A> acc(HW, A(0));
-      for (int64_t l = 0; l < L; ++l) acc[ip[p * L + l]] += static_cast<A>(gp[p * L + l]);
-      T* plane = op + p * HW;
-      for (int64_t i = 0; i < HW; ++i) plane[i] = static_cast<T>(acc[i]);
+      // float32/float64 accumulate in the output plane itself, bfloat16/float16 in float32.
+      std::vector<A> buf(std::is_same_v<T, A> ? 0 : HW, A(0));
+      A* acc = std::is_same_v<T, A> ? reinterpret_cast<A*>(op + p * HW) : buf.data();
+      if constexpr (std::is_same_v<T, A>) std::fill(acc, acc + HW, A(0));
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t at = ip[p * L + l];
+        if (at < 0 || at >= HW) {
+          in_range = false;
+          continue;
+        }
+        acc[at] += static_cast<A>(gp[p * L + l]);
+      }
+      if constexpr (!std::is_same_v<T, A>)
+        for (int64_t i = 0; i < HW; ++i) op[p * HW + i] = static_cast<T>(acc[i]);
     });
   });
+  KILN_CHECK(in_range, Index, "max_pool2d_backward: an index is out of range for planes of ", pl.H,
+             "x", pl.W, " elements");
   return out;
 }
 
