@@ -14,7 +14,7 @@
 namespace kiln::python {
 
 void bind_autograd(nb::module_& m, nb::class_<Tensor>& cls);  // autograd.cpp
-void bind_nn(nb::module_& m);                                  // bind_nn.cpp
+void bind_nn(nb::module_& m);                                 // bind_nn.cpp
 
 namespace {
 

@@ -3,7 +3,7 @@
 import copy
 
 from kiln._C import Tensor
-from kiln.autograd.grad_mode import no_grad
+from kiln.autograd.grad_mode import enable_grad, no_grad
 
 
 class _Required:
@@ -71,7 +71,6 @@ class Optimizer:
     def _closure(self, closure):
         if closure is None:
             return None
-        from kiln.autograd.grad_mode import enable_grad
         with enable_grad():
             return closure()
 
