@@ -14,6 +14,7 @@
 namespace kiln::python {
 
 void bind_autograd(nb::module_& m, nb::class_<Tensor>& cls);  // autograd.cpp
+void bind_nn(nb::module_& m);                                 // bind_nn.cpp
 
 namespace {
 
@@ -290,6 +291,7 @@ NB_MODULE(_C, m) {
   m.attr("__version__") = KILN_VERSION;
   bind_dtype_device(m);
   bind_tensor(m);
+  bind_nn(m);
   if (PyModule_AddFunctions(m.ptr(), kOpFunctions) < 0) throw nb::python_error();
   set_warning_handler(&python_warning);
   // The dtype objects go before nanobind's leak check at exit.

@@ -1,0 +1,1 @@
+"""kiln.utils: kiln.utils.data (datasets, samplers, DataLoader)."""
