@@ -15,6 +15,8 @@
 namespace kiln::python {
 
 void bind_autograd(nb::module_& m, nb::class_<Tensor>& cls);  // autograd.cpp
+void bind_func(nb::module_& m);                               // bind_func.cpp
+void bind_io(nb::module_& m);                                 // bind_io.cpp
 
 namespace {
 
@@ -403,6 +405,8 @@ NB_MODULE(_C, m) {
   m.attr("__version__") = KILN_VERSION;
   bind_dtype_device(m);
   bind_tensor(m);
+  bind_func(m);
+  bind_io(m);
   if (PyModule_AddFunctions(m.ptr(), kOpFunctions) < 0) throw nb::python_error();
   set_warning_handler(&python_warning);
   // The dtype objects go before nanobind's leak check at exit.
