@@ -172,8 +172,8 @@ def _result(per_argnum, argnums):
 
 # ---- reverse mode ------------------------------------------------------------------------------
 def grad_and_value(func, argnums=0, has_aux=False):
-    """grad(func) that also returns func's value: (gradient, value) or ((gradient, value), aux)
-    with has_aux... as torch.func: ((grads), (value, aux))."""
+    """grad(func) that also returns func's value: (gradient, value), or with has_aux
+    (gradient, (value, aux)), as torch.func does."""
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         nums = _argnums_tuple(argnums, len(args), "grad")
@@ -300,10 +300,11 @@ def _leaf_dims(dims, arg, what):
     """in_dims for each leaf of `arg`: one int/None for all, or a pytree matching arg."""
     leaves, spec = _flatten(arg)
     if dims is None or isinstance(dims, builtins.int):
-        return [dims if isinstance(x, Tensor) else None for x in leaves]
-    dleaves, dspec = _flatten(dims)
-    if dspec != spec:
-        raise ValueError(f"{what}: in_dims {dims!r} does not match the structure of its argument")
+        dleaves = [dims] * len(leaves)
+    else:
+        dleaves, dspec = _flatten(dims)
+        if dspec != spec:
+            raise ValueError(f"{what}: in_dims {dims!r} does not match the structure of its argument")
     for d, x in zip(dleaves, leaves):
         if d is not None and not isinstance(x, Tensor):
             raise ValueError(f"{what}: in_dim {d} given for a non-tensor input of type "
