@@ -82,3 +82,23 @@ def test_unsupported_operands():
     assert a.__add__("x") is NotImplemented
     with pytest.raises(ValueError):
         kiln.ones(2) + kiln.ones(3)
+
+
+def test_large_operands_release_the_gil():
+    import threading
+    n = 1 << 17  # above the GIL-release threshold
+    a, b = kiln.ones(n), kiln.full([n], 2.0)
+    results = []
+
+    def work():
+        c = a * b + 1
+        c -= b
+        results.append(float(c.sum()))
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [float(n)] * 3
+    with pytest.raises(ValueError):
+        kiln.ones(n) + kiln.ones(n + 1)  # an error raised without the GIL comes back as usual

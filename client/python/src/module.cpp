@@ -123,7 +123,8 @@ void python_warning(const std::string& msg) {
 // [Type promotion]); an int or float next to a floating tensor is made in that tensor's dtype, since
 // the kernel would cast it to the result dtype (the tensor's) anyway, which saves a cast op per
 // call. Any other operand goes through the op's generated binding (its overloads and errors).
-// Results are allocated straight from nanobind's instance pool (wrap()).
+// Results are allocated straight from nanobind's instance pool (wrap()). Large operands release
+// the GIL around the op.
 enum class BinOp { Add, Sub, Mul, Div };
 
 // `o` as the operand of a binary operator whose other operand is the tensor `t`.
@@ -165,6 +166,10 @@ Tensor binary(BinOp op, const Tensor& a, const Tensor& b) {
   KILN_ASSERT(false);
 }
 
+// Operands at least this large run with the GIL released (other Python threads go on meanwhile);
+// the tiny-op path never pays for the release.
+constexpr int64_t kReleaseGilNumel = 1 << 16;
+
 const char* const kBinOpNames[] = {"add", "sub", "mul", "div"};
 
 // The generic path: kiln._C.<op>(a, b), NotImplemented if it does not take the operands.
@@ -189,8 +194,31 @@ PyObject* binary_slot(PyObject* a, PyObject* b) {
     Tensor x, y;
     const Tensor& t = is_tensor(a) ? unwrap(a) : unwrap(b);
     if (!operand(a, t, x) || !operand(b, t, y)) return binary_fallback(op, a, b, false);
-    return wrap(binary(op, x, y));
+    if (x.numel() + y.numel() < kReleaseGilNumel) return wrap(binary(op, x, y));
+    Tensor r;
+    {
+      nb::gil_scoped_release no_gil;
+      r = binary(op, x, y);
+    }
+    return wrap(std::move(r));
   });
+}
+
+void inplace(BinOp op, const Tensor& x, const Tensor& y) {
+  switch (op) {
+    case BinOp::Add:
+      ops::add_::call(x, y, Scalar(int64_t{1}));
+      return;
+    case BinOp::Sub:
+      ops::sub_::call(x, y, Scalar(int64_t{1}));
+      return;
+    case BinOp::Mul:
+      ops::mul_::call(x, y);
+      return;
+    case BinOp::Div:
+      ops::div_::call(x, y, std::nullopt);
+      return;
+  }
 }
 
 template <BinOp op>
@@ -199,19 +227,11 @@ PyObject* inplace_slot(PyObject* a, PyObject* b) {
     Tensor y;
     if (!is_tensor(a) || !operand(b, unwrap(a), y)) return binary_fallback(op, a, b, true);
     const Tensor& x = unwrap(a);
-    switch (op) {
-      case BinOp::Add:
-        ops::add_::call(x, y, Scalar(int64_t{1}));
-        break;
-      case BinOp::Sub:
-        ops::sub_::call(x, y, Scalar(int64_t{1}));
-        break;
-      case BinOp::Mul:
-        ops::mul_::call(x, y);
-        break;
-      case BinOp::Div:
-        ops::div_::call(x, y, std::nullopt);
-        break;
+    if (x.numel() + y.numel() < kReleaseGilNumel) {
+      inplace(op, x, y);
+    } else {
+      nb::gil_scoped_release no_gil;
+      inplace(op, x, y);
     }
     return incref(a);
   });
