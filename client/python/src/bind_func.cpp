@@ -44,7 +44,8 @@ nb::list to_list(const TensorVec& ts) {
 TensorVec from_seq(nb::handle seq, const char* what) {
   TensorVec out;
   for (nb::handle o : seq) {
-    KILN_CHECK(is_tensor(o.ptr()), Type, what, ": expected Tensors, got ", Py_TYPE(o.ptr())->tp_name);
+    KILN_CHECK(is_tensor(o.ptr()), Type, what, ": expected Tensors, got ",
+               Py_TYPE(o.ptr())->tp_name);
     out.push_back(unwrap(o.ptr()));
   }
   return out;
@@ -102,20 +103,18 @@ void bind_func(nb::module_& m) {
               func::grad_and_value(as_fn(fn, "grad"), argnums)(from_seq(primals, "grad"));
           return nb::make_tuple(to_list(grads), nb::steal(wrap(value)));
         });
-  m.def("_func_jacrev",
-        [](nb::handle fn, nb::handle primals, const std::vector<int64_t>& argnums) {
-          return to_list(func::jacrev(as_fn(fn, "jacrev"), argnums)(from_seq(primals, "jacrev")));
-        });
-  m.def("_func_jacfwd",
-        [](nb::handle fn, nb::handle primals, const std::vector<int64_t>& argnums) {
-          return to_list(func::jacfwd(as_fn(fn, "jacfwd"), argnums)(from_seq(primals, "jacfwd")));
-        });
-  m.def("_func_vmap", [](nb::handle fn, nb::handle primals,
-                         std::vector<std::optional<int64_t>> in_dims,
-                         std::optional<int64_t> chunk_size) {
-    return to_list(func::vmap(as_multi_fn(fn, "vmap"), std::move(in_dims), {},
-                              chunk_size)(from_seq(primals, "vmap")));
+  m.def("_func_jacrev", [](nb::handle fn, nb::handle primals, const std::vector<int64_t>& argnums) {
+    return to_list(func::jacrev(as_fn(fn, "jacrev"), argnums)(from_seq(primals, "jacrev")));
   });
+  m.def("_func_jacfwd", [](nb::handle fn, nb::handle primals, const std::vector<int64_t>& argnums) {
+    return to_list(func::jacfwd(as_fn(fn, "jacfwd"), argnums)(from_seq(primals, "jacfwd")));
+  });
+  m.def("_func_vmap",
+        [](nb::handle fn, nb::handle primals, std::vector<std::optional<int64_t>> in_dims,
+           std::optional<int64_t> chunk_size) {
+          return to_list(func::vmap(as_multi_fn(fn, "vmap"), std::move(in_dims), {},
+                                    chunk_size)(from_seq(primals, "vmap")));
+        });
 
   m.def("_checkpoint", [](nb::handle fn, nb::handle inputs, bool preserve_rng_state) {
     PyRef f = hold(fn);
@@ -127,19 +126,22 @@ void bind_func(nb::module_& m) {
   });
 
   nb::class_<Autocast>(m, "_Autocast")
-      .def("__init__",
-           [](Autocast* self, const std::string& device_type, nb::handle dtype, bool enabled) {
-             ScalarType st = get_autocast_dtype(device_type_of(device_type));
-             KILN_CHECK(dtype.is_none() || dtype_from_object(dtype.ptr(), st), Type,
-                        "autocast: dtype must be a kiln dtype");
-             new (self) Autocast{std::make_unique<AutocastGuard>(device_type_of(device_type), st,
-                                                                 enabled)};
-           },
-           nb::arg("device_type"), nb::arg("dtype").none(), nb::arg("enabled"))
+      .def(
+          "__init__",
+          [](Autocast* self, const std::string& device_type, nb::handle dtype, bool enabled) {
+            ScalarType st = get_autocast_dtype(device_type_of(device_type));
+            KILN_CHECK(dtype.is_none() || dtype_from_object(dtype.ptr(), st), Type,
+                       "autocast: dtype must be a kiln dtype");
+            new (self)
+                Autocast{std::make_unique<AutocastGuard>(device_type_of(device_type), st, enabled)};
+          },
+          nb::arg("device_type"), nb::arg("dtype").none(), nb::arg("enabled"))
       .def("exit", [](Autocast& self) { self.guard.reset(); });
   m.def(
       "is_autocast_enabled",
-      [](const std::string& device_type) { return is_autocast_enabled(device_type_of(device_type)); },
+      [](const std::string& device_type) {
+        return is_autocast_enabled(device_type_of(device_type));
+      },
       nb::arg("device_type") = "cpu");
   m.def(
       "get_autocast_dtype",

@@ -21,8 +21,8 @@ TensorMap tensor_map(nb::handle d, const char* what) {
     KILN_CHECK(PyUnicode_Check(k.ptr()), Type, what, ": keys must be str, got ",
                Py_TYPE(k.ptr())->tp_name);
     std::string key = nb::cast<std::string>(k);
-    KILN_CHECK(is_tensor(v.ptr()), Type, what, ": the value of '", key,
-               "' must be a Tensor, got ", Py_TYPE(v.ptr())->tp_name);
+    KILN_CHECK(is_tensor(v.ptr()), Type, what, ": the value of '", key, "' must be a Tensor, got ",
+               Py_TYPE(v.ptr())->tp_name);
     out.emplace(std::move(key), unwrap(v.ptr()));
   }
   return out;
@@ -37,10 +37,10 @@ nb::dict to_dict(const TensorMap& m) {
 }  // namespace
 
 void bind_io(nb::module_& m) {
-  m.def("_save_safetensors", [](const std::string& path, nb::handle tensors,
-                                const StringMap& metadata) {
-    save_safetensors(path, tensor_map(tensors, "save"), metadata);
-  });
+  m.def("_save_safetensors",
+        [](const std::string& path, nb::handle tensors, const StringMap& metadata) {
+          save_safetensors(path, tensor_map(tensors, "save"), metadata);
+        });
   m.def("_load_safetensors", [](const std::string& path) {
     SafetensorsData d = load_safetensors(path);
     return nb::make_tuple(to_dict(d.tensors), d.metadata);

@@ -120,9 +120,9 @@ void python_warning(const std::string& msg) {
 // Note [Python dispatch speed]: the arithmetic operators are the Tensor type's own number slots
 // (nb_add, ...), so `a + b` reaches C++ without a Python-level method lookup or argument parsing.
 // A Python number operand becomes the wrapped number it would be through the op's schema (Note
-// [Type promotion]); an int or float next to a floating tensor is made in that tensor's dtype, since
-// the kernel would cast it to the result dtype (the tensor's) anyway, which saves a cast op per
-// call. Any other operand goes through the op's generated binding (its overloads and errors).
+// [Type promotion]); an int or float next to a floating tensor is made in that tensor's dtype,
+// since the kernel would cast it to the result dtype (the tensor's) anyway, which saves a cast op
+// per call. Any other operand goes through the op's generated binding (its overloads and errors).
 // Results are allocated straight from nanobind's instance pool (wrap()). Large operands release
 // the GIL around the op.
 enum class BinOp { Add, Sub, Mul, Div };
@@ -176,8 +176,8 @@ const char* const kBinOpNames[] = {"add", "sub", "mul", "div"};
 PyObject* binary_fallback(BinOp op, PyObject* a, PyObject* b, bool inplace) {
   std::string name = kBinOpNames[static_cast<int>(op)];
   PyObject* self = is_tensor(a) ? a : nullptr;
-  nb::object fn = self ? nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(a))).attr(
-                             (name + (inplace ? "_" : "")).c_str())
+  nb::object fn = self ? nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(a)))
+                             .attr((name + (inplace ? "_" : "")).c_str())
                        : nb::module_::import_("kiln._C").attr(name.c_str());
   PyObject* args[2] = {a, b};
   PyObject* r = PyObject_Vectorcall(fn.ptr(), args, 2, nullptr);
@@ -250,7 +250,7 @@ PyType_Slot kTensorSlots[] = {
 
 void bind_tensor(nb::module_& m) {
   nb::class_<Tensor> cls(m, "Tensor", nb::dynamic_attr(), nb::pooled(),
-                          nb::type_slots(kTensorSlots));
+                         nb::type_slots(kTensorSlots));
   g_tensor_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
   cls.def_prop_ro("shape", [](const Tensor& t) { return int_tuple(t.sizes()); })
       .def_prop_ro("dtype", [](const Tensor& t) { return nb::borrow(dtype_object(t.dtype())); })
