@@ -18,4 +18,6 @@ from kiln._creation import *  # noqa: F401,F403
 from kiln.autograd.grad_mode import no_grad, enable_grad, inference_mode, set_grad_enabled  # noqa: F401
 from kiln._C import is_grad_enabled, is_inference_mode_enabled  # noqa: F401
 from kiln import autograd  # noqa: F401
-from kiln import nn, optim  # noqa: F401,E402  kiln.nn, kiln.optim
+from kiln import nn, optim, func, utils  # noqa: F401,E402
+from kiln.serialization import save, load  # noqa: F401,E402
+from kiln.amp import autocast, is_autocast_enabled, get_autocast_dtype  # noqa: F401,E402

@@ -44,18 +44,8 @@ def _invert(self):
     return _C.logical_not(self)
 
 
-Tensor.__add__ = Tensor.add
-Tensor.__radd__ = _reflected(_C.add)
-Tensor.__iadd__ = Tensor.add_
-Tensor.__sub__ = Tensor.sub
-Tensor.__rsub__ = _reflected(_C.sub)
-Tensor.__isub__ = Tensor.sub_
-Tensor.__mul__ = Tensor.mul
-Tensor.__rmul__ = _reflected(_C.mul)
-Tensor.__imul__ = Tensor.mul_
-Tensor.__truediv__ = Tensor.div
-Tensor.__rtruediv__ = _reflected(_C.div)
-Tensor.__itruediv__ = Tensor.div_
+# + - * / and their reflected and in-place forms are the type's C++ number slots (module.cpp,
+# Note [Python dispatch speed]).
 Tensor.__floordiv__ = lambda self, other: _C.div(self, other, rounding_mode="floor")
 Tensor.__rfloordiv__ = lambda self, other: _C.div(other, self, rounding_mode="floor")
 Tensor.__mod__ = Tensor.remainder

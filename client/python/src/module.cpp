@@ -9,12 +9,15 @@
 #include <nanobind/stl/vector.h>
 
 #include "kiln/autograd/node.h"
+#include "kiln/generated/op_handles.h"
 #include "python_args.h"
 
 namespace kiln::python {
 
 void bind_autograd(nb::module_& m, nb::class_<Tensor>& cls);  // autograd.cpp
 void bind_nn(nb::module_& m);                                 // bind_nn.cpp
+void bind_func(nb::module_& m);                               // bind_func.cpp
+void bind_io(nb::module_& m);                                 // bind_io.cpp
 
 namespace {
 
@@ -115,8 +118,140 @@ void python_warning(const std::string& msg) {
   if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) PyErr_WriteUnraisable(nullptr);
 }
 
+// Note [Python dispatch speed]: the arithmetic operators are the Tensor type's own number slots
+// (nb_add, ...), so `a + b` reaches C++ without a Python-level method lookup or argument parsing.
+// A Python number operand becomes the wrapped number it would be through the op's schema (Note
+// [Type promotion]); an int or float next to a floating tensor is made in that tensor's dtype,
+// since the kernel would cast it to the result dtype (the tensor's) anyway, which saves a cast op
+// per call. Any other operand goes through the op's generated binding (its overloads and errors).
+// Results are allocated straight from nanobind's instance pool (wrap()). Large operands release
+// the GIL around the op.
+enum class BinOp { Add, Sub, Mul, Div };
+
+// `o` as the operand of a binary operator whose other operand is the tensor `t`.
+bool operand(PyObject* o, const Tensor& t, Tensor& out) {
+  if (is_tensor(o)) {
+    out = unwrap(o);
+    return true;
+  }
+  Scalar s;
+  if (PyFloat_CheckExact(o)) {
+    s = Scalar(PyFloat_AS_DOUBLE(o));
+  } else if (PyBool_Check(o)) {
+    s = Scalar(o == Py_True);
+  } else if (PyLong_CheckExact(o)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow) return false;
+    s = Scalar(static_cast<int64_t>(v));
+  } else {
+    return false;
+  }
+  const bool as_t = is_floating(t.dtype()) && !s.is_bool();  // bool keeps its checks (sub)
+  out = scalar_tensor_of(s, as_t ? t.dtype() : s.dtype());
+  out.impl()->set_wrapped_number(true);
+  return true;
+}
+
+Tensor binary(BinOp op, const Tensor& a, const Tensor& b) {
+  switch (op) {
+    case BinOp::Add:
+      return ops::add::call(a, b, Scalar(int64_t{1}));
+    case BinOp::Sub:
+      return ops::sub::call(a, b, Scalar(int64_t{1}));
+    case BinOp::Mul:
+      return ops::mul::call(a, b);
+    case BinOp::Div:
+      return ops::div::call(a, b, std::nullopt);
+  }
+  KILN_ASSERT(false);
+}
+
+// Operands at least this large run with the GIL released (other Python threads go on meanwhile);
+// the tiny-op path never pays for the release.
+constexpr int64_t kReleaseGilNumel = 1 << 16;
+
+const char* const kBinOpNames[] = {"add", "sub", "mul", "div"};
+
+// The generic path: kiln._C.<op>(a, b), NotImplemented if it does not take the operands.
+PyObject* binary_fallback(BinOp op, PyObject* a, PyObject* b, bool inplace) {
+  std::string name = kBinOpNames[static_cast<int>(op)];
+  PyObject* self = is_tensor(a) ? a : nullptr;
+  nb::object fn = self ? nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(a)))
+                             .attr((name + (inplace ? "_" : "")).c_str())
+                       : nb::module_::import_("kiln._C").attr(name.c_str());
+  PyObject* args[2] = {a, b};
+  PyObject* r = PyObject_Vectorcall(fn.ptr(), args, 2, nullptr);
+  if (!r && PyErr_ExceptionMatches(PyExc_TypeError) && !inplace) {
+    PyErr_Clear();
+    Py_RETURN_NOTIMPLEMENTED;
+  }
+  return r;
+}
+
+template <BinOp op>
+PyObject* binary_slot(PyObject* a, PyObject* b) {
+  return guarded([&]() -> PyObject* {
+    Tensor x, y;
+    const Tensor& t = is_tensor(a) ? unwrap(a) : unwrap(b);
+    if (!operand(a, t, x) || !operand(b, t, y)) return binary_fallback(op, a, b, false);
+    if (x.numel() + y.numel() < kReleaseGilNumel) return wrap(binary(op, x, y));
+    Tensor r;
+    {
+      nb::gil_scoped_release no_gil;
+      r = binary(op, x, y);
+    }
+    return wrap(std::move(r));
+  });
+}
+
+void inplace(BinOp op, const Tensor& x, const Tensor& y) {
+  switch (op) {
+    case BinOp::Add:
+      ops::add_::call(x, y, Scalar(int64_t{1}));
+      return;
+    case BinOp::Sub:
+      ops::sub_::call(x, y, Scalar(int64_t{1}));
+      return;
+    case BinOp::Mul:
+      ops::mul_::call(x, y);
+      return;
+    case BinOp::Div:
+      ops::div_::call(x, y, std::nullopt);
+      return;
+  }
+}
+
+template <BinOp op>
+PyObject* inplace_slot(PyObject* a, PyObject* b) {
+  return guarded([&]() -> PyObject* {
+    Tensor y;
+    if (!is_tensor(a) || !operand(b, unwrap(a), y)) return binary_fallback(op, a, b, true);
+    const Tensor& x = unwrap(a);
+    if (x.numel() + y.numel() < kReleaseGilNumel) {
+      inplace(op, x, y);
+    } else {
+      nb::gil_scoped_release no_gil;
+      inplace(op, x, y);
+    }
+    return incref(a);
+  });
+}
+
+PyType_Slot kTensorSlots[] = {
+    {Py_nb_add, reinterpret_cast<void*>(&binary_slot<BinOp::Add>)},
+    {Py_nb_subtract, reinterpret_cast<void*>(&binary_slot<BinOp::Sub>)},
+    {Py_nb_multiply, reinterpret_cast<void*>(&binary_slot<BinOp::Mul>)},
+    {Py_nb_true_divide, reinterpret_cast<void*>(&binary_slot<BinOp::Div>)},
+    {Py_nb_inplace_add, reinterpret_cast<void*>(&inplace_slot<BinOp::Add>)},
+    {Py_nb_inplace_subtract, reinterpret_cast<void*>(&inplace_slot<BinOp::Sub>)},
+    {Py_nb_inplace_multiply, reinterpret_cast<void*>(&inplace_slot<BinOp::Mul>)},
+    {Py_nb_inplace_true_divide, reinterpret_cast<void*>(&inplace_slot<BinOp::Div>)},
+    {0, nullptr}};
+
 void bind_tensor(nb::module_& m) {
-  nb::class_<Tensor> cls(m, "Tensor", nb::dynamic_attr());
+  nb::class_<Tensor> cls(m, "Tensor", nb::dynamic_attr(), nb::pooled(),
+                         nb::type_slots(kTensorSlots));
   g_tensor_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
   cls.def_prop_ro("shape", [](const Tensor& t) { return int_tuple(t.sizes()); })
       .def_prop_ro("dtype", [](const Tensor& t) { return nb::borrow(dtype_object(t.dtype())); })
@@ -292,6 +427,8 @@ NB_MODULE(_C, m) {
   bind_dtype_device(m);
   bind_tensor(m);
   bind_nn(m);
+  bind_func(m);
+  bind_io(m);
   if (PyModule_AddFunctions(m.ptr(), kOpFunctions) < 0) throw nb::python_error();
   set_warning_handler(&python_warning);
   // The dtype objects go before nanobind's leak check at exit.

@@ -389,9 +389,19 @@ PyObject* no_match(PyObject* self, const Signature* const* sigs, const std::stri
   return nullptr;
 }
 
+// Allocates the instance directly (nanobind's pooled instances, Note [Python dispatch speed]):
+// no type lookup, no check for an existing Python object of the temporary's address.
 PyObject* wrap(Tensor t) {
   if (!t.defined()) Py_RETURN_NONE;
-  return nb::cast(std::move(t), nb::rv_policy::move).release().ptr();
+  try {
+    nb::object o = nb::inst_alloc(nb::handle(reinterpret_cast<PyObject*>(g_tensor_type)));
+    new (nb::inst_ptr<Tensor>(o)) Tensor(std::move(t));
+    nb::inst_mark_ready(o);
+    return o.release().ptr();
+  } catch (nb::python_error& e) {
+    e.restore();
+    return nullptr;
+  }
 }
 
 PyObject* wrap_list(const std::vector<Tensor>& ts) {
