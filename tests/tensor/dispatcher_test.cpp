@@ -107,7 +107,8 @@ TEST(Dispatcher, OpInfoCarriesTheTableFields) {
   EXPECT_NE(std::string(info.derivative).find("sum_to(grad"), std::string::npos);
   EXPECT_STREQ(info.batching, "pointwise");
   EXPECT_STREQ(info.sharding, "pointwise");
-  EXPECT_STREQ(info.autocast, "promote");
+  EXPECT_STREQ(info.autocast, "none");  // ordinary type promotion; cat and stack are "promote"
+  EXPECT_STREQ(Dispatcher::get().find_or_throw("cat").info().autocast, "promote");
   EXPECT_TRUE(Dispatcher::get().find_or_throw("view").info().is_view);
   EXPECT_TRUE(Dispatcher::get().find_or_throw("add.out").info().is_out);
   EXPECT_GT(Dispatcher::get().ops().size(), 30u);

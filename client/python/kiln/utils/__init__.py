@@ -9,7 +9,7 @@ from kiln.utils import checkpoint  # noqa: F401
 
 
 def __getattr__(name):
-    # kiln.utils.data is imported on first use .
+    # kiln.utils.data is imported on first use.
     if name == "data":
         return importlib.import_module("kiln.utils.data")
     raise AttributeError(f"module 'kiln.utils' has no attribute '{name}'")
