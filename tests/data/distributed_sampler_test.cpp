@@ -84,8 +84,11 @@ TEST(DistributedSampler, SamePermutationOnEveryRankNewEachEpoch) {
             DistributedSampler(n, {.num_replicas = replicas, .rank = 1, .seed = 12}).indices(2));
 }
 
-// list(torch.utils.data.DistributedSampler(range(n), R, r, shuffle=False)) for each rank r.
+// The expected shares are list(torch.utils.data.DistributedSampler(range(n), R, r,
+// shuffle=False, drop_last=...)) for each rank r, as PyTorch 2.15 printed them.
 TEST(DistributedSampler, PadsByWrappingAround) {
+  EXPECT_EQ(shares(10, 3, 0, {.shuffle = false}),
+            (std::vector<Ids>{{0, 3, 6, 9}, {1, 4, 7, 0}, {2, 5, 8, 1}}));
   EXPECT_EQ(shares(10, 4, 0, {.shuffle = false}),
             (std::vector<Ids>{{0, 4, 8}, {1, 5, 9}, {2, 6, 0}, {3, 7, 1}}));
   // More padding than examples: the order repeats.
