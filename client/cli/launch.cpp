@@ -74,6 +74,7 @@ struct Stream {
   int out_fd = 1;
   std::string prefix;
   std::string pending;  // a partial line
+  bool ready = false;   // poll() saw it readable (or hung up)
 
   void emit(std::string_view line) {
     std::string out = prefix;
@@ -81,8 +82,6 @@ struct Stream {
     out.push_back('\n');
     write_all(out_fd, out);  // one write per line keeps ranks' lines whole
   }
-  bool ready = false;  // poll() saw it readable (or hung up)
-
   // Relays what the pipe holds; returns the bytes read: 0 at end of file (the stream is then
   // closed), -1 when nothing is there yet.
   ssize_t read_some() {
@@ -102,9 +101,11 @@ struct Stream {
       emit(std::string_view(pending).substr(0, kMaxLine));
     return n;
   }
-  // Relays everything written so far, then closes the stream.
+  // Relays what the pipe holds, then closes it. At most 256 KiB, four times a pipe's default
+  // capacity: enough for all that an exited rank wrote, and finite even when an orphan it left
+  // behind keeps writing.
   void drain() {
-    while (fd >= 0 && read_some() > 0) {
+    for (int i = 0; i < 16 && fd >= 0 && read_some() > 0; ++i) {
     }
     close_stream();
   }
@@ -170,7 +171,9 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
 
 class Job {
  public:
-  Job(const RunOptions& o, int port) : o_(o), port_(port), ranks_(static_cast<size_t>(o.nproc)) {}
+  // `signal_pipe` is the read end of the pipe that the signal handlers write to.
+  Job(const RunOptions& o, int port, int signal_pipe)
+      : o_(o), port_(port), signal_pipe_(signal_pipe), ranks_(static_cast<size_t>(o.nproc)) {}
 
   int run() {
     start_ = Clock::now();
@@ -187,14 +190,18 @@ class Job {
     return exit_status_.value_or(0);
   }
 
-  // Signal handlers write into this pipe.
-  int signal_pipe_read = -1;
-
  private:
   void spawn(int r) {
     Rank& rank = ranks_[static_cast<size_t>(r)];
     int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+    if (pipe2(out, O_CLOEXEC) != 0) {
+      say("cannot create pipes for rank " + std::to_string(r) + ": " + std::strerror(errno));
+      fail(1);
+      return;
+    }
+    if (pipe2(err, O_CLOEXEC) != 0) {
+      close(out[0]);
+      close(out[1]);
       say("cannot create pipes for rank " + std::to_string(r) + ": " + std::strerror(errno));
       fail(1);
       return;
@@ -268,7 +275,7 @@ class Job {
   }
 
   void wait_for_events() {
-    std::vector<pollfd> fds{{signal_pipe_read, POLLIN, 0}};
+    std::vector<pollfd> fds{{signal_pipe_, POLLIN, 0}};
     std::vector<Stream*> streams;
     for (Rank& rank : ranks_)
       for (Stream* s : {&rank.out, &rank.err}) {
@@ -292,7 +299,7 @@ class Job {
   void handle_signals() {
     unsigned char sigs[64];
     ssize_t n;
-    while ((n = read(signal_pipe_read, sigs, sizeof sigs)) > 0) {
+    while ((n = read(signal_pipe_, sigs, sizeof sigs)) > 0) {
       for (ssize_t i = 0; i < n; ++i) {
         const int sig = sigs[i];
         if (sig == SIGCHLD) continue;  // reap() looks at every rank anyway
@@ -353,6 +360,7 @@ class Job {
 
   const RunOptions& o_;
   const int port_;
+  const int signal_pipe_;
   std::vector<Rank> ranks_;
   Clock::time_point start_;
   std::optional<int> exit_status_;
@@ -364,7 +372,7 @@ class Job {
 }  // namespace
 
 int launch(const RunOptions& options) {
-  const int port = options.master_port.value_or(pick_free_port());
+  const int port = options.master_port ? *options.master_port : pick_free_port();
   if (port <= 0) {
     say(std::string("cannot find a free loopback port: ") + std::strerror(errno));
     return 1;
@@ -382,9 +390,7 @@ int launch(const RunOptions& options) {
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the launcher before its ranks
 
-  Job job(options, port);
-  job.signal_pipe_read = sig_pipe[0];
-  return job.run();
+  return Job(options, port, sig_pipe[0]).run();
 }
 
 }  // namespace kiln::client
