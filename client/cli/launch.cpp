@@ -7,7 +7,8 @@
 // reaches only the launcher, which forwards it. The launcher waits on one poll() over the
 // ranks' stdout/stderr pipes and a self-pipe that its signal handlers (SIGCHLD, SIGINT, SIGTERM,
 // SIGHUP) write to. A rank's pipes are drained and closed when the rank is reaped, so an
-// orphaned grandchild holding them open cannot keep the launcher alive.
+// orphaned grandchild holding them open cannot keep the launcher alive (such orphans of a rank
+// that exited are left alone, as torchrun leaves them).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -267,11 +268,12 @@ class Job {
     stop(SIGTERM);
   }
 
-  // Sends `sig` to every rank's process group; the first stop also arms the SIGKILL deadline.
+  // Sends `sig` to the process group of every rank not yet reaped (a reaped rank's pid may name
+  // someone else's group by now); the first stop also arms the SIGKILL deadline.
   void stop(int sig) {
     if (!kill_at_) kill_at_ = Clock::now() + seconds(o_.grace_s);
     for (const Rank& r : ranks_)
-      if (r.pid > 0) kill(-r.pid, sig);
+      if (r.running) kill(-r.pid, sig);
   }
 
   void wait_for_events() {
