@@ -1,0 +1,43 @@
+// client/cli/main.cpp: the `kiln` command-line tool. One subcommand so far: `kiln run`
+// (client/cli/run.h), the torchrun analog for one machine.
+//
+//   kiln --help
+//   kiln run --help
+//   kiln run --nproc 2 build/bin/digits
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "run.h"
+
+namespace {
+
+constexpr const char* kHelp = R"(usage: kiln <command> [options]
+
+commands:
+  run    start N ranks of a program on this machine (the torchrun analog)
+
+'kiln <command> --help' shows a command's options.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::fputs(kHelp, stderr);
+    return kiln::client::kExitUsage;
+  }
+  if (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
+  if (args[0] == "run") {
+    const kiln::client::ParsedRun parsed =
+        kiln::client::parse_run_args(std::vector<std::string>(args.begin() + 1, args.end()));
+    if (!parsed.options) return parsed.exit_status;
+    return kiln::client::launch(*parsed.options);
+  }
+  std::fprintf(stderr, "kiln: unknown command '%s' (see kiln --help)\n", args[0].c_str());
+  return kiln::client::kExitUsage;
+}
