@@ -27,7 +27,11 @@ struct GraphTask {
   bool capture_mode = false;
   bool keep_graph = false;
   variable_list captured;
+  std::vector<std::function<void()>> callbacks;  // queue_callback()
 };
+
+// The graph tasks running on this thread, innermost last (a hook may call backward()).
+thread_local std::vector<GraphTask*> running_tasks;
 
 void accumulate(variable_list& buf, size_t i, Tensor g) {
   if (!buf[i].defined()) buf[i] = std::move(g);
@@ -151,8 +155,8 @@ bool compute_needed(GraphTask& task, Node* n) {
   return need;
 }
 
-void execute(GraphTask& task, const std::vector<Edge>& roots, const variable_list& root_grads,
-             bool create_graph) {
+void execute_nodes(GraphTask& task, const std::vector<Edge>& roots,
+                   const variable_list& root_grads, bool create_graph) {
   AutoGradMode mode(create_graph);
   std::vector<Node*> root_nodes;
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -229,6 +233,19 @@ void execute(GraphTask& task, const std::vector<Edge>& roots, const variable_lis
   }
 }
 
+void execute(GraphTask& task, const std::vector<Edge>& roots, const variable_list& root_grads,
+             bool create_graph) {
+  running_tasks.push_back(&task);
+  struct Pop {
+    ~Pop() { running_tasks.pop_back(); }
+  } pop;
+  execute_nodes(task, roots, root_grads, create_graph);
+  for (size_t i = 0; i < task.callbacks.size(); ++i) {
+    auto fn = std::move(task.callbacks[i]);  // fn may queue more (and so grow the vector)
+    fn();
+  }
+}
+
 // Root edges and their gradients (implicit ones only for one-element outputs).
 void prepare_roots(const variable_list& tensors, const variable_list& grads,
                    std::vector<Edge>& edges, variable_list& root_grads) {
@@ -256,6 +273,12 @@ void prepare_roots(const variable_list& tensors, const variable_list& grads,
 }
 
 }  // namespace
+
+void queue_callback(std::function<void()> fn) {
+  KILN_CHECK(!running_tasks.empty(), Runtime,
+             "queue_callback(): no backward pass is running on this thread");
+  running_tasks.back()->callbacks.push_back(std::move(fn));
+}
 
 void backward(const variable_list& tensors, const variable_list& grad_tensors,
               std::optional<bool> retain_graph, bool create_graph) {

@@ -16,6 +16,7 @@
 // value before the op (it stays on the old node).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -34,5 +35,11 @@ variable_list grad(const variable_list& outputs, const variable_list& inputs,
                    const variable_list& grad_outputs = {},
                    std::optional<bool> retain_graph = std::nullopt, bool create_graph = false,
                    bool allow_unused = false);
+
+// Runs `fn` on this thread once the backward() or grad() now running here has run its last
+// node (PyTorch's Variable._execution_engine.queue_callback); callbacks run in the order queued
+// and may queue more. Called from a hook: DDP waits for its gradient all-reduces this way.
+// RuntimeError when no backward is running on this thread.
+void queue_callback(std::function<void()> fn);
 
 }  // namespace kiln::autograd
