@@ -17,40 +17,59 @@ void check_local(const Tensor& t, const std::string& name) {
 
 }  // namespace
 
-DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, DDPOptions options)
-    : nn::Module("DistributedDataParallel"),
-      module_(std::move(module)),
-      pg_(options.process_group ? options.process_group : default_group()),
-      options_(options) {
-  KILN_CHECK(module_ != nullptr, Value, "DistributedDataParallel: module is null");
-  KILN_CHECK(options.bucket_cap_mb > 0, Value, "DistributedDataParallel: bucket_cap_mb must be > 0 (got ",
-             options.bucket_cap_mb, ")");
-  register_module("module", module_);
+void broadcast_tensors(ProcessGroup& pg, const std::vector<Tensor>& tensors, int src) {
+  if (pg.size() == 1) return;
+  for (Tensor t : tensors) pg.broadcast(t, src)->wait();
+}
 
-  // Every replica starts from rank 0's state.
-  auto state = module_->named_parameters();
-  for (auto& nb : module_->named_buffers()) state.push_back(nb);
-  for (auto& [name, t] : state) {
-    check_local(t, name);
-    Tensor data = t;
-    pg_->broadcast(data, 0)->wait();
+Reducer::Reducer(const std::vector<std::pair<std::string, Tensor>>& params, ProcessGroupPtr pg,
+                 double bucket_cap_mb, bool find_unused_parameters)
+    : pg_(std::move(pg)), find_unused_(find_unused_parameters) {
+  KILN_CHECK(pg_ != nullptr, Value, "DistributedDataParallel: process group is null");
+  KILN_CHECK(bucket_cap_mb > 0, Value, "DistributedDataParallel: bucket_cap_mb must be > 0 (got ",
+             bucket_cap_mb, ")");
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    if (!it->second.requires_grad()) continue;
+    check_local(it->second, it->first);
+    params_.push_back(Param{it->first, it->second, 0, 0});
   }
-
-  auto named = module_->named_parameters();
-  for (auto it = named.rbegin(); it != named.rend(); ++it)
-    if (it->second.requires_grad()) params_.push_back(Param{it->first, it->second, 0, 0});
-  build_buckets(options.bucket_cap_mb);
+  build_buckets(bucket_cap_mb);
   for (size_t i = 0; i < params_.size(); ++i)
     hooks_.push_back(autograd::register_post_accumulate_grad_hook(
         params_[i].tensor, [this, i](const Tensor&) { on_grad_ready(i); }));
 }
 
-DistributedDataParallel::~DistributedDataParallel() {
+Reducer::~Reducer() {
   for (auto& h : hooks_) h.remove();
   reset_backward_state();  // waits for all-reduces still writing into the buckets
 }
 
-void DistributedDataParallel::build_buckets(double cap_mb) {
+DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, DDPOptions options)
+    : nn::Module("DistributedDataParallel"),
+      module_(std::move(module)),
+      pg_(options.process_group ? options.process_group : default_group()),
+      broadcast_buffers_(options.broadcast_buffers) {
+  KILN_CHECK(module_ != nullptr, Value, "DistributedDataParallel: module is null");
+  register_module("module", module_);
+  // Every replica starts from rank 0's state.
+  std::vector<Tensor> state = module_->parameters();
+  for (auto& [name, t] : module_->named_buffers()) {
+    check_local(t, name);
+    state.push_back(t);
+  }
+  auto named = module_->named_parameters();
+  for (auto& [name, t] : named) check_local(t, name);
+  broadcast_tensors(*pg_, state, 0);
+  reducer_ = std::make_unique<Reducer>(named, pg_, options.bucket_cap_mb,
+                                       options.find_unused_parameters);
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  if (broadcast_buffers_) broadcast_tensors(*pg_, module_->buffers(), 0);
+  return module_->forward(input);
+}
+
+void Reducer::build_buckets(double cap_mb) {
   const double cap_bytes = cap_mb * 1024 * 1024;
   std::vector<ScalarType> dtypes;  // of each bucket
   std::vector<int64_t> sizes;      // elements of each bucket
@@ -83,7 +102,7 @@ void DistributedDataParallel::build_buckets(double cap_mb) {
   }
 }
 
-std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_names() const {
+std::vector<std::vector<std::string>> Reducer::bucket_parameter_names() const {
   std::vector<std::vector<std::string>> out;
   for (const Bucket& b : buckets_) {
     out.emplace_back();
@@ -92,14 +111,7 @@ std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_
   return out;
 }
 
-Tensor DistributedDataParallel::forward(const Tensor& input) {
-  if (options_.broadcast_buffers && pg_->size() > 1) {
-    for (Tensor& b : module_->buffers()) pg_->broadcast(b, 0)->wait();
-  }
-  return module_->forward(input);
-}
-
-void DistributedDataParallel::on_grad_ready(size_t i) {
+void Reducer::on_grad_ready(size_t i) {
   if (!sync_) return;
   if (!callback_queued_) {
     callback_queued_ = true;
@@ -112,7 +124,7 @@ void DistributedDataParallel::on_grad_ready(size_t i) {
   mark_ready(i, p.tensor.grad());
 }
 
-void DistributedDataParallel::mark_ready(size_t i, const Tensor& grad) {
+void Reducer::mark_ready(size_t i, const Tensor& grad) {
   Param& p = params_[i];
   Bucket& b = buckets_[p.bucket];
   Tensor slot = b.flat.narrow(0, p.offset, p.tensor.numel());
@@ -125,18 +137,18 @@ void DistributedDataParallel::mark_ready(size_t i, const Tensor& grad) {
   if (--b.pending == 0) launch_ready_buckets();
 }
 
-void DistributedDataParallel::launch_ready_buckets() {
+void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& b = buckets_[next_bucket_++];
     b.work = pg_->all_reduce(b.flat, ReduceOp::Avg);
   }
 }
 
-void DistributedDataParallel::finish_backward() {
+void Reducer::finish_backward() {
   std::vector<size_t> unused;
   for (size_t i = 0; i < params_.size(); ++i)
     if (!params_[i].ready) unused.push_back(i);
-  if (!unused.empty() && !options_.find_unused_parameters) {
+  if (!unused.empty() && !find_unused_) {
     std::ostringstream names;
     for (size_t k = 0; k < unused.size(); ++k) names << (k ? ", " : "") << params_[unused[k]].name;
     reset_backward_state();
@@ -169,7 +181,7 @@ void DistributedDataParallel::finish_backward() {
   if (error) std::rethrow_exception(error);
 }
 
-void DistributedDataParallel::reset_backward_state() {
+void Reducer::reset_backward_state() {
   callback_queued_ = false;
   next_bucket_ = 0;
   for (Param& p : params_) p.ready = false;

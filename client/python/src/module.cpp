@@ -18,6 +18,7 @@ void bind_autograd(nb::module_& m, nb::class_<Tensor>& cls);  // autograd.cpp
 void bind_nn(nb::module_& m);                                 // bind_nn.cpp
 void bind_func(nb::module_& m);                               // bind_func.cpp
 void bind_io(nb::module_& m);                                 // bind_io.cpp
+void bind_dist(nb::module_& m);                               // bind_dist.cpp
 
 namespace {
 
@@ -429,6 +430,7 @@ NB_MODULE(_C, m) {
   bind_nn(m);
   bind_func(m);
   bind_io(m);
+  bind_dist(m);
   if (PyModule_AddFunctions(m.ptr(), kOpFunctions) < 0) throw nb::python_error();
   set_warning_handler(&python_warning);
   // The dtype objects go before nanobind's leak check at exit.

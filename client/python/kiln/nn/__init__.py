@@ -10,3 +10,4 @@ from kiln.nn.loss import *  # noqa: F401,F403
 from kiln.nn.module import Module  # noqa: F401
 from kiln.nn.parameter import Parameter  # noqa: F401
 from kiln.nn.transformer import *  # noqa: F401,F403
+from kiln.nn import parallel  # noqa: F401,E402

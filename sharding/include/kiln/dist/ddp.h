@@ -41,43 +41,24 @@
 
 namespace kiln::dist {
 
-struct DDPOptions {
-  ProcessGroupPtr process_group;  // default: default_group()
-  double bucket_cap_mb = 25;
-  bool find_unused_parameters = false;
-  // Broadcast rank 0's buffers (BatchNorm statistics) before every forward.
-  bool broadcast_buffers = true;
-};
+// Broadcasts `tensors` (contiguous CPU tensors, in place) from group rank `src`, one at a time.
+void broadcast_tensors(ProcessGroup& pg, const std::vector<Tensor>& tensors, int src = 0);
 
-class DistributedDataParallel : public nn::Module {
+// The gradient side of DDP (PyTorch's Reducer; Note [DDP buckets]): hooks on `params`, buckets,
+// all-reduces, the end-of-backward wait. The Python DistributedDataParallel uses it directly.
+class Reducer {
  public:
-  // `module`'s parameters must be contiguous CPU tensors; it is registered as child "module", so
-  // parameter names gain a "module." prefix (as in PyTorch's state dicts).
-  explicit DistributedDataParallel(nn::ModulePtr module, DDPOptions options = {});
-  ~DistributedDataParallel() override;
+  // `params`: (name, parameter) in registration order; those not requiring grad are skipped.
+  Reducer(const std::vector<std::pair<std::string, Tensor>>& params, ProcessGroupPtr pg,
+          double bucket_cap_mb = 25, bool find_unused_parameters = false);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
 
-  // Broadcasts buffers (broadcast_buffers) and runs the wrapped module.
-  Tensor forward(const Tensor& input) override;
-  const nn::ModulePtr& module() const { return module_; }
-  const ProcessGroupPtr& process_group() const { return pg_; }
-
-  // Disables gradient synchronisation while alive (Note [DDP buckets]).
-  class NoSyncGuard {
-   public:
-    explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(ddp), prev_(ddp.sync_) { ddp.sync_ = false; }
-    ~NoSyncGuard() { ddp_.sync_ = prev_; }
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-
-   private:
-    DistributedDataParallel& ddp_;
-    bool prev_;
-  };
-  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
-  // Whether backward synchronises now (no no_sync() guard alive).
-  bool require_backward_grad_sync() const { return sync_; }
-
-  // The buckets as lists of parameter names, in all-reduce order (for tests and debugging).
+  // Whether backward synchronises (false inside no_sync()).
+  bool sync() const { return sync_; }
+  void set_sync(bool on) { sync_ = on; }
+  // The buckets as lists of parameter names, in all-reduce order.
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
 
  private:
@@ -102,15 +83,59 @@ class DistributedDataParallel : public nn::Module {
   void finish_backward();
   void reset_backward_state();
 
-  nn::ModulePtr module_;
   ProcessGroupPtr pg_;
-  DDPOptions options_;
+  bool find_unused_;
   bool sync_ = true;
   bool callback_queued_ = false;
   size_t next_bucket_ = 0;  // the first bucket not yet started
   std::vector<Param> params_;
   std::vector<Bucket> buckets_;
   std::vector<autograd::RemovableHandle> hooks_;
+};
+
+struct DDPOptions {
+  ProcessGroupPtr process_group;  // default: default_group()
+  double bucket_cap_mb = 25;
+  bool find_unused_parameters = false;
+  // Broadcast rank 0's buffers (BatchNorm statistics) before every forward.
+  bool broadcast_buffers = true;
+};
+
+class DistributedDataParallel : public nn::Module {
+ public:
+  // `module`'s parameters and buffers must be contiguous CPU tensors; it is registered as child
+  // "module", so state-dict keys gain a "module." prefix (as in PyTorch).
+  explicit DistributedDataParallel(nn::ModulePtr module, DDPOptions options = {});
+
+  // Broadcasts buffers (broadcast_buffers) and runs the wrapped module.
+  Tensor forward(const Tensor& input) override;
+  const nn::ModulePtr& module() const { return module_; }
+  const ProcessGroupPtr& process_group() const { return pg_; }
+
+  // Disables gradient synchronisation while alive (Note [DDP buckets]).
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(Reducer& r) : reducer_(r), prev_(r.sync()) { r.set_sync(false); }
+    ~NoSyncGuard() { reducer_.set_sync(prev_); }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    Reducer& reducer_;
+    bool prev_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
+  bool require_backward_grad_sync() const { return reducer_->sync(); }
+  // Bucket contents by parameter name (relative to the wrapped module), in all-reduce order.
+  std::vector<std::vector<std::string>> bucket_parameter_names() const {
+    return reducer_->bucket_parameter_names();
+  }
+
+ private:
+  nn::ModulePtr module_;
+  ProcessGroupPtr pg_;
+  bool broadcast_buffers_;
+  std::unique_ptr<Reducer> reducer_;
 };
 
 }  // namespace kiln::dist

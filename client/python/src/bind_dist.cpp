@@ -1,0 +1,125 @@
+// kiln._C's distributed part (kiln/dist/process_group.h, kiln/dist/ddp.h): process groups, Work,
+// the TCP store, and DDP's gradient reducer. kiln/distributed/__init__.py builds PyTorch's
+// torch.distributed API on these; kiln/nn/parallel.py builds DistributedDataParallel.
+//
+//   pg = _C._init_process_group("ucx", "env://", -1, -1, None, 60.0, "world")
+//   pg.all_reduce(t, "sum").wait(None)
+//   r = _C._DdpReducer([("0.weight", w), ...], pg, 25.0, False)
+// Blocking calls (wait, barrier, init) release the GIL.
+#include <nanobind/stl/chrono.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "kiln/dist/ddp.h"
+#include "kiln/dist/process_group.h"
+#include "python_args.h"
+
+namespace kiln::python {
+namespace {
+
+using namespace kiln::dist;
+using Release = nb::call_guard<nb::gil_scoped_release>;
+
+std::optional<Milliseconds> to_ms(std::optional<double> seconds) {
+  if (!seconds) return std::nullopt;
+  KILN_CHECK(*seconds > 0, Value, "timeout must be > 0 seconds, got ", *seconds);
+  return Milliseconds(static_cast<int64_t>(*seconds * 1000));
+}
+
+}  // namespace
+
+void bind_dist(nb::module_& m) {
+  nb::class_<Work>(m, "_Work")
+      .def("is_completed", &Work::is_completed)
+      .def(
+          "wait",
+          [](Work& w, std::optional<double> timeout_s) {
+            w.wait(to_ms(timeout_s));
+            return true;
+          },
+          nb::arg("timeout") = nb::none(), Release());
+
+  nb::class_<TCPStore>(m, "_TCPStore")
+      .def(
+          "__init__",
+          [](TCPStore* self, std::string host, int port, bool is_master, double timeout_s) {
+            new (self) TCPStore(std::move(host), port, is_master, *to_ms(timeout_s));
+          },
+          nb::arg("host_name"), nb::arg("port"), nb::arg("is_master") = false,
+          nb::arg("timeout") = 300.0, Release())
+      .def("set", [](TCPStore& s, const std::string& k, nb::bytes v) { s.set(k, std::string(v.c_str(), v.size())); })
+      .def("get", [](TCPStore& s, const std::string& k) {
+        std::string v;
+        {
+          nb::gil_scoped_release r;
+          v = s.get(k);
+        }
+        return nb::bytes(v.data(), v.size());
+      })
+      .def("add", &TCPStore::add, Release())
+      .def("wait", [](TCPStore& s, const std::vector<std::string>& keys) { s.wait(keys); }, Release())
+      .def("check", &TCPStore::check)
+      .def("delete_key", &TCPStore::delete_key)
+      .def_prop_ro("host", &TCPStore::host)
+      .def_prop_ro("port", &TCPStore::port);
+
+  nb::class_<ProcessGroup>(m, "_ProcessGroup")
+      .def("rank", &ProcessGroup::rank)
+      .def("size", &ProcessGroup::size)
+      .def_prop_ro("name", &ProcessGroup::name)
+      .def_prop_ro("ranks", &ProcessGroup::ranks)
+      .def("all_reduce", [](ProcessGroup& g, Tensor& t, std::string_view op) {
+        return g.all_reduce(t, parse_reduce_op(op));
+      })
+      .def("broadcast", &ProcessGroup::broadcast)
+      .def("all_gather_into_tensor", &ProcessGroup::all_gather_into_tensor)
+      .def("reduce_scatter_tensor", [](ProcessGroup& g, Tensor& out, const Tensor& in, std::string_view op) {
+        return g.reduce_scatter_tensor(out, in, parse_reduce_op(op));
+      })
+      .def("all_to_all_single", &ProcessGroup::all_to_all_single)
+      .def("send", &ProcessGroup::send)
+      .def("recv", &ProcessGroup::recv)
+      .def("barrier", &ProcessGroup::barrier)
+      .def("dump_recent", &ProcessGroup::dump_recent);
+
+  m.def(
+      "_init_process_group",
+      [](std::string backend, std::string init_method, int rank, int world_size,
+         std::shared_ptr<TCPStore> store, std::optional<double> timeout_s, std::string name) {
+        InitOptions o;
+        o.backend = std::move(backend);
+        o.init_method = std::move(init_method);
+        o.rank = rank;
+        o.world_size = world_size;
+        o.store = std::move(store);
+        o.timeout = to_ms(timeout_s);
+        o.group_name = std::move(name);
+        return init_process_group(o);
+      },
+      nb::arg("backend"), nb::arg("init_method"), nb::arg("rank"), nb::arg("world_size"),
+      nb::arg("store").none(), nb::arg("timeout").none(), nb::arg("group_name"), Release());
+  m.def("_is_initialized", &is_initialized);
+  m.def("_default_group", &default_group);
+  m.def(
+      "_new_group",
+      [](const std::vector<int>& ranks, std::optional<double> timeout_s, std::string name) {
+        return new_group(ranks, to_ms(timeout_s), std::move(name));
+      },
+      nb::arg("ranks"), nb::arg("timeout").none(), nb::arg("name"), Release());
+  m.def("_new_local_group", &new_local_group, nb::arg("name"));
+  m.def("_destroy_process_group", &destroy_process_group, Release());
+  m.def("_broadcast_tensors", &broadcast_tensors, nb::arg("group"), nb::arg("tensors"),
+        nb::arg("src") = 0, Release());
+
+  nb::class_<Reducer>(m, "_DdpReducer")
+      .def(nb::init<const std::vector<std::pair<std::string, Tensor>>&, ProcessGroupPtr, double, bool>(),
+           nb::arg("params"), nb::arg("group"), nb::arg("bucket_cap_mb") = 25.0,
+           nb::arg("find_unused_parameters") = false)
+      .def_prop_rw("sync", &Reducer::sync, &Reducer::set_sync)
+      .def("bucket_parameter_names", &Reducer::bucket_parameter_names);
+}
+
+}  // namespace kiln::python

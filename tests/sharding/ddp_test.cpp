@@ -1,0 +1,224 @@
+// DistributedDataParallel (kiln/dist/ddp.h): with a one-process group (parity with plain
+// training, buckets, no_sync, unused parameters), and with two ranks started by `kiln run`
+// (DdpTwoRanks re-runs this binary's DdpRanks.* cases as the ranks): the loss and weights match
+// single-process training on the doubled batch, no_sync accumulates locally.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "kiln/dist/ddp.h"
+#include "kiln/nn/nn.h"
+#include "kiln/optim/optim.h"
+#include "test_util.h"
+
+using namespace kiln;
+using dist::DDPOptions;
+using dist::DistributedDataParallel;
+
+namespace {
+
+std::shared_ptr<nn::Sequential> small_mlp() {
+  return std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(16, 4)});
+}
+
+// A model with rank 0's initial weights (every rank seeds the same way).
+std::shared_ptr<nn::Sequential> reference_mlp(uint64_t seed) {
+  manual_seed(seed);
+  return small_mlp();
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// A model with a Linear its forward never uses.
+struct WithUnused : nn::Module {
+  std::shared_ptr<nn::Linear> used = register_module("used", std::make_shared<nn::Linear>(3, 2));
+  std::shared_ptr<nn::Linear> unused = register_module("unused", std::make_shared<nn::Linear>(3, 2));
+  WithUnused() : nn::Module("WithUnused") {}
+  Tensor forward(const Tensor& x) override { return used->forward(x); }
+};
+
+int group_counter = 0;
+DDPOptions local_options() {
+  return {.process_group = dist::new_local_group("ddp_test_" + std::to_string(group_counter++))};
+}
+
+}  // namespace
+
+TEST(Ddp, OneProcessMatchesPlainTraining) {
+  auto plain = reference_mlp(3);
+  auto inner = reference_mlp(3);
+  auto ddp = std::make_shared<DistributedDataParallel>(inner, local_options());
+  EXPECT_EQ(ddp->state_dict().keys()[0], "module.0.weight");
+  optim::AdamW opt_plain(plain->parameters(), {});
+  optim::AdamW opt_ddp(ddp->parameters(), {});
+  manual_seed(7);
+  for (int step = 0; step < 4; ++step) {
+    Tensor x = randn({5, 8}), y = randint(0, 4, {5});
+    Tensor l_plain = cross_entropy(plain->forward(x), y);
+    Tensor l_ddp = cross_entropy(ddp->forward(x), y);
+    opt_plain.zero_grad();
+    opt_ddp.zero_grad();
+    l_plain.backward();
+    l_ddp.backward();
+    EXPECT_EQ(l_plain.item<float>(), l_ddp.item<float>());
+    auto pp = plain->parameters(), pd = ddp->parameters();
+    for (size_t i = 0; i < pp.size(); ++i) kiln::testing::expect_close(pd[i].grad(), pp[i].grad(), 0, 0);
+    opt_plain.step();
+    opt_ddp.step();
+  }
+  auto pp = plain->parameters(), pd = ddp->parameters();
+  for (size_t i = 0; i < pp.size(); ++i) kiln::testing::expect_close(pd[i], pp[i], 0, 0);
+}
+
+TEST(Ddp, BucketsFollowReverseRegistrationOrderUpToTheCap) {
+  auto one = std::make_shared<DistributedDataParallel>(reference_mlp(0), local_options());
+  using Names = std::vector<std::vector<std::string>>;
+  EXPECT_EQ(one->bucket_parameter_names(), (Names{{"2.bias", "2.weight", "0.bias", "0.weight"}}));
+  DDPOptions o = local_options();
+  o.bucket_cap_mb = 200.0 / (1024 * 1024);  // 200 bytes: 2.bias (16 B) + 2.weight (256 B) fill one
+  auto small = std::make_shared<DistributedDataParallel>(reference_mlp(0), o);
+  EXPECT_EQ(small->bucket_parameter_names(), (Names{{"2.bias", "2.weight"}, {"0.bias", "0.weight"}}));
+  // Several buckets give the same gradients as one.
+  Tensor x = randn({3, 8});
+  one->forward(x).sum().backward();
+  small->forward(x).sum().backward();
+  auto a = one->parameters(), b = small->parameters();
+  for (size_t i = 0; i < a.size(); ++i) kiln::testing::expect_close(b[i].grad(), a[i].grad(), 0, 0);
+}
+
+TEST(Ddp, NoSyncAccumulatesThenTheNextBackwardSynchronises) {
+  auto plain = reference_mlp(1);
+  auto ddp = std::make_shared<DistributedDataParallel>(reference_mlp(1), local_options());
+  Tensor x = randn({4, 8});
+  {
+    auto guard = ddp->no_sync();
+    EXPECT_FALSE(ddp->require_backward_grad_sync());
+    ddp->forward(x).sum().backward();
+    ddp->forward(x).sum().backward();
+  }
+  EXPECT_TRUE(ddp->require_backward_grad_sync());
+  ddp->forward(x).sum().backward();
+  for (int i = 0; i < 3; ++i) plain->forward(x).sum().backward();
+  auto pp = plain->parameters(), pd = ddp->parameters();
+  for (size_t i = 0; i < pp.size(); ++i) kiln::testing::expect_close(pd[i].grad(), pp[i].grad(), 1e-6, 1e-6);
+}
+
+TEST(Ddp, UnusedParametersRaiseUnlessFindUnusedParameters) {
+  Tensor x = randn({2, 3});
+  auto strict = std::make_shared<DistributedDataParallel>(std::make_shared<WithUnused>(), local_options());
+  std::string err = error_of([&] { strict->forward(x).sum().backward(); });
+  EXPECT_NE(err.find("received no gradient in this backward pass: unused.bias, unused.weight"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("find_unused_parameters=true"), std::string::npos) << err;
+  // The state was reset: the next backward reports the same, not a stale bucket.
+  err = error_of([&] { strict->forward(x).sum().backward(); });
+  EXPECT_NE(err.find("unused.bias, unused.weight"), std::string::npos) << err;
+
+  DDPOptions o = local_options();
+  o.find_unused_parameters = true;
+  auto model = std::make_shared<WithUnused>();
+  auto lenient = std::make_shared<DistributedDataParallel>(model, o);
+  lenient->forward(x).sum().backward();
+  kiln::testing::expect_close(model->unused->weight.grad(), zeros({2, 3}), 0, 0);
+  EXPECT_TRUE(model->used->weight.grad().defined());
+}
+
+TEST(Ddp, BadArguments) {
+  EXPECT_NE(error_of([] { DistributedDataParallel(nullptr, local_options()); }).find("module is null"),
+            std::string::npos);
+  DDPOptions o = local_options();
+  o.bucket_cap_mb = 0;
+  EXPECT_NE(error_of([&] { DistributedDataParallel(small_mlp(), o); }).find("bucket_cap_mb must be > 0"),
+            std::string::npos);
+}
+
+// ---- Two ranks --------------------------------------------------------------------------------
+
+// Runs as a rank of `kiln run --nproc 2` (DdpTwoRanks below); skipped otherwise.
+TEST(DdpRanks, ParityWithTheDoubledBatchAndNoSync) {
+  if (!std::getenv("KILN_DDP_TEST_RANK")) GTEST_SKIP() << "runs under DdpTwoRanks.*";
+  auto pg = dist::init_process_group();
+  const int rank = pg->rank(), world = pg->size();
+  ASSERT_EQ(world, 2);
+  constexpr int64_t kB = 6;  // per rank
+  manual_seed(100 + rank);  // each rank starts from different weights: DDP copies rank 0's
+  auto inner = small_mlp();
+  DDPOptions o;
+  o.bucket_cap_mb = 200.0 / (1024 * 1024);  // two buckets, launched during backward
+  auto ddp = std::make_shared<DistributedDataParallel>(inner, o);
+  auto reference = reference_mlp(100);  // rank 0's initial weights
+  {
+    auto pr = reference->parameters(), pd = ddp->parameters();
+    for (size_t i = 0; i < pr.size(); ++i) kiln::testing::expect_close(pd[i], pr[i], 0, 0);
+  }
+  optim::AdamW opt_ref(reference->parameters(), {});
+  optim::AdamW opt_ddp(ddp->parameters(), {});
+  Generator data(5);
+  for (int step = 0; step < 5; ++step) {
+    Tensor x = randn({world * kB, 8}, data), y = randint(0, 4, {world * kB}, data);
+    Tensor l_ref = cross_entropy(reference->forward(x), y);
+    Tensor l_ddp = cross_entropy(ddp->forward(x.narrow(0, rank * kB, kB)), y.narrow(0, rank * kB, kB));
+    opt_ref.zero_grad();
+    opt_ddp.zero_grad();
+    l_ref.backward();
+    l_ddp.backward();
+    Tensor mean = l_ddp.detach().clone();
+    pg->all_reduce(mean, dist::ReduceOp::Avg)->wait();
+    EXPECT_NEAR(mean.item<float>(), l_ref.item<float>(), 1e-5) << "step " << step;
+    opt_ref.step();
+    opt_ddp.step();
+  }
+  auto pr = reference->parameters(), pd = ddp->parameters();
+  for (size_t i = 0; i < pr.size(); ++i) kiln::testing::expect_close(pd[i], pr[i], 1e-4, 1e-5);
+
+  // no_sync: local gradients only; then one synchronised backward averages the accumulation.
+  Tensor x = randn({world * kB, 8}, data);
+  auto grads_of = [](nn::Module& m, const Tensor& in) {
+    m.zero_grad();
+    Tensor out = m.forward(in);
+    (out * out).mean().backward();
+    std::vector<Tensor> g;
+    for (auto& p : m.parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  auto local = grads_of(*reference, x.narrow(0, rank * kB, kB));
+  auto other = grads_of(*reference, x.narrow(0, (1 - rank) * kB, kB));
+  ddp->zero_grad();
+  {
+    auto guard = ddp->no_sync();
+    Tensor out = ddp->forward(x.narrow(0, rank * kB, kB));
+    (out * out).mean().backward();
+  }
+  for (size_t i = 0; i < pd.size(); ++i) kiln::testing::expect_close(pd[i].grad(), local[i], 1e-5, 1e-6);
+  Tensor out = ddp->forward(x.narrow(0, rank * kB, kB));
+  (out * out).mean().backward();
+  for (size_t i = 0; i < pd.size(); ++i)
+    kiln::testing::expect_close(pd[i].grad(), local[i] + other[i], 1e-5, 1e-6);  // mean of 2 * each
+  dist::destroy_process_group();
+}
+
+// Starts this binary's DdpRanks.* cases as two ranks of `kiln run` (built next to it).
+TEST(DdpTwoRanks, ParityWithTheDoubledBatchAndNoSync) {
+  namespace fs = std::filesystem;
+  fs::path self = fs::read_symlink("/proc/self/exe");
+  fs::path kiln = self.parent_path() / "kiln";
+  ASSERT_TRUE(fs::exists(kiln)) << kiln << " is missing: build the kiln target too";
+  std::string cmd = "KILN_DDP_TEST_RANK=1 OMP_NUM_THREADS=1 KILN_COMM_TIMEOUT_S=30 " +
+                    kiln.string() + " run --nproc 2 --timeout 120 " + self.string() +
+                    " --gtest_filter=DdpRanks.ParityWithTheDoubledBatchAndNoSync";
+  int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status)) << cmd;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << cmd;
+}
