@@ -2,9 +2,13 @@
 // references the issue names: oneDNN's dnnl_sgemm called directly ("onednn-direct") and plain
 // OpenMP loops ("openmp-loop"). One JSON object per line.
 //
-//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd,kernels,mlp,cnn,gpt] [--quick]
+//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd,kernels,mlp,cnn,gpt,distributed]
+//              [--quick]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -17,6 +21,7 @@
 
 #include "kiln/autograd/autograd.h"
 #include "kiln/autograd/engine.h"
+#include "kiln/dist/process_group.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/nn.h"
 #include "kiln/optim/optim.h"
@@ -309,6 +314,47 @@ void w_gpt(bool quick) {
   emit("gpt_train", "tokens_per_s", B * T / ms * 1e3, "tokens/s", "kiln-cpp");
 }
 
+// ---- distributed: ranks are this program re-executed (never forked after UCX starts) ---------------
+
+// One rank (KILN_BENCH_RANK set): as torch_reference.py's _dist_worker, the best of 5 (3 quick)
+// timings of a 2^24-float sum all_reduce, each after a barrier.
+int distributed_rank(bool quick) {
+  auto pg = dist::init_process_group();
+  const int64_t n = int64_t{1} << 24;
+  Tensor x = ones({n});
+  pg->all_reduce(x)->wait();
+  double best = 1e30;
+  for (int i = 0; i < (quick ? 3 : 5); ++i) {
+    pg->barrier()->wait();
+    auto t0 = std::chrono::steady_clock::now();
+    pg->all_reduce(x)->wait();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  if (pg->rank() == 0) emit("allreduce", "ucx_2ranks_64MiB_algbw", 4.0 * n / best / 1e9, "GB/s", "kiln-cpp");
+  dist::destroy_process_group();
+  return 0;
+}
+
+void w_distributed(bool quick) {
+  dist::TCPStore store("127.0.0.1", 0, /*is_server=*/true);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> env = {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
+                                    "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                                    "MASTER_PORT=" + std::to_string(store.port()),
+                                    "KILN_AGENT_STORE=1", "OMP_NUM_THREADS=1", "KILN_BENCH_RANK=1"};
+    for (char** e = environ; *e; ++e) env.push_back(*e);
+    std::vector<char*> envp;
+    for (auto& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string exe = "/proc/self/exe", q = quick ? "--quick" : "";
+    char* argv[] = {exe.data(), quick ? q.data() : nullptr, nullptr};
+    pid_t pid = -1;
+    if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()) == 0) pids.push_back(pid);
+  }
+  for (pid_t pid : pids) waitpid(pid, nullptr, 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -326,6 +372,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (std::getenv("KILN_BENCH_RANK")) return distributed_rank(quick);
   auto want = [&](const char* name) { return only.empty() || only.count(name); };
   if (want("dispatch")) w_dispatch(quick);
   if (want("gemm")) w_gemm(quick);
@@ -338,5 +385,6 @@ int main(int argc, char** argv) {
   if (want("mlp")) w_mlp(quick);
   if (want("cnn")) w_cnn(quick);
   if (want("gpt")) w_gpt(quick);
+  if (want("distributed")) w_distributed(quick);
   return 0;
 }

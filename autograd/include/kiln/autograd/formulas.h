@@ -156,3 +156,4 @@ Tensor index_backward(const Tensor& grad, IntArrayRef sizes, TensorList indices)
 #include "kiln/autograd/formulas_conv.h"   // conv.toml and pool.toml
 #include "kiln/autograd/formulas_index.h"  // advanced indexing, sort/scan and padding
 #include "kiln/autograd/formulas_attention.h"  // attention.toml
+#include "kiln/autograd/formulas_comm.h"  // comm.toml

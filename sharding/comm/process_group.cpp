@@ -1,0 +1,656 @@
+// Process groups, the communication thread and the group registry (kiln/dist/process_group.h).
+//
+// Note [Comm thread]: one thread per process runs every collective of every group, in the order
+// the process issued them (PyTorch's contract: every rank issues the same collectives in the same
+// order). It alone drives the UCX worker while collectives run, so UCX needs no locking, and a
+// caller's Work completes when the thread has finished its collective.
+//
+// Note [Collective timeouts]: a collective gets the group's timeout from the moment the comm
+// thread starts it. When a message misses that deadline, the group is aborted (every later
+// collective on it fails at once), its flight recorder (the last kRecorderSize collectives: op,
+// sequence number, sizes, state) goes to stderr, and the rank writes "<seq> <op>" under
+// kiln/<generation>/<group>/timeout/<rank> in the store. It then waits a short while for the
+// other members' entries: a member at a different collective, or with no entry at all (dead,
+// stuck outside collectives, or it skipped this one), is named in the error. A ring stalls
+// behind the one rank that is missing, so the ranks' own "waiting for rank k" differs; the
+// report names the culprit consistently.
+#include "kiln/dist/process_group.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <thread>
+
+#include "collectives.h"
+#include "kiln/error.h"
+#include "kiln/half.h"
+
+namespace kiln::dist {
+
+ReduceOp parse_reduce_op(std::string_view name) {
+  if (name == "sum") return ReduceOp::Sum;
+  if (name == "avg") return ReduceOp::Avg;
+  if (name == "max") return ReduceOp::Max;
+  if (name == "min") return ReduceOp::Min;
+  if (name == "product") return ReduceOp::Product;
+  KILN_FAIL(Value, "unknown reduce op '", name, "': expected sum, avg, max, min or product");
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  static const char* names[] = {"sum", "avg", "max", "min", "product"};
+  return names[static_cast<int>(op)];
+}
+
+// ---- Work ----------------------------------------------------------------------------------------
+
+bool Work::is_completed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void Work::wait(std::optional<Milliseconds> timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!timeout) cv_.wait(lock, [&] { return done_; });
+  else if (!cv_.wait_for(lock, *timeout, [&] { return done_; }))
+    KILN_FAIL(Runtime, what_, ": Work::wait timed out after ", timeout->count(), " ms");
+  if (error_) std::rethrow_exception(error_);
+}
+
+void Work::finish(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+// ---- The comm thread -----------------------------------------------------------------------------
+
+namespace {
+
+class CommThread {
+ public:
+  CommThread() : thread_([this] { run(); }) {}
+  ~CommThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void post(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_all();
+  }
+  // Runs `task` on the thread after everything queued before it, and waits for it.
+  void run_and_wait(std::function<void()> task) {
+    Work done("comm thread");
+    post([&] {
+      task();
+      done.finish();
+    });
+    done.wait();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+Milliseconds env_timeout() {
+  const char* s = std::getenv("KILN_COMM_TIMEOUT_S");
+  if (!s || !*s) return std::chrono::seconds(60);
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  KILN_CHECK(end && *end == '\0' && v > 0, Value, "KILN_COMM_TIMEOUT_S must be a positive number of seconds, got '", s, "'");
+  return Milliseconds(static_cast<int64_t>(v * 1000));
+}
+
+int env_int(const char* name, int fallback) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return fallback;
+  char* end = nullptr;
+  long v = std::strtol(s, &end, 10);
+  KILN_CHECK(end && *end == '\0', Value, name, " must be an integer, got '", s, "'");
+  return static_cast<int>(v);
+}
+
+// float16/bfloat16 travel and reduce as float32 (the reduction arithmetic is float32).
+bool is_half(ScalarType t) { return t == kBFloat16 || t == kFloat16; }
+
+void widen(const Tensor& t, float* out) {
+  const int64_t n = t.numel();
+  if (t.dtype() == kBFloat16) {
+    auto* s = static_cast<const BFloat16*>(t.data_ptr());
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(s[i]);
+  } else {
+    auto* s = static_cast<const Half*>(t.data_ptr());
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(s[i]);
+  }
+}
+
+void narrow(const float* in, int64_t n, const Tensor& t) {
+  if (t.dtype() == kBFloat16) {
+    auto* d = static_cast<BFloat16*>(t.data_ptr());
+    for (int64_t i = 0; i < n; ++i) d[i] = BFloat16(in[i]);
+  } else {
+    auto* d = static_cast<Half*>(t.data_ptr());
+    for (int64_t i = 0; i < n; ++i) d[i] = Half(in[i]);
+  }
+}
+
+constexpr size_t kRecorderSize = 64;
+
+}  // namespace
+
+// ---- ProcessGroupImpl ----------------------------------------------------------------------------
+
+class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
+ public:
+  struct Record {
+    uint64_t seq;
+    std::string op;
+    std::string sizes;
+    const char* state;
+  };
+
+  std::string name;
+  int rank = 0;
+  std::vector<int> ranks;  // world ranks of the members
+  int id = 0;              // for tags (Note [Collective tags])
+  int generation = 0;
+  Milliseconds timeout{60000};
+  std::shared_ptr<UcxTransport> transport;  // null for a one-rank group
+  std::shared_ptr<TCPStore> store;
+  CommThread* thread = nullptr;  // the registry's
+
+  int size() const { return static_cast<int>(ranks.size()); }
+
+  // Issues a collective: `body` runs on the comm thread with the collective's messages.
+  WorkPtr issue(const char* op, std::string sizes, std::function<void(Exchange&)> body,
+                OpKind kind, std::optional<uint64_t> tag_seq = std::nullopt) {
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seq = ++seq_;
+      records_.push_back({seq, op, std::move(sizes), "queued"});
+      if (records_.size() > kRecorderSize) records_.pop_front();
+    }
+    std::string what = describe(op, seq);
+    auto work = std::make_shared<Work>(what);
+    thread->post([this, self = shared_from_this(), op, seq, kind, tag_seq, what, work, body = std::move(body)] {
+      if (aborted_) {
+        set_state(seq, "skipped");
+        return work->finish(std::make_exception_ptr(
+            Error(ErrorKind::Runtime, what + ": the group was aborted by an earlier failure: " + abort_reason_)));
+      }
+      set_state(seq, "started");
+      try {
+        Exchange x(transport.get(), ranks, rank,
+                   Exchange::tag_base(id, kind, tag_seq.value_or(seq)), Clock::now() + timeout);
+        body(x);
+        set_state(seq, "completed");
+        work->finish();
+      } catch (const PeerTimeout& t) {
+        set_state(seq, "timed out");
+        work->finish(std::make_exception_ptr(timed_out(op, seq, t)));
+      } catch (const std::exception& e) {
+        set_state(seq, "failed");
+        abort(e.what());
+        work->finish(std::current_exception());
+      }
+    });
+    return work;
+  }
+
+  std::string dump() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::ostringstream os;
+    for (const Record& r : records_)
+      os << "  #" << r.seq << " " << r.op << " " << r.sizes << ": " << r.state << "\n";
+    return os.str();
+  }
+
+  uint32_t next_p2p(std::map<std::pair<int, int>, uint32_t>& counters, int peer, int tag) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return counters[{peer, tag}]++;
+  }
+  std::map<std::pair<int, int>, uint32_t> sends_, recvs_;
+
+ private:
+  std::string describe(const char* op, uint64_t seq) const {
+    return std::string(op) + " #" + std::to_string(seq) + " on group '" + name + "' (rank " +
+           std::to_string(rank) + " of " + std::to_string(size()) + ")";
+  }
+
+  void set_state(uint64_t seq, const char* state) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Record& r : records_)
+      if (r.seq == seq) r.state = state;
+  }
+
+  void abort(const std::string& reason) {
+    if (aborted_) return;
+    abort_reason_ = reason;
+    aborted_ = true;
+    if (transport) transport->mark_broken();
+  }
+
+  // Note [Collective timeouts].
+  Error timed_out(const char* op, uint64_t seq, const PeerTimeout& t) {
+    std::ostringstream msg;
+    msg << describe(op, seq) << " timed out after " << timeout.count() << " ms waiting to "
+        << (t.is_recv ? "receive from" : "send to") << " rank " << t.peer;
+    abort(msg.str());
+    msg << desync_report(op, seq);
+    std::cerr << "kiln.dist: " << msg.str() << "\nkiln.dist: last collectives of group '" << name
+              << "' on rank " << rank << ":\n" << dump() << std::flush;
+    return Error(ErrorKind::Runtime, msg.str());
+  }
+
+  std::string desync_report(const char* op, uint64_t seq) {
+    if (!store) return "";
+    const std::string prefix = "kiln/" + std::to_string(generation) + "/" + name + "/timeout/";
+    const std::string mine = std::to_string(seq) + " " + op;
+    std::ostringstream out;
+    try {
+      store->set(prefix + std::to_string(rank), mine);
+      const auto window = std::clamp(timeout / 2, Milliseconds(1000), Milliseconds(5000));
+      const auto deadline = Clock::now() + window;
+      std::vector<int> missing;
+      for (int r = 0; r < size(); ++r)
+        if (r != rank) missing.push_back(r);
+      std::map<int, std::string> seen;
+      while (!missing.empty() && Clock::now() < deadline) {
+        std::vector<int> still;
+        for (int r : missing) {
+          if (store->check({prefix + std::to_string(r)})) seen[r] = store->get(prefix + std::to_string(r));
+          else still.push_back(r);
+        }
+        missing = std::move(still);
+        if (!missing.empty()) std::this_thread::sleep_for(Milliseconds(50));
+      }
+      std::string culprits;
+      for (int r : missing)
+        culprits += "; rank " + std::to_string(r) + " never reached " + op + " #" +
+                    std::to_string(seq) + " (it died, is stuck outside a collective, or skipped it)";
+      for (auto& [r, s] : seen)
+        if (s != mine)
+          culprits += "; rank " + std::to_string(r) + " is at " + s.substr(s.find(' ') + 1) + " #" +
+                      s.substr(0, s.find(' ')) + " instead (a skipped or reordered collective)";
+      if (culprits.empty()) out << "; every rank reports the same collective (a slow or stuck transport)";
+      else out << culprits;
+    } catch (const Error& e) {
+      out << "; no desync report (store unreachable: " << e.what() << ")";
+    }
+    return out.str();
+  }
+
+  mutable std::mutex mu_;
+  uint64_t seq_ = 0;
+  std::deque<Record> records_;
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;
+};
+
+// ---- ProcessGroup --------------------------------------------------------------------------------
+
+namespace {
+
+std::string shape_str(const Tensor& t) {
+  std::ostringstream os;
+  os << t.dtype() << t.sizes();
+  return os.str();
+}
+
+void check_tensor(const char* op, const Tensor& t) {
+  KILN_CHECK(t.defined(), Value, op, ": expected a tensor, got an undefined one");
+  KILN_CHECK(t.device().is_cpu(), Value, op, ": the UCX backend takes CPU tensors, got ", t.device());
+  KILN_CHECK(t.is_contiguous(), Value, op, ": expected a contiguous tensor, got shape ", t.sizes(),
+             " strides ", t.strides());
+}
+
+void check_reducible(const char* op, const Tensor& t) {
+  KILN_CHECK(t.dtype() != kBool, Type, op, ": cannot reduce bool tensors");
+}
+
+}  // namespace
+
+ProcessGroup::~ProcessGroup() = default;
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::size() const { return impl_->size(); }
+const std::string& ProcessGroup::name() const { return impl_->name; }
+Milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
+const std::vector<int>& ProcessGroup::ranks() const { return impl_->ranks; }
+std::string ProcessGroup::dump_recent() const { return impl_->dump(); }
+
+WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
+  check_tensor("all_reduce", tensor);
+  check_reducible("all_reduce", tensor);
+  const int n = size();
+  return impl_->issue("all_reduce", shape_str(tensor), [tensor, op, n](Exchange& x) {
+    const int64_t numel = tensor.numel();
+    if (!is_half(tensor.dtype())) {
+      dist::all_reduce(x, tensor.data_ptr(), numel, tensor.dtype(), op);
+      if (op == ReduceOp::Avg) divide_by(tensor.data_ptr(), numel, tensor.dtype(), n);
+      return;
+    }
+    std::vector<float> wide(numel);
+    widen(tensor, wide.data());
+    dist::all_reduce(x, wide.data(), numel, kFloat32, op);
+    if (op == ReduceOp::Avg) divide_by(wide.data(), numel, kFloat32, n);
+    narrow(wide.data(), numel, tensor);
+  }, OpKind::AllReduce);
+}
+
+WorkPtr ProcessGroup::broadcast(Tensor& tensor, int src) {
+  check_tensor("broadcast", tensor);
+  KILN_CHECK(src >= 0 && src < size(), Value, "broadcast: src ", src, " is not a rank of group '",
+             name(), "' of size ", size());
+  return impl_->issue("broadcast", shape_str(tensor), [tensor, src](Exchange& x) {
+    dist::broadcast(x, tensor.data_ptr(), tensor.nbytes(), src);
+  }, OpKind::Broadcast);
+}
+
+WorkPtr ProcessGroup::all_gather_into_tensor(Tensor& output, const Tensor& input) {
+  check_tensor("all_gather_into_tensor", output);
+  check_tensor("all_gather_into_tensor", input);
+  KILN_CHECK(output.dtype() == input.dtype() && output.numel() == input.numel() * size(), Value,
+             "all_gather_into_tensor: output ", shape_str(output), " must hold ", size(),
+             " copies of input ", shape_str(input));
+  return impl_->issue("all_gather_into_tensor", shape_str(input), [output, input](Exchange& x) {
+    const size_t elem = element_size(input.dtype());
+    const int64_t block = input.numel();
+    std::vector<int64_t> off(x.size() + 1);
+    for (int i = 0; i <= x.size(); ++i) off[i] = i * block;
+    if (block) std::memcpy(static_cast<char*>(output.data_ptr()) + off[x.rank()] * elem,
+                           input.data_ptr(), block * elem);
+    ring_all_gather(x, output.data_ptr(), off, elem, 0);
+  }, OpKind::AllGather);
+}
+
+WorkPtr ProcessGroup::reduce_scatter_tensor(Tensor& output, const Tensor& input, ReduceOp op) {
+  check_tensor("reduce_scatter_tensor", output);
+  check_tensor("reduce_scatter_tensor", input);
+  check_reducible("reduce_scatter_tensor", input);
+  KILN_CHECK(output.dtype() == input.dtype() && input.numel() == output.numel() * size(), Value,
+             "reduce_scatter_tensor: input ", shape_str(input), " must hold ", size(),
+             " blocks of output ", shape_str(output));
+  const int n = size();
+  return impl_->issue("reduce_scatter_tensor", shape_str(input), [output, input, op, n](Exchange& x) {
+    const int64_t block = output.numel();
+    const ScalarType wt = is_half(input.dtype()) ? kFloat32 : input.dtype();
+    const size_t elem = element_size(wt);
+    // The ring reduces in place: work on a copy (float32 for float16/bfloat16).
+    std::unique_ptr<char[]> buf(new char[input.numel() * elem + 1]);
+    if (is_half(input.dtype())) widen(input, reinterpret_cast<float*>(buf.get()));
+    else if (input.numel()) std::memcpy(buf.get(), input.data_ptr(), input.nbytes());
+    std::vector<int64_t> off(n + 1);
+    for (int i = 0; i <= n; ++i) off[i] = i * block;
+    ring_reduce_scatter(x, buf.get(), off, wt, op, 0);
+    char* mine = buf.get() + off[x.rank()] * elem;
+    if (op == ReduceOp::Avg) divide_by(mine, block, wt, n);
+    if (is_half(input.dtype())) narrow(reinterpret_cast<float*>(mine), block, output);
+    else if (block) std::memcpy(output.data_ptr(), mine, block * elem);
+  }, OpKind::ReduceScatter);
+}
+
+WorkPtr ProcessGroup::all_to_all_single(Tensor& output, const Tensor& input,
+                                        std::vector<int64_t> output_split_sizes,
+                                        std::vector<int64_t> input_split_sizes) {
+  const char* op = "all_to_all_single";
+  check_tensor(op, output);
+  check_tensor(op, input);
+  const int n = size();
+  KILN_CHECK(output.dtype() == input.dtype() && input.dim() >= 1 && output.dim() >= 1, Value, op,
+             ": expected input and output of one dtype with at least one dim, got ",
+             shape_str(input), " and ", shape_str(output));
+  auto splits = [&](std::vector<int64_t>& s, const Tensor& t, const char* which) {
+    if (s.empty()) {
+      KILN_CHECK(t.size(0) % n == 0, Value, op, ": dim 0 of the ", which, " ", shape_str(t),
+                 " must be divisible by the group size ", n, " for equal splits");
+      s.assign(n, t.size(0) / n);
+    }
+    KILN_CHECK(static_cast<int>(s.size()) == n, Value, op, ": expected ", n, " ", which,
+               " split sizes, got ", s.size());
+    KILN_CHECK(std::accumulate(s.begin(), s.end(), int64_t{0}) == t.size(0), Value, op, ": ",
+               which, " split sizes must sum to dim 0 of ", shape_str(t));
+  };
+  splits(input_split_sizes, input, "input");
+  splits(output_split_sizes, output, "output");
+  const size_t row_in = input.size(0) ? input.nbytes() / input.size(0) : 0;
+  const size_t row_out = output.size(0) ? output.nbytes() / output.size(0) : 0;
+  auto bytes_of = [](const std::vector<int64_t>& s, size_t row, std::vector<size_t>& off,
+                     std::vector<size_t>& len) {
+    size_t at = 0;
+    for (int64_t v : s) {
+      off.push_back(at);
+      len.push_back(v * row);
+      at += v * row;
+    }
+  };
+  std::vector<size_t> in_off, in_len, out_off, out_len;
+  bytes_of(input_split_sizes, row_in, in_off, in_len);
+  bytes_of(output_split_sizes, row_out, out_off, out_len);
+  return impl_->issue(op, shape_str(input), [=](Exchange& x) {
+    dist::all_to_all(x, input.data_ptr(), in_off, in_len, output.data_ptr(), out_off, out_len);
+  }, OpKind::AllToAll);
+}
+
+WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
+  check_tensor("send", tensor);
+  KILN_CHECK(dst >= 0 && dst < size() && dst != rank(), Value, "send: dst ", dst,
+             " must be another rank of group '", name(), "' of size ", size());
+  KILN_CHECK(tag >= 0 && tag < (1 << 19), Value, "send: tag must be in [0, 2^19), got ", tag);
+  uint32_t msg = impl_->next_p2p(impl_->sends_, dst, tag);
+  return impl_->issue("send", shape_str(tensor), [tensor, dst, msg](Exchange& x) {
+    x.wait(x.send(dst, msg, tensor.data_ptr(), tensor.nbytes()));
+  }, OpKind::P2P, tag);
+}
+
+WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
+  check_tensor("recv", tensor);
+  KILN_CHECK(src >= 0 && src < size() && src != rank(), Value, "recv: src ", src,
+             " must be another rank of group '", name(), "' of size ", size());
+  KILN_CHECK(tag >= 0 && tag < (1 << 19), Value, "recv: tag must be in [0, 2^19), got ", tag);
+  uint32_t msg = impl_->next_p2p(impl_->recvs_, src, tag);
+  return impl_->issue("recv", shape_str(tensor), [tensor, src, msg](Exchange& x) {
+    x.wait(x.recv(src, msg, tensor.data_ptr(), tensor.nbytes()));
+  }, OpKind::P2P, tag);
+}
+
+WorkPtr ProcessGroup::barrier() {
+  return impl_->issue("barrier", "", [](Exchange& x) { dist::barrier(x); }, OpKind::Barrier);
+}
+
+// ---- Registry ------------------------------------------------------------------------------------
+
+namespace {
+
+// Note [Launch environment]: PyTorch's launch contract. RANK and WORLD_SIZE name this process;
+// MASTER_ADDR:MASTER_PORT is the store, hosted by rank 0 unless KILN_AGENT_STORE=1 says the
+// launcher (`kiln run`, or a test harness) hosts it (torchrun's TORCHELASTIC_USE_AGENT_STORE).
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, ProcessGroupPtr, std::less<>> groups;
+  ProcessGroupPtr world;
+  std::shared_ptr<UcxTransport> transport;
+  std::shared_ptr<TCPStore> store;
+  int next_group_id = 1;
+  int generation = 0;
+  // Last, so it is destroyed first: at exit it finishes the queued collectives before the groups
+  // and the transport go away.
+  CommThread thread;
+
+  // With `mu` held.
+  void clear() {
+    thread.run_and_wait([] {});  // drain: every queued collective ends within its timeout
+    groups.clear();
+    world.reset();
+    transport.reset();
+    store.reset();
+    next_group_id = 1;
+  }
+
+  void add(const ProcessGroupPtr& pg) {
+    KILN_CHECK(!groups.count(pg->name()), Value, "a process group named '", pg->name(),
+               "' exists already");
+    groups[pg->name()] = pg;
+  }
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+ProcessGroupPtr make_group(Registry& reg, std::string name, std::vector<int> ranks, int rank, int id,
+                           Milliseconds timeout) {
+  auto impl = std::make_shared<ProcessGroupImpl>();
+  impl->name = std::move(name);
+  impl->ranks = std::move(ranks);
+  impl->rank = rank;
+  impl->id = id;
+  impl->generation = reg.generation;
+  impl->timeout = timeout;
+  impl->transport = impl->ranks.size() > 1 ? reg.transport : nullptr;
+  impl->store = reg.store;
+  impl->thread = &reg.thread;
+  return std::make_shared<ProcessGroup>(std::move(impl));
+}
+
+}  // namespace
+
+ProcessGroupPtr init_process_group(const InitOptions& o) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  KILN_CHECK(!reg.world, Value, "init_process_group: the default group exists already (call "
+             "destroy_process_group first)");
+  KILN_CHECK(o.backend == "ucx", Value, "init_process_group: unknown backend '", o.backend,
+             "' (this build has: ucx)");
+  const Milliseconds timeout = o.timeout.value_or(env_timeout());
+  int rank = o.rank, world = o.world_size;
+  std::shared_ptr<TCPStore> store = o.store;
+  if (o.init_method == "env://") {
+    rank = env_int("RANK", -1);
+    world = env_int("WORLD_SIZE", -1);
+    KILN_CHECK(rank >= 0 && world >= 1 && rank < world, Value,
+               "init_process_group(env://): RANK and WORLD_SIZE must be set with 0 <= RANK < "
+               "WORLD_SIZE, got RANK=", rank, " WORLD_SIZE=", world);
+    if (world > 1) {
+      const char* addr = std::getenv("MASTER_ADDR");
+      const int port = env_int("MASTER_PORT", -1);
+      KILN_CHECK(port > 0, Value, "init_process_group(env://): MASTER_PORT must be set");
+      const bool host = rank == 0 && env_int("KILN_AGENT_STORE", 0) == 0;
+      store = std::make_shared<TCPStore>(addr && *addr ? addr : "127.0.0.1", port, host, timeout);
+    }
+  } else {
+    KILN_CHECK(o.init_method.empty(), Value, "init_process_group: unsupported init_method '",
+               o.init_method, "' (use \"env://\", or \"\" with rank, world_size and store)");
+    KILN_CHECK(rank >= 0 && world >= 1 && rank < world, Value, "init_process_group: need 0 <= "
+               "rank < world_size, got rank ", rank, ", world_size ", world);
+    KILN_CHECK(world == 1 || store, Value, "init_process_group: a store is needed for world_size ", world);
+  }
+  ++reg.generation;
+  reg.store = store;
+  if (world > 1) {
+    reg.transport = std::make_shared<UcxTransport>(
+        *store, "kiln/" + std::to_string(reg.generation) + "/ucx/", rank, world);
+  }
+  std::vector<int> ranks(world);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  reg.world = make_group(reg, o.group_name, std::move(ranks), rank, 0, timeout);
+  reg.add(reg.world);
+  return reg.world;
+}
+
+bool is_initialized() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  return static_cast<bool>(reg.world);
+}
+
+ProcessGroupPtr default_group() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  KILN_CHECK(reg.world, Value, "no default process group: call init_process_group first");
+  return reg.world;
+}
+
+ProcessGroupPtr new_group(const std::vector<int>& ranks, std::optional<Milliseconds> timeout,
+                          std::string name) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  KILN_CHECK(reg.world, Value, "new_group: call init_process_group first");
+  const int world = reg.world->size();
+  std::vector<bool> seen(world, false);
+  for (int r : ranks) {
+    KILN_CHECK(r >= 0 && r < world && !seen[r], Value, "new_group: ranks must be distinct world "
+               "ranks in [0, ", world, "), got ", IntArrayRef(std::vector<int64_t>(ranks.begin(), ranks.end())));
+    seen[r] = true;
+  }
+  const int id = reg.next_group_id++;
+  if (name.empty()) name = "group" + std::to_string(id);
+  auto me = std::find(ranks.begin(), ranks.end(), reg.world->rank());
+  if (me == ranks.end()) return nullptr;
+  auto pg = make_group(reg, std::move(name), ranks, static_cast<int>(me - ranks.begin()), id,
+                       timeout.value_or(reg.world->timeout()));
+  reg.add(pg);
+  return pg;
+}
+
+ProcessGroupPtr new_local_group(std::string name) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto pg = make_group(reg, std::move(name), {0}, 0, 0, env_timeout());
+  reg.add(pg);
+  return pg;
+}
+
+ProcessGroupPtr find_group(std::string_view name) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = reg.groups.find(name);
+  if (it != reg.groups.end()) return it->second;
+  std::string known;
+  for (auto& [n, g] : reg.groups) known += (known.empty() ? "'" : ", '") + n + "'";
+  KILN_FAIL(Value, "no process group named '", name, "' (known: ", known.empty() ? "none" : known,
+            "; call init_process_group or new_group first)");
+}
+
+void destroy_process_group() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  reg.clear();
+}
+
+int local_rank() { return env_int("LOCAL_RANK", 0); }
+int local_world_size() { return env_int("LOCAL_WORLD_SIZE", 1); }
+
+}  // namespace kiln::dist

@@ -1,0 +1,127 @@
+// The UCX transport (comm/ucx.h).
+#include "ucx.h"
+
+#include <ucp/api/ucp.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "kiln/error.h"
+
+namespace kiln::dist {
+namespace {
+
+void check(ucs_status_t s, const char* what) {
+  KILN_CHECK(s == UCS_OK, Runtime, "UCX: ", what, " failed: ", ucs_status_string(s));
+}
+
+}  // namespace
+
+UcxTransport::UcxTransport(TCPStore& store, const std::string& key_prefix, int rank, int world)
+    : eps_(world, nullptr), rank_(rank) {
+  ucp_config_t* config = nullptr;
+  check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG;
+  ucs_status_t s = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  check(s, "ucp_init");
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  check(ucp_worker_create(context_, &wp, &worker_), "ucp_worker_create");
+
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  check(ucp_worker_get_address(worker_, &addr, &len), "ucp_worker_get_address");
+  store.set(key_prefix + std::to_string(rank), std::string(reinterpret_cast<char*>(addr), len));
+  ucp_worker_release_address(worker_, addr);
+
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == rank) continue;
+    std::string remote = store.get(key_prefix + std::to_string(peer));
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = reinterpret_cast<const ucp_address_t*>(remote.data());
+    // Peer failures surface as collective timeouts (Note [Collective timeouts]); asking UCX for
+    // peer error handling would exclude its shared-memory transports.
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    check(ucp_ep_create(worker_, &ep, &eps_[peer]), "ucp_ep_create");
+  }
+}
+
+UcxTransport::~UcxTransport() {
+  // A flushing close waits for the peer; bound it, then force (a dead peer never answers).
+  for (ucp_ep_h& ep : eps_) {
+    if (!ep) continue;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = broken_ ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    void* req = ucp_ep_close_nbx(ep, &p);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS &&
+           std::chrono::steady_clock::now() < deadline)
+      ucp_worker_progress(worker_);
+    if (UCS_PTR_IS_PTR(req)) {
+      if (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_request_cancel(worker_, req);
+      ucp_request_free(req);
+    }
+    ep = nullptr;
+  }
+  ucp_worker_destroy(worker_);
+  ucp_cleanup(context_);
+}
+
+UcxTransport::Request UcxTransport::send(int peer, uint64_t tag, const void* buf, size_t bytes) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+  p.datatype = ucp_dt_make_contig(1);
+  ucs_status_ptr_t r = ucp_tag_send_nbx(eps_.at(peer), buf, bytes, tag, &p);
+  KILN_CHECK(!UCS_PTR_IS_ERR(r), Runtime, "UCX: send of ", bytes, " bytes to rank ", peer,
+             " failed: ", ucs_status_string(UCS_PTR_STATUS(r)));
+  return Request{r, peer, false, bytes};
+}
+
+UcxTransport::Request UcxTransport::recv(int peer, uint64_t tag, void* buf, size_t bytes) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+  p.datatype = ucp_dt_make_contig(1);
+  ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_, buf, bytes, tag, ~uint64_t{0}, &p);
+  KILN_CHECK(!UCS_PTR_IS_ERR(r), Runtime, "UCX: receive of ", bytes, " bytes from rank ", peer,
+             " failed: ", ucs_status_string(UCS_PTR_STATUS(r)));
+  return Request{r, peer, true, bytes};
+}
+
+bool UcxTransport::test(Request& r) {
+  if (!r.handle) return true;
+  ucp_worker_progress(worker_);
+  ucs_status_t s;
+  size_t got = r.bytes;
+  if (r.is_recv) {
+    ucp_tag_recv_info_t info{};
+    s = ucp_tag_recv_request_test(r.handle, &info);
+    got = info.length;
+  } else {
+    s = ucp_request_check_status(r.handle);
+  }
+  if (s == UCS_INPROGRESS) return false;
+  ucp_request_free(r.handle);
+  r.handle = nullptr;
+  KILN_CHECK(s == UCS_OK, Runtime, "UCX: ", r.is_recv ? "receive from" : "send to", " rank ",
+             r.peer, " failed: ", ucs_status_string(s),
+             s == UCS_ERR_MESSAGE_TRUNCATED ? " (the ranks passed different sizes)" : "");
+  KILN_CHECK(got == r.bytes, Runtime, "UCX: expected ", r.bytes, " bytes from rank ", r.peer,
+             ", received ", got, " (the ranks passed different sizes)");
+  return true;
+}
+
+void UcxTransport::cancel(Request& r) {
+  if (!r.handle) return;
+  ucp_request_cancel(worker_, r.handle);
+  ucp_request_free(r.handle);
+  r.handle = nullptr;
+}
+
+}  // namespace kiln::dist

@@ -1,0 +1,56 @@
+// UcxTransport: the process's UCX context, worker and endpoints to every world rank (UCP tag
+// API; UCX picks shared memory or TCP). Private to sharding/comm.
+//
+//   UcxTransport t(store, "kiln/ucx/0/", rank, world);  // exchanges worker addresses
+//   auto r = t.recv(peer, tag, buf, bytes);
+//   while (!t.test(r)) {}                               // progresses the worker
+//
+// Note [Comm thread]: only one thread at a time calls into it (the communication thread, or the
+// caller of init/destroy while that thread is idle); the worker is created SERIALIZED.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kiln/dist/store.h"
+
+typedef struct ucp_context* ucp_context_h;
+typedef struct ucp_worker* ucp_worker_h;
+typedef struct ucp_ep* ucp_ep_h;
+
+namespace kiln::dist {
+
+class UcxTransport {
+ public:
+  UcxTransport(TCPStore& store, const std::string& key_prefix, int rank, int world);
+  ~UcxTransport();
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  // An outstanding send or receive (`handle` is null once it has completed).
+  struct Request {
+    void* handle = nullptr;
+    int peer = -1;  // world rank
+    bool is_recv = false;
+    size_t bytes = 0;
+  };
+
+  Request send(int peer, uint64_t tag, const void* buf, size_t bytes);
+  Request recv(int peer, uint64_t tag, void* buf, size_t bytes);
+  // Progresses the worker once; true when `r` has completed. kiln::Error (Runtime) on a transport
+  // error or a received size that differs from the expected one.
+  bool test(Request& r);
+  void cancel(Request& r);
+  // Marks the transport unusable after a failed collective: endpoints are then force-closed.
+  void mark_broken() { broken_ = true; }
+
+ private:
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::vector<ucp_ep_h> eps_;
+  int rank_;
+  bool broken_ = false;
+};
+
+}  // namespace kiln::dist

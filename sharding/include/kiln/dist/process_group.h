@@ -1,0 +1,130 @@
+// kiln/dist/process_group.h: process groups and collectives between processes (PyTorch's
+// torch.distributed names), over UCX on the CPU.
+//
+//   auto pg = kiln::dist::init_process_group();   // env://: RANK, WORLD_SIZE, MASTER_ADDR/PORT
+//   Tensor t = kiln::ones({4});
+//   pg->all_reduce(t, kiln::dist::ReduceOp::Sum)->wait();   // in place: t == world size
+//   Tensor s = kiln::all_reduce(t, "sum", pg->name());      // functional (tensor/ops/comm.toml)
+//   kiln::dist::destroy_process_group();
+//
+// Every collective returns a Work at once and runs on the process's communication thread, in
+// the order this process issued them (Note [Comm thread] in sharding/comm/process_group.cpp).
+// Tensors must be contiguous CPU tensors and stay alive and untouched until the Work completes.
+// A collective that cannot finish within the group's timeout (a dead, stuck or desynchronised
+// peer) fails with kiln::Error (Runtime) on every rank waiting for it, naming the collective,
+// its sequence number and the rank to blame (Note [Collective timeouts]).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/dist/store.h"
+#include "kiln/tensor.h"
+
+namespace kiln::dist {
+
+enum class ReduceOp { Sum, Avg, Max, Min, Product };
+// "sum", "avg", "max", "min", "product" (ValueError otherwise).
+ReduceOp parse_reduce_op(std::string_view name);
+const char* reduce_op_name(ReduceOp op);
+
+// The completion of one collective.
+class Work {
+ public:
+  bool is_completed();
+  // Waits until the collective finishes and rethrows its error; kiln::Error (Runtime) when
+  // `timeout` passes first. Without one the wait is still bounded: the collective itself fails
+  // within the group's timeout of starting.
+  void wait(std::optional<Milliseconds> timeout = std::nullopt);
+
+  // For the comm thread.
+  explicit Work(std::string what) : what_(std::move(what)) {}
+  void finish(std::exception_ptr error = nullptr);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::string what_;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class ProcessGroupImpl;
+
+class ProcessGroup {
+ public:
+  int rank() const;
+  int size() const;
+  const std::string& name() const;
+  Milliseconds timeout() const;
+  // The world ranks of the members, in group-rank order.
+  const std::vector<int>& ranks() const;
+
+  // In place on `tensor` (every rank passes the same shape and dtype).
+  WorkPtr all_reduce(Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+  WorkPtr broadcast(Tensor& tensor, int src);
+  // output: (size * N, ...), input: (N, ...).
+  WorkPtr all_gather_into_tensor(Tensor& output, const Tensor& input);
+  // output: (N, ...), input: (size * N, ...).
+  WorkPtr reduce_scatter_tensor(Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::Sum);
+  // Splits along dim 0 (empty: equal splits).
+  WorkPtr all_to_all_single(Tensor& output, const Tensor& input,
+                            std::vector<int64_t> output_split_sizes = {},
+                            std::vector<int64_t> input_split_sizes = {});
+  WorkPtr send(const Tensor& tensor, int dst, int tag = 0);
+  WorkPtr recv(Tensor& tensor, int src, int tag = 0);
+  WorkPtr barrier();
+
+  // The last collectives of this group, oldest first, one line each (the flight recorder).
+  std::string dump_recent() const;
+
+  explicit ProcessGroup(std::shared_ptr<ProcessGroupImpl> impl) : impl_(std::move(impl)) {}
+  ~ProcessGroup();
+
+ private:
+  std::shared_ptr<ProcessGroupImpl> impl_;
+};
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+struct InitOptions {
+  std::string backend = "ucx";
+  // "env://" reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (Note [Launch environment]);
+  // otherwise rank, world_size and store below are used.
+  std::string init_method = "env://";
+  int rank = -1;
+  int world_size = -1;
+  std::shared_ptr<TCPStore> store;
+  // Default: KILN_COMM_TIMEOUT_S, else 60 s.
+  std::optional<Milliseconds> timeout;
+  std::string group_name = "world";
+};
+
+// Creates the default group (the world). ValueError when one exists or the environment is
+// incomplete.
+ProcessGroupPtr init_process_group(const InitOptions& options = {});
+bool is_initialized();
+ProcessGroupPtr default_group();  // ValueError when none exists
+// A subgroup of the world (every world rank must call it, in the same order, as in PyTorch);
+// nullptr on ranks that are not members.
+ProcessGroupPtr new_group(const std::vector<int>& ranks, std::optional<Milliseconds> timeout = {},
+                          std::string name = "");
+// The group registered under `name` (ValueError naming the known groups otherwise).
+ProcessGroupPtr find_group(std::string_view name);
+// Destroys every group and the transport (a later init_process_group starts afresh).
+void destroy_process_group();
+
+// A one-rank group that needs no transport and no store (tests, single-process runs).
+ProcessGroupPtr new_local_group(std::string name);
+
+// Rank-local launch facts (LOCAL_RANK / LOCAL_WORLD_SIZE; 0 and 1 when unset).
+int local_rank();
+int local_world_size();
+
+}  // namespace kiln::dist
