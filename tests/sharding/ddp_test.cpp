@@ -7,11 +7,15 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
+#include "golden/golden_file.h"
 #include "kiln/dist/ddp.h"
 #include "kiln/nn/nn.h"
 #include "kiln/optim/optim.h"
+#include "kiln/safetensors.h"
 #include "test_util.h"
 
 using namespace kiln;
@@ -48,6 +52,49 @@ struct WithUnused : nn::Module {
   WithUnused() : nn::Module("WithUnused") {}
   Tensor forward(const Tensor& x) override { return used->forward(x); }
 };
+
+namespace fs = std::filesystem;
+
+// Runs `command` through the shell; its exit status, and its stdout in `out`.
+int run_command(const std::string& command, std::string* out = nullptr) {
+  FILE* p = popen(command.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0)
+    if (out) out->append(buf, n);
+  int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+fs::path bin_dir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
+
+// A C-contiguous little-endian .npy file (version 1.0) holding `t`.
+void write_npy(const fs::path& path, const Tensor& t) {
+  std::ostringstream shape;
+  for (int64_t d : t.sizes()) shape << d << ", ";
+  std::string header = std::string("{'descr': '") + (t.dtype() == kFloat32 ? "<f4" : "<i8") +
+                       "', 'fortran_order': False, 'shape': (" + shape.str() + "), }";
+  header.append(63 - (10 + header.size()) % 64, ' ').push_back('\n');
+  std::ofstream f(path, std::ios::binary);
+  f.write("\x93NUMPY\x01\x00", 8);
+  uint16_t len = static_cast<uint16_t>(header.size());
+  f.write(reinterpret_cast<const char*>(&len), 2);
+  f << header;
+  Tensor c = t.contiguous();
+  f.write(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+}
+
+// The "train loss" figures of examples/digits' output, one per epoch.
+std::vector<double> epoch_losses(const std::string& out) {
+  std::vector<double> v;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    size_t at = line.find("train loss ");
+    if (at != std::string::npos) v.push_back(std::stod(line.substr(at + 11)));
+  }
+  return v;
+}
 
 int group_counter = 0;
 DDPOptions local_options() {
@@ -209,16 +256,42 @@ TEST(DdpRanks, ParityWithTheDoubledBatchAndNoSync) {
   dist::destroy_process_group();
 }
 
-// Starts this binary's DdpRanks.* cases as two ranks of `kiln run` (built next to it).
+// Starts this binary's DdpRanks.* case as two ranks of `kiln run` (built next to it).
 TEST(DdpTwoRanks, ParityWithTheDoubledBatchAndNoSync) {
-  namespace fs = std::filesystem;
-  fs::path self = fs::read_symlink("/proc/self/exe");
-  fs::path kiln = self.parent_path() / "kiln";
+  fs::path kiln = bin_dir() / "kiln";
   ASSERT_TRUE(fs::exists(kiln)) << kiln << " is missing: build the kiln target too";
+  std::string out;
   std::string cmd = "KILN_DDP_TEST_RANK=1 OMP_NUM_THREADS=1 KILN_COMM_TIMEOUT_S=30 " +
-                    kiln.string() + " run --nproc 2 --timeout 120 " + self.string() +
-                    " --gtest_filter=DdpRanks.ParityWithTheDoubledBatchAndNoSync";
-  int status = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(status)) << cmd;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << cmd;
+                    kiln.string() + " run --nproc 2 --timeout 120 " +
+                    fs::read_symlink("/proc/self/exe").string() +
+                    " --gtest_filter=DdpRanks.ParityWithTheDoubledBatchAndNoSync 2>&1";
+  EXPECT_EQ(run_command(cmd, &out), 0) << cmd << "\n" << out;
+}
+
+// examples/digits under `kiln run --nproc 2` (batch 32 per rank) prints the losses of a single
+// process on batches of 64, on the digits of tests/golden (the example's data, as .npy files).
+TEST(DdpTwoRanks, DigitsMatchesOneProcessOnTheDoubledBatch) {
+  fs::path kiln = bin_dir() / "kiln", digits = bin_dir() / "digits";
+  ASSERT_TRUE(fs::exists(kiln) && fs::exists(digits)) << "build the kiln and digits targets too";
+  fs::path golden = kiln::testing::find_golden_file("digits_parity_data.safetensors");
+  ASSERT_FALSE(golden.empty());
+  auto data = load_safetensors(golden.string()).tensors;
+  fs::path dir = fs::temp_directory_path() / ("kiln_ddp_digits_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  write_npy(dir / "X.npy", div(data.at("pixels").to(kFloat32), scalar_tensor_of(16, kFloat32)));
+  write_npy(dir / "y.npy", data.at("labels").to(kInt64));
+  const std::string args = dir.string() + " --mlp-only --epochs 3 --batch-size ";
+  std::string one, two;
+  EXPECT_EQ(run_command("OMP_NUM_THREADS=1 " + digits.string() + " " + args + "64", &one), 1)
+      << one;  // 3 epochs stay below the 95% bar: status 1 in both runs
+  EXPECT_EQ(run_command(kiln.string() + " run --nproc 2 --timeout 120 " + digits.string() + " " +
+                            args + "32 2>&1",
+                        &two),
+            1)
+      << two;
+  fs::remove_all(dir);
+  std::vector<double> a = epoch_losses(one), b = epoch_losses(two);
+  ASSERT_EQ(a.size(), 3u) << one;
+  ASSERT_EQ(b.size(), 3u) << two;
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i]) + 2e-6) << i;
 }
