@@ -21,6 +21,7 @@
 
 #include "kiln/autograd/autograd.h"
 #include "kiln/autograd/engine.h"
+#include "kiln/dist/ddp.h"
 #include "kiln/dist/process_group.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/nn.h"
@@ -220,12 +221,18 @@ double train_ms(nn::Module& model, optim::Optimizer& opt, const Tensor& x, const
 
 Tensor ce(const Tensor& logits, const Tensor& y) { return cross_entropy(logits, y); }
 
-// 784-1024-1024-10 ReLU MLP, cross-entropy, AdamW(1e-3), batch 512.
+// torch_reference.py's mlp(): 784-1024-1024-10 with ReLUs.
+std::shared_ptr<nn::Sequential> mlp() {
+  return std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(784, 1024), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(1024, 1024), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(1024, 10)});
+}
+
+// The MLP, cross-entropy, AdamW(1e-3), batch 512.
 void w_mlp(bool quick) {
   manual_seed(0);
-  nn::Sequential m({std::make_shared<nn::Linear>(784, 1024), std::make_shared<nn::ReLU>(),
-                    std::make_shared<nn::Linear>(1024, 1024), std::make_shared<nn::ReLU>(),
-                    std::make_shared<nn::Linear>(1024, 10)});
+  nn::Sequential& m = *mlp();
   optim::AdamW opt(m.parameters(), {.lr = 1e-3});
   Tensor x = randn({512, 784}), y = randint(0, 10, {512});
   emit("mlp_train", "step_b512", train_ms(m, opt, x, y, ce, quick ? 5 : 20), "ms/step", "kiln-cpp");
@@ -317,7 +324,8 @@ void w_gpt(bool quick) {
 // ---- distributed: ranks are this program re-executed (never forked after UCX starts) ---------------
 
 // One rank (KILN_BENCH_RANK set): as torch_reference.py's _dist_worker, the best of 5 (3 quick)
-// timings of a 2^24-float sum all_reduce, each after a barrier.
+// timings of a 2^24-float sum all_reduce, each after a barrier; then DDP training of the MLP,
+// AdamW(1e-3), batch 256 per rank, one thread per rank (OMP_NUM_THREADS=1).
 int distributed_rank(bool quick) {
   auto pg = dist::init_process_group();
   const int64_t n = int64_t{1} << 24;
@@ -331,6 +339,13 @@ int distributed_rank(bool quick) {
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   if (pg->rank() == 0) emit("allreduce", "ucx_2ranks_64MiB_algbw", 4.0 * n / best / 1e9, "GB/s", "kiln-cpp");
+  manual_seed(0);
+  auto ddp = std::make_shared<dist::DistributedDataParallel>(mlp());
+  optim::AdamW opt(ddp->parameters(), {.lr = 1e-3});
+  Tensor bx = randn({256, 784}), by = randint(0, 10, {256});
+  double ms = train_ms(*ddp, opt, bx, by, ce, quick ? 5 : 20);
+  if (pg->rank() == 0) emit("ddp_train", "mlp_step_2ranks_b256", ms, "ms/step", "kiln-cpp");
+  ddp.reset();
   dist::destroy_process_group();
   return 0;
 }

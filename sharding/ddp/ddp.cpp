@@ -1,6 +1,7 @@
 // Note [DDP buckets] in kiln/dist/ddp.h.
 #include "kiln/dist/ddp.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "kiln/autograd/engine.h"
@@ -9,6 +10,9 @@
 namespace kiln::dist {
 
 namespace {
+
+// PyTorch's first bucket: small, so that the first all-reduce starts early in backward.
+constexpr double kFirstBucketBytes = 1024 * 1024;
 
 void check_local(const Tensor& t, const std::string& name) {
   KILN_CHECK(t.device() == kCPU && t.is_contiguous(), Value, "DistributedDataParallel: ", name,
@@ -81,7 +85,7 @@ void Reducer::build_buckets(double cap_mb) {
     size_t b = buckets_.size();
     for (size_t j = buckets_.size(); j-- > 0;)
       if (dtypes[j] == dt) {
-        if (bytes[j] < cap_bytes) b = j;
+        if (bytes[j] < (j == 0 ? std::min(cap_bytes, kFirstBucketBytes) : cap_bytes)) b = j;
         break;
       }
     if (b == buckets_.size()) {

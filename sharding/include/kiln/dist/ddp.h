@@ -12,8 +12,9 @@
 //
 // Note [DDP buckets]: the construction broadcasts rank 0's parameters and buffers to every rank.
 // The parameters that require grad are then grouped, in reverse registration order (roughly the
-// order backward produces their gradients), into buckets of about bucket_cap_mb of one dtype,
-// each with a flat buffer. A post-accumulate-grad hook on every parameter copies its gradient
+// order backward produces their gradients), into buckets of about bucket_cap_mb of one dtype
+// (the first one 1 MB at most, as in PyTorch, so that communication starts early), each with a
+// flat buffer. A post-accumulate-grad hook on every parameter copies its gradient
 // into its bucket; when a bucket is full it starts an asynchronous all-reduce (average) of the
 // buffer, so communication overlaps the rest of backward. Buckets start strictly in bucket order
 // (a full bucket waits for the ones before it), so every rank issues the same collectives in the
