@@ -71,12 +71,12 @@ void bind_dist(nb::module_& m) {
       .def("size", &ProcessGroup::size)
       .def_prop_ro("name", &ProcessGroup::name)
       .def_prop_ro("ranks", &ProcessGroup::ranks)
-      .def("all_reduce", [](ProcessGroup& g, Tensor& t, std::string_view op) {
+      .def("all_reduce", [](ProcessGroup& g, Tensor& t, const std::string& op) {
         return g.all_reduce(t, parse_reduce_op(op));
       })
       .def("broadcast", &ProcessGroup::broadcast)
       .def("all_gather_into_tensor", &ProcessGroup::all_gather_into_tensor)
-      .def("reduce_scatter_tensor", [](ProcessGroup& g, Tensor& out, const Tensor& in, std::string_view op) {
+      .def("reduce_scatter_tensor", [](ProcessGroup& g, Tensor& out, const Tensor& in, const std::string& op) {
         return g.reduce_scatter_tensor(out, in, parse_reduce_op(op));
       })
       .def("all_to_all_single", &ProcessGroup::all_to_all_single)
