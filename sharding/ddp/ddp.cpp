@@ -69,6 +69,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, DDPOption
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& input) {
+  reducer_->prepare_for_forward();
   if (broadcast_buffers_) broadcast_tensors(*pg_, module_->buffers(), 0);
   return module_->forward(input);
 }

@@ -182,6 +182,29 @@ TEST(Ddp, UnusedParametersRaiseUnlessFindUnusedParameters) {
   EXPECT_TRUE(model->used->weight.grad().defined());
 }
 
+TEST(Ddp, ABackwardThatFailsMidwayLeavesNoStaleState) {
+  DDPOptions o = local_options();
+  o.bucket_cap_mb = 200.0 / (1024 * 1024);  // two buckets: the first starts before the failure
+  auto inner = reference_mlp(2);
+  auto plain = reference_mlp(2);
+  auto ddp = std::make_shared<DistributedDataParallel>(inner, o);
+  Tensor first_weight = inner->named_parameters()[0].second;  // "0.weight": its gradient comes last
+  bool fail = true;
+  autograd::register_hook(first_weight, [&](const Tensor& g) {
+    KILN_CHECK(!fail, Runtime, "injected failure");
+    return Tensor();
+  });
+  Tensor x = randn({3, 8});
+  EXPECT_NE(error_of([&] { ddp->forward(x).sum().backward(); }).find("injected failure"),
+            std::string::npos);
+  fail = false;
+  ddp->zero_grad();
+  ddp->forward(x).sum().backward();
+  plain->forward(x).sum().backward();
+  auto pp = plain->parameters(), pd = ddp->parameters();
+  for (size_t i = 0; i < pp.size(); ++i) kiln::testing::expect_close(pd[i].grad(), pp[i].grad(), 0, 0);
+}
+
 TEST(Ddp, BadArguments) {
   EXPECT_NE(error_of([] { DistributedDataParallel(nullptr, local_options()); }).find("module is null"),
             std::string::npos);

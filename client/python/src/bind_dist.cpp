@@ -119,7 +119,8 @@ void bind_dist(nb::module_& m) {
            nb::arg("params"), nb::arg("group"), nb::arg("bucket_cap_mb") = 25.0,
            nb::arg("find_unused_parameters") = false)
       .def_prop_rw("sync", &Reducer::sync, &Reducer::set_sync)
-      .def("bucket_parameter_names", &Reducer::bucket_parameter_names);
+      .def("bucket_parameter_names", &Reducer::bucket_parameter_names)
+      .def("prepare_for_forward", &Reducer::prepare_for_forward, Release());
 }
 
 }  // namespace kiln::python

@@ -40,6 +40,7 @@ class DistributedDataParallel(Module):
                                                            bool(find_unused_parameters)))
 
     def forward(self, *args, **kwargs):
+        self.reducer.prepare_for_forward()
         if self.broadcast_buffers:
             _C._broadcast_tensors(self.process_group, [b for _, b in self.module.named_buffers()], 0)
         return self.module(*args, **kwargs)

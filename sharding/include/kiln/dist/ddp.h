@@ -61,6 +61,11 @@ class Reducer {
   void set_sync(bool on) { sync_ = on; }
   // The buckets as lists of parameter names, in all-reduce order.
   std::vector<std::vector<std::string>> bucket_parameter_names() const;
+  // Called by every forward: drops what a backward that failed midway left behind (it never
+  // reached the end-of-backward callback), after waiting for its all-reduces.
+  void prepare_for_forward() {
+    if (callback_queued_) reset_backward_state();
+  }
 
  private:
   struct Param {
