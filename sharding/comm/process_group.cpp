@@ -16,7 +16,9 @@
 // report names the culprit consistently.
 #include "kiln/dist/process_group.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -219,11 +221,14 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
         work->finish();
       } catch (const PeerTimeout& t) {
         set_state(seq, "timed out");
-        work->finish(std::make_exception_ptr(timed_out(op, seq, t)));
+        std::ostringstream why;
+        why << "timed out after " << timeout.count() << " ms waiting to "
+            << (t.is_recv ? "receive from" : "send to") << " rank " << t.peer;
+        work->finish(std::make_exception_ptr(failed(op, seq, why.str())));
       } catch (const std::exception& e) {
         set_state(seq, "failed");
-        abort(e.what());
-        work->finish(std::current_exception());
+        if (size() == 1) return work->finish(std::current_exception());  // no peers to abort
+        work->finish(std::make_exception_ptr(failed(op, seq, std::string("failed: ") + e.what())));
       }
     });
     return work;
@@ -262,11 +267,10 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
     if (transport) transport->mark_broken();
   }
 
-  // Note [Collective timeouts].
-  Error timed_out(const char* op, uint64_t seq, const PeerTimeout& t) {
+  // Note [Collective timeouts]: a collective that timed out or failed in its transport.
+  Error failed(const char* op, uint64_t seq, const std::string& why) {
     std::ostringstream msg;
-    msg << describe(op, seq) << " timed out after " << timeout.count() << " ms waiting to "
-        << (t.is_recv ? "receive from" : "send to") << " rank " << t.peer;
+    msg << describe(op, seq) << " " << why;
     abort(msg.str());
     msg << desync_report(op, seq);
     std::cerr << "kiln.dist: " << msg.str() << "\nkiln.dist: last collectives of group '" << name
