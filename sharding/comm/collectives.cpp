@@ -89,6 +89,15 @@ void Exchange::wait(size_t i) {
   }
 }
 
+bool Exchange::test_all() {
+  for (size_t i = 0; i < reqs_.size(); ++i) {
+    if (t_->test(reqs_[i])) continue;
+    if (Clock::now() >= deadline_) throw PeerTimeout{group_peer_[i], reqs_[i].is_recv};
+    return false;
+  }
+  return true;
+}
+
 void Exchange::wait_all() {
   for (size_t i = 0; i < reqs_.size(); ++i) wait(i);
 }

@@ -48,6 +48,8 @@ class Exchange {
   size_t recv(int peer, uint32_t msg, void* buf, size_t bytes);
   void wait(size_t request);
   void wait_all();
+  // Tests every request once without blocking; PeerTimeout past the deadline.
+  bool test_all();
 
  private:
   UcxTransport* t_;
