@@ -414,11 +414,11 @@ WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
       if (op == ReduceOp::Avg) divide_by(tensor.data_ptr(), numel, tensor.dtype(), n);
       return;
     }
-    std::vector<float> wide(numel);
-    widen(tensor, wide.data());
-    dist::all_reduce(x, wide.data(), numel, kFloat32, op);
-    if (op == ReduceOp::Avg) divide_by(wide.data(), numel, kFloat32, n);
-    narrow(wide.data(), numel, tensor);
+    auto* wide = static_cast<float*>(scratch(2, numel * sizeof(float)));
+    widen(tensor, wide);
+    dist::all_reduce(x, wide, numel, kFloat32, op);
+    if (op == ReduceOp::Avg) divide_by(wide, numel, kFloat32, n);
+    narrow(wide, numel, tensor);
   }, OpKind::AllReduce);
 }
 
@@ -461,13 +461,13 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(Tensor& output, const Tensor& input,
     const ScalarType wt = is_half(input.dtype()) ? kFloat32 : input.dtype();
     const size_t elem = element_size(wt);
     // The ring reduces in place: work on a copy (float32 for float16/bfloat16).
-    std::unique_ptr<char[]> buf(new char[input.numel() * elem + 1]);
-    if (is_half(input.dtype())) widen(input, reinterpret_cast<float*>(buf.get()));
-    else if (input.numel()) std::memcpy(buf.get(), input.data_ptr(), input.nbytes());
+    char* buf = static_cast<char*>(scratch(2, input.numel() * elem));
+    if (is_half(input.dtype())) widen(input, reinterpret_cast<float*>(buf));
+    else if (input.numel()) std::memcpy(buf, input.data_ptr(), input.nbytes());
     std::vector<int64_t> off(n + 1);
     for (int i = 0; i <= n; ++i) off[i] = i * block;
-    ring_reduce_scatter(x, buf.get(), off, wt, op, 0);
-    char* mine = buf.get() + off[x.rank()] * elem;
+    ring_reduce_scatter(x, buf, off, wt, op, 0);
+    char* mine = buf + off[x.rank()] * elem;
     if (op == ReduceOp::Avg) divide_by(mine, block, wt, n);
     if (is_half(input.dtype())) narrow(reinterpret_cast<float*>(mine), block, output);
     else if (block) std::memcpy(output.data_ptr(), mine, block * elem);
