@@ -22,7 +22,7 @@ namespace kiln::dist {
 namespace {
 
 constexpr size_t kSmallBytes = 64 << 10;
-constexpr int64_t kChunkBytes = 1 << 20;
+constexpr int64_t kChunkBytes = 4 << 20;
 constexpr uint32_t kAllGatherMsgBase = 1u << 22;
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
@@ -89,6 +89,15 @@ void Exchange::wait(size_t i) {
   }
 }
 
+bool Exchange::test_all() {
+  for (size_t i = 0; i < reqs_.size(); ++i) {
+    if (t_->test(reqs_[i])) continue;
+    if (Clock::now() >= deadline_) throw PeerTimeout{group_peer_[i], reqs_[i].is_recv};
+    return false;
+  }
+  return true;
+}
+
 void Exchange::wait_all() {
   for (size_t i = 0; i < reqs_.size(); ++i) wait(i);
 }
@@ -132,6 +141,20 @@ void divide_by(void* data, int64_t n, ScalarType dtype, int64_t divisor) {
     default:
       KILN_FAIL(Type, "collective avg: unsupported dtype ", dtype);
   }
+}
+
+void* scratch(int slot, size_t bytes) {
+  struct Buffer {
+    std::unique_ptr<char[]> data;
+    size_t size = 0;
+  };
+  thread_local Buffer buffers[3];
+  Buffer& b = buffers[slot];
+  if (b.size < bytes) {
+    b.data.reset(new char[bytes]);
+    b.size = bytes;
+  }
+  return b.data.get();
 }
 
 std::vector<int64_t> split_offsets(int64_t n, int parts) {
@@ -195,8 +218,8 @@ void ring_reduce_scatter(Exchange& x, void* data, const std::vector<int64_t>& of
   int64_t max_len = 0;
   for (int i = 0; i < n; ++i) max_len = std::max(max_len, off[i + 1] - off[i]);
   const int64_t pmax = (max_len + chunk - 1) / chunk;
-  std::unique_ptr<char[]> tmp[2] = {std::unique_ptr<char[]>(new char[max_len * elem + 1]),
-                                    std::unique_ptr<char[]>(new char[max_len * elem + 1])};
+  char* tmp[2] = {static_cast<char*>(scratch(0, max_len * elem)),
+                  static_cast<char*>(scratch(1, max_len * elem))};
   const int right = mod(r + 1, n), left = mod(r - 1, n);
   auto pieces = [&](int b) { return (off[b + 1] - off[b] + chunk - 1) / chunk; };
   auto piece_len = [&](int b, int64_t k) { return std::min(chunk, off[b + 1] - off[b] - k * chunk); };
@@ -205,7 +228,7 @@ void ring_reduce_scatter(Exchange& x, void* data, const std::vector<int64_t>& of
     std::vector<size_t> ids;
     const int b = mod(r - s - 2, n);
     for (int64_t k = 0; k < pieces(b); ++k)
-      ids.push_back(x.recv(left, msg(s, k), tmp[s % 2].get() + k * chunk * elem, piece_len(b, k) * elem));
+      ids.push_back(x.recv(left, msg(s, k), tmp[s % 2] + k * chunk * elem, piece_len(b, k) * elem));
     return ids;
   };
   const int first = mod(r - 1, n);
@@ -219,7 +242,7 @@ void ring_reduce_scatter(Exchange& x, void* data, const std::vector<int64_t>& of
     for (int64_t k = 0; k < pieces(b); ++k) {
       x.wait(recvs[k]);
       char* own = d + (off[b] + k * chunk) * elem;
-      reduce_into(own, tmp[s % 2].get() + k * chunk * elem, piece_len(b, k), dtype, op);
+      reduce_into(own, tmp[s % 2] + k * chunk * elem, piece_len(b, k), dtype, op);
       if (s + 1 <= n - 2) x.send(right, msg(s + 1, k), own, piece_len(b, k) * elem);
     }
     recvs = std::move(next);

@@ -48,6 +48,8 @@ class Exchange {
   size_t recv(int peer, uint32_t msg, void* buf, size_t bytes);
   void wait(size_t request);
   void wait_all();
+  // Tests every request once without blocking; PeerTimeout past the deadline.
+  bool test_all();
 
  private:
   UcxTransport* t_;
@@ -77,6 +79,11 @@ void all_to_all(Exchange& x, const void* in, const std::vector<size_t>& in_off,
                 const std::vector<size_t>& in_bytes, void* out, const std::vector<size_t>& out_off,
                 const std::vector<size_t>& out_bytes);
 void barrier(Exchange& x);
+
+// Note [Scratch buffers]: the comm thread keeps its temporary buffers between collectives (slots
+// 0 and 1: the ring's receive buffers; slot 2: a collective's working copy), so a large
+// collective does not pay for fresh pages (page faults and zeroing) every time. They only grow.
+void* scratch(int slot, size_t bytes);
 
 // Element offsets of `parts` near-equal blocks of n (parts + 1 entries).
 std::vector<int64_t> split_offsets(int64_t n, int parts);

@@ -16,7 +16,9 @@
 // report names the culprit consistently.
 #include "kiln/dist/process_group.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -76,6 +78,9 @@ namespace {
 
 class CommThread {
  public:
+  // Returns true once its operation has finished (Work completed).
+  using Poller = std::function<bool()>;
+
   CommThread() : thread_([this] { run(); }) {}
   ~CommThread() {
     {
@@ -92,34 +97,50 @@ class CommThread {
     }
     cv_.notify_all();
   }
-  // Runs `task` on the thread after everything queued before it, and waits for it.
-  void run_and_wait(std::function<void()> task) {
+  // From a task: keep testing an operation that is in flight (point-to-point) while the thread
+  // goes on with the queue.
+  void add_in_flight(Poller p) { in_flight_.push_back(std::move(p)); }
+  // Waits until everything queued so far, and every operation in flight, has finished.
+  void drain() {
     Work done("comm thread");
     post([&] {
-      task();
+      while (!in_flight_.empty()) poll_in_flight();
       done.finish();
     });
     done.wait();
   }
 
  private:
+  // True when some operation finished.
+  bool poll_in_flight() {
+    const size_t before = in_flight_.size();
+    std::erase_if(in_flight_, [](Poller& p) { return p(); });
+    return in_flight_.size() < before;
+  }
+
   void run() {
-    for (;;) {
+    for (int idle = 0;;) {
       std::function<void()> task;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
+        auto ready = [&] { return stop_ || !queue_.empty(); };
+        if (in_flight_.empty()) cv_.wait(lock, ready);
+        else if (idle > 2000) cv_.wait_for(lock, std::chrono::microseconds(20), ready);
+        if (stop_ && queue_.empty() && in_flight_.empty()) return;
+        if (!queue_.empty()) {
+          task = std::move(queue_.front());
+          queue_.pop_front();
+        }
       }
-      task();
+      if (task) task();
+      idle = poll_in_flight() || task ? 0 : idle + 1;
     }
   }
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   bool stop_ = false;
+  std::vector<Poller> in_flight_;  // the thread's own
   std::thread thread_;
 };
 
@@ -174,7 +195,9 @@ constexpr size_t kRecorderSize = 64;
 class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
  public:
   struct Record {
+    uint64_t id;
     uint64_t seq;
+    bool p2p;
     std::string op;
     std::string sizes;
     const char* state;
@@ -192,39 +215,68 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
 
   int size() const { return static_cast<int>(ranks.size()); }
 
-  // Issues a collective: `body` runs on the comm thread with the collective's messages.
+  // Issues a collective: `body` runs on the comm thread with the collective's messages and
+  // returns when they have completed. A point-to-point op (`p2p_tag` set) has its own sequence
+  // (collectives' sequence numbers must agree across ranks; sends and receives differ by rank):
+  // `body` only posts its message, and the thread tests it while it goes on with the queue, so a
+  // recv issued before the matching send of the same process does not block it.
   WorkPtr issue(const char* op, std::string sizes, std::function<void(Exchange&)> body,
-                OpKind kind, std::optional<uint64_t> tag_seq = std::nullopt) {
-    uint64_t seq;
+                OpKind kind, std::optional<uint64_t> p2p_tag = std::nullopt) {
+    uint64_t seq, record;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      seq = ++seq_;
-      records_.push_back({seq, op, std::move(sizes), "queued"});
+      seq = p2p_tag ? ++p2p_seq_ : ++seq_;
+      record = ++records_issued_;
+      records_.push_back({record, seq, p2p_tag.has_value(), op, std::move(sizes), "queued"});
       if (records_.size() > kRecorderSize) records_.pop_front();
     }
-    std::string what = describe(op, seq);
+    std::string what = describe(op, seq, p2p_tag.has_value());
     auto work = std::make_shared<Work>(what);
-    thread->post([this, self = shared_from_this(), op, seq, kind, tag_seq, what, work, body = std::move(body)] {
+    thread->post([this, self = shared_from_this(), op, seq, record, kind, p2p_tag, what, work,
+                  body = std::move(body)] {
       if (aborted_) {
-        set_state(seq, "skipped");
+        set_state(record, "skipped");
         return work->finish(std::make_exception_ptr(
             Error(ErrorKind::Runtime, what + ": the group was aborted by an earlier failure: " + abort_reason_)));
       }
-      set_state(seq, "started");
+      set_state(record, "started");
+      auto x = std::make_shared<Exchange>(transport.get(), ranks, rank,
+                                          Exchange::tag_base(id, kind, p2p_tag.value_or(seq)),
+                                          Clock::now() + timeout);
+      auto finished = [this, op, seq, record, work, p2p_tag](const std::exception_ptr& error) {
+        if (!error) {
+          set_state(record, "completed");
+          return work->finish();
+        }
+        try {
+          std::rethrow_exception(error);
+        } catch (const PeerTimeout& t) {
+          set_state(record, "timed out");
+          std::ostringstream why;
+          why << "timed out after " << timeout.count() << " ms waiting to "
+              << (t.is_recv ? "receive from" : "send to") << " rank " << t.peer;
+          work->finish(std::make_exception_ptr(failed(op, seq, why.str(), p2p_tag.has_value())));
+        } catch (const std::exception& e) {
+          set_state(record, "failed");
+          if (size() == 1) return work->finish(error);  // no peers to abort
+          work->finish(std::make_exception_ptr(failed(op, seq, std::string("failed: ") + e.what(), p2p_tag.has_value())));
+        }
+      };
       try {
-        Exchange x(transport.get(), ranks, rank,
-                   Exchange::tag_base(id, kind, tag_seq.value_or(seq)), Clock::now() + timeout);
-        body(x);
-        set_state(seq, "completed");
-        work->finish();
-      } catch (const PeerTimeout& t) {
-        set_state(seq, "timed out");
-        work->finish(std::make_exception_ptr(timed_out(op, seq, t)));
-      } catch (const std::exception& e) {
-        set_state(seq, "failed");
-        abort(e.what());
-        work->finish(std::current_exception());
+        body(*x);
+        if (!p2p_tag) return finished(nullptr);
+      } catch (...) {
+        return finished(std::current_exception());
       }
+      thread->add_in_flight([x, finished, self] {
+        try {
+          if (!x->test_all()) return false;
+          finished(nullptr);
+        } catch (...) {
+          finished(std::current_exception());
+        }
+        return true;
+      });
     });
     return work;
   }
@@ -233,7 +285,8 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
     std::lock_guard<std::mutex> lock(mu_);
     std::ostringstream os;
     for (const Record& r : records_)
-      os << "  #" << r.seq << " " << r.op << " " << r.sizes << ": " << r.state << "\n";
+      os << "  " << (r.p2p ? "p2p #" : "#") << r.seq << " " << r.op << " " << r.sizes << ": "
+         << r.state << "\n";
     return os.str();
   }
 
@@ -244,15 +297,15 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
   std::map<std::pair<int, int>, uint32_t> sends_, recvs_;
 
  private:
-  std::string describe(const char* op, uint64_t seq) const {
-    return std::string(op) + " #" + std::to_string(seq) + " on group '" + name + "' (rank " +
+  std::string describe(const char* op, uint64_t seq, bool p2p = false) const {
+    return std::string(op) + (p2p ? " p2p #" : " #") + std::to_string(seq) + " on group '" + name + "' (rank " +
            std::to_string(rank) + " of " + std::to_string(size()) + ")";
   }
 
-  void set_state(uint64_t seq, const char* state) {
+  void set_state(uint64_t record, const char* state) {
     std::lock_guard<std::mutex> lock(mu_);
     for (Record& r : records_)
-      if (r.seq == seq) r.state = state;
+      if (r.id == record) r.state = state;
   }
 
   void abort(const std::string& reason) {
@@ -262,13 +315,13 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
     if (transport) transport->mark_broken();
   }
 
-  // Note [Collective timeouts].
-  Error timed_out(const char* op, uint64_t seq, const PeerTimeout& t) {
+  // Note [Collective timeouts]: a collective that timed out or failed in its transport.
+  // Point-to-point ops get no desync report: their sequence numbers differ across ranks.
+  Error failed(const char* op, uint64_t seq, const std::string& why, bool p2p) {
     std::ostringstream msg;
-    msg << describe(op, seq) << " timed out after " << timeout.count() << " ms waiting to "
-        << (t.is_recv ? "receive from" : "send to") << " rank " << t.peer;
+    msg << describe(op, seq, p2p) << " " << why;
     abort(msg.str());
-    msg << desync_report(op, seq);
+    if (!p2p) msg << desync_report(op, seq);
     std::cerr << "kiln.dist: " << msg.str() << "\nkiln.dist: last collectives of group '" << name
               << "' on rank " << rank << ":\n" << dump() << std::flush;
     return Error(ErrorKind::Runtime, msg.str());
@@ -313,7 +366,7 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
   }
 
   mutable std::mutex mu_;
-  uint64_t seq_ = 0;
+  uint64_t seq_ = 0, p2p_seq_ = 0, records_issued_ = 0;
   std::deque<Record> records_;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;
@@ -361,11 +414,11 @@ WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
       if (op == ReduceOp::Avg) divide_by(tensor.data_ptr(), numel, tensor.dtype(), n);
       return;
     }
-    std::vector<float> wide(numel);
-    widen(tensor, wide.data());
-    dist::all_reduce(x, wide.data(), numel, kFloat32, op);
-    if (op == ReduceOp::Avg) divide_by(wide.data(), numel, kFloat32, n);
-    narrow(wide.data(), numel, tensor);
+    auto* wide = static_cast<float*>(scratch(2, numel * sizeof(float)));
+    widen(tensor, wide);
+    dist::all_reduce(x, wide, numel, kFloat32, op);
+    if (op == ReduceOp::Avg) divide_by(wide, numel, kFloat32, n);
+    narrow(wide, numel, tensor);
   }, OpKind::AllReduce);
 }
 
@@ -408,13 +461,13 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(Tensor& output, const Tensor& input,
     const ScalarType wt = is_half(input.dtype()) ? kFloat32 : input.dtype();
     const size_t elem = element_size(wt);
     // The ring reduces in place: work on a copy (float32 for float16/bfloat16).
-    std::unique_ptr<char[]> buf(new char[input.numel() * elem + 1]);
-    if (is_half(input.dtype())) widen(input, reinterpret_cast<float*>(buf.get()));
-    else if (input.numel()) std::memcpy(buf.get(), input.data_ptr(), input.nbytes());
+    char* buf = static_cast<char*>(scratch(2, input.numel() * elem));
+    if (is_half(input.dtype())) widen(input, reinterpret_cast<float*>(buf));
+    else if (input.numel()) std::memcpy(buf, input.data_ptr(), input.nbytes());
     std::vector<int64_t> off(n + 1);
     for (int i = 0; i <= n; ++i) off[i] = i * block;
-    ring_reduce_scatter(x, buf.get(), off, wt, op, 0);
-    char* mine = buf.get() + off[x.rank()] * elem;
+    ring_reduce_scatter(x, buf, off, wt, op, 0);
+    char* mine = buf + off[x.rank()] * elem;
     if (op == ReduceOp::Avg) divide_by(mine, block, wt, n);
     if (is_half(input.dtype())) narrow(reinterpret_cast<float*>(mine), block, output);
     else if (block) std::memcpy(output.data_ptr(), mine, block * elem);
@@ -470,7 +523,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   KILN_CHECK(tag >= 0 && tag < (1 << 19), Value, "send: tag must be in [0, 2^19), got ", tag);
   uint32_t msg = impl_->next_p2p(impl_->sends_, dst, tag);
   return impl_->issue("send", shape_str(tensor), [tensor, dst, msg](Exchange& x) {
-    x.wait(x.send(dst, msg, tensor.data_ptr(), tensor.nbytes()));
+    x.send(dst, msg, tensor.data_ptr(), tensor.nbytes());
   }, OpKind::P2P, tag);
 }
 
@@ -481,7 +534,7 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
   KILN_CHECK(tag >= 0 && tag < (1 << 19), Value, "recv: tag must be in [0, 2^19), got ", tag);
   uint32_t msg = impl_->next_p2p(impl_->recvs_, src, tag);
   return impl_->issue("recv", shape_str(tensor), [tensor, src, msg](Exchange& x) {
-    x.wait(x.recv(src, msg, tensor.data_ptr(), tensor.nbytes()));
+    x.recv(src, msg, tensor.data_ptr(), tensor.nbytes());
   }, OpKind::P2P, tag);
 }
 
@@ -510,7 +563,7 @@ struct Registry {
 
   // With `mu` held.
   void clear() {
-    thread.run_and_wait([] {});  // drain: every queued collective ends within its timeout
+    thread.drain();  // every queued collective ends within its timeout
     groups.clear();
     world.reset();
     transport.reset();
