@@ -55,6 +55,23 @@ def test_world_of_one_collectives(world_of_one):
         dist.broadcast(t, src=1)
 
 
+def test_init_with_a_store_and_subgroups():
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=10.0)
+    store.set("k", b"v")
+    assert store.get("k") == b"v" and store.add("n", 2) == 2
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)  # "gloo": the UCX backend
+    try:
+        t = kiln.tensor([1.0, 5.0])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        assert t.tolist() == [1.0, 5.0]
+        g = dist.new_group([0])
+        assert list(g.ranks) == [0] and dist.get_world_size(g) == 1 and dist.get_rank(g) == 0
+        with pytest.raises(ValueError, match="store needs rank and world_size"):
+            dist.init_process_group(store=store)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_not_initialized_and_bad_backend():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="has not been initialized"):
