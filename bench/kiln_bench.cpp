@@ -232,10 +232,10 @@ std::shared_ptr<nn::Sequential> mlp() {
 // The MLP, cross-entropy, AdamW(1e-3), batch 512.
 void w_mlp(bool quick) {
   manual_seed(0);
-  nn::Sequential& m = *mlp();
-  optim::AdamW opt(m.parameters(), {.lr = 1e-3});
+  auto m = mlp();
+  optim::AdamW opt(m->parameters(), {.lr = 1e-3});
   Tensor x = randn({512, 784}), y = randint(0, 10, {512});
-  emit("mlp_train", "step_b512", train_ms(m, opt, x, y, ce, quick ? 5 : 20), "ms/step", "kiln-cpp");
+  emit("mlp_train", "step_b512", train_ms(*m, opt, x, y, ce, quick ? 5 : 20), "ms/step", "kiln-cpp");
 }
 
 // conv(3->32)-ReLU-maxpool2-conv(32->64)-ReLU-maxpool2-flatten-linear(4096->10), SGD momentum 0.9.
