@@ -276,6 +276,27 @@ TEST(DdpRanks, ParityWithTheDoubledBatchAndNoSync) {
   (out * out).mean().backward();
   for (size_t i = 0; i < pd.size(); ++i)
     kiln::testing::expect_close(pd[i].grad(), local[i] + other[i], 1e-5, 1e-6);  // mean of 2 * each
+
+  // find_unused_parameters: rank 1 never uses `extra`; both ranks get half of rank 0's gradient.
+  struct SometimesUnused : nn::Module {
+    std::shared_ptr<nn::Linear> used = register_module("used", std::make_shared<nn::Linear>(3, 2));
+    std::shared_ptr<nn::Linear> extra = register_module("extra", std::make_shared<nn::Linear>(3, 2));
+    bool use_extra;
+    explicit SometimesUnused(bool u) : nn::Module("SometimesUnused"), use_extra(u) {}
+    Tensor forward(const Tensor& x) override {
+      return use_extra ? used->forward(x) + extra->forward(x) : used->forward(x);
+    }
+  };
+  manual_seed(4);
+  auto model = std::make_shared<SometimesUnused>(rank == 0);
+  DDPOptions lenient;
+  lenient.find_unused_parameters = true;
+  auto ddp2 = std::make_shared<DistributedDataParallel>(model, lenient);
+  Tensor x2 = ones({2, 3});
+  ddp2->forward(x2).sum().backward();
+  // d(sum)/d(extra.weight) on rank 0 is 2 (rows of x2) per element; the average is 1.
+  kiln::testing::expect_close(model->extra->weight.grad(), full({2, 3}, 1.0), 0, 0);
+  kiln::testing::expect_close(model->used->weight.grad(), full({2, 3}, 2.0), 0, 0);
   dist::destroy_process_group();
 }
 
