@@ -17,8 +17,9 @@ Tensor all_reduce_backward(const Tensor& grad, std::string_view reduce_op, std::
   return all_reduce(grad, reduce_op, group);
 }
 
-Tensor all_gather_backward(const Tensor& grad, int64_t group_size, std::string_view group) {
-  return reduce_scatter_tensor(grad, "sum", group_size, group);
+Tensor all_gather_backward(const Tensor& grad, IntArrayRef sizes, int64_t group_size,
+                           std::string_view group) {
+  return reduce_scatter_tensor(grad, "sum", group_size, group).reshape(sizes);
 }
 
 Tensor reduce_scatter_backward(const Tensor& grad, std::string_view reduce_op, int64_t group_size,

@@ -15,8 +15,10 @@ namespace kiln::autograd {
 
 // all_reduce(sum) -> all_reduce(grad, sum); avg -> all_reduce(grad, avg).
 Tensor all_reduce_backward(const Tensor& grad, std::string_view reduce_op, std::string_view group);
-// all_gather_into_tensor -> reduce_scatter_tensor(grad, sum).
-Tensor all_gather_backward(const Tensor& grad, int64_t group_size, std::string_view group);
+// all_gather_into_tensor -> reduce_scatter_tensor(grad, sum), shaped as the input (`sizes`: a 0-d
+// input gathers into a 1-d output).
+Tensor all_gather_backward(const Tensor& grad, IntArrayRef sizes, int64_t group_size,
+                           std::string_view group);
 // reduce_scatter_tensor(sum) -> all_gather_into_tensor(grad); avg: the same divided by the size.
 Tensor reduce_scatter_backward(const Tensor& grad, std::string_view reduce_op, int64_t group_size,
                                std::string_view group);
