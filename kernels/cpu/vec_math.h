@@ -1,4 +1,4 @@
-// kernels/cpu/vec_math.h: float32 math that GCC vectorizes (exp, log, tanh, sigmoid, erf).
+// kernels/cpu/vec_math.h: float32 math that GCC vectorizes (exp, log, tanh, sigmoid, erf, gelu).
 //
 //   #pragma omp simd
 //   for (int64_t i = 0; i < n; ++i) y[i] = kiln::vec::erf(x[i]);   // 16 lanes with AVX-512
@@ -194,6 +194,21 @@ KILN_VEC_INLINE float gelu_erf(float x) {
 KILN_VEC_INLINE float gelu_tanh(float x) {
   float inner = 0.797884560802865355f * std::fma(0.044715f * x * x, x, x);
   return 0.5f * x * (1.0f + vec::tanh(inner));
+}
+
+// d/dx gelu(x), erf form: Phi(x) + x phi(x), phi(x) = e^(-x^2 / 2) / sqrt(2 pi).
+KILN_VEC_INLINE float gelu_erf_backward(float x) {
+  float cdf = 0.5f * (1.0f + vec::erf_rational(x * 0.707106781186547524f));
+  return std::fma(x * 0.398942280401432678f, vec::exp_nonpositive(-0.5f * x * x), cdf);
+}
+
+// d/dx gelu(x), tanh form: with u = sqrt(2/pi) (x + 0.044715 x^3) and t = tanh(u),
+// 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx.
+KILN_VEC_INLINE float gelu_tanh_backward(float x) {
+  float x2 = x * x;
+  float t = vec::tanh(0.797884560802865355f * std::fma(0.044715f * x2, x, x));
+  float du = 0.797884560802865355f * std::fma(0.134145f, x2, 1.0f);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 
 KILN_VEC_INLINE float silu(float x) { return x * vec::sigmoid(x); }
