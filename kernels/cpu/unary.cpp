@@ -80,27 +80,38 @@ void gelu_cpu(const Tensor& out, const Tensor& self, std::string_view approximat
            [](double a) { return 0.5 * a * (1.0 + std::erf(a * M_SQRT1_2)); });
 }
 
-// grad_output, self: broadcast to out -> out; the derivative of gelu at self times grad_output.
-void gelu_backward_cpu(const Tensor& out, const Tensor& grad_output, const Tensor& self,
-                       std::string_view approximate) {
-  auto in = cast_inputs(out.dtype(), grad_output, self);
-  const bool tanh_form = approximate == "tanh";
-  auto fv = [tanh_form](float g, float x) KILN_VEC_INLINE_LAMBDA {
-    return g * (tanh_form ? vec::gelu_tanh_backward(x) : vec::gelu_erf_backward(x));
-  };
-  auto fd = [tanh_form](double g, double x) {
-    if (tanh_form) {
-      const double k = 0.79788456080286535588, t = std::tanh(k * (x + 0.044715 * x * x * x));
-      return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x));
-    }
-    return g * (0.5 * (1 + std::erf(x * M_SQRT1_2)) + x * std::exp(-0.5 * x * x) * 0.5 * M_2_SQRTPI * M_SQRT1_2);
-  };
-  KILN_DISPATCH_FLOAT_TYPES(out.dtype(), "gelu_backward", [&] {
+// out = f(a, b) for a floating out dtype, a and b broadcast to it: fv on float (float32, float16,
+// bfloat16), fd on double.
+template <typename FV, typename FD>
+void float_binary_op(const char* name, const Tensor& out, const Tensor& a, const Tensor& b,
+                     const FV& fv, const FD& fd) {
+  auto in = cast_inputs(out.dtype(), a, b);
+  KILN_DISPATCH_FLOAT_TYPES(out.dtype(), name, [&] {
     using T = scalar_t;
     if constexpr (std::is_same_v<T, double>) binary_kernel<T>(out, in[0], in[1], fd);
     else if constexpr (std::is_same_v<T, float>) binary_kernel<T>(out, in[0], in[1], fv);
     else binary_kernel<T>(out, in[0], in[1], [&](T g, T x) { return T(fv(float(g), float(x))); });
   });
+}
+
+// grad_output, self: broadcast to out -> out; the derivative of gelu at self times grad_output.
+void gelu_backward_cpu(const Tensor& out, const Tensor& grad_output, const Tensor& self,
+                       std::string_view approximate) {
+  if (approximate == "tanh") {
+    float_binary_op("gelu_backward", out, grad_output, self,
+                    [](float g, float x) KILN_VEC_INLINE_LAMBDA { return g * vec::gelu_tanh_backward(x); },
+                    [](double g, double x) {
+                      const double k = 0.79788456080286535588, t = std::tanh(k * (x + 0.044715 * x * x * x));
+                      return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x));
+                    });
+    return;
+  }
+  float_binary_op("gelu_backward", out, grad_output, self,
+                  [](float g, float x) KILN_VEC_INLINE_LAMBDA { return g * vec::gelu_erf_backward(x); },
+                  [](double g, double x) {
+                    return g * (0.5 * (1 + std::erf(x * M_SQRT1_2)) +
+                                x * std::exp(-0.5 * x * x) * 0.5 * M_2_SQRTPI * M_SQRT1_2);
+                  });
 }
 
 template <typename A>
