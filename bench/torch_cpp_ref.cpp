@@ -12,6 +12,8 @@
 #include <sstream>
 #include <string>
 
+#include "torch_gpt.h"  // torch_reference.py's GPT, attention written out
+
 namespace {
 
 std::string impl() { return std::string("torch-") + TORCH_VERSION + "-cpp"; }
@@ -58,54 +60,6 @@ torch::Tensor ce(const torch::Tensor& logits, const torch::Tensor& y) {
   return torch::cross_entropy_loss(logits, y);
 }
 
-// torch_reference.py's Block and GPT, attention written out.
-struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t d, int64_t h) : h(h) {
-    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    qkv = register_module("qkv", torch::nn::Linear(d, 3 * d));
-    proj = register_module("proj", torch::nn::Linear(d, d));
-    fc = register_module("fc", torch::nn::Linear(d, 4 * d));
-    out = register_module("out", torch::nn::Linear(4 * d, d));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-    auto parts = qkv(ln1(x)).split(C, 2);
-    for (auto& t : parts) t = t.view({B, T, h, C / h}).transpose(1, 2);
-    auto att = torch::matmul(parts[0], parts[1].transpose(-2, -1)) / std::sqrt(double(C / h));
-    auto mask = torch::ones({T, T}).tril() == 0;
-    att = att.masked_fill(mask, -INFINITY).softmax(-1);
-    auto y = torch::matmul(att, parts[2]).transpose(1, 2).reshape({B, T, C});
-    x = x + proj(y);
-    return x + out(torch::gelu(fc(ln2(x))));
-  }
-  int64_t h;
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
-  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, out{nullptr};
-};
-TORCH_MODULE(Block);
-
-struct GPTImpl : torch::nn::Module {
-  GPTImpl(int64_t vocab = 256, int64_t block = 128, int64_t layers = 4, int64_t heads = 4,
-          int64_t d = 256) {
-    tok = register_module("tok", torch::nn::Embedding(vocab, d));
-    pos = register_module("pos", torch::nn::Embedding(block, d));
-    blocks = register_module("blocks", torch::nn::Sequential());
-    for (int64_t i = 0; i < layers; ++i) blocks->push_back(Block(d, heads));
-    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(d, vocab).bias(false)));
-  }
-  torch::Tensor forward(torch::Tensor idx) {
-    auto x = tok(idx) + pos(torch::arange(idx.size(1)));
-    return head(ln(blocks->forward(x)));
-  }
-  torch::nn::Embedding tok{nullptr}, pos{nullptr};
-  torch::nn::Sequential blocks{nullptr};
-  torch::nn::LayerNorm ln{nullptr};
-  torch::nn::Linear head{nullptr};
-};
-TORCH_MODULE(GPT);
-
 void w_train(bool quick, const std::function<bool(const char*)>& want) {
   namespace nn = torch::nn;
   if (want("mlp")) {
@@ -130,7 +84,7 @@ void w_train(bool quick, const std::function<bool(const char*)>& want) {
   }
   if (want("gpt")) {
     torch::manual_seed(0);
-    GPT m;
+    torch_gpt::GPT m(/*vocab=*/256, /*block=*/128, /*layers=*/4, /*heads=*/4, /*d=*/256);
     torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(3e-4));
     const int64_t B = 16, T = 128;
     auto x = torch::randint(0, 256, {B, T}), y = torch::randint(0, 256, {B, T});

@@ -72,6 +72,11 @@ Tensor split_backward(TensorList grads, IntArrayRef sizes, int64_t split_size, i
   return cat(parts, d);
 }
 
+Tensor chunk_backward(TensorList grads, IntArrayRef sizes, int64_t chunks, int64_t dim) {
+  const int64_t d = meta::wrap_dim("chunk_backward", dim, static_cast<int64_t>(sizes.size()));
+  return split_backward(grads, sizes, (sizes[d] + chunks - 1) / chunks, d);
+}
+
 // self: sizes; index: (n,); grad: sizes with sizes[dim] replaced by n
 Tensor index_select_backward(const Tensor& grad, IntArrayRef sizes, int64_t dim,
                              const Tensor& index) {

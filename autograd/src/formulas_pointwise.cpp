@@ -47,6 +47,10 @@ Tensor sum_to(const Tensor& grad, IntArrayRef sizes) {
   return r.reshape(sizes);
 }
 
+Tensor scaled(const Tensor& grad, const Scalar& s) {
+  return s.to_double() == 1.0 ? grad : grad * s;
+}
+
 Tensor grad_for_broadcast(const Tensor& grad, IntArrayRef sizes) { return sum_to(grad, sizes); }
 
 Tensor reduce_grad(const Tensor& grad, const Tensor& input) { return sum_to(grad, input.sizes()); }
@@ -66,30 +70,6 @@ Tensor mask_grad(const Tensor& grad, const Tensor& mask) {
 }
 
 Tensor sign_grad(const Tensor& grad, const Tensor& self) { return grad * sign(self); }
-
-// gelu(x) = x * Phi(x) (approximate="none") or 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-Tensor gelu_backward(const Tensor& grad, const Tensor& self, std::string_view approximate) {
-  if (approximate == "none") {
-    // d/dx x Phi(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi)
-    constexpr double kAlpha = M_SQRT1_2;
-    constexpr double kBeta = M_2_SQRTPI * M_SQRT1_2 * 0.5;
-    Tensor cdf = (erf(self * kAlpha) + 1) * 0.5;
-    Tensor pdf = exp(self * self * -0.5) * kBeta;
-    return grad * (cdf + self * pdf);
-  }
-  KILN_CHECK(approximate == "tanh", Value, "gelu_backward: approximate must be 'none' or 'tanh', got '",
-             std::string(approximate), "'");
-  constexpr double kBeta = M_SQRT2 * M_2_SQRTPI * 0.5;  // sqrt(2 / pi)
-  constexpr double kKappa = 0.044715;
-  Tensor x_sq = self * self;
-  Tensor inner = (self + x_sq * self * kKappa) * kBeta;
-  Tensor t = tanh(inner);
-  Tensor left = self * 0.5;
-  Tensor right = t + 1;
-  Tensor left_derivative = right * 0.5;
-  Tensor right_derivative = (1 - t * t) * ((x_sq * (3 * kKappa) + 1) * kBeta);
-  return grad * (left_derivative + left * right_derivative);
-}
 
 // d/dx x^y = y x^(y-1), taken as 0 where y == 0 (also at x == 0).
 Tensor pow_backward_self(const Tensor& grad, const Tensor& self, const Tensor& exponent) {

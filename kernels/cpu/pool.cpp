@@ -75,11 +75,10 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices_cpu(const Tensor& self, IntAr
     const T* xp = data_of<const T>(x);
     T* yp = data_of<T>(out);
     int64_t* ip = data_of<int64_t>(idx);
-    // Every window inside the plane (no padding, no ceil_mode overhang): no bounds checks.
-    const bool inside = w.ph == 0 && w.pw == 0 && (pl.OH - 1) * w.sh + (w.kh - 1) * w.dh < pl.H &&
-                        (pl.OW - 1) * w.sw + (w.kw - 1) * w.dw < pl.W;
-    const bool two_by_two = inside && w.kh == 2 && w.kw == 2 && w.sh == 2 && w.sw == 2 &&
-                            w.dh == 1 && w.dw == 1;
+    // 2x2 windows with stride 2, all inside the plane (no padding, no ceil_mode overhang).
+    const bool two_by_two = w.kh == 2 && w.kw == 2 && w.sh == 2 && w.sw == 2 && w.dh == 1 &&
+                            w.dw == 1 && w.ph == 0 && w.pw == 0 && 2 * pl.OH <= pl.H &&
+                            2 * pl.OW <= pl.W;
     pl.each(pl.OH * pl.OW * w.kh * w.kw, [&](int64_t p) {
       const T* plane = xp + p * pl.H * pl.W;
       if (two_by_two) {  // the CNN case: straight-line selects the compiler vectorizes
@@ -108,46 +107,33 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices_cpu(const Tensor& self, IntAr
         }
         return;
       }
-      if (inside) {
-        for (int64_t oh = 0; oh < pl.OH; ++oh) {
-          T* yrow = yp + (p * pl.OH + oh) * pl.OW;
-          int64_t* irow = ip + (p * pl.OH + oh) * pl.OW;
-          for (int64_t ow = 0; ow < pl.OW; ++ow) {
-            const int64_t first = oh * w.sh * pl.W + ow * w.sw;
-            A best = static_cast<A>(plane[first]);
-            int64_t at = first;
-            for (int64_t i = 0; i < w.kh; ++i)
-              for (int64_t j = 0; j < w.kw; ++j) {
-                const int64_t k = first + i * w.dh * pl.W + j * w.dw;
-                const A v = static_cast<A>(plane[k]);
-                const bool take = v > best || (std::isnan(v) && k != first);  // selects, no branch
-                best = take ? v : best;
-                at = take ? k : at;
-              }
-            yrow[ow] = static_cast<T>(best);
-            irow[ow] = at;
-          }
-        }
-        return;
-      }
-      for (int64_t oh = 0; oh < pl.OH; ++oh)
+      // Each window clipped to the plane (padding never wins): rows i in [i0, i1), columns
+      // j in [j0, j1). It starts at its first element, so a NaN there stays.
+      for (int64_t oh = 0; oh < pl.OH; ++oh) {
+        const int64_t h0 = oh * w.sh - w.ph;
+        const int64_t i0 = h0 >= 0 ? 0 : (w.dh - 1 - h0) / w.dh;
+        const int64_t i1 = std::min(w.kh, (pl.H - h0 + w.dh - 1) / w.dh);
+        T* yrow = yp + (p * pl.OH + oh) * pl.OW;
+        int64_t* irow = ip + (p * pl.OH + oh) * pl.OW;
         for (int64_t ow = 0; ow < pl.OW; ++ow) {
-          A best = -std::numeric_limits<A>::infinity();
-          int64_t at = -1;
-          for (int64_t i = 0; i < w.kh; ++i) {
-            const int64_t ih = oh * w.sh - w.ph + i * w.dh;
-            if (ih < 0 || ih >= pl.H) continue;
-            for (int64_t j = 0; j < w.kw; ++j) {
-              const int64_t iw = ow * w.sw - w.pw + j * w.dw;
-              if (iw < 0 || iw >= pl.W) continue;
-              const A v = static_cast<A>(plane[ih * pl.W + iw]);
-              if (at < 0 || v > best || std::isnan(v)) best = v, at = ih * pl.W + iw;
+          const int64_t w0 = ow * w.sw - w.pw;
+          const int64_t j0 = w0 >= 0 ? 0 : (w.dw - 1 - w0) / w.dw;
+          const int64_t j1 = std::min(w.kw, (pl.W - w0 + w.dw - 1) / w.dw);
+          const int64_t first = (h0 + i0 * w.dh) * pl.W + w0 + j0 * w.dw;
+          A best = static_cast<A>(plane[first]);
+          int64_t at = first;
+          for (int64_t i = i0; i < i1; ++i)
+            for (int64_t j = j0; j < j1; ++j) {
+              const int64_t k = (h0 + i * w.dh) * pl.W + w0 + j * w.dw;
+              const A v = static_cast<A>(plane[k]);
+              const bool take = v > best || (std::isnan(v) && k != first);  // selects, no branch
+              best = take ? v : best;
+              at = take ? k : at;
             }
-          }
-          const int64_t o = (p * pl.OH + oh) * pl.OW + ow;
-          yp[o] = static_cast<T>(best);
-          ip[o] = at;
+          yrow[ow] = static_cast<T>(best);
+          irow[ow] = at;
         }
+      }
     });
   });
   return {out, idx};

@@ -20,75 +20,43 @@ KILN_VEC_INLINE A exp_acc(A x) {
 }
 
 // Note [Softmax rows]: a row of float32 (or a 16-bit type, computed in float32) takes three
-// passes in kLanes independent lanes, which GCC vectorizes: the max (NaNs skipped: one NaN makes
-// exp(NaN - max) and so the sum NaN, and the whole row NaN as in PyTorch), exp(x - max) stored
-// and summed in one pass, then the scale (log_softmax: (x - max) - log(sum), nothing stored
-// before). Lanes are combined in a fixed order, so results do not depend on the thread count.
-constexpr int64_t kLanes = 16;
-
+// vectorized passes: the max (NaNs skipped), e^(x - max) summed (and stored, for float32), then
+// the scale (log_softmax: (x - max) - log(sum)). vec::exp_nonpositive keeps NaN, so a NaN in the
+// row, or an infinite max (x - max is then NaN somewhere), makes the sum and the whole row NaN,
+// as in PyTorch. The simd reductions combine their lanes in an order fixed at compile time, so
+// results do not depend on the thread count.
 template <typename T>
 KILN_VEC_INLINE float to_f(T v) { return static_cast<float>(v); }
-
-template <typename T>
-float row_max(const T* x, int64_t D) {
-  float m[kLanes];
-  for (int64_t j = 0; j < kLanes; ++j) m[j] = -vec::kInf;
-  int64_t i = 0;
-  for (; i + kLanes <= D; i += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) {
-      const float v = to_f(x[i + j]);
-      m[j] = v > m[j] ? v : m[j];
-    }
-  for (; i < D; ++i) m[0] = to_f(x[i]) > m[0] ? to_f(x[i]) : m[0];
-  float r = m[0];
-  for (int64_t j = 1; j < kLanes; ++j) r = m[j] > r ? m[j] : r;
-  return r;
-}
-
-// e^d for d = x - max <= 0 (or NaN): exp_nonpositive, with NaN kept and results below e^-87
-// (under 1e-38 of the row's sum, which is at least 1) flushed to 0.
-KILN_VEC_INLINE float exp_shifted(float d) {
-  const float e = vec::exp_nonpositive(d);
-  return d >= -87.0f ? e : (d != d ? d : 0.0f);
-}
-
-float lane_sum(const float* acc) {
-  float s = 0;
-  for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
-  return s;
-}
 
 // x, y: (D,) contiguous, one row, float32 accumulation (Note [Softmax rows]).
 template <typename T, bool kLog>
 void softmax_row_f32(const T* x, T* y, int64_t D) {
-  const float m = row_max(x, D);
-  float acc[kLanes] = {};
-  int64_t i = 0;
+  float m = -vec::kInf;
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < D; ++i) m = to_f(x[i]) > m ? to_f(x[i]) : m;
+  float s = 0;
   if constexpr (!kLog && std::is_same_v<T, float>) {  // store e^(x - m), then scale in place
-    for (; i + kLanes <= D; i += kLanes)
-      for (int64_t j = 0; j < kLanes; ++j) {
-        const float e = exp_shifted(x[i + j] - m);
-        y[i + j] = e;
-        acc[j] += e;
-      }
-    for (; i < D; ++i) acc[0] += (y[i] = exp_shifted(x[i] - m));
-    const float inv = 1.0f / lane_sum(acc);
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < D; ++i) {
+      const float e = vec::exp_nonpositive(x[i] - m);
+      y[i] = e;
+      s += e;
+    }
+    const float inv = 1.0f / s;
 #pragma omp simd
-    for (int64_t k = 0; k < D; ++k) y[k] *= inv;
+    for (int64_t i = 0; i < D; ++i) y[i] *= inv;
     return;
   }
-  for (; i + kLanes <= D; i += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) acc[j] += exp_shifted(to_f(x[i + j]) - m);
-  for (; i < D; ++i) acc[0] += exp_shifted(to_f(x[i]) - m);
-  const float s = lane_sum(acc);
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < D; ++i) s += vec::exp_nonpositive(to_f(x[i]) - m);
   if constexpr (kLog) {
     const float ls = std::log(s);  // (x - m) - log(s): m + log(s) would round away the small part
 #pragma omp simd
-    for (int64_t k = 0; k < D; ++k) y[k] = static_cast<T>((to_f(x[k]) - m) - ls);
+    for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>((to_f(x[i]) - m) - ls);
   } else {
     const float inv = 1.0f / s;
 #pragma omp simd
-    for (int64_t k = 0; k < D; ++k) y[k] = static_cast<T>(exp_shifted(to_f(x[k]) - m) * inv);
+    for (int64_t i = 0; i < D; ++i) y[i] = static_cast<T>(vec::exp_nonpositive(to_f(x[i]) - m) * inv);
   }
 }
 

@@ -1,6 +1,7 @@
 // Unary pointwise kernels on the CPU (tensor/ops/unary.toml). Every kernel maps x: (*) -> (*)
 // elementwise; `out` already has the result dtype (the meta function chose it) and the input is
-// cast to it first, so exp(int32) computes in float32.
+// cast to it first, so exp(int32) computes in float32. The backward rows of relu and gelu
+// (threshold_backward, gelu_backward) are here too: (grad_output, self) broadcast -> out.
 //
 // float32 transcendental functions use kiln::vec (Note [Vectorizable math] in vec_math.h);
 // float16/bfloat16 compute in float through the same functions; float64 uses std::.
@@ -79,6 +80,40 @@ void gelu_cpu(const Tensor& out, const Tensor& self, std::string_view approximat
            [](double a) { return 0.5 * a * (1.0 + std::erf(a * M_SQRT1_2)); });
 }
 
+// out = f(a, b) for a floating out dtype, a and b broadcast to it: fv on float (float32, float16,
+// bfloat16), fd on double.
+template <typename FV, typename FD>
+void float_binary_op(const char* name, const Tensor& out, const Tensor& a, const Tensor& b,
+                     const FV& fv, const FD& fd) {
+  auto in = cast_inputs(out.dtype(), a, b);
+  KILN_DISPATCH_FLOAT_TYPES(out.dtype(), name, [&] {
+    using T = scalar_t;
+    if constexpr (std::is_same_v<T, double>) binary_kernel<T>(out, in[0], in[1], fd);
+    else if constexpr (std::is_same_v<T, float>) binary_kernel<T>(out, in[0], in[1], fv);
+    else binary_kernel<T>(out, in[0], in[1], [&](T g, T x) { return T(fv(float(g), float(x))); });
+  });
+}
+
+// grad_output, self: broadcast to out -> out; the derivative of gelu at self times grad_output.
+void gelu_backward_cpu(const Tensor& out, const Tensor& grad_output, const Tensor& self,
+                       std::string_view approximate) {
+  if (approximate == "tanh") {
+    float_binary_op("gelu_backward", out, grad_output, self,
+                    [](float g, float x) KILN_VEC_INLINE_LAMBDA { return g * vec::gelu_tanh_backward(x); },
+                    [](double g, double x) {
+                      const double k = 0.79788456080286535588, t = std::tanh(k * (x + 0.044715 * x * x * x));
+                      return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x));
+                    });
+    return;
+  }
+  float_binary_op("gelu_backward", out, grad_output, self,
+                  [](float g, float x) KILN_VEC_INLINE_LAMBDA { return g * vec::gelu_erf_backward(x); },
+                  [](double g, double x) {
+                    return g * (0.5 * (1 + std::erf(x * M_SQRT1_2)) +
+                                x * std::exp(-0.5 * x * x) * 0.5 * M_2_SQRTPI * M_SQRT1_2);
+                  });
+}
+
 template <typename A>
 constexpr bool kIntegral = std::is_integral_v<A>;
 
@@ -91,6 +126,19 @@ void abs_cpu(const Tensor& out, const Tensor& self) {
 // relu keeps nan (nan < 0 is false).
 void relu_cpu(const Tensor& out, const Tensor& self) {
   numeric_op("relu", out, self, [](auto a) { return a < 0 ? decltype(a)(0) : a; });
+}
+// grad_output, self: broadcast to out -> out = self <= threshold ? 0 : grad_output (relu's
+// backward; a nan self passes grad_output, as in PyTorch).
+void threshold_backward_cpu(const Tensor& out, const Tensor& grad_output, const Tensor& self,
+                            const Scalar& threshold) {
+  auto in = cast_inputs(out.dtype(), grad_output, self);
+  KILN_DISPATCH_NUMERIC_TYPES(out.dtype(), "threshold_backward", [&] {
+    using T = scalar_t;
+    using C = std::conditional_t<kReduced<T>, float, T>;
+    const C th = threshold.to<C>();
+    binary_kernel<T>(out, in[0], in[1],
+                     [th](T g, T x) { return static_cast<C>(x) <= th ? T(C(0)) : g; });
+  });
 }
 void floor_cpu(const Tensor& out, const Tensor& self) {
   numeric_op("floor", out, self, [](auto a) {
@@ -164,7 +212,9 @@ KILN_LIBRARY(CPU, m) {
   m.structured<ops::tanh>(tanh_cpu);
   m.structured<ops::sigmoid>(sigmoid_cpu);
   m.structured<ops::relu>(relu_cpu);
+  m.structured<ops::threshold_backward>(threshold_backward_cpu);
   m.structured<ops::gelu>(gelu_cpu);
+  m.structured<ops::gelu_backward>(gelu_backward_cpu);
   m.structured<ops::silu>(silu_cpu);
   m.structured<ops::erf>(erf_cpu);
   m.structured<ops::floor>(floor_cpu);

@@ -1,4 +1,4 @@
-// kernels/cpu/vec_math.h: float32 math that GCC vectorizes (exp, log, tanh, sigmoid, erf).
+// kernels/cpu/vec_math.h: float32 math that GCC vectorizes (exp, log, tanh, sigmoid, erf, gelu).
 //
 //   #pragma omp simd
 //   for (int64_t i = 0; i < n; ++i) y[i] = kiln::vec::erf(x[i]);   // 16 lanes with AVX-512
@@ -32,13 +32,8 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // 2^n for n in [-126, 127] (a normal float built from its exponent bits).
 KILN_VEC_INLINE float pow2i(int32_t n) { return std::bit_cast<float>((n + 127) << 23); }
 
-// The shared core of exp: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite, two-part ln2), then
-// e^r by a degree-6 polynomial. Returns e^r and sets n; the caller scales by 2^n.
-KILN_VEC_INLINE float exp_reduced(float xc, int32_t& n) {
-  float j = std::fma(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;  // round(x / ln2)
-  n = static_cast<int32_t>(j);
-  float r = std::fma(j, -0.693359375f, xc);
-  r = std::fma(j, 2.12194440e-4f, r);
+// e^r for |r| <= ln2 / 2 by a degree-7 polynomial (Cephes expf's).
+KILN_VEC_INLINE float exp_poly(float r) {
   float p = 1.9875691500e-4f;
   p = std::fma(p, r, 1.3981999507e-3f);
   p = std::fma(p, r, 8.3334519073e-3f);
@@ -46,6 +41,19 @@ KILN_VEC_INLINE float exp_reduced(float xc, int32_t& n) {
   p = std::fma(p, r, 1.6666665459e-1f);
   p = std::fma(p, r, 5.0000001201e-1f);
   return std::fma(p, r * r, r) + 1.0f;
+}
+
+// x - j ln2 for j = round(x / ln2) (Cody-Waite, two-part ln2): |result| <= ln2 / 2.
+KILN_VEC_INLINE float exp_remainder(float x, float j) {
+  float r = std::fma(j, -0.693359375f, x);
+  return std::fma(j, 2.12194440e-4f, r);
+}
+
+// The shared core of exp: x = n ln2 + r. Returns e^r and sets n; the caller scales by 2^n.
+KILN_VEC_INLINE float exp_reduced(float xc, int32_t& n) {
+  float j = std::fma(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;  // round(x / ln2)
+  n = static_cast<int32_t>(j);
+  return exp_poly(exp_remainder(xc, j));
 }
 
 // e^x (Cephes expf, ~1 ulp): exp_reduced, then 2^n applied in two halves so that results down to
@@ -62,13 +70,17 @@ KILN_VEC_INLINE float exp(float x) {
   return x != x ? x : y;
 }
 
-// e^x for x <= 0 without the special-value patches (erf's tail: the argument is a finite
-// polynomial value or -inf, and 1 - e^x only needs results down to ~1e-8). Saves ~8 operations.
+// e^x for x <= 0: results below e^-87 are flushed to 0 (-inf gives 0), NaN stays NaN. Cheaper
+// than exp: no clamp and no patches, and 2^n comes from the rounding's bits. With the bias 127 in
+// the magic constant, t's low mantissa bits hold n + 127 (t stays in [2^23, 2^24) for x >= -87),
+// so t's bits shifted left by 23 are the float 2^n; below -87 that is garbage, masked at the end.
+// Softmax's and attention's shifted exponents and erf's tail use it.
 KILN_VEC_INLINE float exp_nonpositive(float x) {
-  float xc = x > -87.0f ? x : -87.0f;  // -inf -> -87: e^-87 is below erf's resolution
-  int32_t n;
-  float p = exp_reduced(xc, n);
-  return p * pow2i(n);
+  constexpr float kMagic = 12582912.0f + 127.0f;  // 1.5 * 2^23 + the exponent bias
+  float t = std::fma(x, 1.44269504088896341f, kMagic);
+  float j = t - kMagic;  // round(x / ln2)
+  float e = exp_poly(exp_remainder(x, j)) * std::bit_cast<float>(std::bit_cast<int32_t>(t) << 23);
+  return x < -87.0f ? 0.0f : e;  // nan compares false and stays nan
 }
 
 // Natural log. Cephes logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), a degree-8 polynomial in
@@ -182,6 +194,21 @@ KILN_VEC_INLINE float gelu_erf(float x) {
 KILN_VEC_INLINE float gelu_tanh(float x) {
   float inner = 0.797884560802865355f * std::fma(0.044715f * x * x, x, x);
   return 0.5f * x * (1.0f + vec::tanh(inner));
+}
+
+// d/dx gelu(x), erf form: Phi(x) + x phi(x), phi(x) = e^(-x^2 / 2) / sqrt(2 pi).
+KILN_VEC_INLINE float gelu_erf_backward(float x) {
+  float cdf = 0.5f * (1.0f + vec::erf_rational(x * 0.707106781186547524f));
+  return std::fma(x * 0.398942280401432678f, vec::exp_nonpositive(-0.5f * x * x), cdf);
+}
+
+// d/dx gelu(x), tanh form: with u = sqrt(2/pi) (x + 0.044715 x^3) and t = tanh(u),
+// 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx.
+KILN_VEC_INLINE float gelu_tanh_backward(float x) {
+  float x2 = x * x;
+  float t = vec::tanh(0.797884560802865355f * std::fma(0.044715f * x2, x, x));
+  float du = 0.797884560802865355f * std::fma(0.134145f, x2, 1.0f);
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 
 KILN_VEC_INLINE float silu(float x) { return x * vec::sigmoid(x); }

@@ -549,8 +549,9 @@ def gen_op_cpp(op, idx):
                  f"return ops::{h}::call(*this{', ' if len(op.args) > 1 else ''}{', '.join(a.name for a in op.args[1:])}); }}")
     # kind-specific kernels
     if op.is_view:
-        L.append(f"static Tensor view_kernel_{h}({p}) {{")
-        L.append(f"  return make_view({op.args[0].name}, meta::{r['meta']}({n}));\n}}")
+        make = "make_views" if op.returns_list else "make_view"
+        L.append(f"static {op.ret_cpp} view_kernel_{h}({p}) {{")
+        L.append(f"  return {make}({op.args[0].name}, meta::{r['meta']}({n}));\n}}")
         L.append(f"static const int kReg_{h} = register_view_kernel(g_op_{h}, reinterpret_cast<void*>(&view_kernel_{h}));")
     if op.kind == "composite":
         L.append(f"static const int kReg_{h} = register_composite(g_op_{h}, "

@@ -12,6 +12,7 @@ and is listed in pending_derivatives().
 
 Multi-output rows: `grad` is the first output's gradient, `grads[i]` the i-th one (zeros when
 that output got none), and the named outputs (`indices` of max.dim) are saved for the formulas.
+A Tensor[] output (split) has one node for all its elements; `grads` holds their gradients.
 Tensor[] inputs: the formula returns one gradient per element (cat_backward); the node keeps only
 the elements' geometry when the formulas read the list through LIST_GEOMETRY_HELPERS alone, and the
 tensors themselves (one SavedVariable each: index's index tensors) when a formula reads the list.
@@ -85,8 +86,6 @@ class Row:
                 if i not in names and i not in gen.ALL_OP_NAMES and i not in AVAILABLE_HELPERS \
                         and i not in CXX_WORDS:
                     self.missing.add(i)
-        if self.func.returns_list:
-            self.reason = "Tensor[] outputs"
         for a in self.args:
             if a.type == "Tensor?" and self.formulas.get(a.name, "non_differentiable") != "non_differentiable":
                 self.reason = f"a derivative for a {a.type} input"
@@ -326,7 +325,10 @@ def record_fn(r, op, below):
                 if nm in r.used:
                     L.append(f"  node->{nm}_ = SavedVariable(std::get<{i}>(r), true);")
     else:  # Tensor[]
-        L.append("  for (const Tensor& t : r) set_history(t, node);")
+        L.append("  for (const Tensor& t : r) {\n    set_history(t, node);")
+        if op.is_view:
+            L.append(f"    set_view_base(t, {op.args[0].name});")
+        L.append("  }")
         L.append("  fw(r);")
     L.append("  return r;\n}")
     return L
@@ -411,7 +413,11 @@ def forward_fn(r, op, below, strict):
             expr = f"kiln::reshape({self_name}_tan, {', '.join(rest)})"
         else:
             expr = f"ops::{h}::call({', '.join([self_name + '_tan'] + rest)})"
-        L.append(f"    forward::detail::set_tangent(r, {expr});  // a view of the input's tangent")
+        if op.returns_list:
+            L.append(f"    ::std::vector<Tensor> tans = {expr};  // views of the input's tangent")
+            L.append("    for (size_t i = 0; i < r.size(); ++i) forward::detail::set_tangent(r[i], tans[i]);")
+        else:
+            L.append(f"    forward::detail::set_tangent(r, {expr});  // a view of the input's tangent")
     elif kind == "formula":
         used = set(idents(r.row["jvp"]))
         args = []

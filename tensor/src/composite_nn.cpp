@@ -1,5 +1,5 @@
 // Decompositions of the norm, dropout, embedding and loss rows (tensor/ops/nn.toml, loss.toml)
-// and of the softmax backward rows (reduction.toml). Two kinds:
+// and of the softmax and gelu backward rows (reduction.toml, unary.toml). Two kinds:
 //  - the composite rows users call (layer_norm, cross_entropy, ...), which fill in defaults and
 //    call the fused kernel rows (Note [Fused norm rows] in nn.toml);
 //  - the decompositions of the fused backward rows (derivative "decompose"): the same math
@@ -232,6 +232,31 @@ Tensor softmax_backward_data(const Tensor& grad, const Tensor& output, int64_t d
 
 Tensor log_softmax_backward_data(const Tensor& grad, const Tensor& output, int64_t dim) {
   return grad - exp(output) * grad.sum(std::vector<int64_t>{dim}, true);
+}
+
+// ---- gelu backward ----------------------------------------------------------------------------
+
+// gelu(x) = x * Phi(x) (approximate="none") or 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+Tensor gelu_backward(const Tensor& grad, const Tensor& self, std::string_view approximate) {
+  meta::gelu_backward(grad, self, approximate);
+  if (approximate == "none") {
+    // d/dx x Phi(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi)
+    constexpr double kAlpha = M_SQRT1_2;
+    constexpr double kBeta = M_2_SQRTPI * M_SQRT1_2 * 0.5;
+    Tensor cdf = (erf(self * kAlpha) + 1) * 0.5;
+    Tensor pdf = exp(self * self * -0.5) * kBeta;
+    return grad * (cdf + self * pdf);
+  }
+  constexpr double kBeta = M_SQRT2 * M_2_SQRTPI * 0.5;  // sqrt(2 / pi)
+  constexpr double kKappa = 0.044715;
+  Tensor x_sq = self * self;
+  Tensor inner = (self + x_sq * self * kKappa) * kBeta;
+  Tensor t = tanh(inner);
+  Tensor left = self * 0.5;
+  Tensor right = t + 1;
+  Tensor left_derivative = right * 0.5;
+  Tensor right_derivative = (1 - t * t) * ((x_sq * (3 * kKappa) + 1) * kBeta);
+  return grad * (left_derivative + left * right_derivative);
 }
 
 // ---- losses -----------------------------------------------------------------------------------

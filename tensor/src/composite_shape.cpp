@@ -1,6 +1,6 @@
-// Decompositions of the composite rows of shape.toml and linalg.toml: stack, split, chunk (views
-// over narrow), matmul and linear (over mm/bmm/addmm). Each validates through its meta function
-// first, so errors name the op the user called.
+// Decompositions of the composite rows of shape.toml and linalg.toml: stack, matmul and linear
+// (over mm/bmm/addmm). Each validates through its meta function first, so errors name the op the
+// user called.
 #include "kiln/generated/composite_decls.h"
 #include "kiln/generated/meta_decls.h"
 #include "kiln/meta.h"
@@ -14,32 +14,6 @@ Tensor stack(TensorList tensors, int64_t dim) {
   parts.reserve(tensors.size());
   for (const Tensor& t : tensors) parts.push_back(t.unsqueeze(d));
   return kiln::cat(parts, d);
-}
-
-// The pieces are views of self (narrow), one per spec of the meta function.
-static std::vector<Tensor> narrow_pieces(const Tensor& self, int64_t d,
-                                         const std::vector<TensorSpec>& specs) {
-  std::vector<Tensor> out;
-  out.reserve(specs.size());
-  int64_t start = 0;
-  for (const TensorSpec& s : specs) {
-    int64_t len = s.sizes[d];
-    out.push_back(self.narrow(d, start, len));
-    start += len;
-  }
-  return out;
-}
-
-std::vector<Tensor> split(const Tensor& self, int64_t split_size, int64_t dim) {
-  auto specs = meta::split(self, split_size, dim);
-  return narrow_pieces(self, meta::wrap_dim("split", dim, self.dim()), specs);
-}
-
-std::vector<Tensor> chunk(const Tensor& self, int64_t chunks, int64_t dim) {
-  auto specs = meta::chunk(self, chunks, dim);
-  int64_t d = meta::wrap_dim("chunk", dim, self.dim());
-  if (self.size(d) == 0) return std::vector<Tensor>(chunks, self.narrow(d, 0, 0));
-  return narrow_pieces(self, d, specs);
 }
 
 // self: (..., n, k) or (k), other: (..., k, m) or (k) -> broadcast(...) + (n) + (m); see

@@ -67,6 +67,13 @@ Tensor make_view(const Tensor& base, const TensorSpec& spec) {
                                  spec.offset));
 }
 
+std::vector<Tensor> make_views(const Tensor& base, const std::vector<TensorSpec>& specs) {
+  std::vector<Tensor> out;
+  out.reserve(specs.size());
+  for (const TensorSpec& spec : specs) out.push_back(make_view(base, spec));
+  return out;
+}
+
 int register_view_kernel(OperatorHandle& op, void* fn) {
   for (DispatchKey k : {DispatchKey::CPU, DispatchKey::CUDA, DispatchKey::Metal, DispatchKey::Meta})
     Dispatcher::get().register_kernel(op, k, fn, nullptr);

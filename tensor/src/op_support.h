@@ -97,6 +97,7 @@ void finish_out(const Tensor& dst, const Tensor& tmp);
 
 // A view of `base` with the geometry of `spec` (shares storage and version counter).
 Tensor make_view(const Tensor& base, const TensorSpec& spec);
+std::vector<Tensor> make_views(const Tensor& base, const std::vector<TensorSpec>& specs);
 
 int register_view_kernel(OperatorHandle& op, void* fn);
 int register_composite(OperatorHandle& op, void* fn);

@@ -43,7 +43,7 @@ TEST(AutogradMultiOutput, SavedIndicesAreVersionChecked) {
 }
 
 TEST(AutogradMultiOutput, ListOutputsWithUnusedParts) {
-  // split's parts are views with their own nodes: unused parts contribute nothing.
+  // split's parts are views of one node: unused parts get zeros.
   Tensor x = random({6, 2}, kFloat64, -1, 1, 2).requires_grad_();
   auto parts = split(x, 2, 0);
   ASSERT_EQ(parts.size(), 3u);
@@ -55,6 +55,31 @@ TEST(AutogradMultiOutput, ListOutputsWithUnusedParts) {
   auto c = chunk(y, 3, 0);
   cat(c, 0).sum().backward();
   expect_close(y.grad(), ones_like(y.detach()), 0, 0);
+}
+
+TEST(AutogradMultiOutput, SplitAndChunkShareOneNode) {
+  // One SplitBackward0 for all pieces: its gradient is one cat of theirs (no zero-padded copy per
+  // piece); the pieces stay views of the input (their base).
+  Tensor x = random({5, 2}, kFloat64, -1, 1, 4).requires_grad_();
+  auto parts = split(x, 2, 0);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_STREQ(parts[0].grad_fn()->name(), "SplitBackward0");
+  EXPECT_EQ(parts[0].grad_fn(), parts[2].grad_fn());
+  EXPECT_EQ(parts[2].output_nr(), 2);
+  EXPECT_EQ(parts[1].grad_fn()->num_inputs(), 3u);
+  (parts[0] * 2 + parts[1] * 3).sum().backward();
+  auto g = testing::to_doubles(x.grad());
+  for (int64_t k = 0; k < 10; ++k) EXPECT_EQ(g[k], k < 4 ? 2.0 : (k < 8 ? 3.0 : 0.0)) << k;
+  auto c = chunk(x, 2, 1);
+  EXPECT_STREQ(c[1].grad_fn()->name(), "ChunkBackward0");
+  x.grad().zero_();
+  (c[1] * 5).sum().backward();
+  g = testing::to_doubles(x.grad());
+  for (int64_t k = 0; k < 10; ++k) EXPECT_EQ(g[k], k % 2 ? 5.0 : 0.0) << k;
+  // Views of a tensor that requires grad: in place on a piece is refused (Note [In-place and views]).
+  Tensor y = x * 1;
+  auto ys = split(y, 3, 0);
+  expect_error(ErrorKind::NotImplemented, "in-place operations on a view", [&] { ys[0].add_(ys[1]); });
 }
 
 }  // namespace

@@ -2,9 +2,9 @@
 // tests/nn/chargpt_parity_test.cpp. Built and run by make_chargpt_parity.sh; CI never runs it
 // (the test reads the committed files).
 //
-// The same GPT as examples/chargpt/gpt.h (the model of torch_reference.py), reduced so the files
-// stay small: vocab 256, context 32, 2 layers, 4 heads, width 64, written-out attention, no
-// dropout, float32. Trained for kSteps steps on batches of 8 random windows of a 32 KiB slice of
+// The same GPT as examples/chargpt/gpt.h (bench/torch_gpt.h, the model of torch_reference.py),
+// reduced so the files stay small: vocab 256, context 32, 2 layers, 4 heads, width 64,
+// written-out attention, no dropout, float32. Trained for kSteps steps on batches of 8 random windows of a 32 KiB slice of
 // the fortunes text (the first 32 KiB of the plain files of /usr/share/games/fortunes in sorted
 // order; the first 28 KiB train, the last 4 KiB validate) with AdamW(lr 1e-3, weight decay 0.1
 // on matrices, 0 on vectors: chargpt::decay_groups), constant lr. Writes:
@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "../../bench/torch_gpt.h"  // the model, shared with bench/torch_cpp_ref.cpp
 #include "golden_writer.h"
 
 namespace fs = std::filesystem;
@@ -35,56 +36,6 @@ namespace {
 constexpr int64_t kVocab = 256, kBlock = 32, kLayers = 2, kHeads = 4, kWidth = 64, kBatch = 8;
 constexpr int64_t kSteps = 30, kValWindows = 32;
 constexpr size_t kTextBytes = 32768, kTrainBytes = 28672;
-
-struct BlockImpl : torch::nn::Module {
-  BlockImpl(int64_t d, int64_t h)
-      : h(h),
-        ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
-        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
-        qkv(register_module("qkv", torch::nn::Linear(d, 3 * d))),
-        proj(register_module("proj", torch::nn::Linear(d, d))),
-        fc(register_module("fc", torch::nn::Linear(d, 4 * d))),
-        out(register_module("out", torch::nn::Linear(4 * d, d))) {}
-
-  // x: (B, T, C) -> (B, T, C), as torch_reference.py's Block.
-  torch::Tensor forward(torch::Tensor x) {
-    int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-    auto parts = qkv(ln1(x)).split(C, 2);
-    for (auto& t : parts) t = t.view({B, T, h, C / h}).transpose(1, 2);
-    auto att = torch::matmul(parts[0], parts[1].transpose(-2, -1)) / std::sqrt(double(C / h));
-    auto mask = torch::ones({T, T}).tril() == 0;
-    att = att.masked_fill(mask, -INFINITY).softmax(-1);
-    auto y = torch::matmul(att, parts[2]).transpose(1, 2).reshape({B, T, C});
-    x = x + proj(y);
-    return x + out(torch::gelu(fc(ln2(x))));
-  }
-  int64_t h;
-  torch::nn::LayerNorm ln1, ln2;
-  torch::nn::Linear qkv, proj, fc, out;
-};
-TORCH_MODULE(Block);
-
-struct GPTImpl : torch::nn::Module {
-  GPTImpl()
-      : tok(register_module("tok", torch::nn::Embedding(kVocab, kWidth))),
-        pos(register_module("pos", torch::nn::Embedding(kBlock, kWidth))),
-        blocks(register_module("blocks", torch::nn::ModuleList())),
-        ln(register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kWidth})))),
-        head(register_module(
-            "head", torch::nn::Linear(torch::nn::LinearOptions(kWidth, kVocab).bias(false)))) {
-    for (int64_t i = 0; i < kLayers; ++i) blocks->push_back(Block(kWidth, kHeads));
-  }
-  torch::Tensor forward(torch::Tensor idx) {
-    auto x = tok(idx) + pos(torch::arange(idx.size(1)));
-    for (const auto& b : *blocks) x = b->as<BlockImpl>()->forward(x);
-    return head(ln(x));
-  }
-  torch::nn::Embedding tok, pos;
-  torch::nn::ModuleList blocks;
-  torch::nn::LayerNorm ln;
-  torch::nn::Linear head;
-};
-TORCH_MODULE(GPT);
 
 std::string read_slice(const std::string& dir) {
   std::vector<fs::path> paths;
@@ -116,6 +67,8 @@ std::pair<torch::Tensor, torch::Tensor> windows(const std::string& text, torch::
     }
   return {x, y};
 }
+
+using torch_gpt::GPT;
 
 torch::Tensor lm_loss(GPT& m, const torch::Tensor& x, const torch::Tensor& y) {
   return torch::nn::functional::cross_entropy(m->forward(x).view({-1, kVocab}), y.view({-1}));
@@ -162,7 +115,7 @@ int main(int argc, char** argv) {
   std::string train = text.substr(0, kTrainBytes), val = text.substr(kTrainBytes);
 
   torch::manual_seed(0);
-  GPT model;
+  GPT model(kVocab, kBlock, kLayers, kHeads, kWidth);
   std::map<std::string, torch::Tensor> init;
   for (const auto& p : model->named_parameters()) init[p.key()] = p.value();
   write_safetensors("chargpt_parity_init.safetensors", init);

@@ -61,6 +61,12 @@ KILN_OP_SAMPLES("abs.out", abs_out_s) { return with_out(S{{random({3, 2}, kInt64
 KILN_OP_SAMPLES("relu", relu_s) { return S{{random({2, 3})}, {random({4}, kInt16)}, {non_contiguous(random({3, 2}, kBFloat16))}}; }
 KILN_OP_SAMPLES("relu_", relu_inplace_s) { return S{{non_contiguous(random({2, 3}))}}; }
 KILN_OP_SAMPLES("relu.out", relu_out_s) { return with_out(S{{random({3, 2}, kInt64)}}); }
+KILN_OP_SAMPLES("threshold_backward", threshold_backward_s) {
+  return S{{random({2, 3}), random({2, 3}), Scalar(0)},
+           {random({4}, kFloat64), random({4}, kFloat64), Scalar(0.25)},
+           {random({3}, kInt32, -3, 3), random({2, 3}, kInt32, -3, 3), Scalar(1)},
+           {non_contiguous(random({3, 2}, kBFloat16)), random({3, 2}, kBFloat16), Scalar(0)}};
+}
 KILN_OP_SAMPLES("floor", floor_s) { return S{{random({2, 3})}, {random({4}, kInt16)}, {non_contiguous(random({3, 2}, kBFloat16))}}; }
 KILN_OP_SAMPLES("floor_", floor_inplace_s) { return S{{non_contiguous(random({2, 3}))}}; }
 KILN_OP_SAMPLES("floor.out", floor_out_s) { return with_out(S{{random({3, 2}, kInt64)}}); }
@@ -78,6 +84,11 @@ KILN_OP_SAMPLES("gelu", gelu_s) {
 }
 KILN_OP_SAMPLES("gelu_", gelu_inplace_s) { return S{{non_contiguous(random({2, 3})), "tanh"}}; }
 KILN_OP_SAMPLES("gelu.out", gelu_out_s) { return with_out(S{{random({3}), "none"}}); }
+KILN_OP_SAMPLES("gelu_backward", gelu_backward_s) {
+  return S{{random({2, 3}), random({2, 3}, kFloat32, -3, 3), "none"},
+           {random({4}, kFloat64), random({4}, kFloat64, -3, 3), "tanh"},
+           {random({2}, kBFloat16), non_contiguous(random({3, 2}, kBFloat16, -3, 3)), "none"}};
+}
 KILN_OP_SAMPLES("silu", silu_s) { return S{{random({2, 3})}, {random({4}, kFloat16)}}; }
 KILN_OP_SAMPLES("silu_", silu_inplace_s) { return S{{random({2, 3}, kFloat64)}}; }
 KILN_OP_SAMPLES("silu.out", silu_out_s) { return with_out(S{{random({3})}}); }

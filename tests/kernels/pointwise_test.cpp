@@ -188,6 +188,66 @@ TEST(PointwiseUnary, Gelu) {
   expect_error(ErrorKind::Value, "'bad'", [&] { gelu_out(empty_on({0}, kFloat32, kCPU), x, "bad"); });
 }
 
+// gelu_backward (gelu's fused backward) against the derivative in double and against its
+// decomposition; broadcast, non-contiguous, every float dtype, large (parallel) inputs.
+TEST(PointwiseUnary, GeluBackward) {
+  auto d_erf = [](double a) { return 0.5 * (1 + std::erf(a / std::sqrt(2.0))) + a * std::exp(-a * a / 2) / std::sqrt(2 * M_PI); };
+  auto d_tanh = [](double a) {
+    const double k = std::sqrt(2 / M_PI), t = std::tanh(k * (a + 0.044715 * a * a * a));
+    return 0.5 * (1 + t) + 0.5 * a * (1 - t * t) * k * (1 + 3 * 0.044715 * a * a);
+  };
+  for (ScalarType dt : dtypes_of_set("floating")) {
+    SCOPED_TRACE(scalar_type_name(dt));
+    for (int64_t n : {50, 70000}) {
+      Tensor x = random({3, n}, dt, -8, 8, 1), g = random({3, n}, dt, -2, 2, 2);
+      Tensor xd = x.to(kFloat64), gd = g.to(kFloat64);
+      check_values(gelu_backward(g, x), gd * expected1(xd, d_erf), dt, 4);
+      check_values(gelu_backward(non_contiguous(g), x, "tanh"), gd * expected1(xd, d_tanh), dt, 4);
+    }
+    // grad broadcast against self.
+    Tensor x = random({4, 5}, dt, -3, 3, 3), g = random({5}, dt, -2, 2, 4);
+    check_values(gelu_backward(g, x), g.to(kFloat64).expand({4, 5}) * expected1(x.to(kFloat64), d_erf), dt, 4);
+  }
+  // The kernel agrees with the decomposition that double backward differentiates.
+  Tensor x = random({64}, kFloat64, -5, 5, 5), g = random({64}, kFloat64, -2, 2, 6);
+  Tensor xr = x.clone().requires_grad_(), gr = g.clone().requires_grad_();
+  expect_close(gelu_backward(g, x, "tanh"), gelu_backward(gr, xr, "tanh").detach(), 1e-12, 1e-12);
+  EXPECT_EQ(gelu_backward(random({0, 3}), random({0, 3})).numel(), 0);
+  expect_error(ErrorKind::Value, "gelu_backward: approximate argument must be either 'none' or 'tanh', but got 'erf'",
+               [] { gelu_backward(random({2}), random({2}), "erf"); });
+  expect_error(ErrorKind::Type, "gelu_backward: expected floating point tensors, but got int32 and int32 (shapes [2] and [2])",
+               [] { gelu_backward(random({2}, kInt32), random({2}, kInt32)); });
+  expect_error(ErrorKind::Value, "[3]", [] { gelu_backward(random({3}), random({2})); });
+}
+
+// threshold_backward (relu's fused backward): grad where self > threshold, else 0, in every
+// numeric dtype; nan in self passes the gradient (as PyTorch).
+TEST(PointwiseUnary, ThresholdBackward) {
+  for (ScalarType dt : dtypes_of_set("numeric")) {
+    SCOPED_TRACE(scalar_type_name(dt));
+    for (int64_t n : {7, 70000}) {
+      Tensor x = random({2, n}, dt, -5, 5, 7), g = random({2, n}, dt, -5, 5, 8);
+      auto xv = to_doubles(x), gv = to_doubles(g);
+      const double th = dt == kUInt8 ? 2 : 0.5;
+      for (size_t i = 0; i < xv.size(); ++i) gv[i] = xv[i] <= (is_floating(dt) ? th : std::floor(th)) ? 0 : gv[i];
+      check_values(threshold_backward(g, non_contiguous(x), Scalar(th)), from_vector<double>(gv, x.sizes()), dt);
+    }
+  }
+  Tensor x = from_vector<float>({-1, 0, 2, NAN}, {4}), g = from_vector<float>({1, 2, 3, 4}, {4});
+  expect_close(threshold_backward(g, x, Scalar(0)), from_vector<float>({0, 0, 3, 4}, {4}), 0, 0);
+  // Broadcast: a (3,) gradient against a (2, 3) self.
+  Tensor xb = from_vector<float>({-1, 1, 1, 1, -1, 1}, {2, 3});
+  expect_close(threshold_backward(from_vector<float>({1, 2, 3}, {3}), xb, Scalar(0)),
+               from_vector<float>({0, 2, 3, 1, 0, 3}, {2, 3}), 0, 0);
+  // relu's gradient goes through it.
+  Tensor r = from_vector<float>({-2, 0.5, 0, 3}, {4}).requires_grad_();
+  relu(r).sum().backward();
+  expect_close(r.grad(), from_vector<float>({0, 1, 0, 1}, {4}), 0, 0);
+  expect_error(ErrorKind::Type, "threshold_backward: not supported for bool tensors (shapes [2] and [2])",
+               [] { threshold_backward(random({2}, kBool), random({2}, kBool), Scalar(0)); });
+  expect_error(ErrorKind::Value, "[3]", [] { threshold_backward(random({3}), random({2}), Scalar(0)); });
+}
+
 TEST(PointwiseUnary, Clamp) {
   for (ScalarType dt : dtypes_of_set("numeric")) {
     SCOPED_TRACE(scalar_type_name(dt));

@@ -327,7 +327,7 @@ TEST(Softmax, MatchesReference) {
   expect_close(kiln::softmax(y, 1), ref_softmax(y, 1, false), 1e-6, 1e-7);
   expect_close(kiln::log_softmax(y, 1), ref_softmax(y, 1, true), 1e-6, 1e-6);
   // A NaN (or +inf) makes its row NaN, as in PyTorch; masked entries of a long row are exactly 0
-  // (the lanes of Note [Softmax rows]).
+  // (Note [Softmax rows]).
   std::vector<float> row(40, 0.5f);
   row[3] = std::numeric_limits<float>::quiet_NaN();
   row[20] = -kInfF;

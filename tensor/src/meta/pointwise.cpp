@@ -133,6 +133,23 @@ TensorSpec gelu(const Tensor& self, std::string_view approximate) {
   return same_spec(self, self.dtype());
 }
 
+// grad_output, self: broadcast together -> result_type(grad_output, self)
+TensorSpec threshold_backward(const Tensor& grad_output, const Tensor& self, const Scalar& threshold) {
+  return binary_no_bool("threshold_backward", grad_output, self);
+}
+
+// grad_output, self: broadcast together -> result_type(grad_output, self), floating
+TensorSpec gelu_backward(const Tensor& grad_output, const Tensor& self, std::string_view approximate) {
+  KILN_CHECK(approximate == "none" || approximate == "tanh", Value,
+             "gelu_backward: approximate argument must be either 'none' or 'tanh', but got '",
+             approximate, "'");
+  ScalarType t = result_type(grad_output, self);
+  KILN_CHECK(is_floating(t), Type, "gelu_backward: expected floating point tensors, but got ",
+             grad_output.dtype(), " and ", self.dtype(), " (shapes ", grad_output.sizes(), " and ",
+             self.sizes(), ")");
+  return broadcast_spec("gelu_backward", grad_output, self, t);
+}
+
 TensorSpec silu(const Tensor& self) {
   KILN_CHECK(is_floating(self.dtype()), Type, "silu: expected a floating point tensor, but got ",
              self.dtype(), " (shape ", self.sizes(), ")");

@@ -7,8 +7,8 @@
 // C++ variables of the op's parameter types, `grad` the incoming gradient and `result` the output:
 //
 //   using namespace kiln;  using namespace kiln::autograd;
-//   // add: d[other] = "sum_to(grad * alpha, other.sizes())"
-//   Tensor g_other = sum_to(grad * alpha, other.sizes());
+//   // add: d[other] = "sum_to(scaled(grad, alpha), other.sizes())"
+//   Tensor g_other = sum_to(scaled(grad, alpha), other.sizes());
 //   // select: d[self] = "select_backward(grad, self.sizes(), dim, index)"
 //   Tensor g_self = select_backward(grad, self.sizes(), dim, index);
 //
@@ -32,6 +32,8 @@ namespace kiln::autograd {
 Tensor sum_to(const Tensor& grad, IntArrayRef sizes);
 Tensor grad_for_broadcast(const Tensor& grad, IntArrayRef sizes);  // = sum_to
 Tensor reduce_grad(const Tensor& grad, const Tensor& input);        // = sum_to(grad, input.sizes())
+// grad * s, or grad itself when s is 1 (alpha/beta of add and addmm: no copy for the usual 1).
+Tensor scaled(const Tensor& grad, const Scalar& s);
 // Converts a gradient to the dtype and device of `like` (no-op when they match).
 Tensor cast_back(const Tensor& grad, const Tensor& like);
 // copy_(self, src): the gradient for src (broadcast-summed, cast back to src's dtype/device).
@@ -42,8 +44,6 @@ Tensor mask_grad(const Tensor& grad, const Tensor& mask);
 Tensor sign_grad(const Tensor& grad, const Tensor& self);
 
 // ---- Pointwise (formulas_pointwise.cpp) ---------------------------------------------------------
-// d/dx gelu(x), approximate = "none" (erf form) or "tanh".
-Tensor gelu_backward(const Tensor& grad, const Tensor& self, std::string_view approximate);
 // pow(self, exponent): gradients for self and for exponent (summed to their shapes).
 Tensor pow_backward_self(const Tensor& grad, const Tensor& self, const Tensor& exponent);
 Tensor pow_backward_self(const Tensor& grad, const Tensor& self, const Scalar& exponent);
@@ -134,6 +134,8 @@ std::vector<Tensor> cat_backward(const Tensor& grad, TensorList tensors, int64_t
 std::vector<Tensor> stack_backward(const Tensor& grad, TensorList tensors, int64_t dim);
 // split(self, split_size, dim): the output gradients (undefined ones count as zeros) concatenated.
 Tensor split_backward(TensorList grads, IntArrayRef sizes, int64_t split_size, int64_t dim);
+// chunk(self, chunks, dim): split_backward with chunk's piece size.
+Tensor chunk_backward(TensorList grads, IntArrayRef sizes, int64_t chunks, int64_t dim);
 // index_select(self, dim, index): grad accumulated into zeros of `sizes` at `index` along dim.
 Tensor index_select_backward(const Tensor& grad, IntArrayRef sizes, int64_t dim,
                              const Tensor& index);
