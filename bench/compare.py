@@ -31,7 +31,10 @@ def main():
         ours = impls.get("kiln-cpp") or impls.get("kiln-py")
         if not ours:
             continue
-        refs = [k for k in impls if k in REFS or k.startswith("torch-")]
+        # C++ against C++ references, Python against PyTorch's Python API.
+        cpp = ours["impl"] == "kiln-cpp"
+        refs = [k for k in impls
+                if k in REFS or (k.startswith("torch-") and k.endswith("-cpp") == cpp)]
         for ref in refs:
             a, b = ours["value"], impls[ref]["value"]
             ratio = (b / a) if ours["unit"] in TIME_UNITS else (a / b)
