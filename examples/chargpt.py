@@ -205,7 +205,7 @@ def main(argv):
                                                  eta_min=MIN_LR)], milestones=[WARMUP])
     batch_gen = kiln.Generator().manual_seed(args.seed)
     step = 0
-    if args.resume and os.path.isdir(args.ckpt):
+    if args.resume and os.path.isdir(args.ckpt) and os.listdir(args.ckpt):  # saved atomically
         step = load(args.ckpt, model, opt, sched, batch_gen)
         print(f"chargpt: resumed from {args.ckpt} at step {step}")
     elif args.resume:
