@@ -1,12 +1,24 @@
 #!/usr/bin/env python3
 """Reads benchmark JSON lines on stdin and prints each Kiln figure as a ratio against the
 references measured in the same run (higher is better for Kiln; for time units the ratio is
-inverted so that > 1 still means Kiln is faster)."""
+inverted so that > 1 still means Kiln is faster), then the Python API's targets (issue 6):
+kiln-py's dispatch against PyTorch's Python API, and kiln-py's training steps against kiln-cpp."""
 import json
 import sys
 
 TIME_UNITS = {"ns/op", "ms", "ms/step", "µs", "us"}
 REFS = ["onednn-direct", "openmp-loop"]
+# (workload, metric, reference impl or None for PyTorch's Python API, target time ratio)
+PY_TARGETS = [("dispatch", "add_1elem", None, 0.5),
+              ("dispatch", "mul_1elem_requires_grad", None, None),
+              ("mlp_train", "step_b512", "kiln-cpp", 1.1),
+              ("cnn_train", "step_b64", "kiln-cpp", 1.1),
+              ("gpt_train", "step_b16_t128", "kiln-cpp", 1.1)]
+
+
+def torch_python(impls):
+    """The impl name of PyTorch's Python API figure (torch-X.Y, not torch-X.Y-cpp), or None."""
+    return next((k for k in impls if k.startswith("torch-") and not k.endswith("-cpp")), None)
 
 
 def main():
@@ -19,7 +31,10 @@ def main():
         ours = impls.get("kiln-cpp") or impls.get("kiln-py")
         if not ours:
             continue
-        refs = [k for k in impls if k in REFS or k.startswith("torch-")]
+        # C++ against C++ references, Python against PyTorch's Python API.
+        cpp = ours["impl"] == "kiln-cpp"
+        refs = [k for k in impls
+                if k in REFS or (k.startswith("torch-") and k.endswith("-cpp") == cpp)]
         for ref in refs:
             a, b = ours["value"], impls[ref]["value"]
             ratio = (b / a) if ours["unit"] in TIME_UNITS else (a / b)
@@ -31,6 +46,20 @@ def main():
             if add:
                 print(f"  {w}/{m}: {ours['value']:.4g} GB/s vs kiln add_16M {add['value']:.4g} GB/s"
                       f" -> {ours['value'] / add['value']:.3f}x")
+    lines = []
+    for w, m, ref, target in PY_TARGETS:
+        impls = by_key.get((w, m), {})
+        ref = ref or torch_python(impls)
+        if "kiln-py" not in impls or ref not in impls:
+            continue
+        a, b = impls["kiln-py"]["value"], impls[ref]["value"]
+        verdict = "" if target is None else \
+            f" (target <= {target}: {'met' if a / b <= target else 'MISSED'})"
+        lines.append(f"  {w}/{m}: kiln-py {a:.4g} {impls['kiln-py']['unit']} vs {ref} {b:.4g}"
+                     f" -> time {a / b:.3f}x{verdict}")
+    if lines:
+        print("\nPython API (time kiln-py/ref, same run; < 1 means kiln-py is faster):")
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

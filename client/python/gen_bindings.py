@@ -10,7 +10,6 @@ Usage: gen_bindings.py OUT.cpp TABLE.toml [TABLE.toml ...]
 import os
 import re
 import sys
-import tomllib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tensor", "ops"))
 import gen  # noqa: E402
@@ -89,19 +88,7 @@ def call_and_return(op):
 
 def main():
     out_path, paths = sys.argv[1], sys.argv[2:]
-    with open(os.path.join(gen.HERE, "rules.toml"), "rb") as f:
-        rules = tomllib.load(f)
-    for path in paths:
-        with open(path, "rb") as f:
-            table = tomllib.load(f)
-        rules["formula_functions"] = rules["formula_functions"] + table.get("formula_functions", [])
-        for row in table.get("op", []):
-            gen.ALL_OP_NAMES.add(row.get("schema", "").split("(")[0].split(".")[0])
-    ops = gen.load(paths, rules)
-    if gen.errors:
-        for e in gen.errors:
-            print(f"op table error: {e}", file=sys.stderr)
-        sys.exit(1)
+    ops, _ = gen.load_tables(paths)
     groups = {}
     for op in ops:
         groups.setdefault(py_name(op), []).append(op)

@@ -632,26 +632,33 @@ def write_if_changed(path, text):
         f.write(text)
 
 
-def main():
-    out_dir, paths = sys.argv[1], sys.argv[2:]
+def load_tables(paths):
+    """The checked ops of the tables at `paths` and the rules they were checked against (rules.toml
+    plus each table's formula_functions = [...], the formula helpers its rows use). Op names may
+    appear in formulas, so every table's names are collected first. Prints the table errors and
+    exits if there are any."""
     with open(os.path.join(HERE, "rules.toml"), "rb") as f:
         rules = tomllib.load(f)
-    # A table may declare the formula helpers its rows use: formula_functions = [...].
-    # Op names may appear in formulas: collect them first.
     for path in paths:
         with open(path, "rb") as f:
             try:
                 table = tomllib.load(f)
-                rules["formula_functions"] = rules["formula_functions"] + table.get("formula_functions", [])
-                for row in table.get("op", []):
-                    ALL_OP_NAMES.add(row.get("schema", "").split("(")[0].split(".")[0])
             except tomllib.TOMLDecodeError:
-                pass
+                continue  # load() reports it
+        rules["formula_functions"] = rules["formula_functions"] + table.get("formula_functions", [])
+        for row in table.get("op", []):
+            ALL_OP_NAMES.add(row.get("schema", "").split("(")[0].split(".")[0])
     ops = load(paths, rules)
     if errors:
         for e in errors:
             print(f"op table error: {e}", file=sys.stderr)
         sys.exit(1)
+    return ops, rules
+
+
+def main():
+    out_dir, paths = sys.argv[1], sys.argv[2:]
+    ops, _ = load_tables(paths)
     gen(ops, out_dir)
 
 

@@ -28,7 +28,6 @@ and saving the outputs, so saved outputs keep their tangents.
 import os
 import re
 import sys
-import tomllib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gen  # noqa: E402
@@ -511,20 +510,8 @@ def decompose_kernel(op):
 
 def main():
     out_dir, paths = sys.argv[1], sys.argv[2:]
-    with open(os.path.join(gen.HERE, "rules.toml"), "rb") as f:
-        rules = tomllib.load(f)
-    for path in paths:
-        with open(path, "rb") as f:
-            table = tomllib.load(f)
-        rules["formula_functions"] = rules["formula_functions"] + table.get("formula_functions", [])
-        for row in table.get("op", []):
-            gen.ALL_OP_NAMES.add(row.get("schema", "").split("(")[0].split(".")[0])
+    ops, rules = gen.load_tables(paths)
     AVAILABLE_HELPERS.update(rules["formula_functions"])
-    ops = gen.load(paths, rules)
-    if gen.errors:
-        for e in gen.errors:
-            print(f"op table error: {e}", file=sys.stderr)
-        sys.exit(1)
     rows, order, counts = {}, [], {}
     for op in ops:
         rows.setdefault(id(op.row), []).append(op)

@@ -104,8 +104,12 @@ def test_train_eval_apply_zero_grad_to():
     assert float(w.grad.abs().sum()) == 0
     m.zero_grad()
     assert w.grad is None
-    m.to(kiln.float64)
+    m.to(float)  # Tensor.to's parser: Python's float is float64
     assert m[0].weight is w and w.dtype is kiln.float64 and w.requires_grad
+    with pytest.raises(TypeError, match="floating point"):
+        m.to(kiln.int32)
+    with pytest.raises(TypeError, match="invalid argument"):
+        m.to([1])
     assert m[2].running_mean.dtype is kiln.float64
     assert m[2].num_batches_tracked.dtype is kiln.int64  # not floating: kept
     assert m(kiln.randn(4, 3, dtype=kiln.float64)).dtype is kiln.float64
@@ -344,6 +348,8 @@ def test_multihead_attention_vs_numpy():
     causal, _ = mha(x, x, x, need_weights=False, is_causal=True)
     masked, _ = mha(x, x, x, attn_mask=kiln.ones(L, L, dtype=kiln.bool).triu(1))
     close(causal, A(masked), 1e-4)
+    assert mha(x, x, x, attn_mask=kiln.ones(L, L, dtype=kiln.bool).triu(1),
+               need_weights=False)[1] is None  # the written-out path, weights not returned
 
 
 def test_transformer_layers():

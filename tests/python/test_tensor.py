@@ -162,6 +162,10 @@ def test_methods_and_keywords():
     assert x.new_zeros(2).dtype is x.dtype and x.new_ones((1, 2)).shape == (1, 2)
     g = kiln.Generator().manual_seed(3)
     assert kiln.rand(3, generator=g).shape == (3,)
+    state = g.get_state()  # (seed, offset), and back
+    first = kiln.rand(3, generator=g).tolist()
+    g.set_state(state)
+    assert state[0] == 3 and kiln.rand(3, generator=g).tolist() == first
     assert "add(Tensor self, Tensor other, *, Scalar alpha=1)" in kiln.add.__doc__
 
 

@@ -230,7 +230,12 @@ Tensor.__setitem__ = _setitem
 
 
 # ---- conversions -------------------------------------------------------------------------------
-def _to(self, *args, **kwargs):
+_PY_DTYPES = {builtins.float: _C.float64, builtins.int: _C.int64, builtins.bool: _C.bool}
+
+
+def _parse_to(args, kwargs):
+    """(dtype, device, copy) from the arguments of Tensor.to / Module.to: to(device), to(dtype),
+    to(device, dtype), to(tensor), with dtype=, device=, copy=, non_blocking= keywords."""
     dtype, device = kwargs.pop("dtype", None), kwargs.pop("device", None)
     copy = kwargs.pop("copy", False)
     kwargs.pop("non_blocking", None)
@@ -239,13 +244,19 @@ def _to(self, *args, **kwargs):
     for a in args:
         if isinstance(a, Tensor):
             dtype, device = a.dtype, a.device
-        elif isinstance(a, _C.dtype) or a in (builtins.float, builtins.int, builtins.bool):
+        elif isinstance(a, _C.dtype):
             dtype = a
+        elif isinstance(a, type) and a in _PY_DTYPES:  # float, int, bool, as PyTorch takes them
+            dtype = _PY_DTYPES[a]
         elif isinstance(a, (str, _C.device)):
             device = a
         else:
             raise TypeError(f"to() received an invalid argument of type {type(a).__name__}")
-    return _C.to(self, dtype, device, copy)
+    return dtype, device, copy
+
+
+def _to(self, *args, **kwargs):
+    return _C.to(self, *_parse_to(args, kwargs))
 
 
 Tensor.to = _to

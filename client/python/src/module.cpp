@@ -5,6 +5,7 @@
 // autograd.cpp binds autograd.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -125,8 +126,10 @@ void python_warning(const std::string& msg) {
 // [Type promotion]); an int or float next to a floating tensor is made in that tensor's dtype,
 // since the kernel would cast it to the result dtype (the tensor's) anyway, which saves a cast op
 // per call. Any other operand goes through the op's generated binding (its overloads and errors).
-// Results are allocated straight from nanobind's instance pool (wrap()). Large operands release
-// the GIL around the op.
+// Results are allocated straight from nanobind's instance pool (wrap()), which keeps as many dead
+// Tensor objects for reuse as the C++ free lists keep TensorImpls (Note [Pooled objects]): a
+// recycled object skips the allocation and nanobind's registration of a new instance, which
+// matter once many results are alive at a time. Large operands release the GIL around the op.
 enum class BinOp { Add, Sub, Mul, Div };
 
 // `o` as the operand of a binary operator whose other operand is the tensor `t`.
@@ -251,7 +254,7 @@ PyType_Slot kTensorSlots[] = {
     {0, nullptr}};
 
 void bind_tensor(nb::module_& m) {
-  nb::class_<Tensor> cls(m, "Tensor", nb::dynamic_attr(), nb::pooled(),
+  nb::class_<Tensor> cls(m, "Tensor", nb::dynamic_attr(), nb::pooled(kiln::detail::kMaxPooled),
                          nb::type_slots(kTensorSlots));
   g_tensor_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
   cls.def_prop_ro("shape", [](const Tensor& t) { return int_tuple(t.sizes()); })

@@ -139,28 +139,37 @@ def normalize(input, p=2.0, dim=1, eps=1e-12):
     return input / _C.norm(input, p, [dim], True).clamp(min=eps)
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None):
-    """softmax(q kᵀ · scale + mask) v over the last two dims; a bool attn_mask keeps its True
-    entries (PyTorch's convention here), a float one is added. Without a mask this is the
-    fused kernel."""
-    if attn_mask is None:
+def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               need_weights=False):
+    """(softmax(q kᵀ · scale + mask) v, the softmax weights if need_weights else None) over the
+    last two dims; a bool attn_mask keeps its True entries, a float one is added. Without a mask
+    and weights this is the fused kernel, else it is written out (MultiheadAttention's path)."""
+    if attn_mask is None and not need_weights:
         return _C.scaled_dot_product_attention(query, key, value, dropout_p, is_causal,
-                                               scale=scale)
+                                               scale=scale), None
     L, S = query.shape[-2], key.shape[-2]
     s = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
     scores = query.matmul(key.transpose(-2, -1)) * s
-    if attn_mask.dtype is _C.bool:
-        scores = scores.masked_fill(attn_mask.logical_not(), -math.inf)
-    else:
-        scores = scores + attn_mask
+    if attn_mask is not None:
+        if attn_mask.dtype is _C.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), -math.inf)
+        else:
+            scores = scores + attn_mask
     if is_causal:
         future = _C.ones([L, S], dtype=_C.bool, device=query.device).triu(1)
         scores = scores.masked_fill(future, -math.inf)
     weights = _C.softmax(scores, -1)
     if dropout_p > 0:
         weights = _C.dropout(weights, dropout_p, True)
-    return weights.matmul(value)
+    return weights.matmul(value), (weights if need_weights else None)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None):
+    """softmax(q kᵀ · scale + mask) v over the last two dims; a bool attn_mask keeps its True
+    entries (PyTorch's convention here), a float one is added. Without a mask this is the
+    fused kernel."""
+    return _attention(query, key, value, attn_mask, dropout_p, is_causal, scale)[0]
 
 
 # ---- losses (size_average / reduce: PyTorch's deprecated positional slots) ------------------

@@ -15,6 +15,7 @@ from collections import OrderedDict, namedtuple
 
 from kiln import _C
 from kiln._C import Tensor
+from kiln._tensor import _parse_to
 from kiln.autograd.grad_mode import no_grad
 from kiln.nn.parameter import Parameter
 
@@ -324,19 +325,7 @@ class Module:
     def to(self, *args, **kwargs):
         """Moves and/or casts the parameters and buffers: to(device), to(dtype),
         to(device, dtype), to(tensor); only floating-point tensors change dtype."""
-        dtype, device = kwargs.pop("dtype", None), kwargs.pop("device", None)
-        kwargs.pop("non_blocking", None)
-        if kwargs:
-            raise TypeError(f"to() got an unexpected keyword argument '{next(iter(kwargs))}'")
-        for a in args:
-            if isinstance(a, Tensor):
-                dtype, device = a.dtype, a.device
-            elif isinstance(a, _C.dtype):
-                dtype = a
-            elif isinstance(a, (str, _C.device)):
-                device = a
-            else:
-                raise TypeError(f"to() received an invalid argument of type {type(a).__name__}")
+        dtype, device, _ = _parse_to(args, kwargs)
         if dtype is not None and not dtype.is_floating_point:
             raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired "
                             f"dtype={dtype}")

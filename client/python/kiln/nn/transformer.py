@@ -1,11 +1,12 @@
 """MultiheadAttention and the Transformer encoder/decoder layers (torch.nn's signatures, parameter
-names and initialisation). Without masks and need_weights=False, attention runs the fused
-scaled_dot_product_attention kernel; masks or need_weights take the written-out path
-softmax(q kᵀ/√d + mask) v, the masks combined into one additive float mask (True entries of a
-bool mask are excluded, as in PyTorch's MultiheadAttention)."""
+names and initialisation). Attention is kiln.nn.functional's: the fused kernel without masks
+and need_weights=False, else the written-out path softmax(q kᵀ/√d + mask) v, the masks combined
+into one additive float mask (True entries of a bool mask are excluded, as in PyTorch's
+MultiheadAttention)."""
 import math
 
 from kiln import _C
+from kiln.nn import functional as F
 from kiln.nn import init
 from kiln.nn.layers import Dropout, LayerNorm, Linear
 from kiln.nn.module import Module
@@ -101,21 +102,7 @@ class MultiheadAttention(Module):
             mask = kpm if mask is None else mask + kpm
         causal = is_causal and attn_mask is None
         p = self.dropout if self.training else 0.0
-        if mask is None and not need_weights:
-            o, weights = _C.scaled_dot_product_attention(qh, kh, vh, p, causal), None
-        else:
-            scores = qh.matmul(kh.transpose(-2, -1)) * (1 / math.sqrt(D))
-            if mask is not None:
-                scores = scores + mask
-            if causal:
-                future = _C.ones([L, S], dtype=_C.bool, device=q.device).triu(1)
-                scores = scores.masked_fill(future, -math.inf)
-            weights = _C.softmax(scores, -1)
-            if p > 0:
-                weights = _C.dropout(weights, p, True)
-            o = weights.matmul(vh)
-            if not need_weights:
-                weights = None
+        o, weights = F._attention(qh, kh, vh, mask, p, causal, need_weights=need_weights)
         out = self.out_proj(o.transpose(1, 2).reshape([N, L, E]))
         out = out.squeeze([0]) if unbatched else (out if self.batch_first else out.transpose(0, 1))
         if weights is not None:

@@ -1,0 +1,250 @@
+"""examples/chargpt in Python: trains the byte-level GPT of examples/chargpt/gpt.h on the plain
+fortune files of Debian's `fortunes` package, then samples from it. Same model, data, split,
+batches, AdamW settings, schedule and seeds as chargpt.cpp, so the two print the same losses (to
+float rounding) for the same arguments.
+
+    PYTHONPATH=build/python .venv/bin/python examples/chargpt.py [--data DIR] [--steps N]
+        [--eval-every K] [--ckpt DIR [--resume]] [--prompt TEXT] [--temperature T] [--top-k K]
+        [--sample-bytes N] [--seed S]
+
+The files of DIR (default /usr/share/games/fortunes; *.dat and *.u8 skipped) are concatenated as
+bytes in sorted order; the first 90% train, the rest validate. Each step draws 16 random windows
+of 128 bytes (seeded). Every K steps it prints the mean training loss since the last line, the
+validation loss (the same 16 validation batches every time) and the step time, and with --ckpt
+saves a training checkpoint through kiln.save (model, optimizer, scheduler, RNG and batch-sampler
+state); --resume continues from it. A run of 400 steps or more exits with status 1 if the final
+validation loss is not below 2.5 nats per byte.
+"""
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+import kiln
+import kiln.nn as nn
+import kiln.nn.functional as F
+from kiln.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+
+BATCH = 16
+EVAL_BATCHES = 16
+LR, MIN_LR, WEIGHT_DECAY, WARMUP = 1e-3, 1e-4, 0.1, 50
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm causal self-attention and a GELU MLP (x4). x: (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        # (B, T, C) -> (B, H, T, D) each
+        q, k, v = (t.reshape(B, T, self.heads, C // self.heads).transpose(1, 2)
+                   for t in self.qkv(self.ln1(x)).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return h + self.out(F.gelu(self.fc(self.ln2(h))))
+
+
+class GPT(nn.Module):
+    """Token + learned position embeddings, blocks, a final LayerNorm and a linear head; the
+    parameter names of gpt.h. idx: (B, T) int64, T <= block -> logits (B, T, vocab)."""
+
+    def __init__(self, vocab=256, block=128, layers=4, heads=4, width=256):
+        super().__init__()
+        self.vocab, self.block = vocab, block
+        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(block, width)
+        self.blocks = nn.Sequential(*[Block(width, heads) for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(width), nn.Linear(width, vocab, bias=False)
+
+    def forward(self, idx):
+        T = idx.shape[1]
+        if T > self.block:
+            raise ValueError(f"GPT: sequence length {T} exceeds the context of {self.block}")
+        x = self.tok(idx) + self.pos(kiln.arange(T))
+        return self.head(self.ln(self.blocks(x)))
+
+
+def decay_groups(model, weight_decay):
+    """nanoGPT's AdamW grouping: matrices decay by weight_decay, vectors not at all."""
+    params = list(model.parameters())
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+def read_fortunes(directory):
+    """(bytes of the plain fortune files of `directory` concatenated in sorted order, count)."""
+    names = sorted(n for n in os.listdir(directory)
+                   if not n.endswith((".dat", ".u8"))
+                   and not os.path.islink(os.path.join(directory, n))
+                   and os.path.isfile(os.path.join(directory, n)))
+    text = b"".join(open(os.path.join(directory, n), "rb").read() for n in names)
+    return np.frombuffer(text, dtype=np.uint8), len(names)
+
+
+def get_batch(text, block, gen):
+    """x, y: (BATCH, block) int64; y is x shifted by one byte. Window starts come from `gen`."""
+    starts = kiln.randint(0, len(text) - block, (BATCH,), generator=gen).numpy()
+    idx = starts[:, None] + np.arange(block)
+    return (kiln.from_numpy(text[idx].astype(np.int64)),
+            kiln.from_numpy(text[idx + 1].astype(np.int64)))
+
+
+def lm_loss(model, x, y):
+    logits = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+@kiln.no_grad()
+def evaluate(model, text):
+    """The mean loss over EVAL_BATCHES batches of `text`, always the same ones (a fixed seed)."""
+    gen = kiln.Generator().manual_seed(0)
+    return sum(lm_loss(model, *get_batch(text, model.block, gen)).item()
+               for _ in range(EVAL_BATCHES)) / EVAL_BATCHES
+
+
+def save(path, step, model, opt, sched, batch_gen):
+    """A training checkpoint: the model and the optimizer's tensors as groups, the rest as JSON."""
+    osd = opt.state_dict()
+    kiln.save({"model": dict(model.state_dict()),
+               "optimizer": {f"{i}.{k}": v for i, s in osd["state"].items() for k, v in s.items()},
+               "optimizer_groups": osd["param_groups"], "scheduler": sched.state_dict(),
+               "step": step, "rng": list(kiln.default_generator().get_state()),
+               "batch_rng": list(batch_gen.get_state())}, path)
+
+
+def load(path, model, opt, sched, batch_gen):
+    """Restores what save() wrote; returns the step it was taken at."""
+    c = kiln.load(path)
+    model.load_state_dict(c["model"])
+    state = {}
+    for key, t in c["optimizer"].items():
+        i, name = key.split(".", 1)
+        state.setdefault(int(i), {})[name] = t
+    opt.load_state_dict({"state": state, "param_groups": c["optimizer_groups"]})
+    sched.load_state_dict(c["scheduler"])
+    kiln.default_generator().set_state(tuple(c["rng"]))
+    batch_gen.set_state(tuple(c["batch_rng"]))
+    return c["step"]
+
+
+@kiln.no_grad()
+def sample(model, prompt, n, temperature, top_k, seed):
+    """Continues `prompt` by `n` bytes, each drawn from the top_k most likely next bytes at
+    `temperature`; prints the printable ones as they come."""
+    model.eval()
+    rng = np.random.default_rng(seed)
+    ctx = list(prompt.encode()) or [ord("\n")]
+
+    def put(c):
+        if 32 <= c < 127 or c in (9, 10):
+            sys.stdout.write(chr(c))
+    for c in ctx:
+        put(c)
+    for _ in range(n):
+        idx = kiln.tensor([ctx[-model.block:]])
+        logits = model(idx)[0, -1].numpy().astype(np.float64)  # (vocab)
+        top = np.argsort(-logits, kind="stable")[:min(top_k, model.vocab)]
+        p = np.exp((logits[top] - logits[top[0]]) / temperature)
+        nxt = int(top[rng.choice(len(top), p=p / p.sum())])
+        ctx.append(nxt)
+        put(nxt)
+    print(flush=True)
+    model.train()
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default="/usr/share/games/fortunes")
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--ckpt", default="")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--prompt", default="The meaning of life is")
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--top-k", type=int, default=40)
+    ap.add_argument("--sample-bytes", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=1337)
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.eval_every < 1 or args.temperature <= 0 or args.top_k < 1:
+        ap.error("--steps, --eval-every and --top-k must be >= 1, --temperature > 0")
+    if args.resume and not args.ckpt:
+        ap.error("--resume needs --ckpt DIR")
+    return args
+
+
+def main(argv):
+    args = parse_args(argv)
+    missing = "(install the fortunes: sudo apt-get install fortunes, or pass --data DIR)"
+    if not os.path.isdir(args.data):
+        print(f"chargpt: data directory {args.data} not found {missing}", file=sys.stderr)
+        return 2
+    text, files = read_fortunes(args.data)
+    block = 128
+    if len(text) < 20 * (block + 1):
+        print(f"chargpt: only {len(text)} bytes of text in {args.data} {missing}", file=sys.stderr)
+        return 2
+    n_train = len(text) * 9 // 10
+    train, val = text[:n_train], text[n_train:]
+    print(f"chargpt: {files} files, {len(text)} bytes: {len(train)} train / {len(val)} validation")
+
+    kiln.manual_seed(args.seed)
+    model = GPT(block=block)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = kiln.optim.AdamW(decay_groups(model, WEIGHT_DECAY), lr=LR)
+    # Linear warm-up from LR / 10, then cosine annealing down to MIN_LR at the last step.
+    sched = SequentialLR(opt, [LinearLR(opt, start_factor=0.1, total_iters=WARMUP),
+                               CosineAnnealingLR(opt, T_max=max(1, args.steps - WARMUP),
+                                                 eta_min=MIN_LR)], milestones=[WARMUP])
+    batch_gen = kiln.Generator().manual_seed(args.seed)
+    step = 0
+    if args.resume and os.path.isdir(args.ckpt) and os.listdir(args.ckpt):  # saved atomically
+        step = load(args.ckpt, model, opt, sched, batch_gen)
+        print(f"chargpt: resumed from {args.ckpt} at step {step}")
+    elif args.resume:
+        print(f"chargpt: no checkpoint in {args.ckpt} yet; starting from step 0")
+    print(f"chargpt: GPT 4 layers, 4 heads, width 256, context {block}: {n_params / 1e6:.2f}M "
+          f"parameters; batch {BATCH}, AdamW lr {LR:g}, {args.steps} steps", flush=True)
+
+    start = last = time.perf_counter()
+    loss_sum, losses, val_loss = 0.0, 0, math.nan
+    while step < args.steps:
+        x, y = get_batch(train, block, batch_gen)
+        opt.zero_grad()
+        loss = lm_loss(model, x, y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        loss_sum += loss.item()
+        losses += 1
+        step += 1
+        if step % args.eval_every and step != args.steps:
+            continue
+        ms = (time.perf_counter() - last) / losses * 1e3
+        val_loss = evaluate(model, val)
+        print(f"step {step} train loss {loss_sum / losses:.4f} val loss {val_loss:.4f} "
+              f"({ms:.0f} ms/step, lr {sched.get_last_lr()[0]:.2e})", flush=True)
+        if args.ckpt:
+            save(args.ckpt, step, model, opt, sched, batch_gen)
+        loss_sum, losses, last = 0.0, 0, time.perf_counter()
+    if math.isnan(val_loss):
+        val_loss = evaluate(model, val)
+    print(f"chargpt: validation loss {val_loss:.4f} after {step} steps "
+          f"({time.perf_counter() - start:.0f} s; ln 256 = {math.log(256):.4f})")
+    print(f"--- sample (temperature {args.temperature:g}, top-k {args.top_k}) ---")
+    sample(model, args.prompt, args.sample_bytes, args.temperature, args.top_k, args.seed)
+    if args.steps >= 400 and val_loss >= 2.5:
+        print("chargpt: FAILED, validation loss not below 2.5")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
