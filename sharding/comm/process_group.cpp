@@ -25,6 +25,7 @@
 #include <iostream>
 #include <map>
 #include <numeric>
+#include <pthread.h>
 #include <sstream>
 #include <thread>
 
@@ -188,6 +189,17 @@ void narrow(const float* in, int64_t n, const Tensor& t) {
 
 constexpr size_t kRecorderSize = 64;
 
+// Note [No fork after init]: a child forked after init_process_group inherits neither the comm
+// thread nor a usable UCX worker, so its collectives would wait forever. The child handler marks
+// it, and every collective then raises instead (ranks must be started with exec). Only the
+// comm thread drives UCX, and it is not copied into the child, so the parent is unaffected.
+std::atomic<bool> forked_after_init{false};
+
+void watch_for_fork() {
+  static const int once = pthread_atfork(nullptr, nullptr, [] { forked_after_init = true; });
+  (void)once;
+}
+
 }  // namespace
 
 // ---- ProcessGroupImpl ----------------------------------------------------------------------------
@@ -222,6 +234,9 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
   // recv issued before the matching send of the same process does not block it.
   WorkPtr issue(const char* op, std::string sizes, std::function<void(Exchange&)> body,
                 OpKind kind, std::optional<uint64_t> p2p_tag = std::nullopt) {
+    KILN_CHECK(!forked_after_init, Runtime, op, " on group '", name, "': this process was forked "
+               "after init_process_group; collectives are unavailable in a forked child (start "
+               "ranks with exec, never fork after init)");
     uint64_t seq, record;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -585,6 +600,7 @@ Registry& registry() {
 
 ProcessGroupPtr make_group(Registry& reg, std::string name, std::vector<int> ranks, int rank, int id,
                            Milliseconds timeout) {
+  watch_for_fork();
   auto impl = std::make_shared<ProcessGroupImpl>();
   impl->name = std::move(name);
   impl->ranks = std::move(ranks);

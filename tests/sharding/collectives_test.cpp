@@ -3,6 +3,8 @@
 // locally from every rank's input; 64 MiB at world size 2; a killed rank and a skipped collective
 // turn into errors on the others within the timeout.
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <thread>
@@ -228,5 +230,29 @@ TEST(DistFaults, SkippedCollectiveIsNamed) {
   EXPECT_NE(res[0].output.find("#2 all_reduce float32[16]: timed out"), std::string::npos)
       << res[0].output;
 }
+
+}  // namespace kiln::testing
+
+namespace kiln::testing {
+
+// Note [No fork after init]: a child forked after init raises instead of hanging.
+KILN_RANK_SCENARIO(fork_after_init) {
+  auto pg = default_group();
+  pid_t pid = fork();
+  if (pid == 0) {
+    try {
+      pg->barrier()->wait();
+    } catch (const Error& e) {
+      _exit(std::string(e.what()).find("forked after init_process_group") != std::string::npos ? 0 : 3);
+    }
+    _exit(4);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  pg->barrier()->wait();  // the parent still works
+}
+
+TEST(DistFaults, ForkedChildRaises) { expect_all_pass(run_ranks("fork_after_init", 2)); }
 
 }  // namespace kiln::testing
