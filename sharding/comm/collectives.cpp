@@ -35,7 +35,7 @@ int64_t piece_elems(const std::vector<int64_t>& off, size_t elem) {
 }
 
 template <typename T>
-void reduce_typed(T* d, const T* s, int64_t n, ReduceOp op) {
+void reduce_typed(T* __restrict d, const T* __restrict s, int64_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg:

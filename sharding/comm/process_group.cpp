@@ -9,8 +9,8 @@
 // thread starts it. When a message misses that deadline, the group is aborted (every later
 // collective on it fails at once), its flight recorder (the last kRecorderSize collectives: op,
 // sequence number, sizes, state) goes to stderr, and the rank writes "<seq> <op>" under
-// kiln/<generation>/<group>/timeout/<rank> in the store. It then waits a short while for the
-// other members' entries: a member at a different collective, or with no entry at all (dead,
+// kiln/<generation>/<group>/timeout/<rank> in the store. It then waits a tenth of the timeout
+// (0.2 to 2 s) for the other members' entries, which time out at about the same moment: a member at a different collective, or with no entry at all (dead,
 // stuck outside collectives, or it skipped this one), is named in the error. A ring stalls
 // behind the one rank that is missing, so the ranks' own "waiting for rank k" differs; the
 // report names the culprit consistently.
@@ -349,7 +349,7 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
     std::ostringstream out;
     try {
       store->set(prefix + std::to_string(rank), mine);
-      const auto window = std::clamp(timeout / 2, Milliseconds(1000), Milliseconds(5000));
+      const auto window = std::clamp(timeout / 10, Milliseconds(200), Milliseconds(2000));
       const auto deadline = Clock::now() + window;
       std::vector<int> missing;
       for (int r = 0; r < size(); ++r)
