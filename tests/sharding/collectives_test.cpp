@@ -85,12 +85,13 @@ KILN_RANK_SCENARIO(every_collective) {
       for (const char* op : {"sum", "avg", "max"}) {
         Tensor got = reduce_scatter_tensor(input_of(r, {w * n}, dt), op, w, "world");
         auto full = reference({w * n}, dt, op);
-        expect_values(got, std::vector<double>(full.begin() + r * n, full.begin() + (r + 1) * n), dt,
-                      label("reduce_scatter_tensor", dt, n, op));
+        expect_values(got, std::vector<double>(full.begin() + r * n, full.begin() + (r + 1) * n),
+                      dt, label("reduce_scatter_tensor", dt, n, op));
       }
       Tensor b = broadcast(input_of(r, {n}, dt), w - 1, "world");
       expect_values(b, to_doubles(input_of(w - 1, {n}, dt)), dt, label("broadcast", dt, n));
-      // all_to_all_single, equal splits of (w * n, 3): block j of my output is block r of j's input.
+      // all_to_all_single, equal splits of (w * n, 3): block j of my output is block r of j's
+      // input.
       Tensor a2a = all_to_all_single(input_of(r, {w * n, 3}, dt), {}, {}, "world");
       want.clear();
       for (int j = 0; j < w; ++j) {
@@ -107,13 +108,18 @@ KILN_RANK_SCENARIO(uneven_p2p_groups) {
   auto pg = default_group();
   // all_to_all_single with uneven splits: rank i sends (i + j) % 3 rows to rank j.
   auto rows = [](int i, int j) -> int64_t { return (i + j) % 3; };
-  auto in_rows = [&](int i) { int64_t s = 0; for (int j = 0; j < w; ++j) s += rows(i, j); return s; };
+  auto in_rows = [&](int i) {
+    int64_t s = 0;
+    for (int j = 0; j < w; ++j) s += rows(i, j);
+    return s;
+  };
   std::vector<int64_t> in_split, out_split;
   for (int j = 0; j < w; ++j) {
     in_split.push_back(rows(r, j));
     out_split.push_back(rows(j, r));
   }
-  Tensor got = all_to_all_single(input_of(r, {in_rows(r), 2}, kFloat32), out_split, in_split, "world");
+  Tensor got =
+      all_to_all_single(input_of(r, {in_rows(r), 2}, kFloat32), out_split, in_split, "world");
   std::vector<double> want;
   for (int j = 0; j < w; ++j) {
     auto v = to_doubles(input_of(j, {in_rows(j), 2}, kFloat32));
@@ -130,7 +136,8 @@ KILN_RANK_SCENARIO(uneven_p2p_groups) {
   rq->wait();
   sq->wait();
   EXPECT_TRUE(rq->is_completed());
-  expect_values(from_left, to_doubles(input_of((r + w - 1) % w, {5, 3}, kFloat64)), kFloat64, "recv");
+  expect_values(from_left, to_doubles(input_of((r + w - 1) % w, {5, 3}, kFloat64)), kFloat64,
+                "recv");
 
   // Several collectives in flight at once finish in order.
   std::vector<Tensor> ts;
@@ -152,7 +159,8 @@ KILN_RANK_SCENARIO(uneven_p2p_groups) {
     EXPECT_EQ(sub->size(), 2);
     EXPECT_EQ(sub->rank(), r == 0 ? 0 : 1);
     Tensor s = all_reduce(input_of(r, {33}, kFloat32), "sum", sub->name());
-    auto a = to_doubles(input_of(0, {33}, kFloat32)), b = to_doubles(input_of(w - 1, {33}, kFloat32));
+    auto a = to_doubles(input_of(0, {33}, kFloat32)),
+         b = to_doubles(input_of(w - 1, {33}, kFloat32));
     for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
     expect_values(s, a, kFloat32, "subgroup all_reduce");
   }
@@ -181,7 +189,8 @@ KILN_RANK_SCENARIO(all_reduce_64mib) {
 
 TEST(DistCollectives, AllReduce64MiBWorld2) { expect_all_pass(run_ranks("all_reduce_64mib", 2)); }
 
-// ---- Faults --------------------------------------------------------------------------------------
+// ---- Faults
+// --------------------------------------------------------------------------------------
 
 const std::map<std::string, std::string> kShortTimeout = {{"KILN_COMM_TIMEOUT_S", "3"}};
 
@@ -196,7 +205,8 @@ KILN_RANK_SCENARIO(killed_mid_all_reduce) {
     raise(SIGKILL);
   }
   const auto start = std::chrono::steady_clock::now();
-  expect_error(ErrorKind::Runtime, "never reached all_reduce #2", [&] { pg->all_reduce(t)->wait(); });
+  expect_error(ErrorKind::Runtime, "never reached all_reduce #2",
+               [&] { pg->all_reduce(t)->wait(); });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(s, 3.0 + 1.5) << "the timeout is 3 s, the desync report waits 0.3 s";
   // The group is aborted: later collectives fail at once.
@@ -243,7 +253,8 @@ KILN_RANK_SCENARIO(fork_after_init) {
     try {
       pg->barrier()->wait();
     } catch (const Error& e) {
-      _exit(std::string(e.what()).find("forked after init_process_group") != std::string::npos ? 0 : 3);
+      _exit(std::string(e.what()).find("forked after init_process_group") != std::string::npos ? 0
+                                                                                               : 3);
     }
     _exit(4);
   }

@@ -32,8 +32,9 @@ TEST(DistInit, ExplicitWorldOfOneAndRegistry) {
   ASSERT_TRUE(sub);
   EXPECT_EQ(sub->name(), "group1");
   EXPECT_EQ(sub->timeout().count(), 1500);
-  expect_error(ErrorKind::Value, "ranks must be distinct world ranks in [0, 1)",
-               [] { dist::new_group({0, 1}); });
+  expect_error(ErrorKind::Value, "ranks must be distinct world ranks in [0, 1)", [] {
+    dist::new_group({0, 1});
+  });
   Tensor t = ones({3});
   pg->all_reduce(t, dist::ReduceOp::Avg)->wait(std::chrono::milliseconds(5000));
   expect_close(t, ones({3}));
@@ -42,7 +43,8 @@ TEST(DistInit, ExplicitWorldOfOneAndRegistry) {
   dist::destroy_process_group();
   EXPECT_FALSE(dist::is_initialized());
   expect_error(ErrorKind::Value, "no default process group", [] { dist::default_group(); });
-  expect_error(ErrorKind::Value, "no process group named 'world'", [] { dist::find_group("world"); });
+  expect_error(ErrorKind::Value, "no process group named 'world'",
+               [] { dist::find_group("world"); });
 }
 
 TEST(DistInit, BadArguments) {
@@ -62,7 +64,8 @@ TEST(DistInit, BadArguments) {
     dist::init_process_group(o);
   });
   ::unsetenv("RANK");
-  expect_error(ErrorKind::Value, "RANK and WORLD_SIZE must be set", [] { dist::init_process_group(); });
+  expect_error(ErrorKind::Value, "RANK and WORLD_SIZE must be set",
+               [] { dist::init_process_group(); });
   ::setenv("KILN_COMM_TIMEOUT_S", "soon", 1);
   expect_error(ErrorKind::Value, "KILN_COMM_TIMEOUT_S must be a positive number of seconds",
                [] { dist::init_process_group(explicit_world1()); });
