@@ -732,6 +732,9 @@ ProcessGroupPtr new_group(const std::vector<int>& ranks, std::optional<Milliseco
                world, "), got ", IntArrayRef(std::vector<int64_t>(ranks.begin(), ranks.end())));
     seen[r] = true;
   }
+  // Note [Collective tags]: a group id has 6 bits.
+  KILN_CHECK(reg.next_group_id < 64, Value, "new_group: at most 63 subgroups per "
+             "init_process_group (destroy_process_group starts the count afresh)");
   const int id = reg.next_group_id++;
   if (name.empty()) name = "group" + std::to_string(id);
   auto me = std::find(ranks.begin(), ranks.end(), reg.world->rank());

@@ -35,6 +35,8 @@ TEST(DistInit, ExplicitWorldOfOneAndRegistry) {
   expect_error(ErrorKind::Value, "ranks must be distinct world ranks in [0, 1)", [] {
     dist::new_group({0, 1});
   });
+  for (int i = 2; i < 64; ++i) EXPECT_TRUE(dist::new_group({0}));
+  expect_error(ErrorKind::Value, "at most 63 subgroups", [] { dist::new_group({0}); });
   Tensor t = ones({3});
   pg->all_reduce(t, dist::ReduceOp::Avg)->wait(std::chrono::milliseconds(5000));
   expect_close(t, ones({3}));
