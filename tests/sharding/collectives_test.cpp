@@ -194,13 +194,16 @@ TEST(DistCollectives, AllReduce64MiBWorld2) { expect_all_pass(run_ranks("all_red
 
 const std::map<std::string, std::string> kShortTimeout = {{"KILN_COMM_TIMEOUT_S", "3"}};
 
+// Rank 2 dies inside an all_reduce (KILL_NUMEL floats; Note [Peer failures]: a large one only
+// with KILN_UCX_PEER_ERRORS=1).
 KILN_RANK_SCENARIO(killed_mid_all_reduce) {
   auto pg = default_group();
-  Tensor t = ones({1 << 20});
+  const int64_t n = std::atoll(std::getenv("KILL_NUMEL"));
+  Tensor t = ones({n});
   pg->all_reduce(t)->wait();
-  if (rank() == 2) {
-    Tensor big = ones({1 << 20});
-    auto w = pg->all_reduce(big);
+  if (rank() == 2) {  // a small all_reduce could finish in 2 ms: die before it then
+    Tensor mine = ones({n});
+    auto w = n > 1024 ? pg->all_reduce(mine) : nullptr;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     raise(SIGKILL);
   }
@@ -213,13 +216,22 @@ KILN_RANK_SCENARIO(killed_mid_all_reduce) {
   expect_error(ErrorKind::Runtime, "aborted by an earlier failure", [&] { pg->barrier()->wait(); });
 }
 
-TEST(DistFaults, KilledRankRaisesOnOthers) {
-  auto res = run_ranks("killed_mid_all_reduce", 3, std::chrono::seconds(30), kShortTimeout);
+void expect_killed_rank_named(const std::map<std::string, std::string>& env) {
+  auto res = run_ranks("killed_mid_all_reduce", 3, std::chrono::seconds(30), env);
   EXPECT_EQ(res[2].signal, SIGKILL) << res[2].output;
   for (int r : {0, 1}) {
     EXPECT_EQ(res[r].exit_code, 0) << "rank " << r << ":\n" << res[r].output;
     EXPECT_NE(res[r].output.find("last collectives of group 'world'"), std::string::npos);
   }
+}
+
+TEST(DistFaults, KilledRankRaisesOnOthers) {
+  expect_killed_rank_named({{"KILN_COMM_TIMEOUT_S", "3"}, {"KILL_NUMEL", "16"}});
+}
+
+TEST(DistFaults, KilledRankMidLargeTransferWithPeerErrors) {
+  expect_killed_rank_named(
+      {{"KILN_COMM_TIMEOUT_S", "3"}, {"KILL_NUMEL", "1048576"}, {"KILN_UCX_PEER_ERRORS", "1"}});
 }
 
 KILN_RANK_SCENARIO(skipped_collective) {
