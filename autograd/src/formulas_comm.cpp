@@ -6,8 +6,8 @@ namespace {
 
 void check_linear(const char* op, std::string_view reduce_op) {
   KILN_CHECK(reduce_op == "sum" || reduce_op == "avg", NotImplemented, op,
-             ": the derivative is implemented for reduce_op 'sum' and 'avg' only, got '",
-             reduce_op, "'");
+             ": the derivative is implemented for reduce_op 'sum' and 'avg' only, got '", reduce_op,
+             "'");
 }
 
 }  // namespace

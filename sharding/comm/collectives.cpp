@@ -35,7 +35,7 @@ int64_t piece_elems(const std::vector<int64_t>& off, size_t elem) {
 }
 
 template <typename T>
-void reduce_typed(T* d, const T* s, int64_t n, ReduceOp op) {
+void reduce_typed(T* __restrict d, const T* __restrict s, int64_t n, ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg:
@@ -55,7 +55,8 @@ void reduce_typed(T* d, const T* s, int64_t n, ReduceOp op) {
 
 }  // namespace
 
-// ---- Exchange ------------------------------------------------------------------------------------
+// ---- Exchange
+// ------------------------------------------------------------------------------------
 
 uint64_t Exchange::tag_base(int group_id, OpKind op, uint64_t seq) {
   return (static_cast<uint64_t>(group_id & 0x3f) << 58) | (static_cast<uint64_t>(op) << 55) |
@@ -84,8 +85,10 @@ void Exchange::wait(size_t i) {
   // Spin while messages flow; yield, then nap, while a peer is late (ranks may share cores).
   for (int idle = 0; !t_->test(reqs_[i]); ++idle) {
     if (Clock::now() >= deadline_) throw PeerTimeout{group_peer_[i], reqs_[i].is_recv};
-    if (idle > 20000) std::this_thread::sleep_for(std::chrono::microseconds(20));
-    else if (idle > 2000) std::this_thread::yield();
+    if (idle > 20000)
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    else if (idle > 2000)
+      std::this_thread::yield();
   }
 }
 
@@ -102,7 +105,8 @@ void Exchange::wait_all() {
   for (size_t i = 0; i < reqs_.size(); ++i) wait(i);
 }
 
-// ---- Arithmetic ----------------------------------------------------------------------------------
+// ---- Arithmetic
+// ----------------------------------------------------------------------------------
 
 void reduce_into(void* dst, const void* src, int64_t n, ScalarType dtype, ReduceOp op) {
   switch (dtype) {
@@ -124,11 +128,11 @@ void reduce_into(void* dst, const void* src, int64_t n, ScalarType dtype, Reduce
 
 void divide_by(void* data, int64_t n, ScalarType dtype, int64_t divisor) {
   switch (dtype) {
-#define KILN_DIVIDE_CASE(st, T)                                        \
-  case st: {                                                           \
-    T* d = static_cast<T*>(data);                                      \
+#define KILN_DIVIDE_CASE(st, T)                                                            \
+  case st: {                                                                               \
+    T* d = static_cast<T*>(data);                                                          \
     for (int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] / static_cast<T>(divisor)); \
-    return;                                                            \
+    return;                                                                                \
   }
     KILN_DIVIDE_CASE(kFloat32, float)
     KILN_DIVIDE_CASE(kFloat64, double)
@@ -163,7 +167,8 @@ std::vector<int64_t> split_offsets(int64_t n, int parts) {
   return off;
 }
 
-// ---- Algorithms ----------------------------------------------------------------------------------
+// ---- Algorithms
+// ----------------------------------------------------------------------------------
 
 namespace {
 
@@ -199,8 +204,10 @@ void recursive_doubling(Exchange& x, char* d, int64_t numel, ScalarType dtype, R
     }
   }
   if (r < 2 * rem) {
-    if (r % 2 == 1) x.wait(x.send(r - 1, 1000, d, bytes));
-    else x.wait(x.recv(r + 1, 1000, d, bytes));
+    if (r % 2 == 1)
+      x.wait(x.send(r - 1, 1000, d, bytes));
+    else
+      x.wait(x.recv(r + 1, 1000, d, bytes));
   }
 }
 
@@ -208,8 +215,8 @@ void recursive_doubling(Exchange& x, char* d, int64_t numel, ScalarType dtype, R
 
 // Step s sends block r-s-1 to the right and receives block r-s-2 from the left, reducing it into
 // its own copy: after n-1 steps block r is complete on rank r.
-void ring_reduce_scatter(Exchange& x, void* data, const std::vector<int64_t>& off,
-                         ScalarType dtype, ReduceOp op, uint32_t msg_base) {
+void ring_reduce_scatter(Exchange& x, void* data, const std::vector<int64_t>& off, ScalarType dtype,
+                         ReduceOp op, uint32_t msg_base) {
   const int n = x.size(), r = x.rank();
   if (n == 1) return;
   const size_t elem = element_size(dtype);
@@ -222,7 +229,9 @@ void ring_reduce_scatter(Exchange& x, void* data, const std::vector<int64_t>& of
                   static_cast<char*>(scratch(1, max_len * elem))};
   const int right = mod(r + 1, n), left = mod(r - 1, n);
   auto pieces = [&](int b) { return (off[b + 1] - off[b] + chunk - 1) / chunk; };
-  auto piece_len = [&](int b, int64_t k) { return std::min(chunk, off[b + 1] - off[b] - k * chunk); };
+  auto piece_len = [&](int b, int64_t k) {
+    return std::min(chunk, off[b + 1] - off[b] - k * chunk);
+  };
   auto msg = [&](int s, int64_t k) { return msg_base + static_cast<uint32_t>(s * pmax + k); };
   auto post_recvs = [&](int s) {
     std::vector<size_t> ids;
@@ -263,7 +272,9 @@ void ring_all_gather(Exchange& x, void* data, const std::vector<int64_t>& off, s
   const int64_t pmax = (max_len + chunk - 1) / chunk;
   const int right = mod(r + 1, n), left = mod(r - 1, n);
   auto pieces = [&](int b) { return (off[b + 1] - off[b] + chunk - 1) / chunk; };
-  auto piece_len = [&](int b, int64_t k) { return std::min(chunk, off[b + 1] - off[b] - k * chunk); };
+  auto piece_len = [&](int b, int64_t k) {
+    return std::min(chunk, off[b + 1] - off[b] - k * chunk);
+  };
   auto piece_ptr = [&](int b, int64_t k) { return d + (off[b] + k * chunk) * elem; };
   auto msg = [&](int s, int64_t k) { return msg_base + static_cast<uint32_t>(s * pmax + k); };
   std::vector<std::vector<size_t>> recvs(n - 1);

@@ -22,7 +22,15 @@ namespace kiln::dist {
 
 using Clock = std::chrono::steady_clock;
 
-enum class OpKind : uint64_t { AllReduce, Broadcast, AllGather, ReduceScatter, AllToAll, Barrier, P2P };
+enum class OpKind : uint64_t {
+  AllReduce,
+  Broadcast,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  Barrier,
+  P2P
+};
 
 // Thrown when a message did not complete by the deadline.
 struct PeerTimeout {

@@ -12,8 +12,8 @@ namespace {
 
 ProcessGroupPtr group_of(const char* op, std::string_view name, std::optional<int64_t> size = {}) {
   ProcessGroupPtr pg = find_group(name);
-  KILN_CHECK(!size || *size == pg->size(), Value, op, ": group_size ", *size, " does not match group '",
-             name, "' of size ", pg->size());
+  KILN_CHECK(!size || *size == pg->size(), Value, op, ": group_size ", *size,
+             " does not match group '", name, "' of size ", pg->size());
   return pg;
 }
 
@@ -52,7 +52,8 @@ Tensor broadcast_cpu(const Tensor& self, int64_t src, std::string_view group) {
 
 Tensor all_to_all_cpu(const Tensor& self, IntArrayRef output_split_sizes,
                       IntArrayRef input_split_sizes, std::string_view group) {
-  Tensor out = new_output(meta::all_to_all_single(self, output_split_sizes, input_split_sizes, group));
+  Tensor out =
+      new_output(meta::all_to_all_single(self, output_split_sizes, input_split_sizes, group));
   auto pg = group_of("all_to_all_single", group);
   pg->all_to_all_single(out, self.contiguous(), output_split_sizes.vec(), input_split_sizes.vec())
       ->wait();

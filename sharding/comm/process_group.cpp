@@ -9,17 +9,19 @@
 // thread starts it. When a message misses that deadline, the group is aborted (every later
 // collective on it fails at once), its flight recorder (the last kRecorderSize collectives: op,
 // sequence number, sizes, state) goes to stderr, and the rank writes "<seq> <op>" under
-// kiln/<generation>/<group>/timeout/<rank> in the store. It then waits a short while for the
-// other members' entries: a member at a different collective, or with no entry at all (dead,
-// stuck outside collectives, or it skipped this one), is named in the error. A ring stalls
-// behind the one rank that is missing, so the ranks' own "waiting for rank k" differs; the
-// report names the culprit consistently.
+// kiln/<generation>/<group>/timeout/<rank> in the store. It then waits a tenth of the timeout
+// (0.2 to 2 s) for the other members' entries, which time out at about the same moment: a member at
+// a different collective, or with no entry at all (dead, stuck outside collectives, or it skipped
+// this one), is named in the error. A ring stalls behind the one rank that is missing, so the
+// ranks' own "waiting for rank k" differs; the report names the culprit consistently.
 #include "kiln/dist/process_group.h"
+
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <iostream>
@@ -48,7 +50,8 @@ const char* reduce_op_name(ReduceOp op) {
   return names[static_cast<int>(op)];
 }
 
-// ---- Work ----------------------------------------------------------------------------------------
+// ---- Work
+// ----------------------------------------------------------------------------------------
 
 bool Work::is_completed() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -57,7 +60,8 @@ bool Work::is_completed() {
 
 void Work::wait(std::optional<Milliseconds> timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!timeout) cv_.wait(lock, [&] { return done_; });
+  if (!timeout)
+    cv_.wait(lock, [&] { return done_; });
   else if (!cv_.wait_for(lock, *timeout, [&] { return done_; }))
     KILN_FAIL(Runtime, what_, ": Work::wait timed out after ", timeout->count(), " ms");
   if (error_) std::rethrow_exception(error_);
@@ -72,7 +76,8 @@ void Work::finish(std::exception_ptr error) {
   cv_.notify_all();
 }
 
-// ---- The comm thread -----------------------------------------------------------------------------
+// ---- The comm thread
+// -----------------------------------------------------------------------------
 
 namespace {
 
@@ -124,8 +129,10 @@ class CommThread {
       {
         std::unique_lock<std::mutex> lock(mu_);
         auto ready = [&] { return stop_ || !queue_.empty(); };
-        if (in_flight_.empty()) cv_.wait(lock, ready);
-        else if (idle > 2000) cv_.wait_for(lock, std::chrono::microseconds(20), ready);
+        if (in_flight_.empty())
+          cv_.wait(lock, ready);
+        else if (idle > 2000)
+          cv_.wait_for(lock, std::chrono::microseconds(20), ready);
         if (stop_ && queue_.empty() && in_flight_.empty()) return;
         if (!queue_.empty()) {
           task = std::move(queue_.front());
@@ -149,7 +156,8 @@ Milliseconds env_timeout() {
   if (!s || !*s) return std::chrono::seconds(60);
   char* end = nullptr;
   double v = std::strtod(s, &end);
-  KILN_CHECK(end && *end == '\0' && v > 0, Value, "KILN_COMM_TIMEOUT_S must be a positive number of seconds, got '", s, "'");
+  KILN_CHECK(end && *end == '\0' && v > 0, Value,
+             "KILN_COMM_TIMEOUT_S must be a positive number of seconds, got '", s, "'");
   return Milliseconds(static_cast<int64_t>(v * 1000));
 }
 
@@ -188,9 +196,21 @@ void narrow(const float* in, int64_t n, const Tensor& t) {
 
 constexpr size_t kRecorderSize = 64;
 
+// Note [No fork after init]: a child forked after init_process_group inherits neither the comm
+// thread nor a usable UCX worker, so its collectives would wait forever. The child handler marks
+// it, and every collective then raises instead (ranks must be started with exec). Only the
+// comm thread drives UCX, and it is not copied into the child, so the parent is unaffected.
+std::atomic<bool> forked_after_init{false};
+
+void watch_for_fork() {
+  static const int once = pthread_atfork(nullptr, nullptr, [] { forked_after_init = true; });
+  (void)once;
+}
+
 }  // namespace
 
-// ---- ProcessGroupImpl ----------------------------------------------------------------------------
+// ---- ProcessGroupImpl
+// ----------------------------------------------------------------------------
 
 class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
  public:
@@ -220,8 +240,12 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
   // (collectives' sequence numbers must agree across ranks; sends and receives differ by rank):
   // `body` only posts its message, and the thread tests it while it goes on with the queue, so a
   // recv issued before the matching send of the same process does not block it.
-  WorkPtr issue(const char* op, std::string sizes, std::function<void(Exchange&)> body,
-                OpKind kind, std::optional<uint64_t> p2p_tag = std::nullopt) {
+  WorkPtr issue(const char* op, std::string sizes, std::function<void(Exchange&)> body, OpKind kind,
+                std::optional<uint64_t> p2p_tag = std::nullopt) {
+    KILN_CHECK(!forked_after_init, Runtime, op, " on group '", name,
+               "': this process was forked "
+               "after init_process_group; collectives are unavailable in a forked child (start "
+               "ranks with exec, never fork after init)");
     uint64_t seq, record;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -237,7 +261,8 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
       if (aborted_) {
         set_state(record, "skipped");
         return work->finish(std::make_exception_ptr(
-            Error(ErrorKind::Runtime, what + ": the group was aborted by an earlier failure: " + abort_reason_)));
+            Error(ErrorKind::Runtime,
+                  what + ": the group was aborted by an earlier failure: " + abort_reason_)));
       }
       set_state(record, "started");
       auto x = std::make_shared<Exchange>(transport.get(), ranks, rank,
@@ -259,7 +284,8 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
         } catch (const std::exception& e) {
           set_state(record, "failed");
           if (size() == 1) return work->finish(error);  // no peers to abort
-          work->finish(std::make_exception_ptr(failed(op, seq, std::string("failed: ") + e.what(), p2p_tag.has_value())));
+          work->finish(std::make_exception_ptr(
+              failed(op, seq, std::string("failed: ") + e.what(), p2p_tag.has_value())));
         }
       };
       try {
@@ -298,8 +324,8 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
 
  private:
   std::string describe(const char* op, uint64_t seq, bool p2p = false) const {
-    return std::string(op) + (p2p ? " p2p #" : " #") + std::to_string(seq) + " on group '" + name + "' (rank " +
-           std::to_string(rank) + " of " + std::to_string(size()) + ")";
+    return std::string(op) + (p2p ? " p2p #" : " #") + std::to_string(seq) + " on group '" + name +
+           "' (rank " + std::to_string(rank) + " of " + std::to_string(size()) + ")";
   }
 
   void set_state(uint64_t record, const char* state) {
@@ -323,7 +349,8 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
     abort(msg.str());
     if (!p2p) msg << desync_report(op, seq);
     std::cerr << "kiln.dist: " << msg.str() << "\nkiln.dist: last collectives of group '" << name
-              << "' on rank " << rank << ":\n" << dump() << std::flush;
+              << "' on rank " << rank << ":\n"
+              << dump() << std::flush;
     return Error(ErrorKind::Runtime, msg.str());
   }
 
@@ -334,7 +361,7 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
     std::ostringstream out;
     try {
       store->set(prefix + std::to_string(rank), mine);
-      const auto window = std::clamp(timeout / 2, Milliseconds(1000), Milliseconds(5000));
+      const auto window = std::clamp(timeout / 10, Milliseconds(200), Milliseconds(2000));
       const auto deadline = Clock::now() + window;
       std::vector<int> missing;
       for (int r = 0; r < size(); ++r)
@@ -343,8 +370,10 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
       while (!missing.empty() && Clock::now() < deadline) {
         std::vector<int> still;
         for (int r : missing) {
-          if (store->check({prefix + std::to_string(r)})) seen[r] = store->get(prefix + std::to_string(r));
-          else still.push_back(r);
+          if (store->check({prefix + std::to_string(r)}))
+            seen[r] = store->get(prefix + std::to_string(r));
+          else
+            still.push_back(r);
         }
         missing = std::move(still);
         if (!missing.empty()) std::this_thread::sleep_for(Milliseconds(50));
@@ -352,13 +381,16 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
       std::string culprits;
       for (int r : missing)
         culprits += "; rank " + std::to_string(r) + " never reached " + op + " #" +
-                    std::to_string(seq) + " (it died, is stuck outside a collective, or skipped it)";
+                    std::to_string(seq) +
+                    " (it died, is stuck outside a collective, or skipped it)";
       for (auto& [r, s] : seen)
         if (s != mine)
           culprits += "; rank " + std::to_string(r) + " is at " + s.substr(s.find(' ') + 1) + " #" +
                       s.substr(0, s.find(' ')) + " instead (a skipped or reordered collective)";
-      if (culprits.empty()) out << "; every rank reports the same collective (a slow or stuck transport)";
-      else out << culprits;
+      if (culprits.empty())
+        out << "; every rank reports the same collective (a slow or stuck transport)";
+      else
+        out << culprits;
     } catch (const Error& e) {
       out << "; no desync report (store unreachable: " << e.what() << ")";
     }
@@ -372,7 +404,8 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
   std::string abort_reason_;
 };
 
-// ---- ProcessGroup --------------------------------------------------------------------------------
+// ---- ProcessGroup
+// --------------------------------------------------------------------------------
 
 namespace {
 
@@ -384,7 +417,8 @@ std::string shape_str(const Tensor& t) {
 
 void check_tensor(const char* op, const Tensor& t) {
   KILN_CHECK(t.defined(), Value, op, ": expected a tensor, got an undefined one");
-  KILN_CHECK(t.device().is_cpu(), Value, op, ": the UCX backend takes CPU tensors, got ", t.device());
+  KILN_CHECK(t.device().is_cpu(), Value, op, ": the UCX backend takes CPU tensors, got ",
+             t.device());
   KILN_CHECK(t.is_contiguous(), Value, op, ": expected a contiguous tensor, got shape ", t.sizes(),
              " strides ", t.strides());
 }
@@ -407,28 +441,32 @@ WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
   check_tensor("all_reduce", tensor);
   check_reducible("all_reduce", tensor);
   const int n = size();
-  return impl_->issue("all_reduce", shape_str(tensor), [tensor, op, n](Exchange& x) {
-    const int64_t numel = tensor.numel();
-    if (!is_half(tensor.dtype())) {
-      dist::all_reduce(x, tensor.data_ptr(), numel, tensor.dtype(), op);
-      if (op == ReduceOp::Avg) divide_by(tensor.data_ptr(), numel, tensor.dtype(), n);
-      return;
-    }
-    auto* wide = static_cast<float*>(scratch(2, numel * sizeof(float)));
-    widen(tensor, wide);
-    dist::all_reduce(x, wide, numel, kFloat32, op);
-    if (op == ReduceOp::Avg) divide_by(wide, numel, kFloat32, n);
-    narrow(wide, numel, tensor);
-  }, OpKind::AllReduce);
+  return impl_->issue(
+      "all_reduce", shape_str(tensor),
+      [tensor, op, n](Exchange& x) {
+        const int64_t numel = tensor.numel();
+        if (!is_half(tensor.dtype())) {
+          dist::all_reduce(x, tensor.data_ptr(), numel, tensor.dtype(), op);
+          if (op == ReduceOp::Avg) divide_by(tensor.data_ptr(), numel, tensor.dtype(), n);
+          return;
+        }
+        auto* wide = static_cast<float*>(scratch(2, numel * sizeof(float)));
+        widen(tensor, wide);
+        dist::all_reduce(x, wide, numel, kFloat32, op);
+        if (op == ReduceOp::Avg) divide_by(wide, numel, kFloat32, n);
+        narrow(wide, numel, tensor);
+      },
+      OpKind::AllReduce);
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, int src) {
   check_tensor("broadcast", tensor);
   KILN_CHECK(src >= 0 && src < size(), Value, "broadcast: src ", src, " is not a rank of group '",
              name(), "' of size ", size());
-  return impl_->issue("broadcast", shape_str(tensor), [tensor, src](Exchange& x) {
-    dist::broadcast(x, tensor.data_ptr(), tensor.nbytes(), src);
-  }, OpKind::Broadcast);
+  return impl_->issue(
+      "broadcast", shape_str(tensor),
+      [tensor, src](Exchange& x) { dist::broadcast(x, tensor.data_ptr(), tensor.nbytes(), src); },
+      OpKind::Broadcast);
 }
 
 WorkPtr ProcessGroup::all_gather_into_tensor(Tensor& output, const Tensor& input) {
@@ -437,15 +475,19 @@ WorkPtr ProcessGroup::all_gather_into_tensor(Tensor& output, const Tensor& input
   KILN_CHECK(output.dtype() == input.dtype() && output.numel() == input.numel() * size(), Value,
              "all_gather_into_tensor: output ", shape_str(output), " must hold ", size(),
              " copies of input ", shape_str(input));
-  return impl_->issue("all_gather_into_tensor", shape_str(input), [output, input](Exchange& x) {
-    const size_t elem = element_size(input.dtype());
-    const int64_t block = input.numel();
-    std::vector<int64_t> off(x.size() + 1);
-    for (int i = 0; i <= x.size(); ++i) off[i] = i * block;
-    if (block) std::memcpy(static_cast<char*>(output.data_ptr()) + off[x.rank()] * elem,
-                           input.data_ptr(), block * elem);
-    ring_all_gather(x, output.data_ptr(), off, elem, 0);
-  }, OpKind::AllGather);
+  return impl_->issue(
+      "all_gather_into_tensor", shape_str(input),
+      [output, input](Exchange& x) {
+        const size_t elem = element_size(input.dtype());
+        const int64_t block = input.numel();
+        std::vector<int64_t> off(x.size() + 1);
+        for (int i = 0; i <= x.size(); ++i) off[i] = i * block;
+        if (block)
+          std::memcpy(static_cast<char*>(output.data_ptr()) + off[x.rank()] * elem,
+                      input.data_ptr(), block * elem);
+        ring_all_gather(x, output.data_ptr(), off, elem, 0);
+      },
+      OpKind::AllGather);
 }
 
 WorkPtr ProcessGroup::reduce_scatter_tensor(Tensor& output, const Tensor& input, ReduceOp op) {
@@ -456,22 +498,29 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(Tensor& output, const Tensor& input,
              "reduce_scatter_tensor: input ", shape_str(input), " must hold ", size(),
              " blocks of output ", shape_str(output));
   const int n = size();
-  return impl_->issue("reduce_scatter_tensor", shape_str(input), [output, input, op, n](Exchange& x) {
-    const int64_t block = output.numel();
-    const ScalarType wt = is_half(input.dtype()) ? kFloat32 : input.dtype();
-    const size_t elem = element_size(wt);
-    // The ring reduces in place: work on a copy (float32 for float16/bfloat16).
-    char* buf = static_cast<char*>(scratch(2, input.numel() * elem));
-    if (is_half(input.dtype())) widen(input, reinterpret_cast<float*>(buf));
-    else if (input.numel()) std::memcpy(buf, input.data_ptr(), input.nbytes());
-    std::vector<int64_t> off(n + 1);
-    for (int i = 0; i <= n; ++i) off[i] = i * block;
-    ring_reduce_scatter(x, buf, off, wt, op, 0);
-    char* mine = buf + off[x.rank()] * elem;
-    if (op == ReduceOp::Avg) divide_by(mine, block, wt, n);
-    if (is_half(input.dtype())) narrow(reinterpret_cast<float*>(mine), block, output);
-    else if (block) std::memcpy(output.data_ptr(), mine, block * elem);
-  }, OpKind::ReduceScatter);
+  return impl_->issue(
+      "reduce_scatter_tensor", shape_str(input),
+      [output, input, op, n](Exchange& x) {
+        const int64_t block = output.numel();
+        const ScalarType wt = is_half(input.dtype()) ? kFloat32 : input.dtype();
+        const size_t elem = element_size(wt);
+        // The ring reduces in place: work on a copy (float32 for float16/bfloat16).
+        char* buf = static_cast<char*>(scratch(2, input.numel() * elem));
+        if (is_half(input.dtype()))
+          widen(input, reinterpret_cast<float*>(buf));
+        else if (input.numel())
+          std::memcpy(buf, input.data_ptr(), input.nbytes());
+        std::vector<int64_t> off(n + 1);
+        for (int i = 0; i <= n; ++i) off[i] = i * block;
+        ring_reduce_scatter(x, buf, off, wt, op, 0);
+        char* mine = buf + off[x.rank()] * elem;
+        if (op == ReduceOp::Avg) divide_by(mine, block, wt, n);
+        if (is_half(input.dtype()))
+          narrow(reinterpret_cast<float*>(mine), block, output);
+        else if (block)
+          std::memcpy(output.data_ptr(), mine, block * elem);
+      },
+      OpKind::ReduceScatter);
 }
 
 WorkPtr ProcessGroup::all_to_all_single(Tensor& output, const Tensor& input,
@@ -492,8 +541,8 @@ WorkPtr ProcessGroup::all_to_all_single(Tensor& output, const Tensor& input,
     }
     KILN_CHECK(static_cast<int>(s.size()) == n, Value, op, ": expected ", n, " ", which,
                " split sizes, got ", s.size());
-    KILN_CHECK(std::accumulate(s.begin(), s.end(), int64_t{0}) == t.size(0), Value, op, ": ",
-               which, " split sizes must sum to dim 0 of ", shape_str(t));
+    KILN_CHECK(std::accumulate(s.begin(), s.end(), int64_t{0}) == t.size(0), Value, op, ": ", which,
+               " split sizes must sum to dim 0 of ", shape_str(t));
   };
   splits(input_split_sizes, input, "input");
   splits(output_split_sizes, output, "output");
@@ -511,9 +560,12 @@ WorkPtr ProcessGroup::all_to_all_single(Tensor& output, const Tensor& input,
   std::vector<size_t> in_off, in_len, out_off, out_len;
   bytes_of(input_split_sizes, row_in, in_off, in_len);
   bytes_of(output_split_sizes, row_out, out_off, out_len);
-  return impl_->issue(op, shape_str(input), [=](Exchange& x) {
-    dist::all_to_all(x, input.data_ptr(), in_off, in_len, output.data_ptr(), out_off, out_len);
-  }, OpKind::AllToAll);
+  return impl_->issue(
+      op, shape_str(input),
+      [=](Exchange& x) {
+        dist::all_to_all(x, input.data_ptr(), in_off, in_len, output.data_ptr(), out_off, out_len);
+      },
+      OpKind::AllToAll);
 }
 
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
@@ -522,9 +574,10 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
              " must be another rank of group '", name(), "' of size ", size());
   KILN_CHECK(tag >= 0 && tag < (1 << 19), Value, "send: tag must be in [0, 2^19), got ", tag);
   uint32_t msg = impl_->next_p2p(impl_->sends_, dst, tag);
-  return impl_->issue("send", shape_str(tensor), [tensor, dst, msg](Exchange& x) {
-    x.send(dst, msg, tensor.data_ptr(), tensor.nbytes());
-  }, OpKind::P2P, tag);
+  return impl_->issue(
+      "send", shape_str(tensor),
+      [tensor, dst, msg](Exchange& x) { x.send(dst, msg, tensor.data_ptr(), tensor.nbytes()); },
+      OpKind::P2P, tag);
 }
 
 WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
@@ -533,16 +586,19 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
              " must be another rank of group '", name(), "' of size ", size());
   KILN_CHECK(tag >= 0 && tag < (1 << 19), Value, "recv: tag must be in [0, 2^19), got ", tag);
   uint32_t msg = impl_->next_p2p(impl_->recvs_, src, tag);
-  return impl_->issue("recv", shape_str(tensor), [tensor, src, msg](Exchange& x) {
-    x.recv(src, msg, tensor.data_ptr(), tensor.nbytes());
-  }, OpKind::P2P, tag);
+  return impl_->issue(
+      "recv", shape_str(tensor),
+      [tensor, src, msg](Exchange& x) { x.recv(src, msg, tensor.data_ptr(), tensor.nbytes()); },
+      OpKind::P2P, tag);
 }
 
 WorkPtr ProcessGroup::barrier() {
-  return impl_->issue("barrier", "", [](Exchange& x) { dist::barrier(x); }, OpKind::Barrier);
+  return impl_->issue(
+      "barrier", "", [](Exchange& x) { dist::barrier(x); }, OpKind::Barrier);
 }
 
-// ---- Registry ------------------------------------------------------------------------------------
+// ---- Registry
+// ------------------------------------------------------------------------------------
 
 namespace {
 
@@ -583,8 +639,9 @@ Registry& registry() {
   return r;
 }
 
-ProcessGroupPtr make_group(Registry& reg, std::string name, std::vector<int> ranks, int rank, int id,
-                           Milliseconds timeout) {
+ProcessGroupPtr make_group(Registry& reg, std::string name, std::vector<int> ranks, int rank,
+                           int id, Milliseconds timeout) {
+  watch_for_fork();
   auto impl = std::make_shared<ProcessGroupImpl>();
   impl->name = std::move(name);
   impl->ranks = std::move(ranks);
@@ -603,7 +660,8 @@ ProcessGroupPtr make_group(Registry& reg, std::string name, std::vector<int> ran
 ProcessGroupPtr init_process_group(const InitOptions& o) {
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
-  KILN_CHECK(!reg.world, Value, "init_process_group: the default group exists already (call "
+  KILN_CHECK(!reg.world, Value,
+             "init_process_group: the default group exists already (call "
              "destroy_process_group first)");
   KILN_CHECK(o.backend == "ucx", Value, "init_process_group: unknown backend '", o.backend,
              "' (this build has: ucx)");
@@ -615,7 +673,8 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     world = env_int("WORLD_SIZE", -1);
     KILN_CHECK(rank >= 0 && world >= 1 && rank < world, Value,
                "init_process_group(env://): RANK and WORLD_SIZE must be set with 0 <= RANK < "
-               "WORLD_SIZE, got RANK=", rank, " WORLD_SIZE=", world);
+               "WORLD_SIZE, got RANK=",
+               rank, " WORLD_SIZE=", world);
     if (world > 1) {
       const char* addr = std::getenv("MASTER_ADDR");
       const int port = env_int("MASTER_PORT", -1);
@@ -626,9 +685,12 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   } else {
     KILN_CHECK(o.init_method.empty(), Value, "init_process_group: unsupported init_method '",
                o.init_method, "' (use \"env://\", or \"\" with rank, world_size and store)");
-    KILN_CHECK(rank >= 0 && world >= 1 && rank < world, Value, "init_process_group: need 0 <= "
-               "rank < world_size, got rank ", rank, ", world_size ", world);
-    KILN_CHECK(world == 1 || store, Value, "init_process_group: a store is needed for world_size ", world);
+    KILN_CHECK(rank >= 0 && world >= 1 && rank < world, Value,
+               "init_process_group: need 0 <= "
+               "rank < world_size, got rank ",
+               rank, ", world_size ", world);
+    KILN_CHECK(world == 1 || store, Value, "init_process_group: a store is needed for world_size ",
+               world);
   }
   ++reg.generation;
   reg.store = store;
@@ -664,10 +726,15 @@ ProcessGroupPtr new_group(const std::vector<int>& ranks, std::optional<Milliseco
   const int world = reg.world->size();
   std::vector<bool> seen(world, false);
   for (int r : ranks) {
-    KILN_CHECK(r >= 0 && r < world && !seen[r], Value, "new_group: ranks must be distinct world "
-               "ranks in [0, ", world, "), got ", IntArrayRef(std::vector<int64_t>(ranks.begin(), ranks.end())));
+    KILN_CHECK(r >= 0 && r < world && !seen[r], Value,
+               "new_group: ranks must be distinct world "
+               "ranks in [0, ",
+               world, "), got ", IntArrayRef(std::vector<int64_t>(ranks.begin(), ranks.end())));
     seen[r] = true;
   }
+  // Note [Collective tags]: a group id has 6 bits.
+  KILN_CHECK(reg.next_group_id < 64, Value, "new_group: at most 63 subgroups per "
+             "init_process_group (destroy_process_group starts the count afresh)");
   const int id = reg.next_group_id++;
   if (name.empty()) name = "group" + std::to_string(id);
   auto me = std::find(ranks.begin(), ranks.end(), reg.world->rank());

@@ -111,7 +111,8 @@ bool recv_message(int fd, uint8_t& head, Fields& fields) {
 
 }  // namespace
 
-// ---- Server --------------------------------------------------------------------------------------
+// ---- Server
+// --------------------------------------------------------------------------------------
 
 class TCPStore::Server {
  public:
@@ -121,7 +122,8 @@ class TCPStore::Server {
     KILN_CHECK(fd_ >= 0, Runtime, "TCPStore: socket(): ", std::strerror(errno));
     int one = 1;
     setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd_, 128) != 0) {
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::listen(fd_, 128) != 0) {
       std::string err = std::strerror(errno);
       ::close(fd_);
       KILN_FAIL(Runtime, "TCPStore: cannot listen on ", endpoint(host, port), ": ", err);
@@ -161,8 +163,10 @@ class TCPStore::Server {
       std::vector<int> alive;
       for (size_t i = 2; i < fds.size(); ++i) {
         bool ok = !(fds[i].revents & (POLLIN | POLLHUP | POLLERR)) || serve(fds[i].fd);
-        if (ok) alive.push_back(fds[i].fd);
-        else ::close(fds[i].fd);
+        if (ok)
+          alive.push_back(fds[i].fd);
+        else
+          ::close(fds[i].fd);
       }
       for (size_t i = fds.size() - 2; i < clients.size(); ++i) alive.push_back(clients[i]);
       clients = std::move(alive);
@@ -221,7 +225,8 @@ class TCPStore::Server {
   std::unordered_map<std::string, std::string> data_;
 };
 
-// ---- Client --------------------------------------------------------------------------------------
+// ---- Client
+// --------------------------------------------------------------------------------------
 
 class TCPStore::Client {
  public:
@@ -270,7 +275,8 @@ class TCPStore::Client {
   std::mutex mu_;
 };
 
-// ---- TCPStore ------------------------------------------------------------------------------------
+// ---- TCPStore
+// ------------------------------------------------------------------------------------
 
 TCPStore::TCPStore(std::string host, int port, bool is_server, Milliseconds timeout)
     : host_(std::move(host)), port_(port), timeout_(timeout) {
@@ -294,8 +300,8 @@ void TCPStore::set(const std::string& key, const std::string& value) {
 std::string TCPStore::get(const std::string& key) {
   wait({key});
   Fields r;
-  KILN_CHECK(client_->request(kGet, {key}, &r) == 0 && r.size() == 1, Runtime,
-             "TCPStore: key '", key, "' vanished from ", client_->where());
+  KILN_CHECK(client_->request(kGet, {key}, &r) == 0 && r.size() == 1, Runtime, "TCPStore: key '",
+             key, "' vanished from ", client_->where());
   return r[0];
 }
 

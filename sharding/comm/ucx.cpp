@@ -4,7 +4,9 @@
 #include <ucp/api/ucp.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "kiln/error.h"
 
@@ -17,8 +19,16 @@ void check(ucs_status_t s, const char* what) {
 
 }  // namespace
 
+// Note [Peer failures]: by default endpoints have no peer error handling, so UCX may use shared
+// memory (posix/sysv), which cannot report a dead peer. A dead or stuck peer then shows as a
+// collective timeout (Note [Collective timeouts]), except that UCX aborts this process when it
+// was reading a large message from the peer's memory (CMA) the moment that peer died.
+// KILN_UCX_PEER_ERRORS=1 asks for peer error handling: every peer failure becomes an error on the
+// requests, but UCX then leaves shared memory out and carries small messages over TCP (slower).
 UcxTransport::UcxTransport(TCPStore& store, const std::string& key_prefix, int rank, int world)
     : eps_(world, nullptr), rank_(rank) {
+  const char* pe = std::getenv("KILN_UCX_PEER_ERRORS");
+  const bool peer_errors = pe && std::string(pe) == "1";
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   ucp_params_t params{};
@@ -45,9 +55,12 @@ UcxTransport::UcxTransport(TCPStore& store, const std::string& key_prefix, int r
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     ep.address = reinterpret_cast<const ucp_address_t*>(remote.data());
-    // Peer failures surface as collective timeouts (Note [Collective timeouts]); asking UCX for
-    // peer error handling would exclude its shared-memory transports.
     ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    if (peer_errors) {
+      ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};  // the requests fail instead
+    }
     check(ucp_ep_create(worker_, &ep, &eps_[peer]), "ucp_ep_create");
   }
 }

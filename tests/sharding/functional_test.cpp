@@ -38,9 +38,7 @@ KILN_OP_SAMPLES("reduce_scatter_tensor", reduce_scatter_s) {
   return S{{random({4, 2}), str("sum"), i64(1), local_group()},
            {random({3}), str("avg"), i64(1), local_group()}};
 }
-KILN_OP_SAMPLES("broadcast", broadcast_s) {
-  return S{{random({3}), i64(0), local_group()}};
-}
+KILN_OP_SAMPLES("broadcast", broadcast_s) { return S{{random({3}), i64(0), local_group()}}; }
 KILN_OP_SAMPLES("all_to_all_single", all_to_all_s) {
   return S{{random({4, 2}), IValue(Ints{}), IValue(Ints{}), local_group()},
            {random({3, 2}), IValue(Ints{3}), IValue(Ints{3}), local_group()}};
@@ -77,19 +75,24 @@ TEST(DistFunctional, MetaShapes) {
 TEST(DistFunctional, Errors) {
   const std::string g = local_group();
   Tensor x = random({4, 2});
-  expect_error(ErrorKind::Value, "no process group named 'nope'", [&] { all_reduce(x, "sum", "nope"); });
-  expect_error(ErrorKind::Value, "reduce_op must be 'sum', 'avg', 'max', 'min' or 'product', got 'mean'",
+  expect_error(ErrorKind::Value, "no process group named 'nope'",
+               [&] { all_reduce(x, "sum", "nope"); });
+  expect_error(ErrorKind::Value,
+               "reduce_op must be 'sum', 'avg', 'max', 'min' or 'product', got 'mean'",
                [&] { all_reduce(x, "mean", g); });
   expect_error(ErrorKind::Value, "group_size 2 does not match group 'local' of size 1",
                [&] { all_gather_into_tensor(x, 2, g); });
-  expect_error(ErrorKind::Value, "dim 0 of the input must be divisible by the group size 3, got shape [4, 2]",
+  expect_error(ErrorKind::Value,
+               "dim 0 of the input must be divisible by the group size 3, got shape [4, 2]",
                [&] { reduce_scatter_tensor(x, "sum", 3, g); });
-  expect_error(ErrorKind::Value, "input_split_sizes [1, 1] must sum to dim 0 of the input",
-               [&] { all_to_all_single(x, {1, 1}, {1, 1}, g); });
+  expect_error(ErrorKind::Value, "input_split_sizes [1, 1] must sum to dim 0 of the input", [&] {
+    all_to_all_single(x, {1, 1}, {1, 1}, g);
+  });
   expect_error(ErrorKind::Value, "broadcast: src 1 is not a rank of group 'local'",
                [&] { broadcast(x, 1, g); });
   Tensor flags = ones({2}, kBool);
-  expect_error(ErrorKind::Type, "cannot reduce bool", [&] { dist::find_group(g)->all_reduce(flags); });
+  expect_error(ErrorKind::Type, "cannot reduce bool",
+               [&] { dist::find_group(g)->all_reduce(flags); });
   Tensor strided = non_contiguous(random({2, 3}));
   expect_error(ErrorKind::Value, "expected a contiguous tensor",
                [&] { dist::find_group(g)->all_reduce(strided); });
@@ -105,7 +108,8 @@ TEST(DistFunctional, Derivatives) {
   (reduce_scatter_tensor(y, "avg", 1, g) * 3.0).sum().backward();
   expect_close(y.grad(), full({4}, 3.0));
   Tensor z = random({2}).requires_grad_();
-  expect_error(ErrorKind::NotImplemented, "derivative is implemented for reduce_op 'sum' and 'avg' only",
+  expect_error(ErrorKind::NotImplemented,
+               "derivative is implemented for reduce_op 'sum' and 'avg' only",
                [&] { all_reduce(z, "max", g).sum().backward(); });
 }
 

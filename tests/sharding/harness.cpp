@@ -126,7 +126,8 @@ void expect_all_pass(const std::vector<RankResult>& results) {
     const RankResult& res = results[r];
     EXPECT_TRUE(res.exit_code == 0 && !res.timed_out)
         << "rank " << r << (res.timed_out ? " timed out" : "") << " exit " << res.exit_code
-        << " signal " << res.signal << "; its output:\n" << res.output;
+        << " signal " << res.signal << "; its output:\n"
+        << res.output;
   }
 }
 

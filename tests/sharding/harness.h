@@ -43,8 +43,8 @@ void expect_all_pass(const std::vector<RankResult>& results);
 
 }  // namespace kiln::testing
 
-#define KILN_RANK_SCENARIO(NAME)                                                       \
-  static void kiln_scenario_##NAME();                                                  \
-  static const int kiln_scenario_##NAME##_reg =                                        \
-      ::kiln::testing::register_scenario(#NAME, &kiln_scenario_##NAME);                \
+#define KILN_RANK_SCENARIO(NAME)                                        \
+  static void kiln_scenario_##NAME();                                   \
+  static const int kiln_scenario_##NAME##_reg =                         \
+      ::kiln::testing::register_scenario(#NAME, &kiln_scenario_##NAME); \
   static void kiln_scenario_##NAME()

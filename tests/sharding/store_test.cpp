@@ -1,11 +1,12 @@
 // The rendezvous store (kiln/dist/store.h), in one process: a server and clients on loopback.
+#include "kiln/dist/store.h"
+
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <thread>
 
-#include "kiln/dist/store.h"
 #include "test_util.h"
 
 namespace kiln::testing {
@@ -37,7 +38,7 @@ TEST(DistStore, SetGetAddCompareSetCheckDelete) {
   EXPECT_EQ(client.add("n", 2), 2);
   EXPECT_EQ(server.add("n", -5), -3);
   EXPECT_EQ(client.get("n"), "-3");
-  EXPECT_EQ(client.compare_set("c", "", "first"), "first");     // absent + empty expected: set
+  EXPECT_EQ(client.compare_set("c", "", "first"), "first");        // absent + empty expected: set
   EXPECT_EQ(client.compare_set("c", "wrong", "second"), "first");  // mismatch: unchanged
   EXPECT_EQ(client.compare_set("c", "first", "second"), "second");
   EXPECT_EQ(client.compare_set("d", "x", "y"), "x");  // absent, non-empty expected: nothing set
@@ -92,16 +93,16 @@ TEST(DistStore, ClientRetriesUntilTheServerListens) {
 
 TEST(DistStore, ErrorsNameHostAndPort) {
   const int port = closed_port();
-  expect_error(ErrorKind::Runtime, "could not connect to 127.0.0.1:" + std::to_string(port), [&] {
-    TCPStore c("127.0.0.1", port, false, milliseconds(200));
-  });
+  expect_error(ErrorKind::Runtime, "could not connect to 127.0.0.1:" + std::to_string(port),
+               [&] { TCPStore c("127.0.0.1", port, false, milliseconds(200)); });
   TCPStore server("127.0.0.1", 0, true, milliseconds(200));
   const std::string where = "127.0.0.1:" + std::to_string(server.port());
   expect_error(ErrorKind::Runtime, "waiting for key(s) 'missing' at " + where,
                [&] { server.get("missing"); });
   expect_error(ErrorKind::Runtime, "timed out after 50 ms",
                [&] { server.wait({"missing"}, milliseconds(50)); });
-  expect_error(ErrorKind::Value, "port must be in [0, 65535]", [] { TCPStore c("127.0.0.1", 70000); });
+  expect_error(ErrorKind::Value, "port must be in [0, 65535]",
+               [] { TCPStore c("127.0.0.1", 70000); });
 }
 
 TEST(DistStore, LostServerIsAnError) {
@@ -109,7 +110,8 @@ TEST(DistStore, LostServerIsAnError) {
   TCPStore client("127.0.0.1", server->port(), false, milliseconds(500));
   client.set("k", "v");
   server.reset();
-  expect_error(ErrorKind::Runtime, "lost the connection to the store", [&] { client.set("k", "w"); });
+  expect_error(ErrorKind::Runtime, "lost the connection to the store",
+               [&] { client.set("k", "w"); });
 }
 
 }  // namespace kiln::testing

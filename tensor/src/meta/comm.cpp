@@ -44,8 +44,8 @@ TensorSpec all_gather_into_tensor(const Tensor& self, int64_t group_size, std::s
 }
 
 // self: (group_size * N, ...) -> (N, ...).
-TensorSpec reduce_scatter_tensor(const Tensor& self, std::string_view reduce_op,
-                                 int64_t group_size, std::string_view group) {
+TensorSpec reduce_scatter_tensor(const Tensor& self, std::string_view reduce_op, int64_t group_size,
+                                 std::string_view group) {
   check_reduce_op("reduce_scatter_tensor", reduce_op);
   check_group_size("reduce_scatter_tensor", group_size);
   check_group("reduce_scatter_tensor", group);
@@ -78,7 +78,8 @@ TensorSpec all_to_all_single(const Tensor& self, IntArrayRef output_split_sizes,
   for (size_t i = 0; i < input_split_sizes.size(); ++i)
     KILN_CHECK(input_split_sizes[i] >= 0 && output_split_sizes[i] >= 0, Value, op,
                ": split sizes must be >= 0, got ", input_split_sizes, " and ", output_split_sizes);
-  const int64_t in_total = std::accumulate(input_split_sizes.begin(), input_split_sizes.end(), int64_t{0});
+  const int64_t in_total =
+      std::accumulate(input_split_sizes.begin(), input_split_sizes.end(), int64_t{0});
   KILN_CHECK(in_total == self.size(0), Value, op, ": input_split_sizes ", input_split_sizes,
              " must sum to dim 0 of the input, shape ", self.sizes());
   sizes[0] = std::accumulate(output_split_sizes.begin(), output_split_sizes.end(), int64_t{0});
