@@ -33,6 +33,7 @@
 #include "collectives.h"
 #include "kiln/error.h"
 #include "kiln/half.h"
+#include "nccl.h"
 
 namespace kiln::dist {
 
@@ -232,6 +233,7 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
   std::shared_ptr<UcxTransport> transport;  // null for a one-rank group
   std::shared_ptr<TCPStore> store;
   CommThread* thread = nullptr;  // the registry's
+  std::shared_ptr<NcclComm> nccl;  // backend "nccl": every collective goes there instead
 
   int size() const { return static_cast<int>(ranks.size()); }
 
@@ -438,6 +440,7 @@ const std::vector<int>& ProcessGroup::ranks() const { return impl_->ranks; }
 std::string ProcessGroup::dump_recent() const { return impl_->dump(); }
 
 WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
+  if (impl_->nccl) return impl_->nccl->all_reduce(tensor, op);
   check_tensor("all_reduce", tensor);
   check_reducible("all_reduce", tensor);
   const int n = size();
@@ -460,6 +463,7 @@ WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
 }
 
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, int src) {
+  if (impl_->nccl) return impl_->nccl->broadcast(tensor, src);
   check_tensor("broadcast", tensor);
   KILN_CHECK(src >= 0 && src < size(), Value, "broadcast: src ", src, " is not a rank of group '",
              name(), "' of size ", size());
@@ -470,6 +474,7 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, int src) {
 }
 
 WorkPtr ProcessGroup::all_gather_into_tensor(Tensor& output, const Tensor& input) {
+  if (impl_->nccl) return impl_->nccl->all_gather_into_tensor(output, input);
   check_tensor("all_gather_into_tensor", output);
   check_tensor("all_gather_into_tensor", input);
   KILN_CHECK(output.dtype() == input.dtype() && output.numel() == input.numel() * size(), Value,
@@ -491,6 +496,7 @@ WorkPtr ProcessGroup::all_gather_into_tensor(Tensor& output, const Tensor& input
 }
 
 WorkPtr ProcessGroup::reduce_scatter_tensor(Tensor& output, const Tensor& input, ReduceOp op) {
+  if (impl_->nccl) return impl_->nccl->reduce_scatter_tensor(output, input, op);
   check_tensor("reduce_scatter_tensor", output);
   check_tensor("reduce_scatter_tensor", input);
   check_reducible("reduce_scatter_tensor", input);
@@ -526,6 +532,7 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(Tensor& output, const Tensor& input,
 WorkPtr ProcessGroup::all_to_all_single(Tensor& output, const Tensor& input,
                                         std::vector<int64_t> output_split_sizes,
                                         std::vector<int64_t> input_split_sizes) {
+  if (impl_->nccl) return impl_->nccl->all_to_all_single(output, input, output_split_sizes, input_split_sizes);
   const char* op = "all_to_all_single";
   check_tensor(op, output);
   check_tensor(op, input);
@@ -569,6 +576,7 @@ WorkPtr ProcessGroup::all_to_all_single(Tensor& output, const Tensor& input,
 }
 
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
+  if (impl_->nccl) return impl_->nccl->send(tensor, dst);
   check_tensor("send", tensor);
   KILN_CHECK(dst >= 0 && dst < size() && dst != rank(), Value, "send: dst ", dst,
              " must be another rank of group '", name(), "' of size ", size());
@@ -581,6 +589,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
 }
 
 WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
+  if (impl_->nccl) return impl_->nccl->recv(tensor, src);
   check_tensor("recv", tensor);
   KILN_CHECK(src >= 0 && src < size() && src != rank(), Value, "recv: src ", src,
              " must be another rank of group '", name(), "' of size ", size());
@@ -593,6 +602,7 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
 }
 
 WorkPtr ProcessGroup::barrier() {
+  if (impl_->nccl) return impl_->nccl->barrier();
   return impl_->issue(
       "barrier", "", [](Exchange& x) { dist::barrier(x); }, OpKind::Barrier);
 }
@@ -611,6 +621,7 @@ struct Registry {
   ProcessGroupPtr world;
   std::shared_ptr<UcxTransport> transport;
   std::shared_ptr<TCPStore> store;
+  std::shared_ptr<NcclComm> world_nccl;  // the world's, parent of the subgroups' (backend "nccl")
   int next_group_id = 1;
   int generation = 0;
   // Last, so it is destroyed first: at exit it finishes the queued collectives before the groups
@@ -623,6 +634,7 @@ struct Registry {
     groups.clear();
     world.reset();
     transport.reset();
+    world_nccl.reset();
     store.reset();
     next_group_id = 1;
   }
@@ -640,7 +652,7 @@ Registry& registry() {
 }
 
 ProcessGroupPtr make_group(Registry& reg, std::string name, std::vector<int> ranks, int rank,
-                           int id, Milliseconds timeout) {
+                           int id, Milliseconds timeout, std::shared_ptr<NcclComm> nccl = nullptr) {
   watch_for_fork();
   auto impl = std::make_shared<ProcessGroupImpl>();
   impl->name = std::move(name);
@@ -652,6 +664,7 @@ ProcessGroupPtr make_group(Registry& reg, std::string name, std::vector<int> ran
   impl->transport = impl->ranks.size() > 1 ? reg.transport : nullptr;
   impl->store = reg.store;
   impl->thread = &reg.thread;
+  impl->nccl = std::move(nccl);
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
 
@@ -663,8 +676,13 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
   KILN_CHECK(!reg.world, Value,
              "init_process_group: the default group exists already (call "
              "destroy_process_group first)");
+#ifdef KILN_HAVE_NCCL
+  KILN_CHECK(o.backend == "ucx" || o.backend == "nccl", Value,
+             "init_process_group: unknown backend '", o.backend, "' (this build has: ucx, nccl)");
+#else
   KILN_CHECK(o.backend == "ucx", Value, "init_process_group: unknown backend '", o.backend,
-             "' (this build has: ucx)");
+             "' (this build has: ucx; nccl needs a build with CUDA)");
+#endif
   const Milliseconds timeout = o.timeout.value_or(env_timeout());
   int rank = o.rank, world = o.world_size;
   std::shared_ptr<TCPStore> store = o.store;
@@ -693,14 +711,21 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
                world);
   }
   ++reg.generation;
+  std::shared_ptr<NcclComm> nccl;
+#ifdef KILN_HAVE_NCCL
+  if (o.backend == "nccl")
+    nccl = nccl_init(store.get(), "kiln/" + std::to_string(reg.generation) + "/nccl", rank, world,
+                     o.group_name, timeout);
+#endif
   reg.store = store;
-  if (world > 1) {
+  reg.world_nccl = nccl;
+  if (world > 1 && !nccl) {
     reg.transport = std::make_shared<UcxTransport>(
         *store, "kiln/" + std::to_string(reg.generation) + "/ucx/", rank, world);
   }
   std::vector<int> ranks(world);
   std::iota(ranks.begin(), ranks.end(), 0);
-  reg.world = make_group(reg, o.group_name, std::move(ranks), rank, 0, timeout);
+  reg.world = make_group(reg, o.group_name, std::move(ranks), rank, 0, timeout, std::move(nccl));
   reg.add(reg.world);
   return reg.world;
 }
@@ -738,9 +763,16 @@ ProcessGroupPtr new_group(const std::vector<int>& ranks, std::optional<Milliseco
   const int id = reg.next_group_id++;
   if (name.empty()) name = "group" + std::to_string(id);
   auto me = std::find(ranks.begin(), ranks.end(), reg.world->rank());
+  const int rank = static_cast<int>(me - ranks.begin());
+  std::shared_ptr<NcclComm> nccl;
+#ifdef KILN_HAVE_NCCL
+  if (NcclComm* parent = reg.world_nccl.get())
+    nccl = nccl_split(*parent, me != ranks.end(), rank, name,
+                      timeout.value_or(reg.world->timeout()));
+#endif
   if (me == ranks.end()) return nullptr;
-  auto pg = make_group(reg, std::move(name), ranks, static_cast<int>(me - ranks.begin()), id,
-                       timeout.value_or(reg.world->timeout()));
+  auto pg = make_group(reg, std::move(name), ranks, rank, id, timeout.value_or(reg.world->timeout()),
+                       std::move(nccl));
   reg.add(pg);
   return pg;
 }

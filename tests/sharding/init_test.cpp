@@ -50,9 +50,9 @@ TEST(DistInit, ExplicitWorldOfOneAndRegistry) {
 }
 
 TEST(DistInit, BadArguments) {
-  expect_error(ErrorKind::Value, "unknown backend 'nccl'", [] {
+  expect_error(ErrorKind::Value, "unknown backend 'mpi'", [] {
     auto o = explicit_world1();
-    o.backend = "nccl";
+    o.backend = "mpi";
     dist::init_process_group(o);
   });
   expect_error(ErrorKind::Value, "a store is needed for world_size 2", [] {
