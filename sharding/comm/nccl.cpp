@@ -18,6 +18,8 @@
 namespace kiln::dist {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 [[noreturn]] void nccl_fail(ncclResult_t r, const char* call, ncclComm_t comm) {
   const char* last = comm ? ncclGetLastError(comm) : nullptr;
   KILN_FAIL(Runtime, "NCCL ", call, " failed: ", ncclGetErrorString(r),
