@@ -237,11 +237,11 @@ class Comm final : public NcclComm {
   // completion to the watcher.
   template <typename Call>
   WorkPtr issue(const char* op, std::vector<Tensor> tensors, Call call) {
+    std::lock_guard<std::mutex> lock(mu_);
     std::ostringstream what;
     what << op << " #" << ++seq_ << " on group '" << group_ << "' (rank " << rank_ << " of "
          << size_ << ", NCCL)";
     auto work = std::make_shared<Work>(what.str());
-    std::lock_guard<std::mutex> lock(mu_);
     if (!comm_) {
       work->finish(std::make_exception_ptr(Error(
           ErrorKind::Runtime, what.str() + ": the communicator was aborted: " + abort_reason_)));

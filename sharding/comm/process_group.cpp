@@ -681,7 +681,7 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
              "init_process_group: unknown backend '", o.backend, "' (this build has: ucx, nccl)");
 #else
   KILN_CHECK(o.backend == "ucx", Value, "init_process_group: unknown backend '", o.backend,
-             "' (this build has: ucx; nccl needs a build with CUDA)");
+             "' (this build has: ucx; nccl needs a build with CUDA and NCCL)");
 #endif
   const Milliseconds timeout = o.timeout.value_or(env_timeout());
   int rank = o.rank, world = o.world_size;

@@ -94,6 +94,8 @@ class ProcessGroup {
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
 struct InitOptions {
+  // "ucx" (CPU tensors) or "nccl" (CUDA tensors, builds with CUDA; Note [NCCL backend] in
+  // sharding/comm/nccl.h).
   std::string backend = "ucx";
   // "env://" reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (Note [Launch environment]);
   // otherwise rank, world_size and store below are used.
