@@ -278,10 +278,12 @@ class Comm final : public NcclComm {
         finish_front(nullptr);
         continue;
       }
-      cudaGetLastError();  // clear "not ready" (or keep going to the timeout on a real error)
+      cudaGetLastError();  // clear the sticky error
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress) {
+      if (e != cudaErrorNotReady) {
+        abort(p.what + " failed: " + cudaGetErrorString(e));
+      } else if (async != ncclSuccess && async != ncclInProgress) {
         abort(p.what + " failed: " + ncclGetErrorString(async));
       } else if (Clock::now() > p.deadline) {
         abort(p.what + " timed out after " + std::to_string(timeout_.count()) +
