@@ -25,34 +25,48 @@ using Clock = std::chrono::steady_clock;
   KILN_FAIL(Runtime, "NCCL ", call, " failed: ", ncclGetErrorString(r),
             last && *last ? std::string(" (") + last + ")" : std::string());
 }
-#define KILN_NCCL_CHECK(call, comm)                                 \
-  do {                                                              \
-    ncclResult_t kiln_nccl_r_ = (call);                             \
+#define KILN_NCCL_CHECK(call, comm)                                        \
+  do {                                                                     \
+    ncclResult_t kiln_nccl_r_ = (call);                                    \
     if (kiln_nccl_r_ != ncclSuccess) nccl_fail(kiln_nccl_r_, #call, comm); \
   } while (0)
 
 // The element type NCCL reduces (bool and int16 have none).
 ncclDataType_t reduce_dtype(const char* op, ScalarType t) {
   switch (t) {
-    case kInt8: return ncclInt8;
-    case kUInt8: return ncclUint8;
-    case kInt32: return ncclInt32;
-    case kInt64: return ncclInt64;
-    case kFloat16: return ncclFloat16;
-    case kBFloat16: return ncclBfloat16;
-    case kFloat32: return ncclFloat32;
-    case kFloat64: return ncclFloat64;
-    default: KILN_FAIL(Type, op, ": the NCCL backend cannot reduce ", t, " tensors");
+    case kInt8:
+      return ncclInt8;
+    case kUInt8:
+      return ncclUint8;
+    case kInt32:
+      return ncclInt32;
+    case kInt64:
+      return ncclInt64;
+    case kFloat16:
+      return ncclFloat16;
+    case kBFloat16:
+      return ncclBfloat16;
+    case kFloat32:
+      return ncclFloat32;
+    case kFloat64:
+      return ncclFloat64;
+    default:
+      KILN_FAIL(Type, op, ": the NCCL backend cannot reduce ", t, " tensors");
   }
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Avg: return ncclAvg;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
-    case ReduceOp::Product: return ncclProd;
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Avg:
+      return ncclAvg;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
+    case ReduceOp::Product:
+      return ncclProd;
   }
   return ncclSum;
 }
@@ -66,7 +80,8 @@ std::string hex(const ncclUniqueId& id) {
 
 ncclUniqueId unhex(const std::string& s) {
   ncclUniqueId id;
-  KILN_CHECK(s.size() == 2 * sizeof id.internal, Runtime, "NCCL: malformed ncclUniqueId in the store");
+  KILN_CHECK(s.size() == 2 * sizeof id.internal, Runtime,
+             "NCCL: malformed ncclUniqueId in the store");
   auto v = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
   for (size_t i = 0; i < sizeof id.internal; ++i)
     id.internal[i] = static_cast<char>(v(s[2 * i]) << 4 | v(s[2 * i + 1]));
@@ -84,7 +99,11 @@ int pick_device() {
 class Comm final : public NcclComm {
  public:
   Comm(ncclComm_t comm, int device, int rank, int size, std::string group, Milliseconds timeout)
-      : comm_(comm), device_(device), rank_(rank), size_(size), group_(std::move(group)),
+      : comm_(comm),
+        device_(device),
+        rank_(rank),
+        size_(size),
+        group_(std::move(group)),
         timeout_(timeout) {
     cuda::DeviceGuard g(device_);
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -307,8 +326,8 @@ class Comm final : public NcclComm {
     ncclCommAbort(comm_);
     comm_ = nullptr;
     while (!pending_.empty())
-      finish_front(std::make_exception_ptr(Error(
-          ErrorKind::Runtime, pending_.front().what + ": " + abort_reason_)));
+      finish_front(std::make_exception_ptr(
+          Error(ErrorKind::Runtime, pending_.front().what + ": " + abort_reason_)));
   }
 
   std::mutex mu_;
@@ -336,8 +355,8 @@ std::shared_ptr<NcclComm> nccl_init(TCPStore* store, const std::string& key, int
     KILN_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
     if (store) store->set(key, hex(id));
   } else {
-    KILN_CHECK(store, Value, "init_process_group(backend=\"nccl\"): a store is needed for world_size ",
-               world);
+    KILN_CHECK(store, Value,
+               "init_process_group(backend=\"nccl\"): a store is needed for world_size ", world);
     id = unhex(store->get(key));
   }
   cuda::DeviceGuard g(device);

@@ -532,7 +532,8 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(Tensor& output, const Tensor& input,
 WorkPtr ProcessGroup::all_to_all_single(Tensor& output, const Tensor& input,
                                         std::vector<int64_t> output_split_sizes,
                                         std::vector<int64_t> input_split_sizes) {
-  if (impl_->nccl) return impl_->nccl->all_to_all_single(output, input, output_split_sizes, input_split_sizes);
+  if (impl_->nccl)
+    return impl_->nccl->all_to_all_single(output, input, output_split_sizes, input_split_sizes);
   const char* op = "all_to_all_single";
   check_tensor(op, output);
   check_tensor(op, input);
@@ -771,8 +772,8 @@ ProcessGroupPtr new_group(const std::vector<int>& ranks, std::optional<Milliseco
                       timeout.value_or(reg.world->timeout()));
 #endif
   if (me == ranks.end()) return nullptr;
-  auto pg = make_group(reg, std::move(name), ranks, rank, id, timeout.value_or(reg.world->timeout()),
-                       std::move(nccl));
+  auto pg = make_group(reg, std::move(name), ranks, rank, id,
+                       timeout.value_or(reg.world->timeout()), std::move(nccl));
   reg.add(pg);
   return pg;
 }

@@ -20,8 +20,8 @@ dist::ProcessGroupPtr init_nccl(std::string& why) {
     return dist::init_process_group(o);
   } catch (const Error& e) {
     why = e.what();
-    const bool no_device = e.kind() == ErrorKind::Runtime &&
-                           why.find("no CUDA device") != std::string::npos;
+    const bool no_device =
+        e.kind() == ErrorKind::Runtime && why.find("no CUDA device") != std::string::npos;
     const bool no_cuda_build = e.kind() == ErrorKind::Value &&
                                why.find("nccl needs a build with CUDA") != std::string::npos;
     EXPECT_TRUE(no_device || no_cuda_build) << why;
@@ -57,7 +57,8 @@ TEST(DistNccl, WorldOfOne) {
   pg->all_gather_into_tensor(out, in)->wait(wait);
   expect_close(cpu(out), cpu(in));
   pg->reduce_scatter_tensor(out, arange(6, 12, 1, kBFloat16, kGpu).reshape({2, 3}),
-                            dist::ReduceOp::Sum)->wait(wait);
+                            dist::ReduceOp::Sum)
+      ->wait(wait);
   expect_close(cpu(out), arange(6, 12, 1, kBFloat16).reshape({2, 3}));
   Tensor a2a = zeros({3}, kInt64, kGpu);
   pg->all_to_all_single(a2a, arange(3, 6, 1, kInt64, kGpu))->wait(wait);
@@ -80,9 +81,7 @@ TEST(DistNccl, WorldOfOne) {
   expect_error(ErrorKind::Type, "cannot reduce bool", [&] { pg->all_reduce(flags); });
   expect_error(ErrorKind::Value, "must be another rank", [&] { pg->send(s, 0); });
   Tensor big = zeros({3}, kFloat32, kGpu);
-  expect_error(ErrorKind::Value, "must hold 1 copies", [&] {
-    pg->all_gather_into_tensor(big, s);
-  });
+  expect_error(ErrorKind::Value, "must hold 1 copies", [&] { pg->all_gather_into_tensor(big, s); });
   dist::destroy_process_group();
   EXPECT_FALSE(dist::is_initialized());
 }
