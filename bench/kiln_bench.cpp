@@ -6,10 +6,12 @@
 //              [--quick]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -350,14 +352,25 @@ int distributed_rank(bool quick) {
   return 0;
 }
 
+// A spawned rank inherits this thread's CPU affinity, and with OMP_PROC_BIND set (scripts/bench
+// sets it) OpenMP has bound this thread to a single core, which would put both ranks, and their
+// comm threads, on that core. The ranks are spawned with every CPU allowed, each rank's OpenMP
+// thread on its own core (OMP_PLACES).
 void w_distributed(bool quick) {
   dist::TCPStore store("127.0.0.1", 0, /*is_server=*/true);
+  const int ncpu = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  cpu_set_t bound, all;
+  sched_getaffinity(0, sizeof bound, &bound);
+  CPU_ZERO(&all);
+  for (int c = 0; c < ncpu && c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+  sched_setaffinity(0, sizeof all, &all);
   std::vector<pid_t> pids;
   for (int r = 0; r < 2; ++r) {
     std::vector<std::string> env = {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
                                     "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
                                     "MASTER_PORT=" + std::to_string(store.port()),
                                     "KILN_AGENT_STORE=1", "OMP_NUM_THREADS=1", "KILN_BENCH_RANK=1"};
+    env.push_back("OMP_PLACES={" + std::to_string(r % ncpu) + "}");
     for (char** e = environ; *e; ++e) env.push_back(*e);
     std::vector<char*> envp;
     for (auto& s : env) envp.push_back(s.data());
@@ -367,6 +380,7 @@ void w_distributed(bool quick) {
     pid_t pid = -1;
     if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()) == 0) pids.push_back(pid);
   }
+  sched_setaffinity(0, sizeof bound, &bound);
   for (pid_t pid : pids) waitpid(pid, nullptr, 0);
 }
 

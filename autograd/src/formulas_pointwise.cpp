@@ -167,4 +167,12 @@ Tensor matmul_backward_other(const Tensor& grad, const Tensor& self, const Tenso
   return sum_to(g, m.other.sizes()).reshape(other.sizes());
 }
 
+Tensor mm_mat2_backward(const Tensor& grad, const Tensor& mat1, const Tensor& mat2) {
+  // mat2 a transposed view (linear's weight.t()): compute the transposed product, so that the
+  // gradient reaching the weight through t()'s backward is contiguous and is not copied.
+  if (mat2.dim() == 2 && mat2.stride(0) == 1 && mat2.stride(1) == mat2.size(0) && mat2.size(1) > 1)
+    return grad.t().mm(mat1).t();
+  return mat1.t().mm(grad);
+}
+
 }  // namespace kiln::autograd

@@ -13,7 +13,6 @@
 
 #include <cstring>
 #include <memory>
-#include <thread>
 
 #include "kiln/error.h"
 #include "kiln/half.h"
@@ -82,13 +81,15 @@ size_t Exchange::recv(int peer, uint32_t msg, void* buf, size_t bytes) {
 }
 
 void Exchange::wait(size_t i) {
-  // Spin while messages flow; yield, then nap, while a peer is late (ranks may share cores).
+  // Spin briefly while messages flow, then sleep on the worker's events (Note [Blocking
+  // progress]), waking at least every 10 ms to check the deadline.
   for (int idle = 0; !t_->test(reqs_[i]); ++idle) {
-    if (Clock::now() >= deadline_) throw PeerTimeout{group_peer_[i], reqs_[i].is_recv};
-    if (idle > 20000)
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    else if (idle > 2000)
-      std::this_thread::yield();
+    const auto now = Clock::now();
+    if (now >= deadline_) throw PeerTimeout{group_peer_[i], reqs_[i].is_recv};
+    if (idle > 100)
+      t_->wait_event(std::min<std::chrono::microseconds>(
+          std::chrono::duration_cast<std::chrono::microseconds>(deadline_ - now),
+          std::chrono::milliseconds(10)));
   }
 }
 

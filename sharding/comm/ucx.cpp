@@ -1,6 +1,7 @@
 // The UCX transport (comm/ucx.h).
 #include "ucx.h"
 
+#include <poll.h>
 #include <ucp/api/ucp.h>
 
 #include <chrono>
@@ -33,7 +34,7 @@ UcxTransport::UcxTransport(TCPStore& store, const std::string& key_prefix, int r
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_TAG;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   ucs_status_t s = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   check(s, "ucp_init");
@@ -42,6 +43,7 @@ UcxTransport::UcxTransport(TCPStore& store, const std::string& key_prefix, int r
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   check(ucp_worker_create(context_, &wp, &worker_), "ucp_worker_create");
+  check(ucp_worker_get_efd(worker_, &efd_), "ucp_worker_get_efd");
 
   ucp_address_t* addr = nullptr;
   size_t len = 0;
@@ -128,6 +130,13 @@ bool UcxTransport::test(Request& r) {
   KILN_CHECK(got == r.bytes, Runtime, "UCX: expected ", r.bytes, " bytes from rank ", r.peer,
              ", received ", got, " (the ranks passed different sizes)");
   return true;
+}
+
+void UcxTransport::wait_event(std::chrono::microseconds max) {
+  // Arming fails with BUSY while events are still unprocessed: the caller progresses again.
+  if (ucp_worker_arm(worker_) != UCS_OK) return;
+  pollfd p{efd_, POLLIN, 0};
+  poll(&p, 1, static_cast<int>((max.count() + 999) / 1000));
 }
 
 void UcxTransport::cancel(Request& r) {

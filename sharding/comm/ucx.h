@@ -3,12 +3,13 @@
 //
 //   UcxTransport t(store, "kiln/ucx/0/", rank, world);  // exchanges worker addresses
 //   auto r = t.recv(peer, tag, buf, bytes);
-//   while (!t.test(r)) {}                               // progresses the worker
+//   while (!t.test(r)) t.wait_event(timeout);          // progresses the worker, then sleeps
 //
 // Note [Comm thread]: only one thread at a time calls into it (the communication thread, or the
 // caller of init/destroy while that thread is idle); the worker is created SERIALIZED.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,6 +43,10 @@ class UcxTransport {
   // error or a received size that differs from the expected one.
   bool test(Request& r);
   void cancel(Request& r);
+  // Note [Blocking progress]: sleeps until the worker has something to progress (a message or a
+  // transport event arrived) or `max` has passed, instead of spinning: ranks often share cores,
+  // and a spinning comm thread takes them from the peer's and its own computation.
+  void wait_event(std::chrono::microseconds max);
   // Marks the transport unusable after a failed collective: endpoints are then force-closed.
   void mark_broken() { broken_ = true; }
 
@@ -49,6 +54,7 @@ class UcxTransport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::vector<ucp_ep_h> eps_;
+  int efd_ = -1;  // the worker's event fd (UCP_FEATURE_WAKEUP)
   int rank_;
   bool broken_ = false;
 };

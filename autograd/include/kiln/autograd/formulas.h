@@ -67,6 +67,9 @@ Tensor masked_fill_backward(const Tensor& grad, const Tensor& mask, IntArrayRef 
 // matmul(self, other) with 1-D operands and broadcast batch dims.
 Tensor matmul_backward_self(const Tensor& grad, const Tensor& self, const Tensor& other);
 Tensor matmul_backward_other(const Tensor& grad, const Tensor& self, const Tensor& other);
+// mm(mat1, mat2)'s gradient for mat2, mat1.t().mm(grad), laid out like mat2 when mat2 is
+// transposed (as PyTorch's mm_mat2_backward), so a linear layer's weight gradient is contiguous.
+Tensor mm_mat2_backward(const Tensor& grad, const Tensor& mat1, const Tensor& mat2);
 
 // ---- Reductions (formulas_reduction.cpp) --------------------------------------------------------
 // Inserts the reduced dims of `dim` (all dims when absent or empty) back as size 1, for a result of
