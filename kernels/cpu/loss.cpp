@@ -1,7 +1,7 @@
 // cross_entropy_indices and its backward on the CPU (tensor/ops/loss.toml). One task per block of
 // rows; a row of logits is read once for its max, once for sum(exp) (and the weighted sum of the
-// logits when smoothing), and once more by the backward, which writes the gradient directly:
-// no log_softmax tensor is ever stored.
+// logits when smoothing). The backward reads it for its max, then writes the gradient directly
+// (Note [Cross-entropy backward rows]): no log_softmax tensor is ever stored.
 //
 // With lse = logsumexp(x), e = label_smoothing, w = class weights (ones when absent), W = sum(w):
 //   loss    = (1 - e) w_y (lse - x_y) + e/C (W lse - sum_c w_c x_c)       (0 for ignored rows)
@@ -22,6 +22,13 @@ namespace {
 template <typename A>
 KILN_VEC_INLINE A exp_acc(A x) {
   if constexpr (std::is_same_v<A, float>) return vec::exp(x);
+  else return std::exp(x);
+}
+
+// e^x for x <= 0 or NaN (a shifted exponent).
+template <typename A>
+KILN_VEC_INLINE A exp_shifted(A x) {
+  if constexpr (std::is_same_v<A, float>) return vec::exp_nonpositive(x);
   else return std::exp(x);
 }
 
@@ -60,22 +67,67 @@ ClassWeights<A> class_weights(const std::optional<Tensor>& weight, int64_t C) {
   return cw;
 }
 
+// Sum over c in [0, C) of f(c) in L independent lanes folded pairwise: a fixed order, and a loop
+// the compiler vectorizes (Note [Lane sums] in norm.cpp).
+template <typename A, typename F>
+KILN_VEC_INLINE A lane_reduce(int64_t C, A init, const F& f) {
+  constexpr int L = 16;
+  A lanes[L];
+  for (int l = 0; l < L; ++l) lanes[l] = init;
+  int64_t c = 0;
+  for (; c + L <= C; c += L)
+    for (int l = 0; l < L; ++l) lanes[l] = f(lanes[l], c + l);
+  for (int l = 0; c < C; ++c, ++l) lanes[l] = f(lanes[l], c);
+  for (int w = L / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] = f.fold(lanes[l], lanes[l + w]);
+  return lanes[0];
+}
+
+// max of one row, NaNs skipped (-inf for an empty row).
+template <typename T, typename A>
+A row_max(const T* x, int64_t C) {
+  struct {
+    const T* x;
+    A operator()(A m, int64_t c) const { return std::max(m, static_cast<A>(x[c])); }
+    A fold(A a, A b) const { return std::max(a, b); }
+  } f{x};
+  return lane_reduce<A>(C, -std::numeric_limits<A>::infinity(), f);
+}
+
+// sum of e^(x - m) over one row, m finite; x - m <= 0 (NaN stays NaN).
+template <typename T, typename A>
+A row_sum_exp(const T* x, int64_t C, A m) {
+  struct {
+    const T* x;
+    A m;
+    A operator()(A s, int64_t c) const { return s + exp_shifted<A>(static_cast<A>(x[c]) - m); }
+    A fold(A a, A b) const { return a + b; }
+  } f{x, m};
+  return lane_reduce<A>(C, A(0), f);
+}
+
 // logsumexp of one row (max-shifted).
 template <typename T, typename A>
 A row_lse(const T* x, int64_t C) {
-  A m = -std::numeric_limits<A>::infinity();
-  for (int64_t c = 0; c < C; ++c) m = std::max(m, static_cast<A>(x[c]));
+  const A m = row_max<T, A>(x, C);
   if (std::isinf(m)) return m;
-  // independent lanes, so the loop vectorizes (Note [Lane sums] in norm.cpp)
-  constexpr int L = 16;
-  A lanes[L] = {};
-  int64_t c = 0;
-  for (; c + L <= C; c += L)
-    for (int l = 0; l < L; ++l) lanes[l] += exp_acc<A>(static_cast<A>(x[c + l]) - m);
-  for (int l = 0; c < C; ++c, ++l) lanes[l] += exp_acc<A>(static_cast<A>(x[c]) - m);
-  for (int w = L / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-  return m + std::log(lanes[0]);
+  return m + std::log(row_sum_exp<T, A>(x, C, m));
+}
+
+// One gradient row: d_c = scale * u_c - ge w_c (w_c = 1 without class weights), where u_c is
+// e^(src_c + shift) (kExp) or src_c; src may be d.
+template <bool kExp, typename T, typename A>
+void scale_row(T* d, const T* src, A shift, A scale, A ge, const ClassWeights<A>& cw, int64_t C) {
+  auto u = [&](int64_t c) {
+    if constexpr (kExp) return exp_acc<A>(static_cast<A>(src[c]) + shift);
+    else return static_cast<A>(src[c]);
+  };
+  if (cw.w.empty()) {
+    for (int64_t c = 0; c < C; ++c) d[c] = static_cast<T>(scale * u(c) - ge);
+  } else {
+    const A* w = cw.w.data();
+    for (int64_t c = 0; c < C; ++c) d[c] = static_cast<T>(scale * u(c) - ge * w[c]);
+  }
 }
 
 // input: (N, C), target: (N,) -> (N,)
@@ -144,20 +196,35 @@ Tensor cross_entropy_indices_backward_cpu(const Tensor& grad, const Tensor& inpu
           continue;
         }
         const T* xr = xp + i * C;
-        const A lse = row_lse<T, A>(xr, C), gi = static_cast<A>(gp[i]);
+        const A gi = static_cast<A>(gp[i]);
         const A wy = (1 - e) * cw.at(y[i]);
         const A coef = gi * (wy + eC * cw.total);
-        if (cw.w.empty()) {
-          const A shift = gi * eC;
-          for (int64_t c = 0; c < C; ++c)
-            dr[c] = static_cast<T>(coef * exp_acc<A>(static_cast<A>(xr[c]) - lse) - shift);
-        } else {
-          const A* w = cw.w.data();
-          for (int64_t c = 0; c < C; ++c)
-            dr[c] = static_cast<T>(coef * exp_acc<A>(static_cast<A>(xr[c]) - lse) - gi * eC * w[c]);
+        const A m = row_max<T, A>(xr, C);
+        // dr = scale * u - the smoothing term, u = e^(x - m) (stored in dr first) or e^(x - lse)
+        A scale = coef, py;
+        if (std::is_same_v<T, A> && !std::isinf(m)) {
+          // Note [Cross-entropy backward rows]: e^(x - m) is stored in dr while it is summed,
+          // then scaled in place: one exp per element, as in the forward.
+          struct {
+            const T* x;
+            T* d;
+            A m;
+            A operator()(A s, int64_t c) const {
+              const A u = exp_shifted<A>(static_cast<A>(x[c]) - m);
+              d[c] = static_cast<T>(u);
+              return s + u;
+            }
+            A fold(A a, A b) const { return a + b; }
+          } f{xr, dr, m};
+          scale = coef / lane_reduce<A>(C, A(0), f);
+          py = static_cast<A>(dr[y[i]]);
+          scale_row<false>(dr, dr, A(0), scale, gi * eC, cw, C);
+        } else {  // 16-bit types round once; an infinite max takes the plain formula
+          const A lse = std::isinf(m) ? m : m + std::log(row_sum_exp<T, A>(xr, C, m));
+          scale_row<true>(dr, xr, -lse, scale, gi * eC, cw, C);
+          py = exp_acc<A>(static_cast<A>(xr[y[i]]) - lse);  // the target's entry, unrounded
         }
-        const A py = exp_acc<A>(static_cast<A>(xr[y[i]]) - lse);  // the target's entry, unrounded
-        dr[y[i]] = static_cast<T>(coef * py - gi * eC * cw.at(y[i]) - gi * wy);
+        dr[y[i]] = static_cast<T>(scale * py - gi * eC * cw.at(y[i]) - gi * wy);
       }
     });
   });

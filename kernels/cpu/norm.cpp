@@ -28,7 +28,8 @@ namespace {
 // Note [Lane sums]: sum over i in [0, n) of f(i) in kLanes independent accumulators (lane =
 // i mod kLanes, folded pairwise at the end): a fixed order, and a loop the compiler vectorizes
 // without reassociating a single float accumulator (omp simd reductions are not vectorized
-// inside the parallel regions' outlined functions). sums2 does two sums in one pass.
+// inside the parallel regions' outlined functions). sums2 and sums3 do two or three sums in one
+// pass.
 constexpr int kLanes = 16;
 
 template <typename A, typename F>
@@ -53,6 +54,18 @@ KILN_NORM_INLINE std::pair<A, A> lane_sums2(int64_t n, const F& f) {
   for (int w = kLanes / 2; w > 0; w /= 2)
     for (int l = 0; l < w; ++l) a[l] += a[l + w], b[l] += b[l + w];
   return {a[0], b[0]};
+}
+
+template <typename A, typename F>
+KILN_NORM_INLINE std::tuple<A, A, A> lane_sums3(int64_t n, const F& f) {
+  A a[kLanes] = {}, b[kLanes] = {}, c[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) f(i + l, a[l], b[l], c[l]);
+  for (int l = 0; i < n; ++i, ++l) f(i, a[l], b[l], c[l]);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) a[l] += a[l + w], b[l] += b[l + w], c[l] += c[l + w];
+  return {a[0], b[0], c[0]};
 }
 
 // `count` runs of `len` contiguous elements, the k-th at base + k * stride.
@@ -153,17 +166,20 @@ Tensor row_norm_backward(const char* name, const TensorSpec& spec, const Tensor&
     using A = acc_t<T>;
     const T *gp = data_of<T>(g), *xp = data_of<T>(x), *wp = data_of<T>(w);
     T* dp = mutable_data_of<T>(out);
-    const A inv_d = A(1) / static_cast<A>(D);
+    const A n = static_cast<A>(D), inv_d = A(1) / n;
     parallel_for(M, grain_for(D), [&](int64_t r0, int64_t r1) {
       for (int64_t i = r0; i < r1; ++i) {
-        auto [m, r] = stats<kRms>(xp, Runs{i * D, 1, 0, D}, eps);
+        // the mean, then the squared deviations with both gradient sums in one more pass
         const T *gr = gp + i * D, *xr = xp + i * D;
-        auto [s1, s2] = lane_sums2<A>(D, [&, m = m, r = r](int64_t j, A& a, A& b) {
-          A gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
-          a += gw;
-          b += gw * (static_cast<A>(xr[j]) - m) * r;
+        const A m = kRms ? A(0) : lane_sum<A>(D, [xr](int64_t j) { return static_cast<A>(xr[j]); }) / n;
+        auto [v, s1, s2] = lane_sums3<A>(D, [&](int64_t j, A& a, A& b, A& c) {
+          const A d = static_cast<A>(xr[j]) - m, gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
+          a += d * d;
+          b += gw;
+          c += gw * d;
         });
-        const A c1 = kRms ? A(0) : s1 * inv_d, c2 = s2 * inv_d;
+        const A r = A(1) / std::sqrt(v / n + static_cast<A>(eps));  // as stats()
+        const A c1 = kRms ? A(0) : s1 * inv_d, c2 = s2 * r * inv_d;
         T* dr = dp + i * D;
         for (int64_t j = 0; j < D; ++j) {
           A gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);

@@ -89,6 +89,33 @@ TEST(CrossEntropy, FusedBackwardMatchesDecompositionAndLogSoftmaxPath) {
   }
 }
 
+// Wide rows (the lane loops' full blocks and tails) and extreme logits: float32 rows agree with
+// float64, forward and backward; -inf logits get a zero softmax term.
+TEST(CrossEntropy, WideRowsAndExtremeLogits) {
+  for (int64_t C : {1000, 37}) {
+    SCOPED_TRACE("C " + std::to_string(C));
+    Tensor x = random({9, C}, kFloat64, -90, 90, 6) + 50.0;
+    Tensor t = from_vector<int64_t>({0, 5, 17, 36, 3, 9, 2, 1, 30}, {9});
+    Tensor g = random({9}, kFloat64, -1, 1, 7);
+    for (double e : {0.0, 0.1}) {
+      expect_close(cross_entropy(x.to(kFloat32), t, std::nullopt, "none", -100, e),
+                   cross_entropy(x, t, std::nullopt, "none", -100, e).to(kFloat32), 1e-4, 1e-5);
+      expect_close(cross_entropy_indices_backward(g.to(kFloat32), x.to(kFloat32), t, std::nullopt, 2, e),
+                   cross_entropy_indices_backward(g, x, t, std::nullopt, 2, e).to(kFloat32), 1e-5, 1e-5);
+    }
+  }
+  // a row with -inf logits: their gradient is exactly -g e / C (0 without smoothing)
+  std::vector<double> v(40, 0.0);
+  for (int c = 0; c < 40; c += 3) v[c] = -INFINITY;
+  Tensor xi = from_vector(v, {1, 40}).to(kFloat32);
+  Tensor ti = from_vector<int64_t>({1}, {1});
+  Tensor d = cross_entropy_indices_backward(kiln::ones({1}), xi, ti, std::nullopt, -100, 0.0);
+  std::vector<double> dd = to_doubles(d);
+  const double p = 1.0 / 26;  // 26 finite logits of 0
+  for (int c = 0; c < 40; ++c)
+    EXPECT_NEAR(dd[c], c % 3 == 0 ? 0.0 : (c == 1 ? p - 1 : p), 1e-6) << c;
+}
+
 TEST(CrossEntropy, KDimOneDimAndProbabilities) {
   // (N, C, d) equals the (N * d, C) problem with the class dim moved last
   Tensor x = random({2, 3, 4}, kFloat64, -2, 2, 6), t = random({2, 4}, kInt64, 0, 3, 7);
