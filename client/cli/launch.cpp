@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -124,10 +125,35 @@ struct Rank {
   Stream out, err;
 };
 
-int usable_cores() {
+// The CPUs this process may run on.
+std::vector<int> usable_cpus() {
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  if (cpus.empty())
+    for (unsigned c = 0; c < std::max(1u, std::thread::hardware_concurrency()); ++c)
+      cpus.push_back(static_cast<int>(c));
+  return cpus;
+}
+
+int usable_cores() { return static_cast<int>(usable_cpus().size()); }
+
+// Note [Rank places]: with OMP_PROC_BIND set (and no OMP_PLACES), OpenMP pins every rank's
+// threads from the first CPU on, so all ranks would share the same cores. Each rank gets its own
+// slice of the usable CPUs instead (wrapping when there are fewer CPUs than threads).
+std::optional<std::string> rank_places(int rank, int nproc) {
+  const char* bind = std::getenv("OMP_PROC_BIND");
+  if (!bind || std::string_view(bind) == "false" || std::getenv("OMP_PLACES")) return std::nullopt;
+  const std::vector<int> cpus = usable_cpus();
+  const int per_rank = std::max(1, static_cast<int>(cpus.size()) / nproc);
+  std::string places;
+  for (int i = 0; i < per_rank; ++i) {
+    if (i) places += ',';
+    places += '{' + std::to_string(cpus[static_cast<size_t>(rank * per_rank + i) % cpus.size()]) + '}';
+  }
+  return places;
 }
 
 // Binds port 0 on loopback and returns the port the kernel chose (torchrun does the same; rank
@@ -215,6 +241,7 @@ class Job {
                                {"MASTER_ADDR", "127.0.0.1"},
                                {"MASTER_PORT", std::to_string(port_)}})
       env.push_back(std::string(k) + "=" + v);
+    if (auto places = rank_places(r, o_.nproc)) env.push_back("OMP_PLACES=" + *places);
     std::vector<std::string> argv_strings = o_.command;
     std::vector<char*> argv = c_strings(argv_strings), envp = c_strings(env);
 

@@ -24,7 +24,8 @@ options:
 
 Each rank runs with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and
 MASTER_PORT set (PyTorch's env:// contract: rank 0 hosts the store at MASTER_PORT), and with
-OMP_NUM_THREADS=max(1, cores/N) unless OMP_NUM_THREADS is already set. Ranks read stdin from
+OMP_NUM_THREADS=max(1, cores/N) unless OMP_NUM_THREADS is already set; with OMP_PROC_BIND set
+(and no OMP_PLACES), each rank gets OMP_PLACES naming CPUs of its own. Ranks read stdin from
 /dev/null. Every line a rank writes goes to the same stream (stdout or stderr), prefixed with
 "[rank R] ".
 

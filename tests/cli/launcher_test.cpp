@@ -251,6 +251,21 @@ TEST_F(KilnRun, GivenPortAndThreadsAreKept) {
   EXPECT_EQ(lines, (std::vector<std::string>{"[rank 0] 29517 7", "[rank 1] 29517 7"}));
 }
 
+// Note [Rank places]: under OMP_PROC_BIND each rank gets its own CPUs, not all the first one.
+TEST_F(KilnRun, BoundRanksGetTheirOwnPlaces) {
+  Result r = kiln(run_args({"--nproc=2"}, "echo \"$OMP_PLACES\""), {"OMP_PROC_BIND=close"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  std::sort(lines.begin(), lines.end());
+  EXPECT_TRUE(lines[0].starts_with("[rank 0] {")) << lines[0];
+  if (std::thread::hardware_concurrency() > 1) {
+    EXPECT_NE(lines[0].substr(9), lines[1].substr(9)) << r.out;
+  }
+  Result unbound = kiln(run_args({"--nproc=2"}, "echo \"<$OMP_PLACES>\""));
+  EXPECT_EQ(lines_of(unbound.out).front().substr(9), "<>") << unbound.out;
+}
+
 TEST_F(KilnRun, ArgumentsPassVerbatim) {
   Result r = kiln({"run", "--", "sh", "-c", "for a in \"$@\"; do echo \"<$a>\"; done", "sh", "a b",
                    "", "\"q\"", "--nproc"});
