@@ -576,12 +576,18 @@ WorkPtr ProcessGroup::all_to_all_single(Tensor& output, const Tensor& input,
       OpKind::AllToAll);
 }
 
+// send/recv's arguments: a contiguous CPU tensor, another rank of the group, a tag that fits.
+void ProcessGroup::check_p2p(const char* op, const char* peer_name, const Tensor& tensor, int peer,
+                             int tag) const {
+  check_tensor(op, tensor);
+  KILN_CHECK(peer >= 0 && peer < size() && peer != rank(), Value, op, ": ", peer_name, " ", peer,
+             " must be another rank of group '", name(), "' of size ", size());
+  KILN_CHECK(tag >= 0 && tag < (1 << 19), Value, op, ": tag must be in [0, 2^19), got ", tag);
+}
+
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   if (impl_->nccl) return impl_->nccl->send(tensor, dst);
-  check_tensor("send", tensor);
-  KILN_CHECK(dst >= 0 && dst < size() && dst != rank(), Value, "send: dst ", dst,
-             " must be another rank of group '", name(), "' of size ", size());
-  KILN_CHECK(tag >= 0 && tag < (1 << 19), Value, "send: tag must be in [0, 2^19), got ", tag);
+  check_p2p("send", "dst", tensor, dst, tag);
   uint32_t msg = impl_->next_p2p(impl_->sends_, dst, tag);
   return impl_->issue(
       "send", shape_str(tensor),
@@ -591,10 +597,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
 
 WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
   if (impl_->nccl) return impl_->nccl->recv(tensor, src);
-  check_tensor("recv", tensor);
-  KILN_CHECK(src >= 0 && src < size() && src != rank(), Value, "recv: src ", src,
-             " must be another rank of group '", name(), "' of size ", size());
-  KILN_CHECK(tag >= 0 && tag < (1 << 19), Value, "recv: tag must be in [0, 2^19), got ", tag);
+  check_p2p("recv", "src", tensor, src, tag);
   uint32_t msg = impl_->next_p2p(impl_->recvs_, src, tag);
   return impl_->issue(
       "recv", shape_str(tensor),

@@ -89,6 +89,8 @@ class ProcessGroup {
   ~ProcessGroup();
 
  private:
+  void check_p2p(const char* op, const char* peer_name, const Tensor& tensor, int peer,
+                 int tag) const;
   std::shared_ptr<ProcessGroupImpl> impl_;
 };
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
