@@ -1,4 +1,5 @@
-// Process groups, the communication thread and the group registry (kiln/dist/process_group.h).
+// Work and the collectives of a ProcessGroup (kiln/dist/process_group.h); the comm thread and the
+// group state are in group.h, the registry of groups in registry.cpp.
 //
 // Note [Comm thread]: one thread per process runs every collective of every group, in the order
 // the process issued them (PyTorch's contract: every rank issues the same collectives in the same
@@ -22,18 +23,14 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <iostream>
-#include <map>
 #include <numeric>
 #include <sstream>
 #include <thread>
 
-#include "collectives.h"
-#include "kiln/error.h"
+#include "group.h"
 #include "kiln/half.h"
-#include "nccl.h"
 
 namespace kiln::dist {
 
@@ -82,95 +79,6 @@ void Work::finish(std::exception_ptr error) {
 
 namespace {
 
-class CommThread {
- public:
-  // Returns true once its operation has finished (Work completed).
-  using Poller = std::function<bool()>;
-
-  CommThread() : thread_([this] { run(); }) {}
-  ~CommThread() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void post(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(task));
-    }
-    cv_.notify_all();
-  }
-  // From a task: keep testing an operation that is in flight (point-to-point) while the thread
-  // goes on with the queue.
-  void add_in_flight(Poller p) { in_flight_.push_back(std::move(p)); }
-  // Waits until everything queued so far, and every operation in flight, has finished.
-  void drain() {
-    Work done("comm thread");
-    post([&] {
-      while (!in_flight_.empty()) poll_in_flight();
-      done.finish();
-    });
-    done.wait();
-  }
-
- private:
-  // True when some operation finished.
-  bool poll_in_flight() {
-    const size_t before = in_flight_.size();
-    std::erase_if(in_flight_, [](Poller& p) { return p(); });
-    return in_flight_.size() < before;
-  }
-
-  void run() {
-    for (int idle = 0;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        auto ready = [&] { return stop_ || !queue_.empty(); };
-        if (in_flight_.empty())
-          cv_.wait(lock, ready);
-        else if (idle > 2000)
-          cv_.wait_for(lock, std::chrono::microseconds(20), ready);
-        if (stop_ && queue_.empty() && in_flight_.empty()) return;
-        if (!queue_.empty()) {
-          task = std::move(queue_.front());
-          queue_.pop_front();
-        }
-      }
-      if (task) task();
-      idle = poll_in_flight() || task ? 0 : idle + 1;
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  std::vector<Poller> in_flight_;  // the thread's own
-  std::thread thread_;
-};
-
-Milliseconds env_timeout() {
-  const char* s = std::getenv("KILN_COMM_TIMEOUT_S");
-  if (!s || !*s) return std::chrono::seconds(60);
-  char* end = nullptr;
-  double v = std::strtod(s, &end);
-  KILN_CHECK(end && *end == '\0' && v > 0, Value,
-             "KILN_COMM_TIMEOUT_S must be a positive number of seconds, got '", s, "'");
-  return Milliseconds(static_cast<int64_t>(v * 1000));
-}
-
-int env_int(const char* name, int fallback) {
-  const char* s = std::getenv(name);
-  if (!s || !*s) return fallback;
-  char* end = nullptr;
-  long v = std::strtol(s, &end, 10);
-  KILN_CHECK(end && *end == '\0', Value, name, " must be an integer, got '", s, "'");
-  return static_cast<int>(v);
-}
-
 // float16/bfloat16 travel and reduce as float32 (the reduction arithmetic is float32).
 bool is_half(ScalarType t) { return t == kBFloat16 || t == kFloat16; }
 
@@ -195,7 +103,26 @@ void narrow(const float* in, int64_t n, const Tensor& t) {
   }
 }
 
-constexpr size_t kRecorderSize = 64;
+}  // namespace
+
+Milliseconds env_timeout() {
+  const char* s = std::getenv("KILN_COMM_TIMEOUT_S");
+  if (!s || !*s) return std::chrono::seconds(60);
+  char* end = nullptr;
+  double v = std::strtod(s, &end);
+  KILN_CHECK(end && *end == '\0' && v > 0, Value,
+             "KILN_COMM_TIMEOUT_S must be a positive number of seconds, got '", s, "'");
+  return Milliseconds(static_cast<int64_t>(v * 1000));
+}
+
+int env_int(const char* name, int fallback) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return fallback;
+  char* end = nullptr;
+  long v = std::strtol(s, &end, 10);
+  KILN_CHECK(end && *end == '\0', Value, name, " must be an integer, got '", s, "'");
+  return static_cast<int>(v);
+}
 
 // Note [No fork after init]: a child forked after init_process_group inherits neither the comm
 // thread nor a usable UCX worker, so its collectives would wait forever. The child handler marks
@@ -207,204 +134,6 @@ void watch_for_fork() {
   static const int once = pthread_atfork(nullptr, nullptr, [] { forked_after_init = true; });
   (void)once;
 }
-
-}  // namespace
-
-// ---- ProcessGroupImpl
-// ----------------------------------------------------------------------------
-
-class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
- public:
-  struct Record {
-    uint64_t id;
-    uint64_t seq;
-    bool p2p;
-    std::string op;
-    std::string sizes;
-    const char* state;
-  };
-
-  std::string name;
-  int rank = 0;
-  std::vector<int> ranks;  // world ranks of the members
-  int id = 0;              // for tags (Note [Collective tags])
-  int generation = 0;
-  Milliseconds timeout{60000};
-  std::shared_ptr<UcxTransport> transport;  // null for a one-rank group
-  std::shared_ptr<TCPStore> store;
-  CommThread* thread = nullptr;  // the registry's
-  std::shared_ptr<NcclComm> nccl;  // backend "nccl": every collective goes there instead
-
-  int size() const { return static_cast<int>(ranks.size()); }
-
-  // Issues a collective: `body` runs on the comm thread with the collective's messages and
-  // returns when they have completed. A point-to-point op (`p2p_tag` set) has its own sequence
-  // (collectives' sequence numbers must agree across ranks; sends and receives differ by rank):
-  // `body` only posts its message, and the thread tests it while it goes on with the queue, so a
-  // recv issued before the matching send of the same process does not block it.
-  WorkPtr issue(const char* op, std::string sizes, std::function<void(Exchange&)> body, OpKind kind,
-                std::optional<uint64_t> p2p_tag = std::nullopt) {
-    KILN_CHECK(!forked_after_init, Runtime, op, " on group '", name,
-               "': this process was forked "
-               "after init_process_group; collectives are unavailable in a forked child (start "
-               "ranks with exec, never fork after init)");
-    uint64_t seq, record;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      seq = p2p_tag ? ++p2p_seq_ : ++seq_;
-      record = ++records_issued_;
-      records_.push_back({record, seq, p2p_tag.has_value(), op, std::move(sizes), "queued"});
-      if (records_.size() > kRecorderSize) records_.pop_front();
-    }
-    std::string what = describe(op, seq, p2p_tag.has_value());
-    auto work = std::make_shared<Work>(what);
-    thread->post([this, self = shared_from_this(), op, seq, record, kind, p2p_tag, what, work,
-                  body = std::move(body)] {
-      if (aborted_) {
-        set_state(record, "skipped");
-        return work->finish(std::make_exception_ptr(
-            Error(ErrorKind::Runtime,
-                  what + ": the group was aborted by an earlier failure: " + abort_reason_)));
-      }
-      set_state(record, "started");
-      auto x = std::make_shared<Exchange>(transport.get(), ranks, rank,
-                                          Exchange::tag_base(id, kind, p2p_tag.value_or(seq)),
-                                          Clock::now() + timeout);
-      auto finished = [this, op, seq, record, work, p2p_tag](const std::exception_ptr& error) {
-        if (!error) {
-          set_state(record, "completed");
-          return work->finish();
-        }
-        try {
-          std::rethrow_exception(error);
-        } catch (const PeerTimeout& t) {
-          set_state(record, "timed out");
-          std::ostringstream why;
-          why << "timed out after " << timeout.count() << " ms waiting to "
-              << (t.is_recv ? "receive from" : "send to") << " rank " << t.peer;
-          work->finish(std::make_exception_ptr(failed(op, seq, why.str(), p2p_tag.has_value())));
-        } catch (const std::exception& e) {
-          set_state(record, "failed");
-          if (size() == 1) return work->finish(error);  // no peers to abort
-          work->finish(std::make_exception_ptr(
-              failed(op, seq, std::string("failed: ") + e.what(), p2p_tag.has_value())));
-        }
-      };
-      try {
-        body(*x);
-        if (!p2p_tag) return finished(nullptr);
-      } catch (...) {
-        return finished(std::current_exception());
-      }
-      thread->add_in_flight([x, finished, self] {
-        try {
-          if (!x->test_all()) return false;
-          finished(nullptr);
-        } catch (...) {
-          finished(std::current_exception());
-        }
-        return true;
-      });
-    });
-    return work;
-  }
-
-  std::string dump() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::ostringstream os;
-    for (const Record& r : records_)
-      os << "  " << (r.p2p ? "p2p #" : "#") << r.seq << " " << r.op << " " << r.sizes << ": "
-         << r.state << "\n";
-    return os.str();
-  }
-
-  uint32_t next_p2p(std::map<std::pair<int, int>, uint32_t>& counters, int peer, int tag) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return counters[{peer, tag}]++;
-  }
-  std::map<std::pair<int, int>, uint32_t> sends_, recvs_;
-
- private:
-  std::string describe(const char* op, uint64_t seq, bool p2p = false) const {
-    return std::string(op) + (p2p ? " p2p #" : " #") + std::to_string(seq) + " on group '" + name +
-           "' (rank " + std::to_string(rank) + " of " + std::to_string(size()) + ")";
-  }
-
-  void set_state(uint64_t record, const char* state) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (Record& r : records_)
-      if (r.id == record) r.state = state;
-  }
-
-  void abort(const std::string& reason) {
-    if (aborted_) return;
-    abort_reason_ = reason;
-    aborted_ = true;
-    if (transport) transport->mark_broken();
-  }
-
-  // Note [Collective timeouts]: a collective that timed out or failed in its transport.
-  // Point-to-point ops get no desync report: their sequence numbers differ across ranks.
-  Error failed(const char* op, uint64_t seq, const std::string& why, bool p2p) {
-    std::ostringstream msg;
-    msg << describe(op, seq, p2p) << " " << why;
-    abort(msg.str());
-    if (!p2p) msg << desync_report(op, seq);
-    std::cerr << "kiln.dist: " << msg.str() << "\nkiln.dist: last collectives of group '" << name
-              << "' on rank " << rank << ":\n"
-              << dump() << std::flush;
-    return Error(ErrorKind::Runtime, msg.str());
-  }
-
-  std::string desync_report(const char* op, uint64_t seq) {
-    if (!store) return "";
-    const std::string prefix = "kiln/" + std::to_string(generation) + "/" + name + "/timeout/";
-    const std::string mine = std::to_string(seq) + " " + op;
-    std::ostringstream out;
-    try {
-      store->set(prefix + std::to_string(rank), mine);
-      const auto window = std::clamp(timeout / 10, Milliseconds(200), Milliseconds(2000));
-      const auto deadline = Clock::now() + window;
-      std::vector<int> missing;
-      for (int r = 0; r < size(); ++r)
-        if (r != rank) missing.push_back(r);
-      std::map<int, std::string> seen;
-      while (!missing.empty() && Clock::now() < deadline) {
-        std::vector<int> still;
-        for (int r : missing) {
-          if (store->check({prefix + std::to_string(r)}))
-            seen[r] = store->get(prefix + std::to_string(r));
-          else
-            still.push_back(r);
-        }
-        missing = std::move(still);
-        if (!missing.empty()) std::this_thread::sleep_for(Milliseconds(50));
-      }
-      std::string culprits;
-      for (int r : missing)
-        culprits += "; rank " + std::to_string(r) + " never reached " + op + " #" +
-                    std::to_string(seq) +
-                    " (it died, is stuck outside a collective, or skipped it)";
-      for (auto& [r, s] : seen)
-        if (s != mine)
-          culprits += "; rank " + std::to_string(r) + " is at " + s.substr(s.find(' ') + 1) + " #" +
-                      s.substr(0, s.find(' ')) + " instead (a skipped or reordered collective)";
-      if (culprits.empty())
-        out << "; every rank reports the same collective (a slow or stuck transport)";
-      else
-        out << culprits;
-    } catch (const Error& e) {
-      out << "; no desync report (store unreachable: " << e.what() << ")";
-    }
-    return out.str();
-  }
-
-  mutable std::mutex mu_;
-  uint64_t seq_ = 0, p2p_seq_ = 0, records_issued_ = 0;
-  std::deque<Record> records_;
-  std::atomic<bool> aborted_{false};
-  std::string abort_reason_;
-};
 
 // ---- ProcessGroup
 // --------------------------------------------------------------------------------
@@ -613,200 +342,5 @@ WorkPtr ProcessGroup::barrier() {
 
 // ---- Registry
 // ------------------------------------------------------------------------------------
-
-namespace {
-
-// Note [Launch environment]: PyTorch's launch contract. RANK and WORLD_SIZE name this process;
-// MASTER_ADDR:MASTER_PORT is the store, hosted by rank 0 unless KILN_AGENT_STORE=1 says the
-// launcher (`kiln run`, or a test harness) hosts it (torchrun's TORCHELASTIC_USE_AGENT_STORE).
-struct Registry {
-  std::mutex mu;
-  std::map<std::string, ProcessGroupPtr, std::less<>> groups;
-  ProcessGroupPtr world;
-  std::shared_ptr<UcxTransport> transport;
-  std::shared_ptr<TCPStore> store;
-  std::shared_ptr<NcclComm> world_nccl;  // the world's, parent of the subgroups' (backend "nccl")
-  int next_group_id = 1;
-  int generation = 0;
-  // Last, so it is destroyed first: at exit it finishes the queued collectives before the groups
-  // and the transport go away.
-  CommThread thread;
-
-  // With `mu` held.
-  void clear() {
-    thread.drain();  // every queued collective ends within its timeout
-    groups.clear();
-    world.reset();
-    transport.reset();
-    world_nccl.reset();
-    store.reset();
-    next_group_id = 1;
-  }
-
-  void add(const ProcessGroupPtr& pg) {
-    KILN_CHECK(!groups.count(pg->name()), Value, "a process group named '", pg->name(),
-               "' exists already");
-    groups[pg->name()] = pg;
-  }
-};
-
-Registry& registry() {
-  static Registry r;
-  return r;
-}
-
-ProcessGroupPtr make_group(Registry& reg, std::string name, std::vector<int> ranks, int rank,
-                           int id, Milliseconds timeout, std::shared_ptr<NcclComm> nccl = nullptr) {
-  watch_for_fork();
-  auto impl = std::make_shared<ProcessGroupImpl>();
-  impl->name = std::move(name);
-  impl->ranks = std::move(ranks);
-  impl->rank = rank;
-  impl->id = id;
-  impl->generation = reg.generation;
-  impl->timeout = timeout;
-  impl->transport = impl->ranks.size() > 1 ? reg.transport : nullptr;
-  impl->store = reg.store;
-  impl->thread = &reg.thread;
-  impl->nccl = std::move(nccl);
-  return std::make_shared<ProcessGroup>(std::move(impl));
-}
-
-}  // namespace
-
-ProcessGroupPtr init_process_group(const InitOptions& o) {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  KILN_CHECK(!reg.world, Value,
-             "init_process_group: the default group exists already (call "
-             "destroy_process_group first)");
-#ifdef KILN_HAVE_NCCL
-  KILN_CHECK(o.backend == "ucx" || o.backend == "nccl", Value,
-             "init_process_group: unknown backend '", o.backend, "' (this build has: ucx, nccl)");
-#else
-  KILN_CHECK(o.backend == "ucx", Value, "init_process_group: unknown backend '", o.backend,
-             "' (this build has: ucx; nccl needs a build with CUDA and NCCL)");
-#endif
-  const Milliseconds timeout = o.timeout.value_or(env_timeout());
-  int rank = o.rank, world = o.world_size;
-  std::shared_ptr<TCPStore> store = o.store;
-  if (o.init_method == "env://") {
-    rank = env_int("RANK", -1);
-    world = env_int("WORLD_SIZE", -1);
-    KILN_CHECK(rank >= 0 && world >= 1 && rank < world, Value,
-               "init_process_group(env://): RANK and WORLD_SIZE must be set with 0 <= RANK < "
-               "WORLD_SIZE, got RANK=",
-               rank, " WORLD_SIZE=", world);
-    if (world > 1) {
-      const char* addr = std::getenv("MASTER_ADDR");
-      const int port = env_int("MASTER_PORT", -1);
-      KILN_CHECK(port > 0, Value, "init_process_group(env://): MASTER_PORT must be set");
-      const bool host = rank == 0 && env_int("KILN_AGENT_STORE", 0) == 0;
-      store = std::make_shared<TCPStore>(addr && *addr ? addr : "127.0.0.1", port, host, timeout);
-    }
-  } else {
-    KILN_CHECK(o.init_method.empty(), Value, "init_process_group: unsupported init_method '",
-               o.init_method, "' (use \"env://\", or \"\" with rank, world_size and store)");
-    KILN_CHECK(rank >= 0 && world >= 1 && rank < world, Value,
-               "init_process_group: need 0 <= "
-               "rank < world_size, got rank ",
-               rank, ", world_size ", world);
-    KILN_CHECK(world == 1 || store, Value, "init_process_group: a store is needed for world_size ",
-               world);
-  }
-  ++reg.generation;
-  std::shared_ptr<NcclComm> nccl;
-#ifdef KILN_HAVE_NCCL
-  if (o.backend == "nccl")
-    nccl = nccl_init(store.get(), "kiln/" + std::to_string(reg.generation) + "/nccl", rank, world,
-                     o.group_name, timeout);
-#endif
-  reg.store = store;
-  reg.world_nccl = nccl;
-  if (world > 1 && !nccl) {
-    reg.transport = std::make_shared<UcxTransport>(
-        *store, "kiln/" + std::to_string(reg.generation) + "/ucx/", rank, world);
-  }
-  std::vector<int> ranks(world);
-  std::iota(ranks.begin(), ranks.end(), 0);
-  reg.world = make_group(reg, o.group_name, std::move(ranks), rank, 0, timeout, std::move(nccl));
-  reg.add(reg.world);
-  return reg.world;
-}
-
-bool is_initialized() {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  return static_cast<bool>(reg.world);
-}
-
-ProcessGroupPtr default_group() {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  KILN_CHECK(reg.world, Value, "no default process group: call init_process_group first");
-  return reg.world;
-}
-
-ProcessGroupPtr new_group(const std::vector<int>& ranks, std::optional<Milliseconds> timeout,
-                          std::string name) {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  KILN_CHECK(reg.world, Value, "new_group: call init_process_group first");
-  const int world = reg.world->size();
-  std::vector<bool> seen(world, false);
-  for (int r : ranks) {
-    KILN_CHECK(r >= 0 && r < world && !seen[r], Value,
-               "new_group: ranks must be distinct world "
-               "ranks in [0, ",
-               world, "), got ", IntArrayRef(std::vector<int64_t>(ranks.begin(), ranks.end())));
-    seen[r] = true;
-  }
-  // Note [Collective tags]: a group id has 6 bits.
-  KILN_CHECK(reg.next_group_id < 64, Value, "new_group: at most 63 subgroups per "
-             "init_process_group (destroy_process_group starts the count afresh)");
-  const int id = reg.next_group_id++;
-  if (name.empty()) name = "group" + std::to_string(id);
-  auto me = std::find(ranks.begin(), ranks.end(), reg.world->rank());
-  const int rank = static_cast<int>(me - ranks.begin());
-  std::shared_ptr<NcclComm> nccl;
-#ifdef KILN_HAVE_NCCL
-  if (NcclComm* parent = reg.world_nccl.get())
-    nccl = nccl_split(*parent, me != ranks.end(), rank, name,
-                      timeout.value_or(reg.world->timeout()));
-#endif
-  if (me == ranks.end()) return nullptr;
-  auto pg = make_group(reg, std::move(name), ranks, rank, id,
-                       timeout.value_or(reg.world->timeout()), std::move(nccl));
-  reg.add(pg);
-  return pg;
-}
-
-ProcessGroupPtr new_local_group(std::string name) {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  auto pg = make_group(reg, std::move(name), {0}, 0, 0, env_timeout());
-  reg.add(pg);
-  return pg;
-}
-
-ProcessGroupPtr find_group(std::string_view name) {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  auto it = reg.groups.find(name);
-  if (it != reg.groups.end()) return it->second;
-  std::string known;
-  for (auto& [n, g] : reg.groups) known += (known.empty() ? "'" : ", '") + n + "'";
-  KILN_FAIL(Value, "no process group named '", name, "' (known: ", known.empty() ? "none" : known,
-            "; call init_process_group or new_group first)");
-}
-
-void destroy_process_group() {
-  Registry& reg = registry();
-  std::lock_guard<std::mutex> lock(reg.mu);
-  reg.clear();
-}
-
-int local_rank() { return env_int("LOCAL_RANK", 0); }
-int local_world_size() { return env_int("LOCAL_WORLD_SIZE", 1); }
 
 }  // namespace kiln::dist
