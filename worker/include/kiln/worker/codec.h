@@ -1,0 +1,52 @@
+// kiln/worker/codec.h: tensors and op arguments to and from their wire form (proto/kiln/proto/
+// tensor.proto and program.proto). The worker decodes with it; the Remote backend (client/)
+// encodes with it, so both ends agree by construction.
+//
+//   std::vector<kiln::proto::TensorData> pieces = kiln::worker::encode_tensor(t);   // chunked
+//   kiln::worker::TensorAssembler a;  for (auto& p : pieces) a.add(p);  kiln::Tensor u = a.take();
+//   kiln::proto::Argument arg = kiln::worker::encode_attribute(kiln::IValue(int64_t{3}));
+//   kiln::IValue v = kiln::worker::decode_attribute(arg.attribute());
+//
+// Decoding never trusts the wire: every problem (unknown dtype name, negative size, byte count
+// that does not match shape x itemsize, overflowing sizes, a piece out of order) is a
+// kiln::Error of kind Value naming what was wrong; nothing is read out of bounds.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "kiln/ivalue.h"
+#include "kiln/tensor.h"
+#include "kiln/proto/program.pb.h"
+#include "kiln/proto/tensor.pb.h"
+
+namespace kiln::worker {
+
+// `t` (any strides, any device with data) as contiguous little-endian bytes, split into pieces
+// of at most `chunk_bytes` (kiln::proto::kChunkBytes by default). A zero-size tensor is one
+// piece with no data.
+std::vector<proto::TensorData> encode_tensor(const Tensor& t, size_t chunk_bytes = 0);
+
+// Rebuilds a CPU tensor from its pieces, in order.
+class TensorAssembler {
+ public:
+  // Adds the next piece. ValueError when its header differs from the first piece's, its offset
+  // is not where the previous piece ended, or it runs past the tensor's byte size.
+  void add(const proto::TensorData& piece);
+  bool complete() const;  // every byte received
+  Tensor take();          // ValueError unless complete(); resets the assembler
+
+ private:
+  std::optional<Tensor> t_;
+  uint64_t received_ = 0;
+  uint64_t total_ = 0;
+  proto::TensorData header_;  // dtype and shape of the first piece
+};
+
+// A non-Tensor argument (Scalar, int, float, bool, int[], ScalarType, Device, str, None).
+// Tensors and Generators have no attribute form (ValueError).
+proto::Attribute encode_attribute(const IValue& v);
+IValue decode_attribute(const proto::Attribute& a);
+
+}  // namespace kiln::worker

@@ -1,0 +1,63 @@
+// kiln/worker/session.h: one client's session on a worker: a value table and the executor that
+// runs the client's instructions through the dispatcher, below autograd (DESIGN.md "Execution").
+// The gRPC service (server.h) drives one Session per stream; the client's in-process transport
+// drives one directly.
+//
+//   kiln::worker::Session s({.worker_id = "w0"});
+//   kiln::proto::Batch b = ...;          // Create, Instruction, Fetch, Sync, Free commands
+//   absl::Status st = s.run(b, [&](kiln::proto::WorkerMessage&& m) { replies.push_back(m); });
+//
+// Note [Poisoned values]: an instruction that raises poisons its output ids with the error
+// (code, kind, message, seq, op). An instruction that reads a poisoned value does not run; its
+// outputs are poisoned with the same original error. A Fetch of a poisoned value answers that
+// error; a Sync answers the first failure since the previous Sync. Poisoning is per value, so
+// independent work goes on.
+//
+// What ends the stream instead (run() returns INVALID_ARGUMENT, the session stays usable for
+// nothing else): a command with no kind, a Create whose pieces are inconsistent, an output id
+// already in use. An unknown op name, wrong argument count or an unknown input id is the
+// instruction's own failure (poisoning, code INVALID_ARGUMENT), since the client may go on.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <absl/status/status.h>
+
+#include "kiln/device.h"
+#include "kiln/proto/worker.pb.h"
+
+namespace kiln::worker {
+
+struct SessionOptions {
+  std::string worker_id = "worker";
+  Device device = kCPU;             // where Create puts values without a device
+  uint64_t memory_limit_bytes = 0;  // 0: no limit; else RESOURCE_EXHAUSTED beyond it
+  int rank = 0;
+  int world_size = 1;
+};
+
+class Session {
+ public:
+  explicit Session(SessionOptions options);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Runs the batch's commands in order, sending FetchReply pieces and SyncReplies to `reply`.
+  absl::Status run(const proto::Batch& batch,
+                   const std::function<void(proto::WorkerMessage&&)>& reply);
+
+  const SessionOptions& options() const { return options_; }
+  int64_t num_values() const;          // live entries of the value table
+  uint64_t memory_in_use_bytes() const;
+  uint64_t instructions_run() const;
+
+ private:
+  struct State;
+  SessionOptions options_;
+  State* state_;
+};
+
+}  // namespace kiln::worker
