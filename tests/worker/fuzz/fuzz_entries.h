@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include "kiln/error.h"
 #include "kiln/worker/codec.h"
 #include "kiln/worker/session.h"
@@ -19,6 +21,7 @@ namespace kiln::fuzz {
 // The codec: every Create's piece into one assembler (a complete tensor must round-trip), every
 // attribute of every instruction decoded and re-encoded.
 inline void codec(const uint8_t* data, size_t size) {
+  google::protobuf::LogSilencer quiet;  // invalid UTF-8 in a string field is refused, noisily
   proto::Batch batch;
   if (!batch.ParseFromArray(data, static_cast<int>(size))) return;
   worker::TensorAssembler a;
@@ -48,6 +51,7 @@ inline void codec(const uint8_t* data, size_t size) {
 // The executor: the batch through a fresh Session with a memory limit (so a huge op is refused
 // rather than exhausting the fuzzer's memory).
 inline void session(const uint8_t* data, size_t size) {
+  google::protobuf::LogSilencer quiet;
   proto::Batch batch;
   if (!batch.ParseFromArray(data, static_cast<int>(size))) return;
   worker::Session s({.memory_limit_bytes = 64 << 20});
