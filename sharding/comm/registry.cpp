@@ -108,7 +108,10 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
     KILN_CHECK(world == 1 || store, Value, "init_process_group: a store is needed for world_size ",
                world);
   }
-  ++reg.generation;
+  // The key prefix of this initialisation: counted per rank in the store itself, so ranks
+  // agree however many groups their processes joined before (a worker joins one per gang).
+  reg.generation = store ? static_cast<int>(store->add("kiln/inits/" + std::to_string(rank), 1))
+                         : reg.generation + 1;
   std::shared_ptr<NcclComm> nccl;
 #ifdef KILN_HAVE_NCCL
   if (o.backend == "nccl")
