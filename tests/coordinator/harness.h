@@ -95,8 +95,10 @@ class TempDir {
 class Daemon {
  public:
   // Starts kiln-coordinator with its state in `dir`; `token` goes on every call() made.
-  Daemon(const fs::path& dir, std::vector<std::string> flags = {}, std::string token = "")
-      : dir_(dir), flags_(std::move(flags)), token_(std::move(token)) {
+  // With `ca_pem`, the stub talks TLS trusting that certificate.
+  Daemon(const fs::path& dir, std::vector<std::string> flags = {}, std::string token = "",
+         std::string ca_pem = "")
+      : dir_(dir), flags_(std::move(flags)), token_(std::move(token)), ca_pem_(std::move(ca_pem)) {
     start();
   }
   ~Daemon() {
@@ -121,8 +123,9 @@ class Daemon {
           << "kiln-coordinator exited: " << slurp(dir_ / "coord.err");
     }
     port_ = std::stoi(slurp(dir_ / "port"));
-    stub_ = proto::Coordinator::NewStub(
-        grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (!ca_pem_.empty()) creds = grpc::SslCredentials({.pem_root_certs = ca_pem_});
+    stub_ = proto::Coordinator::NewStub(grpc::CreateChannel(address(), creds));
   }
   // SIGKILL, as a crash would.
   void crash() {
@@ -155,7 +158,7 @@ class Daemon {
  private:
   fs::path dir_;
   std::vector<std::string> flags_;
-  std::string token_;
+  std::string token_, ca_pem_;
   pid_t pid_ = -1;
   int port_ = 0;
   std::unique_ptr<Stub> stub_;
