@@ -271,7 +271,8 @@ void CoordClient::prepare(grpc::ClientContext& ctx, bool follow) const {
 
 int report_rpc_error(const CoordClient& c, const grpc::Status& st) {
   const absl::Status s = kiln::proto::from_grpc(st);
-  if (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded) {
+  if (s.code() == absl::StatusCode::kUnavailable ||
+      s.code() == absl::StatusCode::kDeadlineExceeded) {
     std::fprintf(stderr, "kiln: coordinator %s: %s: %s\n", c.address.c_str(),
                  absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str());
   } else {
@@ -318,7 +319,8 @@ int run_job_command(const std::string& name, const std::vector<std::string>& all
   grpc::ChannelArguments ch;
   ch.SetMaxReceiveMessageSize(kiln::proto::kMaxMessageBytes);
   c.stub = proto::Coordinator::NewStub(grpc::CreateCustomChannel(c.address, credentials(ca), ch));
-  if (name == "workers") return rest.empty() ? workers_main(c) : usage("kiln workers takes no arguments");
+  if (name == "workers")
+    return rest.empty() ? workers_main(c) : usage("kiln workers takes no arguments");
   if (name == "jobs") return jobs_main(c, rest);
   if (name == "status") return status_main(c, rest, false);
   if (name == "cancel") return status_main(c, rest, true);

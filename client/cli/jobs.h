@@ -8,11 +8,11 @@
 //   kiln logs job-3 -f
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "kiln/proto/coordinator.grpc.pb.h"
 

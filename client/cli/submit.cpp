@@ -140,8 +140,8 @@ pid_t Driver::spawn(const std::vector<std::string>& command, int out_fd, int err
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
     bool ours = false;
-    for (const char* k : {"KILN_COORDINATOR=", "KILN_JOB_ID=", "KILN_SESSION=", "KILN_WORKERS=",
-                          "KILN_TOKEN="}) {
+    for (const char* k :
+         {"KILN_COORDINATOR=", "KILN_JOB_ID=", "KILN_SESSION=", "KILN_WORKERS=", "KILN_TOKEN="}) {
       ours = ours || kv.rfind(k, 0) == 0;
     }
     if (!ours) env.push_back(kv);
@@ -174,8 +174,8 @@ pid_t Driver::spawn(const std::vector<std::string>& command, int out_fd, int err
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setpgroup(&attr, 0);  // its own group: stop_child reaches its children too
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   pid_t pid = 0;
   const int rc = posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
@@ -233,7 +233,8 @@ int Driver::relay(int out_fd, int err_fd, grpc::ClientWriter<proto::JobReport>& 
     if (report_ok && msg.log_lines_size() > 0) report_ok = report.Write(msg);
   }
   int status = 0;
-  while (waitpid(child_, &status, 0) < 0 && errno == EINTR) {}
+  while (waitpid(child_, &status, 0) < 0 && errno == EINTR) {
+  }
   {
     std::lock_guard lock(mu_);
     child_ = 0;
@@ -250,7 +251,8 @@ int Driver::run(const std::vector<std::string>& command) {
   sigaction(SIGTERM, &sa, nullptr);
   std::thread signals([this] {
     char b = 0;
-    while (read(g_signal_pipe[0], &b, 1) < 0 && errno == EINTR) {}
+    while (read(g_signal_pipe[0], &b, 1) < 0 && errno == EINTR) {
+    }
     if (b != 0) on_stop_signal(b);
   });
   auto finish = [&](int code) {

@@ -93,7 +93,8 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
   std::lock_guard lock(mu_);
   auto it = workers_.find(req.worker_id());
   if (it == workers_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown worker ", req.worker_id(), "; register again"));
+    return absl::NotFoundError(
+        absl::StrCat("unknown worker ", req.worker_id(), "; register again"));
   }
   WorkerRec& w = it->second;
   if (req.epoch() != w.info.epoch()) {
@@ -102,8 +103,8 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
                                            "): a newer registration replaced it"));
   }
   if (w.info.state() == "dead") {
-    return absl::NotFoundError(absl::StrCat("worker ", req.worker_id(),
-                                            " was marked dead after missed heartbeats; register again"));
+    return absl::NotFoundError(absl::StrCat(
+        "worker ", req.worker_id(), " was marked dead after missed heartbeats; register again"));
   }
   w.last_beat = Clock::now();
   w.info.set_last_heartbeat_unix_ms(now_unix_ms());
@@ -150,7 +151,8 @@ void Coordinator::reap_locked() {
     const std::string why = absl::StrCat("worker ", w->info.worker_id(), " stopped heartbeating");
     std::fprintf(stderr, "kiln-coordinator: %s; marked dead\n", why.c_str());
     auto s = sessions_.find(w->info.session_id());
-    if (s != sessions_.end() && s->second.state == "open") end_session_locked(s->second, "failed", why);
+    if (s != sessions_.end() && s->second.state == "open")
+      end_session_locked(s->second, "failed", why);
     w->info.set_state("dead");
     w->info.set_session_id("");
     state_->put_worker(*w);
@@ -264,9 +266,9 @@ absl::StatusOr<proto::SessionInfo> Coordinator::open_session(const proto::OpenSe
     if (!j.ok()) return j.status();
     const proto::Job& job = (*j)->job;
     if (job.state() != "running") {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job.job_id(), " is ", job.state(), job.message().empty() ? "" : ": ",
-          job.message(), job.state() == "queued" ? " (not running yet)" : ""));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job.job_id(), " is ", job.state(), job.message().empty() ? "" : ": ",
+                       job.message(), job.state() == "queued" ? " (not running yet)" : ""));
     }
     return session_info_locked(sessions_.at(job.session_id()));
   }
@@ -314,8 +316,8 @@ absl::Status Coordinator::close_session(const proto::CloseSessionRequest& req,
   }
   SessionRec& s = it->second;
   if (!s.job_id.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", s.id, " belongs to job ", s.job_id, "; cancel the job instead"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", s.id, " belongs to job ", s.job_id, "; cancel the job instead"));
   }
   if (s.state != "open") return absl::OkStatus();
   Transaction t(state_->db());

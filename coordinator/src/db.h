@@ -1,17 +1,18 @@
 // coordinator/src/db.h: a thin RAII wrapper over the SQLite C API, just what state.cpp needs:
 // open a file in WAL mode, run statements with bound parameters, and transactions.
 //
-//   Db db;  KILN_RETURN_IF_ERROR-style: if (auto st = db.open(path); !st.ok()) ...
+//   Db db;
+//   if (absl::Status st = db.open(path); !st.ok()) return st;
 //   Stmt s = db.prepare("SELECT id FROM jobs WHERE state = ?");
 //   s.bind(1, "queued");
 //   while (s.step()) use(s.text(0));
 #pragma once
 
+#include <absl/status/status.h>
+
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-
-#include <absl/status/status.h>
 
 struct sqlite3;
 struct sqlite3_stmt;
@@ -31,7 +32,10 @@ class Stmt {
   Stmt& bind(int i, const std::string& v);
   // true while a row is available; false when done.
   bool step();
-  void run() { while (step()) {} }
+  void run() {
+    while (step()) {
+    }
+  }
   int64_t integer(int col) const;
   std::string text(int col) const;
 

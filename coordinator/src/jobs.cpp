@@ -122,9 +122,9 @@ absl::StatusOr<proto::Job> Coordinator::get_job(const proto::GetJobRequest& req,
 absl::StatusOr<proto::ListJobsReply> Coordinator::list_jobs(const proto::ListJobsRequest& req,
                                                             const std::string& tenant) {
   if (!req.state().empty() && !kJobStates.count(req.state())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state must be one of queued, running, succeeded, failed, cancelled; got '", req.state(),
-        "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("state must be one of queued, running, succeeded, failed, cancelled; got '",
+                     req.state(), "'"));
   }
   std::lock_guard lock(mu_);
   std::vector<const JobRec*> picked;

@@ -26,8 +26,8 @@ absl::StatusOr<proto::StoreReply> Coordinator::store(const proto::StoreRequest& 
       return absl::NotFoundError(absl::StrCat("unknown session ", req.session_id()));
     }
     if (s->second.state == "failed") {
-      return absl::UnavailableError(absl::StrCat("session ", s->first, " failed: ",
-                                                 s->second.message));
+      return absl::UnavailableError(
+          absl::StrCat("session ", s->first, " failed: ", s->second.message));
     }
     if (s->second.state != "open") {
       return absl::FailedPreconditionError(absl::StrCat("session ", s->first, " is closed"));

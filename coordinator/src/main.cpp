@@ -72,14 +72,22 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
         return false;
       }
     };
-    if (a == "--listen") f.listen = v;
-    else if (a == "--port-file") f.port_file = v;
-    else if (a == "--state") f.state = v;
-    else if (a == "--tokens") f.tokens = v;
-    else if (a == "--worker-token") f.worker_token = v;
-    else if (a == "--tls-cert") f.tls_cert = v;
-    else if (a == "--tls-key") f.tls_key = v;
-    else if (a == "--metrics-listen") f.metrics_listen = v;
+    if (a == "--listen")
+      f.listen = v;
+    else if (a == "--port-file")
+      f.port_file = v;
+    else if (a == "--state")
+      f.state = v;
+    else if (a == "--tokens")
+      f.tokens = v;
+    else if (a == "--worker-token")
+      f.worker_token = v;
+    else if (a == "--tls-cert")
+      f.tls_cert = v;
+    else if (a == "--tls-key")
+      f.tls_key = v;
+    else if (a == "--metrics-listen")
+      f.metrics_listen = v;
     else if (a == "--heartbeat-ms") {
       if (!to_int(f.heartbeat_ms)) return usage_error("--heartbeat-ms needs a positive integer");
     } else if (a == "--dead-after") {
@@ -154,10 +162,10 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  auto core = kiln::coord::Coordinator::open(
-      {.state_path = f.state,
-       .heartbeat = std::chrono::milliseconds(f.heartbeat_ms),
-       .dead_after = f.dead_after});
+  auto core =
+      kiln::coord::Coordinator::open({.state_path = f.state,
+                                      .heartbeat = std::chrono::milliseconds(f.heartbeat_ms),
+                                      .dead_after = f.dead_after});
   if (!core.ok()) return fail(core.status());
   kiln::coord::Metrics metrics(**core);
   std::unique_ptr<prometheus::Exposer> exposer;
@@ -165,8 +173,8 @@ int main(int argc, char** argv) {
     try {
       exposer = std::make_unique<prometheus::Exposer>(f.metrics_listen);
     } catch (const std::exception& e) {
-      return fail(absl::UnavailableError("cannot serve metrics on " + f.metrics_listen + ": " +
-                                         e.what()));
+      return fail(
+          absl::UnavailableError("cannot serve metrics on " + f.metrics_listen + ": " + e.what()));
     }
     exposer->RegisterCollectable(metrics.collectable());
   }

@@ -23,8 +23,8 @@ struct Metrics::Impl : prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> out = registry.Collect();
     out.push_back(gauge("kiln_coordinator_jobs", "Jobs by state", core.job_counts()));
-    out.push_back(gauge("kiln_coordinator_workers", "Registered workers by state",
-                        core.worker_counts()));
+    out.push_back(
+        gauge("kiln_coordinator_workers", "Registered workers by state", core.worker_counts()));
     return out;
   }
 

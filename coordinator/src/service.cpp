@@ -12,7 +12,8 @@ namespace kiln::coord {
 
 absl::StatusOr<Auth> load_tokens(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read --tokens file '", path, "'"));
+  if (!in)
+    return absl::InvalidArgumentError(absl::StrCat("cannot read --tokens file '", path, "'"));
   Auth auth;
   int n = 0;
   for (std::string line; std::getline(in, line);) {
@@ -115,8 +116,7 @@ grpc::Status Service::OpenSession(grpc::ServerContext* ctx, const proto::OpenSes
   });
 }
 
-grpc::Status Service::CloseSession(grpc::ServerContext* ctx,
-                                   const proto::CloseSessionRequest* req,
+grpc::Status Service::CloseSession(grpc::ServerContext* ctx, const proto::CloseSessionRequest* req,
                                    proto::CloseSessionReply*) {
   return handle("CloseSession", ctx, Role::kClient,
                 [&](const std::string& tenant) { return core_.close_session(*req, tenant); });

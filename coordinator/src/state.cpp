@@ -81,7 +81,7 @@ Loaded State::load() {
   Stmt s = db_.prepare(
       "SELECT id, state, job_id, tenant, message, worker_ids, created_unix_ms FROM sessions");
   while (s.step()) {
-    SessionRec r{s.text(0), s.text(1), s.text(2), s.text(3), s.text(4), from_json(s.text(5)),
+    SessionRec r{s.text(0),   s.text(1), s.text(2), s.text(3), s.text(4), from_json(s.text(5)),
                  s.integer(6)};
     out.sessions[r.id] = r;
   }
@@ -171,8 +171,8 @@ void State::append_logs(const std::string& job_id, const std::vector<std::string
 }
 
 std::vector<std::string> State::logs(const std::string& job_id, int64_t from, int64_t limit) {
-  Stmt s = db_.prepare(
-      "SELECT line FROM job_logs WHERE job_id = ? AND idx >= ? ORDER BY idx LIMIT ?");
+  Stmt s =
+      db_.prepare("SELECT line FROM job_logs WHERE job_id = ? AND idx >= ? ORDER BY idx LIMIT ?");
   s.bind(1, job_id).bind(2, from).bind(3, limit);
   std::vector<std::string> out;
   while (s.step()) out.push_back(s.text(0));

@@ -8,13 +8,13 @@
 //   { Transaction t(st.db()); st.put_job(job); st.put_worker(w); t.commit(); }
 #pragma once
 
+#include <absl/status/status.h>
+
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
-
-#include <absl/status/status.h>
 
 #include "db.h"
 #include "kiln/proto/coordinator.pb.h"

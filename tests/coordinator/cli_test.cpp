@@ -71,9 +71,9 @@ TEST(KilnCli, CancelStopsARunningDriver) {
   TempDir dir;
   Daemon d(dir.path());
   FakeWorker w0(d, "w0");
-  const pid_t pid = spawn({KILN_CLI, "submit", "--", "sh", "-c", "echo started; sleep 30"},
-                          dir.path() / "sub.out", dir.path() / "sub.err",
-                          {"KILN_COORDINATOR=" + d.address()});
+  const pid_t pid =
+      spawn({KILN_CLI, "submit", "--", "sh", "-c", "echo started; sleep 30"},
+            dir.path() / "sub.out", dir.path() / "sub.err", {"KILN_COORDINATOR=" + d.address()});
   ASSERT_TRUE(eventually([&] { return slurp(dir.path() / "sub.out") == "started\n"; }));
   Cli cancel = run_kiln(dir.path(), d, {"cancel", "job-1"});
   EXPECT_EQ(cancel.status, 0) << cancel.err;
@@ -88,10 +88,11 @@ TEST(KilnCli, CancelStopsARunningDriver) {
 TEST(KilnCli, SigtermCancelsTheJob) {
   TempDir dir;
   Daemon d(dir.path());  // no worker: the job stays queued
-  const pid_t pid = spawn({KILN_CLI, "submit", "--workers", "2", "--", "true"},
-                          dir.path() / "sub.out", dir.path() / "sub.err",
-                          {"KILN_COORDINATOR=" + d.address()});
-  ASSERT_TRUE(eventually([&] { return slurp(dir.path() / "sub.err").find("job-1") != std::string::npos; }));
+  const pid_t pid =
+      spawn({KILN_CLI, "submit", "--workers", "2", "--", "true"}, dir.path() / "sub.out",
+            dir.path() / "sub.err", {"KILN_COORDINATOR=" + d.address()});
+  ASSERT_TRUE(
+      eventually([&] { return slurp(dir.path() / "sub.err").find("job-1") != std::string::npos; }));
   kill(pid, SIGTERM);
   EXPECT_EQ(wait_for(pid, std::chrono::seconds(10)), 128 + SIGTERM);
   Cli status = run_kiln(dir.path(), d, {"status", "job-1", "--json"});

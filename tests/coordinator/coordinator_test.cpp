@@ -229,7 +229,8 @@ TEST(Coordinator, SigkillKeepsQueuedJobsAndWorkersReRegister) {
   auto busy = open_session(*d, 1);  // w0 busy: the jobs below stay queued
   ASSERT_TRUE(busy.ok());
   std::vector<std::string> ids;
-  for (int p : {0, 3, 0}) ids.push_back(submit(*d, 1, p, {"echo", "job", std::to_string(p)}).job_id());
+  for (int p : {0, 3, 0})
+    ids.push_back(submit(*d, 1, p, {"echo", "job", std::to_string(p)}).job_id());
   d->crash();
   d->start();
 
@@ -348,9 +349,9 @@ TEST(Coordinator, TokensPerTenant) {
 
 TEST(Coordinator, NonLoopbackListenNeedsAToken) {
   TempDir dir;
-  const pid_t pid = spawn({KILN_COORDINATOR_BIN, "--listen", "0.0.0.0:0", "--state",
-                           (dir.path() / "s.db").string()},
-                          dir.path() / "out", dir.path() / "err");
+  const pid_t pid = spawn(
+      {KILN_COORDINATOR_BIN, "--listen", "0.0.0.0:0", "--state", (dir.path() / "s.db").string()},
+      dir.path() / "out", dir.path() / "err");
   EXPECT_EQ(wait_for(pid, std::chrono::seconds(10)), 1);
   EXPECT_NE(slurp(dir.path() / "err").find("refusing to listen on '0.0.0.0:0'"), std::string::npos)
       << slurp(dir.path() / "err");
@@ -387,7 +388,7 @@ TEST(Coordinator, RendezvousStore) {
   EXPECT_EQ(op("add", "n").second.counter(), 2);
   EXPECT_EQ(op("add", "n").second.counter(), 4);
   EXPECT_TRUE(absl::IsDeadlineExceeded(op("get", "never", "", 100).first));
-  EXPECT_EQ(op("compare_set", "c", "first").second.value(), "first");  // absent, expected ""
+  EXPECT_EQ(op("compare_set", "c", "first").second.value(), "first");   // absent, expected ""
   EXPECT_EQ(op("compare_set", "c", "second").second.value(), "first");  // expected "" != "first"
 
   proto::CloseSessionRequest close;

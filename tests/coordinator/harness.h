@@ -7,7 +7,9 @@
 //   proto::Job job;  EXPECT_TRUE(d.call(&Stub::SubmitJob, req, &job).ok());
 #pragma once
 
+#include <absl/status/statusor.h>
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -23,9 +25,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <absl/status/statusor.h>
-#include <grpcpp/grpcpp.h>
 
 #include "kiln/proto/coordinator.grpc.pb.h"
 #include "kiln/proto/service.h"
@@ -110,9 +109,13 @@ class Daemon {
 
   void start() {
     fs::remove(dir_ / "port");
-    std::vector<std::string> argv = {KILN_COORDINATOR_BIN, "--listen",  "127.0.0.1:0",
-                                     "--port-file",        (dir_ / "port").string(),
-                                     "--state",            (dir_ / "state.db").string()};
+    std::vector<std::string> argv = {KILN_COORDINATOR_BIN,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--port-file",
+                                     (dir_ / "port").string(),
+                                     "--state",
+                                     (dir_ / "state.db").string()};
     argv.insert(argv.end(), flags_.begin(), flags_.end());
     pid_ = spawn(argv, dir_ / "coord.out", dir_ / "coord.err");
     ASSERT_GT(pid_, 0);
@@ -168,7 +171,8 @@ class Daemon {
 // (re-registering after NOT_FOUND, as kiln-worker does) until stop().
 class FakeWorker {
  public:
-  FakeWorker(Daemon& d, std::string id, std::chrono::milliseconds interval = std::chrono::milliseconds(100),
+  FakeWorker(Daemon& d, std::string id,
+             std::chrono::milliseconds interval = std::chrono::milliseconds(100),
              std::string token = "")
       : d_(d), id_(std::move(id)), interval_(interval), token_(std::move(token)) {
     EXPECT_TRUE(register_now().ok());

@@ -61,15 +61,14 @@ TEST(CoordinatorService, PrometheusMetrics) {
 TEST(CoordinatorService, Tls) {
   TempDir dir;
   const fs::path key = dir.path() / "key.pem", cert = dir.path() / "cert.pem";
-  const pid_t gen = spawn({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-                           "-days", "1", "-subj", "/CN=localhost", "-addext",
-                           "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", key.string(),
-                           "-out", cert.string()},
-                          dir.path() / "ssl.out", dir.path() / "ssl.err");
+  const pid_t gen =
+      spawn({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+             "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+             "-keyout", key.string(), "-out", cert.string()},
+            dir.path() / "ssl.out", dir.path() / "ssl.err");
   if (gen < 0 || wait_for(gen, std::chrono::seconds(30)) != 0) GTEST_SKIP() << "no openssl";
   // TLS makes a non-loopback listener acceptable; the test still dials loopback.
-  Daemon d(dir.path(), {"--tls-cert", cert.string(), "--tls-key", key.string()}, "",
-           slurp(cert));
+  Daemon d(dir.path(), {"--tls-cert", cert.string(), "--tls-key", key.string()}, "", slurp(cert));
   proto::ListWorkersReply reply;
   EXPECT_TRUE(d.call(&Stub::ListWorkers, proto::ListWorkersRequest(), &reply).ok());
 
@@ -79,9 +78,9 @@ TEST(CoordinatorService, Tls) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   EXPECT_FALSE(plain->ListWorkers(&ctx, {}, &reply).ok());
 
-  const pid_t cli = spawn({KILN_CLI, "workers", "--coordinator", d.address(), "--tls-ca",
-                           cert.string()},
-                          dir.path() / "cli.out", dir.path() / "cli.err");
+  const pid_t cli =
+      spawn({KILN_CLI, "workers", "--coordinator", d.address(), "--tls-ca", cert.string()},
+            dir.path() / "cli.out", dir.path() / "cli.err");
   EXPECT_EQ(wait_for(cli, std::chrono::seconds(20)), 0) << slurp(dir.path() / "cli.err");
 }
 

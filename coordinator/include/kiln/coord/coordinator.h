@@ -10,6 +10,8 @@
 //   (*c)->watch_job(watch, "", [](const proto::JobEvent& e) { return true; }, never_cancelled);
 #pragma once
 
+#include <absl/status/statusor.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -20,8 +22,6 @@
 #include <random>
 #include <string>
 #include <thread>
-
-#include <absl/status/statusor.h>
 
 #include "kiln/proto/coordinator.pb.h"
 

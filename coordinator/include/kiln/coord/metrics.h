@@ -9,10 +9,10 @@
 //   exposer.RegisterCollectable(metrics.collectable());
 #pragma once
 
+#include <absl/status/status.h>
+
 #include <memory>
 #include <string>
-
-#include <absl/status/status.h>
 
 namespace prometheus {
 class Collectable;

@@ -8,10 +8,10 @@
 //   builder.RegisterService(&service);
 #pragma once
 
+#include <absl/status/statusor.h>
+
 #include <map>
 #include <string>
-
-#include <absl/status/statusor.h>
 
 #include "kiln/coord/coordinator.h"
 #include "kiln/coord/metrics.h"
@@ -59,8 +59,7 @@ class Service final : public proto::Coordinator::Service {
                         grpc::ServerWriter<proto::JobEvent>*) override;
   grpc::Status ReportJob(grpc::ServerContext*, grpc::ServerReader<proto::JobReport>*,
                          proto::Job*) override;
-  grpc::Status Store(grpc::ServerContext*, const proto::StoreRequest*,
-                     proto::StoreReply*) override;
+  grpc::Status Store(grpc::ServerContext*, const proto::StoreRequest*, proto::StoreReply*) override;
 
   enum class Role { kWorker, kClient, kAny };
 
