@@ -47,6 +47,10 @@ TEST(KilnCli, SubmitRunsTheDriverAndReportsItsExit) {
   EXPECT_EQ(logs.out.substr(0, 3), "hi\n");
   EXPECT_NE(logs.out.find("oops"), std::string::npos);
 
+  Cli follow = run_kiln(dir.path(), d, {"logs", "-f", "job-1", "--json"});  // ended: returns
+  EXPECT_EQ(follow.status, 0) << follow.err;
+  EXPECT_EQ(nlohmann::json::parse(follow.out.substr(0, follow.out.find('\n')))["log"], "hi");
+
   Cli status = run_kiln(dir.path(), d, {"status", "job-1", "--json"});
   ASSERT_EQ(status.status, 0) << status.err;
   const auto job = nlohmann::json::parse(status.out);

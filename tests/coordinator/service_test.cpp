@@ -1,6 +1,7 @@
 // kiln-coordinator's surroundings: Prometheus /metrics, TLS, and a driver's OpenSession by job.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <sys/socket.h>
 
 #include "harness.h"
@@ -56,6 +57,36 @@ TEST(CoordinatorService, PrometheusMetrics) {
   EXPECT_NE(text.find("kiln_coordinator_rpcs_total{code=\"NOT_FOUND\",method=\"GetJob\"} 1"),
             std::string::npos)
       << text;
+}
+
+// grpc.health.v1.Health/Check without its generated code: an empty HealthCheckRequest (the
+// whole server) is zero bytes, and SERVING answers field 1 = 1, the bytes 08 01.
+TEST(CoordinatorService, HealthCheckServing) {
+  TempDir dir;
+  Daemon d(dir.path());
+  grpc::GenericStub stub(grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  grpc::ByteBuffer request, response;
+  grpc::Slice empty;
+  request = grpc::ByteBuffer(&empty, 1);
+  auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 TEST(CoordinatorService, Tls) {
