@@ -1,6 +1,8 @@
 // kiln-coordinator as a process on loopback, driven through raw gRPC stubs: the worker registry
 // and heartbeats, dead workers, gang scheduling and priorities, state across SIGKILL, input
 // validation, auth and the loopback rule, the rendezvous store.
+#include <sqlite3.h>
+
 #include "harness.h"
 
 namespace kiln::test {
@@ -249,6 +251,20 @@ TEST(Coordinator, SigkillKeepsQueuedJobsAndWorkersReRegister) {
   ASSERT_TRUE(eventually([&] { return state_of(*d, ids[1]) == "running"; }));
   EXPECT_EQ(state_of(*d, ids[0]), "queued");
   EXPECT_EQ(d->terminate(), 0);
+}
+
+TEST(Coordinator, RefusesAStateFileFromANewerSchema) {
+  TempDir dir;
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir.path() / "state.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 99", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  const pid_t pid = spawn({KILN_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--state",
+                           (dir.path() / "state.db").string()},
+                          dir.path() / "out", dir.path() / "err");
+  EXPECT_EQ(wait_for(pid, std::chrono::seconds(10)), 1);
+  EXPECT_NE(slurp(dir.path() / "err").find("schema version 99"), std::string::npos)
+      << slurp(dir.path() / "err");
 }
 
 TEST(Coordinator, MalformedRequestsAreRefusedAndTheDaemonServesOn) {
