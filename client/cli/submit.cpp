@@ -39,6 +39,39 @@ void on_signal(int sig) {
   [[maybe_unused]] auto n = write(g_signal_pipe[1], &b, 1);
 }
 
+// Log lines travel as proto3 strings, which must be UTF-8: each byte that does not start a
+// well-formed sequence becomes '?', so a binary-spewing driver cannot break its report stream.
+std::string utf8_line(const std::string& in) {
+  std::string out;
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size();) {
+    const auto c = static_cast<unsigned char>(in[i]);
+    const size_t len = c < 0x80           ? 1
+                       : (c >> 5) == 0x6  ? 2
+                       : (c >> 4) == 0xe  ? 3
+                       : (c >> 3) == 0x1e ? 4
+                                          : 0;
+    bool ok = len > 0 && i + len <= in.size();
+    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(in[i + k]) >> 6) == 0x2;
+    if (ok && len > 1) {  // no overlong forms, surrogates or code points past U+10FFFF
+      uint32_t cp = c & (0xff >> (len + 1));
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (in[i + k] & 0x3f);
+      ok = cp >= (len == 2   ? 0x80u
+                  : len == 3 ? 0x800u
+                             : 0x10000u) &&
+           cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+    }
+    if (ok) {
+      out.append(in, i, len);
+      i += len;
+    } else {
+      out += '?';
+      ++i;
+    }
+  }
+  return out;
+}
+
 bool terminal(const std::string& state) {
   return state == "succeeded" || state == "failed" || state == "cancelled";
 }
@@ -213,7 +246,7 @@ int Driver::relay(int out_fd, int err_fd, grpc::ClientWriter<proto::JobReport>& 
       const ssize_t n = read(s.fd, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        if (!s.partial.empty()) msg.add_log_lines(s.partial);
+        if (!s.partial.empty()) msg.add_log_lines(utf8_line(s.partial));
         s.partial.clear();
         close(s.fd);
         s.fd = -1;
@@ -226,7 +259,7 @@ int Driver::relay(int out_fd, int err_fd, grpc::ClientWriter<proto::JobReport>& 
       s.partial.append(buf, n);
       size_t start = 0;
       for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-        msg.add_log_lines(s.partial.substr(start, nl - start));
+        msg.add_log_lines(utf8_line(s.partial.substr(start, nl - start)));
       }
       s.partial.erase(0, start);
     }

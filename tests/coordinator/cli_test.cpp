@@ -71,6 +71,17 @@ TEST(KilnCli, SubmitRunsTheDriverAndReportsItsExit) {
   EXPECT_NE(table.out.find("job-1  failed"), std::string::npos) << table.out;
 }
 
+TEST(KilnCli, BinaryOutputIsReportedAsUtf8) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0");
+  Cli sub = run_kiln(dir.path(), d,
+                     {"submit", "--", "sh", "-c", "printf 'a\\377b \\303\\251\\n'; echo done"});
+  EXPECT_EQ(sub.status, 0) << sub.err;
+  Cli logs = run_kiln(dir.path(), d, {"logs", "job-1"});
+  EXPECT_EQ(logs.out, "a?b \xc3\xa9\ndone\n");
+}
+
 TEST(KilnCli, CancelStopsARunningDriver) {
   TempDir dir;
   Daemon d(dir.path());
