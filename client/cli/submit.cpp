@@ -32,6 +32,7 @@ namespace kiln::client {
 namespace {
 
 constexpr auto kGrace = std::chrono::seconds(5);  // SIGTERM, then SIGKILL this much later
+constexpr size_t kMaxPartialLine = 64 << 10;
 int g_signal_pipe[2] = {-1, -1};
 
 void on_signal(int sig) {
@@ -262,6 +263,10 @@ int Driver::relay(int out_fd, int err_fd, grpc::ClientWriter<proto::JobReport>& 
         msg.add_log_lines(utf8_line(s.partial.substr(start, nl - start)));
       }
       s.partial.erase(0, start);
+      if (s.partial.size() >= kMaxPartialLine) {  // no newline in sight: send what we have
+        msg.add_log_lines(utf8_line(s.partial));
+        s.partial.clear();
+      }
     }
     if (report_ok && msg.log_lines_size() > 0) report_ok = report.Write(msg);
   }
@@ -314,16 +319,21 @@ int Driver::run(const std::vector<std::string>& command) {
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return finish(1);
   int code = 0;
+  pid_t pid = -1;
+  int spawn_errno = 0;
   {
-    std::lock_guard lock(mu_);
-    child_ = stop_signal_ ? -1 : spawn(command, out[1], err[1]);
+    std::lock_guard lock(mu_);  // a stop signal either sees the child or prevents it
+    if (!stop_signal_) pid = spawn(command, out[1], err[1]);
+    spawn_errno = errno;
+    if (pid > 0) child_ = pid;
   }
   close(out[1]);
   close(err[1]);
-  if (child_ < 0) {
+  if (pid < 0) {
     code = stop_signal_ ? 128 + stop_signal_.load() : kExitNotFound;
     if (!stop_signal_) {
-      const std::string msg = "kiln: cannot run '" + command[0] + "': " + std::strerror(errno);
+      const std::string msg =
+          "kiln: cannot run '" + command[0] + "': " + std::strerror(spawn_errno);
       std::fprintf(stderr, "%s\n", msg.c_str());
       proto::JobReport r;
       r.set_job_id(job_.job_id());
@@ -332,7 +342,6 @@ int Driver::run(const std::vector<std::string>& command) {
     }
     close(out[0]);
     close(err[0]);
-    child_ = 0;
   } else {
     std::thread watcher([this] { follow_job(); });
     code = relay(out[0], err[0], *report);
