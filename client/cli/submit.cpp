@@ -111,8 +111,8 @@ bool Driver::wait_until_running() {
     if (!e.has_job()) continue;
     job_ = e.job();
     if (job_.state() == "queued" && tty_) {
-      std::fprintf(stderr, "kiln: %s queued, waiting for %d free workers...\n",
-                   job_.job_id().c_str(), job_.workers());
+      std::fprintf(stderr, "kiln: %s queued, waiting for %d free worker%s...\n",
+                   job_.job_id().c_str(), job_.workers(), job_.workers() == 1 ? "" : "s");
     }
     if (job_.state() == "running" || terminal(job_.state())) return job_.state() == "running";
   }
