@@ -1,5 +1,5 @@
-// client/cli/main.cpp: the `kiln` command-line tool. One subcommand so far: `kiln run`
-// (client/cli/run.h), the torchrun analog for one machine.
+// client/cli/main.cpp: the `kiln` command-line tool: `kiln run` (client/cli/run.h), the torchrun
+// analog for one machine, and the coordinator's job commands (client/cli/jobs.h).
 //
 //   kiln --help
 //   kiln run --help
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "jobs.h"
 #include "run.h"
 
 namespace {
@@ -15,7 +16,13 @@ namespace {
 constexpr const char* kHelp = R"(usage: kiln <command> [options]
 
 commands:
-  run    start N ranks of a program on this machine (the torchrun analog)
+  run      start N ranks of a program on this machine (the torchrun analog)
+  workers  the coordinator's workers
+  jobs     the coordinator's jobs
+  submit   queue a job and run its driver here once its workers are free
+  status   one job
+  cancel   cancel a job
+  logs     a job's driver output
 
 'kiln <command> --help' shows a command's options.
 )";
@@ -37,6 +44,10 @@ int main(int argc, char** argv) {
         kiln::client::parse_run_args(std::vector<std::string>(args.begin() + 1, args.end()));
     if (!parsed.options) return parsed.exit_status;
     return kiln::client::launch(*parsed.options);
+  }
+  if (kiln::client::is_job_command(args[0])) {
+    return kiln::client::run_job_command(args[0],
+                                         std::vector<std::string>(args.begin() + 1, args.end()));
   }
   std::fprintf(stderr, "kiln: unknown command '%s' (see kiln --help)\n", args[0].c_str());
   return kiln::client::kExitUsage;

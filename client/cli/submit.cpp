@@ -1,0 +1,428 @@
+// `kiln submit`: queue a job, wait for its gang, then run COMMAND here as the job's driver with
+// the session in its environment, streaming its output to the coordinator (ReportJob) and to
+// the terminal, and exit with its status. Ctrl-C or SIGTERM cancels the job and stops COMMAND;
+// a job cancelled elsewhere stops COMMAND too (the WatchJob stream tells us).
+//
+// Note [Driver threads]: the main thread relays COMMAND's output; a watcher thread follows the
+// job's state; a signal thread turns SIGINT/SIGTERM (caught through a self-pipe, the one
+// async-signal-safe route) into CancelJob and a stop of COMMAND's process group.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "jobs.h"
+#include "kiln/proto/service.h"
+#include "run.h"
+
+extern char** environ;
+
+namespace kiln::client {
+
+namespace {
+
+constexpr auto kGrace = std::chrono::seconds(5);  // SIGTERM, then SIGKILL this much later
+constexpr size_t kMaxPartialLine = 64 << 10;
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  const char b = static_cast<char>(sig);
+  [[maybe_unused]] auto n = write(g_signal_pipe[1], &b, 1);
+}
+
+// Log lines travel as proto3 strings, which must be UTF-8: each byte that does not start a
+// well-formed sequence becomes '?', so a binary-spewing driver cannot break its report stream.
+std::string utf8_line(const std::string& in) {
+  std::string out;
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size();) {
+    const auto c = static_cast<unsigned char>(in[i]);
+    const size_t len = c < 0x80           ? 1
+                       : (c >> 5) == 0x6  ? 2
+                       : (c >> 4) == 0xe  ? 3
+                       : (c >> 3) == 0x1e ? 4
+                                          : 0;
+    bool ok = len > 0 && i + len <= in.size();
+    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(in[i + k]) >> 6) == 0x2;
+    if (ok && len > 1) {  // no overlong forms, surrogates or code points past U+10FFFF
+      uint32_t cp = c & (0xff >> (len + 1));
+      for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (in[i + k] & 0x3f);
+      ok = cp >= (len == 2   ? 0x80u
+                  : len == 3 ? 0x800u
+                             : 0x10000u) &&
+           cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+    }
+    if (ok) {
+      out.append(in, i, len);
+      i += len;
+    } else {
+      out += '?';
+      ++i;
+    }
+  }
+  return out;
+}
+
+bool terminal(const std::string& state) {
+  return state == "succeeded" || state == "failed" || state == "cancelled";
+}
+
+class Driver {
+ public:
+  Driver(const CoordClient& c, proto::Job job) : c_(c), job_(std::move(job)) {}
+
+  int run(const std::vector<std::string>& command);
+
+ private:
+  bool wait_until_running();
+  void follow_job();
+  void on_stop_signal(int sig);
+  void stop_child(const std::string& why);
+  pid_t spawn(const std::vector<std::string>& command, int out_fd, int err_fd);
+  int relay(int out_fd, int err_fd, grpc::ClientWriter<proto::JobReport>& report);
+
+  const CoordClient& c_;
+  proto::Job job_;
+  grpc::ClientContext watch_ctx_;
+  std::unique_ptr<grpc::ClientReader<proto::JobEvent>> watch_;
+  std::mutex mu_;
+  pid_t child_ = 0;  // its process group too; 0 before the spawn and after the reap
+  std::atomic<int> stop_signal_{0};
+  bool tty_ = isatty(STDERR_FILENO);
+};
+
+bool Driver::wait_until_running() {
+  proto::WatchJobRequest req;
+  req.set_job_id(job_.job_id());
+  req.set_follow(true);
+  c_.prepare(watch_ctx_, /*follow=*/true);
+  watch_ = c_.stub->WatchJob(&watch_ctx_, req);
+  for (proto::JobEvent e; watch_->Read(&e);) {
+    if (!e.has_job()) continue;
+    job_ = e.job();
+    if (job_.state() == "queued" && tty_) {
+      std::fprintf(stderr, "kiln: %s queued, waiting for %d free worker%s...\n",
+                   job_.job_id().c_str(), job_.workers(), job_.workers() == 1 ? "" : "s");
+    }
+    if (job_.state() == "running" || terminal(job_.state())) return job_.state() == "running";
+  }
+  if (stop_signal_) return false;
+  report_rpc_error(c_, watch_->Finish());
+  return false;
+}
+
+// The watcher thread: a job that ends while COMMAND runs (cancelled, or its gang lost a worker)
+// stops COMMAND.
+void Driver::follow_job() {
+  for (proto::JobEvent e; watch_->Read(&e);) {
+    if (!e.has_job() || !terminal(e.job().state())) continue;
+    const proto::Job& j = e.job();
+    stop_child("job " + j.job_id() + " " + j.state() + (j.message().empty() ? "" : ": ") +
+               j.message());
+    return;
+  }
+}
+
+void Driver::stop_child(const std::string& why) {
+  std::fprintf(stderr, "kiln: %s; stopping the driver\n", why.c_str());
+  {
+    std::lock_guard lock(mu_);
+    if (child_ > 0) kill(-child_, SIGTERM);
+  }
+  const auto until = std::chrono::steady_clock::now() + kGrace;
+  while (std::chrono::steady_clock::now() < until) {
+    {
+      std::lock_guard lock(mu_);
+      if (child_ == 0) return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::lock_guard lock(mu_);
+  if (child_ > 0) kill(-child_, SIGKILL);
+}
+
+void Driver::on_stop_signal(int sig) {
+  stop_signal_ = sig;
+  grpc::ClientContext ctx;
+  c_.prepare(ctx);
+  proto::CancelJobRequest req;
+  req.set_job_id(job_.job_id());
+  proto::Job ignored;
+  if (auto st = c_.stub->CancelJob(&ctx, req, &ignored); !st.ok()) report_rpc_error(c_, st);
+  {
+    std::lock_guard lock(mu_);
+    if (child_ == 0) {
+      watch_ctx_.TryCancel();  // still waiting for the gang
+      return;
+    }
+  }
+  stop_child(std::string("signal ") + strsignal(sig) + ", job " + job_.job_id() + " cancelled");
+}
+
+pid_t Driver::spawn(const std::vector<std::string>& command, int out_fd, int err_fd) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    bool ours = false;
+    for (const char* k :
+         {"KILN_COORDINATOR=", "KILN_JOB_ID=", "KILN_SESSION=", "KILN_WORKERS=", "KILN_TOKEN="}) {
+      ours = ours || kv.rfind(k, 0) == 0;
+    }
+    if (!ours) env.push_back(kv);
+  }
+  std::string workers;
+  for (const auto& a : job_.worker_addresses()) workers += (workers.empty() ? "" : ",") + a;
+  env.push_back("KILN_COORDINATOR=" + c_.address);
+  env.push_back("KILN_JOB_ID=" + job_.job_id());
+  env.push_back("KILN_SESSION=" + job_.session_id());
+  env.push_back("KILN_WORKERS=" + workers);
+  if (!c_.token.empty()) env.push_back("KILN_TOKEN=" + c_.token);
+  std::vector<char*> envp, argv;
+  for (auto& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = command;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out_fd, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, err_fd, STDERR_FILENO);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGTERM);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setpgroup(&attr, 0);  // its own group: stop_child reaches its children too
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) {
+    errno = rc;
+    return -1;
+  }
+  return pid;
+}
+
+// Copies COMMAND's output to ours and, line by line, to the coordinator, until both pipes close.
+int Driver::relay(int out_fd, int err_fd, grpc::ClientWriter<proto::JobReport>& report) {
+  struct Stream {
+    int fd;
+    FILE* to;
+    std::string partial;
+  };
+  Stream streams[2] = {{out_fd, stdout, ""}, {err_fd, stderr, ""}};
+  bool report_ok = true;
+  int open = 2;
+  while (open > 0) {
+    pollfd fds[2];
+    for (int i = 0; i < 2; ++i) fds[i] = {streams[i].fd, POLLIN, 0};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    proto::JobReport msg;
+    msg.set_job_id(job_.job_id());
+    for (int i = 0; i < 2; ++i) {
+      Stream& s = streams[i];
+      if (s.fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[65536];
+      const ssize_t n = read(s.fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        if (!s.partial.empty()) msg.add_log_lines(utf8_line(s.partial));
+        s.partial.clear();
+        close(s.fd);
+        s.fd = -1;
+        fds[i].fd = -1;
+        --open;
+        continue;
+      }
+      fwrite(buf, 1, n, s.to);
+      fflush(s.to);
+      s.partial.append(buf, n);
+      size_t start = 0;
+      for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+        msg.add_log_lines(utf8_line(s.partial.substr(start, nl - start)));
+      }
+      s.partial.erase(0, start);
+      if (s.partial.size() >= kMaxPartialLine) {  // no newline in sight: send what we have
+        msg.add_log_lines(utf8_line(s.partial));
+        s.partial.clear();
+      }
+    }
+    if (report_ok && msg.log_lines_size() > 0) report_ok = report.Write(msg);
+  }
+  int status = 0;
+  while (waitpid(child_, &status, 0) < 0 && errno == EINTR) {
+  }
+  {
+    std::lock_guard lock(mu_);
+    child_ = 0;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int Driver::run(const std::vector<std::string>& command) {
+  if (pipe(g_signal_pipe) != 0) return 1;
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::thread signals([this] {
+    char b = 0;
+    while (read(g_signal_pipe[0], &b, 1) < 0 && errno == EINTR) {
+    }
+    if (b != 0) on_stop_signal(b);
+  });
+  auto finish = [&](int code) {
+    const char zero = 0;  // wakes the signal thread with "no signal"
+    [[maybe_unused]] auto n = write(g_signal_pipe[1], &zero, 1);
+    signals.join();
+    return code;
+  };
+
+  if (!wait_until_running()) {
+    if (stop_signal_) return finish(128 + stop_signal_);
+    if (terminal(job_.state())) {
+      std::fprintf(stderr, "kiln: job %s %s%s%s\n", job_.job_id().c_str(), job_.state().c_str(),
+                   job_.message().empty() ? "" : ": ", job_.message().c_str());
+    }
+    return finish(1);
+  }
+  if (tty_) {
+    std::fprintf(stderr, "kiln: %s running (session %s)\n", job_.job_id().c_str(),
+                 job_.session_id().c_str());
+  }
+  grpc::ClientContext report_ctx;  // no deadline: it lasts as long as COMMAND
+  c_.prepare(report_ctx, /*follow=*/true);
+  proto::Job final_job;
+  auto report = c_.stub->ReportJob(&report_ctx, &final_job);
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return finish(1);
+  int code = 0;
+  pid_t pid = -1;
+  int spawn_errno = 0;
+  {
+    std::lock_guard lock(mu_);  // a stop signal either sees the child or prevents it
+    if (!stop_signal_) pid = spawn(command, out[1], err[1]);
+    spawn_errno = errno;
+    if (pid > 0) child_ = pid;
+  }
+  close(out[1]);
+  close(err[1]);
+  if (pid < 0) {
+    code = stop_signal_ ? 128 + stop_signal_.load() : kExitNotFound;
+    if (!stop_signal_) {
+      const std::string msg =
+          "kiln: cannot run '" + command[0] + "': " + std::strerror(spawn_errno);
+      std::fprintf(stderr, "%s\n", msg.c_str());
+      proto::JobReport r;
+      r.set_job_id(job_.job_id());
+      r.add_log_lines(msg);
+      report->Write(r);
+    }
+    close(out[0]);
+    close(err[0]);
+  } else {
+    std::thread watcher([this] { follow_job(); });
+    code = relay(out[0], err[0], *report);
+    watch_ctx_.TryCancel();
+    watcher.join();
+  }
+  proto::JobReport last;
+  last.set_job_id(job_.job_id());
+  last.set_finished(true);
+  last.set_exit_code(code);
+  report->Write(last);
+  report->WritesDone();
+  if (auto st = report->Finish(); !st.ok()) report_rpc_error(c_, st);
+  if (tty_) {
+    std::fprintf(stderr, "kiln: %s %s\n", job_.job_id().c_str(),
+                 final_job.state().empty() ? "finished" : final_job.state().c_str());
+  }
+  return finish(code);
+}
+
+}  // namespace
+
+int submit_main(const CoordClient& c, const std::vector<std::string>& args) {
+  proto::SubmitJobRequest req;
+  req.set_protocol_version(kiln::proto::kProtocolVersion);
+  req.set_workers(1);
+  std::vector<std::string> command;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      command.assign(args.begin() + i + 1, args.end());
+      break;
+    }
+    auto number = [&](auto set) -> bool {
+      if (i + 1 >= args.size()) return false;
+      try {
+        size_t used = 0;
+        const int v = std::stoi(args[i + 1], &used);
+        if (used != args[i + 1].size()) return false;
+        set(v);
+        ++i;
+        return true;
+      } catch (const std::exception&) {
+        return false;
+      }
+    };
+    if (a == "--workers") {
+      if (!number([&](int v) { req.set_workers(v); })) {
+        std::fprintf(stderr, "kiln: --workers needs an integer\n");
+        return kExitUsage;
+      }
+    } else if (a == "--priority") {
+      if (!number([&](int v) { req.set_priority(v); })) {
+        std::fprintf(stderr, "kiln: --priority needs an integer\n");
+        return kExitUsage;
+      }
+    } else if (!a.empty() && a[0] != '-') {
+      command.assign(args.begin() + i, args.end());
+      break;
+    } else {
+      std::fprintf(stderr, "kiln: unknown flag '%s' for kiln submit\n", a.c_str());
+      return kExitUsage;
+    }
+  }
+  if (command.empty()) {
+    std::fprintf(stderr, "kiln: kiln submit needs a COMMAND (kiln submit --workers N -- CMD...)\n");
+    return kExitUsage;
+  }
+  for (const auto& w : command) req.add_command(w);
+  grpc::ClientContext ctx;
+  c.prepare(ctx);
+  proto::Job job;
+  if (auto st = c.stub->SubmitJob(&ctx, req, &job); !st.ok()) return report_rpc_error(c, st);
+  if (c.json) {
+    std::fprintf(stderr, "{\"job_id\":\"%s\",\"state\":\"%s\"}\n", job.job_id().c_str(),
+                 job.state().c_str());
+  } else {
+    std::fprintf(stderr, "kiln: submitted %s\n", job.job_id().c_str());
+  }
+  Driver driver(c, job);
+  return driver.run(command);
+}
+
+}  // namespace kiln::client

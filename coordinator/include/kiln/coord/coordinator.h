@@ -1,0 +1,121 @@
+// kiln/coord/coordinator.h: the coordinator's control plane without the transport: the worker
+// registry and its heartbeats, gang sessions, the job queue and its gang scheduler, the job logs
+// and the sessions' rendezvous store (DESIGN.md "Jobs"). service.h puts gRPC, auth and metrics
+// around it; every method validates its input and answers absl::Status codes as DESIGN.md
+// "Errors" (bad input INVALID_ARGUMENT naming the field, unknown ids NOT_FOUND, dead workers
+// UNAVAILABLE, stale epochs ABORTED).
+//
+//   auto c = kiln::coord::Coordinator::open({.state_path = "kiln-coordinator.db"});
+//   absl::StatusOr<proto::Job> job = (*c)->submit_job(req, /*tenant=*/"");
+//   (*c)->watch_job(watch, "", [](const proto::JobEvent& e) { return true; }, never_cancelled);
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "kiln/proto/coordinator.pb.h"
+
+namespace kiln::coord {
+
+struct WorkerRec;
+struct SessionRec;
+struct JobRec;
+class State;
+
+struct Options {
+  std::string state_path = "kiln-coordinator.db";
+  std::chrono::milliseconds heartbeat{1000};  // the interval workers are told to beat at
+  int dead_after = 3;                         // missed beats before a worker is dead
+};
+
+// Limits on what a client may submit (beyond them: INVALID_ARGUMENT).
+inline constexpr int kMaxJobWorkers = 4096;
+inline constexpr size_t kMaxCommandBytes = 64 << 10;
+inline constexpr size_t kMaxLogLineBytes = 64 << 10;  // longer driver lines are cut
+
+// The caller's side of a waiting call: true once the client gave up (deadline or cancel).
+using Cancelled = std::function<bool()>;
+
+class Coordinator {
+ public:
+  static absl::StatusOr<std::unique_ptr<Coordinator>> open(const Options& options);
+  ~Coordinator();
+
+  // Workers. `tenant` is the caller's tenant ("" when auth is off: sees everything).
+  absl::StatusOr<proto::RegisterWorkerReply> register_worker(const proto::RegisterWorkerRequest&);
+  absl::StatusOr<proto::HeartbeatReply> heartbeat(const proto::HeartbeatRequest&);
+  proto::ListWorkersReply list_workers();
+  absl::StatusOr<proto::SessionInfo> lookup_session(const proto::LookupSessionRequest&);
+
+  // Sessions.
+  absl::StatusOr<proto::SessionInfo> open_session(const proto::OpenSessionRequest&,
+                                                  const std::string& tenant,
+                                                  const Cancelled& cancelled);
+  absl::Status close_session(const proto::CloseSessionRequest&, const std::string& tenant);
+
+  // Jobs.
+  absl::StatusOr<proto::Job> submit_job(const proto::SubmitJobRequest&, const std::string& tenant);
+  absl::StatusOr<proto::Job> get_job(const proto::GetJobRequest&, const std::string& tenant);
+  absl::StatusOr<proto::ListJobsReply> list_jobs(const proto::ListJobsRequest&,
+                                                 const std::string& tenant);
+  absl::StatusOr<proto::Job> cancel_job(const proto::CancelJobRequest&, const std::string& tenant);
+  // Sends the job's log lines and state changes through `send` (false: the client is gone);
+  // with follow, until the job ends.
+  absl::Status watch_job(const proto::WatchJobRequest&, const std::string& tenant,
+                         const std::function<bool(const proto::JobEvent&)>& send,
+                         const Cancelled& cancelled);
+  // One message of a driver's ReportJob stream. Answers the job as it is now; a job that is no
+  // longer running (cancelled) tells the driver to stop.
+  absl::StatusOr<proto::Job> report_job(const proto::JobReport&, const std::string& tenant);
+
+  // The sessions' rendezvous store.
+  absl::StatusOr<proto::StoreReply> store(const proto::StoreRequest&, const Cancelled& cancelled);
+
+  // Counts by state, for metrics.
+  std::map<std::string, int> job_counts();
+  std::map<std::string, int> worker_counts();
+
+  // Wakes and ends every waiting call (UNAVAILABLE) and stops the reaper; for SIGTERM.
+  void shutdown();
+
+ private:
+  explicit Coordinator(const Options& options);
+  void reap_loop();
+  void reap_locked();
+  void schedule_locked();
+  SessionRec& new_session_locked(const std::vector<std::string>& worker_ids,
+                                 const std::string& tenant, const std::string& job_id);
+  void end_session_locked(SessionRec& s, const std::string& state, const std::string& message);
+  void finish_job_locked(JobRec& j, const std::string& state, int exit_code,
+                         const std::string& message);
+  proto::SessionInfo session_info_locked(const SessionRec& s);
+  absl::StatusOr<JobRec*> find_job_locked(const std::string& job_id, const std::string& tenant);
+  std::vector<std::string> idle_workers_locked();
+  void changed_locked();
+
+  Options options_;
+  std::unique_ptr<State> state_;
+  std::mutex mu_;
+  std::condition_variable cv_;  // every change: watchers, session and store waiters
+  uint64_t version_ = 0;        // bumped by every change
+  bool stopping_ = false;
+  std::map<std::string, WorkerRec> workers_;
+  std::map<std::string, SessionRec> sessions_;
+  std::map<std::string, JobRec> jobs_;
+  std::map<std::string, std::map<std::string, std::string>> kv_;  // open session -> its store
+  int64_t last_seq_ = 0;
+  std::mt19937_64 rng_;
+  std::thread reaper_;
+};
+
+}  // namespace kiln::coord

@@ -1,0 +1,77 @@
+// kiln/coord/service.h: the Coordinator gRPC service (coordinator.proto) around a Coordinator:
+// bearer-token auth per tenant, the RPC counter for /metrics, and the boundary where exceptions
+// become INTERNAL (DESIGN.md "Errors": none crosses a handler).
+//
+//   kiln::coord::Auth auth = *kiln::coord::load_tokens("tokens.txt");  // "tenant token" lines
+//   auth.worker_token = "w-secret";
+//   kiln::coord::Service service(*coordinator, auth, &metrics);
+//   builder.RegisterService(&service);
+#pragma once
+
+#include <absl/status/statusor.h>
+
+#include <map>
+#include <string>
+
+#include "kiln/coord/coordinator.h"
+#include "kiln/coord/metrics.h"
+#include "kiln/proto/coordinator.grpc.pb.h"
+
+namespace kiln::coord {
+
+// Who may call: workers carry the worker token, clients a tenant's token. With no token at all
+// configured, auth is off and every caller sees every tenant's jobs.
+struct Auth {
+  std::map<std::string, std::string> tenant_of_token;
+  std::string worker_token;
+  bool enabled() const { return !tenant_of_token.empty() || !worker_token.empty(); }
+};
+
+// Reads `tenant token` lines ('#' comments and blank lines skipped); INVALID_ARGUMENT naming
+// the line for anything else.
+absl::StatusOr<Auth> load_tokens(const std::string& path);
+
+class Service final : public proto::Coordinator::Service {
+ public:
+  Service(Coordinator& core, Auth auth, Metrics* metrics)
+      : core_(core), auth_(std::move(auth)), metrics_(metrics) {}
+
+  grpc::Status RegisterWorker(grpc::ServerContext*, const proto::RegisterWorkerRequest*,
+                              proto::RegisterWorkerReply*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest*,
+                         proto::HeartbeatReply*) override;
+  grpc::Status ListWorkers(grpc::ServerContext*, const proto::ListWorkersRequest*,
+                           proto::ListWorkersReply*) override;
+  grpc::Status LookupSession(grpc::ServerContext*, const proto::LookupSessionRequest*,
+                             proto::SessionInfo*) override;
+  grpc::Status OpenSession(grpc::ServerContext*, const proto::OpenSessionRequest*,
+                           proto::SessionInfo*) override;
+  grpc::Status CloseSession(grpc::ServerContext*, const proto::CloseSessionRequest*,
+                            proto::CloseSessionReply*) override;
+  grpc::Status SubmitJob(grpc::ServerContext*, const proto::SubmitJobRequest*,
+                         proto::Job*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const proto::GetJobRequest*, proto::Job*) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const proto::ListJobsRequest*,
+                        proto::ListJobsReply*) override;
+  grpc::Status CancelJob(grpc::ServerContext*, const proto::CancelJobRequest*,
+                         proto::Job*) override;
+  grpc::Status WatchJob(grpc::ServerContext*, const proto::WatchJobRequest*,
+                        grpc::ServerWriter<proto::JobEvent>*) override;
+  grpc::Status ReportJob(grpc::ServerContext*, grpc::ServerReader<proto::JobReport>*,
+                         proto::Job*) override;
+  grpc::Status Store(grpc::ServerContext*, const proto::StoreRequest*, proto::StoreReply*) override;
+
+  enum class Role { kWorker, kClient, kAny };
+
+ private:
+  // The caller's tenant ("" when auth is off or the caller is a worker), or UNAUTHENTICATED.
+  absl::StatusOr<std::string> authenticate(const grpc::ServerContext& ctx, Role role) const;
+  template <typename F>
+  grpc::Status handle(const char* method, grpc::ServerContext* ctx, Role role, F&& body);
+
+  Coordinator& core_;
+  Auth auth_;
+  Metrics* metrics_;
+};
+
+}  // namespace kiln::coord

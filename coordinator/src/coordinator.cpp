@@ -1,0 +1,338 @@
+// The worker registry, heartbeats and the reaper, gang sessions and the scheduler. Jobs are in
+// jobs.cpp, the rendezvous store in kv.cpp.
+//
+// Note [One lock, write-through]: every record lives in memory under mu_, and every mutation
+// writes the records it changed to SQLite inside one transaction before the lock is released.
+// So a coordinator killed at any point restarts from a state some client already saw.
+#include "kiln/coord/coordinator.h"
+
+#include <absl/strings/str_cat.h>
+
+#include <algorithm>
+
+#include "kiln/proto/service.h"
+#include "state.h"
+
+namespace kiln::coord {
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::open(const Options& options) {
+  if (options.heartbeat.count() <= 0) return absl::InvalidArgumentError("heartbeat must be > 0 ms");
+  if (options.dead_after < 1) return absl::InvalidArgumentError("dead_after must be >= 1");
+  std::unique_ptr<Coordinator> c(new Coordinator(options));
+  if (auto st = c->state_->open(options.state_path); !st.ok()) return st;
+  Loaded loaded = c->state_->load();
+  c->workers_ = std::move(loaded.workers);
+  c->sessions_ = std::move(loaded.sessions);
+  c->jobs_ = std::move(loaded.jobs);
+  c->last_seq_ = loaded.max_seq;
+  // Loaded workers get a fresh grace period (WorkerRec::last_beat): they beat on, or re-register
+  // after a NOT_FOUND, or the reaper fails their sessions.
+  c->reaper_ = std::thread([p = c.get()] { p->reap_loop(); });
+  return c;
+}
+
+Coordinator::Coordinator(const Options& options)
+    : options_(options), state_(std::make_unique<State>()), rng_(std::random_device{}()) {}
+
+Coordinator::~Coordinator() {
+  shutdown();
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void Coordinator::shutdown() {
+  std::lock_guard lock(mu_);
+  stopping_ = true;
+  cv_.notify_all();
+}
+
+void Coordinator::changed_locked() {
+  ++version_;
+  cv_.notify_all();
+}
+
+// ---- workers ----
+
+absl::StatusOr<proto::RegisterWorkerReply> Coordinator::register_worker(
+    const proto::RegisterWorkerRequest& req) {
+  if (auto st = proto::check_version(req.protocol_version(), "worker", "coordinator"); !st.ok()) {
+    return st;
+  }
+  if (req.worker_id().empty()) return absl::InvalidArgumentError("worker_id is required");
+  if (req.address().empty()) return absl::InvalidArgumentError("address is required (host:port)");
+  std::lock_guard lock(mu_);
+  Transaction t(state_->db());
+  WorkerRec& w = workers_[req.worker_id()];
+  if (!w.info.session_id().empty()) {
+    auto it = sessions_.find(w.info.session_id());
+    if (it != sessions_.end() && it->second.state == "open") {
+      end_session_locked(it->second, "failed",
+                         absl::StrCat("worker ", req.worker_id(), " restarted (registered again)"));
+    }
+  }
+  w.info.set_worker_id(req.worker_id());
+  w.info.set_address(req.address());
+  w.info.set_device(req.device().empty() ? "cpu" : req.device());
+  w.info.set_state("idle");
+  w.info.set_session_id("");
+  w.info.set_epoch(w.info.epoch() + 1);
+  w.info.set_memory_in_use_bytes(0);
+  w.memory_limit_bytes = req.memory_limit_bytes();
+  w.last_beat = Clock::now();
+  state_->put_worker(w);
+  schedule_locked();
+  t.commit();
+  changed_locked();
+  proto::RegisterWorkerReply reply;
+  reply.set_epoch(w.info.epoch());
+  reply.set_heartbeat_interval_ms(static_cast<uint32_t>(options_.heartbeat.count()));
+  return reply;
+}
+
+absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::HeartbeatRequest& req) {
+  if (req.worker_id().empty()) return absl::InvalidArgumentError("worker_id is required");
+  std::lock_guard lock(mu_);
+  auto it = workers_.find(req.worker_id());
+  if (it == workers_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown worker ", req.worker_id(), "; register again"));
+  }
+  WorkerRec& w = it->second;
+  if (req.epoch() != w.info.epoch()) {
+    return absl::AbortedError(absl::StrCat("stale epoch ", req.epoch(), " for worker ",
+                                           req.worker_id(), " (now ", w.info.epoch(),
+                                           "): a newer registration replaced it"));
+  }
+  if (w.info.state() == "dead") {
+    return absl::NotFoundError(absl::StrCat(
+        "worker ", req.worker_id(), " was marked dead after missed heartbeats; register again"));
+  }
+  w.last_beat = Clock::now();
+  w.info.set_last_heartbeat_unix_ms(now_unix_ms());
+  w.info.set_memory_in_use_bytes(req.memory_in_use_bytes());
+  proto::HeartbeatReply reply;
+  for (const auto& sid : req.sessions()) {
+    if (sid != w.info.session_id()) reply.add_close_sessions(sid);
+  }
+  return reply;
+}
+
+proto::ListWorkersReply Coordinator::list_workers() {
+  std::lock_guard lock(mu_);
+  proto::ListWorkersReply reply;
+  for (const auto& [id, w] : workers_) *reply.add_workers() = w.info;
+  return reply;
+}
+
+void Coordinator::reap_loop() {
+  std::unique_lock lock(mu_);
+  const auto tick = std::max(options_.heartbeat / 4, std::chrono::milliseconds(10));
+  while (!stopping_) {
+    cv_.wait_for(lock, tick, [&] { return stopping_; });
+    if (stopping_) break;
+    try {
+      reap_locked();
+    } catch (const std::exception& e) {
+      // A broken state file: the next tick tries again; the RPCs report it as INTERNAL.
+      std::fprintf(stderr, "kiln-coordinator: reaper: %s\n", e.what());
+    }
+  }
+}
+
+void Coordinator::reap_locked() {
+  const auto limit = options_.heartbeat * options_.dead_after;
+  const auto now = Clock::now();
+  std::vector<WorkerRec*> dead;
+  for (auto& [id, w] : workers_) {
+    if (w.info.state() != "dead" && now - w.last_beat > limit) dead.push_back(&w);
+  }
+  if (dead.empty()) return;
+  Transaction t(state_->db());
+  for (WorkerRec* w : dead) {
+    const std::string why = absl::StrCat("worker ", w->info.worker_id(), " stopped heartbeating");
+    std::fprintf(stderr, "kiln-coordinator: %s; marked dead\n", why.c_str());
+    auto s = sessions_.find(w->info.session_id());
+    if (s != sessions_.end() && s->second.state == "open")
+      end_session_locked(s->second, "failed", why);
+    w->info.set_state("dead");
+    w->info.set_session_id("");
+    state_->put_worker(*w);
+  }
+  schedule_locked();
+  t.commit();
+  changed_locked();
+}
+
+std::vector<std::string> Coordinator::idle_workers_locked() {
+  std::vector<std::string> out;
+  for (const auto& [id, w] : workers_) {
+    if (w.info.state() == "idle") out.push_back(id);
+  }
+  return out;
+}
+
+// ---- sessions ----
+
+SessionRec& Coordinator::new_session_locked(const std::vector<std::string>& worker_ids,
+                                            const std::string& tenant, const std::string& job_id) {
+  std::string id;
+  do {
+    id = absl::StrCat("s-", absl::Hex(rng_(), absl::kZeroPad16));
+  } while (sessions_.count(id));
+  SessionRec& s = sessions_[id];
+  s = SessionRec{id, "open", job_id, tenant, "", worker_ids, now_unix_ms()};
+  for (const auto& wid : worker_ids) {
+    WorkerRec& w = workers_.at(wid);
+    w.info.set_state("busy");
+    w.info.set_session_id(id);
+    state_->put_worker(w);
+  }
+  kv_[id];
+  state_->put_session(s);
+  return s;
+}
+
+// Ends an open session: its live workers go back to idle, its store is dropped, and a running
+// job on it fails with the same message (when the session failed).
+void Coordinator::end_session_locked(SessionRec& s, const std::string& state,
+                                     const std::string& message) {
+  s.state = state;
+  s.message = message;
+  for (const auto& wid : s.worker_ids) {
+    auto it = workers_.find(wid);
+    if (it == workers_.end() || it->second.info.session_id() != s.id) continue;
+    it->second.info.set_session_id("");
+    if (it->second.info.state() == "busy") it->second.info.set_state("idle");
+    state_->put_worker(it->second);
+  }
+  kv_.erase(s.id);
+  state_->put_session(s);
+  if (state == "failed" && !s.job_id.empty()) {
+    auto j = jobs_.find(s.job_id);
+    if (j != jobs_.end() && j->second.job.state() == "running") {
+      finish_job_locked(j->second, "failed", 0, message);
+    }
+  }
+}
+
+proto::SessionInfo Coordinator::session_info_locked(const SessionRec& s) {
+  proto::SessionInfo info;
+  info.set_session_id(s.id);
+  for (const auto& wid : s.worker_ids) {
+    auto it = workers_.find(wid);
+    info.add_worker_addresses(it == workers_.end() ? "" : it->second.info.address());
+    info.add_worker_ids(wid);
+  }
+  info.set_world_size(static_cast<int32_t>(s.worker_ids.size()));
+  info.set_job_id(s.job_id);
+  return info;
+}
+
+absl::StatusOr<proto::SessionInfo> Coordinator::lookup_session(
+    const proto::LookupSessionRequest& req) {
+  if (req.session_id().empty()) return absl::InvalidArgumentError("session_id is required");
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(req.session_id());
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown session ", req.session_id()));
+  }
+  const SessionRec& s = it->second;
+  if (s.state == "failed") {
+    return absl::UnavailableError(absl::StrCat("session ", s.id, " failed: ", s.message));
+  }
+  if (s.state != "open") {
+    return absl::FailedPreconditionError(absl::StrCat("session ", s.id, " is closed"));
+  }
+  proto::SessionInfo info = session_info_locked(s);
+  if (!req.worker_id().empty()) {
+    auto r = std::find(s.worker_ids.begin(), s.worker_ids.end(), req.worker_id());
+    if (r == s.worker_ids.end()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("worker ", req.worker_id(), " is not part of session ", s.id));
+    }
+    info.set_rank(static_cast<int32_t>(r - s.worker_ids.begin()));
+  }
+  return info;
+}
+
+absl::StatusOr<proto::SessionInfo> Coordinator::open_session(const proto::OpenSessionRequest& req,
+                                                             const std::string& tenant,
+                                                             const Cancelled& cancelled) {
+  if (auto st = proto::check_version(req.protocol_version(), "client", "coordinator"); !st.ok()) {
+    return st;
+  }
+  std::unique_lock lock(mu_);
+  if (!req.job_id().empty()) {
+    auto j = find_job_locked(req.job_id(), tenant);
+    if (!j.ok()) return j.status();
+    const proto::Job& job = (*j)->job;
+    if (job.state() != "running") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job.job_id(), " is ", job.state(), job.message().empty() ? "" : ": ",
+                       job.message(), job.state() == "queued" ? " (not running yet)" : ""));
+    }
+    return session_info_locked(sessions_.at(job.session_id()));
+  }
+  const int n = req.workers();
+  if (n < 1 || n > kMaxJobWorkers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workers must be in [1, ", kMaxJobWorkers, "], got ", n));
+  }
+  // Note: an interactive session takes idle workers ahead of queued jobs; it is short-lived and
+  // its client is waiting.
+  const auto until = Clock::now() + std::chrono::milliseconds(req.wait_ms());
+  while (true) {
+    std::vector<std::string> idle = idle_workers_locked();
+    if (static_cast<int>(idle.size()) >= n) {
+      idle.resize(n);
+      Transaction t(state_->db());
+      SessionRec& s = new_session_locked(idle, tenant, "");
+      t.commit();
+      changed_locked();
+      return session_info_locked(s);
+    }
+    if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
+    if (Clock::now() >= until || cancelled()) {
+      int live = 0;
+      for (const auto& [id, w] : workers_) live += w.info.state() != "dead";
+      if (live < n) {
+        return absl::UnavailableError(absl::StrCat("asked for ", n, " workers but only ", live,
+                                                   " live workers are registered"));
+      }
+      return absl::ResourceExhaustedError(
+          absl::StrCat("asked for ", n, " workers but only ", idle.size(), " of ", live,
+                       " live workers are idle after waiting ", req.wait_ms(), " ms"));
+    }
+    cv_.wait_until(lock, std::min(until, Clock::now() + std::chrono::milliseconds(200)));
+  }
+}
+
+absl::Status Coordinator::close_session(const proto::CloseSessionRequest& req,
+                                        const std::string& tenant) {
+  if (req.session_id().empty()) return absl::InvalidArgumentError("session_id is required");
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(req.session_id());
+  if (it == sessions_.end() || (!tenant.empty() && it->second.tenant != tenant)) {
+    return absl::NotFoundError(absl::StrCat("unknown session ", req.session_id()));
+  }
+  SessionRec& s = it->second;
+  if (!s.job_id.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", s.id, " belongs to job ", s.job_id, "; cancel the job instead"));
+  }
+  if (s.state != "open") return absl::OkStatus();
+  Transaction t(state_->db());
+  end_session_locked(s, "closed", "closed by its client");
+  schedule_locked();
+  t.commit();
+  changed_locked();
+  return absl::OkStatus();
+}
+
+std::map<std::string, int> Coordinator::worker_counts() {
+  std::lock_guard lock(mu_);
+  std::map<std::string, int> out{{"idle", 0}, {"busy", 0}, {"dead", 0}};
+  for (const auto& [id, w] : workers_) ++out[w.info.state()];
+  return out;
+}
+
+}  // namespace kiln::coord

@@ -1,0 +1,244 @@
+// Jobs: the queue, the gang scheduler, cancellation, the driver's reports and the watch stream.
+// Note [One lock, write-through] (coordinator.cpp) applies.
+#include <absl/strings/str_cat.h>
+
+#include <algorithm>
+#include <set>
+
+#include "kiln/coord/coordinator.h"
+#include "kiln/proto/service.h"
+#include "state.h"
+
+namespace kiln::coord {
+
+namespace {
+
+const std::set<std::string> kJobStates = {"queued", "running", "succeeded", "failed", "cancelled"};
+
+bool terminal(const std::string& state) {
+  return state == "succeeded" || state == "failed" || state == "cancelled";
+}
+
+}  // namespace
+
+absl::StatusOr<JobRec*> Coordinator::find_job_locked(const std::string& job_id,
+                                                     const std::string& tenant) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id is required");
+  auto it = jobs_.find(job_id);
+  // Another tenant's job reads as unknown: its existence is not ours to reveal.
+  if (it == jobs_.end() || (!tenant.empty() && it->second.job.tenant() != tenant)) {
+    return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  }
+  return &it->second;
+}
+
+// Note [Gang scheduling]: the queued job with the highest priority, oldest first, starts when
+// N workers are idle, and takes all N at once. Jobs behind it wait even when they would fit,
+// so a large gang is never starved by a stream of small ones.
+void Coordinator::schedule_locked() {
+  while (true) {
+    JobRec* next = nullptr;
+    for (auto& [id, j] : jobs_) {
+      if (j.job.state() != "queued") continue;
+      if (!next || j.job.priority() > next->job.priority() ||
+          (j.job.priority() == next->job.priority() && j.seq < next->seq)) {
+        next = &j;
+      }
+    }
+    if (!next) return;
+    std::vector<std::string> idle = idle_workers_locked();
+    if (static_cast<int>(idle.size()) < next->job.workers()) return;
+    idle.resize(next->job.workers());
+    proto::Job& job = next->job;
+    SessionRec& s = new_session_locked(idle, job.tenant(), job.job_id());
+    job.set_state("running");
+    job.set_session_id(s.id);
+    job.clear_worker_addresses();
+    for (const auto& wid : idle) job.add_worker_addresses(workers_.at(wid).info.address());
+    job.set_started_unix_ms(now_unix_ms());
+    state_->put_job(*next);
+  }
+}
+
+void Coordinator::finish_job_locked(JobRec& j, const std::string& state, int exit_code,
+                                    const std::string& message) {
+  j.job.set_state(state);
+  j.job.set_exit_code(exit_code);
+  j.job.set_message(message);
+  j.job.set_finished_unix_ms(now_unix_ms());
+  state_->put_job(j);
+  auto s = sessions_.find(j.job.session_id());
+  if (s != sessions_.end() && s->second.state == "open") {
+    end_session_locked(s->second, "closed", absl::StrCat("job ", j.job.job_id(), " ", state));
+  }
+}
+
+absl::StatusOr<proto::Job> Coordinator::submit_job(const proto::SubmitJobRequest& req,
+                                                   const std::string& tenant) {
+  if (auto st = proto::check_version(req.protocol_version(), "client", "coordinator"); !st.ok()) {
+    return st;
+  }
+  if (req.workers() < 1 || req.workers() > kMaxJobWorkers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("workers must be in [1, ", kMaxJobWorkers, "], got ", req.workers()));
+  }
+  if (req.command().empty() || req.command(0).empty()) {
+    return absl::InvalidArgumentError("command is required (the driver program and its args)");
+  }
+  size_t bytes = 0;
+  for (const auto& arg : req.command()) bytes += arg.size() + 1;
+  if (bytes > kMaxCommandBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("command is ", bytes, " bytes; the limit is ", kMaxCommandBytes));
+  }
+  std::lock_guard lock(mu_);
+  JobRec r;
+  r.seq = last_seq_ + 1;
+  r.job.set_job_id(absl::StrCat("job-", r.seq));
+  r.job.set_state("queued");
+  r.job.set_workers(req.workers());
+  r.job.set_priority(req.priority());
+  *r.job.mutable_command() = req.command();
+  r.job.set_tenant(tenant);
+  r.job.set_submitted_unix_ms(now_unix_ms());
+  Transaction t(state_->db());
+  state_->put_job(r);
+  JobRec& stored = jobs_[r.job.job_id()] = r;
+  schedule_locked();
+  t.commit();
+  last_seq_ = r.seq;
+  changed_locked();
+  return stored.job;
+}
+
+absl::StatusOr<proto::Job> Coordinator::get_job(const proto::GetJobRequest& req,
+                                                const std::string& tenant) {
+  std::lock_guard lock(mu_);
+  auto j = find_job_locked(req.job_id(), tenant);
+  if (!j.ok()) return j.status();
+  return (*j)->job;
+}
+
+absl::StatusOr<proto::ListJobsReply> Coordinator::list_jobs(const proto::ListJobsRequest& req,
+                                                            const std::string& tenant) {
+  if (!req.state().empty() && !kJobStates.count(req.state())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state must be one of queued, running, succeeded, failed, cancelled; got '",
+                     req.state(), "'"));
+  }
+  std::lock_guard lock(mu_);
+  std::vector<const JobRec*> picked;
+  for (const auto& [id, j] : jobs_) {
+    if ((tenant.empty() || j.job.tenant() == tenant) &&
+        (req.state().empty() || j.job.state() == req.state())) {
+      picked.push_back(&j);
+    }
+  }
+  std::sort(picked.begin(), picked.end(), [](auto* a, auto* b) { return a->seq < b->seq; });
+  proto::ListJobsReply reply;
+  for (const JobRec* j : picked) *reply.add_jobs() = j->job;
+  return reply;
+}
+
+absl::StatusOr<proto::Job> Coordinator::cancel_job(const proto::CancelJobRequest& req,
+                                                   const std::string& tenant) {
+  std::lock_guard lock(mu_);
+  auto found = find_job_locked(req.job_id(), tenant);
+  if (!found.ok()) return found.status();
+  JobRec& j = **found;
+  const std::string& state = j.job.state();
+  if (state == "cancelled") return j.job;
+  if (terminal(state)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", j.job.job_id(), " already ", state, "; nothing to cancel"));
+  }
+  Transaction t(state_->db());
+  finish_job_locked(j, "cancelled", 0, "cancelled by request");
+  schedule_locked();
+  t.commit();
+  changed_locked();
+  return j.job;
+}
+
+absl::StatusOr<proto::Job> Coordinator::report_job(const proto::JobReport& report,
+                                                   const std::string& tenant) {
+  std::lock_guard lock(mu_);
+  auto found = find_job_locked(report.job_id(), tenant);
+  if (!found.ok()) return found.status();
+  JobRec& j = **found;
+  if (j.job.state() == "queued") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", j.job.job_id(), " is queued; a driver reports once it is running"));
+  }
+  if (j.job.state() != "running") return j.job;  // cancelled or failed meanwhile: stop
+  if (report.log_lines().empty() && !report.finished()) return j.job;
+  Transaction t(state_->db());
+  std::vector<std::string> lines;
+  for (const auto& line : report.log_lines()) {
+    lines.push_back(line.size() > kMaxLogLineBytes ? line.substr(0, kMaxLogLineBytes) : line);
+  }
+  state_->append_logs(j.job.job_id(), lines);
+  if (report.finished()) {
+    const int code = report.exit_code();
+    finish_job_locked(j, code == 0 ? "succeeded" : "failed", code,
+                      code == 0 ? "" : absl::StrCat("the driver exited with code ", code));
+    schedule_locked();
+  }
+  t.commit();
+  changed_locked();
+  return j.job;
+}
+
+absl::Status Coordinator::watch_job(const proto::WatchJobRequest& req, const std::string& tenant,
+                                    const std::function<bool(const proto::JobEvent&)>& send,
+                                    const Cancelled& cancelled) {
+  constexpr int64_t kBatch = 256;
+  int64_t sent_lines = 0;
+  std::string sent_state;
+  std::unique_lock lock(mu_);
+  uint64_t seen = version_ - 1;  // forces the first pass
+  while (true) {
+    cv_.wait_for(lock, std::chrono::milliseconds(200),
+                 [&] { return version_ != seen || stopping_; });
+    if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
+    if (cancelled()) return absl::CancelledError("the client went away");
+    if (version_ == seen) continue;
+    seen = version_;
+    auto found = find_job_locked(req.job_id(), tenant);
+    if (!found.ok()) return found.status();
+    const proto::Job job = (*found)->job;
+    // Logs before the state: a finished job's last lines arrive before its final state.
+    std::vector<std::string> lines;
+    do {
+      lines = state_->logs(job.job_id(), sent_lines, kBatch);
+      sent_lines += static_cast<int64_t>(lines.size());
+      lock.unlock();
+      for (auto& line : lines) {
+        proto::JobEvent e;
+        e.set_log_line(std::move(line));
+        if (!send(e)) return absl::CancelledError("the client went away");
+      }
+      lock.lock();
+    } while (static_cast<int64_t>(lines.size()) == kBatch);
+    if (job.state() != sent_state) {
+      sent_state = job.state();
+      proto::JobEvent e;
+      *e.mutable_job() = job;
+      lock.unlock();
+      if (!send(e)) return absl::CancelledError("the client went away");
+      lock.lock();
+    }
+    // A finished job takes no more lines, so the loop above has drained them all.
+    if (!req.follow() || terminal(job.state())) return absl::OkStatus();
+  }
+}
+
+std::map<std::string, int> Coordinator::job_counts() {
+  std::lock_guard lock(mu_);
+  std::map<std::string, int> out;
+  for (const auto& s : kJobStates) out[s] = 0;
+  for (const auto& [id, j] : jobs_) ++out[j.job.state()];
+  return out;
+}
+
+}  // namespace kiln::coord

@@ -1,0 +1,182 @@
+#include "state.h"
+
+#include <nlohmann/json.hpp>
+
+namespace kiln::coord {
+
+namespace {
+
+// Bump on every schema change, with a migration from the previous version in open().
+constexpr int kSchemaVersion = 1;
+
+constexpr const char* kSchema = R"(
+CREATE TABLE IF NOT EXISTS workers (
+  id TEXT PRIMARY KEY, address TEXT NOT NULL, device TEXT NOT NULL, state TEXT NOT NULL,
+  session_id TEXT NOT NULL, epoch INTEGER NOT NULL, memory_limit_bytes INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+  id TEXT PRIMARY KEY, state TEXT NOT NULL, job_id TEXT NOT NULL, tenant TEXT NOT NULL,
+  message TEXT NOT NULL, worker_ids TEXT NOT NULL, created_unix_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+  seq INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL, state TEXT NOT NULL,
+  priority INTEGER NOT NULL, workers INTEGER NOT NULL, command TEXT NOT NULL,
+  tenant TEXT NOT NULL, session_id TEXT NOT NULL, worker_addresses TEXT NOT NULL,
+  exit_code INTEGER NOT NULL, message TEXT NOT NULL, submitted_unix_ms INTEGER NOT NULL,
+  started_unix_ms INTEGER NOT NULL, finished_unix_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS job_logs (
+  job_id TEXT NOT NULL, idx INTEGER NOT NULL, line TEXT NOT NULL, PRIMARY KEY (job_id, idx));
+)";
+
+template <typename List>
+std::string to_json(const List& list) {
+  return nlohmann::json(std::vector<std::string>(list.begin(), list.end())).dump();
+}
+
+std::vector<std::string> from_json(const std::string& s) {
+  return nlohmann::json::parse(s).get<std::vector<std::string>>();
+}
+
+}  // namespace
+
+int64_t now_unix_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+absl::Status State::open(const std::string& path) {
+  if (auto st = db_.open(path); !st.ok()) return st;
+  try {
+    Stmt v = db_.prepare("PRAGMA user_version");
+    v.step();
+    const int64_t version = v.integer(0);
+    if (version > kSchemaVersion) {
+      return absl::FailedPreconditionError(
+          "state file '" + path + "' has schema version " + std::to_string(version) +
+          " but this kiln-coordinator knows only up to " + std::to_string(kSchemaVersion));
+    }
+    Transaction t(db_);
+    db_.exec(kSchema);
+    db_.exec("PRAGMA user_version = " + std::to_string(kSchemaVersion));
+    t.commit();
+  } catch (const DbError& e) {
+    return absl::UnavailableError(e.what());
+  }
+  return absl::OkStatus();
+}
+
+Loaded State::load() {
+  Loaded out;
+  Stmt w = db_.prepare(
+      "SELECT id, address, device, state, session_id, epoch, memory_limit_bytes FROM workers");
+  while (w.step()) {
+    WorkerRec r;
+    r.info.set_worker_id(w.text(0));
+    r.info.set_address(w.text(1));
+    r.info.set_device(w.text(2));
+    r.info.set_state(w.text(3));
+    r.info.set_session_id(w.text(4));
+    r.info.set_epoch(w.integer(5));
+    r.memory_limit_bytes = w.integer(6);
+    out.workers[r.info.worker_id()] = r;
+  }
+  Stmt s = db_.prepare(
+      "SELECT id, state, job_id, tenant, message, worker_ids, created_unix_ms FROM sessions");
+  while (s.step()) {
+    SessionRec r{s.text(0),   s.text(1), s.text(2), s.text(3), s.text(4), from_json(s.text(5)),
+                 s.integer(6)};
+    out.sessions[r.id] = r;
+  }
+  Stmt j = db_.prepare(
+      "SELECT seq, id, state, priority, workers, command, tenant, session_id, worker_addresses,"
+      " exit_code, message, submitted_unix_ms, started_unix_ms, finished_unix_ms FROM jobs");
+  while (j.step()) {
+    JobRec r;
+    r.seq = j.integer(0);
+    proto::Job& job = r.job;
+    job.set_job_id(j.text(1));
+    job.set_state(j.text(2));
+    job.set_priority(static_cast<int32_t>(j.integer(3)));
+    job.set_workers(static_cast<int32_t>(j.integer(4)));
+    for (auto& c : from_json(j.text(5))) job.add_command(c);
+    job.set_tenant(j.text(6));
+    job.set_session_id(j.text(7));
+    for (auto& a : from_json(j.text(8))) job.add_worker_addresses(a);
+    job.set_exit_code(static_cast<int32_t>(j.integer(9)));
+    job.set_message(j.text(10));
+    job.set_submitted_unix_ms(j.integer(11));
+    job.set_started_unix_ms(j.integer(12));
+    job.set_finished_unix_ms(j.integer(13));
+    out.max_seq = std::max(out.max_seq, r.seq);
+    out.jobs[job.job_id()] = r;
+  }
+  return out;
+}
+
+void State::put_worker(const WorkerRec& r) {
+  const proto::WorkerInfo& w = r.info;
+  db_.prepare("INSERT OR REPLACE INTO workers VALUES (?, ?, ?, ?, ?, ?, ?)")
+      .bind(1, w.worker_id())
+      .bind(2, w.address())
+      .bind(3, w.device())
+      .bind(4, w.state())
+      .bind(5, w.session_id())
+      .bind(6, static_cast<int64_t>(w.epoch()))
+      .bind(7, static_cast<int64_t>(r.memory_limit_bytes))
+      .run();
+}
+
+void State::put_session(const SessionRec& s) {
+  db_.prepare("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)")
+      .bind(1, s.id)
+      .bind(2, s.state)
+      .bind(3, s.job_id)
+      .bind(4, s.tenant)
+      .bind(5, s.message)
+      .bind(6, to_json(s.worker_ids))
+      .bind(7, s.created_unix_ms)
+      .run();
+}
+
+void State::put_job(const JobRec& r) {
+  const proto::Job& j = r.job;
+  db_.prepare("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+      .bind(1, r.seq)
+      .bind(2, j.job_id())
+      .bind(3, j.state())
+      .bind(4, j.priority())
+      .bind(5, j.workers())
+      .bind(6, to_json(j.command()))
+      .bind(7, j.tenant())
+      .bind(8, j.session_id())
+      .bind(9, to_json(j.worker_addresses()))
+      .bind(10, j.exit_code())
+      .bind(11, j.message())
+      .bind(12, j.submitted_unix_ms())
+      .bind(13, j.started_unix_ms())
+      .bind(14, j.finished_unix_ms())
+      .run();
+}
+
+int64_t State::log_count(const std::string& job_id) {
+  Stmt s = db_.prepare("SELECT COALESCE(MAX(idx) + 1, 0) FROM job_logs WHERE job_id = ?");
+  s.bind(1, job_id).step();
+  return s.integer(0);
+}
+
+void State::append_logs(const std::string& job_id, const std::vector<std::string>& lines) {
+  int64_t idx = log_count(job_id);
+  for (const auto& line : lines) {
+    Stmt s = db_.prepare("INSERT INTO job_logs VALUES (?, ?, ?)");
+    s.bind(1, job_id).bind(2, idx++).bind(3, line).run();
+  }
+}
+
+std::vector<std::string> State::logs(const std::string& job_id, int64_t from, int64_t limit) {
+  Stmt s =
+      db_.prepare("SELECT line FROM job_logs WHERE job_id = ? AND idx >= ? ORDER BY idx LIMIT ?");
+  s.bind(1, job_id).bind(2, from).bind(3, limit);
+  std::vector<std::string> out;
+  while (s.step()) out.push_back(s.text(0));
+  return out;
+}
+
+}  // namespace kiln::coord

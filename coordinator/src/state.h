@@ -1,0 +1,75 @@
+// coordinator/src/state.h: the coordinator's records and their SQLite tables (DESIGN.md "Jobs":
+// job state lives in SQLite, so a restarted coordinator has lost nothing). The coordinator keeps
+// every record in memory as well and writes each change through, inside one transaction per
+// mutation; at start it loads them back.
+//
+//   State st;  st.open("kiln-coordinator.db");
+//   Loaded all = st.load();
+//   { Transaction t(st.db()); st.put_job(job); st.put_worker(w); t.commit(); }
+#pragma once
+
+#include <absl/status/status.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "db.h"
+#include "kiln/proto/coordinator.pb.h"
+
+namespace kiln::coord {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t now_unix_ms();
+
+struct WorkerRec {
+  proto::WorkerInfo info;  // state "idle", "busy" or "dead"
+  uint64_t memory_limit_bytes = 0;
+  // Not persisted (a write per beat buys nothing): a loaded worker gets a fresh grace period.
+  Clock::time_point last_beat = Clock::now();
+};
+
+// A gang of workers for one client or one job. "open" until closed ("closed") or until one of
+// its workers dies ("failed", with the message); the record stays so a late LookupSession or
+// Heartbeat learns why.
+struct SessionRec {
+  std::string id, state, job_id, tenant, message;
+  std::vector<std::string> worker_ids;  // rank order
+  int64_t created_unix_ms = 0;
+};
+
+struct JobRec {
+  int64_t seq = 0;  // submission order: FIFO within a priority
+  proto::Job job;
+};
+
+struct Loaded {
+  std::map<std::string, WorkerRec> workers;
+  std::map<std::string, SessionRec> sessions;
+  std::map<std::string, JobRec> jobs;
+  int64_t max_seq = 0;
+};
+
+class State {
+ public:
+  // Opens or creates the file and its schema; refuses a file from a newer schema.
+  absl::Status open(const std::string& path);
+  Loaded load();
+  Db& db() { return db_; }
+
+  void put_worker(const WorkerRec& w);
+  void put_session(const SessionRec& s);
+  void put_job(const JobRec& j);
+  void append_logs(const std::string& job_id, const std::vector<std::string>& lines);
+  // Log lines with index >= `from` (0-based), at most `limit` of them.
+  std::vector<std::string> logs(const std::string& job_id, int64_t from, int64_t limit);
+  int64_t log_count(const std::string& job_id);
+
+ private:
+  Db db_;
+};
+
+}  // namespace kiln::coord

@@ -1,0 +1,131 @@
+// The `kiln` job commands as programs against a real kiln-coordinator with a fake worker:
+// submit runs the driver with the session in its environment and exits with its status, logs
+// and status read the result back (also as JSON), cancel stops a running driver.
+#include <nlohmann/json.hpp>
+
+#include "harness.h"
+
+namespace kiln::test {
+namespace {
+
+struct Cli {
+  int status = -1;
+  std::string out, err;
+};
+
+Cli run_kiln(const fs::path& dir, const Daemon& d, std::vector<std::string> args,
+             std::chrono::seconds timeout = std::chrono::seconds(20)) {
+  args.insert(args.begin(), KILN_CLI);
+  const pid_t pid =
+      spawn(args, dir / "cli.out", dir / "cli.err", {"KILN_COORDINATOR=" + d.address()});
+  Cli r;
+  r.status = wait_for(pid, timeout);
+  if (r.status == -1) {
+    kill(pid, SIGKILL);
+    wait_for(pid, std::chrono::seconds(5));
+  }
+  r.out = slurp(dir / "cli.out");
+  r.err = slurp(dir / "cli.err");
+  return r;
+}
+
+TEST(KilnCli, SubmitRunsTheDriverAndReportsItsExit) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0");
+  Cli sub = run_kiln(dir.path(), d,
+                     {"submit", "--workers", "1", "--", "sh", "-c",
+                      "echo hi; echo \"env $KILN_JOB_ID $KILN_WORKERS $KILN_SESSION\"; "
+                      "echo oops >&2; exit 3"});
+  EXPECT_EQ(sub.status, 3) << sub.err;
+  EXPECT_NE(sub.out.find("hi\n"), std::string::npos) << sub.out;
+  EXPECT_NE(sub.out.find("env job-1 w0.test:7000 s-"), std::string::npos) << sub.out;
+  EXPECT_NE(sub.err.find("oops"), std::string::npos) << sub.err;
+
+  Cli logs = run_kiln(dir.path(), d, {"logs", "job-1"});
+  EXPECT_EQ(logs.status, 0) << logs.err;
+  EXPECT_EQ(logs.out.substr(0, 3), "hi\n");
+  EXPECT_NE(logs.out.find("oops"), std::string::npos);
+
+  Cli follow = run_kiln(dir.path(), d, {"logs", "-f", "job-1", "--json"});  // ended: returns
+  EXPECT_EQ(follow.status, 0) << follow.err;
+  EXPECT_EQ(nlohmann::json::parse(follow.out.substr(0, follow.out.find('\n')))["log"], "hi");
+
+  Cli status = run_kiln(dir.path(), d, {"status", "job-1", "--json"});
+  ASSERT_EQ(status.status, 0) << status.err;
+  const auto job = nlohmann::json::parse(status.out);
+  EXPECT_EQ(job["state"], "failed");
+  EXPECT_EQ(job["exit_code"], 3);
+  EXPECT_EQ(job["command"][0], "sh");
+
+  Cli jobs = run_kiln(dir.path(), d, {"jobs", "--json"});
+  ASSERT_EQ(jobs.status, 0) << jobs.err;
+  EXPECT_EQ(nlohmann::json::parse(jobs.out)["job_id"], "job-1");
+  Cli workers = run_kiln(dir.path(), d, {"workers", "--json"});
+  ASSERT_EQ(workers.status, 0) << workers.err;
+  EXPECT_EQ(nlohmann::json::parse(workers.out)["state"], "idle");  // the gang is released
+
+  Cli table = run_kiln(dir.path(), d, {"jobs"});
+  EXPECT_EQ(table.status, 0);
+  EXPECT_EQ(table.out.find("\033["), std::string::npos);  // no colour off a TTY
+  EXPECT_NE(table.out.find("job-1  failed"), std::string::npos) << table.out;
+}
+
+TEST(KilnCli, BinaryOutputIsReportedAsUtf8) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0");
+  Cli sub = run_kiln(dir.path(), d,
+                     {"submit", "--", "sh", "-c", "printf 'a\\377b \\303\\251\\n'; echo done"});
+  EXPECT_EQ(sub.status, 0) << sub.err;
+  Cli logs = run_kiln(dir.path(), d, {"logs", "job-1"});
+  EXPECT_EQ(logs.out, "a?b \xc3\xa9\ndone\n");
+}
+
+TEST(KilnCli, CancelStopsARunningDriver) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0");
+  const pid_t pid =
+      spawn({KILN_CLI, "submit", "--", "sh", "-c", "echo started; sleep 30"},
+            dir.path() / "sub.out", dir.path() / "sub.err", {"KILN_COORDINATOR=" + d.address()});
+  ASSERT_TRUE(eventually([&] { return slurp(dir.path() / "sub.out") == "started\n"; }));
+  Cli cancel = run_kiln(dir.path(), d, {"cancel", "job-1"});
+  EXPECT_EQ(cancel.status, 0) << cancel.err;
+  const int rc = wait_for(pid, std::chrono::seconds(10));
+  EXPECT_NE(rc, -1) << "kiln submit still running after the cancel";
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(slurp(dir.path() / "sub.err").find("cancelled"), std::string::npos);
+  Cli status = run_kiln(dir.path(), d, {"status", "job-1", "--json"});
+  EXPECT_EQ(nlohmann::json::parse(status.out)["state"], "cancelled");
+}
+
+TEST(KilnCli, SigtermCancelsTheJob) {
+  TempDir dir;
+  Daemon d(dir.path());  // no worker: the job stays queued
+  const pid_t pid =
+      spawn({KILN_CLI, "submit", "--workers", "2", "--", "true"}, dir.path() / "sub.out",
+            dir.path() / "sub.err", {"KILN_COORDINATOR=" + d.address()});
+  ASSERT_TRUE(
+      eventually([&] { return slurp(dir.path() / "sub.err").find("job-1") != std::string::npos; }));
+  kill(pid, SIGTERM);
+  EXPECT_EQ(wait_for(pid, std::chrono::seconds(10)), 128 + SIGTERM);
+  Cli status = run_kiln(dir.path(), d, {"status", "job-1", "--json"});
+  EXPECT_EQ(nlohmann::json::parse(status.out)["state"], "cancelled");
+}
+
+TEST(KilnCli, ErrorsAreClear) {
+  TempDir dir;
+  Daemon d(dir.path());
+  Cli bad = run_kiln(dir.path(), d, {"submit", "--workers", "-1", "--", "true"});
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("INVALID_ARGUMENT"), std::string::npos) << bad.err;
+  Cli unknown = run_kiln(dir.path(), d, {"status", "job-77"});
+  EXPECT_EQ(unknown.status, 1);
+  EXPECT_NE(unknown.err.find("unknown job job-77"), std::string::npos) << unknown.err;
+  Cli nothing = run_kiln(dir.path(), d, {"submit", "--workers", "1"});
+  EXPECT_EQ(nothing.status, 2);
+}
+
+}  // namespace
+}  // namespace kiln::test

@@ -1,0 +1,426 @@
+// kiln-coordinator as a process on loopback, driven through raw gRPC stubs: the worker registry
+// and heartbeats, dead workers, gang scheduling and priorities, state across SIGKILL, input
+// validation, auth and the loopback rule, the rendezvous store.
+#include <sqlite3.h>
+
+#include "harness.h"
+
+namespace kiln::test {
+namespace {
+
+using std::chrono::milliseconds;
+
+proto::Job submit(Daemon& d, int workers, int priority = 0,
+                  std::vector<std::string> cmd = {"true"}) {
+  proto::SubmitJobRequest req;
+  req.set_protocol_version(proto::kProtocolVersion);
+  req.set_workers(workers);
+  req.set_priority(priority);
+  for (auto& c : cmd) req.add_command(c);
+  proto::Job job;
+  EXPECT_TRUE(d.call(&Stub::SubmitJob, req, &job).ok());
+  return job;
+}
+
+std::string state_of(Daemon& d, const std::string& job_id) {
+  proto::GetJobRequest req;
+  req.set_job_id(job_id);
+  proto::Job job;
+  absl::Status st = d.call(&Stub::GetJob, req, &job);
+  return st.ok() ? job.state() : st.ToString();
+}
+
+std::map<std::string, std::string> worker_states(Daemon& d) {
+  proto::ListWorkersReply reply;
+  EXPECT_TRUE(d.call(&Stub::ListWorkers, proto::ListWorkersRequest(), &reply).ok());
+  std::map<std::string, std::string> out;
+  for (const auto& w : reply.workers()) out[w.worker_id()] = w.state();
+  return out;
+}
+
+absl::StatusOr<proto::SessionInfo> open_session(Daemon& d, int workers, uint32_t wait_ms = 0) {
+  proto::OpenSessionRequest req;
+  req.set_protocol_version(proto::kProtocolVersion);
+  req.set_workers(workers);
+  req.set_wait_ms(wait_ms);
+  proto::SessionInfo info;
+  absl::Status st = d.call(&Stub::OpenSession, req, &info);
+  if (!st.ok()) return st;
+  return info;
+}
+
+absl::Status finish_job(Daemon& d, const std::string& job_id, int exit_code,
+                        std::vector<std::string> lines = {}) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  proto::Job reply;
+  auto w = d.stub().ReportJob(&ctx, &reply);
+  proto::JobReport r;
+  r.set_job_id(job_id);
+  for (auto& l : lines) r.add_log_lines(l);
+  r.set_finished(true);
+  r.set_exit_code(exit_code);
+  w->Write(r);
+  w->WritesDone();
+  return proto::from_grpc(w->Finish());
+}
+
+TEST(Coordinator, RegisterHeartbeatList) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0"), w1(d, "w1");
+  EXPECT_EQ(worker_states(d), (std::map<std::string, std::string>{{"w0", "idle"}, {"w1", "idle"}}));
+  const uint64_t old_epoch = w0.epoch();
+  ASSERT_TRUE(w0.register_now().ok());
+  EXPECT_EQ(w0.epoch(), old_epoch + 1);
+
+  proto::HeartbeatRequest hb;
+  hb.set_worker_id("w0");
+  hb.set_epoch(old_epoch);
+  proto::HeartbeatReply reply;
+  absl::Status st = d.call(&Stub::Heartbeat, hb, &reply);
+  EXPECT_TRUE(absl::IsAborted(st)) << st;
+  hb.set_worker_id("nobody");
+  st = d.call(&Stub::Heartbeat, hb, &reply);
+  EXPECT_TRUE(absl::IsNotFound(st)) << st;
+  EXPECT_NE(st.message().find("register again"), std::string::npos);
+  // A worker names sessions it serves that are over: the reply tells it to close them.
+  hb.set_worker_id("w1");
+  hb.set_epoch(w1.epoch());
+  hb.add_sessions("s-gone");
+  ASSERT_TRUE(d.call(&Stub::Heartbeat, hb, &reply).ok());
+  ASSERT_EQ(reply.close_sessions_size(), 1);
+  EXPECT_EQ(reply.close_sessions(0), "s-gone");
+}
+
+TEST(Coordinator, VersionMismatchIsRefused) {
+  TempDir dir;
+  Daemon d(dir.path());
+  proto::RegisterWorkerRequest req;
+  req.set_protocol_version(proto::kProtocolVersion + 1);
+  req.set_worker_id("w0");
+  req.set_address("w0:1");
+  proto::RegisterWorkerReply reply;
+  absl::Status st = d.call(&Stub::RegisterWorker, req, &reply);
+  EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  EXPECT_NE(st.message().find("use matching Kiln versions"), std::string::npos) << st;
+  proto::SubmitJobRequest sub;
+  sub.set_workers(1);
+  sub.add_command("true");  // protocol_version left out: 0
+  proto::Job job;
+  st = d.call(&Stub::SubmitJob, sub, &job);
+  EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  EXPECT_NE(st.message().find("protocol 0"), std::string::npos) << st;
+}
+
+TEST(Coordinator, DeadWorkerFailsItsSessionAndJob) {
+  TempDir dir;
+  Daemon d(dir.path(), {"--heartbeat-ms", "200", "--dead-after", "3"});
+  FakeWorker w0(d, "w0"), w1(d, "w1");  // beating every 100 ms: never late by 600 ms
+  const proto::Job job = submit(d, 2);
+  ASSERT_TRUE(eventually([&] { return state_of(d, job.job_id()) == "running"; }));
+  proto::GetJobRequest get;
+  get.set_job_id(job.job_id());
+  proto::Job running;
+  ASSERT_TRUE(d.call(&Stub::GetJob, get, &running).ok());
+  EXPECT_EQ(running.worker_addresses_size(), 2);
+
+  const auto stopped = Clock::now();
+  w1.stop();
+  ASSERT_TRUE(eventually([&] { return worker_states(d)["w1"] == "dead"; }));
+  // 3 beats of 200 ms, plus the reaper's tick and slack for a loaded machine.
+  EXPECT_LT(Clock::now() - stopped, milliseconds(3000));
+  EXPECT_EQ(worker_states(d)["w0"], "idle");
+
+  proto::LookupSessionRequest look;
+  look.set_session_id(running.session_id());
+  proto::SessionInfo info;
+  absl::Status st = d.call(&Stub::LookupSession, look, &info);
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_NE(st.message().find("worker w1 stopped heartbeating"), std::string::npos) << st;
+  ASSERT_TRUE(d.call(&Stub::GetJob, get, &running).ok());
+  EXPECT_EQ(running.state(), "failed");
+  EXPECT_NE(running.message().find("w1 stopped heartbeating"), std::string::npos);
+
+  auto two = open_session(d, 2);
+  EXPECT_TRUE(absl::IsUnavailable(two.status())) << two.status();
+  auto one = open_session(d, 1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->worker_ids(0), "w0");
+}
+
+TEST(Coordinator, OpenSessionIsAllOrNothingAndWaits) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0"), w1(d, "w1");
+  auto a = open_session(d, 1);
+  ASSERT_TRUE(a.ok());
+  auto b = open_session(d, 2);
+  EXPECT_TRUE(absl::IsResourceExhausted(b.status())) << b.status();
+  EXPECT_EQ(worker_states(d)[a->worker_ids(0) == "w0" ? "w1" : "w0"], "idle");  // no partial
+
+  std::thread closer([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    proto::CloseSessionRequest req;
+    req.set_session_id(a->session_id());
+    proto::CloseSessionReply r;
+    EXPECT_TRUE(d.call(&Stub::CloseSession, req, &r).ok());
+  });
+  auto c = open_session(d, 2, 5000);
+  closer.join();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->world_size(), 2);
+  proto::LookupSessionRequest look;
+  look.set_session_id(c->session_id());
+  look.set_worker_id(c->worker_ids(1));
+  proto::SessionInfo info;
+  ASSERT_TRUE(d.call(&Stub::LookupSession, look, &info).ok());
+  EXPECT_EQ(info.rank(), 1);
+  look.set_worker_id("stranger");
+  EXPECT_TRUE(absl::IsPermissionDenied(d.call(&Stub::LookupSession, look, &info)));
+}
+
+TEST(Coordinator, GangSchedulingAndPriorities) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0");
+  auto held = open_session(d, 1);  // w0 busy
+  ASSERT_TRUE(held.ok());
+  const proto::Job gang = submit(d, 2);
+  const proto::Job low = submit(d, 1, 0);
+  const proto::Job high = submit(d, 1, 5);
+  EXPECT_EQ(state_of(d, gang.job_id()), "queued");
+
+  FakeWorker w1(d, "w1");  // one free worker: the highest priority job takes it
+  ASSERT_TRUE(eventually([&] { return state_of(d, high.job_id()) == "running"; }));
+  EXPECT_EQ(state_of(d, gang.job_id()), "queued");
+  EXPECT_EQ(state_of(d, low.job_id()), "queued");
+
+  proto::CloseSessionRequest close;
+  close.set_session_id(held->session_id());
+  proto::CloseSessionReply closed;
+  ASSERT_TRUE(d.call(&Stub::CloseSession, close, &closed).ok());
+  // One worker free, the 2-worker job first in line: it waits, and nothing jumps the queue.
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(state_of(d, gang.job_id()), "queued");
+  EXPECT_EQ(state_of(d, low.job_id()), "queued");
+
+  ASSERT_TRUE(finish_job(d, high.job_id(), 0).ok());
+  EXPECT_EQ(state_of(d, high.job_id()), "succeeded");
+  EXPECT_EQ(state_of(d, gang.job_id()), "running");
+  EXPECT_EQ(worker_states(d), (std::map<std::string, std::string>{{"w0", "busy"}, {"w1", "busy"}}));
+
+  proto::CancelJobRequest cancel;
+  cancel.set_job_id(gang.job_id());
+  proto::Job cancelled;
+  ASSERT_TRUE(d.call(&Stub::CancelJob, cancel, &cancelled).ok());
+  EXPECT_EQ(cancelled.state(), "cancelled");
+  EXPECT_EQ(state_of(d, low.job_id()), "running");
+  const proto::Job waiting = submit(d, 2);  // one worker free: stays queued
+  EXPECT_TRUE(absl::IsFailedPrecondition(finish_job(d, waiting.job_id(), 0)));  // no driver yet
+}
+
+TEST(Coordinator, SigkillKeepsQueuedJobsAndWorkersReRegister) {
+  TempDir dir;
+  auto d = std::make_unique<Daemon>(dir.path());
+  uint64_t epoch = 0;
+  {
+    FakeWorker w0(*d, "w0");
+    epoch = w0.epoch();
+  }
+  auto busy = open_session(*d, 1);  // w0 busy: the jobs below stay queued
+  ASSERT_TRUE(busy.ok());
+  std::vector<std::string> ids;
+  for (int p : {0, 3, 0})
+    ids.push_back(submit(*d, 1, p, {"echo", "job", std::to_string(p)}).job_id());
+  d->crash();
+  d->start();
+
+  proto::ListJobsReply list;
+  ASSERT_TRUE(d->call(&Stub::ListJobs, proto::ListJobsRequest(), &list).ok());
+  ASSERT_EQ(list.jobs_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(list.jobs(i).job_id(), ids[i]);
+    EXPECT_EQ(list.jobs(i).state(), "queued");
+  }
+  EXPECT_EQ(list.jobs(1).priority(), 3);
+  EXPECT_EQ(list.jobs(2).command(2), "0");
+
+  FakeWorker w0(*d, "w0");  // the worker restarted too: its old session ends
+  EXPECT_EQ(w0.epoch(), epoch + 1);
+  ASSERT_TRUE(eventually([&] { return state_of(*d, ids[1]) == "running"; }));
+  EXPECT_EQ(state_of(*d, ids[0]), "queued");
+  EXPECT_EQ(d->terminate(), 0);
+}
+
+TEST(Coordinator, RefusesAStateFileFromANewerSchema) {
+  TempDir dir;
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir.path() / "state.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 99", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  const pid_t pid = spawn({KILN_COORDINATOR_BIN, "--listen", "127.0.0.1:0", "--state",
+                           (dir.path() / "state.db").string()},
+                          dir.path() / "out", dir.path() / "err");
+  EXPECT_EQ(wait_for(pid, std::chrono::seconds(10)), 1);
+  EXPECT_NE(slurp(dir.path() / "err").find("schema version 99"), std::string::npos)
+      << slurp(dir.path() / "err");
+}
+
+TEST(Coordinator, MalformedRequestsAreRefusedAndTheDaemonServesOn) {
+  TempDir dir;
+  Daemon d(dir.path());
+  auto expect_invalid = [](const absl::Status& st, const std::string& field) {
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+    EXPECT_NE(st.message().find(field), std::string::npos) << st;
+  };
+  proto::SubmitJobRequest sub;
+  sub.set_protocol_version(proto::kProtocolVersion);
+  proto::Job job;
+  sub.set_workers(-2);
+  sub.add_command("true");
+  expect_invalid(d.call(&Stub::SubmitJob, sub, &job), "workers");
+  sub.set_workers(1);
+  sub.clear_command();
+  expect_invalid(d.call(&Stub::SubmitJob, sub, &job), "command");
+  sub.add_command(std::string(200 << 10, 'x'));
+  expect_invalid(d.call(&Stub::SubmitJob, sub, &job), "command");
+  sub.set_command(0, std::string(20 << 20, 'x'));  // past the message limit
+  EXPECT_TRUE(absl::IsResourceExhausted(d.call(&Stub::SubmitJob, sub, &job)));
+
+  proto::GetJobRequest get;
+  expect_invalid(d.call(&Stub::GetJob, get, &job), "job_id");
+  get.set_job_id("job-999");
+  EXPECT_TRUE(absl::IsNotFound(d.call(&Stub::GetJob, get, &job)));
+  proto::RegisterWorkerRequest reg;
+  reg.set_protocol_version(proto::kProtocolVersion);
+  proto::RegisterWorkerReply regr;
+  expect_invalid(d.call(&Stub::RegisterWorker, reg, &regr), "worker_id");
+  reg.set_worker_id("w");
+  expect_invalid(d.call(&Stub::RegisterWorker, reg, &regr), "address");
+  proto::ListJobsRequest list;
+  list.set_state("sleeping");
+  proto::ListJobsReply listr;
+  expect_invalid(d.call(&Stub::ListJobs, list, &listr), "state");
+  proto::StoreRequest store;
+  proto::StoreReply storer;
+  expect_invalid(d.call(&Stub::Store, store, &storer), "session_id");
+  store.set_session_id("s-x");
+  store.set_key("k");
+  store.set_op("explode");
+  expect_invalid(d.call(&Stub::Store, store, &storer), "op");
+  proto::OpenSessionRequest open;
+  open.set_protocol_version(proto::kProtocolVersion);
+  open.set_workers(0);
+  proto::SessionInfo info;
+  expect_invalid(d.call(&Stub::OpenSession, open, &info), "workers");
+  proto::CancelJobRequest cancel;
+  cancel.set_job_id("job-404");
+  EXPECT_TRUE(absl::IsNotFound(d.call(&Stub::CancelJob, cancel, &job)));
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto w = d.stub().ReportJob(&ctx, &job);
+    w->Write(proto::JobReport());  // no job_id
+    w->WritesDone();
+    expect_invalid(proto::from_grpc(w->Finish()), "job_id");
+  }
+  // Still serving, with nothing stored from the bad calls.
+  EXPECT_EQ(submit(d, 1).job_id(), "job-1");
+}
+
+TEST(Coordinator, TokensPerTenant) {
+  TempDir dir;
+  std::ofstream(dir.path() / "tokens") << "# tenant token\nalice atok\nbob btok\n";
+  Daemon d(dir.path(), {"--tokens", (dir.path() / "tokens").string(), "--worker-token", "wtok"},
+           "atok");
+  proto::SubmitJobRequest sub;
+  sub.set_protocol_version(proto::kProtocolVersion);
+  sub.set_workers(1);
+  sub.add_command("true");
+  proto::Job job;
+  for (std::string bad : {"", "nope", "wtok"}) {
+    absl::Status st = d.call(&Stub::SubmitJob, sub, &job, &bad);
+    EXPECT_TRUE(absl::IsUnauthenticated(st)) << bad << ": " << st;
+  }
+  ASSERT_TRUE(d.call(&Stub::SubmitJob, sub, &job).ok());
+  EXPECT_EQ(job.tenant(), "alice");
+  const std::string bob = "btok";
+  proto::ListJobsReply list;
+  ASSERT_TRUE(d.call(&Stub::ListJobs, proto::ListJobsRequest(), &list, &bob).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+  proto::GetJobRequest get;
+  get.set_job_id(job.job_id());
+  EXPECT_TRUE(absl::IsNotFound(d.call(&Stub::GetJob, get, &job, &bob)));
+
+  proto::RegisterWorkerRequest reg;
+  reg.set_protocol_version(proto::kProtocolVersion);
+  reg.set_worker_id("w0");
+  reg.set_address("w0:1");
+  proto::RegisterWorkerReply regr;
+  EXPECT_TRUE(absl::IsUnauthenticated(d.call(&Stub::RegisterWorker, reg, &regr)));  // a client's
+  const std::string wtok = "wtok";
+  EXPECT_TRUE(d.call(&Stub::RegisterWorker, reg, &regr, &wtok).ok());
+}
+
+TEST(Coordinator, NonLoopbackListenNeedsAToken) {
+  TempDir dir;
+  const pid_t pid = spawn(
+      {KILN_COORDINATOR_BIN, "--listen", "0.0.0.0:0", "--state", (dir.path() / "s.db").string()},
+      dir.path() / "out", dir.path() / "err");
+  EXPECT_EQ(wait_for(pid, std::chrono::seconds(10)), 1);
+  EXPECT_NE(slurp(dir.path() / "err").find("refusing to listen on '0.0.0.0:0'"), std::string::npos)
+      << slurp(dir.path() / "err");
+}
+
+TEST(Coordinator, RendezvousStore) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0");
+  auto s = open_session(d, 1);
+  ASSERT_TRUE(s.ok());
+  auto op = [&](const std::string& name, const std::string& key, const std::string& value = "",
+                uint32_t wait_ms = 0) {
+    proto::StoreRequest req;
+    req.set_session_id(s->session_id());
+    req.set_op(name);
+    req.set_key(key);
+    req.set_value(value);
+    req.set_wait_ms(wait_ms);
+    req.set_amount(2);
+    proto::StoreReply reply;
+    absl::Status st = d.call(&Stub::Store, req, &reply);
+    return std::make_pair(st, reply);
+  };
+  EXPECT_TRUE(absl::IsNotFound(op("get", "addr").first));
+  std::thread setter([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    op("set", "addr", "127.0.0.1:5555");
+  });
+  auto got = op("get", "addr", "", 5000);
+  setter.join();
+  ASSERT_TRUE(got.first.ok()) << got.first;
+  EXPECT_EQ(got.second.value(), "127.0.0.1:5555");
+  EXPECT_EQ(op("add", "n").second.counter(), 2);
+  EXPECT_EQ(op("add", "n").second.counter(), 4);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(op("get", "never", "", 100).first));
+  EXPECT_EQ(op("compare_set", "c", "first").second.value(), "first");   // absent, expected ""
+  EXPECT_EQ(op("compare_set", "c", "second").second.value(), "first");  // expected "" != "first"
+
+  proto::CloseSessionRequest close;
+  close.set_session_id(s->session_id());
+  proto::CloseSessionReply closed;
+  ASSERT_TRUE(d.call(&Stub::CloseSession, close, &closed).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(op("get", "addr").first));
+}
+
+TEST(Coordinator, SigtermExitsZero) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0");
+  submit(d, 1);
+  EXPECT_EQ(d.terminate(), 0) << d.stderr_text();
+}
+
+}  // namespace
+}  // namespace kiln::test
