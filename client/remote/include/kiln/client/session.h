@@ -1,0 +1,58 @@
+// kiln/client/session.h: connecting to workers (DESIGN.md "Execution").
+//
+//   auto s = kiln::client::connect("127.0.0.1:5000");          // a worker, or a coordinator
+//   kiln::Device dev = s.device();                             // Device("remote:N")
+//   model.to(dev);  auto x = kiln::randn({8, 4}).to(dev);      // record on the worker
+//   float loss = model.forward(x).sum().item<float>();         // flush + fetch
+//   s.sync();  s.close();
+//
+//   auto e = kiln::client::connect_in_process();               // the embedded worker
+//
+// connect(address): when the address answers Coordinator.OpenSession, the session's workers are
+// used (Hello carries the session id and each worker's rank); when it answers UNIMPLEMENTED it
+// is a worker, reached directly (then workers must be 1). With no address, KILN_SESSION or
+// KILN_COORDINATOR (set by `kiln submit`, with KILN_JOB_ID) names it. The token comes from
+// ConnectOptions or KILN_TOKEN.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/client/connection.h"
+
+namespace kiln::client {
+
+struct ConnectOptions {
+  int workers = 1;
+  std::string token;             // "" : KILN_TOKEN, if set
+  int connect_timeout_ms = 5000;
+  uint32_t wait_ms = 0;          // how long a coordinator may wait for free workers
+};
+
+class Session {
+ public:
+  Session() = default;
+  // The device of the worker of `rank`: Device(Remote, N).
+  Device device(int rank = 0) const;
+  int world_size() const;
+  // Runs everything recorded so far on every worker; raises the first remote error.
+  void sync() const;
+  // Flushes, frees the session's workers (CloseSession at a coordinator); later ops on its
+  // tensors raise. Idempotent; also done when the last copy of the Session dies.
+  void close() const;
+  const std::string& session_id() const;
+  Connection& connection(int rank = 0) const;
+
+ private:
+  friend Session connect(const std::string&, ConnectOptions);
+  friend Session connect_in_process(int, worker::SessionOptions);
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+Session connect(const std::string& address = "", ConnectOptions options = {});
+// `workers` embedded workers (in-process transports), for tests and single-process use.
+Session connect_in_process(int workers = 1, worker::SessionOptions options = {});
+
+}  // namespace kiln::client
