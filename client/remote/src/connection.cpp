@@ -30,6 +30,7 @@ void Connection::add_create(int64_t id, const Tensor& t) {
     pending_bytes_ += p.data().size();
     proto::Create* c = pending_.add_commands()->mutable_create();
     c->set_id(id);
+    c->set_wrapped_number(t.impl()->is_wrapped_number());
     *c->mutable_data() = std::move(p);
   }
 }
