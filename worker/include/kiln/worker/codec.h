@@ -28,14 +28,21 @@ namespace kiln::worker {
 // piece with no data.
 std::vector<proto::TensorData> encode_tensor(const Tensor& t, size_t chunk_bytes = 0);
 
+// The byte size numel(shape) * itemsize(dtype) a piece's header declares. ValueError for an
+// unknown dtype, a negative size or a product beyond 2^62 bytes.
+uint64_t wire_bytes(const proto::TensorData& header);
+
 // Rebuilds a CPU tensor from its pieces, in order.
 class TensorAssembler {
  public:
-  // Adds the next piece. ValueError when its header differs from the first piece's, its offset
-  // is not where the previous piece ended, or it runs past the tensor's byte size.
+  // Adds the next piece. The first allocates the whole tensor (check wire_bytes() first where
+  // memory is limited). ValueError when its header differs from the first piece's, its offset
+  // is not where the previous piece ended, it runs past the tensor's byte size, or a bool byte is
+  // neither 0 nor 1.
   void add(const proto::TensorData& piece);
   bool complete() const;  // every byte received
   Tensor take();          // ValueError unless complete(); resets the assembler
+  bool started() const { return t_.has_value(); }
 
  private:
   std::optional<Tensor> t_;

@@ -54,8 +54,9 @@ class Session {
   uint64_t memory_in_use_bytes() const;
   uint64_t instructions_run() const;
 
+  struct State;  // the value table and executor state (session.cpp)
+
  private:
-  struct State;
   SessionOptions options_;
   State* state_;
 };

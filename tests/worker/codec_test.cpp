@@ -1,0 +1,173 @@
+// kiln/worker/codec.h: tensors and attributes through their wire form, and malformed pieces.
+#include "kiln/worker/codec.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using worker::decode_attribute;
+using worker::encode_attribute;
+using worker::encode_tensor;
+using worker::TensorAssembler;
+
+bool bit_equal(const Tensor& a, const Tensor& b) {
+  if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
+  Tensor x = a.contiguous(), y = b.contiguous();
+  return x.nbytes() == 0 || std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+}
+
+Tensor round_trip(const Tensor& t, size_t chunk = 0, size_t* pieces = nullptr) {
+  std::vector<proto::TensorData> ps = encode_tensor(t, chunk);
+  if (pieces) *pieces = ps.size();
+  TensorAssembler a;
+  for (const auto& p : ps) {
+    EXPECT_FALSE(a.complete());
+    a.add(p);
+  }
+  EXPECT_TRUE(a.complete());
+  return a.take();
+}
+
+proto::TensorData piece(const std::string& dtype, std::vector<int64_t> shape, uint64_t offset,
+                        std::string data) {
+  proto::TensorData p;
+  p.set_dtype(dtype);
+  for (int64_t s : shape) p.add_shape(s);
+  p.set_offset(offset);
+  p.set_data(std::move(data));
+  return p;
+}
+
+TEST(WorkerCodec, RoundTripsEveryDtype) {
+  for (ScalarType dt : {kBool, kUInt8, kInt8, kInt16, kInt32, kInt64, kFloat16, kBFloat16,
+                        kFloat32, kFloat64}) {
+    Tensor t = testing::random({3, 5}, dt);
+    Tensor u = round_trip(t);
+    EXPECT_TRUE(bit_equal(t, u)) << dt;
+    EXPECT_TRUE(u.device().is_cpu());
+  }
+}
+
+TEST(WorkerCodec, NonContiguousZeroDimAndZeroSize) {
+  Tensor t = testing::random({4, 6});
+  Tensor nc = testing::non_contiguous(t);
+  EXPECT_TRUE(bit_equal(round_trip(nc), t));
+  Tensor s = testing::random({}, kFloat64);
+  EXPECT_TRUE(bit_equal(round_trip(s), s));
+  size_t n = 0;
+  Tensor z = empty_on({0, 3}, kFloat32, kCPU);
+  Tensor zz = round_trip(z, 0, &n);
+  EXPECT_EQ(n, 1u);
+  EXPECT_EQ(zz.sizes(), z.sizes());
+}
+
+TEST(WorkerCodec, LargeTensorTravelsInPieces) {
+  Tensor t = testing::random({5, 1024, 256}, kFloat32);  // 5 MiB
+  size_t n = 0;
+  Tensor u = round_trip(t, 0, &n);
+  EXPECT_EQ(n, 5u);
+  EXPECT_TRUE(bit_equal(t, u));
+  EXPECT_TRUE(bit_equal(round_trip(t, 1000, &n), t));  // a chunk size that splits elements
+  EXPECT_EQ(n, (t.nbytes() + 999) / 1000);
+}
+
+TEST(WorkerCodec, MalformedPiecesAreValueErrors) {
+  std::string eight(8, '\0');
+  testing::expect_error(ErrorKind::Value, "unknown dtype 'float33'", [&] {
+    TensorAssembler a;
+    a.add(piece("float33", {2}, 0, eight));
+  });
+  testing::expect_error(ErrorKind::Value, "negative size -2", [&] {
+    TensorAssembler a;
+    a.add(piece("float32", {-2}, 0, ""));
+  });
+  testing::expect_error(ErrorKind::Value, "shape overflows", [&] {
+    TensorAssembler a;
+    a.add(piece("float32", {int64_t{1} << 40, int64_t{1} << 40}, 0, ""));
+  });
+  testing::expect_error(ErrorKind::Value, "first piece starts at byte 4", [&] {
+    TensorAssembler a;
+    a.add(piece("float32", {2}, 4, "1234"));
+  });
+  testing::expect_error(ErrorKind::Value, "expected the next at byte 4", [&] {
+    TensorAssembler a;
+    a.add(piece("float32", {2}, 0, "1234"));
+    a.add(piece("float32", {2}, 5, "123"));
+  });
+  testing::expect_error(ErrorKind::Value, "differs from the first piece's", [&] {
+    TensorAssembler a;
+    a.add(piece("float32", {2}, 0, "1234"));
+    a.add(piece("float32", {3}, 4, "1234"));
+  });
+  testing::expect_error(ErrorKind::Value, "differs from the first piece's", [&] {
+    TensorAssembler a;
+    a.add(piece("float32", {2}, 0, "1234"));
+    a.add(piece("int32", {2}, 4, "1234"));
+  });
+  testing::expect_error(ErrorKind::Value, "runs past the tensor's 8 bytes", [&] {
+    TensorAssembler a;
+    a.add(piece("float32", {2}, 0, "123456789"));
+  });
+  testing::expect_error(ErrorKind::Value, "bool byte 7", [&] {
+    TensorAssembler a;
+    a.add(piece("bool", {2}, 0, std::string("\x01\x07", 2)));
+  });
+  testing::expect_error(ErrorKind::Value, "incomplete, 4 of 8 bytes", [&] {
+    TensorAssembler a;
+    a.add(piece("float32", {2}, 0, "1234"));
+    a.take();
+  });
+}
+
+TEST(WorkerCodec, AssemblerIsReusableAfterTake) {
+  TensorAssembler a;
+  float v = 2.5f;
+  a.add(piece("float32", {}, 0, std::string(reinterpret_cast<char*>(&v), 4)));
+  EXPECT_EQ(a.take().item<float>(), 2.5f);
+  EXPECT_FALSE(a.complete());
+  a.add(piece("int64", {0}, 0, ""));
+  EXPECT_EQ(a.take().numel(), 0);
+}
+
+TEST(WorkerCodec, AttributesRoundTrip) {
+  std::vector<IValue> vs = {IValue(),
+                            IValue(int64_t{-7}),
+                            IValue(2.5),
+                            IValue(true),
+                            IValue(std::vector<int64_t>{1, -2, 3}),
+                            IValue(std::string("mean")),
+                            IValue(kBFloat16),
+                            IValue(Device("cuda:1")),
+                            IValue(Scalar(int64_t{3})),
+                            IValue(Scalar(0.25)),
+                            IValue(Scalar(true))};
+  for (const IValue& v : vs) {
+    IValue w = decode_attribute(encode_attribute(v));
+    EXPECT_EQ(w.repr(), v.repr());
+    EXPECT_EQ(w.variant().index(), v.variant().index()) << v.repr();
+  }
+  EXPECT_TRUE(decode_attribute(encode_attribute(IValue(Scalar(0.25)))).to_scalar().is_floating());
+  EXPECT_TRUE(decode_attribute(encode_attribute(IValue(Scalar(true)))).to_scalar().is_bool());
+}
+
+TEST(WorkerCodec, BadAttributesAreValueErrors) {
+  testing::expect_error(ErrorKind::Value, "Tensor has no attribute form",
+                        [] { encode_attribute(IValue(zeros({1}))); });
+  testing::expect_error(ErrorKind::Value, "has no attribute form",
+                        [] { encode_attribute(IValue(Generator(1))); });
+  testing::expect_error(ErrorKind::Value, "attribute: no value set",
+                        [] { decode_attribute(proto::Attribute()); });
+  proto::Attribute a;
+  a.set_dtype("complex7");
+  testing::expect_error(ErrorKind::Value, "unknown dtype 'complex7'", [&] { decode_attribute(a); });
+  a.set_device("gpu:x");
+  testing::expect_error(ErrorKind::Value, "gpu:x", [&] { decode_attribute(a); });
+}
+
+}  // namespace
+}  // namespace kiln

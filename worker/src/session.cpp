@@ -1,0 +1,441 @@
+// One client's session: the value table and the executor (kiln/worker/session.h).
+//
+// The success path of an instruction is: an op lookup in a flat map, a Stack rebuilt in place
+// (reserved once), one boxed call, and a flat-map insert per output. Strings are built only on
+// failure, so a one-element op costs little more than the kernel and the dispatcher.
+#include "kiln/worker/session.h"
+
+#include <atomic>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <absl/container/flat_hash_map.h>
+#include <absl/strings/str_cat.h>
+
+#include "kiln/dispatcher.h"
+#include "kiln/error.h"
+#include "kiln/generator.h"
+#include "kiln/storage.h"
+#include "kiln/worker/codec.h"
+
+namespace kiln::worker {
+
+namespace {
+
+using ErrorPtr = std::shared_ptr<const proto::Error>;
+
+// Thrown inside the executor for a failure that ends the stream rather than poisoning.
+struct StreamError {
+  std::string message;
+};
+
+ErrorPtr make_error(std::string code, std::string kind, std::string message, uint64_t seq,
+                    std::string op) {
+  auto e = std::make_shared<proto::Error>();
+  e->set_code(std::move(code));
+  e->set_kind(std::move(kind));
+  e->set_message(std::move(message));
+  e->set_seq(seq);
+  e->set_op(std::move(op));
+  return e;
+}
+
+const char* kind_name(ErrorKind k) {
+  switch (k) {
+    case ErrorKind::Value: return "value";
+    case ErrorKind::Type: return "type";
+    case ErrorKind::Index: return "index";
+    case ErrorKind::NotImplemented: return "not_implemented";
+    case ErrorKind::Runtime: return "runtime";
+  }
+  return "runtime";
+}
+
+// DESIGN.md "Errors": bad input is INVALID_ARGUMENT; an allocation failure RESOURCE_EXHAUSTED.
+const char* code_of(const Error& e) {
+  switch (e.kind()) {
+    case ErrorKind::Value:
+    case ErrorKind::Type:
+    case ErrorKind::Index: return "INVALID_ARGUMENT";
+    case ErrorKind::NotImplemented: return "UNIMPLEMENTED";
+    case ErrorKind::Runtime:
+      return std::string_view(e.what()).find("out of memory") != std::string_view::npos
+                 ? "RESOURCE_EXHAUSTED"
+                 : "INTERNAL";
+  }
+  return "INTERNAL";
+}
+
+struct OpEntry {
+  const OperatorHandle* op = nullptr;
+  int generator_arg = -1;  // index of the `Generator?` argument, or -1
+};
+
+struct StorageUse {
+  int64_t refs = 0;     // table entries holding this storage
+  uint64_t bytes = 0;   // its size when it entered the table
+};
+
+// A value id whose Create pieces are still arriving. A Create over the memory limit is not
+// assembled: its pieces are only followed (offsets) so the id is poisoned once they all came.
+struct PendingCreate {
+  TensorAssembler assembler;
+  ErrorPtr rejected;
+  uint64_t received = 0;
+  uint64_t total = 0;
+};
+
+}  // namespace
+
+struct Session::State {
+  struct Value {
+    Tensor t;
+    ErrorPtr error;
+  };
+  absl::flat_hash_map<int64_t, Value> values;
+  absl::flat_hash_map<const Storage*, StorageUse> storages;
+  absl::flat_hash_map<std::string, OpEntry> ops;
+  absl::flat_hash_map<int64_t, PendingCreate> pending;
+  std::atomic<uint64_t> in_use{0};
+  std::atomic<uint64_t> instructions{0};
+  ErrorPtr first_failure;  // since the last Sync
+  Stack stack;             // reused by every instruction
+  std::vector<Tensor> results;
+};
+
+namespace {
+
+using State = Session::State;
+
+void add_ref(State& s, const Tensor& t) {
+  const Storage* st = t.impl()->storage().get();
+  StorageUse& u = s.storages[st];
+  if (u.refs++ == 0) {
+    u.bytes = st->nbytes();
+    s.in_use.fetch_add(u.bytes, std::memory_order_relaxed);
+  }
+}
+
+void drop_ref(State& s, const Tensor& t) {
+  auto it = s.storages.find(t.impl()->storage().get());
+  if (it == s.storages.end() || --it->second.refs > 0) return;
+  s.in_use.fetch_sub(it->second.bytes, std::memory_order_relaxed);
+  s.storages.erase(it);
+}
+
+void bind(State& s, int64_t id, Tensor t, ErrorPtr error) {
+  if (t.defined()) add_ref(s, t);
+  State::Value& v = s.values[id];
+  if (v.t.defined()) drop_ref(s, v.t);
+  v.t = std::move(t);
+  v.error = std::move(error);
+}
+
+void forget(State& s, int64_t id) {
+  auto it = s.values.find(id);
+  if (it != s.values.end()) {
+    if (it->second.t.defined()) drop_ref(s, it->second.t);
+    s.values.erase(it);
+  }
+  s.pending.erase(id);
+}
+
+void fail(State& s, const ErrorPtr& e) {
+  if (!s.first_failure) s.first_failure = e;
+}
+
+const OpEntry* lookup(State& s, const std::string& name) {
+  auto it = s.ops.find(name);
+  if (it != s.ops.end()) return &it->second;
+  const OperatorHandle* op = Dispatcher::get().find(name);
+  if (op == nullptr) return nullptr;
+  OpEntry e{op, -1};
+  const OpInfo& info = op->info();
+  for (int i = 0; i < info.num_args; ++i)
+    if (std::string_view(info.args[i].type) == "Generator?") e.generator_arg = i;
+  return &s.ops.emplace(name, e).first->second;
+}
+
+bool reads(const proto::Instruction& in, int64_t id) {
+  for (const proto::Argument& a : in.args()) {
+    if (a.has_value() && a.value() == id) return true;
+    if (a.has_values())
+      for (int64_t v : a.values().ids())
+        if (v == id) return true;
+  }
+  return false;
+}
+
+std::string op_label(const proto::Instruction& in) {
+  return absl::StrCat("op '", in.op(), "' (seq ", in.seq(), ")");
+}
+
+}  // namespace
+
+Session::Session(SessionOptions options) : options_(std::move(options)), state_(new State) {
+  state_->stack.reserve(16);
+}
+
+Session::~Session() { delete state_; }
+
+int64_t Session::num_values() const { return static_cast<int64_t>(state_->values.size()); }
+uint64_t Session::memory_in_use_bytes() const {
+  return state_->in_use.load(std::memory_order_relaxed);
+}
+uint64_t Session::instructions_run() const {
+  return state_->instructions.load(std::memory_order_relaxed);
+}
+
+// Ends the stream (StreamError) when an output id is taken: a new id may not shadow a live value
+// except where the op writes that very argument in place (its result aliases it; it is rebound).
+static void check_outputs(State& s, const proto::Instruction& in, const OpEntry* e) {
+  bool writes_in_place = e && (e->op->info().is_inplace || e->op->info().is_out);
+  for (int k = 0; k < in.outputs_size(); ++k) {
+    int64_t id = in.outputs(k);
+    if (id <= 0) throw StreamError{absl::StrCat(op_label(in), ": output id ", id, " is not > 0")};
+    for (int j = 0; j < k; ++j)
+      if (in.outputs(j) == id)
+        throw StreamError{absl::StrCat(op_label(in), ": output id ", id, " appears twice")};
+    if (s.pending.contains(id) || (s.values.contains(id) && !(writes_in_place && reads(in, id))))
+      throw StreamError{absl::StrCat(op_label(in), ": output id ", id, " is already in use")};
+  }
+}
+
+static std::string memory_message(uint64_t limit, const std::string& what, uint64_t need,
+                                  uint64_t in_use) {
+  return absl::StrCat("worker memory limit ", limit, " bytes exceeded: ", what, " needs ", need,
+                      " bytes with ", in_use, " in use");
+}
+
+// Runs one instruction; throws kiln::Error (or std::exception) for its own failure. Returns the
+// poison of an input when one is poisoned (the op does not run).
+static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instruction& in,
+                        const OpEntry* e) {
+  KILN_CHECK(e != nullptr, Value, "unknown op '", in.op(), "' (not in the op table)");
+  const OpInfo& info = e->op->info();
+  KILN_CHECK(in.args_size() == info.num_args, Value, in.op(), ": expected ", info.num_args,
+             " arguments (schema order, defaults included), got ", in.args_size());
+  KILN_CHECK(info.returns_list || in.outputs_size() == info.num_returns, Value, in.op(),
+             ": returns ", info.num_returns, " tensors but the instruction names ",
+             in.outputs_size(), " output ids");
+  Stack& st = s.stack;
+  st.clear();
+  auto value = [&](int64_t id) -> const State::Value& {
+    auto it = s.values.find(id);
+    KILN_CHECK(it != s.values.end(), Value, in.op(), ": unknown value id ", id);
+    return it->second;
+  };
+  for (int i = 0; i < in.args_size(); ++i) {
+    const proto::Argument& a = in.args(i);
+    switch (a.kind_case()) {
+      case proto::Argument::kValue: {
+        const State::Value& v = value(a.value());
+        if (v.error) return v.error;
+        st.emplace_back(v.t);
+        break;
+      }
+      case proto::Argument::kValues: {
+        std::vector<Tensor> ts;
+        ts.reserve(a.values().ids_size());
+        for (int64_t id : a.values().ids()) {
+          const State::Value& v = value(id);
+          if (v.error) return v.error;
+          ts.push_back(v.t);
+        }
+        st.emplace_back(std::move(ts));
+        break;
+      }
+      case proto::Argument::kAttribute: {
+        IValue x = decode_attribute(a.attribute());
+        // The client names the worker's device as remote:N.
+        if (x.is<Device>() && x.get<Device>().type() == DeviceType::Remote) x = IValue(opt.device);
+        st.push_back(std::move(x));
+        break;
+      }
+      case proto::Argument::KIND_NOT_SET:
+        KILN_FAIL(Value, in.op(), ": argument ", i, " (", info.args[i].name, ") has no value");
+    }
+  }
+  if (in.has_rng()) {  // Note [Random ops in the IR]: replay the client's draw
+    KILN_CHECK(e->generator_arg >= 0, Value, in.op(), ": has a (seed, offset) but no generator "
+               "argument");
+    Generator g(in.rng().seed());
+    g.set_state({in.rng().seed(), in.rng().offset()});
+    st[e->generator_arg] = IValue(std::move(g));
+  }
+  const uint64_t limit = opt.memory_limit_bytes;
+  if (limit) {  // refuse before allocating what cannot fit
+    uint64_t need = 0;
+    for (const TensorSpec& spec : e->op->run_meta(st)) {
+      if (spec.alias_of >= 0) continue;
+      int64_t n = 1;
+      for (int64_t d : spec.sizes) n *= d;
+      need += static_cast<uint64_t>(n) * element_size(spec.dtype);
+    }
+    uint64_t used = s.in_use.load(std::memory_order_relaxed);
+    if (used + need > limit)
+      return make_error("RESOURCE_EXHAUSTED", "runtime",
+                        memory_message(limit, absl::StrCat("op '", in.op(), "'"), need, used),
+                        in.seq(), in.op());
+  }
+  e->op->call_boxed(st);
+  std::vector<Tensor>& out = s.results;
+  out.clear();
+  for (IValue& v : st) {
+    if (v.is_tensor()) out.push_back(v.to_tensor());
+    else if (v.is_tensor_list())
+      for (const Tensor& t : v.to_tensor_list()) out.push_back(t);
+  }
+  KILN_CHECK(out.size() == static_cast<size_t>(in.outputs_size()), Value, in.op(), ": returned ",
+             out.size(), " tensors but the instruction names ", in.outputs_size(), " output ids");
+  if (limit) {  // the authoritative count: distinct storages new to the table
+    uint64_t need = 0;
+    for (size_t k = 0; k < out.size(); ++k) {
+      const Storage* sto = out[k].impl()->storage().get();
+      bool seen = s.storages.contains(sto);
+      for (size_t j = 0; j < k && !seen; ++j) seen = out[j].impl()->storage().get() == sto;
+      if (!seen) need += sto->nbytes();
+    }
+    uint64_t used = s.in_use.load(std::memory_order_relaxed);
+    if (used + need > limit)
+      return make_error("RESOURCE_EXHAUSTED", "runtime",
+                        memory_message(limit, absl::StrCat("op '", in.op(), "'"), need, used),
+                        in.seq(), in.op());
+  }
+  for (int k = 0; k < in.outputs_size(); ++k) bind(s, in.outputs(k), std::move(out[k]), nullptr);
+  st.clear();
+  return nullptr;
+}
+
+static void run_instruction(State& s, const SessionOptions& opt, const proto::Instruction& in) {
+  const OpEntry* e = lookup(s, in.op());
+  check_outputs(s, in, e);
+  s.instructions.fetch_add(1, std::memory_order_relaxed);
+  ErrorPtr err;
+  try {
+    err = execute(s, opt, in, e);
+  } catch (const Error& x) {
+    err = make_error(code_of(x), kind_name(x.kind()), x.what(), in.seq(), in.op());
+  } catch (const std::bad_alloc&) {
+    err = make_error("RESOURCE_EXHAUSTED", "runtime", absl::StrCat(in.op(), ": out of memory"),
+                     in.seq(), in.op());
+  } catch (const std::exception& x) {
+    err = make_error("INTERNAL", "runtime", x.what(), in.seq(), in.op());
+  }
+  if (!err) return;
+  s.stack.clear();
+  s.results.clear();
+  for (int64_t id : in.outputs()) bind(s, id, Tensor(), err);
+  fail(s, err);
+}
+
+static void run_create(State& s, const SessionOptions& opt, const proto::Create& c) {
+  const int64_t id = c.id();
+  auto where = [&] { return absl::StrCat("create of value id ", id); };
+  if (id <= 0) throw StreamError{absl::StrCat(where(), ": ids are > 0")};
+  if (s.values.contains(id)) throw StreamError{absl::StrCat(where(), ": the id is already in use")};
+  auto [it, fresh] = s.pending.try_emplace(id);
+  PendingCreate& p = it->second;
+  try {
+    if (fresh) {
+      p.total = wire_bytes(c.data());
+      uint64_t used = s.in_use.load(std::memory_order_relaxed);
+      if (opt.memory_limit_bytes && used + p.total > opt.memory_limit_bytes)
+        p.rejected = make_error("RESOURCE_EXHAUSTED", "runtime",
+                                memory_message(opt.memory_limit_bytes, where(), p.total, used), 0,
+                                "create");
+    }
+    if (p.rejected) {  // follow the pieces without keeping them
+      KILN_CHECK(c.data().offset() == p.received && c.data().data().size() <= p.total - p.received,
+                 Value, "tensor data: piece at byte ", c.data().offset(), " of ",
+                 c.data().data().size(), " bytes does not continue at byte ", p.received);
+      p.received += c.data().data().size();
+      if (p.received < p.total) return;
+      ErrorPtr err = std::move(p.rejected);
+      s.pending.erase(it);
+      bind(s, id, Tensor(), err);
+      fail(s, err);
+      return;
+    }
+    p.assembler.add(c.data());
+    if (!p.assembler.complete()) return;
+    Tensor t = p.assembler.take();
+    s.pending.erase(it);
+    Device d = c.device().empty() ? opt.device : Device(c.device());
+    if (d.type() == DeviceType::Remote) d = opt.device;
+    if (d != kCPU) t = t.to(std::nullopt, d);
+    bind(s, id, std::move(t), nullptr);
+  } catch (const Error& x) {
+    s.pending.erase(id);
+    throw StreamError{absl::StrCat(where(), ": ", x.what())};
+  }
+}
+
+static void run_fetch(State& s, const proto::Fetch& f,
+                      const std::function<void(proto::WorkerMessage&&)>& reply) {
+  auto it = s.values.find(f.id());
+  ErrorPtr err;
+  if (it == s.values.end()) {
+    err = make_error("INVALID_ARGUMENT", "value", absl::StrCat("fetch: unknown value id ", f.id()),
+                     0, "fetch");
+  } else if (it->second.error) {
+    err = it->second.error;
+  } else {
+    try {
+      for (proto::TensorData& piece : encode_tensor(it->second.t)) {
+        proto::WorkerMessage m;
+        m.mutable_fetch()->set_request(f.request());
+        *m.mutable_fetch()->mutable_data() = std::move(piece);
+        reply(std::move(m));
+      }
+      return;
+    } catch (const Error& x) {
+      err = make_error(code_of(x), kind_name(x.kind()), x.what(), 0, "fetch");
+    }
+  }
+  proto::WorkerMessage m;
+  m.mutable_fetch()->set_request(f.request());
+  *m.mutable_fetch()->mutable_error() = *err;
+  reply(std::move(m));
+}
+
+absl::Status Session::run(const proto::Batch& batch,
+                          const std::function<void(proto::WorkerMessage&&)>& reply) {
+  State& s = *state_;
+  // The client recorded autograd, autocast, vmap and tracing already: run the kernels only.
+  ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends());
+  int i = 0;
+  try {
+    for (; i < batch.commands_size(); ++i) {
+      const proto::Command& c = batch.commands(i);
+      switch (c.kind_case()) {
+        case proto::Command::kOp: run_instruction(s, options_, c.op()); break;
+        case proto::Command::kCreate: run_create(s, options_, c.create()); break;
+        case proto::Command::kFetch: run_fetch(s, c.fetch(), reply); break;
+        case proto::Command::kFree:
+          for (int64_t id : c.free().ids()) forget(s, id);
+          break;
+        case proto::Command::kSync: {
+          proto::WorkerMessage m;
+          m.mutable_sync()->set_request(c.sync().request());
+          if (s.first_failure) *m.mutable_sync()->mutable_error() = *s.first_failure;
+          s.first_failure.reset();
+          reply(std::move(m));
+          break;
+        }
+        case proto::Command::KIND_NOT_SET:
+          return absl::InvalidArgumentError(
+              absl::StrCat("command ", i, " of the batch has no kind (empty command)"));
+      }
+    }
+  } catch (const StreamError& e) {
+    return absl::InvalidArgumentError(absl::StrCat("command ", i, " of the batch: ", e.message));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("command ", i, " of the batch: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::worker
