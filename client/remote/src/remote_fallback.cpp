@@ -145,7 +145,9 @@ void remote_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& s) {
   std::vector<Tensor> outs;
   {
     ArgEncoder enc(op, conn);
-    proto::Instruction* ins = conn->add_instruction();
+    // Built aside and queued last: uploads of its CPU inputs must precede it in the batch.
+    proto::Instruction instruction;
+    proto::Instruction* ins = &instruction;
     ins->set_seq(conn->new_seq());
     ins->set_op(info.name);
     for (int i = 0; i < info.num_args; ++i) enc.encode(s[base + i], info.args[i], ins->add_args());
@@ -175,6 +177,7 @@ void remote_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& s) {
       }
     }
     if (info.is_inplace && s[base].is_tensor()) s[base].to_tensor().impl()->bump_version();
+    conn->add_instruction()->Swap(ins);
   }
   conn->maybe_flush();
   s.erase(s.end() - info.num_args, s.end());
