@@ -107,6 +107,7 @@ Session connect(const std::string& address_in, ConnectOptions o) {
   KILN_CHECK(!address.empty(), Value,
              "connect(): no address given and neither KILN_SESSION nor KILN_COORDINATOR is set");
   KILN_CHECK(o.workers >= 1, Value, "connect(): workers must be >= 1, got ", o.workers);
+  if (address == "inproc") return connect_in_process(o.workers);
   std::string token = o.token.empty() ? env("KILN_TOKEN") : o.token;
 
   Session s;

@@ -12,7 +12,7 @@
 // used (Hello carries the session id and each worker's rank); when it answers UNIMPLEMENTED it
 // is a worker, reached directly (then workers must be 1). With no address, KILN_SESSION or
 // KILN_COORDINATOR (set by `kiln submit`, with KILN_JOB_ID) names it. The token comes from
-// ConnectOptions or KILN_TOKEN.
+// ConnectOptions or KILN_TOKEN. The address "inproc" means connect_in_process(workers).
 #pragma once
 
 #include <memory>
