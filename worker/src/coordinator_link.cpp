@@ -1,0 +1,122 @@
+#include "coordinator_link.h"
+
+#include <absl/strings/str_cat.h>
+#include <grpcpp/grpcpp.h>
+
+#include "kiln/proto/service.h"
+
+namespace kiln::worker {
+
+namespace {
+
+// Every RPC to the coordinator has a deadline (a hung coordinator must not hang the worker).
+constexpr auto kRpcDeadline = std::chrono::seconds(5);
+
+void prepare(grpc::ClientContext& ctx, const std::string& token) {
+  ctx.set_deadline(std::chrono::system_clock::now() + kRpcDeadline);
+  proto::add_token(ctx, token);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::start(
+    const std::string& address, const std::string& token, proto::RegisterWorkerRequest request,
+    LoadFn load, CloseFn close) {
+  std::unique_ptr<CoordinatorLink> link(new CoordinatorLink());
+  link->token_ = token;
+  link->request_ = std::move(request);
+  link->request_.set_protocol_version(proto::kProtocolVersion);
+  link->load_ = std::move(load);
+  link->close_ = std::move(close);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
+  link->stub_ = proto::Coordinator::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  if (auto st = link->register_worker(); !st.ok())
+    return absl::Status(st.code(), absl::StrCat("registering with the coordinator at ", address,
+                                                ": ", std::string(st.message())));
+  link->thread_ = std::thread([l = link.get()] { l->heartbeat_loop(); });
+  return link;
+}
+
+CoordinatorLink::~CoordinatorLink() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status CoordinatorLink::register_worker() {
+  grpc::ClientContext ctx;
+  prepare(ctx, token_);
+  proto::RegisterWorkerReply reply;
+  absl::Status st = proto::from_grpc(stub_->RegisterWorker(&ctx, request_, &reply));
+  if (!st.ok()) return st;
+  std::lock_guard<std::mutex> lock(mu_);
+  epoch_ = reply.epoch();
+  interval_ms_ = reply.heartbeat_interval_ms() ? reply.heartbeat_interval_ms() : 1000;
+  return absl::OkStatus();
+}
+
+void CoordinatorLink::heartbeat_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, std::chrono::milliseconds(interval_ms_), [&] { return stop_; })) {
+    proto::HeartbeatRequest req;
+    req.set_worker_id(request_.worker_id());
+    req.set_epoch(epoch_);
+    lock.unlock();
+    Load load = load_();
+    for (std::string& s : load.sessions) req.add_sessions(std::move(s));
+    req.set_memory_in_use_bytes(load.memory_in_use_bytes);
+    grpc::ClientContext ctx;
+    prepare(ctx, token_);
+    proto::HeartbeatReply reply;
+    absl::Status st = proto::from_grpc(stub_->Heartbeat(&ctx, req, &reply));
+    if (st.ok()) {
+      for (const std::string& s : reply.close_sessions()) close_(s);
+    } else if (st.code() == absl::StatusCode::kAborted ||
+               st.code() == absl::StatusCode::kNotFound) {
+      (void)register_worker();  // a failure is retried at the next beat
+    }
+    // Other failures (the coordinator is down or slow): keep beating; it answers NOT_FOUND
+    // once it is back without us.
+    lock.lock();
+  }
+}
+
+absl::StatusOr<proto::SessionInfo> CoordinatorLink::lookup(const std::string& session_id) {
+  grpc::ClientContext ctx;
+  prepare(ctx, token_);
+  proto::LookupSessionRequest req;
+  req.set_session_id(session_id);
+  req.set_worker_id(request_.worker_id());
+  proto::SessionInfo info;
+  absl::Status st = proto::from_grpc(stub_->LookupSession(&ctx, req, &info));
+  auto denied = [&](const std::string& why) {
+    return absl::PermissionDeniedError(absl::StrCat("worker '", request_.worker_id(),
+                                                    "' is not in session '", session_id, "'",
+                                                    why.empty() ? "" : ": ", why));
+  };
+  if (st.code() == absl::StatusCode::kNotFound || st.code() == absl::StatusCode::kPermissionDenied)
+    return denied(std::string(st.message()));
+  if (!st.ok()) return st;
+  for (const std::string& id : info.worker_ids())
+    if (id == request_.worker_id()) return info;
+  return denied("");
+}
+
+absl::StatusOr<proto::StoreReply> CoordinatorLink::store(const proto::StoreRequest& request) {
+  grpc::ClientContext ctx;
+  prepare(ctx, token_);
+  if (request.wait_ms())  // a waiting get may take its whole wait
+    ctx.set_deadline(std::chrono::system_clock::now() + kRpcDeadline +
+                     std::chrono::milliseconds(request.wait_ms()));
+  proto::StoreReply reply;
+  absl::Status st = proto::from_grpc(stub_->Store(&ctx, request, &reply));
+  if (!st.ok()) return st;
+  return reply;
+}
+
+}  // namespace kiln::worker

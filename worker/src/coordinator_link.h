@@ -1,0 +1,61 @@
+// worker/src/coordinator_link.h: the worker's side of the coordinator (coordinator.proto):
+// RegisterWorker at start, a heartbeat thread (re-registering when the coordinator forgot us:
+// ABORTED for a stale epoch, NOT_FOUND after a restart), and LookupSession for a Hello that
+// names a session.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <absl/status/statusor.h>
+
+#include "kiln/proto/coordinator.grpc.pb.h"
+
+namespace kiln::worker {
+
+class CoordinatorLink {
+ public:
+  struct Load {
+    std::vector<std::string> sessions;  // the session ids being served
+    uint64_t memory_in_use_bytes = 0;
+  };
+  using LoadFn = std::function<Load()>;
+  // Ends the streams of a session the coordinator closed.
+  using CloseFn = std::function<void(const std::string& session_id)>;
+
+  // Registers once (its failure is start's) and starts the heartbeat thread.
+  static absl::StatusOr<std::unique_ptr<CoordinatorLink>> start(
+      const std::string& address, const std::string& token, proto::RegisterWorkerRequest request,
+      LoadFn load, CloseFn close);
+  ~CoordinatorLink();  // stops the heartbeat thread
+
+  // The session as the coordinator sees it, with this worker's rank. PERMISSION_DENIED when
+  // this worker is not in its gang (or the coordinator does not know the session).
+  absl::StatusOr<proto::SessionInfo> lookup(const std::string& session_id);
+  // The gang's rendezvous store (session-scoped keys).
+  absl::StatusOr<proto::StoreReply> store(const proto::StoreRequest& request);
+
+ private:
+  CoordinatorLink() = default;
+  absl::Status register_worker();
+  void heartbeat_loop();
+
+  std::string token_;
+  proto::RegisterWorkerRequest request_;
+  LoadFn load_;
+  CloseFn close_;
+  std::unique_ptr<proto::Coordinator::Stub> stub_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  uint64_t epoch_ = 0;
+  uint32_t interval_ms_ = 1000;
+  std::thread thread_;
+};
+
+}  // namespace kiln::worker
