@@ -3,15 +3,11 @@
 // refused with a clear message, a token is sent. Every wait has a deadline.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <thread>
 
 #include "kiln/client/session.h"
+#include "worker_process.h"
 #include "kiln/nn/nn.h"
 #include "kiln/optim/optimizers.h"
 #include "test_util.h"
@@ -19,59 +15,7 @@
 namespace kiln::testing {
 namespace {
 
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-// A kiln-worker child process listening on a free loopback port.
-class WorkerProcess {
- public:
-  explicit WorkerProcess(std::vector<std::string> extra = {}) {
-    dir_ = fs::temp_directory_path() / ("kiln_remote_test_" + std::to_string(getpid()) + "_" +
-                                        std::to_string(counter_++));
-    fs::create_directories(dir_);
-    std::string port_file = (dir_ / "port").string();
-    std::vector<std::string> args = {KILN_WORKER_BIN, "--listen", "127.0.0.1:0", "--port-file",
-                                     port_file};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    auto deadline = Clock::now() + std::chrono::seconds(20);
-    while (Clock::now() < deadline) {
-      std::ifstream f(port_file);
-      int port = 0;
-      if (f >> port && port > 0) {
-        address_ = "127.0.0.1:" + std::to_string(port);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ADD_FAILURE() << "kiln-worker did not write its port file within 20 s";
-  }
-  ~WorkerProcess() {
-    kill(SIGKILL);
-    fs::remove_all(dir_);
-  }
-  const std::string& address() const { return address_; }
-  void kill(int sig) {
-    if (pid_ <= 0) return;
-    ::kill(pid_, sig);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
-
- private:
-  static inline int counter_ = 0;
-  fs::path dir_;
-  pid_t pid_ = -1;
-  std::string address_;
-};
 
 std::shared_ptr<nn::Sequential> make_mlp() {
   manual_seed(3);
