@@ -82,10 +82,10 @@ class GrpcTransport final : public Transport {
     if (closed_) return;
     closed_ = true;
     if (!failed_.ok()) return;
+    // Nothing after the last read can matter to the client, so the stream is cancelled rather
+    // than drained: closing never waits on a slow or hung worker.
     stream_->WritesDone();
-    proto::WorkerMessage m;
-    while (stream_->Read(&m)) {
-    }
+    ctx_.TryCancel();
     stream_->Finish();
   }
 
