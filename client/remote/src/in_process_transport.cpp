@@ -1,6 +1,7 @@
 // InProcessTransport: the embedded worker. Batches run synchronously on a worker::Session;
 // replies wait in a queue until the connection reads them.
 #include "kiln/client/transport.h"
+#include "kiln/dispatch_key.h"
 #include "kiln/error.h"
 
 namespace kiln::client {
@@ -11,6 +12,17 @@ InProcessTransport::InProcessTransport(worker::SessionOptions options)
       name_("in-process worker '" + session_.options().worker_id + "'") {}
 
 void InProcessTransport::send(proto::Batch&& batch) {
+  // The worker runs on the client's thread, but not in the client's dispatch state (a flush
+  // can happen inside backward, under vmap or while tracing): it starts from the defaults, as
+  // a worker thread would.
+  LocalDispatchKeySet& tls = tls_local_dispatch_key_set();
+  LocalDispatchKeySet saved = tls;
+  tls = LocalDispatchKeySet{};
+  struct Restore {
+    LocalDispatchKeySet& tls;
+    LocalDispatchKeySet saved;
+    ~Restore() { tls = saved; }
+  } restore{tls, saved};
   absl::Status st = session_.run(batch, [this](proto::WorkerMessage&& m) {
     replies_.push_back(std::move(m));
   });
