@@ -142,6 +142,20 @@ TEST_F(RemoteOps, ErrorAtTheReadNamesTheOp) {
   s.sync();
 }
 
+TEST_F(RemoteOps, ErrorNamesTheCallSiteWhenAProviderIsSet) {
+  client::set_call_site_provider([] { return std::string("train.py:42 in step"); });
+  Tensor bad = kiln::index_select(up(random({3})), 0, up(from_vector<int64_t>({5}, {1})));
+  client::set_call_site_provider(nullptr);
+  try {
+    s.sync();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Index) << e.what();
+    EXPECT_NE(std::string(e.what()).find("recorded at train.py:42 in step"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(RemoteOps, ClosedSessionRefusesOps) {
   Tensor r = up(random({2}));
   s.close();

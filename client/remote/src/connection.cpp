@@ -69,6 +69,18 @@ void Connection::release(int64_t id) {
   to_free_.push_back(id);
 }
 
+void Connection::note_call_site(uint64_t seq, std::string site) {
+  if (call_sites_.empty()) call_sites_.resize(kCallSites);
+  call_sites_[seq % kCallSites] = {seq, std::move(site)};
+}
+
+namespace {
+std::atomic<CallSiteFn> g_call_site_provider{nullptr};
+}  // namespace
+
+void set_call_site_provider(CallSiteFn fn) { g_call_site_provider.store(fn); }
+CallSiteFn call_site_provider() { return g_call_site_provider.load(std::memory_order_relaxed); }
+
 void Connection::raise_remote(const proto::Error& e) const {
   static const std::unordered_map<std::string, ErrorKind> kinds = {
       {"value", ErrorKind::Value},
@@ -79,6 +91,10 @@ void Connection::raise_remote(const proto::Error& e) const {
   ErrorKind kind = it == kinds.end() ? ErrorKind::Runtime : it->second;
   std::string what = e.op().empty() ? std::string("a control command")
                                     : "op '" + e.op() + "' (seq " + std::to_string(e.seq()) + ")";
+  if (!call_sites_.empty() && e.seq() != 0) {
+    const auto& [seq, site] = call_sites_[e.seq() % kCallSites];
+    if (seq == e.seq()) what += " recorded at " + site;
+  }
   detail::throw_error(kind, "remote " + what + " failed on " + transport_->name() + " (" +
                                 device_.str() + "): " + e.code() + ": " + e.message());
 }

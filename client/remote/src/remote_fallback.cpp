@@ -149,6 +149,7 @@ void remote_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& s) {
     proto::Instruction instruction;
     proto::Instruction* ins = &instruction;
     ins->set_seq(conn->new_seq());
+    if (CallSiteFn site = call_site_provider()) conn->note_call_site(ins->seq(), site());
     ins->set_op(info.name);
     for (int i = 0; i < info.num_args; ++i) enc.encode(s[base + i], info.args[i], ins->add_args());
     if (info.is_random) set_rng(op, s, base, specs, ins);

@@ -7,6 +7,12 @@
 // worker re-binds it). When the last handle to an id dies the id is queued and a Free command
 // rides on the next flush, after every instruction that used it.
 //
+// Note [Call sites]: a remote error names the failed op and its seq; when a call-site provider
+// is set (set_call_site_provider: e.g. the Python binding's "file.py:12 in step"), each
+// recorded op also keeps its call site, client side, in a ring of the last kCallSites ops, and
+// the error names it too. C++ callers get no source_location through the dispatcher, so the
+// default is op name and seq only.
+//
 // Flushing: on a read (fetch), on sync(), and when the pending Batch reaches kMaxPendingCommands
 // commands or kMaxPendingBytes bytes of uploads. Errors of instructions surface at the next
 // fetch or sync as kiln::Error naming the failed op and its seq.
@@ -16,6 +22,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/client/transport.h"
@@ -27,6 +35,7 @@ class Connection {
  public:
   static constexpr size_t kMaxPendingCommands = 4096;
   static constexpr size_t kMaxPendingBytes = size_t{8} << 20;
+  static constexpr size_t kCallSites = 4096;
 
   Connection(std::unique_ptr<Transport> transport, Device device);
   ~Connection();
@@ -41,6 +50,8 @@ class Connection {
   // ---- Recording (caller holds mutex()) ----
   int64_t new_id() { return next_id_++; }
   uint64_t new_seq() { return next_seq_++; }
+  // Keeps `site` as the call site of op `seq` (Note [Call sites]).
+  void note_call_site(uint64_t seq, std::string site);
   proto::Instruction* add_instruction();
   // Uploads a tensor with data (any device, any layout) as value `id`.
   void add_create(int64_t id, const Tensor& t);
@@ -68,10 +79,16 @@ class Connection {
   int64_t next_id_ = 1;
   uint64_t next_seq_ = 1;
   uint64_t next_request_ = 1;
+  std::vector<std::pair<uint64_t, std::string>> call_sites_;  // by seq % kCallSites
   std::mutex free_mu_;
   std::vector<int64_t> to_free_;
   std::atomic<bool> closed_{false};
 };
+
+// The call site of the op being recorded, for remote errors (Note [Call sites]); nullptr: none.
+using CallSiteFn = std::string (*)();
+void set_call_site_provider(CallSiteFn fn);
+CallSiteFn call_site_provider();
 
 // The BackendHandle of a Remote tensor (Note [Remote values]).
 struct RemoteValue final : BackendHandle {
