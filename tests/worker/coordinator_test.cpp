@@ -1,83 +1,20 @@
 // kiln-worker --coordinator against a small fake Coordinator in this process: registration,
-// heartbeats, re-registration when forgotten, LookupSession on Hello, closing a session.
-#include <condition_variable>
-#include <mutex>
-
+// heartbeats, re-registration when forgotten, LookupSession on Hello, closing a session, and a
+// gang of two workers running a collective (Note [Gang process group]).
 #include <grpcpp/grpcpp.h>
 
 #include "daemon.h"
-#include "kiln/proto/coordinator.grpc.pb.h"
+#include "fake_coordinator.h"
 #include "kiln/proto/service.h"
 #include "kiln/proto/worker.grpc.pb.h"
+#include "kiln/worker/codec.h"
+#include "test_util.h"
 
 namespace kiln {
 namespace {
 
 using testing::Daemon;
-
-constexpr auto kWait = std::chrono::seconds(20);
-
-class FakeCoordinator final : public proto::Coordinator::Service {
- public:
-  FakeCoordinator() {
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    b.RegisterService(this);
-    server_ = b.BuildAndStart();
-  }
-  ~FakeCoordinator() override { server_->Shutdown(std::chrono::system_clock::now()); }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-
-  grpc::Status RegisterWorker(grpc::ServerContext*, const proto::RegisterWorkerRequest* req,
-                              proto::RegisterWorkerReply* reply) override {
-    std::lock_guard<std::mutex> lock(mu);
-    registrations.push_back(*req);
-    reply->set_epoch(registrations.size());
-    reply->set_heartbeat_interval_ms(50);
-    forget = false;
-    cv.notify_all();
-    return grpc::Status::OK;
-  }
-  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest* req,
-                         proto::HeartbeatReply* reply) override {
-    std::lock_guard<std::mutex> lock(mu);
-    heartbeats.push_back(*req);
-    cv.notify_all();
-    if (forget) return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker");
-    for (const auto& s : close) reply->add_close_sessions(s);
-    return grpc::Status::OK;
-  }
-  grpc::Status LookupSession(grpc::ServerContext*, const proto::LookupSessionRequest* req,
-                             proto::SessionInfo* info) override {
-    if (req->session_id() == "s1" || req->session_id() == "s2") {
-      info->set_session_id(req->session_id());
-      info->add_worker_ids(req->session_id() == "s1" ? "peer" : "someone-else");
-      if (req->session_id() == "s1") info->add_worker_ids(req->worker_id());
-      info->set_rank(1);
-      info->set_world_size(2);
-      return grpc::Status::OK;
-    }
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, "no session '" + req->session_id() + "'");
-  }
-
-  // Waits until `pred` holds (under the lock); false after kWait.
-  template <typename P>
-  bool wait(P pred) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, kWait, pred);
-  }
-
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<proto::RegisterWorkerRequest> registrations;
-  std::vector<proto::HeartbeatRequest> heartbeats;
-  bool forget = false;
-  std::vector<std::string> close;
-
- private:
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
-};
+using testing::FakeCoordinator;
 
 struct Stream {
   std::unique_ptr<proto::Worker::Stub> stub;
@@ -103,6 +40,7 @@ struct Stream {
 
 TEST(WorkerCoordinator, RegistersBeatsAndChecksSessions) {
   FakeCoordinator fake;
+  fake.sessions = {{"s1", {"peer", "w-test"}}, {"s2", {"someone-else"}}};
   Daemon d(KILN_WORKER, {"--coordinator", fake.address(), "--worker-id", "w-test",
                          "--memory-limit", "1M"});
   ASSERT_TRUE(d.wait_ready()) << d.stderr_text();
@@ -168,6 +106,53 @@ TEST(WorkerCoordinator, DirectWorkerRefusesSessionsAndUnreachableCoordinatorFail
   EXPECT_NE(d.stderr_text().find("registering with the coordinator at 127.0.0.1:1"),
             std::string::npos)
       << d.stderr_text();
+}
+
+// Two workers of session g1 each all_reduce their own tensor over the gang's group "world".
+TEST(WorkerCoordinator, GangRunsCollectives) {
+  FakeCoordinator fake;
+  fake.sessions = {{"g1", {"w0", "w1"}}};
+  std::vector<std::unique_ptr<Daemon>> workers;
+  for (const char* id : {"w0", "w1"}) {
+    workers.push_back(std::make_unique<Daemon>(
+        KILN_WORKER, std::vector<std::string>{"--coordinator", fake.address(), "--worker-id", id}));
+    ASSERT_TRUE(workers.back()->wait_ready()) << workers.back()->stderr_text();
+  }
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (auto& w : workers) streams.push_back(std::make_unique<Stream>(w->address(), "g1"));
+  for (int r = 0; r < 2; ++r) {
+    proto::WorkerMessage hr;
+    ASSERT_TRUE(streams[r]->rw->Read(&hr)) << streams[r]->finish().error_message();
+    EXPECT_EQ(hr.hello().rank(), r);
+    EXPECT_EQ(hr.hello().world_size(), 2);
+  }
+  for (int r = 0; r < 2; ++r) {
+    proto::ClientMessage m;
+    proto::Batch& b = *m.mutable_batch();
+    proto::Create& c = *b.add_commands()->mutable_create();
+    c.set_id(1);
+    *c.mutable_data() = worker::encode_tensor(full({4}, double(r + 1)))[0];
+    proto::Instruction& in = *b.add_commands()->mutable_op();
+    in.set_seq(1);
+    in.set_op("all_reduce");
+    in.add_args()->set_value(1);
+    *in.add_args()->mutable_attribute() = worker::encode_attribute(IValue(std::string("sum")));
+    *in.add_args()->mutable_attribute() = worker::encode_attribute(IValue(std::string("world")));
+    in.add_outputs(2);
+    proto::Fetch& f = *b.add_commands()->mutable_fetch();
+    f.set_request(3);
+    f.set_id(2);
+    ASSERT_TRUE(streams[r]->rw->Write(m));
+  }
+  for (int r = 0; r < 2; ++r) {
+    proto::WorkerMessage reply;
+    ASSERT_TRUE(streams[r]->rw->Read(&reply)) << streams[r]->finish().error_message();
+    ASSERT_TRUE(reply.fetch().has_data()) << reply.fetch().error().message();
+    worker::TensorAssembler a;
+    a.add(reply.fetch().data());
+    testing::expect_close(a.take(), full({4}, 3.0), 0, 0);
+    EXPECT_TRUE(streams[r]->finish().ok());
+  }
 }
 
 }  // namespace

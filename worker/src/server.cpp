@@ -13,6 +13,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "coordinator_link.h"
+#include "gang.h"
 #include "kiln/proto/service.h"
 #include "kiln/proto/worker.grpc.pb.h"
 #include "kiln/worker/session.h"
@@ -48,6 +49,8 @@ struct Server::Impl final : proto::Worker::Service {
   std::unique_ptr<CoordinatorLink> coordinator;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
+  std::string address;  // as registered with the coordinator
+  Gang gang;
 
   // The open streams, for heartbeats (sessions served, memory) and for closing a session.
   struct Open {
@@ -74,6 +77,7 @@ struct Server::Impl final : proto::Worker::Service {
     if (auto st = proto::check_version(hello.protocol_version(), "the client", "kiln-worker");
         !st.ok())
       return st;
+    std::shared_future<absl::Status> gang_ready;
     SessionOptions so{.worker_id = opt.worker_id,
                       .device = opt.device,
                       .memory_limit_bytes = opt.memory_limit_bytes,
@@ -88,6 +92,9 @@ struct Server::Impl final : proto::Worker::Service {
       if (!info.ok()) return info.status();
       so.rank = info->rank();
       so.world_size = info->world_size() > 0 ? info->world_size() : 1;
+      if (so.world_size > 1)  // Note [Gang process group]
+        gang_ready = gang.join(*coordinator, hello.session_id(), so.rank, so.world_size,
+                               address.substr(0, address.rfind(':')), opt.device);
     }
     worker::Session session(so);
     {
@@ -130,6 +137,10 @@ struct Server::Impl final : proto::Worker::Service {
       if (!msg.has_batch())
         return absl::InvalidArgumentError(msg.has_hello() ? "Hello sent twice on one stream"
                                                            : "empty client message");
+      if (gang_ready.valid()) {  // the first batch waits for the gang's process group
+        if (absl::Status st = gang_ready.get(); !st.ok()) return st;
+        gang_ready = {};
+      }
       absl::Status st = session.run(msg.batch(), reply);
       uint64_t n = session.instructions_run(), m = session.memory_in_use_bytes();
       metrics->add_instructions(n - instructions);
@@ -184,8 +195,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   if (!opt.coordinator.empty()) {
     proto::RegisterWorkerRequest req;
     req.set_worker_id(opt.worker_id);
-    req.set_address(opt.advertise.empty() ? reachable_address(opt.listen, impl->port)
-                                          : opt.advertise);
+    impl->address =
+        opt.advertise.empty() ? reachable_address(opt.listen, impl->port) : opt.advertise;
+    req.set_address(impl->address);
     req.set_device(opt.device.str());
     req.set_memory_limit_bytes(opt.memory_limit_bytes);
     Impl* self = impl.get();
@@ -211,11 +223,12 @@ const std::string& Server::worker_id() const { return impl_->opt.worker_id; }
 
 void Server::shutdown(std::chrono::milliseconds deadline) {
   if (!impl_->server) return;
-  impl_->coordinator.reset();  // stop heartbeats: the coordinator sees us go
   if (auto* health = impl_->server->GetHealthCheckService()) health->SetServingStatus(false);
   impl_->server->Shutdown(std::chrono::system_clock::now() + deadline);
   impl_->server->Wait();
   impl_->server.reset();
+  impl_->gang.leave();         // its rendezvous may still use the coordinator link
+  impl_->coordinator.reset();  // stops the heartbeats
 }
 
 }  // namespace kiln::worker
