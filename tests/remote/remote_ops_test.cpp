@@ -105,6 +105,13 @@ TEST_F(RemoteOps, MixedDevicesRaiseNamingBoth) {
   expect_close(down(r + from_vector<float>({2}, {})), down(r) + 2.0);
 }
 
+TEST_F(RemoteOps, UploadChecksShapesAtOnce) {
+  Tensor r = up(random({2, 3}));
+  EXPECT_THROW(r.copy_(random({4})), Error);
+  r.copy_(from_vector<float>({1, 2, 3}, {3}));  // broadcasts, as on CPU
+  expect_close(down(r), from_vector<float>({1, 2, 3, 1, 2, 3}, {2, 3}));
+}
+
 TEST_F(RemoteOps, PrintingFetches) {
   Tensor r = up(from_vector<float>({1, 2}, {2}));
   EXPECT_EQ(r.repr(), "tensor([1., 2.], device='" + dev.str() + "')");
