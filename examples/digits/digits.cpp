@@ -10,6 +10,11 @@
 // step, so the run takes the steps of single-process training on batches N times as large
 // (`digits --batch-size 64` for two ranks of 32) and prints the same losses within float32
 // tolerance. Rank 0 prints and sets the exit status. Flags: --epochs E (both models), --batch-size B, --mlp-only.
+//
+// Remote: `digits --remote HOST:PORT` (or KILN_REMOTE=HOST:PORT) trains on a kiln-worker (or a
+// coordinator's session): the client records every op, the worker runs them, same accuracy.
+// `--remote COORDINATOR --workers N` trains data-parallel on a gang of N workers: one recorded
+// program, each worker a 1/N share of every batch, gradients averaged over the gang.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/client/session.h"
 #include "kiln/data/dataloader.h"
 #include "kiln/data/numpy.h"
 #include "kiln/data/sampler.h"
@@ -40,7 +46,13 @@ struct Flags {
   int epochs = 0;  // 0: each model's default
   int64_t batch_size = digits::kBatchSize;
   bool mlp_only = false;
+  std::string remote;  // a worker or coordinator address; "" trains here
+  int workers = 1;     // remote workers (a gang when > 1)
 };
+
+// Where the models train: the CPU, or the remote session's device.
+Device g_device = kCPU;
+client::Session g_session;
 
 // The default group when launched with WORLD_SIZE > 1, else null (single process).
 dist::ProcessGroupPtr g_group;
@@ -85,7 +97,9 @@ double fit(const std::string& name, nn::ModulePtr model, const Split& s,
     sizes.insert(sizes.end(), shape.begin(), shape.end());
     return x.reshape(sizes);
   };
-  Tensor x_test = shaped(s.x_test);
+  Tensor x_test = shaped(s.x_test).to(std::nullopt, g_device);
+  Tensor y_test = s.y_test.to(std::nullopt, g_device);
+  model->to(g_device);
   auto dataset =
       std::make_shared<data::TensorDataset>(std::vector<Tensor>{shaped(s.x_train), s.y_train});
   data::DataLoaderOptions options{.batch_size = batch_size, .shuffle = true, .seed = kSeed};
@@ -102,18 +116,23 @@ double fit(const std::string& name, nn::ModulePtr model, const Split& s,
   auto start = std::chrono::steady_clock::now();
   double acc = 0;
   for (int epoch = 1; epoch <= epochs; ++epoch) {
-    Tensor loss_sum = zeros({1});
+    Tensor loss_sum = zeros({1}, std::nullopt, g_device);
     int64_t batches = 0;
     for (const data::Example& batch : loader) {
-      Tensor loss = cross_entropy(trained->forward(batch[0]), batch[1]);
+      bool gang = g_session.world_size() > 1 && batch[0].size(0) % g_session.world_size() == 0;
+      auto place = [&](const Tensor& t) {
+        return gang ? g_session.scatter(t) : t.to(std::nullopt, g_device);
+      };
+      Tensor loss = cross_entropy(trained->forward(place(batch[0])), place(batch[1]));
       opt.zero_grad();
       loss.backward();
+      if (gang) g_session.all_reduce_gradients(trained->parameters());
       opt.step();
       loss_sum.add_(loss.detach());
       ++batches;
     }
     if (g_group) g_group->all_reduce(loss_sum, dist::ReduceOp::Avg)->wait();
-    acc = accuracy(*model, x_test, s.y_test);
+    acc = accuracy(*model, x_test, y_test);
     if (is_rank0())
       std::printf("%-3s epoch %2d  train loss %.6f  held-out accuracy %.2f%%\n", name.c_str(),
                   epoch, loss_sum.item<float>() / batches, 100 * acc);
@@ -140,13 +159,16 @@ Flags parse_flags(int argc, char** argv) {
     if (a == "--epochs") f.epochs = std::stoi(value());
     else if (a == "--batch-size") f.batch_size = std::stoll(value());
     else if (a == "--mlp-only") f.mlp_only = true;
+    else if (a == "--remote") f.remote = value();
+    else if (a == "--workers") f.workers = std::stoi(value());
     else if (!a.starts_with("--") && !have_dir) f.dir = a, have_dir = true;
     else {
       std::fprintf(stderr, "digits: unknown argument '%s' (usage: digits [DIR] [--epochs E] "
-                   "[--batch-size B] [--mlp-only])\n", a.c_str());
+                   "[--batch-size B] [--mlp-only] [--remote ADDR [--workers N]])\n", a.c_str());
       std::exit(2);
     }
   }
+  if (const char* r = std::getenv("KILN_REMOTE"); r && f.remote.empty()) f.remote = r;
   return f;
 }
 
@@ -166,6 +188,10 @@ int main(int argc, char** argv) {
   }
   const char* world = std::getenv("WORLD_SIZE");
   if (world && std::atoi(world) > 1) g_group = dist::init_process_group();
+  if (!flags.remote.empty()) {
+    g_session = client::connect(flags.remote, {.workers = flags.workers});
+    g_device = g_session.device();
+  }
   Split s = split(x, y);
   if (is_rank0())
     std::printf("digits: %lld images, %lld train / %lld held out%s\n",
@@ -193,5 +219,6 @@ int main(int argc, char** argv) {
   }
   const bool reporter = is_rank0();  // the ranks agree on the accuracy: rank 0 reports it
   if (g_group) dist::destroy_process_group();
+  g_session.close();
   return ok || !reporter ? 0 : 1;
 }

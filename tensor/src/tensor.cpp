@@ -215,7 +215,7 @@ void print_rec(std::ostringstream& os, const std::vector<double>& vals, const Fo
 std::string Tensor::repr() const {
   if (!defined()) return "tensor(undefined)";
   std::ostringstream os;
-  bool meta = !device().has_data();
+  bool meta = device().type() == DeviceType::Meta;  // Remote tensors print their fetched data
   bool default_dtype = dtype() == kFloat32 || dtype() == kInt64 || dtype() == kBool;
   if (meta || numel() == 0) {
     os << "tensor(" << (meta ? "..." : "[]") << ", ";

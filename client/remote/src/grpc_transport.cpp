@@ -1,0 +1,118 @@
+// GrpcTransport: one bidirectional Worker.Session stream (proto/kiln/proto/worker.proto).
+// Writes and reads are synchronous on the caller's thread: a fetch is one write and one read,
+// the cheapest round trip the sync API has. A worker that dies closes its socket, so a blocked
+// read fails at once with UNAVAILABLE; the first failure is kept and raised by every later call.
+#include <chrono>
+
+#include "kiln/client/transport.h"
+#include "kiln/error.h"
+#include "kiln/proto/service.h"
+#include "kiln/proto/worker.grpc.pb.h"
+
+namespace kiln::client {
+
+[[noreturn]] void raise_status(const absl::Status& st, const std::string& context) {
+  ErrorKind kind = ErrorKind::Runtime;
+  if (st.code() == absl::StatusCode::kInvalidArgument) kind = ErrorKind::Value;
+  if (st.code() == absl::StatusCode::kUnimplemented) kind = ErrorKind::NotImplemented;
+  detail::throw_error(kind, absl::StatusCodeToString(st.code()) + ": " + context + ": " +
+                                std::string(st.message()));
+}
+
+namespace {
+
+class GrpcTransport final : public Transport {
+ public:
+  GrpcTransport(const std::string& address, const GrpcOptions& o) : name_(address) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
+    args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
+    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(o.connect_timeout_ms);
+    if (!channel_->WaitForConnected(deadline))
+      raise_status(absl::UnavailableError("no answer within " + std::to_string(o.connect_timeout_ms) +
+                                          " ms"),
+                   "cannot reach the kiln worker at " + address);
+    stub_ = proto::Worker::NewStub(channel_);
+    proto::add_token(ctx_, o.token);
+    stream_ = stub_->Session(&ctx_);
+
+    proto::ClientMessage hello;
+    proto::Hello* h = hello.mutable_hello();
+    h->set_protocol_version(o.protocol_version ? o.protocol_version : proto::kProtocolVersion);
+    h->set_client("kiln-cpp");
+    h->set_session_id(o.session_id);
+    h->set_rank(o.rank);
+    h->set_world_size(o.world_size);
+    proto::WorkerMessage reply;
+    if (!stream_->Write(hello) || !stream_->Read(&reply)) fail();
+    if (!reply.has_hello()) {
+      raise_status(absl::InternalError("answered Hello with " + reply.ShortDebugString()), name_);
+    }
+    device_ = reply.hello().device().empty() ? "cpu" : reply.hello().device();
+    name_ = "worker '" + reply.hello().worker_id() + "' at " + address;
+  }
+
+  ~GrpcTransport() override {
+    try {
+      close();
+    } catch (const Error&) {
+      // Destructors do not raise; a broken stream is already reported to whoever used it.
+    }
+  }
+
+  void send(proto::Batch&& batch) override {
+    if (!failed_.ok()) raise_status(failed_, name_);
+    proto::ClientMessage msg;
+    msg.mutable_batch()->Swap(&batch);
+    if (!stream_->Write(msg)) fail();
+  }
+
+  proto::WorkerMessage receive() override {
+    if (!failed_.ok()) raise_status(failed_, name_);
+    proto::WorkerMessage m;
+    if (!stream_->Read(&m)) fail();
+    return m;
+  }
+
+  const std::string& worker_device() const override { return device_; }
+  const std::string& name() const override { return name_; }
+
+  void close() override {
+    if (closed_) return;
+    closed_ = true;
+    if (!failed_.ok()) return;
+    // Nothing after the last read can matter to the client, so the stream is cancelled rather
+    // than drained: closing never waits on a slow or hung worker.
+    stream_->WritesDone();
+    ctx_.TryCancel();
+    stream_->Finish();
+  }
+
+ private:
+  // The stream broke: its status says why (the worker's refusal, or UNAVAILABLE).
+  [[noreturn]] void fail() {
+    absl::Status st = proto::from_grpc(stream_->Finish());
+    if (st.ok()) st = absl::UnavailableError("the worker ended the session");
+    failed_ = st;
+    closed_ = true;
+    raise_status(failed_, name_);
+  }
+
+  std::string name_;
+  std::string device_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::Worker::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<proto::ClientMessage, proto::WorkerMessage>> stream_;
+  absl::Status failed_;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_grpc_transport(const std::string& address, GrpcOptions options) {
+  return std::make_unique<GrpcTransport>(address, options);
+}
+
+}  // namespace kiln::client

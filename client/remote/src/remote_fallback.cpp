@@ -1,0 +1,196 @@
+// The Remote backend: one boxed fallback records any op from its schema and meta function into
+// the connection's pending Batch (DESIGN.md "The dispatcher"; Note [Remote values] in
+// kiln/client/connection.h). No per-op code, except that copy_ between a Remote tensor and a
+// tensor with data is the transfer itself (upload with Create, download with Fetch).
+#include <optional>
+
+#include "kiln/client/connection.h"
+#include "kiln/dispatcher.h"
+#include "kiln/generator.h"
+#include "kiln/worker/codec.h"
+
+namespace kiln::client {
+namespace {
+
+bool is_remote(const Tensor& t) { return t.device().type() == DeviceType::Remote; }
+
+// The remote device an op runs on: that of its first Remote tensor (or Device argument).
+Device op_device(const OperatorHandle& op, const Stack& s, size_t base) {
+  const OpInfo& info = op.info();
+  for (int i = 0; i < info.num_args; ++i) {
+    const IValue& v = s[base + i];
+    if (v.is_tensor() && v.to_tensor().defined() && is_remote(v.to_tensor()))
+      return v.to_tensor().device();
+    if (v.is_tensor_list())
+      for (const Tensor& t : v.to_tensor_list())
+        if (is_remote(t)) return t.device();
+    if (v.is<Device>() && v.get<Device>().type() == DeviceType::Remote) return v.get<Device>();
+  }
+  KILN_FAIL(Runtime, op.name(), ": the Remote backend was called without a remote tensor");
+}
+
+// Where the values an op reads live on the worker: their ids, with small CPU inputs uploaded.
+class ArgEncoder {
+ public:
+  ArgEncoder(const OperatorHandle& op, const std::shared_ptr<Connection>& conn)
+      : op_(op), conn_(conn) {}
+
+  int64_t id_of(const Tensor& t) {
+    if (t.device() == conn_->device()) return remote_value(t, op_.name()).id;
+    // PyTorch lets 0-dim CPU tensors (wrapped numbers) join a device op; anything else is a
+    // device mismatch.
+    KILN_CHECK(t.device().has_data() && t.dim() == 0, Value, op_.name(),
+               ": expected all tensors to be on the same device, but found at least two "
+               "devices, ",
+               conn_->device(), " and ", t.device());
+    int64_t id = conn_->new_id();
+    conn_->add_create(id, t);
+    uploads_.push_back(id);
+    return id;
+  }
+
+  void encode(const IValue& v, const ArgInfo& ai, proto::Argument* out) {
+    if (v.is_tensor()) {
+      out->set_value(id_of(v.to_tensor()));
+    } else if (v.is_tensor_list()) {
+      auto* ids = out->mutable_values()->mutable_ids();
+      for (const Tensor& t : v.to_tensor_list()) ids->Add(id_of(t));
+    } else if (v.is<Generator>() || std::string_view(ai.type) == "Generator?") {
+      out->mutable_attribute()->set_none(true);  // random ops send (seed, offset) instead
+    } else if (v.is<Device>() && v.get<Device>().type() == DeviceType::Remote) {
+      out->mutable_attribute()->set_device(conn_->transport().worker_device());
+    } else {
+      *out->mutable_attribute() = worker::encode_attribute(v);
+    }
+  }
+
+  // Uploaded temporaries are freed once the instruction that reads them is queued.
+  ~ArgEncoder() {
+    for (int64_t id : uploads_) conn_->release(id);
+  }
+
+ private:
+  const OperatorHandle& op_;
+  const std::shared_ptr<Connection>& conn_;
+  std::vector<int64_t> uploads_;
+};
+
+void set_rng(const OperatorHandle& op, const Stack& s, size_t base,
+             const std::vector<TensorSpec>& specs, proto::Instruction* ins) {
+  const OpInfo& info = op.info();
+  for (int i = 0; i < info.num_args; ++i) {
+    if (std::string_view(info.args[i].type) != "Generator?") continue;
+    const IValue& g = s[base + i];
+    Generator gen = g.is_none() ? default_generator() : g.get<Generator>();
+    KILN_ASSERT(!specs.empty(), op.name(), ": a random op without outputs");
+    // Reserve exactly what the eager call would (Note [Random ops in the IR]).
+    auto [seed, offset] =
+        gen.reserve(random_op_counters(info.name, numel_of(specs[0].sizes), specs[0].dtype));
+    ins->mutable_rng()->set_seed(seed);
+    ins->mutable_rng()->set_offset(offset);
+    return;
+  }
+  KILN_ASSERT(false, "random op without a Generator? argument: ", op.name());
+}
+
+// copy_(dst, src) with exactly one side Remote (or two different remote devices).
+void transfer(const OperatorHandle& op, DispatchKeySet, Stack& s) {
+  size_t base = s.size() - op.info().num_args;
+  Tensor dst = s[base].to_tensor();
+  Tensor src = s[base + 1].to_tensor();
+  IValue non_blocking = s[base + 2];
+  op.run_meta(s);  // shapes and dtypes checked here, not at the next read
+  if (is_remote(src)) {
+    // Download, then finish the copy where dst lives (which may itself be remote).
+    Tensor fetched = connection_for(src.device())->fetch(remote_value(src, "copy_").id);
+    Stack inner{dst, fetched, non_blocking};
+    if (is_remote(dst)) {
+      transfer(op, DispatchKeySet(), inner);
+    } else {
+      op.redispatch_boxed(DispatchKeySet(backend_key(dst.device().type())), inner);
+    }
+  } else {
+    auto conn = connection_for(dst.device());
+    std::lock_guard<std::mutex> lock(conn->mutex());
+    conn->check_open();
+    int64_t tmp = conn->new_id();
+    conn->add_create(tmp, src);
+    proto::Instruction* ins = conn->add_instruction();
+    ins->set_seq(conn->new_seq());
+    ins->set_op("copy_");
+    ins->add_args()->set_value(remote_value(dst, "copy_").id);
+    ins->add_args()->set_value(tmp);
+    *ins->add_args()->mutable_attribute() = worker::encode_attribute(non_blocking);
+    ins->add_outputs(remote_value(dst, "copy_").id);
+    conn->release(tmp);
+    conn->maybe_flush();
+  }
+  dst.impl()->bump_version();
+  s.erase(s.end() - op.info().num_args, s.end());
+  s.emplace_back(dst);
+}
+
+void remote_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& s) {
+  const OpInfo& info = op.info();
+  size_t base = s.size() - info.num_args;
+  if (std::string_view(info.name) == "copy_") {
+    const Tensor& dst = s[base].to_tensor();
+    const Tensor& src = s[base + 1].to_tensor();
+    if (dst.device() != src.device()) return transfer(op, ks, s);
+  }
+  std::shared_ptr<Connection> conn = connection_for(op_device(op, s, base));
+  std::vector<TensorSpec> specs = op.run_meta(s);
+
+  std::lock_guard<std::mutex> lock(conn->mutex());
+  conn->check_open();
+  std::vector<Tensor> outs;
+  {
+    ArgEncoder enc(op, conn);
+    // Built aside and queued last: uploads of its CPU inputs must precede it in the batch.
+    proto::Instruction instruction;
+    proto::Instruction* ins = &instruction;
+    ins->set_seq(conn->new_seq());
+    if (CallSiteFn site = call_site_provider()) conn->note_call_site(ins->seq(), site());
+    ins->set_op(info.name);
+    for (int i = 0; i < info.num_args; ++i) enc.encode(s[base + i], info.args[i], ins->add_args());
+    if (info.is_random) set_rng(op, s, base, specs, ins);
+    outs.reserve(specs.size());
+    for (const TensorSpec& spec : specs) {
+      if (spec.alias_of >= 0 && !info.is_view) {
+        // In-place and out=: the result is the argument itself; the worker re-binds its id.
+        Tensor t = s[base + spec.alias_of].to_tensor();
+        if (info.is_out && t.sizes() != spec.sizes.ref()) t.impl()->resize(spec.sizes);
+        ins->add_outputs(remote_value(t, info.name).id);
+        outs.push_back(std::move(t));
+        continue;
+      }
+      int64_t id = conn->new_id();
+      ins->add_outputs(id);
+      if (spec.alias_of >= 0) {
+        // A view shares its base's storage here, as the worker's view shares the base's data.
+        const Tensor& b = s[base + spec.alias_of].to_tensor();
+        auto impl = TensorImpl::make(b.impl()->storage(), b.dtype(), spec.sizes, spec.strides,
+                                     spec.offset);
+        impl->set_backend_handle(std::make_shared<RemoteValue>(conn, id));
+        outs.emplace_back(std::move(impl));
+      } else {
+        outs.push_back(make_remote_tensor(conn, id, spec.dtype, spec.sizes, spec.strides,
+                                          spec.offset));
+      }
+    }
+    if (info.is_inplace && s[base].is_tensor()) s[base].to_tensor().impl()->bump_version();
+    conn->add_instruction()->Swap(ins);
+  }
+  conn->maybe_flush();
+  s.erase(s.end() - info.num_args, s.end());
+  if (info.returns_list) {
+    s.emplace_back(std::move(outs));
+  } else {
+    for (Tensor& t : outs) s.emplace_back(std::move(t));
+  }
+}
+
+KILN_LIBRARY(Remote, m) { m.fallback(&remote_fallback); }
+
+}  // namespace
+}  // namespace kiln::client
