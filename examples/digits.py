@@ -9,6 +9,11 @@ Data-parallel under `kiln run --nproc N` (WORLD_SIZE set): each rank trains a
 DistributedDataParallel replica on its DistributedSampler share, --batch-size images per rank, so
 N ranks of batch B print the losses of `kiln run --nproc 1 ... --batch-size N*B` within float32
 tolerance. Rank 0 prints and sets the exit status. Flags: --epochs E, --batch-size B, --mlp-only.
+
+Remote: `--remote ADDR` (a kiln-worker or coordinator, "inproc" for embedded workers) trains on
+workers: the client records every op, the workers run them, same accuracy. With `--workers N`
+each batch is split across N model replicas (kiln.Session.scatter) whose gradients are averaged
+(all_reduce_gradients) before the optimizers step.
 """
 import os
 import sys
@@ -67,9 +72,11 @@ def accuracy(model, x, y):
     return correct / y.shape[0]
 
 
-def fit(name, model, data, shape, epochs, lr, batch_size=BATCH_SIZE):
+def fit(name, model, data, shape, epochs, lr, batch_size=BATCH_SIZE, session=None):
     x_train, y_train, x_test, y_test = data
     x_train, x_test = x_train.reshape([-1, *shape]), x_test.reshape([-1, *shape])
+    if session is not None:
+        x_test, y_test = x_test.to(session.device), y_test.to(session.device)
     dataset = TensorDataset(x_train, y_train)
     distributed = dist.is_initialized()
     if distributed:
@@ -80,20 +87,29 @@ def fit(name, model, data, shape, epochs, lr, batch_size=BATCH_SIZE):
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=True,
                             generator=kiln.Generator().manual_seed(SEED))
         trained = model
+    # One replica per remote worker (the first is `model` itself), each fed its share of a batch.
+    replicas = session.replicate(trained) if session is not None else [trained]
+    shard = session.scatter if session is not None else lambda t: [t]
     rank0 = not distributed or dist.get_rank() == 0
-    opt = kiln.optim.AdamW(trained.parameters(), lr=lr, weight_decay=1e-4)
+    opts = [kiln.optim.AdamW(r.parameters(), lr=lr, weight_decay=1e-4) for r in replicas]
     start = time.perf_counter()
     acc = 0.0
     for epoch in range(1, epochs + 1):
         if distributed:
             sampler.set_epoch(epoch - 1)
-        loss_sum, batches = kiln.zeros(()), 0
+        loss_sum, batches = kiln.zeros((), device=x_test.device), 0
         for xb, yb in loader:
-            loss = nn.functional.cross_entropy(trained(xb), yb)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            loss_sum += loss.detach()
+            losses = []
+            for replica, opt, x, y in zip(replicas, opts, shard(xb), shard(yb)):
+                loss = nn.functional.cross_entropy(replica(x), y)
+                opt.zero_grad()
+                loss.backward()
+                losses.append(loss)
+            if session is not None:
+                session.all_reduce_gradients(replicas)
+            for opt in opts:
+                opt.step()
+            loss_sum += losses[0].detach()  # rank 0's share when the batch is split
             batches += 1
         if distributed:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
@@ -114,6 +130,8 @@ def main(argv):
     ap.add_argument("--epochs", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     ap.add_argument("--mlp-only", action="store_true")
+    ap.add_argument("--remote", metavar="ADDR", help="a kiln-worker or coordinator; inproc: embedded")
+    ap.add_argument("--workers", type=int, default=1, help="remote workers (data-parallel)")
     args = ap.parse_args(argv[1:])
     data_dir = args.data_dir
     try:
@@ -126,6 +144,7 @@ def main(argv):
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("ucx")
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    session = kiln.connect(args.remote, workers=args.workers) if args.remote else None
     data = split(x, y)
     if rank0:
         print(f"digits: {x.shape[0]} images, {data[1].shape[0]} train / {data[3].shape[0]} held out")
@@ -136,12 +155,14 @@ def main(argv):
                                            ("cnn", cnn, (1, 8, 8), 20, CNN_LR)):
         if args.mlp_only and name != "mlp":
             continue
-        if fit(name, model, data, shape, args.epochs or epochs, lr, args.batch_size) < 0.95:
+        if fit(name, model, data, shape, args.epochs or epochs, lr, args.batch_size, session) < 0.95:
             if rank0:
                 print(f"{name}: FAILED, held-out accuracy below 95%")
             ok = False
     if dist.is_initialized():
         dist.destroy_process_group()
+    if session is not None:
+        session.close()
     return 0 if ok or not rank0 else 1
 
 
