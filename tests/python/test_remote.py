@@ -1,0 +1,137 @@
+"""kiln.connect on embedded workers ("inproc"): remote ops equal eager ones, an MLP training
+step equals eager to 1e-6, reads raise remote errors naming the op and the recording line, and
+data-parallel helpers (scatter, all_reduce_gradients) average as one big batch would."""
+import inspect
+
+import numpy as np
+import pytest
+
+import kiln
+import kiln.nn as nn
+
+
+@pytest.fixture
+def session():
+    with kiln.connect("inproc") as s:
+        yield s
+
+
+def _close(a, b, tol=1e-6):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+
+
+def test_session_basics(session):
+    assert session.world_size == 1
+    assert session.device.type == "remote"
+    assert session.devices == [session.device]
+    assert session.session_id == ""
+    assert "world_size=1" in repr(session)
+
+
+def test_ops_equal_eager(session):
+    kiln.manual_seed(0)
+    a, b = kiln.randn(4, 5), kiln.randn(5, 3)
+    ra, rb = a.to(session.device), b.to(session.device)
+    cases = [
+        (lambda x, y: x @ y, (a, b), (ra, rb)),
+        (lambda x, y: (x * 2 + 1).relu().sum(1), (a, b), (ra, rb)),
+        (lambda x, y: x.softmax(-1).mean(0), (a, b), (ra, rb)),
+        (lambda x, y: x.t()[1:3, ::2].contiguous(), (a, b), (ra, rb)),
+        (lambda x, y: kiln.cat([x, x.exp()], 0).max(0).values, (a, b), (ra, rb)),
+        (lambda x, y: x[kiln.tensor([3, 0]).to(x.device)].argmax(1), (a, b), (ra, rb)),
+    ]
+    for f, eager_args, remote_args in cases:
+        want = f(*eager_args)
+        got = f(*remote_args)
+        assert got.device == session.device
+        assert got.shape == want.shape and got.dtype == want.dtype
+        _close(got.numpy(), want.numpy())
+    # In place on a remote tensor, then every kind of read.
+    r = ra.clone()
+    r.add_(1).mul_(2)
+    want = (a + 1) * 2
+    _close(r.to("cpu").numpy(), want.numpy())
+    _close(r.tolist(), want.tolist())
+    assert r[0, 0].item() == pytest.approx(want[0, 0].item())
+    assert "device='remote:" in repr(r) and repr(want)[7:20] in repr(r)
+
+
+def test_mlp_step_equals_eager(session):
+    kiln.manual_seed(1)
+    eager = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    remote = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    remote.load_state_dict(eager.state_dict())
+    remote.to(session.device)
+    x, y = kiln.randn(6, 8), kiln.tensor([0, 1, 2, 0, 1, 2])
+    opt_e = kiln.optim.AdamW(eager.parameters(), lr=1e-2)
+    opt_r = kiln.optim.AdamW(remote.parameters(), lr=1e-2)
+    for _ in range(2):
+        losses = []
+        for model, opt, dev in ((eager, opt_e, None), (remote, opt_r, session.device)):
+            xb, yb = (x, y) if dev is None else (x.to(dev), y.to(dev))
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        _close(losses[1], losses[0])
+    for pe, pr in zip(eager.parameters(), remote.parameters()):
+        assert pr.device == session.device
+        _close(pr.detach().numpy(), pe.detach().numpy())
+
+
+def test_error_at_read_names_op_and_line(session):
+    r = kiln.arange(6.0).reshape(2, 3).to(session.device)
+    line = inspect.currentframe().f_lineno + 1
+    bad = kiln.index_select(r, 0, kiln.tensor([5]).to(session.device))
+    downstream = (bad * 2).sum()  # poisoned: raises the original error
+    with pytest.raises(IndexError) as e:
+        downstream.item()
+    msg = str(e.value)
+    assert "index_select" in msg and f"test_remote.py:{line} in test_error_at_read" in msg, msg
+    assert "INVALID_ARGUMENT" in msg and "out of bounds" in msg, msg
+    # Independent work goes on; sync reports the first failure since the last sync.
+    assert r.sum().item() == 15.0
+    with pytest.raises(IndexError, match="index_select"):
+        session.sync()
+    session.sync()
+
+
+def test_close_ends_the_session():
+    s = kiln.connect("inproc")
+    r = kiln.ones(3).to(s.device)
+    with s:
+        assert r.sum().item() == 3.0
+    s.close()  # idempotent
+    with pytest.raises(Exception, match="closed|remote"):
+        (r + 1).item()
+
+
+def test_connect_errors():
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        kiln.connect("inproc", workers=0)
+
+
+def test_data_parallel_inproc_matches_one_batch():
+    kiln.manual_seed(2)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    ref = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    ref.load_state_dict(model.state_dict())
+    x, y = kiln.randn(10, 4), kiln.tensor([0, 1] * 5)
+    nn.functional.cross_entropy(ref(x), y).backward()
+    with kiln.connect("inproc", workers=2) as s:
+        assert s.world_size == 2 and len(set(map(str, s.devices))) == 2
+        replicas = s.replicate(model)
+        assert replicas[0] is model
+        xs, ys = s.scatter(x), s.scatter(y)
+        assert [t.shape[0] for t in xs] == [5, 5] and xs[1].device == s.devices[1]
+        for m, xr, yr in zip(replicas, xs, ys):
+            nn.functional.cross_entropy(m(xr), yr).backward()
+        s.all_reduce_gradients(replicas)
+        for m in replicas:
+            for p, q in zip(m.parameters(), ref.parameters()):
+                _close(p.grad.numpy(), q.grad.numpy())
+        with pytest.raises(ValueError, match="one per worker"):
+            s.all_reduce_gradients(replicas[:1])
+        with pytest.raises(ValueError, match="fewer than"):
+            s.scatter(kiln.ones(1))
