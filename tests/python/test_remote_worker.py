@@ -1,0 +1,105 @@
+"""kiln.connect against a real kiln-worker process on loopback (started here with --listen
+127.0.0.1:0 --port-file, killed at the end; skipped when the binary was not built): digits.py
+--remote trains to >= 95%, and a killed worker makes the next read raise UNAVAILABLE quickly."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import kiln
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The build tree's package is build/python/kiln; the daemon is build/bin/kiln-worker.
+BUILD = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__))))
+WORKER = os.environ.get("KILN_WORKER_BIN", os.path.join(BUILD, "bin", "kiln-worker"))
+
+pytestmark = pytest.mark.skipif(not os.access(WORKER, os.X_OK),
+                                reason=f"kiln-worker not built ({WORKER})")
+
+
+def start_worker(tmp_path, name="w"):
+    """A kiln-worker on a free loopback port; returns (process, "127.0.0.1:PORT")."""
+    port_file = tmp_path / f"{name}.port"
+    p = subprocess.Popen([WORKER, "--listen", "127.0.0.1:0", "--port-file", str(port_file),
+                          "--worker-id", name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if port_file.exists() and port_file.read_text().strip():
+            return p, f"127.0.0.1:{int(port_file.read_text().strip())}"
+        if p.poll() is not None:
+            raise RuntimeError(f"kiln-worker exited with {p.returncode}: {p.stderr.read().decode()}")
+        time.sleep(0.02)
+    p.kill()
+    p.wait()
+    raise RuntimeError("kiln-worker did not write its port file within 20 s")
+
+
+def stop(p):
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def worker(tmp_path):
+    p, address = start_worker(tmp_path)
+    yield p, address
+    stop(p)
+
+
+def digits_data(tmp_path):
+    data = os.path.join(ROOT, "build", "data", "digits")
+    if not os.path.exists(os.path.join(data, "y.npy")):
+        data = str(tmp_path / "digits")
+        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits", "export_digits.py"),
+                        data], check=True, timeout=300)
+    return data
+
+
+def test_ops_on_worker(worker):
+    _, address = worker
+    with kiln.connect(address) as s:
+        assert s.world_size == 1 and s.device.type == "remote"
+        a = kiln.arange(12.0).reshape(3, 4)
+        r = a.to(s.device)
+        assert ((r @ r.t()).numpy() == (a @ a.t()).numpy()).all()
+        with pytest.raises(IndexError, match=r"index_select.*test_remote_worker\.py:\d+"):
+            kiln.index_select(r, 0, kiln.tensor([7]).to(s.device)).sum().item()
+        with pytest.raises(IndexError, match="index_select"):  # the first failure since the last sync
+            s.sync()
+        s.sync()
+
+
+def test_digits_remote(worker, tmp_path):
+    _, address = worker
+    data = digits_data(tmp_path)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits.py"), data,
+                        "--remote", address, "--mlp-only", "--epochs", "12"],
+                       capture_output=True, text=True, env=os.environ, timeout=500)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("mlp: held-out accuracy"))
+    assert float(line.split()[3].rstrip("%")) >= 95.0, line
+
+
+def test_killed_worker_raises_unavailable(tmp_path):
+    p, address = start_worker(tmp_path, "doomed")
+    try:
+        s = kiln.connect(address)
+        r = kiln.ones(4, 4).to(s.device)
+        assert (r * 2).sum().item() == 32.0
+        p.kill()
+        p.wait()
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="UNAVAILABLE"):
+            (r + 1).sum().item()
+        assert time.monotonic() - start < 5.0
+        s.close()  # closing a dead session does not hang or raise
+    finally:
+        stop(p)
