@@ -13,6 +13,8 @@
 //
 // Remote: `digits --remote HOST:PORT` (or KILN_REMOTE=HOST:PORT) trains on a kiln-worker (or a
 // coordinator's session): the client records every op, the worker runs them, same accuracy.
+// `--remote COORDINATOR --workers N` trains data-parallel on a gang of N workers: one recorded
+// program, each worker a 1/N share of every batch, gradients averaged over the gang.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -45,10 +47,12 @@ struct Flags {
   int64_t batch_size = digits::kBatchSize;
   bool mlp_only = false;
   std::string remote;  // a worker or coordinator address; "" trains here
+  int workers = 1;     // remote workers (a gang when > 1)
 };
 
 // Where the models train: the CPU, or the remote session's device.
 Device g_device = kCPU;
+client::Session g_session;
 
 // The default group when launched with WORLD_SIZE > 1, else null (single process).
 dist::ProcessGroupPtr g_group;
@@ -115,10 +119,14 @@ double fit(const std::string& name, nn::ModulePtr model, const Split& s,
     Tensor loss_sum = zeros({1}, std::nullopt, g_device);
     int64_t batches = 0;
     for (const data::Example& batch : loader) {
-      Tensor loss = cross_entropy(trained->forward(batch[0].to(std::nullopt, g_device)),
-                                  batch[1].to(std::nullopt, g_device));
+      bool gang = g_session.world_size() > 1 && batch[0].size(0) % g_session.world_size() == 0;
+      auto place = [&](const Tensor& t) {
+        return gang ? g_session.scatter(t) : t.to(std::nullopt, g_device);
+      };
+      Tensor loss = cross_entropy(trained->forward(place(batch[0])), place(batch[1]));
       opt.zero_grad();
       loss.backward();
+      if (gang) g_session.all_reduce_gradients(trained->parameters());
       opt.step();
       loss_sum.add_(loss.detach());
       ++batches;
@@ -152,10 +160,11 @@ Flags parse_flags(int argc, char** argv) {
     else if (a == "--batch-size") f.batch_size = std::stoll(value());
     else if (a == "--mlp-only") f.mlp_only = true;
     else if (a == "--remote") f.remote = value();
+    else if (a == "--workers") f.workers = std::stoi(value());
     else if (!a.starts_with("--") && !have_dir) f.dir = a, have_dir = true;
     else {
       std::fprintf(stderr, "digits: unknown argument '%s' (usage: digits [DIR] [--epochs E] "
-                   "[--batch-size B] [--mlp-only] [--remote ADDR])\n", a.c_str());
+                   "[--batch-size B] [--mlp-only] [--remote ADDR [--workers N]])\n", a.c_str());
       std::exit(2);
     }
   }
@@ -179,10 +188,9 @@ int main(int argc, char** argv) {
   }
   const char* world = std::getenv("WORLD_SIZE");
   if (world && std::atoi(world) > 1) g_group = dist::init_process_group();
-  client::Session session;
   if (!flags.remote.empty()) {
-    session = client::connect(flags.remote);
-    g_device = session.device();
+    g_session = client::connect(flags.remote, {.workers = flags.workers});
+    g_device = g_session.device();
   }
   Split s = split(x, y);
   if (is_rank0())
@@ -211,6 +219,6 @@ int main(int argc, char** argv) {
   }
   const bool reporter = is_rank0();  // the ranks agree on the accuracy: rank 0 reports it
   if (g_group) dist::destroy_process_group();
-  session.close();
+  g_session.close();
   return ok || !reporter ? 0 : 1;
 }

@@ -5,9 +5,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <condition_variable>
+#include <map>
 #include <mutex>
 
 #include "kiln/client/session.h"
+#include "kiln/nn/nn.h"
+#include "kiln/optim/optimizers.h"
 #include "kiln/proto/coordinator.grpc.pb.h"
 #include "kiln/proto/service.h"
 #include "test_util.h"
@@ -52,6 +55,7 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     for (int r = 0; r < req->workers(); ++r) {
       info->add_worker_addresses(workers[r].address());
       info->add_worker_ids(workers[r].worker_id());
+      session_workers.push_back(workers[r].worker_id());
     }
     return grpc::Status::OK;
   }
@@ -61,9 +65,27 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     if (req->session_id() != "sess-1")
       return grpc::Status(grpc::StatusCode::NOT_FOUND, "no session " + req->session_id());
     info->set_session_id(req->session_id());
-    info->set_world_size(1);
-    info->set_rank(0);
-    info->add_worker_ids(req->worker_id());
+    for (size_t r = 0; r < session_workers.size(); ++r) {
+      info->add_worker_ids(session_workers[r]);
+      if (session_workers[r] == req->worker_id()) info->set_rank(static_cast<int>(r));
+    }
+    info->set_world_size(static_cast<int>(session_workers.size()));
+    return grpc::Status::OK;
+  }
+  // The gang's rendezvous: set, and get waiting up to wait_ms.
+  grpc::Status Store(grpc::ServerContext*, const proto::StoreRequest* req,
+                     proto::StoreReply* reply) override {
+    std::unique_lock<std::mutex> lock(mu);
+    std::string key = req->session_id() + "/" + req->key();
+    if (req->op() == "set") {
+      store[key] = req->value();
+      cv.notify_all();
+      return grpc::Status::OK;
+    }
+    if (!cv.wait_for(lock, std::chrono::milliseconds(req->wait_ms()),
+                     [&] { return store.count(key) > 0; }))
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, key);
+    reply->set_value(store[key]);
     return grpc::Status::OK;
   }
   grpc::Status CloseSession(grpc::ServerContext*, const proto::CloseSessionRequest* req,
@@ -78,6 +100,8 @@ class FakeCoordinator final : public proto::Coordinator::Service {
   std::vector<proto::RegisterWorkerRequest> workers;
   std::vector<proto::OpenSessionRequest> opened;
   std::vector<std::string> closed;
+  std::vector<std::string> session_workers;  // of sess-1, rank order
+  std::map<std::string, std::string> store;
 
  private:
   int port_ = 0;
@@ -97,6 +121,40 @@ TEST(RemoteCoordinator, ConnectOpensAndClosesASession) {
   ASSERT_EQ(coord.opened.size(), 1u);
   EXPECT_EQ(coord.opened[0].protocol_version(), proto::kProtocolVersion);
   EXPECT_EQ(coord.closed, std::vector<std::string>{"sess-1"});
+}
+
+// Data-parallel training with one program for two workers: each gets half the batch, the
+// gradients are averaged over the gang's process group, and the step equals the full-batch
+// step on the CPU.
+TEST(RemoteCoordinator, TwoWorkersTrainDataParallel) {
+  FakeCoordinator coord;
+  WorkerProcess w0({"--coordinator", coord.address(), "--worker-id", "w0"});
+  WorkerProcess w1({"--coordinator", coord.address(), "--worker-id", "w1"});
+  auto s = client::connect(coord.address(), {.workers = 2, .connect_timeout_ms = 10000});
+  ASSERT_EQ(s.world_size(), 2);
+  auto make = [] {
+    manual_seed(5);
+    return std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+        std::make_shared<nn::Linear>(6, 8), std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Linear>(8, 3)});
+  };
+  Tensor x = random({8, 6}, kFloat32, -1, 1, 9);
+  Tensor y = from_vector<int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+  auto cpu = make();
+  optim::SGD cpu_opt(cpu->parameters(), {.lr = 0.5});
+  nn::functional::cross_entropy(cpu->forward(x), y).backward();
+  cpu_opt.step();
+
+  auto net = make();
+  net->to(s.device());
+  optim::SGD opt(net->parameters(), {.lr = 0.5});
+  nn::functional::cross_entropy(net->forward(s.scatter(x)), s.scatter(y)).backward();
+  s.all_reduce_gradients(net->parameters());
+  opt.step();
+  auto want = cpu->parameters(), got = net->parameters();
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_close(got[i].to(std::nullopt, Device(kCPU)), want[i], 1e-5, 1e-6);
+  s.sync();
 }
 
 TEST(RemoteCoordinator, ConnectWithoutAddressReadsTheEnvironment) {

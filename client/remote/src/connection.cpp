@@ -24,15 +24,20 @@ proto::Instruction* Connection::add_instruction() {
   return pending_.add_commands()->mutable_op();
 }
 
-void Connection::add_create(int64_t id, const Tensor& t) {
-  std::vector<proto::TensorData> pieces = worker::encode_tensor(t);
-  for (proto::TensorData& p : pieces) {
-    pending_bytes_ += p.data().size();
-    proto::Create* c = pending_.add_commands()->mutable_create();
+size_t append_create(proto::Batch& batch, int64_t id, const Tensor& t) {
+  size_t bytes = 0;
+  for (proto::TensorData& p : worker::encode_tensor(t)) {
+    bytes += p.data().size();
+    proto::Create* c = batch.add_commands()->mutable_create();
     c->set_id(id);
     c->set_wrapped_number(t.impl()->is_wrapped_number());
     *c->mutable_data() = std::move(p);
   }
+  return bytes;
+}
+
+void Connection::add_create(int64_t id, const Tensor& t) {
+  pending_bytes_ += append_create(pending_, id, t);
 }
 
 void Connection::maybe_flush() {

@@ -5,25 +5,25 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "kiln/generated/ops.h"
 #include "kiln/proto/coordinator.grpc.pb.h"
 #include "kiln/proto/service.h"
 
 namespace kiln::client {
 
 struct Session::State {
-  std::vector<std::shared_ptr<Connection>> conns;
+  std::shared_ptr<Connection> conn;
+  int world_size = 1;
   std::string session_id;
   std::string coordinator;  // "" unless the session came from a coordinator
   std::string token;
   bool closed = false;
 
   void close() {
-    if (closed) return;
+    if (closed || !conn) return;  // (no conn: connect() failed half-way)
     closed = true;
-    for (auto& c : conns) {
-      c->close();
-      unregister_connection(c->device());
-    }
+    conn->close();
+    unregister_connection(conn->device());
     if (coordinator.empty()) return;
     // Best effort: the coordinator also ends sessions whose client stopped renewing them.
     auto stub = proto::Coordinator::NewStub(
@@ -45,14 +45,48 @@ struct Session::State {
   }
 };
 
-Device Session::device(int rank) const { return connection(rank).device(); }
-
-int Session::world_size() const { return state_ ? static_cast<int>(state_->conns.size()) : 0; }
-
-void Session::sync() const {
-  KILN_CHECK(state_ != nullptr, Value, "sync() on a Session that was never connected");
-  for (auto& c : state_->conns) c->sync();
+Connection& Session::connection() const {
+  KILN_CHECK(state_ != nullptr, Value, "a Session that was never connected has no device");
+  return *state_->conn;
 }
+
+Device Session::device() const { return connection().device(); }
+
+int Session::world_size() const { return state_ ? state_->world_size : 0; }
+
+Tensor Session::scatter(const Tensor& t) const {
+  Connection& c = connection();
+  auto* gang = dynamic_cast<GangTransport*>(&c.transport());
+  if (!gang) return t.to(std::nullopt, c.device());
+  int n = gang->world_size();
+  KILN_CHECK(t.device().has_data(), Value, "scatter: expected a tensor with data, got one on ",
+             t.device());
+  KILN_CHECK(t.dim() >= 1 && t.size(0) % n == 0, Value, "scatter: dim 0 of a tensor of shape ",
+             t.sizes(), " does not split into ", n, " equal shards");
+  int64_t rows = t.size(0) / n;
+  std::lock_guard<std::mutex> lock(c.mutex());
+  c.check_open();
+  c.flush_locked();  // everything recorded before the scatter runs before its Creates
+  int64_t id = c.new_id();
+  for (int r = 0; r < n; ++r) {
+    proto::Batch b;
+    append_create(b, id, t.slice(0, r * rows, (r + 1) * rows));
+    gang->send_to(r, std::move(b));
+  }
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  sizes[0] = rows;
+  return make_remote_tensor(state_->conn, id, t.dtype(), sizes, contiguous_strides(sizes), 0);
+}
+
+void Session::all_reduce_gradients(const std::vector<Tensor>& params) const {
+  if (world_size() <= 1) return;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (g.defined()) g.copy_(kiln::all_reduce(g, "avg", "world"));
+  }
+}
+
+void Session::sync() const { connection().sync(); }
 
 void Session::close() const {
   if (state_) state_->close();
@@ -61,13 +95,6 @@ void Session::close() const {
 const std::string& Session::session_id() const {
   static const std::string none;
   return state_ ? state_->session_id : none;
-}
-
-Connection& Session::connection(int rank) const {
-  KILN_CHECK(state_ != nullptr, Value, "a Session that was never connected has no devices");
-  KILN_CHECK(rank >= 0 && rank < world_size(), Index, "rank ", rank, " is out of range for a session of ",
-             world_size(), " worker(s)");
-  return *state_->conns[rank];
 }
 
 namespace {
@@ -98,6 +125,12 @@ std::optional<proto::SessionInfo> open_session(const std::string& address,
   return info;
 }
 
+// One connection over the ranks' transports: the transport itself, or a gang of them.
+std::shared_ptr<Connection> open_ranks(std::vector<std::unique_ptr<Transport>> ranks) {
+  if (ranks.size() == 1) return open_connection(std::move(ranks[0]));
+  return open_connection(std::make_unique<GangTransport>(std::move(ranks)));
+}
+
 }  // namespace
 
 Session connect(const std::string& address_in, ConnectOptions o) {
@@ -115,21 +148,26 @@ Session connect(const std::string& address_in, ConnectOptions o) {
   s.state_->token = token;
   GrpcOptions g{.token = token, .connect_timeout_ms = o.connect_timeout_ms};
   std::optional<proto::SessionInfo> info = open_session(address, o, token);
+  std::vector<std::unique_ptr<Transport>> ranks;
   if (!info) {
     KILN_CHECK(o.workers == 1, Value, "connect(): ", address,
                " is a worker, not a coordinator; a direct connection has one worker, not ",
                o.workers);
-    s.state_->conns.push_back(open_connection(make_grpc_transport(address, g)));
-    return s;
+    ranks.push_back(make_grpc_transport(address, g));
+  } else {
+    s.state_->coordinator = address;
+    s.state_->session_id = info->session_id();
+    g.session_id = info->session_id();
+    g.world_size = info->worker_addresses_size();
+    for (int r = 0; r < info->worker_addresses_size(); ++r) {
+      g.rank = r;
+      ranks.push_back(make_grpc_transport(info->worker_addresses(r), g));
+    }
+    KILN_CHECK(!ranks.empty(), Runtime, "the coordinator at ", address,
+               " opened session '", info->session_id(), "' without workers");
   }
-  s.state_->coordinator = address;
-  s.state_->session_id = info->session_id();
-  g.session_id = info->session_id();
-  g.world_size = info->worker_addresses_size();
-  for (int r = 0; r < info->worker_addresses_size(); ++r) {
-    g.rank = r;
-    s.state_->conns.push_back(open_connection(make_grpc_transport(info->worker_addresses(r), g)));
-  }
+  s.state_->world_size = static_cast<int>(ranks.size());
+  s.state_->conn = open_ranks(std::move(ranks));
   return s;
 }
 
@@ -138,13 +176,16 @@ Session connect_in_process(int workers, worker::SessionOptions options) {
   Session s;
   s.state_ = std::make_shared<Session::State>();
   std::string base = options.worker_id;
+  std::vector<std::unique_ptr<Transport>> ranks;
   for (int r = 0; r < workers; ++r) {
     worker::SessionOptions w = options;
     w.rank = r;
     w.world_size = workers;
     if (workers > 1) w.worker_id = base + std::to_string(r);
-    s.state_->conns.push_back(open_connection(std::make_unique<InProcessTransport>(w)));
+    ranks.push_back(std::make_unique<InProcessTransport>(w));
   }
+  s.state_->world_size = workers;
+  s.state_->conn = open_ranks(std::move(ranks));
   return s;
 }
 

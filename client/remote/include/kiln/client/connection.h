@@ -57,7 +57,8 @@ class Connection {
   void add_create(int64_t id, const Tensor& t);
   // Flushes when the batch is full.
   void maybe_flush();
-  void flush();
+  void flush_locked();  // sends the pending batch now
+  void flush();         // as flush_locked, taking the mutex
   // ---- Reads (take the mutex themselves) ----
   Tensor fetch(int64_t id);  // a CPU tensor with the value's sizes
   void sync();
@@ -68,7 +69,6 @@ class Connection {
   void check_open() const;
 
  private:
-  void flush_locked();
   [[noreturn]] void raise_remote(const proto::Error& e) const;
 
   std::unique_ptr<Transport> transport_;
@@ -84,6 +84,9 @@ class Connection {
   std::vector<int64_t> to_free_;
   std::atomic<bool> closed_{false};
 };
+
+// Appends the Create commands of value `id` holding `t` (pieces of at most kChunkBytes).
+size_t append_create(proto::Batch& batch, int64_t id, const Tensor& t);
 
 // The call site of the op being recorded, for remote errors (Note [Call sites]); nullptr: none.
 using CallSiteFn = std::string (*)();

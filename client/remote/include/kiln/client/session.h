@@ -33,16 +33,23 @@ struct ConnectOptions {
 class Session {
  public:
   Session() = default;
-  // The device of the worker of `rank`: Device(Remote, N).
-  Device device(int rank = 0) const;
+  // The session's device, Device(Remote, N): with several workers, every op recorded on it
+  // runs on each of them (Note [Gangs] in kiln/client/transport.h).
+  Device device() const;
   int world_size() const;
+  // `t` split along dim 0 into world_size() equal shards, shard r on rank r (a data-parallel
+  // batch); the result has the shard's shape. With one worker: t.to(device()).
+  Tensor scatter(const Tensor& t) const;
+  // Averages every defined .grad of `params` over the workers (the all_reduce of data-parallel
+  // training, recorded as an op on the gang's process group "world"); nothing with one worker.
+  void all_reduce_gradients(const std::vector<Tensor>& params) const;
   // Runs everything recorded so far on every worker; raises the first remote error.
   void sync() const;
   // Flushes, frees the session's workers (CloseSession at a coordinator); later ops on its
   // tensors raise. Idempotent; also done when the last copy of the Session dies.
   void close() const;
   const std::string& session_id() const;
-  Connection& connection(int rank = 0) const;
+  Connection& connection() const;
 
  private:
   friend Session connect(const std::string&, ConnectOptions);
@@ -52,7 +59,8 @@ class Session {
 };
 
 Session connect(const std::string& address = "", ConnectOptions options = {});
-// `workers` embedded workers (in-process transports), for tests and single-process use.
+// `workers` embedded workers (in-process transports), for tests and single-process use. They
+// form a gang without a process group: collectives need real workers from a coordinator.
 Session connect_in_process(int workers = 1, worker::SessionOptions options = {});
 
 }  // namespace kiln::client

@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <absl/status/status.h>
 
@@ -51,6 +52,28 @@ class InProcessTransport final : public Transport {
   std::string name_;
   std::vector<proto::WorkerMessage> replies_;  // not yet received, oldest first
   size_t next_ = 0;
+};
+
+// Note [Gangs]: a session of N workers is one device; every recorded op runs on every worker
+// (one SPMD program, DESIGN.md "Execution", distributed) with the same value ids. The gang
+// transport sends each Batch to every rank, except that a Fetch goes to rank 0 only (a
+// replicated value is the same everywhere; a sharded one reads rank 0's shard). A Sync's reply
+// merges the ranks' replies: the first error of any rank, named by its rank. Per-rank data
+// (scatter) goes through send_to.
+class GangTransport final : public Transport {
+ public:
+  explicit GangTransport(std::vector<std::unique_ptr<Transport>> ranks);
+  void send(proto::Batch&& batch) override;
+  proto::WorkerMessage receive() override;
+  void send_to(int rank, proto::Batch&& batch) { ranks_.at(rank)->send(std::move(batch)); }
+  int world_size() const { return static_cast<int>(ranks_.size()); }
+  const std::string& worker_device() const override { return ranks_[0]->worker_device(); }
+  const std::string& name() const override { return name_; }
+  void close() override;
+
+ private:
+  std::vector<std::unique_ptr<Transport>> ranks_;
+  std::string name_;
 };
 
 struct GrpcOptions {
