@@ -10,10 +10,10 @@ DistributedDataParallel replica on its DistributedSampler share, --batch-size im
 N ranks of batch B print the losses of `kiln run --nproc 1 ... --batch-size N*B` within float32
 tolerance. Rank 0 prints and sets the exit status. Flags: --epochs E, --batch-size B, --mlp-only.
 
-Remote: `--remote ADDR` (a kiln-worker or coordinator, "inproc" for embedded workers) trains on
-workers: the client records every op, the workers run them, same accuracy. With `--workers N`
-each batch is split across N model replicas (kiln.Session.scatter) whose gradients are averaged
-(all_reduce_gradients) before the optimizers step.
+Remote: `--remote ADDR` (a kiln-worker or coordinator; "inproc": an embedded worker) trains on
+a worker: the client records every op, the worker runs them, same accuracy. `--remote
+COORDINATOR --workers N` trains data-parallel on a gang of N workers: one recorded program, each
+worker a 1/N share of every batch (kiln.Session.scatter), gradients averaged over the gang.
 """
 import os
 import sys
@@ -87,11 +87,10 @@ def fit(name, model, data, shape, epochs, lr, batch_size=BATCH_SIZE, session=Non
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=True,
                             generator=kiln.Generator().manual_seed(SEED))
         trained = model
-    # One replica per remote worker (the first is `model` itself), each fed its share of a batch.
-    replicas = session.replicate(trained) if session is not None else [trained]
-    shard = session.scatter if session is not None else lambda t: [t]
+    if session is not None:
+        model.to(session.device)
     rank0 = not distributed or dist.get_rank() == 0
-    opts = [kiln.optim.AdamW(r.parameters(), lr=lr, weight_decay=1e-4) for r in replicas]
+    opt = kiln.optim.AdamW(trained.parameters(), lr=lr, weight_decay=1e-4)
     start = time.perf_counter()
     acc = 0.0
     for epoch in range(1, epochs + 1):
@@ -99,17 +98,19 @@ def fit(name, model, data, shape, epochs, lr, batch_size=BATCH_SIZE, session=Non
             sampler.set_epoch(epoch - 1)
         loss_sum, batches = kiln.zeros((), device=x_test.device), 0
         for xb, yb in loader:
-            losses = []
-            for replica, opt, x, y in zip(replicas, opts, shard(xb), shard(yb)):
-                loss = nn.functional.cross_entropy(replica(x), y)
-                opt.zero_grad()
-                loss.backward()
-                losses.append(loss)
+            # On a gang, each worker takes its share of a batch that splits evenly (else all of it).
+            n = session.world_size if session is not None else 1
+            gang = n > 1 and xb.shape[0] % n == 0
             if session is not None:
-                session.all_reduce_gradients(replicas)
-            for opt in opts:
-                opt.step()
-            loss_sum += losses[0].detach()  # rank 0's share when the batch is split
+                xb, yb = (session.scatter(xb), session.scatter(yb)) if gang else \
+                    (xb.to(session.device), yb.to(session.device))
+            loss = nn.functional.cross_entropy(trained(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            if gang:
+                session.all_reduce_gradients(trained)
+            opt.step()
+            loss_sum += loss.detach()
             batches += 1
         if distributed:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)

@@ -3,9 +3,10 @@
 // kiln/remote.py builds kiln.connect and kiln.Session on these.
 //
 //   s = _C._connect("127.0.0.1:5000", 1, "", 0)   # or "inproc"
-//   s.device(0); s.sync(); s.close()
-// Connecting, syncing, flushing and closing release the GIL: they wait on the network.
+//   s.device(); s.scatter(batch); s.all_reduce_gradients(params); s.sync(); s.close()
+// Connecting, syncing and closing release the GIL: they wait on the network.
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <string>
@@ -56,12 +57,13 @@ std::string python_call_site() {
 void bind_remote(nb::module_& m) {
   using client::Session;
   nb::class_<Session>(m, "_Session")
-      .def("device", &Session::device, nb::arg("rank") = 0)
+      .def("device", &Session::device)
       .def("world_size", &Session::world_size)
       .def("session_id", &Session::session_id)
+      // These two record (the call-site provider needs the GIL): they keep it.
+      .def("scatter", &Session::scatter, nb::arg("tensor"))
+      .def("all_reduce_gradients", &Session::all_reduce_gradients, nb::arg("params"))
       .def("sync", &Session::sync, Release())
-      .def("flush", [](const Session& s, int rank) { s.connection(rank).flush(); },
-           nb::arg("rank"), Release())
       .def("close", &Session::close, Release());
 
   m.def(
