@@ -1,6 +1,8 @@
-"""kiln.connect against a real kiln-worker process on loopback (started here with --listen
+"""kiln.connect against real kiln-worker processes on loopback (started here with --listen
 127.0.0.1:0 --port-file, killed at the end; skipped when the binary was not built): digits.py
---remote trains to >= 95%, and a killed worker makes the next read raise UNAVAILABLE quickly."""
+--remote trains to >= 95%, and a killed worker makes the next read raise UNAVAILABLE quickly.
+With a kiln-coordinator binary (build/bin, or KILN_COORDINATOR_BIN) two registered workers
+form a gang: gradients average over it, and digits.py --workers 2 trains data-parallel."""
 import os
 import signal
 import subprocess
@@ -15,26 +17,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The build tree's package is build/python/kiln; the daemon is build/bin/kiln-worker.
 BUILD = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__))))
 WORKER = os.environ.get("KILN_WORKER_BIN", os.path.join(BUILD, "bin", "kiln-worker"))
+COORDINATOR = os.environ.get("KILN_COORDINATOR_BIN", os.path.join(BUILD, "bin", "kiln-coordinator"))
 
 pytestmark = pytest.mark.skipif(not os.access(WORKER, os.X_OK),
                                 reason=f"kiln-worker not built ({WORKER})")
 
 
-def start_worker(tmp_path, name="w"):
+def start_worker(tmp_path, name="w", extra=()):
     """A kiln-worker on a free loopback port; returns (process, "127.0.0.1:PORT")."""
+    return start_daemon(tmp_path, name, [WORKER, "--worker-id", name, *extra])
+
+
+def start_daemon(tmp_path, name, argv):
     port_file = tmp_path / f"{name}.port"
-    p = subprocess.Popen([WORKER, "--listen", "127.0.0.1:0", "--port-file", str(port_file),
-                          "--worker-id", name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    p = subprocess.Popen([*argv, "--listen", "127.0.0.1:0", "--port-file", str(port_file)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if port_file.exists() and port_file.read_text().strip():
             return p, f"127.0.0.1:{int(port_file.read_text().strip())}"
         if p.poll() is not None:
-            raise RuntimeError(f"kiln-worker exited with {p.returncode}: {p.stderr.read().decode()}")
+            raise RuntimeError(f"{name} exited with {p.returncode}: {p.stderr.read().decode()}")
         time.sleep(0.02)
     p.kill()
     p.wait()
-    raise RuntimeError("kiln-worker did not write its port file within 20 s")
+    raise RuntimeError(f"{name} did not write its port file within 20 s")
 
 
 def stop(p):
@@ -103,3 +110,42 @@ def test_killed_worker_raises_unavailable(tmp_path):
         s.close()  # closing a dead session does not hang or raise
     finally:
         stop(p)
+
+
+@pytest.fixture
+def gang(tmp_path):
+    """A kiln-coordinator with two registered workers; yields the coordinator's address."""
+    if not os.access(COORDINATOR, os.X_OK):
+        pytest.skip(f"kiln-coordinator not built ({COORDINATOR})")
+    procs = []
+    try:
+        c, address = start_daemon(tmp_path, "coordinator",
+                                  [COORDINATOR, "--state", str(tmp_path / "state.db")])
+        procs.append(c)
+        for r in range(2):
+            procs.append(start_worker(tmp_path, f"g{r}", ["--coordinator", address])[0])
+        yield address
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+def test_gang_averages_gradients(gang):
+    with kiln.connect(gang, workers=2, wait_ms=10000) as s:
+        assert s.world_size == 2 and s.session_id
+        x = kiln.arange(8.0).reshape(4, 2)
+        w = kiln.ones(2).to(s.device).requires_grad_()
+        (s.scatter(x) * w).sum().backward()  # rank 0: rows 0-1, rank 1: rows 2-3
+        s.all_reduce_gradients([w])
+        assert w.grad.tolist() == [6.0, 8.0]  # the mean of [2, 4] and [10, 12]
+        s.sync()
+
+
+def test_digits_remote_gang(gang, tmp_path):
+    data = digits_data(tmp_path)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits.py"), data,
+                        "--remote", gang, "--workers", "2", "--mlp-only", "--epochs", "12"],
+                       capture_output=True, text=True, env=os.environ, timeout=500)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("mlp: held-out accuracy"))
+    assert float(line.split()[3].rstrip("%")) >= 95.0, line
