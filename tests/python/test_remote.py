@@ -106,9 +106,13 @@ def test_close_ends_the_session():
         (r + 1).item()
 
 
-def test_connect_errors():
+def test_connect_errors(monkeypatch):
     with pytest.raises(ValueError, match="workers must be >= 1"):
         kiln.connect("inproc", workers=0)
+    monkeypatch.delenv("KILN_SESSION", raising=False)
+    monkeypatch.delenv("KILN_COORDINATOR", raising=False)
+    with pytest.raises(ValueError, match="no address given"):
+        kiln.connect()
 
 
 def test_gang_inproc_scatter_and_one_program():

@@ -84,6 +84,20 @@ def test_ops_on_worker(worker):
         s.sync()
 
 
+def test_token(tmp_path, monkeypatch):
+    monkeypatch.delenv("KILN_TOKEN", raising=False)
+    p, address = start_worker(tmp_path, "guarded", ["--token", "s3cret"])
+    try:
+        with pytest.raises(RuntimeError, match="UNAUTHENTICATED"):
+            kiln.connect(address)
+        with pytest.raises(RuntimeError, match="UNAUTHENTICATED"):
+            kiln.connect(address, token="wrong")
+        with kiln.connect(address, token="s3cret") as s:
+            assert (kiln.ones(2).to(s.device) * 3).tolist() == [3.0, 3.0]
+    finally:
+        stop(p)
+
+
 def test_digits_remote(worker, tmp_path):
     _, address = worker
     data = digits_data(tmp_path)
