@@ -33,12 +33,13 @@ std::string python_call_site() {
   while (f != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(f);
     const char* file = PyUnicode_AsUTF8(code->co_filename);
-    if (file != nullptr && (g_package_prefix.empty() ||
-                            std::strncmp(file, g_package_prefix.data(), g_package_prefix.size()) != 0)) {
+    if (file != nullptr &&
+        (g_package_prefix.empty() ||
+         std::strncmp(file, g_package_prefix.data(), g_package_prefix.size()) != 0)) {
       const char* slash = std::strrchr(file, '/');
       const char* name = PyUnicode_AsUTF8(code->co_name);
-      site = std::string(slash ? slash + 1 : file) + ":" + std::to_string(PyFrame_GetLineNumber(f)) +
-             " in " + (name ? name : "?");
+      site = std::string(slash ? slash + 1 : file) + ":" +
+             std::to_string(PyFrame_GetLineNumber(f)) + " in " + (name ? name : "?");
       Py_DECREF(code);
       Py_DECREF(f);
       break;
