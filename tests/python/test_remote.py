@@ -96,6 +96,17 @@ def test_error_at_read_names_op_and_line(session):
     session.sync()
 
 
+def test_error_in_module_names_the_callers_line(session):
+    emb = nn.Embedding(4, 3).to(session.device)
+    idx = kiln.tensor([1, 9]).to(session.device)
+    line = inspect.currentframe().f_lineno + 1
+    out = emb(idx).sum()  # recorded inside kiln/nn: the error names this line, not the package's
+    with pytest.raises(IndexError) as e:
+        out.item()
+    assert f"test_remote.py:{line} in test_error_in_module" in str(e.value), str(e.value)
+    assert "embedding" in str(e.value)
+
+
 def test_close_ends_the_session():
     s = kiln.connect("inproc")
     r = kiln.ones(3).to(s.device)

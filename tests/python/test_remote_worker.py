@@ -82,6 +82,8 @@ def test_ops_on_worker(worker):
         with pytest.raises(IndexError, match="index_select"):  # the first failure since the last sync
             s.sync()
         s.sync()
+    with pytest.raises(ValueError, match="is a worker, not a coordinator"):
+        kiln.connect(address, workers=2)
 
 
 def test_token(tmp_path, monkeypatch):
