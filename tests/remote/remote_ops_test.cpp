@@ -105,6 +105,13 @@ TEST_F(RemoteOps, MixedDevicesRaiseNamingBoth) {
   expect_close(down(r + from_vector<float>({2}, {})), down(r) + 2.0);
 }
 
+TEST_F(RemoteOps, UploadChecksShapesAtOnce) {
+  Tensor r = up(random({2, 3}));
+  EXPECT_THROW(r.copy_(random({4})), Error);
+  r.copy_(from_vector<float>({1, 2, 3}, {3}));  // broadcasts, as on CPU
+  expect_close(down(r), from_vector<float>({1, 2, 3, 1, 2, 3}, {2, 3}));
+}
+
 TEST_F(RemoteOps, PrintingFetches) {
   Tensor r = up(from_vector<float>({1, 2}, {2}));
   EXPECT_EQ(r.repr(), "tensor([1., 2.], device='" + dev.str() + "')");
@@ -160,38 +167,6 @@ TEST_F(RemoteOps, ClosedSessionRefusesOps) {
   Tensor r = up(random({2}));
   s.close();
   EXPECT_THROW((void)(r + r), Error);
-}
-
-}  // namespace
-}  // namespace kiln::testing
-
-namespace kiln::testing {
-namespace {
-
-// Two embedded workers as one device (Note [Gangs]): ops run on both, fetches read rank 0.
-TEST(RemoteGang, ScatterRunsEveryOpOnEveryRank) {
-  auto s = client::connect_in_process(2, {.worker_id = "g"});
-  EXPECT_EQ(s.world_size(), 2);
-  Tensor x = random({4, 3});
-  Tensor shard = s.scatter(x);
-  EXPECT_EQ(shard.sizes(), IntArrayRef({2, 3}));
-  Tensor w = random({3, 2});
-  Tensor y = shard.matmul(w.to(std::nullopt, s.device())).relu();
-  expect_close(y.to(std::nullopt, Device(kCPU)), x.slice(0, 0, 2).matmul(w).relu());
-  s.sync();
-  EXPECT_THROW(s.scatter(random({3, 2})), Error);  // 3 rows do not split in 2
-}
-
-TEST(RemoteGang, SyncNamesTheFailingRank) {
-  auto s = client::connect_in_process(2, {.worker_id = "g"});
-  Tensor idx = s.scatter(from_vector<int64_t>({0, 9}, {2}));  // rank 1's index is out of range
-  Tensor picked = kiln::index_select(random({3}).to(std::nullopt, s.device()), 0, idx);
-  try {
-    s.sync();
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace

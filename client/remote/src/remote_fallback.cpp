@@ -99,6 +99,7 @@ void transfer(const OperatorHandle& op, DispatchKeySet, Stack& s) {
   Tensor dst = s[base].to_tensor();
   Tensor src = s[base + 1].to_tensor();
   IValue non_blocking = s[base + 2];
+  op.run_meta(s);  // shapes and dtypes checked here, not at the next read
   if (is_remote(src)) {
     // Download, then finish the copy where dst lives (which may itself be remote).
     Tensor fetched = connection_for(src.device())->fetch(remote_value(src, "copy_").id);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <map>
 
 #include "kiln/generated/ops.h"
 #include "kiln/proto/coordinator.grpc.pb.h"
@@ -80,9 +81,20 @@ Tensor Session::scatter(const Tensor& t) const {
 
 void Session::all_reduce_gradients(const std::vector<Tensor>& params) const {
   if (world_size() <= 1) return;
-  for (const Tensor& p : params) {
-    Tensor g = p.grad();
-    if (g.defined()) g.copy_(kiln::all_reduce(g, "avg", "world"));
+  // One collective per dtype over the flattened gradients (DDP's buckets): a collective is a
+  // rendezvous of every worker, so fewer is much faster than one per parameter.
+  std::map<ScalarType, std::vector<Tensor>> by_dtype;
+  for (const Tensor& p : params)
+    if (Tensor g = p.grad(); g.defined()) by_dtype[g.dtype()].push_back(g);
+  for (auto& [dtype, grads] : by_dtype) {
+    std::vector<Tensor> flat;
+    for (const Tensor& g : grads) flat.push_back(g.reshape({-1}));
+    Tensor sum = kiln::all_reduce(kiln::cat(flat), "avg", "world");
+    int64_t at = 0;
+    for (const Tensor& g : grads) {
+      g.copy_(sum.slice(0, at, at + g.numel()).view(g.sizes()));
+      at += g.numel();
+    }
   }
 }
 
