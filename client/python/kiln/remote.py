@@ -77,6 +77,11 @@ class Session:
         workers; nothing with one worker."""
         if hasattr(params, "parameters"):
             params = params.parameters()
+        if self.world_size > 1 and not self.session_id:
+            # Refused here: the failed collective would poison the gradients, and an in-place
+            # optimizer step that reads them would silently not run.
+            raise RuntimeError("all_reduce_gradients: embedded workers have no process group; "
+                               "a data-parallel gang needs kiln.connect(COORDINATOR, workers=N)")
         self._s.all_reduce_gradients(list(params))
 
 
