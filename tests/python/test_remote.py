@@ -152,3 +152,18 @@ def test_one_worker_data_parallel_helpers_are_plain(session):
     session.all_reduce_gradients([w])  # nothing to average over
     _close(w.grad.numpy(), [6.0, 9.0])
     session.all_reduce_gradients(nn.Linear(2, 2))  # a Module is accepted too
+
+
+@pytest.mark.xfail(reason="worker: an op whose outputs are mutated list arguments (`-> ()`, "
+                   "e.g. _fused_adamw_) skips on a poisoned input without poisoning them")
+def test_step_on_poisoned_gradient_poisons_parameters(session):
+    p = kiln.zeros(2).to(session.device).requires_grad_()
+    opt = kiln.optim.AdamW([p], lr=0.1)
+    (p * 1).sum().backward()
+    bad = kiln.index_select(kiln.ones(2).to(session.device), 0,
+                            kiln.tensor([0, 7]).to(session.device))
+    with kiln.no_grad():
+        p.grad.copy_(bad)
+    opt.step()
+    with pytest.raises(IndexError, match="index_select"):
+        p.tolist()
