@@ -54,6 +54,13 @@ TEST(RemoteGrpc, MlpStepEqualsCpu) {
   s.close();
 }
 
+TEST(RemoteGrpc, LargeTensorsRoundTrip) {
+  WorkerProcess w;
+  auto s = client::connect(w.address());
+  Tensor a = random({5 << 18});  // 5 MiB: several messages each way
+  expect_close((a.to(std::nullopt, s.device()) + 1.0).to(std::nullopt, Device(kCPU)), a + 1.0, 0, 0);
+}
+
 TEST(RemoteGrpc, KilledWorkerIsUnavailableWithinSeconds) {
   WorkerProcess w;
   auto s = client::connect(w.address());

@@ -33,6 +33,11 @@ TEST_F(RemoteOps, DeviceAndRoundTrip) {
   EXPECT_EQ(up(from_vector<float>({2.5f}, {1})).item<float>(), 2.5f);
 }
 
+TEST_F(RemoteOps, LargeTensorsTravelInPieces) {
+  Tensor a = random({3 << 18});  // 3 MiB of float32: several kChunkBytes pieces each way
+  expect_close(down(up(a) * 2.0), a * 2.0, 0, 0);
+}
+
 TEST_F(RemoteOps, PointwiseMatmulReductionsEqualCpu) {
   Tensor a = random({4, 6}), b = random({4, 6}), w = random({6, 3});
   Tensor ra = up(a), rb = up(b), rw = up(w);

@@ -223,7 +223,7 @@ TEST(WorkerServer, HealthCheckServing) {
             std::string("\x08\x01", 2));
 }
 
-std::string http_get(int port, const std::string& path) {
+std::string http_get(int port, const std::string& path, const std::string& headers = "") {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -233,7 +233,7 @@ std::string http_get(int port, const std::string& path) {
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   std::string out;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n" + headers + "\r\n";
     (void)!write(fd, req.data(), req.size());
     char buf[4096];
     for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
@@ -242,17 +242,30 @@ std::string http_get(int port, const std::string& path) {
   return out;
 }
 
+int metrics_port(const Daemon& d) {
+  std::string err = d.stderr_text();
+  auto at = err.find("metrics on port ");
+  EXPECT_NE(at, std::string::npos) << err;
+  return at == std::string::npos ? 0 : std::stoi(err.substr(at + 16));
+}
+
 TEST(WorkerServer, PrometheusMetrics) {
   auto d = start({"--metrics-listen", "127.0.0.1:0"});
   expect_session_works(d->address());
-  std::string err = d->stderr_text();
-  auto at = err.find("metrics on port ");
-  ASSERT_NE(at, std::string::npos) << err;
-  int port = std::stoi(err.substr(at + 16));
-  std::string text = http_get(port, "/metrics");
+  std::string text = http_get(metrics_port(*d), "/metrics");
   EXPECT_NE(text.find("kiln_worker_instructions_total 1"), std::string::npos) << text;
   EXPECT_NE(text.find("kiln_worker_memory_in_use_bytes 0"), std::string::npos) << text;
   EXPECT_NE(text.find("kiln_worker_step_seconds_bucket"), std::string::npos) << text;
+}
+
+// With a token, /metrics wants HTTP basic auth whose password is the token.
+TEST(WorkerServer, MetricsNeedTheTokenWhenOneIsSet) {
+  auto d = start({"--metrics-listen", "127.0.0.1:0", "--token", "s3cret"});
+  int port = metrics_port(*d);
+  EXPECT_NE(http_get(port, "/metrics").find(" 401 "), std::string::npos);
+  std::string ok = http_get(port, "/metrics", "Authorization: Basic a2lsbjpzM2NyZXQ=\r\n");  // kiln:s3cret
+  EXPECT_NE(ok.find(" 200 "), std::string::npos) << ok;
+  EXPECT_NE(ok.find("kiln_worker_instructions_total"), std::string::npos) << ok;
 }
 
 TEST(WorkerServer, SigtermDrainsAndExitsZero) {
@@ -264,6 +277,47 @@ TEST(WorkerServer, SigtermDrainsAndExitsZero) {
   kill(d->pid(), SIGTERM);
   EXPECT_EQ(d->wait_exit(std::chrono::seconds(5)), 0) << d->stderr_text();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+// Not a benchmark, a floor: one-element adds streamed in batches of 1000 (as the Remote backend
+// batches them) through gRPC, each batch freeing the previous batch's results. The issue's
+// target is 100,000 ops/s end to end; the bound here is loose for a busy machine.
+TEST(WorkerServer, TinyOpsThroughGrpc) {
+  auto d = start();
+  Client c(d->address());
+  c.hello();
+  ASSERT_TRUE(c.read());
+  proto::Batch init = add_and_fetch(ones({1}), ones({1}));
+  init.mutable_commands()->DeleteSubrange(2, 3);  // keep the two creates
+  ASSERT_TRUE(c.send(init));
+  constexpr int kOps = 100000, kPerBatch = 1000;
+  proto::Attribute one = worker::encode_attribute(IValue(Scalar(1)));
+  int64_t next = 10;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int b = 0; b < kOps / kPerBatch; ++b) {
+    proto::Batch batch;
+    proto::Free& f = *batch.add_commands()->mutable_free();
+    for (int64_t id = next - kPerBatch; b > 0 && id < next; ++id) f.add_ids(id);
+    for (int i = 0; i < kPerBatch; ++i) {
+      proto::Instruction& in = *batch.add_commands()->mutable_op();
+      in.set_seq(next);
+      in.set_op("add");
+      in.add_args()->set_value(1);
+      in.add_args()->set_value(2);
+      *in.add_args()->mutable_attribute() = one;
+      in.add_outputs(next++);
+    }
+    if (b + 1 == kOps / kPerBatch) batch.add_commands()->mutable_sync()->set_request(1);
+    ASSERT_TRUE(c.send(batch));
+  }
+  auto s = c.read();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(s && s->has_sync());
+  EXPECT_FALSE(s->sync().has_error()) << s->sync().error().message();
+  std::printf("[ info ] kiln-worker over gRPC: %.0f one-element ops/s (client building included)\n",
+              kOps / secs);
+  EXPECT_GT(kOps / secs, 10000.0);
+  EXPECT_TRUE(c.finish().ok());
 }
 
 TEST(WorkerServer, BadFlagsExitTwo) {

@@ -177,14 +177,23 @@ TEST(WorkerSession, InPlaceOpsRebindTheirInput) {
   ASSERT_TRUE(run(s, bb).status.ok());
   EXPECT_TRUE(bit_equal(fetch(s, 1), add(x, y)));
   EXPECT_EQ(s.memory_in_use_bytes(), 32u);
+  BatchBuilder out;
+  out.op("mul.out", {V(1), V(2), V(2)}, {2});
+  ASSERT_TRUE(run(s, out).status.ok());
+  EXPECT_TRUE(bit_equal(fetch(s, 2), mul(add(x, y), y)));
   // Only an op that writes that argument in place may name an input's id as its output.
-  BatchBuilder bad;
-  bad.op("add", {V(1), V(2), A(Scalar(1))}, {1});
-  Replies r = run(s, bad);
-  EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status.message().find("op 'add' (seq 1): output id 1 is already in use"),
-            std::string::npos)
-      << r.status;
+  for (auto [op, args] : std::vector<std::pair<std::string, std::vector<proto::Argument>>>{
+           {"add", {V(1), V(2), A(Scalar(1))}}, {"add_", {V(2), V(1), A(Scalar(1))}}}) {
+    Session s2({});
+    BatchBuilder bad;
+    bad.create(1, x).create(2, y);
+    bad.op(op, args, {1});
+    Replies r = run(s2, bad);
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status.message().find("op '" + op + "' (seq 1): output id 1 is already in use"),
+              std::string::npos)
+        << r.status;
+  }
 }
 
 TEST(WorkerSession, FailuresPoisonDownstreamValuesOnly) {

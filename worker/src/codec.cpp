@@ -30,6 +30,11 @@ bool same_header(const proto::TensorData& a, const proto::TensorData& b) {
   return true;
 }
 
+Tensor new_tensor(const proto::TensorData& header) {
+  DimVector sizes(IntArrayRef(header.shape().data(), static_cast<size_t>(header.shape_size())));
+  return empty_on(IntArrayRef(sizes), dtype_of(header.dtype()), kCPU);
+}
+
 }  // namespace
 
 uint64_t wire_bytes(const proto::TensorData& header) {
@@ -71,16 +76,13 @@ std::vector<proto::TensorData> encode_tensor(const Tensor& t, size_t chunk_bytes
 }
 
 void TensorAssembler::add(const proto::TensorData& piece) {
-  if (!t_) {
+  if (!started_) {
     KILN_CHECK(piece.offset() == 0, Value, "tensor data: the first piece starts at byte ",
                piece.offset(), ", expected 0");
     total_ = wire_bytes(piece);
-    ScalarType dtype = dtype_of(piece.dtype());
-    DimVector sizes(IntArrayRef(piece.shape().data(), static_cast<size_t>(piece.shape_size())));
     header_ = piece;
     header_.clear_data();
-    t_ = empty_on(IntArrayRef(sizes), dtype, kCPU);
-    received_ = 0;
+    started_ = true;
   } else {
     KILN_CHECK(same_header(piece, header_), Value, "tensor data: a piece's dtype or shape (",
                piece.dtype(), ", ", piece.shape_size(), " dims) differs from the first piece's (",
@@ -91,22 +93,36 @@ void TensorAssembler::add(const proto::TensorData& piece) {
   const std::string& d = piece.data();
   KILN_CHECK(d.size() <= total_ - received_, Value, "tensor data: piece of ", d.size(),
              " bytes at byte ", received_, " runs past the tensor's ", total_, " bytes");
-  if (t_->dtype() == kBool) {
+  if (header_.dtype() == "bool") {
     for (char c : d)
       KILN_CHECK(c == 0 || c == 1, Value, "tensor data: bool byte ", int(c), " is neither 0 nor 1");
   }
-  if (!d.empty()) std::memcpy(static_cast<char*>(t_->data_ptr()) + received_, d.data(), d.size());
+  // Memory follows the bytes received: a lone complete piece is copied into its tensor at once,
+  // several are gathered first (a header alone allocates nothing).
+  if (received_ == 0 && d.size() == total_) {
+    whole_ = new_tensor(header_);
+    if (total_) std::memcpy(whole_.data_ptr(), d.data(), total_);
+  } else {
+    if (received_ == 0) buffer_.clear();
+    buffer_.append(d);
+  }
   received_ += d.size();
 }
-
-bool TensorAssembler::complete() const { return t_.has_value() && received_ == total_; }
 
 Tensor TensorAssembler::take() {
   KILN_CHECK(complete(), Value, "tensor data: incomplete, ", received_, " of ", total_,
              " bytes received");
-  Tensor t = std::move(*t_);
-  t_.reset();
+  Tensor t = std::move(whole_);
+  if (!t.defined()) {
+    t = new_tensor(header_);
+    if (total_) std::memcpy(t.data_ptr(), buffer_.data(), total_);
+  }
+  whole_ = Tensor();
+  started_ = false;
   received_ = total_ = 0;
+  header_.Clear();
+  buffer_.clear();
+  buffer_.shrink_to_fit();
   return t;
 }
 

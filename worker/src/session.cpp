@@ -71,6 +71,7 @@ const char* code_of(const Error& e) {
 struct OpEntry {
   const OperatorHandle* op = nullptr;
   int generator_arg = -1;  // index of the `Generator?` argument, or -1
+  int written_arg = -1;    // the argument an in-place (self) or out= (out) op returns, or -1
 };
 
 struct StorageUse {
@@ -151,21 +152,15 @@ const OpEntry* lookup(State& s, const std::string& name) {
   if (it != s.ops.end()) return &it->second;
   const OperatorHandle* op = Dispatcher::get().find(name);
   if (op == nullptr) return nullptr;
-  OpEntry e{op, -1};
+  OpEntry e{op, -1, -1};
   const OpInfo& info = op->info();
-  for (int i = 0; i < info.num_args; ++i)
-    if (std::string_view(info.args[i].type) == "Generator?") e.generator_arg = i;
-  return &s.ops.emplace(name, e).first->second;
-}
-
-bool reads(const proto::Instruction& in, int64_t id) {
-  for (const proto::Argument& a : in.args()) {
-    if (a.has_value() && a.value() == id) return true;
-    if (a.has_values())
-      for (int64_t v : a.values().ids())
-        if (v == id) return true;
+  for (int i = 0; i < info.num_args; ++i) {
+    std::string_view name = info.args[i].name, type = info.args[i].type;
+    if (type == "Generator?") e.generator_arg = i;
+    if (type == "Tensor" && ((info.is_inplace && i == 0) || (info.is_out && name == "out")))
+      e.written_arg = i;
   }
-  return false;
+  return &s.ops.emplace(name, e).first->second;
 }
 
 std::string op_label(const proto::Instruction& in) {
@@ -189,16 +184,20 @@ uint64_t Session::instructions_run() const {
 }
 
 // Ends the stream (StreamError) when an output id is taken: a new id may not shadow a live value
-// except where the op writes that very argument in place (its result aliases it; it is rebound).
+// except where the op writes that very argument in place and returns it (add_'s self, add.out's
+// out): the result aliases it and is rebound.
 static void check_outputs(State& s, const proto::Instruction& in, const OpEntry* e) {
-  bool writes_in_place = e && (e->op->info().is_inplace || e->op->info().is_out);
+  int64_t written = -1;
+  if (e && e->written_arg >= 0 && e->written_arg < in.args_size() &&
+      in.args(e->written_arg).has_value())
+    written = in.args(e->written_arg).value();
   for (int k = 0; k < in.outputs_size(); ++k) {
     int64_t id = in.outputs(k);
     if (id <= 0) throw StreamError{absl::StrCat(op_label(in), ": output id ", id, " is not > 0")};
     for (int j = 0; j < k; ++j)
       if (in.outputs(j) == id)
         throw StreamError{absl::StrCat(op_label(in), ": output id ", id, " appears twice")};
-    if (s.pending.contains(id) || (s.values.contains(id) && !(writes_in_place && reads(in, id))))
+    if (s.pending.contains(id) || (s.values.contains(id) && !(k == 0 && id == written)))
       throw StreamError{absl::StrCat(op_label(in), ": output id ", id, " is already in use")};
   }
 }

@@ -13,7 +13,7 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
+#include <string>
 #include <vector>
 
 #include "kiln/ivalue.h"
@@ -32,23 +32,26 @@ std::vector<proto::TensorData> encode_tensor(const Tensor& t, size_t chunk_bytes
 // unknown dtype, a negative size or a product beyond 2^62 bytes.
 uint64_t wire_bytes(const proto::TensorData& header);
 
-// Rebuilds a CPU tensor from its pieces, in order.
+// Rebuilds a CPU tensor from its pieces, in order. Memory grows with the bytes received, not
+// with the size a header claims: a lone complete piece becomes the tensor at once, several
+// pieces gather in a buffer first.
 class TensorAssembler {
  public:
-  // Adds the next piece. The first allocates the whole tensor (check wire_bytes() first where
-  // memory is limited). ValueError when its header differs from the first piece's, its offset
+  // Adds the next piece. ValueError when its header differs from the first piece's, its offset
   // is not where the previous piece ended, it runs past the tensor's byte size, or a bool byte is
   // neither 0 nor 1.
   void add(const proto::TensorData& piece);
-  bool complete() const;  // every byte received
-  Tensor take();          // ValueError unless complete(); resets the assembler
-  bool started() const { return t_.has_value(); }
+  bool started() const { return started_; }
+  bool complete() const { return started_ && received_ == total_; }  // every byte received
+  Tensor take();  // ValueError unless complete(); resets the assembler
 
  private:
-  std::optional<Tensor> t_;
+  bool started_ = false;
   uint64_t received_ = 0;
   uint64_t total_ = 0;
-  proto::TensorData header_;  // dtype and shape of the first piece
+  proto::TensorData header_;  // dtype and shape of the first piece, no data
+  Tensor whole_;              // the tensor of a lone complete piece
+  std::string buffer_;        // the bytes so far, when they came in several pieces
 };
 
 // A non-Tensor argument (Scalar, int, float, bool, int[], ScalarType, Device, str, None).

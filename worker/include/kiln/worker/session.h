@@ -15,8 +15,21 @@
 //
 // What ends the stream instead (run() returns INVALID_ARGUMENT, the session stays usable for
 // nothing else): a command with no kind, a Create whose pieces are inconsistent, an output id
-// already in use. An unknown op name, wrong argument count or an unknown input id is the
-// instruction's own failure (poisoning, code INVALID_ARGUMENT), since the client may go on.
+// that is not > 0, repeated, or already in use. An output id may name one of the instruction's
+// own inputs only for an in-place or out= op (OpInfo is_inplace / is_out), which rebinds it;
+// views get fresh ids. An unknown op name, a wrong argument or output count, an unknown input
+// id or a kernel's error is the instruction's own failure (poisoning, code INVALID_ARGUMENT for
+// bad input), since the client may go on. A Fetch of an unknown id answers an error; Free
+// ignores unknown ids.
+//
+// Memory limit: the bytes of the distinct storages the table holds (a view costs nothing). An
+// instruction or Create that would pass the limit (checked from the op's meta function before
+// running, and from the real storages after) is dropped and its outputs poisoned with
+// RESOURCE_EXHAUSTED "worker memory limit N bytes exceeded: ...".
+//
+// Devices: Create puts a value on its `device`, or options.device when empty; a Device argument
+// "remote:N" means options.device. Random instructions replay the client's draw from a fresh
+// Generator at their (seed, offset) (Note [Random ops in the IR] in kiln/ir.h).
 #pragma once
 
 #include <cstdint>

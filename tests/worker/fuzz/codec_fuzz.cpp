@@ -1,0 +1,7 @@
+// libFuzzer harness: the codec (fuzz_entries.h). Built and run by scripts/fuzz.
+#include "fuzz_entries.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kiln::fuzz::codec(data, size);
+  return 0;
+}
