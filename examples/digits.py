@@ -9,6 +9,11 @@ Data-parallel under `kiln run --nproc N` (WORLD_SIZE set): each rank trains a
 DistributedDataParallel replica on its DistributedSampler share, --batch-size images per rank, so
 N ranks of batch B print the losses of `kiln run --nproc 1 ... --batch-size N*B` within float32
 tolerance. Rank 0 prints and sets the exit status. Flags: --epochs E, --batch-size B, --mlp-only.
+
+Remote: `--remote ADDR` (a kiln-worker or coordinator; "inproc": an embedded worker) trains on
+a worker: the client records every op, the worker runs them, same accuracy. `--remote
+COORDINATOR --workers N` trains data-parallel on a gang of N workers: one recorded program, each
+worker a 1/N share of every batch (kiln.Session.scatter), gradients averaged over the gang.
 """
 import os
 import sys
@@ -67,9 +72,11 @@ def accuracy(model, x, y):
     return correct / y.shape[0]
 
 
-def fit(name, model, data, shape, epochs, lr, batch_size=BATCH_SIZE):
+def fit(name, model, data, shape, epochs, lr, batch_size=BATCH_SIZE, session=None):
     x_train, y_train, x_test, y_test = data
     x_train, x_test = x_train.reshape([-1, *shape]), x_test.reshape([-1, *shape])
+    if session is not None:
+        x_test, y_test = x_test.to(session.device), y_test.to(session.device)
     dataset = TensorDataset(x_train, y_train)
     distributed = dist.is_initialized()
     if distributed:
@@ -80,6 +87,8 @@ def fit(name, model, data, shape, epochs, lr, batch_size=BATCH_SIZE):
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=True,
                             generator=kiln.Generator().manual_seed(SEED))
         trained = model
+    if session is not None:
+        model.to(session.device)
     rank0 = not distributed or dist.get_rank() == 0
     opt = kiln.optim.AdamW(trained.parameters(), lr=lr, weight_decay=1e-4)
     start = time.perf_counter()
@@ -87,11 +96,19 @@ def fit(name, model, data, shape, epochs, lr, batch_size=BATCH_SIZE):
     for epoch in range(1, epochs + 1):
         if distributed:
             sampler.set_epoch(epoch - 1)
-        loss_sum, batches = kiln.zeros(()), 0
+        loss_sum, batches = kiln.zeros((), device=x_test.device), 0
         for xb, yb in loader:
+            # On a gang, each worker takes its share of a batch that splits evenly (else all of it).
+            n = session.world_size if session is not None else 1
+            gang = n > 1 and xb.shape[0] % n == 0
+            if session is not None:
+                xb, yb = (session.scatter(xb), session.scatter(yb)) if gang else \
+                    (xb.to(session.device), yb.to(session.device))
             loss = nn.functional.cross_entropy(trained(xb), yb)
             opt.zero_grad()
             loss.backward()
+            if gang:
+                session.all_reduce_gradients(trained)
             opt.step()
             loss_sum += loss.detach()
             batches += 1
@@ -114,6 +131,8 @@ def main(argv):
     ap.add_argument("--epochs", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     ap.add_argument("--mlp-only", action="store_true")
+    ap.add_argument("--remote", metavar="ADDR", help="a kiln-worker or coordinator; inproc: embedded")
+    ap.add_argument("--workers", type=int, default=1, help="remote workers (data-parallel)")
     args = ap.parse_args(argv[1:])
     data_dir = args.data_dir
     try:
@@ -126,6 +145,7 @@ def main(argv):
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("ucx")
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    session = kiln.connect(args.remote, workers=args.workers) if args.remote else None
     data = split(x, y)
     if rank0:
         print(f"digits: {x.shape[0]} images, {data[1].shape[0]} train / {data[3].shape[0]} held out")
@@ -136,12 +156,14 @@ def main(argv):
                                            ("cnn", cnn, (1, 8, 8), 20, CNN_LR)):
         if args.mlp_only and name != "mlp":
             continue
-        if fit(name, model, data, shape, args.epochs or epochs, lr, args.batch_size) < 0.95:
+        if fit(name, model, data, shape, args.epochs or epochs, lr, args.batch_size, session) < 0.95:
             if rank0:
                 print(f"{name}: FAILED, held-out accuracy below 95%")
             ok = False
     if dist.is_initialized():
         dist.destroy_process_group()
+    if session is not None:
+        session.close()
     return 0 if ok or not rank0 else 1
 
 

@@ -22,3 +22,4 @@ from kiln import nn, optim, func, utils  # noqa: F401,E402
 from kiln.serialization import save, load  # noqa: F401,E402
 from kiln.amp import autocast, is_autocast_enabled, get_autocast_dtype  # noqa: F401,E402
 from kiln import distributed  # noqa: F401,E402
+from kiln.remote import connect, Session  # noqa: F401,E402

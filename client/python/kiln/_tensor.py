@@ -303,6 +303,8 @@ def _numpy(self, force=False):
                            "Use tensor.detach().numpy() instead.")
     if self.dtype is _C.bfloat16:
         raise TypeError("Got unsupported ScalarType BFloat16: NumPy has no bfloat16 (use .float() first)")
+    if self.device.type == "remote":  # a read: fetches the worker's value (kiln.connect)
+        self = self.cpu()
     return self._cpp_numpy()
 
 

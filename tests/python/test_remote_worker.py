@@ -1,0 +1,167 @@
+"""kiln.connect against real kiln-worker processes on loopback (started here with --listen
+127.0.0.1:0 --port-file, killed at the end; skipped when the binary was not built): digits.py
+--remote trains to >= 95%, and a killed worker makes the next read raise UNAVAILABLE quickly.
+With a kiln-coordinator binary (build/bin, or KILN_COORDINATOR_BIN) two registered workers
+form a gang: gradients average over it, and digits.py --workers 2 trains data-parallel."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import kiln
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The build tree's package is build/python/kiln; the daemon is build/bin/kiln-worker.
+BUILD = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__))))
+WORKER = os.environ.get("KILN_WORKER_BIN", os.path.join(BUILD, "bin", "kiln-worker"))
+COORDINATOR = os.environ.get("KILN_COORDINATOR_BIN", os.path.join(BUILD, "bin", "kiln-coordinator"))
+
+pytestmark = pytest.mark.skipif(not os.access(WORKER, os.X_OK),
+                                reason=f"kiln-worker not built ({WORKER})")
+
+
+def start_worker(tmp_path, name="w", extra=()):
+    """A kiln-worker on a free loopback port; returns (process, "127.0.0.1:PORT")."""
+    return start_daemon(tmp_path, name, [WORKER, "--worker-id", name, *extra])
+
+
+def start_daemon(tmp_path, name, argv):
+    port_file = tmp_path / f"{name}.port"
+    p = subprocess.Popen([*argv, "--listen", "127.0.0.1:0", "--port-file", str(port_file)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if port_file.exists() and port_file.read_text().strip():
+            return p, f"127.0.0.1:{int(port_file.read_text().strip())}"
+        if p.poll() is not None:
+            raise RuntimeError(f"{name} exited with {p.returncode}: {p.stderr.read().decode()}")
+        time.sleep(0.02)
+    p.kill()
+    p.wait()
+    raise RuntimeError(f"{name} did not write its port file within 20 s")
+
+
+def stop(p):
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def worker(tmp_path):
+    p, address = start_worker(tmp_path)
+    yield p, address
+    stop(p)
+
+
+def digits_data(tmp_path):
+    data = os.path.join(ROOT, "build", "data", "digits")
+    if not os.path.exists(os.path.join(data, "y.npy")):
+        data = str(tmp_path / "digits")
+        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits", "export_digits.py"),
+                        data], check=True, timeout=300)
+    return data
+
+
+def test_ops_on_worker(worker):
+    _, address = worker
+    with kiln.connect(address) as s:
+        assert s.world_size == 1 and s.device.type == "remote"
+        a = kiln.arange(12.0).reshape(3, 4)
+        r = a.to(s.device)
+        assert ((r @ r.t()).numpy() == (a @ a.t()).numpy()).all()
+        with pytest.raises(IndexError, match=r"index_select.*test_remote_worker\.py:\d+"):
+            kiln.index_select(r, 0, kiln.tensor([7]).to(s.device)).sum().item()
+        with pytest.raises(IndexError, match="index_select"):  # the first failure since the last sync
+            s.sync()
+        s.sync()
+    with pytest.raises(ValueError, match="is a worker, not a coordinator"):
+        kiln.connect(address, workers=2)
+
+
+def test_token(tmp_path, monkeypatch):
+    monkeypatch.delenv("KILN_TOKEN", raising=False)
+    p, address = start_worker(tmp_path, "guarded", ["--token", "s3cret"])
+    try:
+        with pytest.raises(RuntimeError, match="UNAUTHENTICATED"):
+            kiln.connect(address)
+        with pytest.raises(RuntimeError, match="UNAUTHENTICATED"):
+            kiln.connect(address, token="wrong")
+        with kiln.connect(address, token="s3cret") as s:
+            assert (kiln.ones(2).to(s.device) * 3).tolist() == [3.0, 3.0]
+    finally:
+        stop(p)
+
+
+def test_digits_remote(worker, tmp_path):
+    _, address = worker
+    data = digits_data(tmp_path)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits.py"), data,
+                        "--remote", address, "--mlp-only", "--epochs", "12"],
+                       capture_output=True, text=True, env=os.environ, timeout=500)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("mlp: held-out accuracy"))
+    assert float(line.split()[3].rstrip("%")) >= 95.0, line
+
+
+def test_killed_worker_raises_unavailable(tmp_path):
+    p, address = start_worker(tmp_path, "doomed")
+    try:
+        s = kiln.connect(address)
+        r = kiln.ones(4, 4).to(s.device)
+        assert (r * 2).sum().item() == 32.0
+        p.kill()
+        p.wait()
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="UNAVAILABLE"):
+            (r + 1).sum().item()
+        assert time.monotonic() - start < 5.0
+        s.close()  # closing a dead session does not hang or raise
+    finally:
+        stop(p)
+
+
+@pytest.fixture
+def gang(tmp_path):
+    """A kiln-coordinator with two registered workers; yields the coordinator's address."""
+    if not os.access(COORDINATOR, os.X_OK):
+        pytest.skip(f"kiln-coordinator not built ({COORDINATOR})")
+    procs = []
+    try:
+        c, address = start_daemon(tmp_path, "coordinator",
+                                  [COORDINATOR, "--state", str(tmp_path / "state.db")])
+        procs.append(c)
+        for r in range(2):
+            procs.append(start_worker(tmp_path, f"g{r}", ["--coordinator", address])[0])
+        yield address
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+def test_gang_averages_gradients(gang):
+    with kiln.connect(gang, workers=2, wait_ms=10000) as s:
+        assert s.world_size == 2 and s.session_id
+        x = kiln.arange(8.0).reshape(4, 2)
+        w = kiln.ones(2).to(s.device).requires_grad_()
+        (s.scatter(x) * w).sum().backward()  # rank 0: rows 0-1, rank 1: rows 2-3
+        s.all_reduce_gradients([w])
+        assert w.grad.tolist() == [6.0, 8.0]  # the mean of [2, 4] and [10, 12]
+        s.sync()
+
+
+def test_digits_remote_gang(gang, tmp_path):
+    data = digits_data(tmp_path)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits.py"), data,
+                        "--remote", gang, "--workers", "2", "--mlp-only", "--epochs", "12"],
+                       capture_output=True, text=True, env=os.environ, timeout=500)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("mlp: held-out accuracy"))
+    assert float(line.split()[3].rstrip("%")) >= 95.0, line
