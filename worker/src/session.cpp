@@ -72,6 +72,7 @@ struct OpEntry {
   const OperatorHandle* op = nullptr;
   int generator_arg = -1;  // index of the `Generator?` argument, or -1
   int written_arg = -1;    // the argument an in-place (self) or out= (out) op returns, or -1
+  std::vector<int> mutated_args;  // every argument the schema marks written (Tensor(a!), ...)
 };
 
 struct StorageUse {
@@ -152,10 +153,26 @@ const OpEntry* lookup(State& s, const std::string& name) {
   if (it != s.ops.end()) return &it->second;
   const OperatorHandle* op = Dispatcher::get().find(name);
   if (op == nullptr) return nullptr;
-  OpEntry e{op, -1, -1};
+  OpEntry e{op, -1, -1, {}};
   const OpInfo& info = op->info();
+  const std::string_view schema = info.schema;
   for (int i = 0; i < info.num_args; ++i) {
     std::string_view name = info.args[i].name, type = info.args[i].type;
+    // "Tensor(a!)[] self," or "Tensor(b!) out)": a '!' annotation before the argument's name.
+    for (size_t at = schema.find(name); at != std::string_view::npos;
+         at = schema.find(name, at + 1)) {
+      const size_t end = at + name.size();
+      if (at == 0 || schema[at - 1] != ' ' || end >= schema.size() ||
+          (schema[end] != ',' && schema[end] != ')' && schema[end] != '='))
+        continue;
+      const size_t open = schema.rfind('(', at);
+      size_t sep = schema.rfind(',', at);  // where this argument's text starts
+      if (sep == std::string_view::npos) sep = schema.find('(');
+      if (open != std::string_view::npos && open > sep && schema.substr(open, at - open).find('!') !=
+                                                               std::string_view::npos)
+        e.mutated_args.push_back(i);
+      break;
+    }
     if (type == "Generator?") e.generator_arg = i;
     if (type == "Tensor" && ((info.is_inplace && i == 0) || (info.is_out && name == "out")))
       e.written_arg = i;
@@ -327,6 +344,20 @@ static void run_instruction(State& s, const SessionOptions& opt, const proto::In
   s.stack.clear();
   s.results.clear();
   for (int64_t id : in.outputs()) bind(s, id, Tensor(), err);
+  // What the op would have written is unknown now (Note [Poisoned values]): an optimizer step
+  // skipped for a poisoned gradient poisons its parameters, so no read returns stale values.
+  if (e) {
+    auto poison = [&](int64_t id) {
+      if (s.values.contains(id)) bind(s, id, Tensor(), err);
+    };
+    for (int i : e->mutated_args) {
+      if (i >= in.args_size()) continue;
+      const proto::Argument& a = in.args(i);
+      if (a.has_value()) poison(a.value());
+      if (a.has_values())
+        for (int64_t id : a.values().ids()) poison(id);
+    }
+  }
   fail(s, err);
 }
 
@@ -365,6 +396,9 @@ static void run_create(State& s, const SessionOptions& opt, const proto::Create&
     Device d = c.device().empty() ? opt.device : Device(c.device());
     if (d.type() == DeviceType::Remote) d = opt.device;
     if (d != kCPU) t = t.to(std::nullopt, d);
+    // A wrapped number (a Python scalar become a 0-dim tensor) keeps its weak dtype in
+    // promotion, as on the client.
+    t.impl()->set_wrapped_number(c.wrapped_number());
     bind(s, id, std::move(t), nullptr);
   } catch (const Error& x) {
     s.pending.erase(id);
