@@ -145,7 +145,9 @@ def main(argv):
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("ucx")
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    session = kiln.connect(args.remote, workers=args.workers) if args.remote else None
+    # A job's driver (`kiln submit`) trains on the job's workers.
+    remote = args.remote or os.environ.get("KILN_JOB_ID")
+    session = kiln.connect(args.remote, workers=args.workers) if remote else None
     data = split(x, y)
     if rank0:
         print(f"digits: {x.shape[0]} images, {data[1].shape[0]} train / {data[3].shape[0]} held out")

@@ -14,7 +14,8 @@
 // Remote: `digits --remote HOST:PORT` (or KILN_REMOTE=HOST:PORT) trains on a kiln-worker (or a
 // coordinator's session): the client records every op, the worker runs them, same accuracy.
 // `--remote COORDINATOR --workers N` trains data-parallel on a gang of N workers: one recorded
-// program, each worker a 1/N share of every batch, gradients averaged over the gang.
+// program, each worker a 1/N share of every batch, gradients averaged over the gang. Run by
+// `kiln submit --workers N -- digits` it trains on the job's gang.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -188,7 +189,8 @@ int main(int argc, char** argv) {
   }
   const char* world = std::getenv("WORLD_SIZE");
   if (world && std::atoi(world) > 1) g_group = dist::init_process_group();
-  if (!flags.remote.empty()) {
+  // A job's driver (`kiln submit`) trains on the job's workers.
+  if (!flags.remote.empty() || std::getenv("KILN_JOB_ID")) {
     g_session = client::connect(flags.remote, {.workers = flags.workers});
     g_device = g_session.device();
   }

@@ -88,6 +88,6 @@ class Session:
 def connect(address=None, workers=1, token=None, wait_ms=0):
     """Opens a session: `address` is a kiln-worker ("host:port", then workers must be 1), a
     kiln-coordinator (a gang of `workers`; waits up to wait_ms for free ones), or "inproc"
-    (embedded workers). None: KILN_SESSION or KILN_COORDINATOR (set by `kiln submit`). The
+    (embedded workers). None: KILN_COORDINATOR (set by `kiln submit`, with KILN_JOB_ID). The
     token defaults to KILN_TOKEN."""
     return Session(_C._connect(address or "", int(workers), token or "", int(wait_ms)))

@@ -147,10 +147,9 @@ std::shared_ptr<Connection> open_ranks(std::vector<std::unique_ptr<Transport>> r
 
 Session connect(const std::string& address_in, ConnectOptions o) {
   std::string address = address_in;
-  if (address.empty()) address = env("KILN_SESSION");
-  if (address.empty()) address = env("KILN_COORDINATOR");
+  if (address.empty()) address = env("KILN_COORDINATOR");  // a job's driver (kiln submit)
   KILN_CHECK(!address.empty(), Value,
-             "connect(): no address given and neither KILN_SESSION nor KILN_COORDINATOR is set");
+             "connect(): no address given and KILN_COORDINATOR is not set");
   KILN_CHECK(o.workers >= 1, Value, "connect(): workers must be >= 1, got ", o.workers);
   if (address == "inproc") return connect_in_process(o.workers);
   std::string token = o.token.empty() ? env("KILN_TOKEN") : o.token;

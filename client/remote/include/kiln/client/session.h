@@ -10,8 +10,8 @@
 //
 // connect(address): when the address answers Coordinator.OpenSession, the session's workers are
 // used (Hello carries the session id and each worker's rank); when it answers UNIMPLEMENTED it
-// is a worker, reached directly (then workers must be 1). With no address, KILN_SESSION or
-// KILN_COORDINATOR (set by `kiln submit`, with KILN_JOB_ID) names it. The token comes from
+// is a worker, reached directly (then workers must be 1). With no address, KILN_COORDINATOR
+// (set by `kiln submit`, with KILN_JOB_ID: then the session is the job's gang) names it. The token comes from
 // ConnectOptions or KILN_TOKEN. The address "inproc" means connect_in_process(workers).
 #pragma once
 
