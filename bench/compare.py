@@ -2,7 +2,8 @@
 """Reads benchmark JSON lines on stdin and prints each Kiln figure as a ratio against the
 references measured in the same run (higher is better for Kiln; for time units the ratio is
 inverted so that > 1 still means Kiln is faster), then the Python API's targets (issue 6):
-kiln-py's dispatch against PyTorch's Python API, and kiln-py's training steps against kiln-cpp."""
+kiln-py's dispatch against PyTorch's Python API, and kiln-py's training steps against kiln-cpp;
+and the remote figures against issue 8's targets."""
 import json
 import sys
 
@@ -101,6 +102,27 @@ def main():
     if dist:
         print("\nDistributed (same run):")
         print("\n".join(dist))
+    remote = {m: r["value"] for (w, m), impls in by_key.items() if w == "remote"
+              for r in [impls.get("kiln-cpp")] if r}
+    if remote:
+        # Issue 8: absolute targets for the first two (the issue's own figures), a same-run ratio
+        # for the step.
+        out = []
+        if "tiny_ops_per_s" in remote:
+            v = remote["tiny_ops_per_s"]
+            out.append(f"  remote/tiny_ops_per_s: {v:.4g} ops/s (target >= 100000: "
+                       f"{'met' if v >= 1e5 else 'MISSED'})")
+        if "fetch_roundtrip" in remote:
+            v = remote["fetch_roundtrip"]
+            out.append(f"  remote/fetch_roundtrip: {v:.4g} us (target <= 100: "
+                       f"{'met' if v <= 100 else 'MISSED'})")
+        if "mlp_step_remote" in remote and "mlp_step_local" in remote:
+            r = remote["mlp_step_remote"] / remote["mlp_step_local"]
+            out.append(f"  remote/mlp_step_remote: {remote['mlp_step_remote']:.4g} ms vs embedded "
+                       f"{remote['mlp_step_local']:.4g} ms -> time {r:.3f}x (target <= 1.2: "
+                       f"{'met' if r <= 1.2 else 'MISSED'})")
+        print("\nRemote (client and kiln-worker on loopback, same run):")
+        print("\n".join(out))
     if lines:
         print("\nPython API (time kiln-py/ref, same run; < 1 means kiln-py is faster):")
         print("\n".join(lines))
