@@ -112,6 +112,7 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
   proto::HeartbeatReply reply;
   for (const auto& sid : req.sessions()) {
     if (sid != w.info.session_id()) reply.add_close_sessions(sid);
+    else w.session_seen = w.last_beat;
   }
   return reply;
 }
@@ -145,8 +146,25 @@ void Coordinator::reap_locked() {
   for (auto& [id, w] : workers_) {
     if (w.info.state() != "dead" && now - w.last_beat > limit) dead.push_back(&w);
   }
-  if (dead.empty()) return;
+  // Interactive sessions whose client never streamed, or went away (Options::session_idle).
+  std::vector<SessionRec*> idle;
+  for (auto& [id, s] : sessions_) {
+    if (s.state != "open" || !s.job_id.empty()) continue;
+    bool seen = false;
+    for (const auto& wid : s.worker_ids) {
+      auto w = workers_.find(wid);
+      seen |= w != workers_.end() && now - w->second.session_seen <= options_.session_idle;
+    }
+    if (!seen) idle.push_back(&s);
+  }
+  if (dead.empty() && idle.empty()) return;
   Transaction t(state_->db());
+  for (SessionRec* s : idle) {
+    const std::string why = absl::StrCat("no client streamed to session ", s->id, " for ",
+                                         options_.session_idle.count() / 1000.0, " s");
+    std::fprintf(stderr, "kiln-coordinator: %s; closed\n", why.c_str());
+    end_session_locked(*s, "closed", why);
+  }
   for (WorkerRec* w : dead) {
     const std::string why = absl::StrCat("worker ", w->info.worker_id(), " stopped heartbeating");
     std::fprintf(stderr, "kiln-coordinator: %s; marked dead\n", why.c_str());
@@ -184,6 +202,7 @@ SessionRec& Coordinator::new_session_locked(const std::vector<std::string>& work
     WorkerRec& w = workers_.at(wid);
     w.info.set_state("busy");
     w.info.set_session_id(id);
+    w.session_seen = Clock::now();
     state_->put_worker(w);
   }
   kv_[id];
@@ -240,7 +259,8 @@ absl::StatusOr<proto::SessionInfo> Coordinator::lookup_session(
     return absl::UnavailableError(absl::StrCat("session ", s.id, " failed: ", s.message));
   }
   if (s.state != "open") {
-    return absl::FailedPreconditionError(absl::StrCat("session ", s.id, " is closed"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", s.id, " is closed", s.message.empty() ? "" : ": ", s.message));
   }
   proto::SessionInfo info = session_info_locked(s);
   if (!req.worker_id().empty()) {

@@ -35,6 +35,8 @@ options:
   --tls-cert F --tls-key F   serve TLS with this certificate chain and key (PEM)
   --heartbeat-ms N      the interval workers beat at (default 1000)
   --dead-after N        missed beats before a worker is dead (default 3)
+  --session-idle-s N    close an interactive session whose workers report no client stream
+                        for N seconds (default 30): its client died or never came
   --metrics-listen ADDR serve Prometheus /metrics there
 Without a token or TLS every listener must be on loopback.
 )";
@@ -44,7 +46,7 @@ constexpr int kExitUsage = 2;
 struct Flags {
   std::string listen = "127.0.0.1:7070", port_file, state = "kiln-coordinator.db";
   std::string tokens, worker_token, tls_cert, tls_key, metrics_listen;
-  int heartbeat_ms = 1000, dead_after = 3;
+  int heartbeat_ms = 1000, dead_after = 3, session_idle_s = 30;
 };
 
 int usage_error(const std::string& msg) {
@@ -92,6 +94,8 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
       if (!to_int(f.heartbeat_ms)) return usage_error("--heartbeat-ms needs a positive integer");
     } else if (a == "--dead-after") {
       if (!to_int(f.dead_after)) return usage_error("--dead-after needs a positive integer");
+    } else if (a == "--session-idle-s") {
+      if (!to_int(f.session_idle_s)) return usage_error("--session-idle-s needs a positive integer");
     } else {
       return usage_error("unknown flag " + a);
     }
@@ -165,7 +169,8 @@ int main(int argc, char** argv) {
   auto core =
       kiln::coord::Coordinator::open({.state_path = f.state,
                                       .heartbeat = std::chrono::milliseconds(f.heartbeat_ms),
-                                      .dead_after = f.dead_after});
+                                      .dead_after = f.dead_after,
+                                      .session_idle = std::chrono::seconds(f.session_idle_s)});
   if (!core.ok()) return fail(core.status());
   kiln::coord::Metrics metrics(**core);
   std::unique_ptr<prometheus::Exposer> exposer;

@@ -30,6 +30,8 @@ struct WorkerRec {
   uint64_t memory_limit_bytes = 0;
   // Not persisted (a write per beat buys nothing): a loaded worker gets a fresh grace period.
   Clock::time_point last_beat = Clock::now();
+  // When a beat last listed its session as served (or the session began).
+  Clock::time_point session_seen = Clock::now();
 };
 
 // A gang of workers for one client or one job. "open" until closed ("closed") or until one of

@@ -149,6 +149,27 @@ TEST(Coordinator, DeadWorkerFailsItsSessionAndJob) {
   EXPECT_EQ(one->worker_ids(0), "w0");
 }
 
+TEST(Coordinator, InteractiveSessionWithoutAClientIsClosed) {
+  TempDir dir;
+  Daemon d(dir.path(), {"--heartbeat-ms", "100", "--session-idle-s", "1"});
+  FakeWorker w0(d, "w0");
+  auto s = open_session(d, 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  w0.serve(s->session_id());  // a client streams: the session stays
+  std::this_thread::sleep_for(milliseconds(2000));
+  EXPECT_EQ(worker_states(d)["w0"], "busy");
+  const auto left = Clock::now();
+  w0.serve("");  // the client died: within the idle limit (1 s) the worker is free again
+  ASSERT_TRUE(eventually([&] { return worker_states(d)["w0"] == "idle"; }));
+  EXPECT_LT(Clock::now() - left, milliseconds(4000));
+  proto::LookupSessionRequest look;
+  look.set_session_id(s->session_id());
+  proto::SessionInfo info;
+  absl::Status st = d.call(&Stub::LookupSession, look, &info);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("no client streamed"), std::string::npos) << st;
+}
+
 TEST(Coordinator, OpenSessionIsAllOrNothingAndWaits) {
   TempDir dir;
   Daemon d(dir.path());

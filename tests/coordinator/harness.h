@@ -195,6 +195,11 @@ class FakeWorker {
   }
   uint64_t epoch() const { return epoch_; }
   const std::string& id() const { return id_; }
+  // The session a client streams to, listed in the next beats ("" : none), as a real worker does.
+  void serve(const std::string& session_id) {
+    std::lock_guard lock(mu_);
+    serving_ = session_id;
+  }
 
  private:
   void beat() {
@@ -202,6 +207,10 @@ class FakeWorker {
       proto::HeartbeatRequest req;
       req.set_worker_id(id_);
       req.set_epoch(epoch_);
+      {
+        std::lock_guard lock(mu_);
+        if (!serving_.empty()) req.add_sessions(serving_);
+      }
       proto::HeartbeatReply reply;
       absl::Status st = d_.call(&Stub::Heartbeat, req, &reply, &token_);
       if (absl::IsNotFound(st)) (void)register_now();
@@ -209,6 +218,8 @@ class FakeWorker {
     }
   }
 
+  std::mutex mu_;
+  std::string serving_;
   Daemon& d_;
   std::string id_;
   std::chrono::milliseconds interval_;

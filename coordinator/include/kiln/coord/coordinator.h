@@ -36,6 +36,9 @@ struct Options {
   std::string state_path = "kiln-coordinator.db";
   std::chrono::milliseconds heartbeat{1000};  // the interval workers are told to beat at
   int dead_after = 3;                         // missed beats before a worker is dead
+  // An interactive session none of whose workers has reported a client stream for this long is
+  // closed (its client died or never came), so its workers return to the pool.
+  std::chrono::milliseconds session_idle{30000};
 };
 
 // Limits on what a client may submit (beyond them: INVALID_ARGUMENT).
