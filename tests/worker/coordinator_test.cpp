@@ -92,6 +92,28 @@ TEST(WorkerCoordinator, RegistersBeatsAndChecksSessions) {
   EXPECT_EQ(s1.rw->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
+// Note [Session credentials]: a coordinator's session id stands for the workers' token.
+TEST(WorkerCoordinator, SessionIdIsTheCredentialOfASessionsClient) {
+  FakeCoordinator fake;
+  fake.sessions = {{"s1", {"w-test"}}};
+  Daemon d(KILN_WORKER, {"--coordinator", fake.address(), "--worker-id", "w-test", "--token",
+                         "sekrit"});
+  ASSERT_TRUE(d.wait_ready()) << d.stderr_text();
+  {
+    Stream s1(d.address(), "s1");  // no token, but the coordinator's session: served
+    proto::WorkerMessage hr;
+    ASSERT_TRUE(s1.rw->Read(&hr));
+    EXPECT_EQ(hr.hello().world_size(), 1);
+  }
+  for (std::string id : {"", "s-guessed"}) {  // no token and no (valid) session: refused
+    Stream s(d.address(), id);
+    grpc::Status st = s.finish();
+    EXPECT_EQ(st.error_code(), id.empty() ? grpc::StatusCode::UNAUTHENTICATED
+                                          : grpc::StatusCode::PERMISSION_DENIED)
+        << id << ": " << st.error_message();
+  }
+}
+
 TEST(WorkerCoordinator, DirectWorkerRefusesSessionsAndUnreachableCoordinatorFails) {
   Daemon direct(KILN_WORKER, {});
   ASSERT_TRUE(direct.wait_ready()) << direct.stderr_text();

@@ -69,9 +69,15 @@ struct Server::Impl final : proto::Worker::Service {
   }
 
   absl::Status serve(grpc::ServerContext* ctx, Stream* stream) {
-    if (auto st = proto::check_token(*ctx, opt.token); !st.ok()) return st;
+    // Note [Session credentials]: a client of a coordinator's session need not know the
+    // workers' token: the session id (random, 64 bits, handed out only on an authenticated
+    // OpenSession) is its credential, checked with LookupSession below. Anyone else presents
+    // the token; a directly serving worker checks it before reading anything.
+    const absl::Status token = proto::check_token(*ctx, opt.token);
+    if (!token.ok() && !coordinator) return token;
     proto::ClientMessage msg;
     if (!stream->Read(&msg)) return absl::OkStatus();  // the client left without a word
+    if (!token.ok() && !(msg.has_hello() && !msg.hello().session_id().empty())) return token;
     if (!msg.has_hello()) return absl::InvalidArgumentError("expected Hello as the first message");
     const proto::Hello& hello = msg.hello();
     if (auto st = proto::check_version(hello.protocol_version(), "the client", "kiln-worker");
