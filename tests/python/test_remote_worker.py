@@ -3,6 +3,7 @@
 --remote trains to >= 95%, and a killed worker makes the next read raise UNAVAILABLE quickly.
 With a kiln-coordinator binary (build/bin, or KILN_COORDINATOR_BIN) two registered workers
 form a gang: gradients average over it, and digits.py --workers 2 trains data-parallel."""
+import json
 import os
 import signal
 import subprocess
@@ -161,6 +162,61 @@ def test_digits_remote_gang(gang, tmp_path):
     data = digits_data(tmp_path)
     r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits.py"), data,
                         "--remote", gang, "--workers", "2", "--mlp-only", "--epochs", "12"],
+                       capture_output=True, text=True, env=os.environ, timeout=500)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("mlp: held-out accuracy"))
+    assert float(line.split()[3].rstrip("%")) >= 95.0, line
+
+
+def test_killed_gang_worker_fails_the_client_and_is_marked_dead(tmp_path):
+    """Issue 8's fault test end to end: a coordinator, two workers, a client on both; SIGKILL one
+    worker mid-session -> the client's next read raises UNAVAILABLE within seconds, and the
+    coordinator marks the worker dead (3 missed beats of 200 ms)."""
+    if not os.access(COORDINATOR, os.X_OK):
+        pytest.skip(f"kiln-coordinator not built ({COORDINATOR})")
+    procs = []
+    try:
+        c, address = start_daemon(tmp_path, "coordinator",
+                                  [COORDINATOR, "--state", str(tmp_path / "state.db"),
+                                   "--heartbeat-ms", "200"])
+        procs.append(c)
+        for r in range(2):
+            procs.append(start_worker(tmp_path, f"k{r}", ["--coordinator", address])[0])
+        s = kiln.connect(address, workers=2, wait_ms=10000)
+        x = kiln.ones(4).to(s.device)
+        assert (x * 2).sum().item() == 8.0
+        procs[2].kill()
+        procs[2].wait()
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="UNAVAILABLE"):
+            (x + 1).sum().item()
+        assert time.monotonic() - start < 5.0
+        cli = os.path.join(os.path.dirname(WORKER), "kiln")
+        deadline = time.monotonic() + 10
+        state = None
+        while time.monotonic() < deadline:
+            out = subprocess.run([cli, "workers", "--json", "--coordinator", address],
+                                 capture_output=True, text=True, timeout=30).stdout
+            state = {w["worker_id"]: w["state"]
+                     for w in (json.loads(line) for line in out.splitlines() if line.strip())}
+            if state and state.get("k1") == "dead":
+                break
+            time.sleep(0.2)
+        assert state and state.get("k1") == "dead", out
+        s.close()
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+def test_kiln_submit_runs_digits_on_the_jobs_gang(gang, tmp_path):
+    """`kiln submit --workers 2 -- python digits.py`: the driver trains on the job's gang (no
+    --remote: kiln.connect() finds the job through KILN_COORDINATOR and KILN_JOB_ID)."""
+    data = digits_data(tmp_path)
+    cli = os.path.join(os.path.dirname(WORKER), "kiln")
+    r = subprocess.run([cli, "submit", "--coordinator", gang, "--workers", "2", "--",
+                        sys.executable, os.path.join(ROOT, "examples", "digits.py"), data,
+                        "--mlp-only", "--epochs", "12"],
                        capture_output=True, text=True, env=os.environ, timeout=500)
     assert r.returncode == 0, r.stdout + r.stderr
     line = next(l for l in r.stdout.splitlines() if l.startswith("mlp: held-out accuracy"))

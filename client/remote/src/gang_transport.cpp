@@ -13,28 +13,41 @@ GangTransport::GangTransport(std::vector<std::unique_ptr<Transport>> ranks)
 void GangTransport::send(proto::Batch&& batch) {
   for (size_t r = 1; r < ranks_.size(); ++r) {
     proto::Batch copy;
-    for (const proto::Command& c : batch.commands())
-      if (!c.has_fetch()) *copy.add_commands() = c;
+    for (const proto::Command& c : batch.commands()) {
+      if (c.has_fetch()) copy.add_commands()->mutable_sync()->set_request(c.fetch().request());
+      else *copy.add_commands() = c;
+    }
     if (copy.commands_size() > 0) ranks_[r]->send(std::move(copy));
   }
   ranks_[0]->send(std::move(batch));
 }
 
-proto::WorkerMessage GangTransport::receive() {
-  proto::WorkerMessage m = ranks_[0]->receive();
-  if (!m.has_sync()) return m;
+std::optional<proto::Error> GangTransport::check_ranks(uint64_t request) {
+  std::optional<proto::Error> first;
   for (size_t r = 1; r < ranks_.size(); ++r) {
-    proto::WorkerMessage mr = ranks_[r]->receive();
-    KILN_CHECK(mr.has_sync() && mr.sync().request() == m.sync().request(), Runtime,
-               ranks_[r]->name(), ": expected the reply to sync ", m.sync().request(), ", got ",
-               mr.ShortDebugString());
-    if (!m.sync().has_error() && mr.sync().has_error()) {
-      m = std::move(mr);
-      m.mutable_sync()->mutable_error()->set_message("rank " + std::to_string(r) + " (" +
-                                                     ranks_[r]->name() + "): " +
-                                                     m.sync().error().message());
+    proto::WorkerMessage mr = ranks_[r]->receive();  // a dead rank raises UNAVAILABLE here
+    KILN_CHECK(mr.has_sync() && mr.sync().request() == request, Runtime, ranks_[r]->name(),
+               ": expected the reply to sync ", request, ", got ", mr.ShortDebugString());
+    if (!first && mr.sync().has_error()) {
+      first = mr.sync().error();
+      first->set_message("rank " + std::to_string(r) + " (" + ranks_[r]->name() +
+                         "): " + first->message());
     }
   }
+  return first;
+}
+
+proto::WorkerMessage GangTransport::receive() {
+  proto::WorkerMessage m = ranks_[0]->receive();
+  if (m.has_fetch() && checked_fetch_ != m.fetch().request()) {  // its first piece
+    checked_fetch_ = m.fetch().request();
+    std::optional<proto::Error> e = check_ranks(m.fetch().request());  // always read: in step
+    if (!m.fetch().has_error() && e) *m.mutable_fetch()->mutable_error() = *e;
+    return m;
+  }
+  if (!m.has_sync()) return m;
+  std::optional<proto::Error> e = check_ranks(m.sync().request());
+  if (!m.sync().has_error() && e) *m.mutable_sync()->mutable_error() = *e;
   return m;
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,9 +58,10 @@ class InProcessTransport final : public Transport {
 // Note [Gangs]: a session of N workers is one device; every recorded op runs on every worker
 // (one SPMD program, DESIGN.md "Execution", distributed) with the same value ids. The gang
 // transport sends each Batch to every rank, except that a Fetch goes to rank 0 only (a
-// replicated value is the same everywhere; a sharded one reads rank 0's shard). A Sync's reply
-// merges the ranks' replies: the first error of any rank, named by its rank. Per-rank data
-// (scatter) goes through send_to.
+// replicated value is the same everywhere; a sharded one reads rank 0's shard) while the other
+// ranks get a Sync in its place, so every read also learns of a failed or dead rank. A Sync's
+// reply merges the ranks' replies: the first error of any rank, named by its rank. Per-rank
+// data (scatter) goes through send_to.
 class GangTransport final : public Transport {
  public:
   explicit GangTransport(std::vector<std::unique_ptr<Transport>> ranks);
@@ -72,8 +74,11 @@ class GangTransport final : public Transport {
   void close() override;
 
  private:
+  // Reads the other ranks' replies to Sync `request`; the first error, named by its rank.
+  std::optional<proto::Error> check_ranks(uint64_t request);
   std::vector<std::unique_ptr<Transport>> ranks_;
   std::string name_;
+  std::optional<uint64_t> checked_fetch_;  // the Fetch whose Sync replies were read
 };
 
 struct GrpcOptions {
