@@ -221,3 +221,23 @@ def test_kiln_submit_runs_digits_on_the_jobs_gang(gang, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     line = next(l for l in r.stdout.splitlines() if l.startswith("mlp: held-out accuracy"))
     assert float(line.split()[3].rstrip("%")) >= 95.0, line
+
+
+def test_frozen_worker_raises_unavailable(tmp_path, monkeypatch):
+    """A worker that stops answering without closing its connection (SIGSTOP, a lost host): the
+    client's keepalive pings (KILN_KEEPALIVE_S) turn the waiting read into UNAVAILABLE."""
+    monkeypatch.setenv("KILN_KEEPALIVE_S", "1")
+    p, address = start_worker(tmp_path, "frozen")
+    try:
+        s = kiln.connect(address)
+        r = kiln.ones(4).to(s.device)
+        time.sleep(8)  # idle pings are answered while the worker lives: no false alarm
+        assert r.sum().item() == 4.0
+        p.send_signal(signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="UNAVAILABLE"):
+            (r + 1).sum().item()
+        assert time.monotonic() - start < 15.0  # a ping each second, unanswered for 6 s
+    finally:
+        p.send_signal(signal.SIGCONT)
+        stop(p)

@@ -193,6 +193,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   builder.AddListeningPort(opt.listen, grpc::InsecureServerCredentials(), &impl->port);
   builder.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(proto::kMaxMessageBytes);
+  // Clients ping idle streams to notice a frozen worker (client/remote grpc_transport.cpp);
+  // allow it rather than answering their pings with GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.RegisterService(impl.get());
   impl->server = builder.BuildAndStart();
   if (!impl->server || impl->port == 0)

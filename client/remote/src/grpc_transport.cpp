@@ -2,7 +2,9 @@
 // Writes and reads are synchronous on the caller's thread: a fetch is one write and one read,
 // the cheapest round trip the sync API has. A worker that dies closes its socket, so a blocked
 // read fails at once with UNAVAILABLE; the first failure is kept and raised by every later call.
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "kiln/client/transport.h"
 #include "kiln/error.h"
@@ -21,12 +23,28 @@ namespace kiln::client {
 
 namespace {
 
+int keepalive_seconds() {
+  const char* v = std::getenv("KILN_KEEPALIVE_S");
+  const int s = v ? std::atoi(v) : 0;
+  return s > 0 ? s : 10;
+}
+
 class GrpcTransport final : public Transport {
  public:
   GrpcTransport(const std::string& address, const GrpcOptions& o) : name_(address) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
     args.SetMaxSendMessageSize(proto::kMaxMessageBytes);
+    // A killed worker resets the connection at once; a frozen one (SIGSTOP, a lost host) only
+    // stops answering: HTTP/2 pings every KILN_KEEPALIVE_S seconds (default 10), unanswered
+    // for as long again, turn that into UNAVAILABLE instead of a read that never returns. The
+    // answer to a ping sent while this client waits on nothing is read only by gRPC's backup
+    // poller (every 5 s), so the timeout is never shorter than 6 s.
+    const int keepalive_ms = keepalive_seconds() * 1000;
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, std::max(keepalive_ms, 6000));
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
     auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(o.connect_timeout_ms);
     if (!channel_->WaitForConnected(deadline))
