@@ -1,11 +1,10 @@
 // connect() through a coordinator: OpenSession hands out a session's workers, the Hello names
 // the session (the worker checks it with LookupSession), close() ends it with CloseSession.
-// The coordinator here is a fake in this process; the worker is a real kiln-worker.
+// The coordinator here is a fake in this process (tests/fake_coordinator.h); the worker is a
+// real kiln-worker.
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
 
-#include <condition_variable>
-#include <map>
 #include <mutex>
 
 #include "kiln/client/session.h"
@@ -13,100 +12,12 @@
 #include "kiln/optim/optimizers.h"
 #include "kiln/proto/coordinator.grpc.pb.h"
 #include "kiln/proto/service.h"
+#include "fake_coordinator.h"
 #include "test_util.h"
 #include "worker_process.h"
 
 namespace kiln::testing {
 namespace {
-
-class FakeCoordinator final : public proto::Coordinator::Service {
- public:
-  FakeCoordinator() {
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    b.RegisterService(this);
-    server_ = b.BuildAndStart();
-  }
-  ~FakeCoordinator() override { server_->Shutdown(std::chrono::system_clock::now()); }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-
-  grpc::Status RegisterWorker(grpc::ServerContext*, const proto::RegisterWorkerRequest* req,
-                              proto::RegisterWorkerReply* reply) override {
-    std::lock_guard<std::mutex> lock(mu);
-    workers.push_back(*req);
-    reply->set_epoch(1);
-    reply->set_heartbeat_interval_ms(200);
-    cv.notify_all();
-    return grpc::Status::OK;
-  }
-  grpc::Status Heartbeat(grpc::ServerContext*, const proto::HeartbeatRequest*,
-                         proto::HeartbeatReply*) override {
-    return grpc::Status::OK;
-  }
-  grpc::Status OpenSession(grpc::ServerContext*, const proto::OpenSessionRequest* req,
-                           proto::SessionInfo* info) override {
-    std::unique_lock<std::mutex> lock(mu);
-    opened.push_back(*req);
-    if (!cv.wait_for(lock, std::chrono::seconds(10),
-                     [&] { return static_cast<int>(workers.size()) >= req->workers(); }))
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "not enough workers");
-    info->set_session_id("sess-1");
-    info->set_world_size(req->workers());
-    for (int r = 0; r < req->workers(); ++r) {
-      info->add_worker_addresses(workers[r].address());
-      info->add_worker_ids(workers[r].worker_id());
-      session_workers.push_back(workers[r].worker_id());
-    }
-    return grpc::Status::OK;
-  }
-  grpc::Status LookupSession(grpc::ServerContext*, const proto::LookupSessionRequest* req,
-                             proto::SessionInfo* info) override {
-    std::lock_guard<std::mutex> lock(mu);
-    if (req->session_id() != "sess-1")
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, "no session " + req->session_id());
-    info->set_session_id(req->session_id());
-    for (size_t r = 0; r < session_workers.size(); ++r) {
-      info->add_worker_ids(session_workers[r]);
-      if (session_workers[r] == req->worker_id()) info->set_rank(static_cast<int>(r));
-    }
-    info->set_world_size(static_cast<int>(session_workers.size()));
-    return grpc::Status::OK;
-  }
-  // The gang's rendezvous: set, and get waiting up to wait_ms.
-  grpc::Status Store(grpc::ServerContext*, const proto::StoreRequest* req,
-                     proto::StoreReply* reply) override {
-    std::unique_lock<std::mutex> lock(mu);
-    std::string key = req->session_id() + "/" + req->key();
-    if (req->op() == "set") {
-      store[key] = req->value();
-      cv.notify_all();
-      return grpc::Status::OK;
-    }
-    if (!cv.wait_for(lock, std::chrono::milliseconds(req->wait_ms()),
-                     [&] { return store.count(key) > 0; }))
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, key);
-    reply->set_value(store[key]);
-    return grpc::Status::OK;
-  }
-  grpc::Status CloseSession(grpc::ServerContext*, const proto::CloseSessionRequest* req,
-                            proto::CloseSessionReply*) override {
-    std::lock_guard<std::mutex> lock(mu);
-    closed.push_back(req->session_id());
-    return grpc::Status::OK;
-  }
-
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<proto::RegisterWorkerRequest> workers;
-  std::vector<proto::OpenSessionRequest> opened;
-  std::vector<std::string> closed;
-  std::vector<std::string> session_workers;  // of sess-1, rank order
-  std::map<std::string, std::string> store;
-
- private:
-  int port_ = 0;
-  std::unique_ptr<grpc::Server> server_;
-};
 
 TEST(RemoteCoordinator, ConnectOpensAndClosesASession) {
   FakeCoordinator coord;

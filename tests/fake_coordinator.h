@@ -1,6 +1,8 @@
-// tests/worker/fake_coordinator.h: a small in-process Coordinator for the worker's tests: it
-// records registrations and heartbeats, answers LookupSession from `sessions`, keeps a Store,
-// and can forget the worker (NOT_FOUND) or close sessions on the next heartbeat.
+// tests/fake_coordinator.h: a small in-process Coordinator for the worker's and the client's
+// tests: it records registrations and heartbeats, opens sessions "sess-K" on the first N
+// registered workers (waiting up to 10 s for them), answers LookupSession from `sessions`,
+// keeps a Store, records CloseSession, and can forget a worker (NOT_FOUND) or close sessions on
+// the next heartbeat.
 #pragma once
 
 #include <chrono>
@@ -54,6 +56,39 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     for (const auto& s : close) reply->add_close_sessions(s);
     return grpc::Status::OK;
   }
+  grpc::Status OpenSession(grpc::ServerContext*, const proto::OpenSessionRequest* req,
+                           proto::SessionInfo* info) override {
+    std::unique_lock<std::mutex> lock(mu);
+    opened.push_back(*req);
+    std::vector<const proto::RegisterWorkerRequest*> workers;
+    auto enough = [&] {
+      workers.clear();
+      for (const auto& r : registrations) {
+        bool seen = false;
+        for (auto* w : workers) seen |= w->worker_id() == r.worker_id();
+        if (!seen) workers.push_back(&r);
+      }
+      return static_cast<int>(workers.size()) >= req->workers();
+    };
+    if (!cv.wait_for(lock, std::chrono::seconds(10), enough))
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "not enough workers");
+    const std::string id = "sess-" + std::to_string(opened.size());
+    info->set_session_id(id);
+    info->set_world_size(req->workers());
+    std::vector<std::string>& ids = sessions[id];
+    for (int r = 0; r < req->workers(); ++r) {
+      info->add_worker_addresses(workers[r]->address());
+      info->add_worker_ids(workers[r]->worker_id());
+      ids.push_back(workers[r]->worker_id());
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status CloseSession(grpc::ServerContext*, const proto::CloseSessionRequest* req,
+                            proto::CloseSessionReply*) override {
+    std::lock_guard<std::mutex> lock(mu);
+    closed.push_back(req->session_id());
+    return grpc::Status::OK;
+  }
   grpc::Status LookupSession(grpc::ServerContext*, const proto::LookupSessionRequest* req,
                              proto::SessionInfo* info) override {
     std::lock_guard<std::mutex> lock(mu);
@@ -101,6 +136,8 @@ class FakeCoordinator final : public proto::Coordinator::Service {
   bool forget = false;
   std::vector<std::string> close;
   std::map<std::string, std::vector<std::string>> sessions;  // id -> worker ids, rank order
+  std::vector<proto::OpenSessionRequest> opened;
+  std::vector<std::string> closed;
   std::map<std::string, std::string> store;
   bool stopping = false;
 
