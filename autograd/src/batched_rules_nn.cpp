@@ -102,8 +102,8 @@ Result pool_rule(Call& c) {
 // the vmap dim folds into the leading dims: data arguments go batch-first (expanded if
 // unbatched), a `dim` shifts past it, and the op runs once. Per op: batch_norm's statistics are
 // per channel over N, so there the batch folds into the channels (weight repeated); the
-// weight-gradient rows sum over the rows of one example, so they are written as logical ops
-// that hit their own rules; group_norm and cross_entropy over (N, C, ..) examples merge the batch
+// weight-gradient rows, and the weight and bias outputs of the fused layer/rms norm backward
+// rows, sum over the rows of one example, so they are computed per example; group_norm and cross_entropy over (N, C, ..) examples merge the batch
 // into N; dropout gives every example the same mask, that of its (seed, offset), as the loop does
 // (PyTorch's randomness="same"); attention folds the batch into its leading dims (with dropout:
 // the loop).
@@ -162,8 +162,7 @@ static Result batched_parameters(Call& c) {
     if (b.defined()) y = kiln::add(y, param_view(name, b, x));
     return Stack{y};
   }
-  if (name == "layer_norm_backward" || name == "rms_norm_backward" ||
-      name == "group_norm_backward" || name == "batch_norm_backward") {
+  if (name == "group_norm_backward" || name == "batch_norm_backward") {
     Stack args = c.args;
     const int w_i = c.index("weight");
     const Tensor& w = c.args[w_i].to_tensor();
@@ -174,39 +173,53 @@ static Result batched_parameters(Call& c) {
   return std::nullopt;
 }
 
+// _layer_norm_backward, _rms_norm_backward: the input gradient folds the batch into the rows (a
+// batched weight goes into grad, with a unit weight); the weight and bias gradients sum over the
+// rows of one example, from the examples' xhat.
+static Stack row_norm_backward(Call& c) {
+  const bool rms = std::strcmp(c.name(), "_rms_norm_backward") == 0;
+  const Tensor &g = c.args[0].to_tensor(), &x = c.args[1].to_tensor();
+  const Tensor& w = c.args[c.index("weight")].to_tensor();
+  const std::vector<int64_t> ns = int_list(c, "normalized_shape");
+  const double eps = c.args[c.index("eps")].to_double();
+  Tensor one = kiln::ones(ns, x.dtype(), x.device());
+  Tensor gp = front_or_expand(c, g), xp = front_or_expand(c, x);  // (B, .., *ns)
+  Stack args = c.args;
+  args[0] = c.batched(w) ? front_or_expand(c, kiln::mul(g, w)) : gp;
+  args[1] = xp;
+  if (c.batched(w)) args[c.index("weight")] = one;
+  Stack outs = run(c.op, std::move(args));  // its weight and bias sums span every example
+  Tensor xhat = rms ? kiln::_rms_norm(xp, ns, one, eps)
+                    : kiln::_layer_norm(xp, ns, one, kiln::zeros(ns, x.dtype(), x.device()), eps);
+  std::vector<int64_t> dims;  // an example's leading dims
+  for (int64_t d = 1; d < xp.dim() - static_cast<int64_t>(ns.size()); ++d) dims.push_back(d);
+  auto rows_sum = [&](const Tensor& t) {
+    return dims.empty() ? t : kiln::sum(t, dims, false, std::nullopt);
+  };
+  outs[1] = rows_sum(kiln::mul(gp, xhat));
+  if (!rms) outs[2] = rows_sum(gp);
+  return wrap_outputs(c, std::move(outs));
+}
+
 Result rowwise_rule(Call& c) {
   if (c.batch == 0) return std::nullopt;
   const std::string name = c.name();
   const int64_t B = c.batch;
+  if (name == "_layer_norm_backward" || name == "_rms_norm_backward") return row_norm_backward(c);
   for (int i = 0; i < c.info().num_args; ++i)
     if (c.args[i].is_tensor() && is_parameter(c, i) && c.batched(c.args[i].to_tensor()))
       return batched_parameters(c);
-  if (name == "layer_norm_backward_weight" || name == "rms_norm_backward_weight" ||
-      name == "group_norm_backward_weight") {
+  if (name == "group_norm_backward_weight") {
     const Tensor &g = c.args[0].to_tensor(), &x = c.args[1].to_tensor();
     const double eps = c.args[c.index("eps")].to_double();
-    Tensor xhat;
-    int64_t kept = 0;  // leading dims of the result: the normalized shape is trailing
-    if (name == "group_norm_backward_weight") {
-      const int64_t C = x.size(1), G = c.args[2].to_int();
-      xhat = kiln::_group_norm(x, G, kiln::ones({C}, x.dtype(), x.device()), kiln::zeros({C}, x.dtype(), x.device()), eps);
-    } else {
-      const std::vector<int64_t> ns = int_list(c, "normalized_shape");
-      Tensor one = kiln::ones(ns, x.dtype(), x.device());
-      xhat = name == "layer_norm_backward_weight"
-                 ? kiln::_layer_norm(x, ns, one, kiln::zeros(ns, x.dtype(), x.device()), eps)
-                 : kiln::_rms_norm(x, ns, one, eps);
-      kept = x.dim() - static_cast<int64_t>(ns.size());
-    }
+    const int64_t C = x.size(1), G = c.args[2].to_int();
+    Tensor xhat = kiln::_group_norm(x, G, kiln::ones({C}, x.dtype(), x.device()),
+                                    kiln::zeros({C}, x.dtype(), x.device()), eps);
     Tensor prod = kiln::mul(g, xhat);
     std::vector<int64_t> dims;
-    if (name == "group_norm_backward_weight") {
-      for (int64_t d = 0; d < prod.dim(); ++d)
-        if (d != 1) dims.push_back(d);
-    } else {
-      for (int64_t d = 0; d < kept; ++d) dims.push_back(d);
-    }
-    return Stack{dims.empty() ? prod : kiln::sum(prod, dims, false, std::nullopt)};
+    for (int64_t d = 0; d < prod.dim(); ++d)
+      if (d != 1) dims.push_back(d);
+    return Stack{kiln::sum(prod, dims, false, std::nullopt)};
   }
   if (name == "embedding_dense_backward") {  // example b's rows become rows b * num_weights + i
     Tensor g = front_or_expand(c, c.args[0].to_tensor());

@@ -10,7 +10,8 @@
 //
 // Backward of y = xhat * w + b over a set of n elements, gw = dy * w:
 //   dx = r * (gw - mean(gw) - xhat * mean(gw * xhat))      (rms_norm: no mean(gw) term, xhat = x r)
-//   dw = sum over the other dims of dy * xhat
+//   dw = sum over the other dims of dy * xhat, db = sum over the other dims of dy
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -152,80 +153,74 @@ Tensor row_norm_forward(const char* name, const TensorSpec& spec, const Tensor& 
   return out;
 }
 
-// grad, x: (M, D), w: (D,) -> dx: (M, D).
+// At most this many chunks of rows for the weight and bias sums of the row norms' backward (their
+// partial sums are kMaxChunks * D floats at most).
+constexpr int64_t kMaxChunks = 64;
+
+// grad, x: (M, D), w: (D,) -> dx: (M, D), dw: (D,), db: (D,) (rms: no db), in one pass over the
+// rows. The rows are cut into chunks fixed by M and D alone; each chunk sums dw = grad * xhat and
+// db = grad over its rows into its own partial sums, which are then added in chunk order
+// (Note [Deterministic reductions]).
 template <bool kRms>
-Tensor row_norm_backward(const char* name, const TensorSpec& spec, const Tensor& grad,
-                         const Tensor& input, const Tensor& weight, IntArrayRef normalized_shape,
-                         double eps) {
-  Tensor out = alloc(spec);
-  if (out.numel() == 0) return out;
-  const int64_t D = trailing_numel(normalized_shape), M = input.numel() / D;
+std::vector<Tensor> row_norm_backward(const char* name, const std::vector<TensorSpec>& specs,
+                                      const Tensor& grad, const Tensor& input,
+                                      const Tensor& weight, IntArrayRef normalized_shape,
+                                      double eps) {
+  std::vector<Tensor> outs;
+  for (const TensorSpec& spec : specs) outs.push_back(alloc(spec));
+  const int64_t D = trailing_numel(normalized_shape), M = D == 0 ? 0 : input.numel() / D;
+  if (D == 0) return outs;
   Tensor g = grad.contiguous(), x = input.contiguous(), w = weight.contiguous();
   KILN_DISPATCH_FLOAT_TYPES(input.dtype(), name, [&] {
     using T = scalar_t;
     using A = acc_t<T>;
+    constexpr int kSums = kRms ? 1 : 2;  // dw, db
     const T *gp = data_of<T>(g), *xp = data_of<T>(x), *wp = data_of<T>(w);
-    T* dp = mutable_data_of<T>(out);
+    T* dp = mutable_data_of<T>(outs[0]);
+    const int64_t rows = std::max(grain_for(D), (M + kMaxChunks - 1) / kMaxChunks);
+    const int64_t chunks = (M + rows - 1) / rows;
+    std::vector<A> part(chunks * kSums * D);
     const A n = static_cast<A>(D), inv_d = A(1) / n;
-    parallel_for(M, grain_for(D), [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0; i < r1; ++i) {
-        // the mean, then the squared deviations with both gradient sums in one more pass
-        const T *gr = gp + i * D, *xr = xp + i * D;
-        const A m = kRms ? A(0) : lane_sum<A>(D, [xr](int64_t j) { return static_cast<A>(xr[j]); }) / n;
-        auto [v, s1, s2] = lane_sums3<A>(D, [&](int64_t j, A& a, A& b, A& c) {
-          const A d = static_cast<A>(xr[j]) - m, gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
-          a += d * d;
-          b += gw;
-          c += gw * d;
-        });
-        const A r = A(1) / std::sqrt(v / n + static_cast<A>(eps));  // as stats()
-        const A c1 = kRms ? A(0) : s1 * inv_d, c2 = s2 * r * inv_d;
-        T* dr = dp + i * D;
-        for (int64_t j = 0; j < D; ++j) {
-          A gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
-          A xh = (static_cast<A>(xr[j]) - m) * r;
-          dr[j] = static_cast<T>(r * (gw - c1 - xh * c2));
-        }
-      }
-    });
-  });
-  return out;
-}
-
-// grad, x: (M, D) -> dw: (D,) = sum over rows of grad * xhat. Rows are cut into fixed chunks whose
-// partial sums are added in chunk order.
-template <bool kRms>
-Tensor row_norm_backward_weight(const char* name, const TensorSpec& spec, const Tensor& grad,
-                                const Tensor& input, IntArrayRef normalized_shape, double eps) {
-  Tensor out = alloc(spec);
-  if (out.numel() == 0) return out;
-  const int64_t D = trailing_numel(normalized_shape), M = input.numel() / D;
-  Tensor g = grad.contiguous(), x = input.contiguous();
-  KILN_DISPATCH_FLOAT_TYPES(input.dtype(), name, [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    const T *gp = data_of<T>(g), *xp = data_of<T>(x);
-    const int64_t rows = grain_for(D), chunks = (M + rows - 1) / rows;
-    std::vector<A> part(std::max<int64_t>(chunks, 1) * D, A(0));  // zeros when M is 0
     parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
-        A* p = part.data() + c * D;
+        A* __restrict pw = part.data() + c * kSums * D;
+        A* __restrict pb = pw + (kSums - 1) * D;  // rms: unused
+        std::fill(pw, pw + kSums * D, A(0));
         for (int64_t i = c * rows; i < std::min(M, (c + 1) * rows); ++i) {
-          auto [m, r] = stats<kRms>(xp, Runs{i * D, 1, 0, D}, eps);
-          const T *gr = gp + i * D, *xr = xp + i * D;
-          for (int64_t j = 0; j < D; ++j)
-            p[j] += static_cast<A>(gr[j]) * (static_cast<A>(xr[j]) - m) * r;
+          // the mean, then the squared deviations with both gradient sums in one more pass
+          const T *__restrict gr = gp + i * D, *__restrict xr = xp + i * D;
+          const A m = kRms ? A(0) : lane_sum<A>(D, [xr](int64_t j) { return static_cast<A>(xr[j]); }) / n;
+          auto [v, s1, s2] = lane_sums3<A>(D, [&](int64_t j, A& a, A& b, A& e) {
+            const A d = static_cast<A>(xr[j]) - m, gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
+            a += d * d;
+            b += gw;
+            e += gw * d;
+          });
+          const A r = A(1) / std::sqrt(v / n + static_cast<A>(eps));  // as stats()
+          const A c1 = kRms ? A(0) : s1 * inv_d, c2 = s2 * r * inv_d;
+          T* __restrict dr = dp + i * D;
+          for (int64_t j = 0; j < D; ++j) {
+            const A gj = static_cast<A>(gr[j]), xh = (static_cast<A>(xr[j]) - m) * r;
+            dr[j] = static_cast<T>(r * (gj * static_cast<A>(wp[j]) - c1 - xh * c2));
+            pw[j] += gj * xh;
+            if constexpr (!kRms) pb[j] += gj;
+          }
         }
       }
     });
-    for (int64_t c = 1; c < chunks; ++c) {
-      const A* p = part.data() + c * D;
-      for (int64_t j = 0; j < D; ++j) part[j] += p[j];
-    }
-    T* op = mutable_data_of<T>(out);
-    for (int64_t j = 0; j < D; ++j) op[j] = static_cast<T>(part[j]);
+    // column j of every partial sum, added in chunk order (zeros when M is 0)
+    parallel_for(D, grain_for(chunks * kSums), [&](int64_t j0, int64_t j1) {
+      for (int k = 0; k < kSums; ++k) {
+        T* op = mutable_data_of<T>(outs[1 + k]);
+        for (int64_t j = j0; j < j1; ++j) {
+          A acc = 0;
+          for (int64_t c = 0; c < chunks; ++c) acc += part[(c * kSums + k) * D + j];
+          op[j] = static_cast<T>(acc);
+        }
+      }
+    });
   });
-  return out;
+  return outs;
 }
 
 Tensor layer_norm_cpu(const Tensor& input, IntArrayRef normalized_shape, const Tensor& weight,
@@ -234,18 +229,16 @@ Tensor layer_norm_cpu(const Tensor& input, IntArrayRef normalized_shape, const T
   return row_norm_forward<false>("layer_norm", spec, input, normalized_shape, weight, &bias, eps);
 }
 
-Tensor layer_norm_backward_cpu(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                               IntArrayRef normalized_shape, double eps) {
-  TensorSpec spec = meta::layer_norm_backward(grad, input, weight, normalized_shape, eps);
-  return row_norm_backward<false>("layer_norm_backward", spec, grad, input, weight,
-                                  normalized_shape, eps);
-}
-
-Tensor layer_norm_backward_weight_cpu(const Tensor& grad, const Tensor& input,
-                                      IntArrayRef normalized_shape, double eps) {
-  TensorSpec spec = meta::layer_norm_backward_weight(grad, input, normalized_shape, eps);
-  return row_norm_backward_weight<false>("layer_norm_backward_weight", spec, grad, input,
-                                         normalized_shape, eps);
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_cpu(const Tensor& grad,
+                                                           const Tensor& input,
+                                                           const Tensor& weight,
+                                                           IntArrayRef normalized_shape,
+                                                           double eps) {
+  std::vector<TensorSpec> specs =
+      meta::layer_norm_backward(grad, input, weight, normalized_shape, eps);
+  std::vector<Tensor> o = row_norm_backward<false>("_layer_norm_backward", specs, grad, input,
+                                                   weight, normalized_shape, eps);
+  return {o[0], o[1], o[2]};
 }
 
 Tensor rms_norm_cpu(const Tensor& input, IntArrayRef normalized_shape, const Tensor& weight,
@@ -254,18 +247,13 @@ Tensor rms_norm_cpu(const Tensor& input, IntArrayRef normalized_shape, const Ten
   return row_norm_forward<true>("rms_norm", spec, input, normalized_shape, weight, nullptr, eps);
 }
 
-Tensor rms_norm_backward_cpu(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                             IntArrayRef normalized_shape, double eps) {
-  TensorSpec spec = meta::rms_norm_backward(grad, input, weight, normalized_shape, eps);
-  return row_norm_backward<true>("rms_norm_backward", spec, grad, input, weight,
-                                 normalized_shape, eps);
-}
-
-Tensor rms_norm_backward_weight_cpu(const Tensor& grad, const Tensor& input,
-                                    IntArrayRef normalized_shape, double eps) {
-  TensorSpec spec = meta::rms_norm_backward_weight(grad, input, normalized_shape, eps);
-  return row_norm_backward_weight<true>("rms_norm_backward_weight", spec, grad, input,
-                                        normalized_shape, eps);
+std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad, const Tensor& input,
+                                                 const Tensor& weight,
+                                                 IntArrayRef normalized_shape, double eps) {
+  std::vector<TensorSpec> specs = meta::rms_norm_backward(grad, input, weight, normalized_shape, eps);
+  std::vector<Tensor> o = row_norm_backward<true>("_rms_norm_backward", specs, grad, input, weight,
+                                                  normalized_shape, eps);
+  return {o[0], o[1]};
 }
 
 // ---- group_norm and batch_norm: (N, C, S) -----------------------------------------------------
@@ -489,11 +477,9 @@ Tensor batch_norm_backward_weight_cpu(const Tensor& grad, const Tensor& input, d
 
 KILN_LIBRARY(CPU, m) {
   m.impl<ops::_layer_norm>(layer_norm_cpu);
-  m.impl<ops::layer_norm_backward>(layer_norm_backward_cpu);
-  m.impl<ops::layer_norm_backward_weight>(layer_norm_backward_weight_cpu);
+  m.impl<ops::_layer_norm_backward>(layer_norm_backward_cpu);
   m.impl<ops::_rms_norm>(rms_norm_cpu);
-  m.impl<ops::rms_norm_backward>(rms_norm_backward_cpu);
-  m.impl<ops::rms_norm_backward_weight>(rms_norm_backward_weight_cpu);
+  m.impl<ops::_rms_norm_backward>(rms_norm_backward_cpu);
   m.impl<ops::_group_norm>(group_norm_cpu);
   m.impl<ops::group_norm_backward>(group_norm_backward_cpu);
   m.impl<ops::group_norm_backward_weight>(group_norm_backward_weight_cpu);

@@ -258,8 +258,8 @@ const std::vector<std::string> kTransformerOps = {
     "mul",    "add",         "div",     "sqrt",       "rsqrt",   "mean",     "var",
     "sub",    "masked_fill", "expand",  "contiguous", "split",   "chunk",    "stack",
     "cat",    "select",      "gelu",    "exp",        "maximum", "logsumexp",
-    "layer_norm", "_layer_norm", "layer_norm_backward", "layer_norm_backward_weight", "rms_norm",
-    "_rms_norm", "rms_norm_backward", "rms_norm_backward_weight", "embedding",
+    "layer_norm", "_layer_norm", "_layer_norm_backward", "rms_norm", "_rms_norm",
+    "_rms_norm_backward", "embedding",
     "embedding_dense_backward", "scaled_dot_product_attention", "_fused_attention",
     "_fused_attention_backward"};
 
