@@ -153,6 +153,20 @@ Tensor row_norm_forward(const char* name, const TensorSpec& spec, const Tensor& 
   return out;
 }
 
+// One row of the row norms' backward: dx = r * (g * w - c1 - xhat * c2), and the row's terms of
+// dw (g * xhat) and db (g) added to pw and pb. The restrict parameters let the loop vectorize.
+template <bool kRms, typename T, typename A>
+void row_grads(const T* __restrict g, const T* __restrict x, const T* __restrict w,
+               T* __restrict dx, A* __restrict pw, A* __restrict pb, int64_t D, A m, A r, A c1,
+               A c2) {
+  for (int64_t j = 0; j < D; ++j) {
+    const A gj = static_cast<A>(g[j]), xh = (static_cast<A>(x[j]) - m) * r;
+    dx[j] = static_cast<T>(r * (gj * static_cast<A>(w[j]) - c1 - xh * c2));
+    pw[j] += gj * xh;
+    if constexpr (!kRms) pb[j] += gj;
+  }
+}
+
 // At most this many chunks of rows for the weight and bias sums of the row norms' backward (their
 // partial sums are kMaxChunks * D floats at most).
 constexpr int64_t kMaxChunks = 64;
@@ -183,12 +197,12 @@ std::vector<Tensor> row_norm_backward(const char* name, const std::vector<Tensor
     const A n = static_cast<A>(D), inv_d = A(1) / n;
     parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
-        A* __restrict pw = part.data() + c * kSums * D;
-        A* __restrict pb = pw + (kSums - 1) * D;  // rms: unused
+        A* pw = part.data() + c * kSums * D;
+        A* pb = pw + (kSums - 1) * D;  // rms: unused
         std::fill(pw, pw + kSums * D, A(0));
         for (int64_t i = c * rows; i < std::min(M, (c + 1) * rows); ++i) {
           // the mean, then the squared deviations with both gradient sums in one more pass
-          const T *__restrict gr = gp + i * D, *__restrict xr = xp + i * D;
+          const T *gr = gp + i * D, *xr = xp + i * D;
           const A m = kRms ? A(0) : lane_sum<A>(D, [xr](int64_t j) { return static_cast<A>(xr[j]); }) / n;
           auto [v, s1, s2] = lane_sums3<A>(D, [&](int64_t j, A& a, A& b, A& e) {
             const A d = static_cast<A>(xr[j]) - m, gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
@@ -198,13 +212,7 @@ std::vector<Tensor> row_norm_backward(const char* name, const std::vector<Tensor
           });
           const A r = A(1) / std::sqrt(v / n + static_cast<A>(eps));  // as stats()
           const A c1 = kRms ? A(0) : s1 * inv_d, c2 = s2 * r * inv_d;
-          T* __restrict dr = dp + i * D;
-          for (int64_t j = 0; j < D; ++j) {
-            const A gj = static_cast<A>(gr[j]), xh = (static_cast<A>(xr[j]) - m) * r;
-            dr[j] = static_cast<T>(r * (gj * static_cast<A>(wp[j]) - c1 - xh * c2));
-            pw[j] += gj * xh;
-            if constexpr (!kRms) pb[j] += gj;
-          }
+          row_grads<kRms>(gr, xr, wp, dp + i * D, pw, pb, D, m, r, c1, c2);
         }
       }
     });
