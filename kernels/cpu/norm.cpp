@@ -203,9 +203,11 @@ std::vector<Tensor> row_norm_backward(const char* name, const std::vector<Tensor
         for (int64_t i = c * rows; i < std::min(M, (c + 1) * rows); ++i) {
           // the mean, then the squared deviations with both gradient sums in one more pass
           const T *gr = gp + i * D, *xr = xp + i * D;
-          const A m = kRms ? A(0) : lane_sum<A>(D, [xr](int64_t j) { return static_cast<A>(xr[j]); }) / n;
+          const A m =
+              kRms ? A(0) : lane_sum<A>(D, [xr](int64_t j) { return static_cast<A>(xr[j]); }) / n;
           auto [v, s1, s2] = lane_sums3<A>(D, [&](int64_t j, A& a, A& b, A& e) {
-            const A d = static_cast<A>(xr[j]) - m, gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
+            const A d = static_cast<A>(xr[j]) - m;
+            const A gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
             a += d * d;
             b += gw;
             e += gw * d;
@@ -258,7 +260,8 @@ Tensor rms_norm_cpu(const Tensor& input, IntArrayRef normalized_shape, const Ten
 std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad, const Tensor& input,
                                                  const Tensor& weight,
                                                  IntArrayRef normalized_shape, double eps) {
-  std::vector<TensorSpec> specs = meta::rms_norm_backward(grad, input, weight, normalized_shape, eps);
+  std::vector<TensorSpec> specs =
+      meta::rms_norm_backward(grad, input, weight, normalized_shape, eps);
   std::vector<Tensor> o = row_norm_backward<true>("_rms_norm_backward", specs, grad, input, weight,
                                                   normalized_shape, eps);
   return {o[0], o[1]};

@@ -124,7 +124,8 @@ TEST(Norm, FusedBackwardKernelsMatchTheirDecompositions) {
 // rows (several chunks), non-contiguous inputs, two normalized dims, and the same bits whatever the
 // thread count.
 TEST(Norm, RowNormBackwardOverManyRows) {
-  Tensor g = random({300, 2, 65}, kFloat64, -1, 1, 14), x = random({300, 2, 65}, kFloat64, -2, 2, 15);
+  Tensor g = random({300, 2, 65}, kFloat64, -1, 1, 14);
+  Tensor x = random({300, 2, 65}, kFloat64, -2, 2, 15);
   Tensor w = random({2, 65}, kFloat64, -1, 1, 16);
   auto [dx, dw, db] = _layer_norm_backward(testing::non_contiguous(g), testing::non_contiguous(x),
                                            w, {2, 65}, 1e-5);
@@ -137,7 +138,8 @@ TEST(Norm, RowNormBackwardOverManyRows) {
   expect_close(sx, qx, 1e-11, 1e-11);
   expect_close(sw, qw, 1e-11, 1e-11);
   // float32 over 3000 rows of 130: twelve chunks, added in order whatever the thread count
-  Tensor g32 = random({3000, 130}, kFloat32, -1, 1, 17), x32 = random({3000, 130}, kFloat32, -2, 2, 18);
+  Tensor g32 = random({3000, 130}, kFloat32, -1, 1, 17);
+  Tensor x32 = random({3000, 130}, kFloat32, -2, 2, 18);
   Tensor w32 = random({130}, kFloat32, -1, 1, 19);
   auto many = _layer_norm_backward(g32, x32, w32, {130}, 1e-5);
   const int threads = get_num_threads();
@@ -162,7 +164,8 @@ TEST(Norm, LayerNormGradientsThroughAutograd) {
   expect_close(w.grad(), rw, 1e-12, 1e-12);
   expect_close(b.grad(), rb, 1e-12, 1e-12);
   // bfloat16 storage: gradients in bfloat16, accumulated in float32
-  Tensor xb = x.detach().to(kBFloat16).requires_grad_(), wb = w.detach().to(kBFloat16).requires_grad_();
+  Tensor xb = x.detach().to(kBFloat16).requires_grad_();
+  Tensor wb = w.detach().to(kBFloat16).requires_grad_();
   rms_norm(xb, {7}, wb, 1e-6).backward(g.to(kBFloat16));
   auto [qx, qw] = composite::rms_norm_backward(g, xb.detach().to(kFloat64),
                                                wb.detach().to(kFloat64), {7}, 1e-6);
