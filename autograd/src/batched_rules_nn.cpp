@@ -103,10 +103,10 @@ Result pool_rule(Call& c) {
 // unbatched), a `dim` shifts past it, and the op runs once. Per op: batch_norm's statistics are
 // per channel over N, so there the batch folds into the channels (weight repeated); the
 // weight-gradient rows, and the weight and bias outputs of the fused layer/rms norm backward
-// rows, sum over the rows of one example, so they are computed per example; group_norm and cross_entropy over (N, C, ..) examples merge the batch
-// into N; dropout gives every example the same mask, that of its (seed, offset), as the loop does
-// (PyTorch's randomness="same"); attention folds the batch into its leading dims (with dropout:
-// the loop).
+// rows, sum over the rows of one example, so they are computed per example; group_norm and
+// cross_entropy over (N, C, ..) examples merge the batch into N; dropout gives every example the
+// same mask, that of its (seed, offset), as the loop does (PyTorch's randomness="same"); attention
+// folds the batch into its leading dims (with dropout: the loop).
 // A batched weight or bias (a different parameter per example) uses the loop.
 static bool is_parameter(const Call& c, int i) {
   const char* n = c.info().args[i].name;
