@@ -336,31 +336,33 @@ Tensor group_norm_cpu(const Tensor& input, int64_t G, const Tensor& weight, cons
   return out;
 }
 
-Tensor group_norm_backward_cpu(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                               int64_t G, double eps) {
-  Tensor out = alloc(meta::group_norm_backward(grad, input, weight, G, eps));
-  if (out.numel() == 0) return out;
+// grad, x: (N, C, S), w: (C,) -> dx: (N, C, S), dw, db: (C,). Each (sample, group) task keeps its
+// channels' sums of g and g * xhat, which give dx and, added over the samples in order, db and dw.
+std::tuple<Tensor, Tensor, Tensor> group_norm_backward_cpu(const Tensor& grad, const Tensor& input,
+                                                           const Tensor& weight, int64_t G,
+                                                           double eps) {
+  std::vector<TensorSpec> specs = meta::group_norm_backward(grad, input, weight, G, eps);
+  Tensor dx = alloc(specs[0]), dw = alloc(specs[1]), db = alloc(specs[2]);
   const NCS d = ncs_of(input);
   const int64_t Cg = d.C / G;
   Tensor g = grad.contiguous(), x = input.contiguous(), w = weight.contiguous();
-  KILN_DISPATCH_FLOAT_TYPES(input.dtype(), "group_norm_backward", [&] {
+  KILN_DISPATCH_FLOAT_TYPES(input.dtype(), "_group_norm_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     const T *gp = data_of<T>(g), *xp = data_of<T>(x), *wp = data_of<T>(w);
-    T* dp = mutable_data_of<T>(out);
-    const A inv_n = A(1) / static_cast<A>(Cg * d.S);
+    T* dp = mutable_data_of<T>(dx);
+    std::vector<A> sum_g(d.N * d.C), sum_gx(d.N * d.C);  // per (sample, channel)
+    const A inv_n = A(1) / static_cast<A>(std::max<int64_t>(Cg * d.S, 1));
     parallel_for(d.N * G, grain_for(Cg * d.S), [&](int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q) {
         const Runs s = group_set(d, G, q / G, q % G);
         auto [m, r] = stats<false>(xp, s, eps);
         A s1 = 0, s2 = 0;  // sums of gw and gw * xhat, gw = g * w[c]
         for (int64_t k = 0; k < Cg; ++k) {
-          const int64_t off = s.base + k * d.S;
-          const A wc = static_cast<A>(wp[(q % G) * Cg + k]);
-          A a = 0, b = 0;
-          grad_sums_run<T, A>(gp + off, xp + off, d.S, m, r, a, b);
-          s1 += wc * a;
-          s2 += wc * b;
+          const int64_t c = (q % G) * Cg + k, off = s.base + k * d.S, nc = (q / G) * d.C + c;
+          grad_sums_run<T, A>(gp + off, xp + off, d.S, m, r, sum_g[nc], sum_gx[nc]);
+          s1 += static_cast<A>(wp[c]) * sum_g[nc];
+          s2 += static_cast<A>(wp[c]) * sum_gx[nc];
         }
         for (int64_t k = 0; k < Cg; ++k) {
           const int64_t off = s.base + k * d.S;
@@ -373,39 +375,15 @@ Tensor group_norm_backward_cpu(const Tensor& grad, const Tensor& input, const Te
         }
       }
     });
+    T *wo = mutable_data_of<T>(dw), *bo = mutable_data_of<T>(db);
+    for (int64_t c = 0; c < d.C; ++c) {
+      A a = 0, b = 0;
+      for (int64_t n = 0; n < d.N; ++n) a += sum_gx[n * d.C + c], b += sum_g[n * d.C + c];
+      wo[c] = static_cast<T>(a);
+      bo[c] = static_cast<T>(b);
+    }
   });
-  return out;
-}
-
-// dw[c] = sum over n of the channel's runs of g * xhat (statistics of (n, group of c)).
-Tensor group_norm_backward_weight_cpu(const Tensor& grad, const Tensor& input, int64_t G,
-                                      double eps) {
-  Tensor out = alloc(meta::group_norm_backward_weight(grad, input, G, eps));
-  const NCS d = ncs_of(input);
-  Tensor g = grad.contiguous(), x = input.contiguous();
-  KILN_DISPATCH_FLOAT_TYPES(input.dtype(), "group_norm_backward_weight", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    const T *gp = data_of<T>(g), *xp = data_of<T>(x);
-    const int64_t Cg = d.C / G;
-    std::vector<A> mean(d.N * G), rstd(d.N * G);
-    parallel_for(d.N * G, grain_for(Cg * d.S), [&](int64_t q0, int64_t q1) {
-      for (int64_t q = q0; q < q1; ++q)
-        std::tie(mean[q], rstd[q]) = stats<false>(xp, group_set(d, G, q / G, q % G), eps);
-    });
-    T* op = mutable_data_of<T>(out);
-    parallel_for(d.C, grain_for(d.N * d.S), [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        A s1 = 0, s2 = 0;
-        for (int64_t n = 0; n < d.N; ++n) {
-          const int64_t q = n * G + c / Cg, off = (n * d.C + c) * d.S;
-          grad_sums_run<T, A>(gp + off, xp + off, d.S, mean[q], rstd[q], s1, s2);
-        }
-        op[c] = static_cast<T>(s2);
-      }
-    });
-  });
-  return out;
+  return {dx, dw, db};
 }
 
 Tensor batch_norm_cpu(const Tensor& input, const Tensor& weight, const Tensor& bias, double eps) {
@@ -492,8 +470,7 @@ KILN_LIBRARY(CPU, m) {
   m.impl<ops::_rms_norm>(rms_norm_cpu);
   m.impl<ops::_rms_norm_backward>(rms_norm_backward_cpu);
   m.impl<ops::_group_norm>(group_norm_cpu);
-  m.impl<ops::group_norm_backward>(group_norm_backward_cpu);
-  m.impl<ops::group_norm_backward_weight>(group_norm_backward_weight_cpu);
+  m.impl<ops::_group_norm_backward>(group_norm_backward_cpu);
   m.impl<ops::_batch_norm>(batch_norm_cpu);
   m.impl<ops::batch_norm_backward>(batch_norm_backward_cpu);
   m.impl<ops::batch_norm_backward_weight>(batch_norm_backward_weight_cpu);

@@ -146,17 +146,14 @@ Tensor group_norm(const Tensor& input, int64_t num_groups, const std::optional<T
   return kiln::_group_norm(input, num_groups, w, b, eps);
 }
 
-Tensor group_norm_backward(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                           int64_t num_groups, double eps) {
+// (grad_input, grad_weight, grad_bias) of y = xhat * w + b, xhat over (C / G, *) per group.
+std::tuple<Tensor, Tensor, Tensor> group_norm_backward(const Tensor& grad, const Tensor& input,
+                                                       const Tensor& weight, int64_t num_groups,
+                                                       double eps) {
   Normalized n = normalize(grouped(input, num_groups), {2}, eps);
   Tensor gw = grouped(grad * per_channel(weight, input), num_groups);
-  return normalized_grad(gw, n, {2}).reshape(input.sizes());
-}
-
-Tensor group_norm_backward_weight(const Tensor& grad, const Tensor& input, int64_t num_groups,
-                                  double eps) {
-  Tensor xhat = normalize(grouped(input, num_groups), {2}, eps).xhat.reshape(input.sizes());
-  return channel_sum(grad * xhat);
+  return {normalized_grad(gw, n, {2}).reshape(input.sizes()),
+          channel_sum(grad * n.xhat.reshape(input.sizes())), channel_sum(grad)};
 }
 
 Tensor batch_norm(const Tensor& input, const std::optional<Tensor>& weight,

@@ -53,11 +53,9 @@ KILN_OP_SAMPLES("_group_norm", group_norm_core_s) {
   return S{{r({2, 4, 3}, 42), int64_t{2}, r({4}, 43), r({4}, 44), 1e-5},
            {r({3, 2}, 45), int64_t{1}, r({2}, 46), r({2}, 47), 1e-5}};
 }
-KILN_OP_SAMPLES("group_norm_backward", group_norm_backward_s) {
-  return S{{r({2, 4, 3}, 48), r({2, 4, 3}, 49), r({4}, 50), int64_t{2}, 1e-5}};
-}
-KILN_OP_SAMPLES("group_norm_backward_weight", group_norm_backward_weight_s) {
-  return S{{r({2, 4, 3}, 51), r({2, 4, 3}, 52), int64_t{2}, 1e-5}};
+KILN_OP_SAMPLES("_group_norm_backward", group_norm_backward_s) {
+  return S{{r({2, 4, 3}, 48), r({2, 4, 3}, 49), r({4}, 50), int64_t{2}, 1e-5},
+           {r({3, 2}, 51), non_contiguous(r({3, 2}, 52)), r({2}, 5), int64_t{1}, 1e-5}};
 }
 KILN_OP_SAMPLES("batch_norm", batch_norm_s) {
   return S{{r({4, 3, 2}, 53), r({3}, 54), r({3}, 55), r({3}, 56), r({3}, 57, 0.5, 2), true, 0.1, 1e-5},

@@ -104,10 +104,11 @@ TEST(Norm, FusedBackwardKernelsMatchTheirDecompositions) {
     auto [qx, qw] = composite::rms_norm_backward(ref(g), ref(x), ref(w6), {6}, 1e-6);
     expect_close(sx, qx, tol, tol);
     expect_close(sw, qw, tol * 4, tol * 4);
-    expect_close(group_norm_backward(g, x, w3, 3, 1e-5),
-                 composite::group_norm_backward(ref(g), ref(x), ref(w3), 3, 1e-5), tol, tol);
-    expect_close(group_norm_backward_weight(g, x, 3, 1e-5),
-                 composite::group_norm_backward_weight(ref(g), ref(x), 3, 1e-5), tol * 4, tol * 4);
+    auto [gx, gw, gb] = _group_norm_backward(g, x, w3, 3, 1e-5);
+    auto [hx, hw, hb] = composite::group_norm_backward(ref(g), ref(x), ref(w3), 3, 1e-5);
+    expect_close(gx, hx, tol, tol);
+    expect_close(gw, hw, tol * 4, tol * 4);
+    expect_close(gb, hb, tol * 4, tol * 4);
     expect_close(batch_norm_backward(g, x, w3, 1e-5),
                  composite::batch_norm_backward(ref(g), ref(x), ref(w3), 1e-5), tol, tol);
     expect_close(batch_norm_backward_weight(g, x, 1e-5),
@@ -150,6 +151,36 @@ TEST(Norm, RowNormBackwardOverManyRows) {
   EXPECT_EQ(to_doubles(std::get<1>(many)), to_doubles(std::get<1>(one)));
   EXPECT_EQ(to_doubles(std::get<2>(many)), to_doubles(std::get<2>(one)));
   expect_close(std::get<2>(many), g32.to(kFloat64).sum({0}), 1e-4, 1e-4);
+}
+
+// group_norm's fused backward: several samples, groups of several channels, a non-contiguous
+// input, the same bits whatever the thread count, and zero-size inputs.
+TEST(Norm, GroupNormBackwardGivesAllThreeGradients) {
+  Tensor g = random({5, 6, 7, 3}, kFloat64, -1, 1, 24);
+  Tensor x = random({5, 6, 7, 3}, kFloat64, -2, 2, 25);
+  Tensor w = random({6}, kFloat64, -1, 1, 26);
+  auto [dx, dw, db] = _group_norm_backward(g, testing::non_contiguous(x), w, 2, 1e-5);
+  auto [rx, rw, rb] = composite::group_norm_backward(g, x, w, 2, 1e-5);
+  expect_close(dx, rx, 1e-11, 1e-11);
+  expect_close(dw, rw, 1e-11, 1e-11);
+  expect_close(db, rb, 1e-11, 1e-11);
+  Tensor g32 = g.to(kFloat32), x32 = x.to(kFloat32), w32 = w.to(kFloat32);
+  auto many = _group_norm_backward(g32, x32, w32, 3, 1e-5);
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  auto one = _group_norm_backward(g32, x32, w32, 3, 1e-5);
+  set_num_threads(threads);
+  EXPECT_EQ(to_doubles(std::get<0>(many)), to_doubles(std::get<0>(one)));
+  EXPECT_EQ(to_doubles(std::get<1>(many)), to_doubles(std::get<1>(one)));
+  EXPECT_EQ(to_doubles(std::get<2>(many)), to_doubles(std::get<2>(one)));
+  auto [zx, zw, zb] = _group_norm_backward(kiln::zeros({0, 4, 2}), kiln::zeros({0, 4, 2}),
+                                           kiln::ones({4}), 2, 1e-5);
+  EXPECT_EQ(zx.sizes(), IntArrayRef({0, 4, 2}));
+  expect_close(zw, kiln::zeros({4}));
+  expect_close(zb, kiln::zeros({4}));
+  expect_error(ErrorKind::Value, "_group_norm_backward: expected grad of shape [5, 6, 7, 3]", [&] {
+    _group_norm_backward(random({5, 6}), x, w, 2, 1e-5);
+  });
 }
 
 // Autograd takes the input, weight and bias gradients from the one fused row.

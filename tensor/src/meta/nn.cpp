@@ -145,20 +145,16 @@ TensorSpec group_norm(const Tensor& input, int64_t num_groups, const Tensor& wei
   return like(input, common_device("group_norm", input, weight, bias));
 }
 
-TensorSpec group_norm_backward(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                               int64_t num_groups, double) {
-  check_groups("group_norm_backward", input, num_groups);
-  check_grad("group_norm_backward", grad, input);
-  check_param("group_norm_backward", "weight", weight, {input.size(1)}, input);
-  return like(input, common_device("group_norm_backward", grad, input, weight));
-}
-
-TensorSpec group_norm_backward_weight(const Tensor& grad, const Tensor& input, int64_t num_groups,
-                                      double) {
-  check_groups("group_norm_backward_weight", input, num_groups);
-  check_grad("group_norm_backward_weight", grad, input);
-  return contiguous_spec({input.size(1)}, input.dtype(),
-                         common_device("group_norm_backward_weight", grad, input));
+// (grad_input, grad_weight, grad_bias): the input's shape, then (C,) twice.
+std::vector<TensorSpec> group_norm_backward(const Tensor& grad, const Tensor& input,
+                                            const Tensor& weight, int64_t num_groups, double) {
+  const char* op = "_group_norm_backward";
+  check_groups(op, input, num_groups);
+  check_grad(op, grad, input);
+  check_param(op, "weight", weight, {input.size(1)}, input);
+  const Device device = common_device(op, grad, input, weight);
+  const TensorSpec param = contiguous_spec({input.size(1)}, input.dtype(), device);
+  return {like(input, device), param, param};
 }
 
 // ---- batch_norm -------------------------------------------------------------------------------
