@@ -102,11 +102,11 @@ Result pool_rule(Call& c) {
 // the vmap dim folds into the leading dims: data arguments go batch-first (expanded if
 // unbatched), a `dim` shifts past it, and the op runs once. Per op: batch_norm's statistics are
 // per channel over N, so there the batch folds into the channels (weight repeated); the
-// weight-gradient rows sum over the rows of one example, so they are written as logical ops
-// that hit their own rules; group_norm and cross_entropy over (N, C, ..) examples merge the batch
-// into N; dropout gives every example the same mask, that of its (seed, offset), as the loop does
-// (PyTorch's randomness="same"); attention folds the batch into its leading dims (with dropout:
-// the loop).
+// weight-gradient rows, and the weight and bias outputs of the fused layer/rms norm backward
+// rows, sum over the rows of one example, so they are computed per example; group_norm and
+// cross_entropy over (N, C, ..) examples merge the batch into N; dropout gives every example the
+// same mask, that of its (seed, offset), as the loop does (PyTorch's randomness="same"); attention
+// folds the batch into its leading dims (with dropout: the loop).
 // A batched weight or bias (a different parameter per example) uses the loop.
 static bool is_parameter(const Call& c, int i) {
   const char* n = c.info().args[i].name;
@@ -162,8 +162,7 @@ static Result batched_parameters(Call& c) {
     if (b.defined()) y = kiln::add(y, param_view(name, b, x));
     return Stack{y};
   }
-  if (name == "layer_norm_backward" || name == "rms_norm_backward" ||
-      name == "group_norm_backward" || name == "batch_norm_backward") {
+  if (name == "batch_norm_backward") {
     Stack args = c.args;
     const int w_i = c.index("weight");
     const Tensor& w = c.args[w_i].to_tensor();
@@ -174,40 +173,62 @@ static Result batched_parameters(Call& c) {
   return std::nullopt;
 }
 
+// _layer_norm_backward, _rms_norm_backward, _group_norm_backward: the input gradient folds the
+// batch into the rows (group norm: into N; a batched weight goes into grad, with a unit weight);
+// the weight and bias gradients sum over one example's rows (group norm: all but the channel
+// dim), from the examples' xhat.
+static Result norm_backward(Call& c) {
+  const std::string name = c.name();
+  const bool rms = name == "_rms_norm_backward", group = name == "_group_norm_backward";
+  const Tensor &g = c.args[0].to_tensor(), &x = c.args[1].to_tensor();
+  if (group && x.dim() < 2) return std::nullopt;  // the loop raises the shape error
+  const int w_i = c.index("weight");
+  const Tensor& w = c.args[w_i].to_tensor();
+  const double eps = c.args[c.index("eps")].to_double();
+  // the parameters' shape: (C,), or normalized_shape
+  const std::vector<int64_t> ps =
+      group ? std::vector<int64_t>{x.size(1)} : int_list(c, "normalized_shape");
+  Tensor one = kiln::ones(ps, x.dtype(), x.device());
+  Tensor zero = kiln::zeros(ps, x.dtype(), x.device());
+  Tensor gp = front_or_expand(c, g), xp = front_or_expand(c, x);  // (B, ..)
+  Tensor gwp = c.batched(w) ? front_or_expand(c, kiln::mul(g, param_view(name, w, g))) : gp;
+  Stack args = c.args;
+  args[w_i] = c.batched(w) ? one : w;
+  Tensor xhat;
+  std::vector<int64_t> dims;  // an example's dims summed for the weight and bias
+  if (group) {  // (B, N, C, ..) -> (B * N, C, ..)
+    const int64_t G = c.args[c.index("num_groups")].to_int(), N = xp.size(1);
+    args[0] = gwp.flatten(0, 1);
+    args[1] = xp.flatten(0, 1);
+    xhat = kiln::_group_norm(xp.flatten(0, 1), G, one, zero, eps).unflatten(0, {c.batch, N});
+    for (int64_t d = 1; d < xp.dim(); ++d)
+      if (d != 2) dims.push_back(d);
+  } else {
+    args[0] = gwp;
+    args[1] = xp;
+    xhat = rms ? kiln::_rms_norm(xp, ps, one, eps) : kiln::_layer_norm(xp, ps, one, zero, eps);
+    for (int64_t d = 1; d < xp.dim() - static_cast<int64_t>(ps.size()); ++d) dims.push_back(d);
+  }
+  Stack outs = run(c.op, std::move(args));  // its weight and bias sums span every example
+  if (group) outs[0] = outs[0].to_tensor().unflatten(0, {c.batch, xp.size(1)});
+  auto rows_sum = [&](const Tensor& t) {
+    return dims.empty() ? t : kiln::sum(t, dims, false, std::nullopt);
+  };
+  outs[1] = rows_sum(kiln::mul(gp, xhat));
+  if (!rms) outs[2] = rows_sum(gp);
+  return wrap_outputs(c, std::move(outs));
+}
+
 Result rowwise_rule(Call& c) {
   if (c.batch == 0) return std::nullopt;
   const std::string name = c.name();
   const int64_t B = c.batch;
+  if (name == "_layer_norm_backward" || name == "_rms_norm_backward" ||
+      name == "_group_norm_backward")
+    return norm_backward(c);
   for (int i = 0; i < c.info().num_args; ++i)
     if (c.args[i].is_tensor() && is_parameter(c, i) && c.batched(c.args[i].to_tensor()))
       return batched_parameters(c);
-  if (name == "layer_norm_backward_weight" || name == "rms_norm_backward_weight" ||
-      name == "group_norm_backward_weight") {
-    const Tensor &g = c.args[0].to_tensor(), &x = c.args[1].to_tensor();
-    const double eps = c.args[c.index("eps")].to_double();
-    Tensor xhat;
-    int64_t kept = 0;  // leading dims of the result: the normalized shape is trailing
-    if (name == "group_norm_backward_weight") {
-      const int64_t C = x.size(1), G = c.args[2].to_int();
-      xhat = kiln::_group_norm(x, G, kiln::ones({C}, x.dtype(), x.device()), kiln::zeros({C}, x.dtype(), x.device()), eps);
-    } else {
-      const std::vector<int64_t> ns = int_list(c, "normalized_shape");
-      Tensor one = kiln::ones(ns, x.dtype(), x.device());
-      xhat = name == "layer_norm_backward_weight"
-                 ? kiln::_layer_norm(x, ns, one, kiln::zeros(ns, x.dtype(), x.device()), eps)
-                 : kiln::_rms_norm(x, ns, one, eps);
-      kept = x.dim() - static_cast<int64_t>(ns.size());
-    }
-    Tensor prod = kiln::mul(g, xhat);
-    std::vector<int64_t> dims;
-    if (name == "group_norm_backward_weight") {
-      for (int64_t d = 0; d < prod.dim(); ++d)
-        if (d != 1) dims.push_back(d);
-    } else {
-      for (int64_t d = 0; d < kept; ++d) dims.push_back(d);
-    }
-    return Stack{dims.empty() ? prod : kiln::sum(prod, dims, false, std::nullopt)};
-  }
   if (name == "embedding_dense_backward") {  // example b's rows become rows b * num_weights + i
     Tensor g = front_or_expand(c, c.args[0].to_tensor());
     Tensor idx = front_or_expand(c, c.args[1].to_tensor());
@@ -252,7 +273,7 @@ Result rowwise_rule(Call& c) {
   const bool cross_entropy = name == "cross_entropy_indices" || name == "cross_entropy_indices_backward";
   const int input_i = c.index("input");
   const int64_t rank = input_i >= 0 ? c.args[input_i].to_tensor().dim() : 0;
-  const bool group_norm = name == "_group_norm" || name == "group_norm_backward";
+  const bool group_norm = name == "_group_norm";
   const bool merge_n = (cross_entropy && rank >= 2) || group_norm;  // (B, N, ..) -> (B * N, ..)
   if (cross_entropy && rank == 0) return std::nullopt;
   Stack args = c.args;

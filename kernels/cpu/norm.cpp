@@ -10,7 +10,8 @@
 //
 // Backward of y = xhat * w + b over a set of n elements, gw = dy * w:
 //   dx = r * (gw - mean(gw) - xhat * mean(gw * xhat))      (rms_norm: no mean(gw) term, xhat = x r)
-//   dw = sum over the other dims of dy * xhat
+//   dw = sum over the other dims of dy * xhat, db = sum over the other dims of dy
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <vector>
@@ -152,80 +153,84 @@ Tensor row_norm_forward(const char* name, const TensorSpec& spec, const Tensor& 
   return out;
 }
 
-// grad, x: (M, D), w: (D,) -> dx: (M, D).
+// One row of the row norms' backward: dx = r * (g * w - c1 - xhat * c2), and the row's terms of
+// dw (g * xhat) and db (g) added to pw and pb. The restrict parameters let the loop vectorize.
+template <bool kRms, typename T, typename A>
+void row_grads(const T* __restrict g, const T* __restrict x, const T* __restrict w,
+               T* __restrict dx, A* __restrict pw, A* __restrict pb, int64_t D, A m, A r, A c1,
+               A c2) {
+  for (int64_t j = 0; j < D; ++j) {
+    const A gj = static_cast<A>(g[j]), xh = (static_cast<A>(x[j]) - m) * r;
+    dx[j] = static_cast<T>(r * (gj * static_cast<A>(w[j]) - c1 - xh * c2));
+    pw[j] += gj * xh;
+    if constexpr (!kRms) pb[j] += gj;
+  }
+}
+
+// At most this many chunks of rows for the weight and bias sums of the row norms' backward (their
+// partial sums are kMaxChunks * D floats at most).
+constexpr int64_t kMaxChunks = 64;
+
+// grad, x: (M, D), w: (D,) -> dx: (M, D), dw: (D,), db: (D,) (rms: no db), in one pass over the
+// rows. The rows are cut into chunks fixed by M and D alone; each chunk sums dw = grad * xhat and
+// db = grad over its rows into its own partial sums, which are then added in chunk order
+// (Note [Deterministic reductions]).
 template <bool kRms>
-Tensor row_norm_backward(const char* name, const TensorSpec& spec, const Tensor& grad,
-                         const Tensor& input, const Tensor& weight, IntArrayRef normalized_shape,
-                         double eps) {
-  Tensor out = alloc(spec);
-  if (out.numel() == 0) return out;
-  const int64_t D = trailing_numel(normalized_shape), M = input.numel() / D;
+std::vector<Tensor> row_norm_backward(const char* name, const std::vector<TensorSpec>& specs,
+                                      const Tensor& grad, const Tensor& input,
+                                      const Tensor& weight, IntArrayRef normalized_shape,
+                                      double eps) {
+  std::vector<Tensor> outs;
+  for (const TensorSpec& spec : specs) outs.push_back(alloc(spec));
+  const int64_t D = trailing_numel(normalized_shape), M = D == 0 ? 0 : input.numel() / D;
+  if (D == 0) return outs;
   Tensor g = grad.contiguous(), x = input.contiguous(), w = weight.contiguous();
   KILN_DISPATCH_FLOAT_TYPES(input.dtype(), name, [&] {
     using T = scalar_t;
     using A = acc_t<T>;
+    constexpr int kSums = kRms ? 1 : 2;  // dw, db
     const T *gp = data_of<T>(g), *xp = data_of<T>(x), *wp = data_of<T>(w);
-    T* dp = mutable_data_of<T>(out);
+    T* dp = mutable_data_of<T>(outs[0]);
+    const int64_t rows = std::max(grain_for(D), (M + kMaxChunks - 1) / kMaxChunks);
+    const int64_t chunks = (M + rows - 1) / rows;
+    std::vector<A> part(chunks * kSums * D);
     const A n = static_cast<A>(D), inv_d = A(1) / n;
-    parallel_for(M, grain_for(D), [&](int64_t r0, int64_t r1) {
-      for (int64_t i = r0; i < r1; ++i) {
-        // the mean, then the squared deviations with both gradient sums in one more pass
-        const T *gr = gp + i * D, *xr = xp + i * D;
-        const A m = kRms ? A(0) : lane_sum<A>(D, [xr](int64_t j) { return static_cast<A>(xr[j]); }) / n;
-        auto [v, s1, s2] = lane_sums3<A>(D, [&](int64_t j, A& a, A& b, A& c) {
-          const A d = static_cast<A>(xr[j]) - m, gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
-          a += d * d;
-          b += gw;
-          c += gw * d;
-        });
-        const A r = A(1) / std::sqrt(v / n + static_cast<A>(eps));  // as stats()
-        const A c1 = kRms ? A(0) : s1 * inv_d, c2 = s2 * r * inv_d;
-        T* dr = dp + i * D;
-        for (int64_t j = 0; j < D; ++j) {
-          A gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
-          A xh = (static_cast<A>(xr[j]) - m) * r;
-          dr[j] = static_cast<T>(r * (gw - c1 - xh * c2));
-        }
-      }
-    });
-  });
-  return out;
-}
-
-// grad, x: (M, D) -> dw: (D,) = sum over rows of grad * xhat. Rows are cut into fixed chunks whose
-// partial sums are added in chunk order.
-template <bool kRms>
-Tensor row_norm_backward_weight(const char* name, const TensorSpec& spec, const Tensor& grad,
-                                const Tensor& input, IntArrayRef normalized_shape, double eps) {
-  Tensor out = alloc(spec);
-  if (out.numel() == 0) return out;
-  const int64_t D = trailing_numel(normalized_shape), M = input.numel() / D;
-  Tensor g = grad.contiguous(), x = input.contiguous();
-  KILN_DISPATCH_FLOAT_TYPES(input.dtype(), name, [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    const T *gp = data_of<T>(g), *xp = data_of<T>(x);
-    const int64_t rows = grain_for(D), chunks = (M + rows - 1) / rows;
-    std::vector<A> part(std::max<int64_t>(chunks, 1) * D, A(0));  // zeros when M is 0
     parallel_for(chunks, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
-        A* p = part.data() + c * D;
+        A* pw = part.data() + c * kSums * D;
+        A* pb = pw + (kSums - 1) * D;  // rms: unused
+        std::fill(pw, pw + kSums * D, A(0));
         for (int64_t i = c * rows; i < std::min(M, (c + 1) * rows); ++i) {
-          auto [m, r] = stats<kRms>(xp, Runs{i * D, 1, 0, D}, eps);
+          // the mean, then the squared deviations with both gradient sums in one more pass
           const T *gr = gp + i * D, *xr = xp + i * D;
-          for (int64_t j = 0; j < D; ++j)
-            p[j] += static_cast<A>(gr[j]) * (static_cast<A>(xr[j]) - m) * r;
+          const A m =
+              kRms ? A(0) : lane_sum<A>(D, [xr](int64_t j) { return static_cast<A>(xr[j]); }) / n;
+          auto [v, s1, s2] = lane_sums3<A>(D, [&](int64_t j, A& a, A& b, A& e) {
+            const A d = static_cast<A>(xr[j]) - m;
+            const A gw = static_cast<A>(gr[j]) * static_cast<A>(wp[j]);
+            a += d * d;
+            b += gw;
+            e += gw * d;
+          });
+          const A r = A(1) / std::sqrt(v / n + static_cast<A>(eps));  // as stats()
+          const A c1 = kRms ? A(0) : s1 * inv_d, c2 = s2 * r * inv_d;
+          row_grads<kRms>(gr, xr, wp, dp + i * D, pw, pb, D, m, r, c1, c2);
         }
       }
     });
-    for (int64_t c = 1; c < chunks; ++c) {
-      const A* p = part.data() + c * D;
-      for (int64_t j = 0; j < D; ++j) part[j] += p[j];
-    }
-    T* op = mutable_data_of<T>(out);
-    for (int64_t j = 0; j < D; ++j) op[j] = static_cast<T>(part[j]);
+    // column j of every partial sum, added in chunk order (zeros when M is 0)
+    parallel_for(D, grain_for(chunks * kSums), [&](int64_t j0, int64_t j1) {
+      for (int k = 0; k < kSums; ++k) {
+        T* op = mutable_data_of<T>(outs[1 + k]);
+        for (int64_t j = j0; j < j1; ++j) {
+          A acc = 0;
+          for (int64_t c = 0; c < chunks; ++c) acc += part[(c * kSums + k) * D + j];
+          op[j] = static_cast<T>(acc);
+        }
+      }
+    });
   });
-  return out;
+  return outs;
 }
 
 Tensor layer_norm_cpu(const Tensor& input, IntArrayRef normalized_shape, const Tensor& weight,
@@ -234,18 +239,16 @@ Tensor layer_norm_cpu(const Tensor& input, IntArrayRef normalized_shape, const T
   return row_norm_forward<false>("layer_norm", spec, input, normalized_shape, weight, &bias, eps);
 }
 
-Tensor layer_norm_backward_cpu(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                               IntArrayRef normalized_shape, double eps) {
-  TensorSpec spec = meta::layer_norm_backward(grad, input, weight, normalized_shape, eps);
-  return row_norm_backward<false>("layer_norm_backward", spec, grad, input, weight,
-                                  normalized_shape, eps);
-}
-
-Tensor layer_norm_backward_weight_cpu(const Tensor& grad, const Tensor& input,
-                                      IntArrayRef normalized_shape, double eps) {
-  TensorSpec spec = meta::layer_norm_backward_weight(grad, input, normalized_shape, eps);
-  return row_norm_backward_weight<false>("layer_norm_backward_weight", spec, grad, input,
-                                         normalized_shape, eps);
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward_cpu(const Tensor& grad,
+                                                           const Tensor& input,
+                                                           const Tensor& weight,
+                                                           IntArrayRef normalized_shape,
+                                                           double eps) {
+  std::vector<TensorSpec> specs =
+      meta::layer_norm_backward(grad, input, weight, normalized_shape, eps);
+  std::vector<Tensor> o = row_norm_backward<false>("_layer_norm_backward", specs, grad, input,
+                                                   weight, normalized_shape, eps);
+  return {o[0], o[1], o[2]};
 }
 
 Tensor rms_norm_cpu(const Tensor& input, IntArrayRef normalized_shape, const Tensor& weight,
@@ -254,18 +257,14 @@ Tensor rms_norm_cpu(const Tensor& input, IntArrayRef normalized_shape, const Ten
   return row_norm_forward<true>("rms_norm", spec, input, normalized_shape, weight, nullptr, eps);
 }
 
-Tensor rms_norm_backward_cpu(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                             IntArrayRef normalized_shape, double eps) {
-  TensorSpec spec = meta::rms_norm_backward(grad, input, weight, normalized_shape, eps);
-  return row_norm_backward<true>("rms_norm_backward", spec, grad, input, weight,
-                                 normalized_shape, eps);
-}
-
-Tensor rms_norm_backward_weight_cpu(const Tensor& grad, const Tensor& input,
-                                    IntArrayRef normalized_shape, double eps) {
-  TensorSpec spec = meta::rms_norm_backward_weight(grad, input, normalized_shape, eps);
-  return row_norm_backward_weight<true>("rms_norm_backward_weight", spec, grad, input,
-                                        normalized_shape, eps);
+std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad, const Tensor& input,
+                                                 const Tensor& weight,
+                                                 IntArrayRef normalized_shape, double eps) {
+  std::vector<TensorSpec> specs =
+      meta::rms_norm_backward(grad, input, weight, normalized_shape, eps);
+  std::vector<Tensor> o = row_norm_backward<true>("_rms_norm_backward", specs, grad, input, weight,
+                                                  normalized_shape, eps);
+  return {o[0], o[1]};
 }
 
 // ---- group_norm and batch_norm: (N, C, S) -----------------------------------------------------
@@ -337,31 +336,33 @@ Tensor group_norm_cpu(const Tensor& input, int64_t G, const Tensor& weight, cons
   return out;
 }
 
-Tensor group_norm_backward_cpu(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                               int64_t G, double eps) {
-  Tensor out = alloc(meta::group_norm_backward(grad, input, weight, G, eps));
-  if (out.numel() == 0) return out;
+// grad, x: (N, C, S), w: (C,) -> dx: (N, C, S), dw, db: (C,). Each (sample, group) task keeps its
+// channels' sums of g and g * xhat, which give dx and, added over the samples in order, db and dw.
+std::tuple<Tensor, Tensor, Tensor> group_norm_backward_cpu(const Tensor& grad, const Tensor& input,
+                                                           const Tensor& weight, int64_t G,
+                                                           double eps) {
+  std::vector<TensorSpec> specs = meta::group_norm_backward(grad, input, weight, G, eps);
+  Tensor dx = alloc(specs[0]), dw = alloc(specs[1]), db = alloc(specs[2]);
   const NCS d = ncs_of(input);
   const int64_t Cg = d.C / G;
   Tensor g = grad.contiguous(), x = input.contiguous(), w = weight.contiguous();
-  KILN_DISPATCH_FLOAT_TYPES(input.dtype(), "group_norm_backward", [&] {
+  KILN_DISPATCH_FLOAT_TYPES(input.dtype(), "_group_norm_backward", [&] {
     using T = scalar_t;
     using A = acc_t<T>;
     const T *gp = data_of<T>(g), *xp = data_of<T>(x), *wp = data_of<T>(w);
-    T* dp = mutable_data_of<T>(out);
-    const A inv_n = A(1) / static_cast<A>(Cg * d.S);
+    T* dp = mutable_data_of<T>(dx);
+    std::vector<A> sum_g(d.N * d.C), sum_gx(d.N * d.C);  // per (sample, channel)
+    const A inv_n = A(1) / static_cast<A>(std::max<int64_t>(Cg * d.S, 1));
     parallel_for(d.N * G, grain_for(Cg * d.S), [&](int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q) {
         const Runs s = group_set(d, G, q / G, q % G);
         auto [m, r] = stats<false>(xp, s, eps);
         A s1 = 0, s2 = 0;  // sums of gw and gw * xhat, gw = g * w[c]
         for (int64_t k = 0; k < Cg; ++k) {
-          const int64_t off = s.base + k * d.S;
-          const A wc = static_cast<A>(wp[(q % G) * Cg + k]);
-          A a = 0, b = 0;
-          grad_sums_run<T, A>(gp + off, xp + off, d.S, m, r, a, b);
-          s1 += wc * a;
-          s2 += wc * b;
+          const int64_t c = (q % G) * Cg + k, off = s.base + k * d.S, nc = (q / G) * d.C + c;
+          grad_sums_run<T, A>(gp + off, xp + off, d.S, m, r, sum_g[nc], sum_gx[nc]);
+          s1 += static_cast<A>(wp[c]) * sum_g[nc];
+          s2 += static_cast<A>(wp[c]) * sum_gx[nc];
         }
         for (int64_t k = 0; k < Cg; ++k) {
           const int64_t off = s.base + k * d.S;
@@ -374,39 +375,15 @@ Tensor group_norm_backward_cpu(const Tensor& grad, const Tensor& input, const Te
         }
       }
     });
+    T *wo = mutable_data_of<T>(dw), *bo = mutable_data_of<T>(db);
+    for (int64_t c = 0; c < d.C; ++c) {
+      A a = 0, b = 0;
+      for (int64_t n = 0; n < d.N; ++n) a += sum_gx[n * d.C + c], b += sum_g[n * d.C + c];
+      wo[c] = static_cast<T>(a);
+      bo[c] = static_cast<T>(b);
+    }
   });
-  return out;
-}
-
-// dw[c] = sum over n of the channel's runs of g * xhat (statistics of (n, group of c)).
-Tensor group_norm_backward_weight_cpu(const Tensor& grad, const Tensor& input, int64_t G,
-                                      double eps) {
-  Tensor out = alloc(meta::group_norm_backward_weight(grad, input, G, eps));
-  const NCS d = ncs_of(input);
-  Tensor g = grad.contiguous(), x = input.contiguous();
-  KILN_DISPATCH_FLOAT_TYPES(input.dtype(), "group_norm_backward_weight", [&] {
-    using T = scalar_t;
-    using A = acc_t<T>;
-    const T *gp = data_of<T>(g), *xp = data_of<T>(x);
-    const int64_t Cg = d.C / G;
-    std::vector<A> mean(d.N * G), rstd(d.N * G);
-    parallel_for(d.N * G, grain_for(Cg * d.S), [&](int64_t q0, int64_t q1) {
-      for (int64_t q = q0; q < q1; ++q)
-        std::tie(mean[q], rstd[q]) = stats<false>(xp, group_set(d, G, q / G, q % G), eps);
-    });
-    T* op = mutable_data_of<T>(out);
-    parallel_for(d.C, grain_for(d.N * d.S), [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        A s1 = 0, s2 = 0;
-        for (int64_t n = 0; n < d.N; ++n) {
-          const int64_t q = n * G + c / Cg, off = (n * d.C + c) * d.S;
-          grad_sums_run<T, A>(gp + off, xp + off, d.S, mean[q], rstd[q], s1, s2);
-        }
-        op[c] = static_cast<T>(s2);
-      }
-    });
-  });
-  return out;
+  return {dx, dw, db};
 }
 
 Tensor batch_norm_cpu(const Tensor& input, const Tensor& weight, const Tensor& bias, double eps) {
@@ -489,14 +466,11 @@ Tensor batch_norm_backward_weight_cpu(const Tensor& grad, const Tensor& input, d
 
 KILN_LIBRARY(CPU, m) {
   m.impl<ops::_layer_norm>(layer_norm_cpu);
-  m.impl<ops::layer_norm_backward>(layer_norm_backward_cpu);
-  m.impl<ops::layer_norm_backward_weight>(layer_norm_backward_weight_cpu);
+  m.impl<ops::_layer_norm_backward>(layer_norm_backward_cpu);
   m.impl<ops::_rms_norm>(rms_norm_cpu);
-  m.impl<ops::rms_norm_backward>(rms_norm_backward_cpu);
-  m.impl<ops::rms_norm_backward_weight>(rms_norm_backward_weight_cpu);
+  m.impl<ops::_rms_norm_backward>(rms_norm_backward_cpu);
   m.impl<ops::_group_norm>(group_norm_cpu);
-  m.impl<ops::group_norm_backward>(group_norm_backward_cpu);
-  m.impl<ops::group_norm_backward_weight>(group_norm_backward_weight_cpu);
+  m.impl<ops::_group_norm_backward>(group_norm_backward_cpu);
   m.impl<ops::_batch_norm>(batch_norm_cpu);
   m.impl<ops::batch_norm_backward>(batch_norm_backward_cpu);
   m.impl<ops::batch_norm_backward_weight>(batch_norm_backward_weight_cpu);

@@ -8,6 +8,7 @@
 //    (tests/kernels/norm_test.cpp checks that).
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "kiln/generated/composite_decls.h"
 #include "kiln/generated/meta_decls.h"
@@ -98,16 +99,15 @@ Tensor layer_norm(const Tensor& input, IntArrayRef normalized_shape,
   return kiln::_layer_norm(input, normalized_shape, w, b, eps);
 }
 
-Tensor layer_norm_backward(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                           IntArrayRef normalized_shape, double eps) {
+// (grad_input, grad_weight, grad_bias) of y = xhat * w + b over the trailing dims.
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& grad, const Tensor& input,
+                                                       const Tensor& weight,
+                                                       IntArrayRef normalized_shape, double eps) {
   std::vector<int64_t> dims = trailing_dims(normalized_shape);
-  return normalized_grad(grad * weight, normalize(input, dims, eps), dims);
-}
-
-Tensor layer_norm_backward_weight(const Tensor& grad, const Tensor& input,
-                                  IntArrayRef normalized_shape, double eps) {
-  Normalized n = normalize(input, trailing_dims(normalized_shape), eps);
-  return sum_leading(grad * n.xhat, static_cast<int64_t>(normalized_shape.size()));
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  Normalized n = normalize(input, dims, eps);
+  return {normalized_grad(grad * weight, n, dims), sum_leading(grad * n.xhat, k),
+          sum_leading(grad, k)};
 }
 
 Tensor rms_norm(const Tensor& input, IntArrayRef normalized_shape,
@@ -125,19 +125,16 @@ Tensor rms_norm(const Tensor& input, IntArrayRef normalized_shape,
   return kiln::_rms_norm(input, normalized_shape, w, eps.value_or(e));
 }
 
-// y = x * r * w with r = rsqrt(mean(x^2) + eps): dx = r * (gw - x * r^2 * mean(gw * x)).
-Tensor rms_norm_backward(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                         IntArrayRef normalized_shape, double eps) {
+// y = x * r * w with r = rsqrt(mean(x^2) + eps): dx = r * (gw - x * r^2 * mean(gw * x)),
+// dw = sum over the leading dims of grad * x * r.
+std::tuple<Tensor, Tensor> rms_norm_backward(const Tensor& grad, const Tensor& input,
+                                             const Tensor& weight, IntArrayRef normalized_shape,
+                                             double eps) {
   std::vector<int64_t> dims = trailing_dims(normalized_shape);
   Tensor r = rsqrt((input * input).mean(dims, true) + eps);
   Tensor gw = grad * weight;
-  return r * (gw - input * (r * r) * (gw * input).mean(dims, true));
-}
-
-Tensor rms_norm_backward_weight(const Tensor& grad, const Tensor& input,
-                                IntArrayRef normalized_shape, double eps) {
-  Tensor r = rsqrt((input * input).mean(trailing_dims(normalized_shape), true) + eps);
-  return sum_leading(grad * input * r, static_cast<int64_t>(normalized_shape.size()));
+  return {r * (gw - input * (r * r) * (gw * input).mean(dims, true)),
+          sum_leading(grad * input * r, static_cast<int64_t>(normalized_shape.size()))};
 }
 
 Tensor group_norm(const Tensor& input, int64_t num_groups, const std::optional<Tensor>& weight,
@@ -149,17 +146,14 @@ Tensor group_norm(const Tensor& input, int64_t num_groups, const std::optional<T
   return kiln::_group_norm(input, num_groups, w, b, eps);
 }
 
-Tensor group_norm_backward(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                           int64_t num_groups, double eps) {
+// (grad_input, grad_weight, grad_bias) of y = xhat * w + b, xhat over (C / G, *) per group.
+std::tuple<Tensor, Tensor, Tensor> group_norm_backward(const Tensor& grad, const Tensor& input,
+                                                       const Tensor& weight, int64_t num_groups,
+                                                       double eps) {
   Normalized n = normalize(grouped(input, num_groups), {2}, eps);
   Tensor gw = grouped(grad * per_channel(weight, input), num_groups);
-  return normalized_grad(gw, n, {2}).reshape(input.sizes());
-}
-
-Tensor group_norm_backward_weight(const Tensor& grad, const Tensor& input, int64_t num_groups,
-                                  double eps) {
-  Tensor xhat = normalize(grouped(input, num_groups), {2}, eps).xhat.reshape(input.sizes());
-  return channel_sum(grad * xhat);
+  return {normalized_grad(gw, n, {2}).reshape(input.sizes()),
+          channel_sum(grad * n.xhat.reshape(input.sizes())), channel_sum(grad)};
 }
 
 Tensor batch_norm(const Tensor& input, const std::optional<Tensor>& weight,

@@ -251,15 +251,15 @@ const std::vector<std::string> kCnnOps = {
     "conv2d", "convolution", "convolution_backward_weight", "max_pool2d",
     "max_pool2d_with_indices", "max_pool2d_backward", "avg_pool2d", "adaptive_avg_pool2d",
     "batch_norm", "_batch_norm", "batch_norm_backward", "batch_norm_backward_weight",
-    "group_norm", "_group_norm", "group_norm_backward", "group_norm_backward_weight"};
+    "group_norm", "_group_norm", "_group_norm_backward"};
 // (A causal mask from tril/triu of constants is never batched, so their loop does not matter.)
 const std::vector<std::string> kTransformerOps = {
     "matmul", "bmm",         "softmax", "transpose",  "permute", "view",     "reshape",
     "mul",    "add",         "div",     "sqrt",       "rsqrt",   "mean",     "var",
     "sub",    "masked_fill", "expand",  "contiguous", "split",   "chunk",    "stack",
     "cat",    "select",      "gelu",    "exp",        "maximum", "logsumexp",
-    "layer_norm", "_layer_norm", "layer_norm_backward", "layer_norm_backward_weight", "rms_norm",
-    "_rms_norm", "rms_norm_backward", "rms_norm_backward_weight", "embedding",
+    "layer_norm", "_layer_norm", "_layer_norm_backward", "rms_norm", "_rms_norm",
+    "_rms_norm_backward", "embedding",
     "embedding_dense_backward", "scaled_dot_product_attention", "_fused_attention",
     "_fused_attention_backward"};
 

@@ -30,12 +30,10 @@ KILN_OP_SAMPLES("_layer_norm", layer_norm_core_s) {
            {r({4}, 10), Dims{4}, r({4}, 11), r({4}, 12), 1e-5},
            {r({0, 5}, 13), Dims{5}, r({5}, 14), r({5}, 15), 1e-5}};
 }
-KILN_OP_SAMPLES("layer_norm_backward", layer_norm_backward_s) {
+KILN_OP_SAMPLES("_layer_norm_backward", layer_norm_backward_s) {
   return S{{r({3, 4}, 16), r({3, 4}, 17), r({4}, 18), Dims{4}, 1e-5},
-           {r({2, 2, 3}, 19), r({2, 2, 3}, 20), r({2, 3}, 21), Dims{2, 3}, 1e-5}};
-}
-KILN_OP_SAMPLES("layer_norm_backward_weight", layer_norm_backward_weight_s) {
-  return S{{r({3, 4}, 22), r({3, 4}, 23), Dims{4}, 1e-5}, {r({5}, 24), r({5}, 25), Dims{5}, 1e-5}};
+           {r({2, 2, 3}, 19), r({2, 2, 3}, 20), r({2, 3}, 21), Dims{2, 3}, 1e-5},
+           {r({5}, 24), non_contiguous(r({5}, 25)), r({5}, 22), Dims{5}, 1e-5}};
 }
 KILN_OP_SAMPLES("rms_norm", rms_norm_s) {
   return S{{r({2, 3, 4}, 26), Dims{4}, r({4}, 27), kNone}, {r({3, 4}, 28), Dims{3, 4}, kNone, 1e-6}};
@@ -43,11 +41,9 @@ KILN_OP_SAMPLES("rms_norm", rms_norm_s) {
 KILN_OP_SAMPLES("_rms_norm", rms_norm_core_s) {
   return S{{r({2, 5}, 29), Dims{5}, r({5}, 30), 1e-6}, {r({0, 3}, 31), Dims{3}, r({3}, 32), 1e-6}};
 }
-KILN_OP_SAMPLES("rms_norm_backward", rms_norm_backward_s) {
-  return S{{r({3, 4}, 33), r({3, 4}, 34), r({4}, 35), Dims{4}, 1e-6}};
-}
-KILN_OP_SAMPLES("rms_norm_backward_weight", rms_norm_backward_weight_s) {
-  return S{{r({3, 4}, 36), r({3, 4}, 37), Dims{4}, 1e-6}};
+KILN_OP_SAMPLES("_rms_norm_backward", rms_norm_backward_s) {
+  return S{{r({3, 4}, 33), r({3, 4}, 34), r({4}, 35), Dims{4}, 1e-6},
+           {r({2, 2, 3}, 36), r({2, 2, 3}, 37), r({2, 3}, 23), Dims{2, 3}, 1e-6}};
 }
 KILN_OP_SAMPLES("group_norm", group_norm_s) {
   return S{{r({2, 4, 3}, 38), int64_t{2}, r({4}, 39), r({4}, 40), 1e-5},
@@ -57,11 +53,9 @@ KILN_OP_SAMPLES("_group_norm", group_norm_core_s) {
   return S{{r({2, 4, 3}, 42), int64_t{2}, r({4}, 43), r({4}, 44), 1e-5},
            {r({3, 2}, 45), int64_t{1}, r({2}, 46), r({2}, 47), 1e-5}};
 }
-KILN_OP_SAMPLES("group_norm_backward", group_norm_backward_s) {
-  return S{{r({2, 4, 3}, 48), r({2, 4, 3}, 49), r({4}, 50), int64_t{2}, 1e-5}};
-}
-KILN_OP_SAMPLES("group_norm_backward_weight", group_norm_backward_weight_s) {
-  return S{{r({2, 4, 3}, 51), r({2, 4, 3}, 52), int64_t{2}, 1e-5}};
+KILN_OP_SAMPLES("_group_norm_backward", group_norm_backward_s) {
+  return S{{r({2, 4, 3}, 48), r({2, 4, 3}, 49), r({4}, 50), int64_t{2}, 1e-5},
+           {r({3, 2}, 51), non_contiguous(r({3, 2}, 52)), r({2}, 5), int64_t{1}, 1e-5}};
 }
 KILN_OP_SAMPLES("batch_norm", batch_norm_s) {
   return S{{r({4, 3, 2}, 53), r({3}, 54), r({3}, 55), r({3}, 56), r({3}, 57, 0.5, 2), true, 0.1, 1e-5},

@@ -95,18 +95,20 @@ TEST(Norm, FusedBackwardKernelsMatchTheirDecompositions) {
     auto ref = [&](const Tensor& t) { return t.to(kFloat64); };
     Tensor g = random({4, 3, 6}, dt, -1, 1, 10), x = random({4, 3, 6}, dt, -2, 2, 11);
     Tensor w6 = random({6}, dt, -1, 1, 12), w3 = random({3}, dt, -1, 1, 13);
-    expect_close(layer_norm_backward(g, x, w6, {6}, 1e-5),
-                 composite::layer_norm_backward(ref(g), ref(x), ref(w6), {6}, 1e-5), tol, tol);
-    expect_close(layer_norm_backward_weight(g, x, {6}, 1e-5),
-                 composite::layer_norm_backward_weight(ref(g), ref(x), {6}, 1e-5), tol * 4, tol * 4);
-    expect_close(rms_norm_backward(g, x, w6, {6}, 1e-6),
-                 composite::rms_norm_backward(ref(g), ref(x), ref(w6), {6}, 1e-6), tol, tol);
-    expect_close(rms_norm_backward_weight(g, x, {6}, 1e-6),
-                 composite::rms_norm_backward_weight(ref(g), ref(x), {6}, 1e-6), tol * 4, tol * 4);
-    expect_close(group_norm_backward(g, x, w3, 3, 1e-5),
-                 composite::group_norm_backward(ref(g), ref(x), ref(w3), 3, 1e-5), tol, tol);
-    expect_close(group_norm_backward_weight(g, x, 3, 1e-5),
-                 composite::group_norm_backward_weight(ref(g), ref(x), 3, 1e-5), tol * 4, tol * 4);
+    auto [dx, dw, db] = _layer_norm_backward(g, x, w6, {6}, 1e-5);
+    auto [rx, rw, rb] = composite::layer_norm_backward(ref(g), ref(x), ref(w6), {6}, 1e-5);
+    expect_close(dx, rx, tol, tol);
+    expect_close(dw, rw, tol * 4, tol * 4);
+    expect_close(db, rb, tol * 4, tol * 4);
+    auto [sx, sw] = _rms_norm_backward(g, x, w6, {6}, 1e-6);
+    auto [qx, qw] = composite::rms_norm_backward(ref(g), ref(x), ref(w6), {6}, 1e-6);
+    expect_close(sx, qx, tol, tol);
+    expect_close(sw, qw, tol * 4, tol * 4);
+    auto [gx, gw, gb] = _group_norm_backward(g, x, w3, 3, 1e-5);
+    auto [hx, hw, hb] = composite::group_norm_backward(ref(g), ref(x), ref(w3), 3, 1e-5);
+    expect_close(gx, hx, tol, tol);
+    expect_close(gw, hw, tol * 4, tol * 4);
+    expect_close(gb, hb, tol * 4, tol * 4);
     expect_close(batch_norm_backward(g, x, w3, 1e-5),
                  composite::batch_norm_backward(ref(g), ref(x), ref(w3), 1e-5), tol, tol);
     expect_close(batch_norm_backward_weight(g, x, 1e-5),
@@ -119,11 +121,88 @@ TEST(Norm, FusedBackwardKernelsMatchTheirDecompositions) {
   }
 }
 
-// The weight-gradient reduction chunks rows: many rows, non-contiguous grad.
-TEST(Norm, LayerNormBackwardWeightOverManyRows) {
-  Tensor g = random({300, 130}, kFloat64, -1, 1, 14), x = random({300, 130}, kFloat64, -2, 2, 15);
-  expect_close(layer_norm_backward_weight(testing::non_contiguous(g), x, {130}, 1e-5),
-               composite::layer_norm_backward_weight(g, x, {130}, 1e-5), 1e-11, 1e-11);
+// The fused layer/rms norm backward sums the weight and bias gradients per chunk of rows: many
+// rows (several chunks), non-contiguous inputs, two normalized dims, and the same bits whatever the
+// thread count.
+TEST(Norm, RowNormBackwardOverManyRows) {
+  Tensor g = random({300, 2, 65}, kFloat64, -1, 1, 14);
+  Tensor x = random({300, 2, 65}, kFloat64, -2, 2, 15);
+  Tensor w = random({2, 65}, kFloat64, -1, 1, 16);
+  auto [dx, dw, db] = _layer_norm_backward(testing::non_contiguous(g), testing::non_contiguous(x),
+                                           w, {2, 65}, 1e-5);
+  auto [rx, rw, rb] = composite::layer_norm_backward(g, x, w, {2, 65}, 1e-5);
+  expect_close(dx, rx, 1e-11, 1e-11);
+  expect_close(dw, rw, 1e-11, 1e-11);
+  expect_close(db, rb, 1e-11, 1e-11);
+  auto [sx, sw] = _rms_norm_backward(g, testing::non_contiguous(x), w, {2, 65}, 1e-6);
+  auto [qx, qw] = composite::rms_norm_backward(g, x, w, {2, 65}, 1e-6);
+  expect_close(sx, qx, 1e-11, 1e-11);
+  expect_close(sw, qw, 1e-11, 1e-11);
+  // float32 over 3000 rows of 130: twelve chunks, added in order whatever the thread count
+  Tensor g32 = random({3000, 130}, kFloat32, -1, 1, 17);
+  Tensor x32 = random({3000, 130}, kFloat32, -2, 2, 18);
+  Tensor w32 = random({130}, kFloat32, -1, 1, 19);
+  auto many = _layer_norm_backward(g32, x32, w32, {130}, 1e-5);
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  auto one = _layer_norm_backward(g32, x32, w32, {130}, 1e-5);
+  set_num_threads(threads);
+  EXPECT_EQ(to_doubles(std::get<0>(many)), to_doubles(std::get<0>(one)));
+  EXPECT_EQ(to_doubles(std::get<1>(many)), to_doubles(std::get<1>(one)));
+  EXPECT_EQ(to_doubles(std::get<2>(many)), to_doubles(std::get<2>(one)));
+  expect_close(std::get<2>(many), g32.to(kFloat64).sum({0}), 1e-4, 1e-4);
+}
+
+// group_norm's fused backward: several samples, groups of several channels, a non-contiguous
+// input, the same bits whatever the thread count, and zero-size inputs.
+TEST(Norm, GroupNormBackwardGivesAllThreeGradients) {
+  Tensor g = random({5, 6, 7, 3}, kFloat64, -1, 1, 24);
+  Tensor x = random({5, 6, 7, 3}, kFloat64, -2, 2, 25);
+  Tensor w = random({6}, kFloat64, -1, 1, 26);
+  auto [dx, dw, db] = _group_norm_backward(g, testing::non_contiguous(x), w, 2, 1e-5);
+  auto [rx, rw, rb] = composite::group_norm_backward(g, x, w, 2, 1e-5);
+  expect_close(dx, rx, 1e-11, 1e-11);
+  expect_close(dw, rw, 1e-11, 1e-11);
+  expect_close(db, rb, 1e-11, 1e-11);
+  Tensor g32 = g.to(kFloat32), x32 = x.to(kFloat32), w32 = w.to(kFloat32);
+  auto many = _group_norm_backward(g32, x32, w32, 3, 1e-5);
+  const int threads = get_num_threads();
+  set_num_threads(1);
+  auto one = _group_norm_backward(g32, x32, w32, 3, 1e-5);
+  set_num_threads(threads);
+  EXPECT_EQ(to_doubles(std::get<0>(many)), to_doubles(std::get<0>(one)));
+  EXPECT_EQ(to_doubles(std::get<1>(many)), to_doubles(std::get<1>(one)));
+  EXPECT_EQ(to_doubles(std::get<2>(many)), to_doubles(std::get<2>(one)));
+  auto [zx, zw, zb] = _group_norm_backward(kiln::zeros({0, 4, 2}), kiln::zeros({0, 4, 2}),
+                                           kiln::ones({4}), 2, 1e-5);
+  EXPECT_EQ(zx.sizes(), IntArrayRef({0, 4, 2}));
+  expect_close(zw, kiln::zeros({4}));
+  expect_close(zb, kiln::zeros({4}));
+  expect_error(ErrorKind::Value, "_group_norm_backward: expected grad of shape [5, 6, 7, 3]", [&] {
+    _group_norm_backward(random({5, 6}), x, w, 2, 1e-5);
+  });
+}
+
+// Autograd takes the input, weight and bias gradients from the one fused row.
+TEST(Norm, LayerNormGradientsThroughAutograd) {
+  Tensor x = random({5, 7}, kFloat64, -2, 2, 20).requires_grad_();
+  Tensor w = random({7}, kFloat64, -1, 1, 21).requires_grad_();
+  Tensor b = random({7}, kFloat64, -1, 1, 22).requires_grad_();
+  Tensor g = random({5, 7}, kFloat64, -1, 1, 23);
+  layer_norm(x, {7}, w, b).backward(g);
+  auto [rx, rw, rb] = composite::layer_norm_backward(g, x.detach(), w.detach(), {7}, 1e-5);
+  expect_close(x.grad(), rx, 1e-12, 1e-12);
+  expect_close(w.grad(), rw, 1e-12, 1e-12);
+  expect_close(b.grad(), rb, 1e-12, 1e-12);
+  // bfloat16 storage: gradients in bfloat16, accumulated in float32
+  Tensor xb = x.detach().to(kBFloat16).requires_grad_();
+  Tensor wb = w.detach().to(kBFloat16).requires_grad_();
+  rms_norm(xb, {7}, wb, 1e-6).backward(g.to(kBFloat16));
+  auto [qx, qw] = composite::rms_norm_backward(g, xb.detach().to(kFloat64),
+                                               wb.detach().to(kFloat64), {7}, 1e-6);
+  EXPECT_EQ(xb.grad().dtype(), kBFloat16);
+  expect_close(xb.grad(), qx, 5e-2, 5e-2);
+  expect_close(wb.grad(), qw, 5e-2, 5e-2);
 }
 
 TEST(Norm, ZeroSizeInputs) {
@@ -149,6 +228,12 @@ TEST(Norm, BadInput) {
   });
   expect_error(ErrorKind::Type, "expected a floating point input", [&] {
     layer_norm(kiln::ones({2, 4}, kInt64), {4});
+  });
+  expect_error(ErrorKind::Value, "_layer_norm_backward: expected grad of shape [2, 3, 4]", [&] {
+    _layer_norm_backward(random({2, 4}), x, kiln::ones({4}), {4}, 1e-5);
+  });
+  expect_error(ErrorKind::Value, "_rms_norm_backward: expected weight of shape [4], got [3]", [&] {
+    _rms_norm_backward(x, x, kiln::ones({3}), {4}, 1e-5);
   });
   expect_error(ErrorKind::Value, "to be divisible by num_groups", [&] { group_norm(x, 2); });
   expect_error(ErrorKind::Value, "more than 1 value per channel", [&] {

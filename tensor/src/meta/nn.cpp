@@ -86,20 +86,17 @@ TensorSpec layer_norm(const Tensor& input, IntArrayRef normalized_shape, const T
   return like(input, common_device("layer_norm", input, weight, bias));
 }
 
-TensorSpec layer_norm_backward(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                               IntArrayRef normalized_shape, double) {
-  check_normalized_shape("layer_norm_backward", input, normalized_shape);
-  check_grad("layer_norm_backward", grad, input);
-  check_param("layer_norm_backward", "weight", weight, normalized_shape, input);
-  return like(input, common_device("layer_norm_backward", grad, input, weight));
-}
-
-TensorSpec layer_norm_backward_weight(const Tensor& grad, const Tensor& input,
-                                      IntArrayRef normalized_shape, double) {
-  check_normalized_shape("layer_norm_backward_weight", input, normalized_shape);
-  check_grad("layer_norm_backward_weight", grad, input);
-  return contiguous_spec(normalized_shape, input.dtype(),
-                         common_device("layer_norm_backward_weight", grad, input));
+// (grad_input, grad_weight, grad_bias): the input's shape, then normalized_shape twice.
+std::vector<TensorSpec> layer_norm_backward(const Tensor& grad, const Tensor& input,
+                                            const Tensor& weight, IntArrayRef normalized_shape,
+                                            double) {
+  const char* op = "_layer_norm_backward";
+  check_normalized_shape(op, input, normalized_shape);
+  check_grad(op, grad, input);
+  check_param(op, "weight", weight, normalized_shape, input);
+  const Device device = common_device(op, grad, input, weight);
+  const TensorSpec param = contiguous_spec(normalized_shape, input.dtype(), device);
+  return {like(input, device), param, param};
 }
 
 // ---- rms_norm ---------------------------------------------------------------------------------
@@ -118,20 +115,16 @@ TensorSpec rms_norm(const Tensor& input, IntArrayRef normalized_shape, const Ten
   return like(input, common_device("rms_norm", input, weight));
 }
 
-TensorSpec rms_norm_backward(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                             IntArrayRef normalized_shape, double) {
-  check_normalized_shape("rms_norm_backward", input, normalized_shape);
-  check_grad("rms_norm_backward", grad, input);
-  check_param("rms_norm_backward", "weight", weight, normalized_shape, input);
-  return like(input, common_device("rms_norm_backward", grad, input, weight));
-}
-
-TensorSpec rms_norm_backward_weight(const Tensor& grad, const Tensor& input,
-                                    IntArrayRef normalized_shape, double) {
-  check_normalized_shape("rms_norm_backward_weight", input, normalized_shape);
-  check_grad("rms_norm_backward_weight", grad, input);
-  return contiguous_spec(normalized_shape, input.dtype(),
-                         common_device("rms_norm_backward_weight", grad, input));
+// (grad_input, grad_weight).
+std::vector<TensorSpec> rms_norm_backward(const Tensor& grad, const Tensor& input,
+                                          const Tensor& weight, IntArrayRef normalized_shape,
+                                          double) {
+  const char* op = "_rms_norm_backward";
+  check_normalized_shape(op, input, normalized_shape);
+  check_grad(op, grad, input);
+  check_param(op, "weight", weight, normalized_shape, input);
+  const Device device = common_device(op, grad, input, weight);
+  return {like(input, device), contiguous_spec(normalized_shape, input.dtype(), device)};
 }
 
 // ---- group_norm -------------------------------------------------------------------------------
@@ -152,20 +145,16 @@ TensorSpec group_norm(const Tensor& input, int64_t num_groups, const Tensor& wei
   return like(input, common_device("group_norm", input, weight, bias));
 }
 
-TensorSpec group_norm_backward(const Tensor& grad, const Tensor& input, const Tensor& weight,
-                               int64_t num_groups, double) {
-  check_groups("group_norm_backward", input, num_groups);
-  check_grad("group_norm_backward", grad, input);
-  check_param("group_norm_backward", "weight", weight, {input.size(1)}, input);
-  return like(input, common_device("group_norm_backward", grad, input, weight));
-}
-
-TensorSpec group_norm_backward_weight(const Tensor& grad, const Tensor& input, int64_t num_groups,
-                                      double) {
-  check_groups("group_norm_backward_weight", input, num_groups);
-  check_grad("group_norm_backward_weight", grad, input);
-  return contiguous_spec({input.size(1)}, input.dtype(),
-                         common_device("group_norm_backward_weight", grad, input));
+// (grad_input, grad_weight, grad_bias): the input's shape, then (C,) twice.
+std::vector<TensorSpec> group_norm_backward(const Tensor& grad, const Tensor& input,
+                                            const Tensor& weight, int64_t num_groups, double) {
+  const char* op = "_group_norm_backward";
+  check_groups(op, input, num_groups);
+  check_grad(op, grad, input);
+  check_param(op, "weight", weight, {input.size(1)}, input);
+  const Device device = common_device(op, grad, input, weight);
+  const TensorSpec param = contiguous_spec({input.size(1)}, input.dtype(), device);
+  return {like(input, device), param, param};
 }
 
 // ---- batch_norm -------------------------------------------------------------------------------
