@@ -1,15 +1,125 @@
 #include "metrics.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include <absl/strings/ascii.h>
+#include <absl/strings/escaping.h>
 #include <absl/strings/str_cat.h>
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include "kiln/proto/service.h"
 
 namespace kiln::worker {
+
+// Note [Metrics endpoint]: one thread answers scrapes one at a time.
+class Metrics::Endpoint {
+ public:
+  Endpoint(std::shared_ptr<prometheus::Registry> registry, std::string token)
+      : registry_(std::move(registry)), token_(std::move(token)) {}
+  ~Endpoint() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (fd_ >= 0) close(fd_);
+  }
+
+  absl::Status start(const std::string& listen) {
+    const size_t colon = listen.rfind(':');
+    std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
+    if (host == "localhost") host = "127.0.0.1";
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    int port = -1;
+    if (colon != std::string::npos) port = std::atoi(listen.c_str() + colon + 1);
+    if (port < 0 || port > 65535 || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot serve metrics on '", listen, "': expected IPV4:PORT"));
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    socklen_t len = sizeof addr;
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        ::listen(fd_, 16) != 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot serve metrics on '", listen, "': ", std::strerror(errno)));
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { serve(); });
+    return absl::OkStatus();
+  }
+  int port() const { return port_; }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 200) <= 0) continue;
+      int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      timeval tv{2, 0};  // a client that sends nothing does not hold the endpoint
+      setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      std::string req;
+      char buf[2048];
+      while (req.find("\r\n\r\n") == std::string::npos && req.size() < 16384) {
+        ssize_t n = read(c, buf, sizeof buf);
+        if (n <= 0) break;
+        req.append(buf, static_cast<size_t>(n));
+      }
+      const std::string reply = answer(req);
+      for (size_t off = 0; off < reply.size();) {
+        ssize_t n = write(c, reply.data() + off, reply.size() - off);
+        if (n <= 0) break;
+        off += static_cast<size_t>(n);
+      }
+      close(c);
+    }
+  }
+
+  std::string answer(const std::string& req) const {
+    auto respond = [](const char* status, const std::string& extra, const std::string& body) {
+      return absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Length: ", body.size(),
+                          "\r\nConnection: close\r\n", extra, "\r\n", body);
+    };
+    if (req.rfind("GET /metrics ", 0) != 0 && req.rfind("GET /metrics?", 0) != 0)
+      return respond("404 Not Found", "", "only GET /metrics is served here\n");
+    if (!token_.empty() && !authorized(req))
+      return respond("401 Unauthorized", "WWW-Authenticate: Basic realm=\"kiln-worker\"\r\n",
+                     "basic auth with the worker's token as password\n");
+    return respond("200 OK", "Content-Type: text/plain; version=0.0.4\r\n",
+                   prometheus::TextSerializer().Serialize(registry_->Collect()));
+  }
+
+  // "Authorization: Basic base64(user:token)" (any user).
+  bool authorized(const std::string& req) const {
+    const std::string lower = absl::AsciiStrToLower(req);
+    const size_t at = lower.find("\r\nauthorization: basic ");
+    if (at == std::string::npos) return false;
+    const size_t begin = at + std::strlen("\r\nauthorization: basic ");
+    const size_t end = req.find("\r\n", begin);
+    std::string decoded;
+    if (!absl::Base64Unescape(req.substr(begin, end - begin), &decoded)) return false;
+    const size_t colon = decoded.find(':');
+    return colon != std::string::npos && decoded.substr(colon + 1) == token_;
+  }
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::string token_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   instructions_ = &prometheus::BuildCounter()
@@ -39,27 +149,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::create(const std::string& list
   std::unique_ptr<Metrics> m(new Metrics());
   if (listen.empty()) return m;
   if (auto st = proto::check_listen_address(listen, !token.empty()); !st.ok()) return st;
-  try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(listen, 1);
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot serve metrics on '", listen, "': ", e.what()));
-  }
-  if (!token.empty())
-    m->exposer_->RegisterAuth(
-        [token](const std::string&, const std::string& password) { return password == token; },
-        "kiln-worker");
-  m->exposer_->RegisterCollectable(m->registry_);
+  m->endpoint_ = std::make_unique<Endpoint>(m->registry_, token);
+  if (auto st = m->endpoint_->start(listen); !st.ok()) return st;
   return m;
 }
 
 void Metrics::add_instructions(uint64_t n) { instructions_->Increment(static_cast<double>(n)); }
 void Metrics::add_memory(int64_t delta) { memory_->Increment(static_cast<double>(delta)); }
 void Metrics::observe_step(double seconds) { step_->Observe(seconds); }
-int Metrics::port() const {
-  if (!exposer_) return 0;
-  auto ports = exposer_->GetListeningPorts();
-  return ports.empty() ? 0 : ports[0];
-}
+int Metrics::port() const { return endpoint_ ? endpoint_->port() : 0; }
 
 }  // namespace kiln::worker

@@ -1,5 +1,11 @@
 // worker/src/metrics.h: the worker's Prometheus metrics (DESIGN.md "Dependencies": prometheus-cpp),
 // counted always and served on /metrics when an address is given.
+//
+// Note [Metrics endpoint]: prometheus-cpp's Exposer (civetweb) cannot start its worker threads in
+// kiln-worker: Debian's civetweb creates them with a fixed 100 KiB stack, and the process's
+// static TLS (cuBLASLt alone holds 94 KiB) does not fit, so pthread_create fails with EINVAL.
+// The endpoint is therefore a small HTTP/1.0 responder of our own on one thread (GET /metrics,
+// basic auth when a token is set); prometheus-cpp still does the metrics and their text format.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +16,6 @@
 
 namespace prometheus {
 class Counter;
-class Exposer;
 class Gauge;
 class Histogram;
 class Registry;
@@ -37,7 +42,8 @@ class Metrics {
   prometheus::Counter* instructions_;
   prometheus::Gauge* memory_;
   prometheus::Histogram* step_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  class Endpoint;
+  std::unique_ptr<Endpoint> endpoint_;
 };
 
 }  // namespace kiln::worker

@@ -64,3 +64,7 @@ Session connect(const std::string& address = "", ConnectOptions options = {});
 Session connect_in_process(int workers = 1, worker::SessionOptions options = {});
 
 }  // namespace kiln::client
+
+namespace kiln {
+using client::connect;  // kiln::connect(address, {.workers = N}), as in Python's kiln.connect
+}  // namespace kiln
