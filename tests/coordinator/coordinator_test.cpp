@@ -10,18 +10,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-proto::Job submit(Daemon& d, int workers, int priority = 0,
-                  std::vector<std::string> cmd = {"true"}) {
-  proto::SubmitJobRequest req;
-  req.set_protocol_version(proto::kProtocolVersion);
-  req.set_workers(workers);
-  req.set_priority(priority);
-  for (auto& c : cmd) req.add_command(c);
-  proto::Job job;
-  EXPECT_TRUE(d.call(&Stub::SubmitJob, req, &job).ok());
-  return job;
-}
-
 std::string state_of(Daemon& d, const std::string& job_id) {
   proto::GetJobRequest req;
   req.set_job_id(job_id);

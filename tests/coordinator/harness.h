@@ -240,4 +240,17 @@ bool eventually(F cond, std::chrono::milliseconds timeout = std::chrono::seconds
   return true;
 }
 
+// Submits a job (SubmitJob must succeed) and returns it.
+inline proto::Job submit(Daemon& d, int workers, int priority = 0,
+                         std::vector<std::string> cmd = {"true"}) {
+  proto::SubmitJobRequest req;
+  req.set_protocol_version(proto::kProtocolVersion);
+  req.set_workers(workers);
+  req.set_priority(priority);
+  for (auto& c : cmd) req.add_command(c);
+  proto::Job job;
+  EXPECT_TRUE(d.call(&Stub::SubmitJob, req, &job).ok());
+  return job;
+}
+
 }  // namespace kiln::test

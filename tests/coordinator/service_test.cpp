@@ -119,12 +119,8 @@ TEST(CoordinatorService, DriverOpensItsJobsSession) {
   TempDir dir;
   Daemon d(dir.path());
   FakeWorker w0(d, "w0"), w1(d, "w1");
-  proto::SubmitJobRequest sub;
-  sub.set_protocol_version(proto::kProtocolVersion);
-  sub.set_workers(2);
-  sub.add_command("train");
-  proto::Job job;
-  ASSERT_TRUE(d.call(&Stub::SubmitJob, sub, &job).ok());
+  proto::Job job = submit(d, 2, 0, {"train"});
+  ASSERT_FALSE(job.job_id().empty());
   ASSERT_EQ(job.state(), "running");
   proto::OpenSessionRequest open;
   open.set_protocol_version(proto::kProtocolVersion);
@@ -151,12 +147,8 @@ TEST(CoordinatorService, WatchJobFollowsUntilTheEnd) {
   TempDir dir;
   Daemon d(dir.path());
   FakeWorker w0(d, "w0");
-  proto::SubmitJobRequest sub;
-  sub.set_protocol_version(proto::kProtocolVersion);
-  sub.set_workers(1);
-  sub.add_command("train");
-  proto::Job job;
-  ASSERT_TRUE(d.call(&Stub::SubmitJob, sub, &job).ok());
+  proto::Job job = submit(d, 1, 0, {"train"});
+  ASSERT_FALSE(job.job_id().empty());
 
   grpc::ClientContext watch_ctx;
   watch_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

@@ -107,6 +107,17 @@ Tensor fetch(Session& s, int64_t id, proto::Error* error = nullptr) {
   return fetched(r, 99, error);
 }
 
+// Each id is poisoned with `code` and a message containing its needle.
+void expect_poisoned(Session& s, const std::vector<std::pair<int64_t, std::string>>& want,
+                     const std::string& code) {
+  for (const auto& [id, needle] : want) {
+    proto::Error e;
+    EXPECT_FALSE(fetch(s, id, &e).defined()) << id;
+    EXPECT_EQ(e.code(), code) << id;
+    EXPECT_NE(e.message().find(needle), std::string::npos) << id << ": " << e.message();
+  }
+}
+
 const proto::SyncReply* sync_reply(const Replies& r) {
   for (const auto& m : r.replies)
     if (m.has_sync()) return &m.sync();
@@ -251,12 +262,7 @@ TEST(WorkerSession, InstructionErrorsNameTheProblem) {
       {10, "relu: argument 0 (self) has no value"},
       {11, "expected"},
   };
-  for (const auto& [id, needle] : want) {
-    proto::Error e;
-    EXPECT_FALSE(fetch(s, id, &e).defined()) << id;
-    EXPECT_EQ(e.code(), "INVALID_ARGUMENT") << id;
-    EXPECT_NE(e.message().find(needle), std::string::npos) << id << ": " << e.message();
-  }
+  expect_poisoned(s, want, "INVALID_ARGUMENT");
   proto::Error e;
   fetch(s, 12, &e);  // a meta tensor cannot be fetched: its error answers the fetch
   EXPECT_EQ(e.op(), "fetch");
@@ -368,12 +374,7 @@ TEST(WorkerSession, MemoryLimitPoisonsInsteadOfCrashing) {
       {6, "worker memory limit 1000 bytes exceeded: create of value id 6 needs 4000 bytes"},
       {7, "op 'relu' needs 400 bytes with 800 in use"},
   };
-  for (const auto& [id, needle] : want) {
-    proto::Error e;
-    EXPECT_FALSE(fetch(s, id, &e).defined()) << id;
-    EXPECT_EQ(e.code(), "RESOURCE_EXHAUSTED") << id;
-    EXPECT_NE(e.message().find(needle), std::string::npos) << id << ": " << e.message();
-  }
+  expect_poisoned(s, want, "RESOURCE_EXHAUSTED");
   EXPECT_EQ(sync_reply(r)->error().op(), "zeros");
   EXPECT_EQ(s.memory_in_use_bytes(), 800u);
   EXPECT_TRUE(bit_equal(fetch(s, 3), ones({100})));

@@ -86,17 +86,25 @@ TensorSpec layer_norm(const Tensor& input, IntArrayRef normalized_shape, const T
   return like(input, common_device("layer_norm", input, weight, bias));
 }
 
-// (grad_input, grad_weight, grad_bias): the input's shape, then normalized_shape twice.
-std::vector<TensorSpec> layer_norm_backward(const Tensor& grad, const Tensor& input,
-                                            const Tensor& weight, IntArrayRef normalized_shape,
-                                            double) {
-  const char* op = "_layer_norm_backward";
+// The fused row-norm backwards: grad_input (the input's shape), then `num_params` gradients
+// of normalized_shape (weight, and bias for layer_norm).
+std::vector<TensorSpec> row_norm_backward(const char* op, const Tensor& grad, const Tensor& input,
+                                          const Tensor& weight, IntArrayRef normalized_shape,
+                                          int num_params) {
   check_normalized_shape(op, input, normalized_shape);
   check_grad(op, grad, input);
   check_param(op, "weight", weight, normalized_shape, input);
   const Device device = common_device(op, grad, input, weight);
-  const TensorSpec param = contiguous_spec(normalized_shape, input.dtype(), device);
-  return {like(input, device), param, param};
+  std::vector<TensorSpec> out{like(input, device)};
+  out.resize(1 + num_params, contiguous_spec(normalized_shape, input.dtype(), device));
+  return out;
+}
+
+// (grad_input, grad_weight, grad_bias).
+std::vector<TensorSpec> layer_norm_backward(const Tensor& grad, const Tensor& input,
+                                            const Tensor& weight, IntArrayRef normalized_shape,
+                                            double) {
+  return row_norm_backward("_layer_norm_backward", grad, input, weight, normalized_shape, 2);
 }
 
 // ---- rms_norm ---------------------------------------------------------------------------------
@@ -119,12 +127,7 @@ TensorSpec rms_norm(const Tensor& input, IntArrayRef normalized_shape, const Ten
 std::vector<TensorSpec> rms_norm_backward(const Tensor& grad, const Tensor& input,
                                           const Tensor& weight, IntArrayRef normalized_shape,
                                           double) {
-  const char* op = "_rms_norm_backward";
-  check_normalized_shape(op, input, normalized_shape);
-  check_grad(op, grad, input);
-  check_param(op, "weight", weight, normalized_shape, input);
-  const Device device = common_device(op, grad, input, weight);
-  return {like(input, device), contiguous_spec(normalized_shape, input.dtype(), device)};
+  return row_norm_backward("_rms_norm_backward", grad, input, weight, normalized_shape, 1);
 }
 
 // ---- group_norm -------------------------------------------------------------------------------
