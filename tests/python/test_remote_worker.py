@@ -223,6 +223,14 @@ def test_kiln_submit_runs_digits_on_the_jobs_gang(gang, tmp_path):
     assert float(line.split()[3].rstrip("%")) >= 95.0, line
 
 
+def all_stopped(pid):
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return all(st in ("T", "t") for st in states)
+
+
 def test_frozen_worker_raises_unavailable(tmp_path, monkeypatch):
     """A worker that stops answering without closing its connection (SIGSTOP, a lost host): the
     client's keepalive pings (KILN_KEEPALIVE_S) turn the waiting read into UNAVAILABLE."""
@@ -234,6 +242,11 @@ def test_frozen_worker_raises_unavailable(tmp_path, monkeypatch):
         time.sleep(8)  # idle pings are answered while the worker lives: no false alarm
         assert r.sum().item() == 4.0
         p.send_signal(signal.SIGSTOP)
+        # The stop reaches each thread asynchronously (on a loaded machine, late): wait until
+        # every thread of the worker is stopped, so no reply can slip out.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not all_stopped(p.pid):
+            time.sleep(0.01)
         start = time.monotonic()
         with pytest.raises(RuntimeError, match="UNAVAILABLE"):
             (r + 1).sum().item()
