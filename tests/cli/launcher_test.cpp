@@ -317,7 +317,7 @@ TEST_F(KilnRun, ConcurrentLinesStayWhole) {
 TEST_F(KilnRun, FirstFailureStopsTheOthers) {
   // Rank 1 fails once the others are up; the others would sleep 100 s.
   Result r = kiln(run_args({"--nproc", "3"},
-                           "echo $$ > pid.$RANK; if [ $RANK = 1 ]; then "
+                           "echo $$ > tmp.$RANK; mv tmp.$RANK pid.$RANK; if [ $RANK = 1 ]; then "
                            "while [ ! -f pid.0 ] || [ ! -f pid.2 ]; do sleep 0.01; done; exit 3; "
                            "fi; exec sleep 100"));
   EXPECT_EQ(r.status, 3) << r.err;
@@ -348,9 +348,10 @@ TEST_F(KilnRun, AllSucceed) {
 }
 
 TEST_F(KilnRun, RankIgnoringSigtermGetsSigkill) {
-  Result r = kiln(run_args({"--nproc", "2", "--grace-period", "0.5"},
-                           "trap '' TERM; echo $$ > pid.$RANK; if [ $RANK = 0 ]; then "
-                           "while [ ! -f pid.1 ]; do sleep 0.01; done; exit 5; fi; sleep 100"));
+  Result r = kiln(
+      run_args({"--nproc", "2", "--grace-period", "0.5"},
+               "trap '' TERM; echo $$ > tmp.$RANK; mv tmp.$RANK pid.$RANK; if [ $RANK = 0 ]; then "
+               "while [ ! -f pid.1 ]; do sleep 0.01; done; exit 5; fi; sleep 100"));
   EXPECT_EQ(r.status, 5) << r.err;
   EXPECT_GE(r.seconds, 0.5);
   EXPECT_LT(r.seconds, 5);
