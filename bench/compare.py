@@ -114,8 +114,17 @@ def main():
                        f"{'met' if v >= 1e5 else 'MISSED'})")
         if "fetch_roundtrip" in remote:
             v = remote["fetch_roundtrip"]
+            # The issue sets 100 us where a bare gRPC stream ping-pong takes about 75 us; on a
+            # shared machine the same-run form of that target is 100/75 of the ping-pong.
+            ping = by_key.get(("remote", "fetch_roundtrip"), {}).get("grpc-pingpong")
+            ref = ""
+            if ping:
+                r = v / ping["value"]
+                ref = (f"; a bare gRPC stream ping-pong {ping['value']:.4g} us in the same run -> "
+                       f"{r:.3f}x (same-run target <= {100 / 75:.2f}x: "
+                       f"{'met' if r <= 100 / 75 else 'MISSED'})")
             out.append(f"  remote/fetch_roundtrip: {v:.4g} us (target <= 100: "
-                       f"{'met' if v <= 100 else 'MISSED'})")
+                       f"{'met' if v <= 100 else 'MISSED'}{ref})")
         if "mlp_step_remote" in remote and "mlp_step_local" in remote:
             r = remote["mlp_step_remote"] / remote["mlp_step_local"]
             out.append(f"  remote/mlp_step_remote: {remote['mlp_step_remote']:.4g} ms vs embedded "

@@ -6,7 +6,11 @@
 //   mlp_step_remote  the mlp_train step (784-1024-1024-10, AdamW, batch 512, loss read) with
 //                    the model on the worker; mlp_step_local is the same step in this process,
 //                    timed alternately in the same run (target: remote <= 1.2x local)
+//   grpc_pingpong    reference (impl "grpc-pingpong"): the same stream round trip with nothing
+//                    behind it, against an echo server this binary runs as a second process
+//                    (`--echo-server PORTFILE`), measured in the same run as fetch_roundtrip
 //   kiln_remote_bench [--quick]
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +27,8 @@
 #include "kiln/kiln.h"
 #include "kiln/nn/nn.h"
 #include "kiln/optim/optim.h"
+#include "kiln/proto/service.h"
+#include "kiln/proto/worker.grpc.pb.h"
 
 using namespace kiln;
 using Clock = std::chrono::steady_clock;
@@ -30,8 +36,10 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 void emit(const std::string& metric, double value, const char* unit) {
-  std::printf("{\"workload\": \"remote\", \"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", "
-              "\"impl\": \"kiln-cpp\"}\n", metric.c_str(), value, unit);
+  std::printf(
+      "{\"workload\": \"remote\", \"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", "
+      "\"impl\": \"kiln-cpp\"}\n",
+      metric.c_str(), value, unit);
   std::fflush(stdout);
 }
 
@@ -39,19 +47,24 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// kiln-worker on a free loopback port; killed when this process is done with it.
+// A server process (kiln-worker, or this binary as the echo server) on a free loopback port;
+// killed when this process is done with it.
 struct Worker {
   pid_t pid = -1;
   std::string address;
   std::filesystem::path port_file;
-  Worker() {
+  explicit Worker(bool echo = false) {
     port_file = std::filesystem::temp_directory_path() /
-                ("kiln_remote_bench_" + std::to_string(getpid()) + ".port");
+                ("kiln_remote_bench_" + std::to_string(getpid()) + (echo ? ".echo" : ".port"));
     std::filesystem::remove(port_file);
     pid = fork();
     if (pid == 0) {
-      execl(KILN_WORKER_BIN, KILN_WORKER_BIN, "--listen", "127.0.0.1:0", "--port-file",
-            port_file.c_str(), static_cast<char*>(nullptr));
+      if (echo)
+        execl("/proc/self/exe", "kiln_remote_bench", "--echo-server", port_file.c_str(),
+              static_cast<char*>(nullptr));
+      else
+        execl(KILN_WORKER_BIN, KILN_WORKER_BIN, "--listen", "127.0.0.1:0", "--port-file",
+              port_file.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     auto deadline = Clock::now() + std::chrono::seconds(20);
@@ -99,6 +112,68 @@ void fetch_roundtrip(Device dev, bool quick) {
   emit("fetch_roundtrip", best * 1e6, "us");
 }
 
+// The echo server: Worker.Session answering each batch's Sync at once, through the same
+// synchronous server API as kiln-worker, with nothing executed.
+struct Echo final : proto::Worker::Service {
+  grpc::Status Session(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<proto::WorkerMessage, proto::ClientMessage>* s) override {
+    proto::ClientMessage in;
+    proto::WorkerMessage out;
+    while (s->Read(&in))
+      for (const auto& c : in.batch().commands())
+        if (c.has_sync()) {
+          out.mutable_sync()->set_request(c.sync().request());
+          s->Write(out);
+        }
+    return grpc::Status::OK;
+  }
+};
+
+int echo_server(const char* port_file) {
+  Echo echo;
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&echo);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  std::ofstream(port_file) << port << "\n";
+  server->Wait();  // until SIGTERM ends the process
+  return 0;
+}
+
+void grpc_pingpong(bool quick) {
+  Worker echo(/*echo=*/true);
+  auto channel = grpc::CreateChannel(echo.address, grpc::InsecureChannelCredentials());
+  auto stub = proto::Worker::NewStub(channel);
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+  proto::ClientMessage msg;
+  proto::WorkerMessage reply;
+  auto roundtrip = [&](uint64_t i) {
+    msg.mutable_batch()->Clear();
+    msg.mutable_batch()->add_commands()->mutable_sync()->set_request(i);
+    KILN_CHECK(stream->Write(msg) && stream->Read(&reply) && reply.sync().request() == i, Runtime,
+               "the echo server broke the stream");
+  };
+  roundtrip(0);
+  const int n = quick ? 200 : 2000;
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) roundtrip(i);
+    best = std::min(best, seconds_since(t0) / n);
+  }
+  stream->WritesDone();
+  ctx.TryCancel();
+  stream->Finish();
+  std::printf(
+      "{\"workload\": \"remote\", \"metric\": \"fetch_roundtrip\", \"value\": %.4f, "
+      "\"unit\": \"us\", \"impl\": \"grpc-pingpong\"}\n",
+      best * 1e6);
+  std::fflush(stdout);
+}
+
 struct MlpRun {
   std::shared_ptr<nn::Sequential> m;
   std::unique_ptr<optim::AdamW> opt;
@@ -143,12 +218,14 @@ void mlp_step(Device dev, bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--echo-server") return echo_server(argv[2]);
   bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   Worker w;
   client::Session s = client::connect(w.address);
   Device dev = s.device();
   tiny_ops(dev, s, quick);
   fetch_roundtrip(dev, quick);
+  grpc_pingpong(quick);
   mlp_step(dev, quick);
   s.close();
   return 0;

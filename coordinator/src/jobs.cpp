@@ -189,6 +189,19 @@ absl::StatusOr<proto::Job> Coordinator::report_job(const proto::JobReport& repor
   return j.job;
 }
 
+void Coordinator::driver_lost(const std::string& job_id, const std::string& tenant) {
+  std::lock_guard lock(mu_);
+  auto found = find_job_locked(job_id, tenant);
+  if (!found.ok() || (*found)->job.state() != "running") return;
+  Transaction t(state_->db());
+  finish_job_locked(**found, "failed", 0,
+                    "the driver went away without reporting an exit (kiln submit killed, or its "
+                    "connection to the coordinator lost)");
+  schedule_locked();
+  t.commit();
+  changed_locked();
+}
+
 absl::Status Coordinator::watch_job(const proto::WatchJobRequest& req, const std::string& tenant,
                                     const std::function<bool(const proto::JobEvent&)>& send,
                                     const Cancelled& cancelled) {

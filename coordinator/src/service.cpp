@@ -178,6 +178,10 @@ grpc::Status Service::ReportJob(grpc::ServerContext* ctx,
       if (reply->state() != "running") return absl::OkStatus();  // ended: the driver stops
     }
     if (job_id.empty()) return absl::InvalidArgumentError("an empty ReportJob stream");
+    if (ctx->IsCancelled()) {  // the driver is gone without a word on its exit
+      core_.driver_lost(job_id, tenant);
+      return absl::CancelledError("the driver's report stream broke");
+    }
     proto::GetJobRequest get;
     get.set_job_id(job_id);
     return assign(core_.get_job(get, tenant), reply);

@@ -114,6 +114,29 @@ TEST(KilnCli, SigtermCancelsTheJob) {
   EXPECT_EQ(nlohmann::json::parse(status.out)["state"], "cancelled");
 }
 
+// `kiln submit` SIGKILLed while its driver runs: the coordinator fails the job (the report
+// stream broke) instead of holding its worker forever.
+TEST(KilnCli, SigkilledSubmitFailsTheJob) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0");
+  const pid_t pid =
+      spawn({KILN_CLI, "submit", "--workers", "1", "--", "sh", "-c",
+             "echo $$ > " + (dir.path() / "driver.pid").string() + "; echo started; exec sleep 30"},
+            dir.path() / "sub.out", dir.path() / "sub.err", {"KILN_COORDINATOR=" + d.address()});
+  ASSERT_TRUE(eventually(
+      [&] { return slurp(dir.path() / "sub.out").find("started") != std::string::npos; }));
+  kill(pid, SIGKILL);
+  EXPECT_EQ(wait_for(pid, std::chrono::seconds(10)), 128 + SIGKILL);
+  ASSERT_TRUE(eventually([&] {
+    Cli status = run_kiln(dir.path(), d, {"status", "job-1", "--json"});
+    return status.status == 0 && nlohmann::json::parse(status.out)["state"] == "failed";
+  }));
+  Cli status = run_kiln(dir.path(), d, {"status", "job-1", "--json"});
+  EXPECT_NE(status.out.find("the driver went away"), std::string::npos) << status.out;
+  kill(std::stoi(slurp(dir.path() / "driver.pid")), SIGKILL);  // the orphaned driver
+}
+
 TEST(KilnCli, ErrorsAreClear) {
   TempDir dir;
   Daemon d(dir.path());

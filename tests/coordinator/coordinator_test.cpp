@@ -158,6 +158,49 @@ TEST(Coordinator, InteractiveSessionWithoutAClientIsClosed) {
   EXPECT_NE(st.message().find("no client streamed"), std::string::npos) << st;
 }
 
+// A driver whose report stream breaks before it reports an exit (kiln submit SIGKILLed) fails
+// its job, and the job's worker is free for the next one.
+TEST(Coordinator, LostDriverFailsItsJob) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0");
+  const proto::Job job = submit(d, 1);
+  ASSERT_TRUE(eventually([&] { return state_of(d, job.job_id()) == "running"; }));
+  {
+    grpc::ClientContext ctx;
+    proto::Job reply;
+    auto w = d.stub().ReportJob(&ctx, &reply);
+    proto::JobReport r;
+    r.set_job_id(job.job_id());
+    r.add_log_lines("step 1");
+    ASSERT_TRUE(w->Write(r));
+    ASSERT_TRUE(eventually([&] {  // the line is stored: the stream is attached to the job
+      proto::WatchJobRequest req;
+      req.set_job_id(job.job_id());
+      grpc::ClientContext wctx;
+      wctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      auto reader = d.stub().WatchJob(&wctx, req);
+      proto::JobEvent e;
+      bool seen = false;
+      while (!seen && reader->Read(&e)) seen = e.log_line() == "step 1";
+      wctx.TryCancel();
+      reader->Finish();
+      return seen;
+    }));
+    ctx.TryCancel();  // the driver dies without a finished report
+    w->Finish();
+  }
+  ASSERT_TRUE(eventually([&] { return state_of(d, job.job_id()) == "failed"; }));
+  proto::GetJobRequest get;
+  get.set_job_id(job.job_id());
+  proto::Job failed;
+  ASSERT_TRUE(d.call(&Stub::GetJob, get, &failed).ok());
+  EXPECT_NE(failed.message().find("the driver went away"), std::string::npos) << failed.message();
+  EXPECT_EQ(worker_states(d)["w0"], "idle");
+  const proto::Job next = submit(d, 1);
+  ASSERT_TRUE(eventually([&] { return state_of(d, next.job_id()) == "running"; }));
+}
+
 TEST(Coordinator, OpenSessionIsAllOrNothingAndWaits) {
   TempDir dir;
   Daemon d(dir.path());

@@ -341,6 +341,18 @@ TEST(Softmax, MatchesReference) {
     EXPECT_TRUE(std::isnan(z.select(0, 1).select(0, j).item<float>())) << j;
     EXPECT_EQ(z.select(0, 2).select(0, j).item<float>(), j == 20 ? 1.0f : 0.0f) << j;
   }
+  // Many rows over the threads (each prefetching the next, Note [Softmax prefetch], the last
+  // one past the end) agree with rows computed one at a time and with the reference.
+  for (int64_t D : {1024, 1000}) {
+    SCOPED_TRACE("D " + std::to_string(D));
+    Tensor big = random({(2 << 20) / (4 * D) + 1, D}, kFloat32, -4, 4);
+    Tensor sb = kiln::softmax(big, 1);
+    for (int64_t r : {int64_t{0}, big.size(0) / 2, big.size(0) - 1}) {
+      Tensor row = big.select(0, r).unsqueeze(0);
+      expect_close(sb.select(0, r).unsqueeze(0), kiln::softmax(row, 1), 0, 0);
+      expect_close(sb.select(0, r).unsqueeze(0), ref_softmax(row, 1, false), 2e-6, 1e-8);
+    }
+  }
   // 0-d input: softmax over "dim 0" is 1.
   EXPECT_EQ(kiln::softmax(scalar_tensor_of(Scalar(2.0), kFloat32), 0).item<float>(), 1.0f);
   EXPECT_EQ(DimVector(kiln::softmax(random({0, 3}), 1).sizes()), DimVector({0, 3}));

@@ -80,6 +80,9 @@ class Coordinator {
   // One message of a driver's ReportJob stream. Answers the job as it is now; a job that is no
   // longer running (cancelled) tells the driver to stop.
   absl::StatusOr<proto::Job> report_job(const proto::JobReport&, const std::string& tenant);
+  // The driver's ReportJob stream broke before it reported an exit (kiln submit killed, its
+  // host lost): a running job fails, so that its workers are not held by nobody.
+  void driver_lost(const std::string& job_id, const std::string& tenant);
 
   // The sessions' rendezvous store.
   absl::StatusOr<proto::StoreReply> store(const proto::StoreRequest&, const Cancelled& cancelled);
