@@ -21,17 +21,22 @@ void check(ucs_status_t s, const char* what) {
 }  // namespace
 
 // Note [Peer failures]: by default endpoints have no peer error handling, so UCX may use shared
-// memory (posix/sysv), which cannot report a dead peer. A dead or stuck peer then shows as a
-// collective timeout (Note [Collective timeouts]), except that UCX aborts this process when it
-// was reading a large message from the peer's memory (CMA) the moment that peer died.
-// KILN_UCX_PEER_ERRORS=1 asks for peer error handling: every peer failure becomes an error on the
-// requests, but UCX then leaves shared memory out and carries small messages over TCP (slower).
+// memory (posix/sysv), which cannot report a dead peer; a dead or stuck peer then shows as a
+// collective timeout (Note [Collective timeouts]). UCX would abort this process when it was
+// reading a large message from a peer's memory (CMA, its rendezvous protocol) the moment that
+// peer died, so rendezvous is off (RNDV_THRESH=inf, unless UCX_RNDV_THRESH is set): large
+// messages go as pipelined eager fragments through the shared-memory FIFOs, within noise of CMA's
+// bandwidth here (2-rank 64 MiB all_reduce, A/B in one session). KILN_UCX_PEER_ERRORS=1 asks for
+// peer error handling instead: every peer failure becomes an error on the requests at once, but
+// UCX then leaves shared memory out and carries small messages over TCP (slower).
 UcxTransport::UcxTransport(TCPStore& store, const std::string& key_prefix, int rank, int world)
     : eps_(world, nullptr), rank_(rank) {
   const char* pe = std::getenv("KILN_UCX_PEER_ERRORS");
   const bool peer_errors = pe && std::string(pe) == "1";
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  if (!peer_errors && !std::getenv("UCX_RNDV_THRESH"))  // Note [Peer failures]
+    check(ucp_config_modify(config, "RNDV_THRESH", "inf"), "ucp_config_modify(RNDV_THRESH)");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;

@@ -194,8 +194,8 @@ TEST(DistCollectives, AllReduce64MiBWorld2) { expect_all_pass(run_ranks("all_red
 
 const std::map<std::string, std::string> kShortTimeout = {{"KILN_COMM_TIMEOUT_S", "3"}};
 
-// Rank 2 dies inside an all_reduce (KILL_NUMEL floats; Note [Peer failures]: a large one only
-// with KILN_UCX_PEER_ERRORS=1).
+// Rank 2 dies inside an all_reduce of KILL_NUMEL floats (a large one mid-transfer: Note [Peer
+// failures]).
 KILN_RANK_SCENARIO(killed_mid_all_reduce) {
   auto pg = default_group();
   const int64_t n = std::atoll(std::getenv("KILL_NUMEL"));
@@ -227,6 +227,10 @@ void expect_killed_rank_named(const std::map<std::string, std::string>& env) {
 
 TEST(DistFaults, KilledRankRaisesOnOthers) {
   expect_killed_rank_named({{"KILN_COMM_TIMEOUT_S", "3"}, {"KILL_NUMEL", "16"}});
+}
+
+TEST(DistFaults, KilledRankMidLargeTransfer) {
+  expect_killed_rank_named({{"KILN_COMM_TIMEOUT_S", "3"}, {"KILL_NUMEL", "4194304"}});
 }
 
 TEST(DistFaults, KilledRankMidLargeTransferWithPeerErrors) {
