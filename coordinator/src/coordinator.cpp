@@ -111,8 +111,10 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
   w.info.set_memory_in_use_bytes(req.memory_in_use_bytes());
   proto::HeartbeatReply reply;
   for (const auto& sid : req.sessions()) {
-    if (sid != w.info.session_id()) reply.add_close_sessions(sid);
-    else w.session_seen = w.last_beat;
+    if (sid != w.info.session_id())
+      reply.add_close_sessions(sid);
+    else
+      w.session_seen = w.last_beat;
   }
   return reply;
 }
@@ -148,7 +150,9 @@ void Coordinator::reap_locked() {
   }
   // Interactive sessions whose client never streamed, or went away (Options::session_idle).
   std::vector<SessionRec*> idle;
+  std::vector<std::string> expired;
   for (auto& [id, s] : sessions_) {
+    if (s.state != "open" && now - s.ended > options_.session_retention) expired.push_back(id);
     if (s.state != "open" || !s.job_id.empty()) continue;
     bool seen = false;
     for (const auto& wid : s.worker_ids) {
@@ -157,8 +161,12 @@ void Coordinator::reap_locked() {
     }
     if (!seen) idle.push_back(&s);
   }
-  if (dead.empty() && idle.empty()) return;
+  if (dead.empty() && idle.empty() && expired.empty()) return;
   Transaction t(state_->db());
+  for (const std::string& id : expired) {
+    sessions_.erase(id);
+    state_->delete_session(id);
+  }
   for (SessionRec* s : idle) {
     const std::string why = absl::StrCat("no client streamed to session ", s->id, " for ",
                                          options_.session_idle.count() / 1000.0, " s");
@@ -216,6 +224,7 @@ void Coordinator::end_session_locked(SessionRec& s, const std::string& state,
                                      const std::string& message) {
   s.state = state;
   s.message = message;
+  s.ended = Clock::now();
   for (const auto& wid : s.worker_ids) {
     auto it = workers_.find(wid);
     if (it == workers_.end() || it->second.info.session_id() != s.id) continue;

@@ -37,6 +37,7 @@ options:
   --dead-after N        missed beats before a worker is dead (default 3)
   --session-idle-s N    close an interactive session whose workers report no client stream
                         for N seconds (default 30): its client died or never came
+  --session-retention-s N   forget an ended session N seconds after it ended (default 3600)
   --metrics-listen ADDR serve Prometheus /metrics there
 Without a token or TLS every listener must be on loopback.
 )";
@@ -46,7 +47,7 @@ constexpr int kExitUsage = 2;
 struct Flags {
   std::string listen = "127.0.0.1:7070", port_file, state = "kiln-coordinator.db";
   std::string tokens, worker_token, tls_cert, tls_key, metrics_listen;
-  int heartbeat_ms = 1000, dead_after = 3, session_idle_s = 30;
+  int heartbeat_ms = 1000, dead_after = 3, session_idle_s = 30, session_retention_s = 3600;
 };
 
 int usage_error(const std::string& msg) {
@@ -95,7 +96,11 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
     } else if (a == "--dead-after") {
       if (!to_int(f.dead_after)) return usage_error("--dead-after needs a positive integer");
     } else if (a == "--session-idle-s") {
-      if (!to_int(f.session_idle_s)) return usage_error("--session-idle-s needs a positive integer");
+      if (!to_int(f.session_idle_s))
+        return usage_error("--session-idle-s needs a positive integer");
+    } else if (a == "--session-retention-s") {
+      if (!to_int(f.session_retention_s))
+        return usage_error("--session-retention-s needs a positive integer");
     } else {
       return usage_error("unknown flag " + a);
     }
@@ -166,11 +171,12 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  auto core =
-      kiln::coord::Coordinator::open({.state_path = f.state,
-                                      .heartbeat = std::chrono::milliseconds(f.heartbeat_ms),
-                                      .dead_after = f.dead_after,
-                                      .session_idle = std::chrono::seconds(f.session_idle_s)});
+  auto core = kiln::coord::Coordinator::open(
+      {.state_path = f.state,
+       .heartbeat = std::chrono::milliseconds(f.heartbeat_ms),
+       .dead_after = f.dead_after,
+       .session_idle = std::chrono::seconds(f.session_idle_s),
+       .session_retention = std::chrono::seconds(f.session_retention_s)});
   if (!core.ok()) return fail(core.status());
   kiln::coord::Metrics metrics(**core);
   std::unique_ptr<prometheus::Exposer> exposer;

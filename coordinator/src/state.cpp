@@ -136,6 +136,10 @@ void State::put_session(const SessionRec& s) {
       .run();
 }
 
+void State::delete_session(const std::string& id) {
+  db_.prepare("DELETE FROM sessions WHERE id = ?").bind(1, id).run();
+}
+
 void State::put_job(const JobRec& r) {
   const proto::Job& j = r.job;
   db_.prepare("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")

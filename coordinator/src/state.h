@@ -41,6 +41,9 @@ struct SessionRec {
   std::string id, state, job_id, tenant, message;
   std::vector<std::string> worker_ids;  // rank order
   int64_t created_unix_ms = 0;
+  // When it stopped being open (not stored: a loaded ended session counts from the load), for
+  // Options::session_retention.
+  Clock::time_point ended = Clock::now();
 };
 
 struct JobRec {
@@ -64,6 +67,7 @@ class State {
 
   void put_worker(const WorkerRec& w);
   void put_session(const SessionRec& s);
+  void delete_session(const std::string& id);
   void put_job(const JobRec& j);
   void append_logs(const std::string& job_id, const std::vector<std::string>& lines);
   // Log lines with index >= `from` (0-based), at most `limit` of them.

@@ -201,6 +201,42 @@ TEST(Coordinator, LostDriverFailsItsJob) {
   ASSERT_TRUE(eventually([&] { return state_of(d, next.job_id()) == "running"; }));
 }
 
+// An ended session answers lookups with why it ended for --session-retention-s, then is
+// forgotten (in memory and in the state file), so the coordinator does not grow without bound.
+TEST(Coordinator, EndedSessionsAreForgottenAfterTheRetention) {
+  TempDir dir;
+  Daemon d(dir.path(), {"--heartbeat-ms", "100", "--session-retention-s", "1"});
+  FakeWorker w0(d, "w0");
+  auto s = open_session(d, 1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  proto::CloseSessionRequest close;
+  close.set_session_id(s->session_id());
+  proto::CloseSessionReply closed;
+  ASSERT_TRUE(d.call(&Stub::CloseSession, close, &closed).ok());
+  proto::LookupSessionRequest look;
+  look.set_session_id(s->session_id());
+  proto::SessionInfo info;
+  absl::Status st = d.call(&Stub::LookupSession, look, &info);
+  EXPECT_FALSE(st.ok());
+  EXPECT_FALSE(absl::IsNotFound(st)) << st;  // still known: it says the session is over
+  ASSERT_TRUE(
+      eventually([&] { return absl::IsNotFound(d.call(&Stub::LookupSession, look, &info)); }));
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2((dir.path() / "state.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr),
+            SQLITE_OK);
+  int rows = -1;
+  sqlite3_exec(
+      db, "SELECT COUNT(*) FROM sessions",
+      [](void* out, int, char** v, char**) {
+        *static_cast<int*>(out) = std::atoi(v[0]);
+        return 0;
+      },
+      &rows, nullptr);
+  sqlite3_close(db);
+  EXPECT_EQ(rows, 0);
+  EXPECT_TRUE(open_session(d, 1).ok());  // the worker is free
+}
+
 TEST(Coordinator, OpenSessionIsAllOrNothingAndWaits) {
   TempDir dir;
   Daemon d(dir.path());

@@ -39,6 +39,9 @@ struct Options {
   // An interactive session none of whose workers has reported a client stream for this long is
   // closed (its client died or never came), so its workers return to the pool.
   std::chrono::milliseconds session_idle{30000};
+  // An ended session is kept this long (a late LookupSession learns why it ended), then
+  // forgotten, so a long-running coordinator does not grow with every session it ever had.
+  std::chrono::milliseconds session_retention{3600 * 1000};
 };
 
 // Limits on what a client may submit (beyond them: INVALID_ARGUMENT).
