@@ -6,6 +6,12 @@
 // Note [Driver threads]: the main thread relays COMMAND's output; a watcher thread follows the
 // job's state; a signal thread turns SIGINT/SIGTERM (caught through a self-pipe, the one
 // async-signal-safe route) into CancelJob and a stop of COMMAND's process group.
+//
+// Note [Driver re-attach]: the coordinator counts a job's driver as alive while one of its
+// ReportJob streams is open, and fails the job after --driver-grace-s without one. When the
+// stream breaks (a network break, a coordinator restart), the Reporter keeps COMMAND's lines
+// (up to kMaxPendingLines) and opens a new stream at the next line or second, so a coordinator
+// that comes back within the grace loses neither the job nor its log.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -18,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -33,6 +40,9 @@ namespace {
 
 constexpr auto kGrace = std::chrono::seconds(5);  // SIGTERM, then SIGKILL this much later
 constexpr size_t kMaxPartialLine = 64 << 10;
+constexpr size_t kMaxPendingLines = 10000;        // kept while the coordinator is unreachable
+constexpr auto kRetry = std::chrono::seconds(1);  // between re-attach attempts
+constexpr auto kFinalPatience = std::chrono::seconds(30);  // for the exit code to get through
 int g_signal_pipe[2] = {-1, -1};
 
 void on_signal(int sig) {
@@ -77,6 +87,91 @@ bool terminal(const std::string& state) {
   return state == "succeeded" || state == "failed" || state == "cancelled";
 }
 
+// The driver's ReportJob stream, re-attached when it breaks (Note [Driver re-attach]).
+class Reporter {
+ public:
+  Reporter(const CoordClient& c, std::string job_id) : c_(c), job_id_(std::move(job_id)) { open(); }
+
+  // Sends `lines` now, or once a stream is up again.
+  void lines(std::vector<std::string> lines) {
+    for (auto& l : lines) pending_.push_back(std::move(l));
+    while (pending_.size() > kMaxPendingLines) {
+      pending_.pop_front();
+      ++dropped_;
+    }
+    flush(false);
+  }
+
+  // Reports the exit code, retrying for kFinalPatience until the coordinator has answered; the
+  // job as it answered (empty when it never did).
+  proto::Job finish(int code) {
+    const auto until = std::chrono::steady_clock::now() + kFinalPatience;
+    while (!ended_) {
+      if (flush(true, code) && writer_) {
+        writer_->WritesDone();
+        last_status_ = writer_->Finish();
+        writer_.reset();
+        if (last_status_.ok()) return job_;
+        next_try_ = std::chrono::steady_clock::now() + kRetry;
+      }
+      if (ended_ || std::chrono::steady_clock::now() >= until) break;
+      std::this_thread::sleep_for(kRetry);
+    }
+    if (!ended_) {
+      std::fprintf(stderr, "kiln: could not report the exit of %s to the coordinator (%s)\n",
+                   job_id_.c_str(), last_status_.error_message().c_str());
+    }
+    return job_;
+  }
+
+ private:
+  void open() {
+    ctx_ = std::make_unique<grpc::ClientContext>();
+    c_.prepare(*ctx_, /*follow=*/true);  // no deadline: it lasts as long as COMMAND
+    writer_ = c_.stub->ReportJob(ctx_.get(), &job_);
+  }
+
+  // Writes the pending lines (and, with `finished`, the exit code); false if the stream is down.
+  bool flush(bool finished, int code = 0) {
+    if (ended_) return true;
+    if (!writer_) {
+      if (std::chrono::steady_clock::now() < next_try_) return false;
+      open();
+    }
+    proto::JobReport msg;
+    msg.set_job_id(job_id_);
+    if (dropped_ > 0) {
+      msg.add_log_lines("[kiln: " + std::to_string(dropped_) +
+                        " lines dropped while the coordinator was unreachable]");
+    }
+    for (const auto& l : pending_) msg.add_log_lines(l);
+    msg.set_finished(finished);
+    msg.set_exit_code(code);
+    if (msg.log_lines_size() == 0 && !finished) return true;
+    if (writer_->Write(msg)) {
+      pending_.clear();
+      dropped_ = 0;
+      return true;
+    }
+    last_status_ = writer_->Finish();  // broken: why, and whether the job ended meanwhile
+    writer_.reset();
+    ended_ = last_status_.ok() && job_.state() != "running" && !job_.state().empty();
+    next_try_ = std::chrono::steady_clock::now() + kRetry;
+    return ended_;
+  }
+
+  const CoordClient& c_;
+  const std::string job_id_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientWriter<proto::JobReport>> writer_;
+  proto::Job job_;
+  grpc::Status last_status_;
+  std::deque<std::string> pending_;
+  size_t dropped_ = 0;
+  bool ended_ = false;  // the coordinator answered with the job no longer running: stop
+  std::chrono::steady_clock::time_point next_try_;
+};
+
 class Driver {
  public:
   Driver(const CoordClient& c, proto::Job job) : c_(c), job_(std::move(job)) {}
@@ -89,7 +184,7 @@ class Driver {
   void on_stop_signal(int sig);
   void stop_child(const std::string& why);
   pid_t spawn(const std::vector<std::string>& command, int out_fd, int err_fd);
-  int relay(int out_fd, int err_fd, grpc::ClientWriter<proto::JobReport>& report);
+  int relay(int out_fd, int err_fd, Reporter& report);
 
   const CoordClient& c_;
   proto::Job job_;
@@ -222,24 +317,23 @@ pid_t Driver::spawn(const std::vector<std::string>& command, int out_fd, int err
 }
 
 // Copies COMMAND's output to ours and, line by line, to the coordinator, until both pipes close.
-int Driver::relay(int out_fd, int err_fd, grpc::ClientWriter<proto::JobReport>& report) {
+int Driver::relay(int out_fd, int err_fd, Reporter& report) {
   struct Stream {
     int fd;
     FILE* to;
     std::string partial;
   };
   Stream streams[2] = {{out_fd, stdout, ""}, {err_fd, stderr, ""}};
-  bool report_ok = true;
   int open = 2;
   while (open > 0) {
     pollfd fds[2];
     for (int i = 0; i < 2; ++i) fds[i] = {streams[i].fd, POLLIN, 0};
-    if (poll(fds, 2, -1) < 0) {
+    // A second at most between re-attach attempts (Note [Driver re-attach]).
+    if (poll(fds, 2, 1000) < 0) {
       if (errno == EINTR) continue;
       break;
     }
-    proto::JobReport msg;
-    msg.set_job_id(job_.job_id());
+    std::vector<std::string> lines;
     for (int i = 0; i < 2; ++i) {
       Stream& s = streams[i];
       if (s.fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -247,7 +341,7 @@ int Driver::relay(int out_fd, int err_fd, grpc::ClientWriter<proto::JobReport>& 
       const ssize_t n = read(s.fd, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        if (!s.partial.empty()) msg.add_log_lines(utf8_line(s.partial));
+        if (!s.partial.empty()) lines.push_back(utf8_line(s.partial));
         s.partial.clear();
         close(s.fd);
         s.fd = -1;
@@ -260,15 +354,15 @@ int Driver::relay(int out_fd, int err_fd, grpc::ClientWriter<proto::JobReport>& 
       s.partial.append(buf, n);
       size_t start = 0;
       for (size_t nl; (nl = s.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-        msg.add_log_lines(utf8_line(s.partial.substr(start, nl - start)));
+        lines.push_back(utf8_line(s.partial.substr(start, nl - start)));
       }
       s.partial.erase(0, start);
       if (s.partial.size() >= kMaxPartialLine) {  // no newline in sight: send what we have
-        msg.add_log_lines(utf8_line(s.partial));
+        lines.push_back(utf8_line(s.partial));
         s.partial.clear();
       }
     }
-    if (report_ok && msg.log_lines_size() > 0) report_ok = report.Write(msg);
+    report.lines(std::move(lines));
   }
   int status = 0;
   while (waitpid(child_, &status, 0) < 0 && errno == EINTR) {
@@ -312,10 +406,7 @@ int Driver::run(const std::vector<std::string>& command) {
     std::fprintf(stderr, "kiln: %s running (session %s)\n", job_.job_id().c_str(),
                  job_.session_id().c_str());
   }
-  grpc::ClientContext report_ctx;  // no deadline: it lasts as long as COMMAND
-  c_.prepare(report_ctx, /*follow=*/true);
-  proto::Job final_job;
-  auto report = c_.stub->ReportJob(&report_ctx, &final_job);
+  Reporter report(c_, job_.job_id());
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return finish(1);
   int code = 0;
@@ -335,26 +426,17 @@ int Driver::run(const std::vector<std::string>& command) {
       const std::string msg =
           "kiln: cannot run '" + command[0] + "': " + std::strerror(spawn_errno);
       std::fprintf(stderr, "%s\n", msg.c_str());
-      proto::JobReport r;
-      r.set_job_id(job_.job_id());
-      r.add_log_lines(msg);
-      report->Write(r);
+      report.lines({msg});
     }
     close(out[0]);
     close(err[0]);
   } else {
     std::thread watcher([this] { follow_job(); });
-    code = relay(out[0], err[0], *report);
+    code = relay(out[0], err[0], report);
     watch_ctx_.TryCancel();
     watcher.join();
   }
-  proto::JobReport last;
-  last.set_job_id(job_.job_id());
-  last.set_finished(true);
-  last.set_exit_code(code);
-  report->Write(last);
-  report->WritesDone();
-  if (auto st = report->Finish(); !st.ok()) report_rpc_error(c_, st);
+  const proto::Job final_job = report.finish(code);
   if (tty_) {
     std::fprintf(stderr, "kiln: %s %s\n", job_.job_id().c_str(),
                  final_job.state().empty() ? "finished" : final_job.state().c_str());

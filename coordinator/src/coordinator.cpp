@@ -161,7 +161,16 @@ void Coordinator::reap_locked() {
     }
     if (!seen) idle.push_back(&s);
   }
-  if (dead.empty() && idle.empty() && expired.empty()) return;
+  // Running jobs whose driver has been gone for Options::driver_grace.
+  std::vector<JobRec*> orphaned;
+  for (auto& [id, s] : sessions_) {
+    if (s.state != "open" || s.job_id.empty()) continue;
+    auto j = jobs_.find(s.job_id);
+    if (j != jobs_.end() && j->second.job.state() == "running" && j->second.drivers == 0 &&
+        now - j->second.driver_seen > options_.driver_grace)
+      orphaned.push_back(&j->second);
+  }
+  if (dead.empty() && idle.empty() && expired.empty() && orphaned.empty()) return;
   Transaction t(state_->db());
   for (const std::string& id : expired) {
     sessions_.erase(id);
@@ -172,6 +181,14 @@ void Coordinator::reap_locked() {
                                          options_.session_idle.count() / 1000.0, " s");
     std::fprintf(stderr, "kiln-coordinator: %s; closed\n", why.c_str());
     end_session_locked(*s, "closed", why);
+  }
+  for (JobRec* j : orphaned) {
+    const std::string why =
+        absl::StrCat("no driver has reported for ", options_.driver_grace.count() / 1000.0,
+                     " s (kiln submit killed, or it lost the coordinator and did not come back)");
+    std::fprintf(stderr, "kiln-coordinator: job %s: %s; failed\n", j->job.job_id().c_str(),
+                 why.c_str());
+    finish_job_locked(*j, "failed", 0, why);
   }
   for (WorkerRec* w : dead) {
     const std::string why = absl::StrCat("worker ", w->info.worker_id(), " stopped heartbeating");

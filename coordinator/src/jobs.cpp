@@ -56,6 +56,7 @@ void Coordinator::schedule_locked() {
     job.clear_worker_addresses();
     for (const auto& wid : idle) job.add_worker_addresses(workers_.at(wid).info.address());
     job.set_started_unix_ms(now_unix_ms());
+    next->driver_seen = Clock::now();  // Options::driver_grace counts from the start
     state_->put_job(*next);
   }
 }
@@ -189,17 +190,14 @@ absl::StatusOr<proto::Job> Coordinator::report_job(const proto::JobReport& repor
   return j.job;
 }
 
-void Coordinator::driver_lost(const std::string& job_id, const std::string& tenant) {
+void Coordinator::driver_attached(const std::string& job_id, const std::string& tenant,
+                                  bool attached) {
   std::lock_guard lock(mu_);
   auto found = find_job_locked(job_id, tenant);
-  if (!found.ok() || (*found)->job.state() != "running") return;
-  Transaction t(state_->db());
-  finish_job_locked(**found, "failed", 0,
-                    "the driver went away without reporting an exit (kiln submit killed, or its "
-                    "connection to the coordinator lost)");
-  schedule_locked();
-  t.commit();
-  changed_locked();
+  if (!found.ok()) return;
+  JobRec& j = **found;
+  j.drivers += attached ? 1 : -1;
+  j.driver_seen = Clock::now();
 }
 
 absl::Status Coordinator::watch_job(const proto::WatchJobRequest& req, const std::string& tenant,

@@ -38,6 +38,8 @@ options:
   --session-idle-s N    close an interactive session whose workers report no client stream
                         for N seconds (default 30): its client died or never came
   --session-retention-s N   forget an ended session N seconds after it ended (default 3600)
+  --driver-grace-s N    fail a running job whose driver (kiln submit) has had no report stream
+                        for N seconds (default 30); a driver re-attaches within it
   --metrics-listen ADDR serve Prometheus /metrics there
 Without a token or TLS every listener must be on loopback.
 )";
@@ -47,7 +49,8 @@ constexpr int kExitUsage = 2;
 struct Flags {
   std::string listen = "127.0.0.1:7070", port_file, state = "kiln-coordinator.db";
   std::string tokens, worker_token, tls_cert, tls_key, metrics_listen;
-  int heartbeat_ms = 1000, dead_after = 3, session_idle_s = 30, session_retention_s = 3600;
+  int heartbeat_ms = 1000, dead_after = 3, session_idle_s = 30, session_retention_s = 3600,
+      driver_grace_s = 30;
 };
 
 int usage_error(const std::string& msg) {
@@ -98,6 +101,9 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
     } else if (a == "--session-idle-s") {
       if (!to_int(f.session_idle_s))
         return usage_error("--session-idle-s needs a positive integer");
+    } else if (a == "--driver-grace-s") {
+      if (!to_int(f.driver_grace_s))
+        return usage_error("--driver-grace-s needs a positive integer");
     } else if (a == "--session-retention-s") {
       if (!to_int(f.session_retention_s))
         return usage_error("--session-retention-s needs a positive integer");
@@ -176,7 +182,8 @@ int main(int argc, char** argv) {
        .heartbeat = std::chrono::milliseconds(f.heartbeat_ms),
        .dead_after = f.dead_after,
        .session_idle = std::chrono::seconds(f.session_idle_s),
-       .session_retention = std::chrono::seconds(f.session_retention_s)});
+       .session_retention = std::chrono::seconds(f.session_retention_s),
+       .driver_grace = std::chrono::seconds(f.driver_grace_s)});
   if (!core.ok()) return fail(core.status());
   kiln::coord::Metrics metrics(**core);
   std::unique_ptr<prometheus::Exposer> exposer;

@@ -163,12 +163,22 @@ grpc::Status Service::ReportJob(grpc::ServerContext* ctx,
                                 grpc::ServerReader<proto::JobReport>* reader, proto::Job* reply) {
   return handle("ReportJob", ctx, Role::kClient, [&](const std::string& tenant) -> absl::Status {
     std::string job_id;
+    struct Attached {  // this stream counts as the job's driver while it is open
+      Coordinator& core;
+      const std::string& tenant;
+      std::string job_id;
+      ~Attached() {
+        if (!job_id.empty()) core.driver_attached(job_id, tenant, false);
+      }
+    } attached{core_, tenant, ""};
     for (proto::JobReport report; reader->Read(&report);) {
       if (job_id.empty()) {
         if (report.job_id().empty()) {
           return absl::InvalidArgumentError("job_id is required on the first JobReport");
         }
         job_id = report.job_id();
+        core_.driver_attached(job_id, tenant, true);
+        attached.job_id = job_id;
       } else if (!report.job_id().empty() && report.job_id() != job_id) {
         return absl::InvalidArgumentError(absl::StrCat(
             "job_id changed within one ReportJob stream: ", job_id, " then ", report.job_id()));
@@ -178,10 +188,6 @@ grpc::Status Service::ReportJob(grpc::ServerContext* ctx,
       if (reply->state() != "running") return absl::OkStatus();  // ended: the driver stops
     }
     if (job_id.empty()) return absl::InvalidArgumentError("an empty ReportJob stream");
-    if (ctx->IsCancelled()) {  // the driver is gone without a word on its exit
-      core_.driver_lost(job_id, tenant);
-      return absl::CancelledError("the driver's report stream broke");
-    }
     proto::GetJobRequest get;
     get.set_job_id(job_id);
     return assign(core_.get_job(get, tenant), reply);

@@ -49,6 +49,10 @@ struct SessionRec {
 struct JobRec {
   int64_t seq = 0;  // submission order: FIFO within a priority
   proto::Job job;
+  // Not stored: the driver's open ReportJob streams, and since when it has had none (the job's
+  // start, or the coordinator's load of it), for Options::driver_grace.
+  int drivers = 0;
+  Clock::time_point driver_seen = Clock::now();
 };
 
 struct Loaded {

@@ -107,11 +107,12 @@ class Daemon {
     }
   }
 
+  // Starts the daemon: on a free port the first time, on the same port again after crash().
   void start() {
     fs::remove(dir_ / "port");
     std::vector<std::string> argv = {KILN_COORDINATOR_BIN,
                                      "--listen",
-                                     "127.0.0.1:0",
+                                     "127.0.0.1:" + std::to_string(port_),
                                      "--port-file",
                                      (dir_ / "port").string(),
                                      "--state",

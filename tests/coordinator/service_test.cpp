@@ -1,7 +1,7 @@
 // kiln-coordinator's surroundings: Prometheus /metrics, TLS, and a driver's OpenSession by job.
 #include <arpa/inet.h>
-#include <netinet/in.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include "harness.h"

@@ -42,6 +42,10 @@ struct Options {
   // An ended session is kept this long (a late LookupSession learns why it ended), then
   // forgotten, so a long-running coordinator does not grow with every session it ever had.
   std::chrono::milliseconds session_retention{3600 * 1000};
+  // A running job none of whose drivers has had a ReportJob stream open for this long fails
+  // (kiln submit was killed, or lost the coordinator and did not come back). A driver re-attaches
+  // within it after a network break or a coordinator restart.
+  std::chrono::milliseconds driver_grace{30000};
 };
 
 // Limits on what a client may submit (beyond them: INVALID_ARGUMENT).
@@ -83,9 +87,9 @@ class Coordinator {
   // One message of a driver's ReportJob stream. Answers the job as it is now; a job that is no
   // longer running (cancelled) tells the driver to stop.
   absl::StatusOr<proto::Job> report_job(const proto::JobReport&, const std::string& tenant);
-  // The driver's ReportJob stream broke before it reported an exit (kiln submit killed, its
-  // host lost): a running job fails, so that its workers are not held by nobody.
-  void driver_lost(const std::string& job_id, const std::string& tenant);
+  // A driver's ReportJob stream for the job opened (true) or ended (false): see
+  // Options::driver_grace.
+  void driver_attached(const std::string& job_id, const std::string& tenant, bool attached);
 
   // The sessions' rendezvous store.
   absl::StatusOr<proto::StoreReply> store(const proto::StoreRequest&, const Cancelled& cancelled);
