@@ -318,6 +318,10 @@ int run_job_command(const std::string& name, const std::vector<std::string>& all
   }
   grpc::ChannelArguments ch;
   ch.SetMaxReceiveMessageSize(kiln::proto::kMaxMessageBytes);
+  // A restarted coordinator is found again within 2 s (gRPC's default backoff grows to 120 s),
+  // well inside its --driver-grace-s for `kiln submit` (Note [Driver re-attach]).
+  ch.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
+  ch.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   c.stub = proto::Coordinator::NewStub(grpc::CreateCustomChannel(c.address, credentials(ca), ch));
   if (name == "workers")
     return rest.empty() ? workers_main(c) : usage("kiln workers takes no arguments");

@@ -11,7 +11,9 @@
 // ReportJob streams is open, and fails the job after --driver-grace-s without one. When the
 // stream breaks (a network break, a coordinator restart), the Reporter keeps COMMAND's lines
 // (up to kMaxPendingLines) and opens a new stream at the next line or second, so a coordinator
-// that comes back within the grace loses neither the job nor its log.
+// that comes back within the grace loses neither the job nor its log. A driver that prints
+// nothing sends an empty report every second: a broken stream shows only on a write. Lines are
+// not acknowledged one by one: those in flight when a coordinator dies are lost.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -90,7 +92,10 @@ bool terminal(const std::string& state) {
 // The driver's ReportJob stream, re-attached when it breaks (Note [Driver re-attach]).
 class Reporter {
  public:
-  Reporter(const CoordClient& c, std::string job_id) : c_(c), job_id_(std::move(job_id)) { open(); }
+  // Attaches at once: a driver that prints nothing still counts as alive.
+  Reporter(const CoordClient& c, std::string job_id) : c_(c), job_id_(std::move(job_id)) {
+    flush(false);
+  }
 
   // Sends `lines` now, or once a stream is up again.
   void lines(std::vector<std::string> lines) {
@@ -129,6 +134,7 @@ class Reporter {
     ctx_ = std::make_unique<grpc::ClientContext>();
     c_.prepare(*ctx_, /*follow=*/true);  // no deadline: it lasts as long as COMMAND
     writer_ = c_.stub->ReportJob(ctx_.get(), &job_);
+    fresh_ = true;
   }
 
   // Writes the pending lines (and, with `finished`, the exit code); false if the stream is down.
@@ -147,8 +153,14 @@ class Reporter {
     for (const auto& l : pending_) msg.add_log_lines(l);
     msg.set_finished(finished);
     msg.set_exit_code(code);
-    if (msg.log_lines_size() == 0 && !finished) return true;
+    // A new stream writes at once, lines or not: its first message attaches it to the job. A
+    // quiet one writes an empty message every kRetry, the only way to learn the stream broke.
+    const auto now = std::chrono::steady_clock::now();
+    if (msg.log_lines_size() == 0 && !finished && !fresh_ && now - last_write_ < kRetry)
+      return true;
     if (writer_->Write(msg)) {
+      fresh_ = false;
+      last_write_ = now;
       pending_.clear();
       dropped_ = 0;
       return true;
@@ -168,8 +180,9 @@ class Reporter {
   grpc::Status last_status_;
   std::deque<std::string> pending_;
   size_t dropped_ = 0;
+  bool fresh_ = false;  // writer_ has not written yet
   bool ended_ = false;  // the coordinator answered with the job no longer running: stop
-  std::chrono::steady_clock::time_point next_try_;
+  std::chrono::steady_clock::time_point next_try_, last_write_;
 };
 
 class Driver {

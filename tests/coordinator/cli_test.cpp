@@ -137,6 +137,26 @@ TEST(KilnCli, SigkilledSubmitFailsTheJob) {
   kill(std::stoi(slurp(dir.path() / "driver.pid")), SIGKILL);  // the orphaned driver
 }
 
+// A driver that prints nothing for longer than --driver-grace-s is alive all the same: kiln
+// submit attaches its report stream at once, keeps it alive, and re-attaches after a coordinator
+// restart without waiting for a line.
+TEST(KilnCli, QuietDriverOutlivesTheGrace) {
+  TempDir dir;
+  Daemon d(dir.path(), {"--heartbeat-ms", "100", "--driver-grace-s", "4"});
+  FakeWorker w0(d, "w0");
+  const pid_t pid =
+      spawn({KILN_CLI, "submit", "--workers", "1", "--", "sh", "-c", "sleep 11"},
+            dir.path() / "sub.out", dir.path() / "sub.err", {"KILN_COORDINATOR=" + d.address()});
+  std::this_thread::sleep_for(std::chrono::milliseconds(5500));  // quiet, past the grace
+  Cli running = run_kiln(dir.path(), d, {"status", "job-1", "--json"});
+  EXPECT_EQ(nlohmann::json::parse(running.out)["state"], "running") << running.out;
+  d.crash();
+  d.start();
+  EXPECT_EQ(wait_for(pid, std::chrono::seconds(30)), 0) << slurp(dir.path() / "sub.err");
+  Cli status = run_kiln(dir.path(), d, {"status", "job-1", "--json"});
+  EXPECT_EQ(nlohmann::json::parse(status.out)["state"], "succeeded") << status.out;
+}
+
 // The coordinator is SIGKILLed and restarted (same port, same state) while `kiln submit` drives a
 // job: the driver re-attaches (Note [Driver re-attach]), the job ends succeeded and its log
 // holds the lines from both sides of the restart.
@@ -145,13 +165,13 @@ TEST(KilnCli, SubmitSurvivesACoordinatorRestart) {
   Daemon d(dir.path(), {"--heartbeat-ms", "100", "--driver-grace-s", "20"});
   FakeWorker w0(d, "w0");
   const fs::path go = dir.path() / "go";
-  const pid_t pid = spawn({KILN_CLI, "submit", "--workers", "1", "--", "sh", "-c",
-                           "echo before; while [ ! -f " + go.string() +
-                               " ]; do sleep 0.05; done; echo after"},
-                          dir.path() / "sub.out", dir.path() / "sub.err",
-                          {"KILN_COORDINATOR=" + d.address()});
-  ASSERT_TRUE(eventually(
-      [&] { return slurp(dir.path() / "sub.out").find("before") != std::string::npos; }));
+  const pid_t pid =
+      spawn({KILN_CLI, "submit", "--workers", "1", "--", "sh", "-c",
+             "echo before; while [ ! -f " + go.string() + " ]; do sleep 0.05; done; echo after"},
+            dir.path() / "sub.out", dir.path() / "sub.err", {"KILN_COORDINATOR=" + d.address()});
+  ASSERT_TRUE(eventually([&] {  // stored (a line in flight when the coordinator dies is lost)
+    return run_kiln(dir.path(), d, {"logs", "job-1"}).out.find("before") != std::string::npos;
+  }));
   d.crash();
   d.start();
   std::ofstream(go) << "";
