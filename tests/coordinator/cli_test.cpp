@@ -142,12 +142,12 @@ TEST(KilnCli, SigkilledSubmitFailsTheJob) {
 // restart without waiting for a line.
 TEST(KilnCli, QuietDriverOutlivesTheGrace) {
   TempDir dir;
-  Daemon d(dir.path(), {"--heartbeat-ms", "100", "--driver-grace-s", "4"});
+  Daemon d(dir.path(), {"--heartbeat-ms", "100", "--driver-grace-s", "6"});
   FakeWorker w0(d, "w0");
   const pid_t pid =
-      spawn({KILN_CLI, "submit", "--workers", "1", "--", "sh", "-c", "sleep 11"},
+      spawn({KILN_CLI, "submit", "--workers", "1", "--", "sh", "-c", "sleep 14"},
             dir.path() / "sub.out", dir.path() / "sub.err", {"KILN_COORDINATOR=" + d.address()});
-  std::this_thread::sleep_for(std::chrono::milliseconds(5500));  // quiet, past the grace
+  std::this_thread::sleep_for(std::chrono::milliseconds(7500));  // quiet, past the grace
   Cli running = run_kiln(dir.path(), d, {"status", "job-1", "--json"});
   EXPECT_EQ(nlohmann::json::parse(running.out)["state"], "running") << running.out;
   d.crash();
