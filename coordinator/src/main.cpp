@@ -69,6 +69,17 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
     }
     if (i + 1 >= argc) return usage_error("unknown flag or missing value: " + a);
     const std::string v = argv[++i];
+    auto int_flag = [&](const std::string& name) -> int* {
+      const std::pair<const char*, int*> flags[] = {
+          {"--heartbeat-ms", &f.heartbeat_ms},
+          {"--dead-after", &f.dead_after},
+          {"--session-idle-s", &f.session_idle_s},
+          {"--driver-grace-s", &f.driver_grace_s},
+          {"--session-retention-s", &f.session_retention_s}};
+      for (const auto& [flag, value] : flags)
+        if (name == flag) return value;
+      return nullptr;
+    };
     auto to_int = [&](int& out) -> bool {
       try {
         size_t used = 0;
@@ -94,19 +105,8 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
       f.tls_key = v;
     else if (a == "--metrics-listen")
       f.metrics_listen = v;
-    else if (a == "--heartbeat-ms") {
-      if (!to_int(f.heartbeat_ms)) return usage_error("--heartbeat-ms needs a positive integer");
-    } else if (a == "--dead-after") {
-      if (!to_int(f.dead_after)) return usage_error("--dead-after needs a positive integer");
-    } else if (a == "--session-idle-s") {
-      if (!to_int(f.session_idle_s))
-        return usage_error("--session-idle-s needs a positive integer");
-    } else if (a == "--driver-grace-s") {
-      if (!to_int(f.driver_grace_s))
-        return usage_error("--driver-grace-s needs a positive integer");
-    } else if (a == "--session-retention-s") {
-      if (!to_int(f.session_retention_s))
-        return usage_error("--session-retention-s needs a positive integer");
+    else if (int* n = int_flag(a)) {
+      if (!to_int(*n)) return usage_error(a + " needs a positive integer");
     } else {
       return usage_error("unknown flag " + a);
     }

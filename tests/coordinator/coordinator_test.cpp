@@ -167,14 +167,19 @@ TEST(Coordinator, LostDriverFailsItsJob) {
   FakeWorker w0(d, "w0");
   const proto::Job job = submit(d, 1);
   ASSERT_TRUE(eventually([&] { return state_of(d, job.job_id()) == "running"; }));
-  {
-    grpc::ClientContext ctx;
-    proto::Job reply;
+  // A driver's report stream, attached by its first line.
+  auto attach = [&](grpc::ClientContext& ctx, proto::Job& reply, const std::string& line) {
     auto w = d.stub().ReportJob(&ctx, &reply);
     proto::JobReport r;
     r.set_job_id(job.job_id());
-    r.add_log_lines("step 1");
-    ASSERT_TRUE(w->Write(r));
+    r.add_log_lines(line);
+    EXPECT_TRUE(w->Write(r));
+    return w;
+  };
+  {
+    grpc::ClientContext ctx;
+    proto::Job reply;
+    auto w = attach(ctx, reply, "step 1");
     ASSERT_TRUE(eventually([&] {  // the line is stored: the stream is attached to the job
       proto::WatchJobRequest req;
       req.set_job_id(job.job_id());
@@ -196,11 +201,7 @@ TEST(Coordinator, LostDriverFailsItsJob) {
   {
     grpc::ClientContext ctx;
     proto::Job reply;
-    auto w = d.stub().ReportJob(&ctx, &reply);
-    proto::JobReport r;
-    r.set_job_id(job.job_id());
-    r.add_log_lines("step 2");
-    ASSERT_TRUE(w->Write(r));
+    auto w = attach(ctx, reply, "step 2");
     std::this_thread::sleep_for(milliseconds(2000));
     EXPECT_EQ(state_of(d, job.job_id()), "running");
     ctx.TryCancel();  // and goes for good
