@@ -11,6 +11,7 @@
 // collective leaves the others waiting rather than mixing up data.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -59,6 +60,20 @@ class Exchange {
   // Tests every request once without blocking; PeerTimeout past the deadline.
   bool test_all();
 
+  // Note [Shared-memory ring]: channels through the mailboxes (Note [Shared-memory mailboxes]),
+  // one per ordered pair of ranks, kMailboxSlots slots deep. True when every member's mailbox is
+  // mapped here.
+  bool shared_memory() const;
+  size_t slot_bytes() const { return t_->mailbox_slot_bytes(); }
+  // The next slot of the channel to `peer`, once the peer has released it; publish() sends it as
+  // message (column, msg) of `bytes`.
+  char* slot_to(int peer);
+  void publish(int peer, uint64_t column, uint32_t msg, size_t bytes);
+  // The next message from `peer`, which must be (column, msg) of `bytes`: a message of another
+  // collective or size is an error. release() hands the slot back to the peer.
+  const char* slot_from(int peer, uint64_t column, uint32_t msg, size_t bytes);
+  void release(int peer);
+
  private:
   UcxTransport* t_;
   const std::vector<int>& world_ranks_;
@@ -67,10 +82,15 @@ class Exchange {
   Clock::time_point deadline_;
   std::vector<UcxTransport::Request> reqs_;
   std::vector<int> group_peer_;
+
+  // Waits until `counter` (in a mailbox) reaches `target`; PeerTimeout past the deadline.
+  void await(int peer, bool is_recv, std::atomic<uint64_t>& counter, uint64_t target);
 };
 
 // dst[i] = dst[i] (op) src[i]; avg reduces as sum (divide_by finishes it).
 void reduce_into(void* dst, const void* src, int64_t n, ScalarType dtype, ReduceOp op);
+// out[i] = a[i] (op) b[i]; out may be a.
+void reduce_to(void* out, const void* a, const void* b, int64_t n, ScalarType dtype, ReduceOp op);
 void divide_by(void* data, int64_t n, ScalarType dtype, int64_t divisor);
 
 // In place over `data` (numel elements). Picks recursive doubling or the ring by size.

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -39,7 +40,7 @@ UcxTransport::UcxTransport(TCPStore& store, const std::string& key_prefix, int r
     check(ucp_config_modify(config, "RNDV_THRESH", "inf"), "ucp_config_modify(RNDV_THRESH)");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP | UCP_FEATURE_RMA;
   ucs_status_t s = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   check(s, "ucp_init");
@@ -70,9 +71,58 @@ UcxTransport::UcxTransport(TCPStore& store, const std::string& key_prefix, int r
     }
     check(ucp_ep_create(worker_, &ep, &eps_[peer]), "ucp_ep_create");
   }
+  const char* shm = std::getenv("KILN_UCX_SHM");
+  if (!peer_errors && !(shm && std::string(shm) == "0")) map_mailboxes(store, key_prefix);
+}
+
+// Note [Shared-memory mailboxes]. Layout (comm/collectives.cpp reads and writes it): per world
+// rank p, two cache lines of counters, then per p kMailboxSlots slots of a 64-byte header and
+// slot_bytes_ of data. Slots shrink with the world size (a mailbox is 16 MiB up to 256 ranks).
+void UcxTransport::map_mailboxes(TCPStore& store, const std::string& key_prefix) {
+  const size_t world = eps_.size();
+  slot_bytes_ = std::clamp<size_t>((size_t{16} << 20) / (world * kMailboxSlots), 16 << 10, 256 << 10);
+  slot_bytes_ &= ~size_t{63};
+  const size_t bytes = world * 128 + world * kMailboxSlots * (64 + slot_bytes_);
+  mailboxes_.assign(world, nullptr);
+  rkeys_.assign(world, nullptr);
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = bytes;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  std::string published;  // empty: no mailbox here, peers fall back to messages
+  void* packed = nullptr;
+  size_t packed_len = 0;
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+  if (ucp_mem_map(context_, &mp, &mailbox_mem_) == UCS_OK &&
+      ucp_mem_query(mailbox_mem_, &attr) == UCS_OK &&
+      ucp_rkey_pack(context_, mailbox_mem_, &packed, &packed_len) == UCS_OK) {
+    std::memset(attr.address, 0, bytes);
+    mailboxes_[rank_] = static_cast<char*>(attr.address);
+    const auto addr = reinterpret_cast<uint64_t>(attr.address);
+    published.assign(reinterpret_cast<const char*>(&addr), sizeof addr);
+    published.append(static_cast<const char*>(packed), packed_len);
+    ucp_rkey_buffer_release(packed);
+  }
+  store.set(key_prefix + "mailbox/" + std::to_string(rank_), published);
+  for (size_t peer = 0; peer < world; ++peer) {
+    if (static_cast<int>(peer) == rank_) continue;
+    const std::string got = store.get(key_prefix + "mailbox/" + std::to_string(peer));
+    if (got.size() <= sizeof(uint64_t)) continue;
+    uint64_t addr = 0;
+    std::memcpy(&addr, got.data(), sizeof addr);
+    void* ptr = nullptr;
+    if (ucp_ep_rkey_unpack(eps_[peer], got.data() + sizeof addr, &rkeys_[peer]) == UCS_OK &&
+        ucp_rkey_ptr(rkeys_[peer], addr, &ptr) == UCS_OK)
+      mailboxes_[peer] = static_cast<char*>(ptr);
+  }
 }
 
 UcxTransport::~UcxTransport() {
+  for (ucp_rkey_h& k : rkeys_)
+    if (k) ucp_rkey_destroy(k);
   // A flushing close waits for the peer; bound it, then force (a dead peer never answers).
   for (ucp_ep_h& ep : eps_) {
     if (!ep) continue;
@@ -90,6 +140,7 @@ UcxTransport::~UcxTransport() {
     }
     ep = nullptr;
   }
+  if (mailbox_mem_) ucp_mem_unmap(context_, mailbox_mem_);
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
 }
@@ -136,6 +187,8 @@ bool UcxTransport::test(Request& r) {
              ", received ", got, " (the ranks passed different sizes)");
   return true;
 }
+
+void UcxTransport::progress() { ucp_worker_progress(worker_); }
 
 void UcxTransport::wait_event(std::chrono::microseconds max) {
   // Arming fails with BUSY while events are still unprocessed: the caller progresses again.

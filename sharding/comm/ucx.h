@@ -19,6 +19,8 @@
 typedef struct ucp_context* ucp_context_h;
 typedef struct ucp_worker* ucp_worker_h;
 typedef struct ucp_ep* ucp_ep_h;
+typedef struct ucp_mem* ucp_mem_h;
+typedef struct ucp_rkey* ucp_rkey_h;
 
 namespace kiln::dist {
 
@@ -47,14 +49,36 @@ class UcxTransport {
   // transport event arrived) or `max` has passed, instead of spinning: ranks often share cores,
   // and a spinning comm thread takes them from the peer's and its own computation.
   void wait_event(std::chrono::microseconds max);
-  // Marks the transport unusable after a failed collective: endpoints are then force-closed.
+  // Progresses the worker once (sends and receives in flight go on while a caller waits on
+  // something else).
+  void progress();
+  // Marks the transport unusable after a failed collective: endpoints are then force-closed, and
+  // the mailboxes are no longer used.
   void mark_broken() { broken_ = true; }
 
+  // Note [Shared-memory mailboxes]: each process maps a mailbox that UCX allocates in shared
+  // memory, and every peer on the same host maps it too (ucp_rkey_ptr). Collectives then move
+  // pieces through it with plain loads and stores (comm/collectives.h, Note [Shared-memory
+  // ring]). Null for a peer whose mailbox could not be mapped (another host, KILN_UCX_SHM=0, or
+  // KILN_UCX_PEER_ERRORS=1, whose dead-peer errors shared memory cannot give).
+  char* mailbox(int world_rank) const {
+    return broken_ || mailboxes_.empty() ? nullptr : mailboxes_[static_cast<size_t>(world_rank)];
+  }
+  int world_size() const { return static_cast<int>(eps_.size()); }
+  static constexpr int kMailboxSlots = 4;
+  size_t mailbox_slot_bytes() const { return slot_bytes_; }
+
  private:
+  void map_mailboxes(TCPStore& store, const std::string& key_prefix);
+
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::vector<ucp_ep_h> eps_;
   int efd_ = -1;  // the worker's event fd (UCP_FEATURE_WAKEUP)
+  ucp_mem_h mailbox_mem_ = nullptr;
+  std::vector<ucp_rkey_h> rkeys_;
+  std::vector<char*> mailboxes_;  // by world rank; this rank's own included
+  size_t slot_bytes_ = 0;
   int rank_;
   bool broken_ = false;
 };

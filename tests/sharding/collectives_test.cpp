@@ -189,10 +189,41 @@ KILN_RANK_SCENARIO(all_reduce_64mib) {
 
 TEST(DistCollectives, AllReduce64MiBWorld2) { expect_all_pass(run_ranks("all_reduce_64mib", 2)); }
 
+const std::map<std::string, std::string> kShortTimeout = {{"KILN_COMM_TIMEOUT_S", "3"}};
+
+// Ranks on one host all-reduce through shared memory (Note [Shared-memory ring]); KILN_UCX_SHM=0
+// sends every piece as a UCX message instead, as between hosts.
+const std::map<std::string, std::string> kOverMessages = {{"KILN_UCX_SHM", "0"}};
+
+TEST(DistCollectives, World3OverMessages) {
+  expect_all_pass(run_ranks("every_collective", 3, std::chrono::seconds(60), kOverMessages));
+}
+
+TEST(DistCollectives, AllReduce64MiBWorld2OverMessages) {
+  expect_all_pass(run_ranks("all_reduce_64mib", 2, std::chrono::seconds(60), kOverMessages));
+}
+
+// Ranks that pass different sizes to a large all_reduce fail, and one of them names the sizes
+// (the other may find its first piece the expected size, and then wait in vain), on both paths.
+KILN_RANK_SCENARIO(mismatched_sizes) {
+  Tensor t = ones({100000 + rank()});
+  expect_error(ErrorKind::Runtime, "all_reduce #1", [&] { default_group()->all_reduce(t)->wait(); });
+}
+
+TEST(DistCollectives, MismatchedSizesAreNamed) {
+  for (bool shm : {true, false}) {
+    auto env = kShortTimeout;
+    if (!shm) env.insert(kOverMessages.begin(), kOverMessages.end());
+    auto res = run_ranks("mismatched_sizes", 2, std::chrono::seconds(30), env);
+    expect_all_pass(res);
+    EXPECT_NE((res[0].output + res[1].output).find("the ranks passed different sizes"),
+              std::string::npos)
+        << res[0].output << res[1].output;
+  }
+}
+
 // ---- Faults
 // --------------------------------------------------------------------------------------
-
-const std::map<std::string, std::string> kShortTimeout = {{"KILN_COMM_TIMEOUT_S", "3"}};
 
 // Rank 2 dies inside an all_reduce of KILL_NUMEL floats (a large one mid-transfer: Note [Peer
 // failures]). 2 ms after the start: 16 MiB take several times that here, even on a loaded
@@ -249,6 +280,21 @@ KILN_RANK_SCENARIO(skipped_collective) {
   }
   expect_error(ErrorKind::Runtime, "rank 1 is at barrier #2 instead",
                [&] { pg->all_reduce(t)->wait(); });
+}
+
+// Large all_reduces go through shared memory (Note [Shared-memory ring]). Two groups of the same
+// ranks, used in opposite orders: each rank finds the other's pieces of the other group's
+// all_reduce where it waits for its own, and says so at once instead of mixing them up.
+KILN_RANK_SCENARIO(crossed_groups) {
+  auto world_group = default_group();
+  auto other = dist::new_group({0, 1});
+  Tensor t = ones({100000});
+  expect_error(ErrorKind::Runtime, "out of step",
+               [&] { (rank() == 0 ? world_group : other)->all_reduce(t)->wait(); });
+}
+
+TEST(DistFaults, CrossedGroupsAreNamed) {
+  expect_all_pass(run_ranks("crossed_groups", 2, std::chrono::seconds(30), kShortTimeout));
 }
 
 TEST(DistFaults, SkippedCollectiveIsNamed) {
