@@ -296,7 +296,7 @@ void* scratch(int slot, size_t bytes) {
     std::unique_ptr<char[]> data;
     size_t size = 0;
   };
-  thread_local Buffer buffers[3];
+  thread_local Buffer buffers[2];
   Buffer& b = buffers[slot];
   if (b.size < bytes) {
     b.data.reset(new char[bytes]);

@@ -108,8 +108,8 @@ void all_to_all(Exchange& x, const void* in, const std::vector<size_t>& in_off,
                 const std::vector<size_t>& out_bytes);
 void barrier(Exchange& x);
 
-// Note [Scratch buffers]: the comm thread keeps its temporary buffers between collectives (slots
-// 0 and 1: the ring's receive buffers; slot 2: a collective's working copy), so a large
+// Note [Scratch buffers]: the comm thread keeps its temporary buffers between collectives (slot
+// 0: the ring's receive slots; slot 1: a collective's working copy), so a large
 // collective does not pay for fresh pages (page faults and zeroing) every time. They only grow.
 void* scratch(int slot, size_t bytes);
 

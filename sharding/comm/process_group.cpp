@@ -182,7 +182,7 @@ WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
           if (op == ReduceOp::Avg) divide_by(tensor.data_ptr(), numel, tensor.dtype(), n);
           return;
         }
-        auto* wide = static_cast<float*>(scratch(2, numel * sizeof(float)));
+        auto* wide = static_cast<float*>(scratch(1, numel * sizeof(float)));
         widen(tensor, wide);
         dist::all_reduce(x, wide, numel, kFloat32, op);
         if (op == ReduceOp::Avg) divide_by(wide, numel, kFloat32, n);
@@ -240,7 +240,7 @@ WorkPtr ProcessGroup::reduce_scatter_tensor(Tensor& output, const Tensor& input,
         const ScalarType wt = is_half(input.dtype()) ? kFloat32 : input.dtype();
         const size_t elem = element_size(wt);
         // The ring reduces in place: work on a copy (float32 for float16/bfloat16).
-        char* buf = static_cast<char*>(scratch(2, input.numel() * elem));
+        char* buf = static_cast<char*>(scratch(1, input.numel() * elem));
         if (is_half(input.dtype()))
           widen(input, reinterpret_cast<float*>(buf));
         else if (input.numel())

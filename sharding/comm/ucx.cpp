@@ -29,7 +29,9 @@ void check(ucs_status_t s, const char* what) {
 // messages go as pipelined eager fragments through the shared-memory FIFOs, within noise of CMA's
 // bandwidth here (2-rank 64 MiB all_reduce, A/B in one session). KILN_UCX_PEER_ERRORS=1 asks for
 // peer error handling instead: every peer failure becomes an error on the requests at once, but
-// UCX then leaves shared memory out and carries small messages over TCP (slower).
+// UCX then leaves shared memory out and carries small messages over TCP (slower), and the
+// mailboxes are not mapped. A peer that dies while a rank waits on its mailbox leaves the memory
+// mapped (UCX's shared segments live until the last process detaches), so that is a timeout too.
 UcxTransport::UcxTransport(TCPStore& store, const std::string& key_prefix, int rank, int world)
     : eps_(world, nullptr), rank_(rank) {
   const char* pe = std::getenv("KILN_UCX_PEER_ERRORS");
