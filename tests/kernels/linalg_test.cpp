@@ -100,6 +100,20 @@ TEST(MM, LargerThanOneBlock) {
   }
 }
 
+// Note [GEMM leading dimensions]: large float32 GEMMs copy operands whose rows lie a multiple of
+// 256 floats apart to padded rows first; each layout of each operand, and a batch, still match.
+TEST(MM, PaddedLeadingDimensions) {
+  Tensor a = random({300, 512}, kFloat32, -2, 2, 6), b = random({512, 256}, kFloat32, -2, 2, 7);
+  expect_matmul_close(a.mm(b), ref_matmul(a, b), kFloat32, 512);  // both 'N', ld 512 and 256
+  Tensor at = random({512, 256}, kFloat32, -2, 2, 8).t();          // 'T', ld 256, 512 lines
+  Tensor bt = random({768, 512}, kFloat32, -2, 2, 9).t();          // 'T', ld 512, 768 lines
+  expect_matmul_close(at.mm(bt), ref_matmul(at, bt), kFloat32, 512);
+  Tensor rows = random({300, 1024}, kFloat32, -2, 2, 10).narrow(1, 0, 512);  // ld 1024 > K
+  expect_matmul_close(rows.mm(b), ref_matmul(rows, b), kFloat32, 512);
+  Tensor ba = random({2, 256, 512}, kFloat32, -2, 2, 11), bb = random({2, 512, 256}, kFloat32, -2, 2, 12);
+  expect_matmul_close(ba.bmm(bb), ref_matmul(ba, bb), kFloat32, 512);
+}
+
 TEST(MM, ThreadCountDoesNotChangeResults) {
   Tensor a = random({130, 150}), b = random({150, 140});
   int saved = get_num_threads();
