@@ -83,6 +83,16 @@ Tensor copy_cpu(const Tensor& self, const Tensor& src, bool) {
     bool done = false;
     dispatch_word(self.element_size(), [&](auto word) { done = copy_transposed<decltype(word)>(it); });
     if (done) return self;
+    // Same dtype: move bit patterns, a run at a time where both sides are dense.
+    dispatch_word(self.element_size(), [&](auto word) {
+      using U = decltype(word);
+      it.run([](const std::array<char*, 2>& p, const std::array<int64_t, 2>& st, int64_t n) {
+        if (st[0] == sizeof(U) && st[1] == sizeof(U)) return (void)std::memcpy(p[0], p[1], n * sizeof(U));
+        for (int64_t i = 0; i < n; ++i)
+          *reinterpret_cast<U*>(p[0] + i * st[0]) = *reinterpret_cast<const U*>(p[1] + i * st[1]);
+      });
+    });
+    return self;
   }
   KILN_DISPATCH_ALL_TYPES(self.dtype(), "copy_", [&] {
     using D = scalar_t;
