@@ -49,8 +49,10 @@ Tensor blas_ready(const Tensor& t) {
 // dimension that is a multiple of 256 floats: 256, 768, 1024, ...) maps its rows onto the same
 // few cache sets, and oneDNN's AVX2 sgemm then runs at 70-120 GFLOP/s here instead of 150-180
 // (the weight gradients of a width-256 transformer's linears: dY^T @ X with 2048 rows of K).
-// A large GEMM therefore copies such an operand to rows padded by 16 floats first; the copy
-// reads and writes the operand once, against 2 * (other dimension) flops per element.
+// It matters for the operands whose rows run along K (A transposed, B not): a large GEMM copies
+// such an operand to rows padded by 16 floats first, which reads and writes it once against
+// 2 * (other dimension) flops per element. Padding the other operands too only added copies
+// (GPT step, interleaved A/B).
 struct Operand {
   const float* data;
   BlasLayout layout;
@@ -95,8 +97,8 @@ void sgemm_batched(const char* op, const Tensor& c, const Tensor& a, const Tenso
     for (int64_t i = 0; i < B; ++i) {
       Operand x{pa + i * sa, la}, y{pb + i * sb, lb};
       if (large) {  // Note [GEMM leading dimensions]
-        x = la.trans == 'N' ? unaliased(x, M, K, a_buffer) : unaliased(x, K, M, a_buffer);
-        y = lb.trans == 'N' ? unaliased(y, K, N, b_buffer) : unaliased(y, N, K, b_buffer);
+        if (la.trans == 'T') x = unaliased(x, K, M, a_buffer);
+        if (lb.trans == 'N') y = unaliased(y, K, N, b_buffer);
       }
       gemm(x, y, pc + i * M * N);
     }

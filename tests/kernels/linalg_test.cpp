@@ -100,8 +100,9 @@ TEST(MM, LargerThanOneBlock) {
   }
 }
 
-// Note [GEMM leading dimensions]: large float32 GEMMs copy operands whose rows lie a multiple of
-// 256 floats apart to padded rows first; each layout of each operand, and a batch, still match.
+// Note [GEMM leading dimensions]: large float32 GEMMs copy operands whose rows run along K and lie
+// a multiple of 256 floats apart to padded rows first; padded and unpadded layouts of each
+// operand, and a batch, still match.
 TEST(MM, PaddedLeadingDimensions) {
   Tensor a = random({300, 512}, kFloat32, -2, 2, 6), b = random({512, 256}, kFloat32, -2, 2, 7);
   expect_matmul_close(a.mm(b), ref_matmul(a, b), kFloat32, 512);  // both 'N', ld 512 and 256
