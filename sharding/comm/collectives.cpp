@@ -148,11 +148,7 @@ char* slot(char* mailbox, int world, int peer, uint64_t index, size_t slot_bytes
 
 }  // namespace
 
-bool Exchange::shared_memory() const {
-  for (int w : world_ranks_)
-    if (!t_->mailbox(w)) return false;
-  return true;
-}
+bool Exchange::shared_memory() const { return t_->shared_memory(world_ranks_); }
 
 // Note [Mailbox waits]: a rank waits for a counter in a peer's mailbox to pass `target`. It spins
 // for the first 100 us (in a ring both sides move in step, and a piece takes microseconds), then

@@ -74,13 +74,14 @@ UcxTransport::UcxTransport(TCPStore& store, const std::string& key_prefix, int r
     check(ucp_ep_create(worker_, &ep, &eps_[peer]), "ucp_ep_create");
   }
   const char* shm = std::getenv("KILN_UCX_SHM");
-  if (!peer_errors && !(shm && std::string(shm) == "0")) map_mailboxes(store, key_prefix);
+  map_mailboxes(store, key_prefix, !peer_errors && !(shm && std::string(shm) == "0"));
 }
 
 // Note [Shared-memory mailboxes]. Layout (comm/collectives.cpp reads and writes it): per world
 // rank p, two cache lines of counters, then per p kMailboxSlots slots of a 64-byte header and
 // slot_bytes_ of data. Slots shrink with the world size (a mailbox is 16 MiB up to 256 ranks).
-void UcxTransport::map_mailboxes(TCPStore& store, const std::string& key_prefix) {
+// A rank with mailboxes off still publishes (an empty mailbox), so its peers do not wait for it.
+void UcxTransport::map_mailboxes(TCPStore& store, const std::string& key_prefix, bool enabled) {
   const size_t world = eps_.size();
   slot_bytes_ = std::clamp<size_t>((size_t{16} << 20) / (world * kMailboxSlots), 16 << 10, 256 << 10);
   slot_bytes_ &= ~size_t{63};
@@ -98,7 +99,7 @@ void UcxTransport::map_mailboxes(TCPStore& store, const std::string& key_prefix)
   size_t packed_len = 0;
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
-  if (ucp_mem_map(context_, &mp, &mailbox_mem_) == UCS_OK &&
+  if (enabled && ucp_mem_map(context_, &mp, &mailbox_mem_) == UCS_OK &&
       ucp_mem_query(mailbox_mem_, &attr) == UCS_OK &&
       ucp_rkey_pack(context_, mailbox_mem_, &packed, &packed_len) == UCS_OK) {
     std::memset(attr.address, 0, bytes);
@@ -112,7 +113,7 @@ void UcxTransport::map_mailboxes(TCPStore& store, const std::string& key_prefix)
   for (size_t peer = 0; peer < world; ++peer) {
     if (static_cast<int>(peer) == rank_) continue;
     const std::string got = store.get(key_prefix + "mailbox/" + std::to_string(peer));
-    if (got.size() <= sizeof(uint64_t)) continue;
+    if (!enabled || got.size() <= sizeof(uint64_t)) continue;
     uint64_t addr = 0;
     std::memcpy(&addr, got.data(), sizeof addr);
     void* ptr = nullptr;
@@ -120,6 +121,24 @@ void UcxTransport::map_mailboxes(TCPStore& store, const std::string& key_prefix)
         ucp_rkey_ptr(rkeys_[peer], addr, &ptr) == UCS_OK)
       mailboxes_[peer] = static_cast<char*>(ptr);
   }
+  // Which mailboxes each rank mapped, so that every member of a group makes the same choice.
+  std::string mapped(world, '0');
+  for (size_t peer = 0; peer < world; ++peer)
+    if (mailboxes_[peer]) mapped[peer] = '1';
+  store.set(key_prefix + "mapped/" + std::to_string(rank_), mapped);
+  mapped_.resize(world);
+  for (size_t peer = 0; peer < world; ++peer)
+    mapped_[peer] = static_cast<int>(peer) == rank_
+                        ? mapped
+                        : store.get(key_prefix + "mapped/" + std::to_string(peer));
+}
+
+bool UcxTransport::shared_memory(const std::vector<int>& ranks) const {
+  if (broken_ || mapped_.empty()) return false;
+  for (int q : ranks)
+    for (int p : ranks)
+      if (mapped_[q].size() != mapped_.size() || mapped_[q][p] != '1') return false;
+  return true;
 }
 
 UcxTransport::~UcxTransport() {

@@ -61,15 +61,16 @@ class UcxTransport {
   // pieces through it with plain loads and stores (comm/collectives.h, Note [Shared-memory
   // ring]). Null for a peer whose mailbox could not be mapped (another host, KILN_UCX_SHM=0, or
   // KILN_UCX_PEER_ERRORS=1, whose dead-peer errors shared memory cannot give).
-  char* mailbox(int world_rank) const {
-    return broken_ || mailboxes_.empty() ? nullptr : mailboxes_[static_cast<size_t>(world_rank)];
-  }
+  char* mailbox(int world_rank) const { return mailboxes_[static_cast<size_t>(world_rank)]; }
+  // True when every one of `ranks` (world ranks) mapped every other's mailbox, as every one of them
+  // sees it (they exchange what they mapped), and no collective has failed here.
+  bool shared_memory(const std::vector<int>& ranks) const;
   int world_size() const { return static_cast<int>(eps_.size()); }
   static constexpr int kMailboxSlots = 4;
   size_t mailbox_slot_bytes() const { return slot_bytes_; }
 
  private:
-  void map_mailboxes(TCPStore& store, const std::string& key_prefix);
+  void map_mailboxes(TCPStore& store, const std::string& key_prefix, bool enabled);
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -77,7 +78,8 @@ class UcxTransport {
   int efd_ = -1;  // the worker's event fd (UCP_FEATURE_WAKEUP)
   ucp_mem_h mailbox_mem_ = nullptr;
   std::vector<ucp_rkey_h> rkeys_;
-  std::vector<char*> mailboxes_;  // by world rank; this rank's own included
+  std::vector<char*> mailboxes_;    // by world rank; this rank's own included
+  std::vector<std::string> mapped_;  // by world rank: '1' for each mailbox that rank mapped
   size_t slot_bytes_ = 0;
   int rank_;
   bool broken_ = false;

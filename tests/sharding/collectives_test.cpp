@@ -203,6 +203,20 @@ TEST(DistCollectives, AllReduce64MiBWorld2OverMessages) {
   expect_all_pass(run_ranks("all_reduce_64mib", 2, std::chrono::seconds(60), kOverMessages));
 }
 
+// Rank 0 turns shared memory off and rank 1 does not: both find out, and use messages.
+KILN_RANK_SCENARIO(mixed_shared_memory_settings) {
+  dist::destroy_process_group();
+  if (rank() == 0) setenv("KILN_UCX_SHM", "0", 1);
+  dist::init_process_group();
+  Tensor t = full({100000}, static_cast<double>(rank() + 1));
+  default_group()->all_reduce(t)->wait();
+  expect_values(t, std::vector<double>(100000, 3.0), kFloat32, "all_reduce");
+}
+
+TEST(DistCollectives, MixedSharedMemorySettings) {
+  expect_all_pass(run_ranks("mixed_shared_memory_settings", 2, std::chrono::seconds(30), kShortTimeout));
+}
+
 // Ranks that pass different sizes to a large all_reduce fail, and one of them names the sizes
 // (the other may find its first piece the expected size, and then wait in vain), on both paths.
 KILN_RANK_SCENARIO(mismatched_sizes) {
