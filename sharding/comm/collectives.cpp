@@ -71,9 +71,13 @@ void reduce_typed(T* out, const T* a, const T* b, int64_t n, ReduceOp op) {
 // ---- Exchange
 // ------------------------------------------------------------------------------------
 
+// Note [Collective tags]: the fields' places.
+constexpr int kGroupShift = 58, kOpShift = 55, kSeqShift = 36;
+constexpr uint64_t kSeqMask = 0x7ffff;
+
 uint64_t Exchange::tag_base(int group_id, OpKind op, uint64_t seq) {
-  return (static_cast<uint64_t>(group_id & 0x3f) << 58) | (static_cast<uint64_t>(op) << 55) |
-         ((seq & 0x7ffff) << 36);
+  return (static_cast<uint64_t>(group_id & 0x3f) << kGroupShift) |
+         (static_cast<uint64_t>(op) << kOpShift) | ((seq & kSeqMask) << kSeqShift);
 }
 
 Exchange::~Exchange() {
@@ -223,8 +227,8 @@ const char* Exchange::slot_from(int peer, uint64_t column, uint32_t msg, size_t 
   const char* s = slot(theirs, t_->world_size(), me, next, slot_bytes());
   SlotHeader h;
   std::memcpy(&h, s, sizeof h);
-  auto seq = [](uint64_t tag) { return (tag >> 36) & 0x7ffff; };
-  auto group = [](uint64_t tag) { return tag >> 58; };
+  auto seq = [](uint64_t tag) { return (tag >> kSeqShift) & kSeqMask; };
+  auto group = [](uint64_t tag) { return tag >> kGroupShift; };
   KILN_CHECK(h.tag_base == tag_base_ && h.column == column && h.msg == msg, Runtime, "rank ", peer,
              " sent a piece of collective #", seq(h.tag_base), " of group id ", group(h.tag_base),
              " where this rank waits for #", seq(tag_base_), " of group id ", group(tag_base_),
