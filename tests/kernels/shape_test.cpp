@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 
 #include "test_util.h"
 
@@ -164,6 +165,12 @@ TEST(Split, ZeroSizeAndBadInputs) {
   expect_error(ErrorKind::Value, "at least a 1-dimensional",
                [] { split(scalar_tensor_of(1.0, kFloat32), 1); });
   expect_error(ErrorKind::Index, "dimension out of range", [] { split(random({3}), 1, 1); });
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  Tensor x = random({3});
+  expect_pieces(x, split(x, kHuge), 0, {3});
+  // A huge empty dimension split into rows: refused before a view per row is made.
+  expect_error(ErrorKind::Value, "split: would return 1099511627776 tensors, more than the",
+               [] { split(random({int64_t{1} << 40, 0}), 1); });
 }
 
 TEST(Chunk, ViewsOfEveryDtype) {
@@ -184,6 +191,10 @@ TEST(Chunk, ZeroSizeAndBadInputs) {
   expect_error(ErrorKind::Value, "greater than 0, got: 0", [] { chunk(random({3}), 0); });
   expect_error(ErrorKind::Value, "at least a 1-dimensional",
                [] { chunk(scalar_tensor_of(1.0, kFloat32), 2); });
+  Tensor x = random({3});
+  expect_pieces(x, chunk(x, std::numeric_limits<int64_t>::max()), 0, {1, 1, 1});
+  expect_error(ErrorKind::Value, "chunk: would return 1000000000000 tensors",
+               [] { chunk(random({0, 2}), 1000000000000); });
 }
 
 Tensor ref_triangular(const Tensor& x, int64_t k, bool lower) {

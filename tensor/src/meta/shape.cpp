@@ -56,6 +56,17 @@ TensorSpec stack(TensorList tensors, int64_t dim) {
   return contiguous_spec(sizes, result_type(tensors), common_device("stack", tensors));
 }
 
+// One op returns at most kMaxPieces views. A split into single rows of a huge dimension (of a
+// zero-size tensor, so no memory bounds it), or chunk(x, 10**12) of an empty one, would
+// otherwise allocate a view per piece until the process runs out of memory, and the worker runs
+// such programs straight from the network. PyTorch has no such bound.
+constexpr int64_t kMaxPieces = int64_t{1} << 20;
+
+static void check_pieces(const char* op, int64_t num) {
+  KILN_CHECK(num <= kMaxPieces, Value, op, ": would return ", num,
+             " tensors, more than the ", kMaxPieces, " one op may return");
+}
+
 std::vector<TensorSpec> split(const Tensor& self, int64_t split_size, int64_t dim) {
   KILN_CHECK(self.dim() > 0, Value, "split: expects at least a 1-dimensional tensor");
   KILN_CHECK(split_size >= 0, Value, "split: split_size must be non-negative, got ", split_size);
@@ -64,7 +75,8 @@ std::vector<TensorSpec> split(const Tensor& self, int64_t split_size, int64_t di
   KILN_CHECK(split_size > 0 || n == 0, Value,
              "split: split_size can only be 0 if dimension size is 0, but got dimension size of ",
              n);
-  int64_t num = split_size == 0 ? 1 : std::max<int64_t>((n + split_size - 1) / split_size, 1);
+  int64_t num = split_size == 0 || n == 0 ? 1 : (n - 1) / split_size + 1;
+  check_pieces("split", num);
   std::vector<TensorSpec> out;
   out.reserve(num);
   for (int64_t i = 0; i < num; ++i) {
@@ -80,8 +92,11 @@ std::vector<TensorSpec> chunk(const Tensor& self, int64_t chunks, int64_t dim) {
   int64_t d = wrap_dim("chunk", dim, self.dim());
   int64_t n = self.size(d);
   // As in PyTorch: an empty dim still yields `chunks` (empty) pieces.
-  if (n == 0) return std::vector<TensorSpec>(chunks, slice(self, d, 0, 0, 1));
-  return split(self, (n + chunks - 1) / chunks, d);
+  if (n == 0) {
+    check_pieces("chunk", chunks);
+    return std::vector<TensorSpec>(chunks, slice(self, d, 0, 0, 1));
+  }
+  return split(self, (n - 1) / chunks + 1, d);
 }
 
 static TensorSpec triangular(const char* op, const Tensor& self) {
