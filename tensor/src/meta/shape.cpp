@@ -75,7 +75,7 @@ std::vector<TensorSpec> split(const Tensor& self, int64_t split_size, int64_t di
   KILN_CHECK(split_size > 0 || n == 0, Value,
              "split: split_size can only be 0 if dimension size is 0, but got dimension size of ",
              n);
-  int64_t num = split_size == 0 || n == 0 ? 1 : (n - 1) / split_size + 1;
+  int64_t num = n == 0 ? 1 : (n - 1) / split_size + 1;  // split_size > 0 when n > 0
   check_pieces("split", num);
   std::vector<TensorSpec> out;
   out.reserve(num);
