@@ -20,7 +20,7 @@ Tensor pow_scalar(const Tensor& t, const Scalar& e) {
 }
 
 Scalar minus_one(const Scalar& s) {
-  return s.is_floating() ? Scalar(s.to_double() - 1.0) : Scalar(s.to_int() - 1);
+  return s.is_floating() ? Scalar(s.to_double() - 1.0) : Scalar(wrapping_sub(s.to_int(), int64_t{1}));
 }
 
 }  // namespace

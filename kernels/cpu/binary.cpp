@@ -1,11 +1,13 @@
 // Binary pointwise kernels on the CPU (tensor/ops/pointwise.toml): x, y broadcastable to out's
 // shape -> out. `out` has the result dtype the meta function chose (bool for comparisons and
-// logical ops); inputs are cast to the compute dtype first (cast_inputs).
+// logical ops); inputs are cast to the compute dtype first (cast_inputs). Integer arithmetic
+// goes through kiln/scalar_math.h: it wraps and never traps (See Note [Integer edge values]).
 #include <atomic>
 #include <cmath>
 #include <type_traits>
 
 #include "kiln/generated/op_handles.h"
+#include "kiln/scalar_math.h"
 #include "loops.h"
 #include "strided.h"
 
@@ -48,9 +50,10 @@ void add_cpu(const Tensor& out, const Tensor& self, const Tensor& other, const S
     } else {
       T al = alpha.to<T>();
       if (al == T(1)) {
-        binary_kernel<T>(out, in[0], in[1], [](T a, T b) { return a + b; });
+        binary_kernel<T>(out, in[0], in[1], [](T a, T b) { return wrapping_add(a, b); });
       } else {
-        binary_kernel<T>(out, in[0], in[1], [al](T a, T b) { return a + al * b; });
+        binary_kernel<T>(out, in[0], in[1],
+                         [al](T a, T b) { return wrapping_add(a, wrapping_mul(al, b)); });
       }
     }
   });
@@ -63,8 +66,8 @@ void sub_cpu(const Tensor& out, const Tensor& self, const Tensor& other, const S
     using T = scalar_t;
     using C = std::conditional_t<kReduced<T>, float, T>;
     C al = alpha.to<C>();
-    if (al == C(1)) binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return a - b; });
-    else binary_op<T>(out, in[0], in[1], [al](auto a, auto b) { return a - al * b; });
+    if (al == C(1)) binary_op<T>(out, in[0], in[1], [](C a, C b) { return wrapping_sub(a, b); });
+    else binary_op<T>(out, in[0], in[1], [al](C a, C b) { return wrapping_sub(a, wrapping_mul(al, b)); });
   });
 }
 
@@ -72,7 +75,8 @@ void mul_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
   auto in = cast_inputs(out.dtype(), self, other);
   KILN_DISPATCH_ALL_TYPES(out.dtype(), "mul", [&] {
     using T = scalar_t;
-    binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return a * b; });
+    if constexpr (std::is_same_v<T, bool>) binary_kernel<T>(out, in[0], in[1], [](T a, T b) { return a && b; });
+    else binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return wrapping_mul(a, b); });
   });
 }
 
@@ -96,9 +100,7 @@ void div_rounding(const Tensor& out, const CastInputs<2>& in, bool trunc, const 
         zero.set();
         return 0;
       }
-      T q = static_cast<T>(a / b);
-      if (!trunc && (a % b != 0) && ((a < 0) != (b < 0))) --q;
-      return q;
+      return trunc ? int_div_trunc(a, b) : int_div_floor(a, b);
     });
   } else if (trunc) {
     binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return std::trunc(a / b); });
@@ -137,28 +139,9 @@ void minimum_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
   });
 }
 
-// Integer power by squaring; negative exponents give 0 except for bases 1 and -1 (PyTorch).
-template <typename T>
-T powi(T a, T b) {
-  if constexpr (std::is_signed_v<T>) {
-    if (b < 0) {
-      if (a == 1) return 1;
-      if (a == -1) return (b & 1) ? T(-1) : T(1);
-      return 0;
-    }
-  }
-  T r = 1;
-  while (b) {
-    if (b & 1) r = static_cast<T>(r * a);
-    b = static_cast<T>(b / 2);
-    a = static_cast<T>(a * a);
-  }
-  return r;
-}
-
 template <typename T>
 void pow_typed(const Tensor& out, const CastInputs<2>& in) {
-  if constexpr (std::is_integral_v<T>) binary_kernel<T>(out, in[0], in[1], [](T a, T b) { return powi(a, b); });
+  if constexpr (std::is_integral_v<T>) binary_kernel<T>(out, in[0], in[1], [](T a, T b) { return int_pow(a, b); });
   else binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return std::pow(a, b); });
 }
 
@@ -176,9 +159,7 @@ void mod_typed(const Tensor& out, const CastInputs<2>& in, const ZeroFlag& zero)
         zero.set();
         return 0;
       }
-      T r = static_cast<T>(a % b);
-      if (kPython && r != 0 && ((r < 0) != (b < 0))) r = static_cast<T>(r + b);
-      return r;
+      return kPython ? int_mod_floor(a, b) : int_mod_trunc(a, b);
     });
   } else {
     binary_op<T>(out, in[0], in[1], [](auto a, auto b) {

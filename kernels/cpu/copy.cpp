@@ -1,9 +1,11 @@
-// copy_ (every dtype pair, broadcasting src) and fill_ on the CPU.
+// copy_ (every dtype pair, broadcasting src) and fill_ on the CPU. Values convert with
+// kiln::convert (See Note [Float to integer casts]).
 #include <cstring>
 
 #include "kiln/dispatcher.h"
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
+#include "kiln/scalar_math.h"
 #include "loops.h"
 #include "strided.h"
 
@@ -54,14 +56,6 @@ bool copy_transposed(const StridedIter<2>& it) {
                  }
                });
   return true;
-}
-
-template <typename D, typename S>
-inline D convert(S v) {
-  if constexpr (std::is_same_v<D, bool>) return static_cast<float>(v) != 0.0f || v != S(0);
-  else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) return D(static_cast<float>(v));
-  else if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) return static_cast<D>(static_cast<float>(v));
-  else return static_cast<D>(v);
 }
 
 Tensor copy_cpu(const Tensor& self, const Tensor& src, bool) {

@@ -6,6 +6,7 @@
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
 #include "kiln/meta.h"
+#include "kiln/scalar_math.h"
 
 namespace kiln::kernels {
 namespace {
@@ -17,19 +18,12 @@ const T* data_of(const Tensor& x) {
   return static_cast<const T*>(x.impl()->raw_data());
 }
 
-template <typename O, typename V>
-O convert_to(V v) {
-  if constexpr (std::is_same_v<O, bool>) return v != V(0);
-  else if constexpr (kReducedFloat<O>) return O(static_cast<float>(v));
-  else return static_cast<O>(v);
-}
-
 // out (contiguous, any dtype) [o] = f(o) for o in [0, out.numel()).
 template <typename F>
 void write_out(const Tensor& out, const F& f) {
   KILN_DISPATCH_ALL_TYPES(out.dtype(), "reduce", [&] {
     auto* po = static_cast<scalar_t*>(out.impl()->raw_data());
-    for (int64_t o = 0; o < out.numel(); ++o) po[o] = convert_to<scalar_t>(f(o));
+    for (int64_t o = 0; o < out.numel(); ++o) po[o] = convert<scalar_t>(f(o));
   });
 }
 

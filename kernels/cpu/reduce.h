@@ -37,6 +37,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kiln/scalar_math.h"
 #include "loops.h"
 
 namespace kiln::kernels {
@@ -387,8 +388,8 @@ struct SumReducer {
   static constexpr int kLanes = lanes_for<A>();
   Map map;
   A identity() const { return A(0); }
-  void step(A& a, T x, int64_t o, int64_t) const { a += map(x, o); }
-  void combine(A& a, const A& b) const { a += b; }
+  void step(A& a, T x, int64_t o, int64_t) const { a = wrapping_add(a, A(map(x, o))); }
+  void combine(A& a, const A& b) const { a = wrapping_add(a, b); }
 };
 
 template <typename T, typename A, typename Map>
@@ -397,8 +398,8 @@ struct ProdReducer {
   static constexpr int kLanes = lanes_for<A>();
   Map map;
   A identity() const { return A(1); }
-  void step(A& a, T x, int64_t o, int64_t) const { a *= map(x, o); }
-  void combine(A& a, const A& b) const { a *= b; }
+  void step(A& a, T x, int64_t o, int64_t) const { a = wrapping_mul(a, A(map(x, o))); }
+  void combine(A& a, const A& b) const { a = wrapping_mul(a, b); }
 };
 
 // max (kMax) or min of map(x); NaN wins (it propagates, as in PyTorch).

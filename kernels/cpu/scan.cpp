@@ -7,6 +7,7 @@
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
 #include "kiln/meta.h"
+#include "kiln/scalar_math.h"
 #include "loops.h"
 
 namespace kiln::kernels {
@@ -24,10 +25,10 @@ void scan_loop(const T* x, T* out, int64_t outer, int64_t n, int64_t inner) {
       for (int64_t i = 0; i < n; ++i) {
 #pragma omp simd
         for (int64_t j = 0; j < inner; ++j) {
-          if constexpr (kProd)
-            acc[j] *= static_cast<A>(src[i * inner + j]);
+          if constexpr (kProd)  // integers wrap (See Note [Integer edge values])
+            acc[j] = wrapping_mul(acc[j], static_cast<A>(src[i * inner + j]));
           else
-            acc[j] += static_cast<A>(src[i * inner + j]);
+            acc[j] = wrapping_add(acc[j], static_cast<A>(src[i * inner + j]));
           dst[i * inner + j] = static_cast<T>(acc[j]);
         }
       }

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "kiln/generated/op_handles.h"
+#include "kiln/scalar_math.h"
 #include "loops.h"
 #include "vec_math.h"
 
@@ -118,10 +119,10 @@ template <typename A>
 constexpr bool kIntegral = std::is_integral_v<A>;
 
 void neg_cpu(const Tensor& out, const Tensor& self) {
-  numeric_op("neg", out, self, [](auto a) { return -a; });
+  numeric_op("neg", out, self, [](auto a) { return wrapping_neg(a); });  // See Note [Integer edge values]
 }
 void abs_cpu(const Tensor& out, const Tensor& self) {
-  numeric_op("abs", out, self, [](auto a) { return a < 0 ? -a : a; });
+  numeric_op("abs", out, self, [](auto a) { return wrapping_abs(a); });
 }
 // relu keeps nan (nan < 0 is false).
 void relu_cpu(const Tensor& out, const Tensor& self) {

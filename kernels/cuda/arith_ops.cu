@@ -6,7 +6,8 @@
 // Note [CUDA integer division by zero]: the CPU raises ZeroDivisionError. A CUDA kernel cannot
 // raise without a device->host sync, and PyTorch's CUDA kernels do not raise either (they
 // return whatever the hardware division gives). Here integer div (trunc/floor), fmod and
-// remainder by zero return 0, deterministically. The overflowing quotient min / -1 wraps.
+// remainder by zero return 0, deterministically. Otherwise integers follow kiln/scalar_math.h
+// (See Note [Integer edge values]): min / -1 wraps to min, min % -1 is 0.
 #include <string_view>
 
 #include "kiln/dispatcher.h"
@@ -23,7 +24,7 @@ struct SubOp {
   int64_t alpha_i;
   template <typename C>
   KILN_HD C operator()(C a, C b) const {
-    if constexpr (std::is_integral_v<C>) return static_cast<C>(a - static_cast<C>(alpha_i) * b);
+    if constexpr (std::is_integral_v<C>) return wrapping_sub(a, wrapping_mul(static_cast<C>(alpha_i), b));
     else return a - static_cast<C>(alpha_f) * b;
   }
 };
@@ -31,7 +32,10 @@ struct SubOp {
 // a * b (bool: a && b).
 struct MulOp {
   template <typename C>
-  KILN_HD C operator()(C a, C b) const { return static_cast<C>(a * b); }
+  KILN_HD C operator()(C a, C b) const {
+    if constexpr (std::is_same_v<C, bool>) return a && b;
+    else return wrapping_mul(a, b);
+  }
 };
 
 struct TrueDivOp {
@@ -58,9 +62,7 @@ struct DivRoundOp {
   KILN_HD C operator()(C a, C b) const {
     if constexpr (std::is_integral_v<C>) {
       if (b == 0) return 0;  // Note [CUDA integer division by zero]
-      C q = static_cast<C>(a / b);
-      if (floor && (a % b != 0) && (dm::is_negative(a) != dm::is_negative(b))) q = static_cast<C>(q - 1);
-      return q;
+      return floor ? int_div_floor(a, b) : int_div_trunc(a, b);
     } else {
       return floor ? div_floor_float(a, b) : dm::trunc(a / b);
     }

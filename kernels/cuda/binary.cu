@@ -16,7 +16,7 @@ struct AddOp {
     if constexpr (std::is_same_v<C, bool>) {
       return a || b;
     } else if constexpr (std::is_integral_v<C>) {
-      return static_cast<C>(a + static_cast<C>(alpha_i) * b);
+      return wrapping_add(a, wrapping_mul(static_cast<C>(alpha_i), b));  // See Note [Integer edge values]
     } else {
       return a + static_cast<C>(alpha_f) * b;
     }

@@ -2,7 +2,8 @@
 // broadcastable to out's shape -> out in out's dtype (inputs cast to it on the device, a CPU
 // 0-dim operand a kernel argument, float16/bfloat16 computed in float). Same semantics as
 // kernels/cpu/binary.cpp; integer fmod/remainder by zero give 0 (Note [CUDA integer division by
-// zero] in arith_ops.cu).
+// zero] in arith_ops.cu); integer edge values follow kiln/scalar_math.h (See Note [Integer edge
+// values]).
 #include "kiln/dispatcher.h"
 #include "kiln/generated/op_handles.h"
 #include "loops.cuh"
@@ -23,29 +24,10 @@ struct MinMaxOp {
   }
 };
 
-// Integer power by squaring (wrapping); negative exponents give 0 except for bases 1 and -1.
-template <typename C>
-KILN_HD inline C powi(C a, C b) {
-  if constexpr (std::is_signed_v<C>) {
-    if (b < 0) {
-      if (a == 1) return 1;
-      if (a == -1) return (b & 1) ? C(-1) : C(1);
-      return 0;
-    }
-  }
-  C r = 1;
-  while (b) {
-    if (b & 1) r = static_cast<C>(r * a);
-    b = static_cast<C>(b / 2);
-    a = static_cast<C>(a * a);
-  }
-  return r;
-}
-
 struct PowOp {
   template <typename C>
   KILN_HD C operator()(C a, C b) const {
-    if constexpr (std::is_integral_v<C>) return powi(a, b);
+    if constexpr (std::is_integral_v<C>) return int_pow(a, b);
     else return dm::pow(a, b);
   }
 };
@@ -57,9 +39,7 @@ struct ModOp {
   KILN_HD C operator()(C a, C b) const {
     if constexpr (std::is_integral_v<C>) {
       if (b == 0) return 0;  // Note [CUDA integer division by zero]
-      C r = static_cast<C>(a % b);
-      if (python && r != 0 && (dm::is_negative(r) != dm::is_negative(b))) r = static_cast<C>(r + b);
-      return r;
+      return python ? int_mod_floor(a, b) : int_mod_trunc(a, b);
     } else {
       C r = dm::fmod(a, b);
       if (python && r != 0 && ((b < 0) != (r < 0))) r += b;

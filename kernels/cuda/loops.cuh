@@ -28,6 +28,7 @@
 #include "kiln/cuda/device.h"
 #include "kiln/cuda/stream.h"
 #include "kiln/generated/ops.h"
+#include "kiln/scalar_math.h"
 #include "kiln/tensor.h"
 
 namespace kiln::cuda {
@@ -50,18 +51,10 @@ inline constexpr bool is_reduced_float_v = std::is_same_v<T, Half> || std::is_sa
 template <typename T>
 using opmath_t = std::conditional_t<is_reduced_float_v<T>, float, T>;
 
-// Value conversion with PyTorch's semantics (reduced floats go through float).
+// Value conversion, the same on every backend: kiln::convert (See Note [Float to integer casts]).
 template <typename To, typename From>
 KILN_HD inline To cast(From v) {
-  if constexpr (std::is_same_v<To, From>) {
-    return v;
-  } else if constexpr (is_reduced_float_v<To>) {
-    return To(static_cast<float>(v));
-  } else if constexpr (is_reduced_float_v<From>) {
-    return static_cast<To>(static_cast<float>(v));
-  } else {
-    return static_cast<To>(v);
-  }
+  return convert<To>(v);
 }
 
 // Which dtypes an op accepts; dispatch() raises unsupported_dtype for the others. Each set

@@ -1,6 +1,6 @@
 // Dtype-keeping unary ops on CUDA (tensor/ops/unary.toml): neg, abs, relu, floor, ceil, round,
 // sign, logical_not, clamp. x: (*) -> (*). Same semantics as kernels/cpu/unary.cpp: integers
-// wrap (neg/abs of the minimum value give the minimum value), relu and clamp keep nan, sign of
+// wrap (neg/abs of the minimum value give the minimum value: See Note [Integer edge values]), relu and clamp keep nan, sign of
 // nan is 0, round is half to even, abs(-0.0) is -0.0 (a < 0 ? -a : a, as on the CPU).
 // floor/ceil/round of integers and sign of bool are the identity: a copy, no kernel.
 #include <limits>
@@ -16,11 +16,11 @@ namespace {
 
 struct NegOp {
   template <typename C>
-  KILN_HD C operator()(C a) const { return static_cast<C>(-a); }
+  KILN_HD C operator()(C a) const { return wrapping_neg(a); }
 };
 struct AbsOp {
   template <typename C>
-  KILN_HD C operator()(C a) const { return dm::is_negative(a) ? static_cast<C>(-a) : a; }
+  KILN_HD C operator()(C a) const { return wrapping_abs(a); }
 };
 struct ReluOp {
   template <typename C>

@@ -58,4 +58,8 @@ std::ostream& operator<<(std::ostream& os, const Scalar& s) {
   return os << s.to_int();
 }
 
+void Scalar::fail_overflow(ScalarType t) const {
+  KILN_FAIL(Runtime, "value cannot be converted to type ", t, " without overflow: ", *this);
+}
+
 }  // namespace kiln

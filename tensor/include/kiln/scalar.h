@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <ostream>
 #include <type_traits>
 
+#include "kiln/scalar_math.h"
 #include "kiln/scalar_type.h"
 
 namespace kiln {
@@ -29,19 +31,48 @@ class Scalar {
   bool is_bool() const { return tag_ == Tag::Bool; }
   ScalarType dtype() const { return is_floating() ? kFloat64 : (is_bool() ? kBool : kInt64); }
 
+  // The value in T. As in PyTorch, a value T cannot hold is an error ("value cannot be converted
+  // to type int8 without overflow"): a fill value, alpha or bound is never silently changed.
+  // Floating targets accept inf and nan; unsigned ones accept -max..-1 (uint8: -1 is 255).
   template <typename T>
   T to() const {
-    if (tag_ == Tag::Double) return static_cast<T>(d_);
-    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
-      return T(static_cast<float>(i_));
-    else
-      return static_cast<T>(i_);
+    if (tag_ == Tag::Double) {
+      if (overflows<T>(d_)) fail_overflow(CppTypeToScalarType<T>::value);
+      return convert<T>(d_);
+    }
+    if (overflows<T>(i_)) fail_overflow(CppTypeToScalarType<T>::value);
+    return convert<T>(i_);
   }
   double to_double() const { return to<double>(); }
   int64_t to_int() const { return to<int64_t>(); }
   bool to_bool() const { return tag_ == Tag::Double ? d_ != 0 : i_ != 0; }
 
  private:
+  template <typename T, typename V>
+  static bool overflows(V v) {
+    if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, double>) {
+      return false;
+    } else if constexpr (std::is_integral_v<T>) {
+      constexpr double lo = static_cast<double>(std::numeric_limits<T>::lowest());
+      constexpr double hi = static_cast<double>(std::numeric_limits<T>::max());
+      if constexpr (std::is_floating_point_v<V>) {
+        return v != v || v < lo || v > hi;  // PyTorch's rule: 127.5 does not fit int8
+      } else if constexpr (sizeof(T) == 8) {
+        return false;  // int64_t
+      } else {
+        return v > static_cast<int64_t>(hi) ||
+               v < (std::is_unsigned_v<T> ? -static_cast<int64_t>(hi) : static_cast<int64_t>(lo));
+      }
+    } else {  // float, Half, BFloat16: a finite value beyond the largest finite one
+      const double big = std::is_same_v<T, Half>       ? 65504.0
+                         : std::is_same_v<T, BFloat16> ? 3.3895313892515355e38
+                                                       : 3.4028234663852886e38;
+      const double d = static_cast<double>(v);
+      return d - d == 0 && (d > big || d < -big);
+    }
+  }
+  [[noreturn]] void fail_overflow(ScalarType t) const;
+
   enum class Tag : uint8_t { Double, Int, Bool };
   Tag tag_;
   union {

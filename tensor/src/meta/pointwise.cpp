@@ -78,7 +78,18 @@ TensorSpec div(const Tensor& self, const Tensor& other, std::optional<std::strin
 
 TensorSpec maximum(const Tensor& self, const Tensor& other) { return binary_promoted("maximum", self, other); }
 TensorSpec minimum(const Tensor& self, const Tensor& other) { return binary_promoted("minimum", self, other); }
-TensorSpec pow(const Tensor& self, const Tensor& exponent) { return binary_no_bool("pow", self, exponent); }
+// An integer tensor to a negative integer *scalar* power is refused, as in PyTorch (an integer
+// exponent tensor follows int_pow's rule instead: 0, or +-1 for bases +-1). A wrapped number is
+// a CPU scalar whose value is an argument, so reading it here needs no data of `self`.
+TensorSpec pow(const Tensor& self, const Tensor& exponent) {
+  if (exponent.impl()->is_wrapped_number() && is_integral(exponent.dtype()) &&
+      is_integral(self.dtype()) && !self.impl()->is_wrapped_number()) {
+    int64_t e = exponent.item().to_int();
+    KILN_CHECK(e >= 0, Value, "pow: integers to negative integer powers are not allowed (a ",
+               self.dtype(), " tensor of shape ", self.sizes(), " to the power ", e, ")");
+  }
+  return binary_no_bool("pow", self, exponent);
+}
 TensorSpec fmod(const Tensor& self, const Tensor& other) { return binary_no_bool("fmod", self, other); }
 TensorSpec remainder(const Tensor& self, const Tensor& other) { return binary_no_bool("remainder", self, other); }
 
