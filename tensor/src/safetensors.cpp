@@ -94,6 +94,7 @@ Entry parse_entry(const std::string& name, const json& v, uint64_t data_bytes) {
   const json& shape = v["shape"];
   KILN_CHECK(shape.is_array(), Value, "safetensors: ", where, ": shape must be an array, got ",
              brief(shape));
+  check_dims(static_cast<int64_t>(shape.size()), ("safetensors: " + where).c_str());
   uint64_t numel = 1;
   for (const json& d : shape) {
     uint64_t n = json_u64(d, where + " shape entry");

@@ -4,19 +4,30 @@
 
 namespace kiln {
 
+void check_dims(int64_t ndim, const char* what) {
+  KILN_CHECK(ndim <= kMaxDims, Value, what, " has ", ndim, " dimensions; Kiln supports at most ",
+             kMaxDims, " (See Note [Dimension cap])");
+}
+
+// Strides past an overflow are never used to reach an element: such a shape holds no elements
+// (a zero size follows) or is refused by numel_of / the allocation's byte count.
 DimVector contiguous_strides(IntArrayRef sizes) {
   DimVector st(sizes.size());
   int64_t s = 1;
   for (int64_t i = static_cast<int64_t>(sizes.size()) - 1; i >= 0; --i) {
     st[i] = s;
-    s *= std::max<int64_t>(sizes[i], 1);
+    if (__builtin_mul_overflow(s, std::max<int64_t>(sizes[i], 1), &s)) s = 0;
   }
   return st;
 }
 
 int64_t numel_of(IntArrayRef sizes) {
+  for (int64_t s : sizes)
+    if (s == 0) return 0;
   int64_t n = 1;
-  for (int64_t s : sizes) n *= s;
+  for (int64_t s : sizes)
+    KILN_CHECK(!__builtin_mul_overflow(n, s, &n), Value, "a tensor of size ", sizes,
+               " has more than 2^63 elements");
   return n;
 }
 
@@ -45,6 +56,7 @@ intrusive_ptr<TensorImpl> TensorImpl::make(intrusive_ptr<Storage> storage, Scala
 
 intrusive_ptr<TensorImpl> TensorImpl::make_trusted(intrusive_ptr<Storage> storage, ScalarType dtype,
                                                    IntArrayRef sizes, IntArrayRef strides) {
+  check_dims(static_cast<int64_t>(sizes.size()));
   intrusive_ptr<TensorImpl> t(new TensorImpl(std::move(storage), dtype));
   t->sizes_ = sizes;
   t->strides_ = strides;
@@ -78,16 +90,20 @@ void* TensorImpl::data_ptr() const {
 }
 
 void TensorImpl::set_geometry(IntArrayRef sizes, IntArrayRef strides, int64_t offset) {
+  check_dims(static_cast<int64_t>(sizes.size()));
   KILN_CHECK(sizes.size() == strides.size(), Value, "sizes ", sizes, " and strides ", strides,
              " differ in length");
   KILN_CHECK(offset >= 0, Index, "negative storage offset ", offset);
-  int64_t lo = offset, hi = offset, n = 1;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    KILN_CHECK(sizes[i] >= 0, Value, "negative size in ", sizes);
-    n *= sizes[i];
-    if (sizes[i] == 0) continue;
-    int64_t span = (sizes[i] - 1) * strides[i];
-    (span < 0 ? lo : hi) += span;
+  for (int64_t s : sizes) KILN_CHECK(s >= 0, Value, "negative size in ", sizes);
+  const int64_t n = numel_of(sizes);
+  int64_t lo = offset, hi = offset;
+  for (size_t i = 0; i < sizes.size() && n > 0; ++i) {
+    // An overflowing span would wrap to a small one and pass the bounds check below.
+    int64_t span;
+    bool overflow = __builtin_mul_overflow(sizes[i] - 1, strides[i], &span) ||
+                    __builtin_add_overflow(span < 0 ? lo : hi, span, span < 0 ? &lo : &hi);
+    KILN_CHECK(!overflow, Index, "geometry sizes=", sizes, " strides=", strides, " offset=",
+               offset, " reaches beyond 2^63 elements");
   }
   if (n > 0) {
     int64_t cap = static_cast<int64_t>(storage_->nbytes() / itemsize());

@@ -192,6 +192,13 @@ TEST(Safetensors, RejectsHostileHeaders) {
   expect_rejected(
       image(R"({"a":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})", f8),
       "byte size of shape [4611686018427387904] overflows");
+  {  // a 100,000-dimension shape is refused at the header, before anything is sized from it
+    std::string dims = "1";
+    for (int i = 1; i < 100000; ++i) dims += ",1";
+    expect_rejected(image(R"({"a":{"dtype":"F32","shape":[)" + dims + R"(],"data_offsets":[0,4]}})",
+                          std::string(4, '\0')),
+                    "has 100000 dimensions; Kiln supports at most 64");
+  }
   expect_rejected(image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", f8),
                   "data_offsets must be [begin, end]");
   expect_rejected(image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", f8),

@@ -39,6 +39,7 @@ Tensor new_tensor(const proto::TensorData& header) {
 
 uint64_t wire_bytes(const proto::TensorData& header) {
   ScalarType dtype = dtype_of(header.dtype());
+  check_dims(header.shape_size(), "tensor data");
   uint64_t bytes = element_size(dtype);
   for (int i = 0; i < header.shape_size(); ++i) {
     int64_t s = header.shape(i);

@@ -20,6 +20,14 @@
 
 namespace kiln {
 
+// Note [Dimension cap]: a tensor has at most kMaxDims (64) dimensions, the most NumPy (and so
+// PyTorch's NumPy interop) supports. Shapes are checked where they enter: every TensorImpl's
+// geometry (creation, views, meta and remote tensors), safetensors headers and the wire codec,
+// which refuse a longer shape before sizing anything from it. check_dims() says so in one place.
+constexpr int64_t kMaxDims = 64;
+// ValueError naming the shape's length and the cap when `ndim` exceeds kMaxDims.
+void check_dims(int64_t ndim, const char* what = "a tensor");
+
 // Autograd's per-tensor state. tensor/ only holds the slot; autograd/ defines the contents.
 struct AutogradMetaInterface {
   virtual ~AutogradMetaInterface() = default;
@@ -121,6 +129,7 @@ class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {
 
 // Contiguous (row-major) strides for `sizes`.
 DimVector contiguous_strides(IntArrayRef sizes);
+// The product of `sizes` (0 when one is 0); ValueError when it does not fit in int64.
 int64_t numel_of(IntArrayRef sizes);
 
 }  // namespace kiln
