@@ -21,9 +21,9 @@
 #include <limits>
 #include <vector>
 
+#include "gemm.h"
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
-#include "gemm.h"
 #include "kiln/generator.h"
 #include "loops.h"
 #include "vec_math.h"
@@ -37,8 +37,8 @@ static_assert(kKeyBlock % kQueryBlock == 0, "a causal key block starts at a quer
 
 // c (m x n) = alpha op(a) op(b) + beta c, row-major with leading dims; op transposes when t.
 template <typename A>
-void tile_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, A alpha, const A* a,
-               int64_t lda, const A* b, int64_t ldb, A beta, A* c, int64_t ldc) {
+void tile_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, A alpha, const A* a, int64_t lda,
+               const A* b, int64_t ldb, A beta, A* c, int64_t ldc) {
   const int st = gemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   KILN_ASSERT(st == 0, "attention: GEMM failed with status ", st);
 }

@@ -1,5 +1,5 @@
 // The CPU GEMM: oneDNN's dnnl_sgemm for float32 where the build has oneDNN, a portable blocked
-// kernel otherwise and for float64 (Note [CPU GEMM], gemm.h).
+// kernel otherwise and for float64. See Note [CPU GEMM] (gemm.h).
 #include "gemm.h"
 
 #include <algorithm>
@@ -130,14 +130,13 @@ Operand<float> unaliased(const Operand<float>& op, int64_t lines, int64_t len,
   if (buffer.size() < static_cast<size_t>(lines * ld)) buffer.resize(lines * ld);
   float* dst = buffer.data();
   parallel_for(lines, 64, [&](int64_t b, int64_t e) {
-    for (int64_t j = b; j < e; ++j)
-      std::copy_n(op.data + j * op.layout.ld, len, dst + j * ld);
+    for (int64_t j = b; j < e; ++j) std::copy_n(op.data + j * op.layout.ld, len, dst + j * ld);
   });
   return {dst, {op.layout.trans, ld}};
 }
 
-// x (M x K) and y (K x N), one batch entry's operands, moved to padded copies where
-// Note [GEMM leading dimensions] asks for them.
+// x (M x K) and y (K x N), one batch entry's operands, moved to padded copies where a large
+// GEMM needs them (See Note [GEMM leading dimensions]).
 void unalias_large(Operand<float>& x, Operand<float>& y, int64_t M, int64_t N, int64_t K) {
   if (M * N * K < (int64_t{1} << 24)) return;
   thread_local std::vector<float> a_buffer, b_buffer;
@@ -147,8 +146,8 @@ void unalias_large(Operand<float>& x, Operand<float>& y, int64_t M, int64_t N, i
 #endif
 
 template <typename T>
-void gemm_batched_typed(const char* op, const Tensor& c, const Tensor& a, const Tensor& b,
-                        T alpha, T beta) {
+void gemm_batched_typed(const char* op, const Tensor& c, const Tensor& a, const Tensor& b, T alpha,
+                        T beta) {
   int64_t B = c.dim() == 3 ? c.size(0) : 1, M = c.size(-2), N = c.size(-1), K = a.size(-1);
   BlasLayout la = *blas_layout(a), lb = *blas_layout(b);
   const T* pa = static_cast<const T*>(a.impl()->raw_data());

@@ -1,7 +1,8 @@
 // mm, bmm and addmm on the CPU (tensor/ops/linalg.toml).
 //
 // float32 and float64 run on the CPU GEMM (gemm.h); bfloat16/float16 on oneDNN's matmul primitive
-// where the build has oneDNN and it is optimized for this CPU, else in float32 (See Note [CPU GEMM]).
+// where the build has oneDNN and it is optimized for this CPU, else in float32.
+// See Note [CPU GEMM].
 #include "gemm.h"
 #include "kiln/generated/op_handles.h"
 #include "loops.h"

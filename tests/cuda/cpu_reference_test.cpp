@@ -1,6 +1,6 @@
-// The CPU kernels that kiln_gpu_tests compare CUDA results with are linked into kiln_gpu_tests,
-// and compute correctly in a build without oneDNN (the GPU machine's; Note [CPU GEMM]): mm and
-// the three convolution passes against written-out loops. Needs no GPU.
+// The CPU kernels that kiln_gpu_tests compare CUDA results with are linked into kiln_gpu_tests
+// and compute correctly in a build without oneDNN, like the GPU machine's: mm and the three
+// convolution passes against written-out loops. Needs no GPU. See Note [CPU GEMM].
 #include "cuda/gpu_util.h"
 #include "cuda/harness.h"
 
@@ -11,9 +11,7 @@ namespace {
 
 // The inputs hold multiples of 0.5 up to 10, so float32 and float64 sums are exact; bfloat16
 // outputs are rounded once.
-double tol_for(ScalarType t, double want) {
-  return t == kBFloat16 ? std::fabs(want) / 128 : 0.0;
-}
+double tol_for(ScalarType t, double want) { return t == kBFloat16 ? std::fabs(want) / 128 : 0.0; }
 
 void expect_values(const Tensor& got, const std::vector<double>& want, ScalarType t) {
   EXPECT_EQ(got.dtype(), t);
@@ -70,7 +68,6 @@ GPU_TEST(CpuReference, ConvolutionPassesAgainstLoops) {
     expect_values(kiln::convolution(x, w, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, 1), y, t);
     expect_values(kiln::convolution(gy, w, {1, 1}, {1, 1}, {1, 1}, true, {0, 0}, 1), gx, t);
     expect_values(
-        kiln::convolution_backward_weight(gy, x, {O, C, KS, KS}, {1, 1}, {1, 1}, {1, 1}, 1), gw,
-        t);
+        kiln::convolution_backward_weight(gy, x, {O, C, KS, KS}, {1, 1}, {1, 1}, {1, 1}, 1), gw, t);
   }
 }
