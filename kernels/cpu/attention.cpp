@@ -10,19 +10,18 @@
 //    probabilities is recomputed as exp(s - lse); dV and dK of a key block are complete when its
 //    inner loop ends, and dQ accumulates over the key blocks. The softmax term uses
 //    D_i = dO_i . O_i - dlse_i, so the gradient of lse is exact too.
-//  - Tiles multiply through dnnl_sgemm (float32; float16 and bfloat16 compute in float32) or a
-//    plain loop (float64). One task per (batch-head, query block) in the forward and per
+//  - Tiles multiply through the CPU GEMM (See Note [CPU GEMM]; float16 and bfloat16 compute in
+//    float32). One task per (batch-head, query block) in the forward and per
 //    batch-head in the backward: every output element is computed by one task in a fixed order,
 //    so results do not depend on the thread count.
 //  - is_causal masks keys j > i (PyTorch's top-left aligned tril), skipping tiles wholly above
 //    the diagonal.
-#include <oneapi/dnnl/dnnl.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "gemm.h"
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
 #include "kiln/generator.h"
@@ -37,29 +36,11 @@ constexpr int64_t kKeyBlock = 256;
 static_assert(kKeyBlock % kQueryBlock == 0, "a causal key block starts at a query block");
 
 // c (m x n) = alpha op(a) op(b) + beta c, row-major with leading dims; op transposes when t.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  dnnl_status_t st =
-      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, std::max<int64_t>(lda, 1), b,
-                 std::max<int64_t>(ldb, 1), beta, c, ldc);
-  KILN_ASSERT(st == dnnl_success, "attention: dnnl_sgemm failed with status ", st);
-}
-
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
-          int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  for (int64_t i = 0; i < m; ++i) {
-    double* ci = c + i * ldc;
-    for (int64_t j = 0; j < n; ++j) ci[j] = beta == 0 ? 0.0 : beta * ci[j];
-    for (int64_t p = 0; p < k; ++p) {
-      const double av = alpha * (ta ? a[p * lda + i] : a[i * lda + p]);
-      if (tb) {
-        for (int64_t j = 0; j < n; ++j) ci[j] += av * b[j * ldb + p];
-      } else {
-        for (int64_t j = 0; j < n; ++j) ci[j] += av * b[p * ldb + j];
-      }
-    }
-  }
+template <typename A>
+void tile_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, A alpha, const A* a, int64_t lda,
+               const A* b, int64_t ldb, A beta, A* c, int64_t ldc) {
+  const int st = gemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  KILN_ASSERT(st == 0, "attention: GEMM failed with status ", st);
 }
 
 // e^x for the x = s - max <= 0 of a softmax (and s - lse in the backward, <= 0 up to rounding):
@@ -128,7 +109,7 @@ void forward_rows(const Problem<A>& P, int64_t n, int64_t i0, int64_t i1, const 
   const int64_t s_end = P.causal ? std::min(S, i1) : S;  // causal: keys j <= i < i1
   for (int64_t j0 = 0; j0 < s_end; j0 += kKeyBlock) {
     const int64_t nk = std::min(kKeyBlock, s_end - j0);
-    gemm(false, true, rows, nk, E, P.scale, qn, E, kn + j0 * E, E, A(0), s, kKeyBlock);
+    tile_gemm(false, true, rows, nk, E, P.scale, qn, E, kn + j0 * E, E, A(0), s, kKeyBlock);
     for (int64_t r = 0; r < rows; ++r) {
       A* sr = s + r * kKeyBlock;
       const int64_t i = i0 + r, valid = P.valid_keys(i, j0, nk);
@@ -159,7 +140,7 @@ void forward_rows(const Problem<A>& P, int64_t n, int64_t i0, int64_t i1, const 
         for (int64_t c = 0; c < Ev; ++c) ar[c] *= alpha;
       }
     }
-    gemm(false, false, rows, Ev, nk, A(1), s, kKeyBlock, vn + j0 * Ev, Ev, A(1), acc, Ev);
+    tile_gemm(false, false, rows, Ev, nk, A(1), s, kKeyBlock, vn + j0 * Ev, Ev, A(1), acc, Ev);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
@@ -205,7 +186,7 @@ void backward_head(const Problem<A>& P, int64_t n, const A* go, const A* glse, c
       const A *qi = qn + i0 * E, *goi = gon + i0 * Ev;
       A* p = tile.data();
       A* dp = dtile.data();
-      gemm(false, true, rows, nk, E, P.scale, qi, E, kj, E, A(0), p, kKeyBlock);
+      tile_gemm(false, true, rows, nk, E, P.scale, qi, E, kj, E, A(0), p, kKeyBlock);
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t i = i0 + r, valid = P.valid_keys(i, j0, nk);
         A* pr = p + r * kKeyBlock;
@@ -221,8 +202,8 @@ void backward_head(const Problem<A>& P, int64_t n, const A* go, const A* glse, c
       }
       const A* pd = P.drop.active ? dropped.data() : p;
       // dV += Pd^T dO; dPd = dO V^T
-      gemm(true, false, nk, Ev, rows, A(1), pd, kKeyBlock, goi, Ev, A(1), dvj, Ev);
-      gemm(false, true, rows, nk, Ev, A(1), goi, Ev, vj, Ev, A(0), dp, kKeyBlock);
+      tile_gemm(true, false, nk, Ev, rows, A(1), pd, kKeyBlock, goi, Ev, A(1), dvj, Ev);
+      tile_gemm(false, true, rows, nk, Ev, A(1), goi, Ev, vj, Ev, A(0), dp, kKeyBlock);
       for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - D) scale, dP = dPd * keep
         A *pr = p + r * kKeyBlock, *dr = dp + r * kKeyBlock;
         const A d = row_term[i0 + r];
@@ -235,8 +216,8 @@ void backward_head(const Problem<A>& P, int64_t n, const A* go, const A* glse, c
         }
       }
       // dQ += dS K; dK += dS^T Q
-      gemm(false, false, rows, E, nk, A(1), dp, kKeyBlock, kj, E, A(1), dqn + i0 * E, E);
-      gemm(true, false, nk, E, rows, A(1), dp, kKeyBlock, qi, E, A(1), dkj, E);
+      tile_gemm(false, false, rows, E, nk, A(1), dp, kKeyBlock, kj, E, A(1), dqn + i0 * E, E);
+      tile_gemm(true, false, nk, E, rows, A(1), dp, kKeyBlock, qi, E, A(1), dkj, E);
     }
   }
 }

@@ -8,25 +8,28 @@
 // convolution's weight as stored). Padding is symmetric: the floor in the output size drops
 // the trailing rows oneDNN would otherwise ask a right padding for.
 // - float32 runs on oneDNN, which picks its own (blocked) layouts: operands are reordered from
-//   and to Kiln's contiguous NC(H)W around the primitive.
+//   and to Kiln's contiguous NC(H)W around the primitive. In a build without oneDNN
+//   (KILN_HAVE_DNNL=0) it takes float64's path.
 // - bfloat16/float16 run on oneDNN (float32 accumulation) when it has an optimized
 //   implementation for this CPU (AVX-512 BF16, AMX); otherwise they are computed in float32 and
 //   rounded once at the end.
 // - float64, which oneDNN lacks, uses im2col and kiln::matmul (1-D convolutions as 2-D ones
 //   with H = 1).
-#include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
-#include "dnnl_util.h"
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
 #include "kiln/meta.h"
 #include "loops.h"
 
+#if KILN_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "dnnl_util.h"
+#endif
+
 namespace kiln::kernels {
 namespace {
-
-using dnnl::memory;
 
 enum class Pass { kForward, kBackwardData, kBackwardWeights };
 
@@ -35,7 +38,10 @@ struct ConvGeom {
   int64_t groups;
 };
 
+#if KILN_HAVE_DNNL
 // ---- oneDNN ------------------------------------------------------------------------------------
+
+using dnnl::memory;
 
 memory::dims to_dims(IntArrayRef s) { return memory::dims(s.begin(), s.end()); }
 
@@ -140,8 +146,9 @@ bool dnnl_conv(Pass pass, const ConvGeom& g, memory::data_type dt, const Tensor&
     KILN_FAIL(Runtime, "convolution: oneDNN failed: ", e.what());
   }
 }
+#endif
 
-// ---- float64: im2col + GEMM --------------------------------------------------------------------
+// ---- float64 (and float32 without oneDNN): im2col + GEMM ---------------------------------------
 
 // A 1-D convolution as a 2-D one with H = 1.
 ConvGeom as_2d(ConvGeom g) {
@@ -175,44 +182,49 @@ void for_each_tap(const ConvGeom& g, const F& f) {
                });
 }
 
-// x: (N, C, H, W) contiguous -> cols: (N, G, C / G * KH * KW, OH * OW), 0 where padding is read.
+// x: (N, C, H, W) contiguous, T its dtype -> cols: (N, G, C / G * KH * KW, OH * OW), 0 where
+// padding is read.
+template <typename T>
 Tensor im2col(const Tensor& x, const ConvGeom& g) {
   const int64_t K = g.wei[2] * g.wei[3], L = g.dst[2] * g.dst[3], HW = g.src[2] * g.src[3];
-  Tensor cols = empty_on({g.src[0], g.groups, g.src[1] / g.groups * K, L}, kFloat64, kCPU);
-  const double* xp = static_cast<const double*>(x.impl()->raw_data());
-  double* cp = static_cast<double*>(cols.impl()->raw_data());
+  Tensor cols = empty_on({g.src[0], g.groups, g.src[1] / g.groups * K, L}, x.dtype(), kCPU);
+  const T* xp = static_cast<const T*>(x.impl()->raw_data());
+  T* cp = static_cast<T*>(cols.impl()->raw_data());
   for_each_tap(g, [&](int64_t p, int64_t kk, int64_t l, int64_t i) {
-    cp[(p * K + kk) * L + l] = i < 0 ? 0.0 : xp[p * HW + i];
+    cp[(p * K + kk) * L + l] = i < 0 ? T(0) : xp[p * HW + i];
   });
   return cols;
 }
 
-// The adjoint: cols (N, G, C / G * KH * KW, OH * OW) contiguous summed into (N, C, H, W).
+// The adjoint: cols (N, G, C / G * KH * KW, OH * OW) contiguous, T its dtype, summed into
+// (N, C, H, W).
+template <typename T>
 Tensor col2im(const Tensor& cols, const ConvGeom& g) {
   const int64_t K = g.wei[2] * g.wei[3], L = g.dst[2] * g.dst[3], HW = g.src[2] * g.src[3];
-  Tensor x = kiln::zeros(g.src, kFloat64);
-  const double* cp = static_cast<const double*>(cols.impl()->raw_data());
-  double* xp = static_cast<double*>(x.impl()->raw_data());
+  Tensor x = kiln::zeros(g.src, cols.dtype());
+  const T* cp = static_cast<const T*>(cols.impl()->raw_data());
+  T* xp = static_cast<T*>(x.impl()->raw_data());
   for_each_tap(g, [&](int64_t p, int64_t kk, int64_t l, int64_t i) {
     if (i >= 0) xp[p * HW + i] += cp[(p * K + kk) * L + l];
   });
   return x;
 }
 
-// The pass in float64 on 2-D geometry; a, b contiguous as in dnnl_conv. Returns the output in
-// the pass's shape.
-Tensor conv_f64(Pass pass, const ConvGeom& g, const Tensor& a, const Tensor& b) {
+// The pass on 2-D geometry in a's dtype T (float64, or float32 without oneDNN); a, b contiguous
+// as in dnnl_conv. Returns the output in the pass's shape.
+template <typename T>
+Tensor conv_im2col(Pass pass, const ConvGeom& g, const Tensor& a, const Tensor& b) {
   const int64_t N = g.src[0], G = g.groups, Og = g.wei[0] / G;
   const int64_t K = g.wei[1] * g.wei[2] * g.wei[3], L = g.dst[2] * g.dst[3];
   if (pass == Pass::kForward) {  // (1, G, Og, K) @ (N, G, K, L) -> (N, G, Og, L)
-    return kiln::matmul(b.view({1, G, Og, K}), im2col(a, g)).view(g.dst);
+    return kiln::matmul(b.view({1, G, Og, K}), im2col<T>(a, g)).view(g.dst);
   }
   if (pass == Pass::kBackwardData) {  // (1, G, K, Og) @ (N, G, Og, L) -> (N, G, K, L)
     Tensor cols = kiln::matmul(b.view({1, G, Og, K}).transpose(2, 3), a.view({N, G, Og, L}));
-    return col2im(cols, g);
+    return col2im<T>(cols, g);
   }
   // (N, G, Og, L) @ (N, G, L, K) -> (N, G, Og, K), summed over N.
-  Tensor per_n = kiln::matmul(b.view({N, G, Og, L}), im2col(a, g).transpose(2, 3));
+  Tensor per_n = kiln::matmul(b.view({N, G, Og, L}), im2col<T>(a, g).transpose(2, 3));
   return per_n.sum(std::vector<int64_t>{0}).view(g.wei);
 }
 
@@ -225,7 +237,8 @@ Tensor run_conv(Pass pass, const ConvGeom& g, const Tensor& a_in, const Tensor& 
   const ScalarType dtype = a_in.dtype();
   if (a_in.numel() == 0 || b_in.numel() == 0) return kiln::zeros(out_sizes, dtype);
   Tensor a = a_in.contiguous(), b = b_in.contiguous();
-  if (dtype == kFloat64) return conv_f64(pass, as_2d(g), a, b).view(out_sizes);
+  if (dtype == kFloat64) return conv_im2col<double>(pass, as_2d(g), a, b).view(out_sizes);
+#if KILN_HAVE_DNNL
   Tensor out = empty_on(out_sizes, dtype, kCPU);
   if (out.numel() == 0) return out;
   switch (dtype) {
@@ -236,11 +249,17 @@ Tensor run_conv(Pass pass, const ConvGeom& g, const Tensor& a_in, const Tensor& 
     case kFloat16: {
       auto dt = dtype == kBFloat16 ? memory::data_type::bf16 : memory::data_type::f16;
       if (dnnl_conv(pass, g, dt, a, b, out)) return out;
-      return run_conv(pass, g, a.to(kFloat32), b.to(kFloat32), out_sizes).to(dtype);
+      break;
     }
     default:
       unsupported_dtype("convolution", dtype);
   }
+#else
+  if (dtype == kFloat32) return conv_im2col<float>(pass, as_2d(g), a, b).view(out_sizes);
+  if (dtype != kBFloat16 && dtype != kFloat16) unsupported_dtype("convolution", dtype);
+#endif
+  // bfloat16/float16 without an optimized oneDNN implementation: in float32, rounded once.
+  return run_conv(pass, g, a.to(kFloat32), b.to(kFloat32), out_sizes).to(dtype);
 }
 
 // input: (N, C, in...), weight: (O, C / groups, k...) -> (N, O, out...). Transposed: weight

@@ -1,9 +1,15 @@
-// kernels/cpu/dnnl_util.h: what the oneDNN-backed CPU kernels (matmul.cpp, conv.cpp) share.
+// kernels/cpu/dnnl_util.h: what the oneDNN-backed CPU kernels (conv.cpp, matmul.cpp's bfloat16
+// and float16, gemm.cpp's float32) share. Include it only under #if KILN_HAVE_DNNL: a build
+// without oneDNN has neither it nor those paths.
 //
 //   sync_omp_threads();                        // before running a primitive
 //   dnnl::stream s(dnnl_engine());
 //   if (is_reference_impl(pd)) ...             // oneDNN has nothing optimized for this CPU
 #pragma once
+
+#if !KILN_HAVE_DNNL
+#error "dnnl_util.h needs oneDNN: include it under #if KILN_HAVE_DNNL"
+#endif
 
 #include <omp.h>
 
