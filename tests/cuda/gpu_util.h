@@ -1,5 +1,5 @@
-// tests/cuda/gpu_util.h: host-side helpers for kiln_gpu_tests that need no CPU kernels (the GPU
-// machine builds without kernels/cpu).
+// tests/cuda/gpu_util.h: host-side helpers for kiln_gpu_tests that read and write CPU tensors
+// element by element, without going through CPU kernels.
 //
 //   Tensor h = host_tensor(kFloat16, {3, 4}, 7);         // deterministic values, CPU
 //   Tensor v = host_strided_view(h);                      // same values, non-contiguous CPU view

@@ -90,7 +90,7 @@ TEST(MM, EveryDtypeAndLayoutAgainstReference) {
 }
 
 TEST(MM, LargerThanOneBlock) {
-  // M not a multiple of 4, K crosses a 256 block, N crosses a 512 block (gemm_f64's tiling).
+  // M not a multiple of 4, K crosses a 256 block, N crosses a 512 block (gemm_strided's tiling).
   for (ScalarType dt : dtypes_of_set("floating")) {
     SCOPED_TRACE(scalar_type_name(dt));
     Tensor a = random({67, 300}, dt, -2, 2, 3), b = random({300, 530}, dt, -2, 2, 4);
@@ -100,9 +100,9 @@ TEST(MM, LargerThanOneBlock) {
   }
 }
 
-// Note [GEMM leading dimensions]: large float32 GEMMs copy operands whose rows run along K and lie
-// a multiple of 256 floats apart to padded rows first; padded and unpadded layouts of each
-// operand, and a batch, still match.
+// See Note [GEMM leading dimensions]: large float32 GEMMs copy operands whose rows run along K
+// and lie a multiple of 256 floats apart to padded rows first; padded and unpadded layouts of
+// each operand, and a batch, still match.
 TEST(MM, PaddedLeadingDimensions) {
   Tensor a = random({300, 512}, kFloat32, -2, 2, 6), b = random({512, 256}, kFloat32, -2, 2, 7);
   expect_matmul_close(a.mm(b), ref_matmul(a, b), kFloat32, 512);  // both 'N', ld 512 and 256
