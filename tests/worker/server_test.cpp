@@ -268,6 +268,31 @@ TEST(WorkerServer, MetricsNeedTheTokenWhenOneIsSet) {
   EXPECT_NE(ok.find("kiln_worker_instructions_total"), std::string::npos) << ok;
 }
 
+// Note [Metrics endpoint]: 50 clients that connect and send half a request do not hold back a
+// scrape (one connection at a time with a 2 s read timeout each took over a minute).
+TEST(WorkerServer, SlowMetricsClientsDoNotBlockAScrape) {
+  auto d = start({"--metrics-listen", "127.0.0.1:0"});
+  const int port = metrics_port(*d);
+  std::vector<int> slow;
+  for (int i = 0; i < 50; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string half = "GET /metrics HTTP/1.0\r\nHost: local";
+    ASSERT_EQ(write(fd, half.data(), half.size()), static_cast<ssize_t>(half.size()));
+    slow.push_back(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string text = http_get(port, "/metrics");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_NE(text.find(" 200 "), std::string::npos) << text;
+  EXPECT_LT(took, std::chrono::seconds(1));
+  for (int fd : slow) close(fd);
+}
+
 TEST(WorkerServer, SigtermDrainsAndExitsZero) {
   auto d = start();
   Client idle(d->address());  // an open stream does not hold the worker past its drain
