@@ -116,6 +116,8 @@ TEST(WorkerCoordinator, ASessionIdWithoutItsSecretOpensNothing) {
   for (const Case& c : std::vector<Case>{
            {"s1", "", "", grpc::StatusCode::PERMISSION_DENIED, "wrong session secret"},
            {"s1", "", "sekrit", grpc::StatusCode::PERMISSION_DENIED, "wrong session secret"},
+           {"s1", "", "another-tenants-token", grpc::StatusCode::PERMISSION_DENIED,
+            "wrong session secret"},
            {"s1", "secret-s2", "", grpc::StatusCode::PERMISSION_DENIED, "wrong session secret"},
            {"s-guessed", "secret-s-guessed", "", grpc::StatusCode::PERMISSION_DENIED,
             "no session"},
