@@ -1,8 +1,9 @@
 // tests/fake_coordinator.h: a small in-process Coordinator for the worker's and the client's
 // tests: it records registrations and heartbeats, opens sessions "sess-K" on the first N
-// registered workers (waiting up to 10 s for them), answers LookupSession from `sessions`,
-// keeps a Store, records CloseSession, and can forget a worker (NOT_FOUND) or close sessions on
-// the next heartbeat.
+// registered workers (waiting up to 10 s for them), answers LookupSession from `sessions`
+// (a worker's lookup must carry the secret of the session, secret_of(id)), keeps a Store,
+// records CloseSession, and can forget a worker (NOT_FOUND) or close sessions on the next
+// heartbeat.
 #pragma once
 
 #include <chrono>
@@ -36,6 +37,7 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     server_->Shutdown(std::chrono::system_clock::now());
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  static std::string secret_of(const std::string& session_id) { return "secret-" + session_id; }
 
   grpc::Status RegisterWorker(grpc::ServerContext*, const proto::RegisterWorkerRequest* req,
                               proto::RegisterWorkerReply* reply) override {
@@ -74,6 +76,7 @@ class FakeCoordinator final : public proto::Coordinator::Service {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "not enough workers");
     const std::string id = "sess-" + std::to_string(opened.size());
     info->set_session_id(id);
+    info->set_session_secret(secret_of(id));
     info->set_world_size(req->workers());
     std::vector<std::string>& ids = sessions[id];
     for (int r = 0; r < req->workers(); ++r) {
@@ -95,6 +98,8 @@ class FakeCoordinator final : public proto::Coordinator::Service {
     auto it = sessions.find(req->session_id());
     if (it == sessions.end())
       return grpc::Status(grpc::StatusCode::NOT_FOUND, "no session '" + req->session_id() + "'");
+    if (!req->worker_id().empty() && req->session_secret() != secret_of(req->session_id()))
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "wrong session secret");
     info->set_session_id(req->session_id());
     for (size_t r = 0; r < it->second.size(); ++r) {
       info->add_worker_ids(it->second[r]);
@@ -107,6 +112,7 @@ class FakeCoordinator final : public proto::Coordinator::Service {
   grpc::Status Store(grpc::ServerContext* ctx, const proto::StoreRequest* req,
                      proto::StoreReply* reply) override {
     std::unique_lock<std::mutex> lock(mu);
+    store_callers.push_back(req->worker_id());
     std::string key = req->session_id() + "/" + req->key();
     if (req->op() == "set") {
       store[key] = req->value();
@@ -139,6 +145,7 @@ class FakeCoordinator final : public proto::Coordinator::Service {
   std::vector<proto::OpenSessionRequest> opened;
   std::vector<std::string> closed;
   std::map<std::string, std::string> store;
+  std::vector<std::string> store_callers;  // the worker_id of every Store call
   bool stopping = false;
 
  private:

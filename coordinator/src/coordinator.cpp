@@ -4,16 +4,107 @@
 // Note [One lock, write-through]: every record lives in memory under mu_, and every mutation
 // writes the records it changed to SQLite inside one transaction before the lock is released.
 // So a coordinator killed at any point restarts from a state some client already saw.
+//
+// Note [Session credentials]: who may use a session.
+//  - Its tenant's clients (the tenant's token): OpenSession hands them the session, with its
+//    secret; LookupSession, Store and CloseSession; ListWorkers names the session to them only.
+//  - The workers of its gang (the worker token, naming a worker_id of the gang): LookupSession
+//    and Store.
+//  - With auth off (loopback only), every caller is every tenant.
+// The session id names a session; it is no credential. A client streams to a worker with a
+// Hello carrying the session id and its secret (128 random bits, made here and handed out only
+// by OpenSession). The worker forwards the secret in its LookupSession, and the coordinator
+// compares it, so the secret never needs to reach the workers, and another tenant, or someone
+// without any token, who learned a session id cannot use it. Any other tenant's use of a session
+// is PERMISSION_DENIED; a missing or unknown token is UNAUTHENTICATED (service.cpp).
 #include "kiln/coord/coordinator.h"
 
+#include <absl/strings/ascii.h>
+#include <absl/strings/escaping.h>
+#include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
+#include <arpa/inet.h>
+#include <sys/random.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
 
 #include "kiln/proto/service.h"
 #include "state.h"
 
 namespace kiln::coord {
+
+namespace {
+
+// `bytes` bytes from the kernel's CSPRNG, as hex (ids must not be predictable from earlier ones,
+// and secrets must not be guessable at all).
+std::string random_hex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  for (size_t got = 0; got < bytes;) {
+    const ssize_t n = getrandom(raw.data() + got, bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error(absl::StrCat("getrandom: ", std::strerror(errno)));
+    got += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(raw);
+}
+
+// A field's value for an error message: escaped and cut, so a hostile megabyte does not become
+// the message.
+std::string shown(const std::string& v) {
+  constexpr size_t kShown = 64;
+  std::string out = absl::CHexEscape(v.substr(0, kShown));
+  if (v.size() > kShown) absl::StrAppend(&out, "... (", v.size(), " bytes)");
+  return out;
+}
+
+bool host_char(char c) { return absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_'; }
+
+// The limits of kMaxWorkerIdBytes and kMaxAddressBytes (coordinator.h).
+absl::Status check_registration(const proto::RegisterWorkerRequest& req) {
+  const std::string& id = req.worker_id();
+  if (id.empty()) return absl::InvalidArgumentError("worker_id is required");
+  if (id.size() > kMaxWorkerIdBytes ||
+      !std::all_of(id.begin(), id.end(), [](char c) { return host_char(c); }))
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker_id '", shown(id), "' must be 1 to ", kMaxWorkerIdBytes,
+                     " characters of [A-Za-z0-9._-]"));
+  const std::string& addr = req.address();
+  if (addr.empty()) return absl::InvalidArgumentError("address is required (host:port)");
+  auto bad_address = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address '", shown(addr), "' is not HOST:PORT: ", why));
+  };
+  if (addr.size() > kMaxAddressBytes)
+    return bad_address(absl::StrCat("longer than ", kMaxAddressBytes, " bytes"));
+  const size_t colon = addr.rfind(':');
+  if (colon == std::string::npos) return bad_address("no port");
+  const std::string host = addr.substr(0, colon), port = addr.substr(colon + 1);
+  int port_number = 0;
+  if (port.empty() || !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &port_number) || port_number < 1 || port_number > 65535)
+    return bad_address("the port must be a number in [1, 65535]");
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    in6_addr v6;
+    if (inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) != 1)
+      return bad_address("not an IPv6 address in the brackets");
+  } else if (host.empty() || !std::all_of(host.begin(), host.end(), host_char)) {
+    return bad_address("the host must be a name or an address of [A-Za-z0-9._-]");
+  }
+  const std::string& dev = req.device();
+  int index = -1;
+  if (!dev.empty() && dev != "cpu" &&
+      !(dev.rfind("cuda:", 0) == 0 && dev.size() > 5 && dev.size() <= 10 &&
+        std::all_of(dev.begin() + 5, dev.end(), absl::ascii_isdigit) &&
+        absl::SimpleAtoi(dev.substr(5), &index) && index <= 32767))
+    return absl::InvalidArgumentError(
+        absl::StrCat("device '", shown(dev), "' must be cpu or cuda:N"));
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::open(const Options& options) {
   if (options.heartbeat.count() <= 0) return absl::InvalidArgumentError("heartbeat must be > 0 ms");
@@ -32,7 +123,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::open(const Options& op
 }
 
 Coordinator::Coordinator(const Options& options)
-    : options_(options), state_(std::make_unique<State>()), rng_(std::random_device{}()) {}
+    : options_(options), state_(std::make_unique<State>()) {}
 
 Coordinator::~Coordinator() {
   shutdown();
@@ -57,8 +148,7 @@ absl::StatusOr<proto::RegisterWorkerReply> Coordinator::register_worker(
   if (auto st = proto::check_version(req.protocol_version(), "worker", "coordinator"); !st.ok()) {
     return st;
   }
-  if (req.worker_id().empty()) return absl::InvalidArgumentError("worker_id is required");
-  if (req.address().empty()) return absl::InvalidArgumentError("address is required (host:port)");
+  if (auto st = check_registration(req); !st.ok()) return st;
   std::lock_guard lock(mu_);
   Transaction t(state_->db());
   WorkerRec& w = workers_[req.worker_id()];
@@ -119,10 +209,15 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
   return reply;
 }
 
-proto::ListWorkersReply Coordinator::list_workers() {
+proto::ListWorkersReply Coordinator::list_workers(const Caller& caller) {
   std::lock_guard lock(mu_);
   proto::ListWorkersReply reply;
-  for (const auto& [id, w] : workers_) *reply.add_workers() = w.info;
+  for (const auto& [id, w] : workers_) {
+    proto::WorkerInfo& info = *reply.add_workers() = w.info;
+    if (caller.kind != Caller::Kind::kTenant || info.session_id().empty()) continue;
+    auto s = sessions_.find(info.session_id());
+    if (s == sessions_.end() || s->second.tenant != caller.tenant) info.clear_session_id();
+  }
   return reply;
 }
 
@@ -145,8 +240,11 @@ void Coordinator::reap_locked() {
   const auto limit = options_.heartbeat * options_.dead_after;
   const auto now = Clock::now();
   std::vector<WorkerRec*> dead;
+  std::vector<std::string> forgotten;  // dead for Options::worker_retention
   for (auto& [id, w] : workers_) {
     if (w.info.state() != "dead" && now - w.last_beat > limit) dead.push_back(&w);
+    if (w.info.state() == "dead" && now - w.died > options_.worker_retention)
+      forgotten.push_back(id);
   }
   // Interactive sessions whose client never streamed, or went away (Options::session_idle).
   std::vector<SessionRec*> idle;
@@ -170,11 +268,16 @@ void Coordinator::reap_locked() {
         now - j->second.driver_seen > options_.driver_grace)
       orphaned.push_back(&j->second);
   }
-  if (dead.empty() && idle.empty() && expired.empty() && orphaned.empty()) return;
+  if (dead.empty() && forgotten.empty() && idle.empty() && expired.empty() && orphaned.empty())
+    return;
   Transaction t(state_->db());
   for (const std::string& id : expired) {
     sessions_.erase(id);
     state_->delete_session(id);
+  }
+  for (const std::string& id : forgotten) {
+    workers_.erase(id);
+    state_->delete_worker(id);
   }
   for (SessionRec* s : idle) {
     const std::string why = absl::StrCat("no client streamed to session ", s->id, " for ",
@@ -198,6 +301,7 @@ void Coordinator::reap_locked() {
       end_session_locked(s->second, "failed", why);
     w->info.set_state("dead");
     w->info.set_session_id("");
+    w->died = now;
     state_->put_worker(*w);
   }
   schedule_locked();
@@ -219,10 +323,10 @@ SessionRec& Coordinator::new_session_locked(const std::vector<std::string>& work
                                             const std::string& tenant, const std::string& job_id) {
   std::string id;
   do {
-    id = absl::StrCat("s-", absl::Hex(rng_(), absl::kZeroPad16));
+    id = absl::StrCat("s-", random_hex(8));
   } while (sessions_.count(id));
   SessionRec& s = sessions_[id];
-  s = SessionRec{id, "open", job_id, tenant, "", worker_ids, now_unix_ms()};
+  s = SessionRec{id, "open", job_id, tenant, "", worker_ids, now_unix_ms(), random_hex(16)};
   for (const auto& wid : worker_ids) {
     WorkerRec& w = workers_.at(wid);
     w.info.set_state("busy");
@@ -272,15 +376,43 @@ proto::SessionInfo Coordinator::session_info_locked(const SessionRec& s) {
   return info;
 }
 
+absl::Status Coordinator::check_access_locked(const SessionRec& s, const Caller& caller,
+                                              const std::string& worker_id) {
+  if (caller.kind == Caller::Kind::kTenant && s.tenant != caller.tenant) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("session ", s.id, " is not a session of tenant ", caller.tenant));
+  }
+  if (caller.kind == Caller::Kind::kWorker && worker_id.empty()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("a worker must name itself (worker_id) to use session ", s.id));
+  }
+  if (!worker_id.empty() &&
+      std::find(s.worker_ids.begin(), s.worker_ids.end(), worker_id) == s.worker_ids.end()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker ", shown(worker_id), " is not part of session ", s.id));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<proto::SessionInfo> Coordinator::lookup_session(
-    const proto::LookupSessionRequest& req) {
+    const proto::LookupSessionRequest& req, const Caller& caller) {
   if (req.session_id().empty()) return absl::InvalidArgumentError("session_id is required");
   std::lock_guard lock(mu_);
   auto it = sessions_.find(req.session_id());
   if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat("unknown session ", req.session_id()));
+    return absl::NotFoundError(absl::StrCat("unknown session ", shown(req.session_id())));
   }
   const SessionRec& s = it->second;
+  if (auto st = check_access_locked(s, caller, req.worker_id()); !st.ok()) return st;
+  // A worker checks a client's Hello: the secret first, so that a stranger learns nothing more
+  // of the session (not even that it ended).
+  if (!req.worker_id().empty() &&
+      (s.secret.empty() || !proto::secrets_equal(req.session_secret(), s.secret))) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the client did not present the secret of session ", s.id,
+        req.session_secret().empty() ? " (none given)" : " (a wrong one)",
+        s.secret.empty() ? "; the session predates session secrets: open a new one" : ""));
+  }
   if (s.state == "failed") {
     return absl::UnavailableError(absl::StrCat("session ", s.id, " failed: ", s.message));
   }
@@ -291,10 +423,6 @@ absl::StatusOr<proto::SessionInfo> Coordinator::lookup_session(
   proto::SessionInfo info = session_info_locked(s);
   if (!req.worker_id().empty()) {
     auto r = std::find(s.worker_ids.begin(), s.worker_ids.end(), req.worker_id());
-    if (r == s.worker_ids.end()) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("worker ", req.worker_id(), " is not part of session ", s.id));
-    }
     info.set_rank(static_cast<int32_t>(r - s.worker_ids.begin()));
   }
   return info;
@@ -316,7 +444,10 @@ absl::StatusOr<proto::SessionInfo> Coordinator::open_session(const proto::OpenSe
           absl::StrCat("job ", job.job_id(), " is ", job.state(), job.message().empty() ? "" : ": ",
                        job.message(), job.state() == "queued" ? " (not running yet)" : ""));
     }
-    return session_info_locked(sessions_.at(job.session_id()));
+    const SessionRec& s = sessions_.at(job.session_id());
+    proto::SessionInfo info = session_info_locked(s);
+    info.set_session_secret(s.secret);
+    return info;
   }
   const int n = req.workers();
   if (n < 1 || n > kMaxJobWorkers) {
@@ -334,7 +465,9 @@ absl::StatusOr<proto::SessionInfo> Coordinator::open_session(const proto::OpenSe
       SessionRec& s = new_session_locked(idle, tenant, "");
       t.commit();
       changed_locked();
-      return session_info_locked(s);
+      proto::SessionInfo info = session_info_locked(s);
+      info.set_session_secret(s.secret);
+      return info;
     }
     if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
     if (Clock::now() >= until || cancelled()) {
@@ -357,10 +490,14 @@ absl::Status Coordinator::close_session(const proto::CloseSessionRequest& req,
   if (req.session_id().empty()) return absl::InvalidArgumentError("session_id is required");
   std::lock_guard lock(mu_);
   auto it = sessions_.find(req.session_id());
-  if (it == sessions_.end() || (!tenant.empty() && it->second.tenant != tenant)) {
-    return absl::NotFoundError(absl::StrCat("unknown session ", req.session_id()));
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown session ", shown(req.session_id())));
   }
   SessionRec& s = it->second;
+  if (!tenant.empty() && s.tenant != tenant) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("session ", s.id, " is not a session of tenant ", tenant));
+  }
   if (!s.job_id.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("session ", s.id, " belongs to job ", s.job_id, "; cancel the job instead"));

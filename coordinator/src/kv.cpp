@@ -1,6 +1,8 @@
 // The gangs' rendezvous store: a key-value map per open session, in memory (it only has to
 // outlive a gang's start-up), dropped when the session ends. The ops follow torch's TCPStore:
-// set, get (optionally waiting for the key), add (a decimal counter) and compare_set.
+// set, get (optionally waiting for the key), add (a decimal counter) and compare_set. Only the
+// session's tenant and the workers of its gang reach its keys (Note [Session credentials] in
+// coordinator.cpp).
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 
@@ -10,6 +12,7 @@
 namespace kiln::coord {
 
 absl::StatusOr<proto::StoreReply> Coordinator::store(const proto::StoreRequest& req,
+                                                     const Caller& caller,
                                                      const Cancelled& cancelled) {
   if (req.session_id().empty()) return absl::InvalidArgumentError("session_id is required");
   if (req.key().empty()) return absl::InvalidArgumentError("key is required");
@@ -25,6 +28,7 @@ absl::StatusOr<proto::StoreReply> Coordinator::store(const proto::StoreRequest& 
     if (s == sessions_.end()) {
       return absl::NotFoundError(absl::StrCat("unknown session ", req.session_id()));
     }
+    if (auto st = check_access_locked(s->second, caller, req.worker_id()); !st.ok()) return st;
     if (s->second.state == "failed") {
       return absl::UnavailableError(
           absl::StrCat("session ", s->first, " failed: ", s->second.message));

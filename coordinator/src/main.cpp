@@ -38,6 +38,7 @@ options:
   --session-idle-s N    close an interactive session whose workers report no client stream
                         for N seconds (default 30): its client died or never came
   --session-retention-s N   forget an ended session N seconds after it ended (default 3600)
+  --worker-retention-s N    forget a dead worker N seconds after it died (default 3600)
   --driver-grace-s N    fail a running job whose driver (kiln submit) has had no report stream
                         for N seconds (default 30); a driver re-attaches within it
   --metrics-listen ADDR serve Prometheus /metrics there
@@ -50,7 +51,7 @@ struct Flags {
   std::string listen = "127.0.0.1:7070", port_file, state = "kiln-coordinator.db";
   std::string tokens, worker_token, tls_cert, tls_key, metrics_listen;
   int heartbeat_ms = 1000, dead_after = 3, session_idle_s = 30, session_retention_s = 3600,
-      driver_grace_s = 30;
+      worker_retention_s = 3600, driver_grace_s = 30;
 };
 
 int usage_error(const std::string& msg) {
@@ -75,7 +76,8 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
           {"--dead-after", &f.dead_after},
           {"--session-idle-s", &f.session_idle_s},
           {"--driver-grace-s", &f.driver_grace_s},
-          {"--session-retention-s", &f.session_retention_s}};
+          {"--session-retention-s", &f.session_retention_s},
+          {"--worker-retention-s", &f.worker_retention_s}};
       for (const auto& [flag, value] : flags)
         if (name == flag) return value;
       return nullptr;
@@ -154,6 +156,7 @@ int main(int argc, char** argv) {
     auth = *loaded;
   }
   auth.worker_token = f.worker_token;
+  if (auto st = kiln::coord::check_auth(auth); !st.ok()) return fail(st);
   const bool tls = !f.tls_cert.empty();
   const bool secured = auth.enabled() || tls;
   for (const auto& addr : {f.listen, f.metrics_listen}) {
@@ -183,6 +186,7 @@ int main(int argc, char** argv) {
        .dead_after = f.dead_after,
        .session_idle = std::chrono::seconds(f.session_idle_s),
        .session_retention = std::chrono::seconds(f.session_retention_s),
+       .worker_retention = std::chrono::seconds(f.worker_retention_s),
        .driver_grace = std::chrono::seconds(f.driver_grace_s)});
   if (!core.ok()) return fail(core.status());
   kiln::coord::Metrics metrics(**core);

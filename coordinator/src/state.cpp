@@ -7,7 +7,8 @@ namespace kiln::coord {
 namespace {
 
 // Bump on every schema change, with a migration from the previous version in open().
-constexpr int kSchemaVersion = 1;
+// 2: sessions.secret.
+constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"(
 CREATE TABLE IF NOT EXISTS workers (
@@ -15,7 +16,8 @@ CREATE TABLE IF NOT EXISTS workers (
   session_id TEXT NOT NULL, epoch INTEGER NOT NULL, memory_limit_bytes INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
   id TEXT PRIMARY KEY, state TEXT NOT NULL, job_id TEXT NOT NULL, tenant TEXT NOT NULL,
-  message TEXT NOT NULL, worker_ids TEXT NOT NULL, created_unix_ms INTEGER NOT NULL);
+  message TEXT NOT NULL, worker_ids TEXT NOT NULL, created_unix_ms INTEGER NOT NULL,
+  secret TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS jobs (
   seq INTEGER PRIMARY KEY, id TEXT UNIQUE NOT NULL, state TEXT NOT NULL,
   priority INTEGER NOT NULL, workers INTEGER NOT NULL, command TEXT NOT NULL,
@@ -54,7 +56,8 @@ absl::Status State::open(const std::string& path) {
           " but this kiln-coordinator knows only up to " + std::to_string(kSchemaVersion));
     }
     Transaction t(db_);
-    db_.exec(kSchema);
+    db_.exec(kSchema);  // a fresh file gets the current tables; old ones are migrated below
+    if (version == 1) db_.exec("ALTER TABLE sessions ADD COLUMN secret TEXT NOT NULL DEFAULT ''");
     db_.exec("PRAGMA user_version = " + std::to_string(kSchemaVersion));
     t.commit();
   } catch (const DbError& e) {
@@ -79,10 +82,11 @@ Loaded State::load() {
     out.workers[r.info.worker_id()] = r;
   }
   Stmt s = db_.prepare(
-      "SELECT id, state, job_id, tenant, message, worker_ids, created_unix_ms FROM sessions");
+      "SELECT id, state, job_id, tenant, message, worker_ids, created_unix_ms, secret"
+      " FROM sessions");
   while (s.step()) {
     SessionRec r{s.text(0),   s.text(1), s.text(2), s.text(3), s.text(4), from_json(s.text(5)),
-                 s.integer(6)};
+                 s.integer(6), s.text(7)};
     out.sessions[r.id] = r;
   }
   Stmt j = db_.prepare(
@@ -125,7 +129,7 @@ void State::put_worker(const WorkerRec& r) {
 }
 
 void State::put_session(const SessionRec& s) {
-  db_.prepare("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?)")
+  db_.prepare("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
       .bind(1, s.id)
       .bind(2, s.state)
       .bind(3, s.job_id)
@@ -133,11 +137,16 @@ void State::put_session(const SessionRec& s) {
       .bind(5, s.message)
       .bind(6, to_json(s.worker_ids))
       .bind(7, s.created_unix_ms)
+      .bind(8, s.secret)
       .run();
 }
 
 void State::delete_session(const std::string& id) {
   db_.prepare("DELETE FROM sessions WHERE id = ?").bind(1, id).run();
+}
+
+void State::delete_worker(const std::string& id) {
+  db_.prepare("DELETE FROM workers WHERE id = ?").bind(1, id).run();
 }
 
 void State::put_job(const JobRec& r) {

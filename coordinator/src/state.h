@@ -32,6 +32,9 @@ struct WorkerRec {
   Clock::time_point last_beat = Clock::now();
   // When a beat last listed its session as served (or the session began).
   Clock::time_point session_seen = Clock::now();
+  // When it was marked dead (not stored: a loaded dead worker counts from the load), for
+  // Options::worker_retention.
+  Clock::time_point died = Clock::now();
 };
 
 // A gang of workers for one client or one job. "open" until closed ("closed") or until one of
@@ -41,6 +44,9 @@ struct SessionRec {
   std::string id, state, job_id, tenant, message;
   std::vector<std::string> worker_ids;  // rank order
   int64_t created_unix_ms = 0;
+  // Its credential (Note [Session credentials] in coordinator.cpp); "" for a session stored by a
+  // coordinator from before secrets, which no worker accepts.
+  std::string secret;
   // When it stopped being open (not stored: a loaded ended session counts from the load), for
   // Options::session_retention.
   Clock::time_point ended = Clock::now();
@@ -72,6 +78,7 @@ class State {
   void put_worker(const WorkerRec& w);
   void put_session(const SessionRec& s);
   void delete_session(const std::string& id);
+  void delete_worker(const std::string& id);
   void put_job(const JobRec& j);
   void append_logs(const std::string& job_id, const std::vector<std::string>& lines);
   // Log lines with index >= `from` (0-based), at most `limit` of them.

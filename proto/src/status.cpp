@@ -21,14 +21,46 @@ absl::Status check_version(uint32_t peer, std::string_view peer_name, std::strin
                                                     kProtocolVersion, "; use matching Kiln versions"));
 }
 
-absl::Status check_token(const grpc::ServerContext& ctx, std::string_view token) {
-  if (token.empty()) return absl::OkStatus();
+std::optional<std::string_view> authorization_of(const grpc::ServerContext& ctx) {
   const auto& md = ctx.client_metadata();
   auto it = md.find("authorization");
-  if (it == md.end()) return absl::UnauthenticatedError("missing 'authorization: Bearer TOKEN' metadata");
-  std::string_view got(it->second.data(), it->second.size());
-  if (got != "Bearer " + std::string(token)) return absl::UnauthenticatedError("invalid bearer token");
+  if (it == md.end()) return std::nullopt;
+  return std::string_view(it->second.data(), it->second.size());
+}
+
+absl::Status check_bearer(std::optional<std::string_view> authorization, std::string_view token) {
+  if (token.empty()) return absl::OkStatus();
+  if (!authorization)
+    return absl::UnauthenticatedError("missing 'authorization: Bearer TOKEN' metadata");
+  if (!secrets_equal(*authorization, "Bearer " + std::string(token)))
+    return absl::UnauthenticatedError("invalid bearer token");
   return absl::OkStatus();
+}
+
+absl::Status check_token(const grpc::ServerContext& ctx, std::string_view token) {
+  return check_bearer(authorization_of(ctx), token);
+}
+
+absl::Status check_token_text(std::string_view token, std::string_view what) {
+  if (token.empty())
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": the token is empty"));
+  for (char c : token) {
+    if (c > ' ' && c < 0x7f) continue;
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(what), ": a token must be printable ASCII without spaces; got ", token.size(),
+        " characters with ", c == ' ' ? "a space" : "a control or non-ASCII byte"));
+  }
+  return absl::OkStatus();
+}
+
+bool secrets_equal(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const std::string_view& longer = a.size() >= b.size() ? a : b;
+  for (size_t i = 0; i < longer.size(); ++i) {
+    const unsigned char x = i < a.size() ? a[i] : 0, y = i < b.size() ? b[i] : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
 }
 
 void add_token(grpc::ClientContext& ctx, std::string_view token) {

@@ -1,6 +1,7 @@
 // kiln-coordinator as a process on loopback, driven through raw gRPC stubs: the worker registry
-// and heartbeats, dead workers, gang scheduling and priorities, state across SIGKILL, input
-// validation, auth and the loopback rule, the rendezvous store.
+// and heartbeats, dead workers and their retention, gang scheduling and priorities, state across
+// SIGKILL and from an older schema, input validation, auth and the loopback rule, the rendezvous
+// store. Tenants are auth_test.cpp.
 #include <sqlite3.h>
 
 #include "harness.h"
@@ -257,6 +258,56 @@ TEST(Coordinator, EndedSessionsAreForgottenAfterTheRetention) {
   EXPECT_TRUE(open_session(d, 1).ok());  // the worker is free
 }
 
+TEST(Coordinator, DeadWorkersAreForgottenAfterTheRetention) {
+  TempDir dir;
+  Daemon d(dir.path(), {"--heartbeat-ms", "100", "--dead-after", "2", "--worker-retention-s", "1"});
+  auto w0 = std::make_unique<FakeWorker>(d, "w0");
+  FakeWorker w1(d, "w1");
+  w0->stop();
+  ASSERT_TRUE(eventually([&] { return worker_states(d)["w0"] == "dead"; }));
+  ASSERT_TRUE(eventually([&] { return !worker_states(d).count("w0"); }));
+  EXPECT_EQ(worker_states(d), (std::map<std::string, std::string>{{"w1", "idle"}}));
+  d.crash();  // forgotten in the state file too
+  d.start();
+  EXPECT_EQ(worker_states(d), (std::map<std::string, std::string>{{"w1", "idle"}}));
+  EXPECT_TRUE(w0->register_now().ok());  // a forgotten worker that comes back registers anew
+  EXPECT_EQ(worker_states(d)["w0"], "idle");
+}
+
+// A version 1 state file (from before session secrets) is migrated; its open sessions have no
+// secret, so no worker accepts them (a new session is needed).
+TEST(Coordinator, MigratesAVersionOneStateFile) {
+  TempDir dir;
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir.path() / "state.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, R"(
+      CREATE TABLE sessions (
+        id TEXT PRIMARY KEY, state TEXT NOT NULL, job_id TEXT NOT NULL, tenant TEXT NOT NULL,
+        message TEXT NOT NULL, worker_ids TEXT NOT NULL, created_unix_ms INTEGER NOT NULL);
+      INSERT INTO sessions VALUES ('s-old', 'open', '', '', '', '["w0"]', 0);
+      PRAGMA user_version = 1;)",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  Daemon d(dir.path());
+  proto::LookupSessionRequest look;
+  look.set_session_id("s-old");
+  look.set_worker_id("w0");
+  proto::SessionInfo info;
+  absl::Status st = d.call(&Stub::LookupSession, look, &info);
+  EXPECT_TRUE(absl::IsPermissionDenied(st)) << st;
+  EXPECT_NE(st.message().find("predates session secrets"), std::string::npos) << st;
+  FakeWorker w1(d, "w1");
+  auto s = open_session(d, 1);  // new sessions are stored with their secret
+  ASSERT_TRUE(s.ok()) << s.status();
+  d.crash();
+  d.start();
+  look.set_session_id(s->session_id());
+  look.set_worker_id("w1");
+  look.set_session_secret(s->session_secret());
+  EXPECT_TRUE(d.call(&Stub::LookupSession, look, &info).ok());
+}
+
 TEST(Coordinator, OpenSessionIsAllOrNothingAndWaits) {
   TempDir dir;
   Daemon d(dir.path());
@@ -281,6 +332,7 @@ TEST(Coordinator, OpenSessionIsAllOrNothingAndWaits) {
   proto::LookupSessionRequest look;
   look.set_session_id(c->session_id());
   look.set_worker_id(c->worker_ids(1));
+  look.set_session_secret(c->session_secret());  // as a worker checks a client's Hello
   proto::SessionInfo info;
   ASSERT_TRUE(d.call(&Stub::LookupSession, look, &info).ok());
   EXPECT_EQ(info.rank(), 1);
@@ -406,6 +458,37 @@ TEST(Coordinator, MalformedRequestsAreRefusedAndTheDaemonServesOn) {
   expect_invalid(d.call(&Stub::RegisterWorker, reg, &regr), "worker_id");
   reg.set_worker_id("w");
   expect_invalid(d.call(&Stub::RegisterWorker, reg, &regr), "address");
+  // What the registry keeps is checked (issue 18: a 1 MB id broke `kiln workers`).
+  struct Bad {
+    std::string id, address, device, needle;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {std::string(1 << 20, 'w'), "h:1", "cpu", "... (1048576 bytes)' must be 1 to 128"},
+           {"a/b", "h:1", "cpu", "worker_id 'a/b' must be 1 to 128 characters of [A-Za-z0-9._-]"},
+           {"w", "not an address:::", "cpu", "the port must be a number in [1, 65535]"},
+           {"w", "not an address:1", "cpu", "the host must be a name or an address"},
+           {"w", "h:0", "cpu", "the port must be"},
+           {"w", "h:99999", "cpu", "the port must be"},
+           {"w", ":7", "cpu", "the host must be"},
+           {"w", "[zz]:7", "cpu", "not an IPv6 address"},
+           {"w", "h:7", "tpu:9", "device 'tpu:9' must be cpu or cuda:N"},
+           {"w", "h:7", "cuda:", "must be cpu or cuda:N"},
+           {"w", "h:7", "cuda:99999", "must be cpu or cuda:N"}}) {
+    reg.set_worker_id(b.id);
+    reg.set_address(b.address);
+    reg.set_device(b.device);
+    expect_invalid(d.call(&Stub::RegisterWorker, reg, &regr), b.needle);
+  }
+  EXPECT_TRUE(worker_states(d).empty());
+  for (auto [id, address, device] : {std::tuple{"w-1.a_b", "[::1]:7000", "cuda:3"},
+                                     std::tuple{"w2", "10.0.0.2:7000", ""},
+                                     std::tuple{"w3", "node-3.cluster.local:65535", "cpu"}}) {
+    reg.set_worker_id(id);
+    reg.set_address(address);
+    reg.set_device(device);
+    EXPECT_TRUE(d.call(&Stub::RegisterWorker, reg, &regr).ok()) << id;
+  }
+  EXPECT_EQ(worker_states(d).size(), 3u);
   proto::ListJobsRequest list;
   list.set_state("sleeping");
   proto::ListJobsReply listr;

@@ -101,6 +101,34 @@ def test_token(tmp_path, monkeypatch):
         stop(p)
 
 
+def test_a_worker_serves_one_session_at_a_time(worker):
+    """Issue 18: a second direct session is refused while one is open (it used to run beside it,
+    past --memory-limit), and served once the first has closed."""
+    _, address = worker
+    first = kiln.connect(address)
+    assert (kiln.ones(2).to(first.device) * 2).tolist() == [2.0, 2.0]
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED.*one session at a time"):
+        kiln.connect(address)
+    first.close()
+    with kiln.connect(address) as s:
+        assert (kiln.ones(2).to(s.device) * 3).tolist() == [3.0, 3.0]
+
+
+def test_released_memory_is_free_for_the_next_allocation(tmp_path):
+    """Issue 18: under --memory-limit 256M, `del` of 240 MB then a 100 MB allocation succeeds the
+    first time: the Free goes to the worker ahead of the allocation."""
+    p, address = start_worker(tmp_path, "small", ["--memory-limit", "256M"])
+    try:
+        with kiln.connect(address) as s:
+            x = kiln.ones(60 * 2**20, device=s.device)  # 240 MiB, made on the worker
+            assert x[-1].item() == 1.0
+            del x
+            y = kiln.ones(25 * 2**20, device=s.device)  # 100 MiB
+            assert y[-1].item() == 1.0
+    finally:
+        stop(p)
+
+
 def test_digits_remote(worker, tmp_path):
     _, address = worker
     data = digits_data(tmp_path)
@@ -204,6 +232,51 @@ def test_killed_gang_worker_fails_the_client_and_is_marked_dead(tmp_path):
             time.sleep(0.2)
         assert state and state.get("k1") == "dead", out
         s.close()
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+def test_tenants_see_and_use_only_their_own_sessions(tmp_path, monkeypatch):
+    """Issue 18 end to end, with tenants alice and bob and a worker token: alice's gang of two
+    trains (the Hellos carry her session's secret; the workers' rendezvous goes as the gang's
+    workers); `kiln workers` names her session to her only, and to no one without a token."""
+    if not os.access(COORDINATOR, os.X_OK):
+        pytest.skip(f"kiln-coordinator not built ({COORDINATOR})")
+    monkeypatch.delenv("KILN_TOKEN", raising=False)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice atok\nbob btok\n")
+    procs = []
+    try:
+        c, address = start_daemon(tmp_path, "coordinator",
+                                  [COORDINATOR, "--state", str(tmp_path / "state.db"),
+                                   "--tokens", str(tokens), "--worker-token", "wtok"])
+        procs.append(c)
+        for r in range(2):
+            procs.append(start_worker(tmp_path, f"t{r}", ["--coordinator", address,
+                                                          "--token", "wtok"])[0])
+        cli = os.path.join(os.path.dirname(WORKER), "kiln")
+
+        def listed(*token):
+            r = subprocess.run([cli, "workers", "--json", "--coordinator", address, *token],
+                               capture_output=True, text=True, timeout=30)
+            return r, [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+
+        with kiln.connect(address, workers=2, token="atok", wait_ms=10000) as s:
+            x = kiln.arange(4.0).reshape(4, 1)
+            w = kiln.ones(1).to(s.device).requires_grad_()
+            (s.scatter(x) * w).sum().backward()
+            s.all_reduce_gradients([w])
+            assert w.grad.tolist() == [3.0]  # the mean of 0 + 1 and 2 + 3
+            _, mine = listed("--token", "atok")
+            assert {w["session_id"] for w in mine} == {s.session_id}
+            _, theirs = listed("--token", "btok")
+            assert {w["state"] for w in theirs} == {"busy"}
+            assert {w["session_id"] for w in theirs} == {""}
+            r, _ = listed()
+            assert r.returncode != 0 and "UNAUTHENTICATED" in r.stderr, r.stderr
+            with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):  # both workers are hers
+                kiln.connect(address, token="btok")
     finally:
         for p in reversed(procs):
             stop(p)

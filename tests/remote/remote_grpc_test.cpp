@@ -5,6 +5,8 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 
 #include "kiln/client/session.h"
 #include "worker_process.h"
@@ -77,6 +79,47 @@ TEST(RemoteGrpc, KilledWorkerIsUnavailableWithinSeconds) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
   // Every later read fails the same way, at once.
   EXPECT_THROW(s.sync(), Error);
+}
+
+// README ("Remote workers"): a frozen worker raises UNAVAILABLE KILN_KEEPALIVE_S seconds
+// (default 10) after its last answer (grpc_transport.cpp: a ping after 4 s of silence,
+// unanswered for 6 s).
+TEST(RemoteGrpc, FrozenWorkerIsUnavailableWithinTheKeepalive) {
+  unsetenv("KILN_KEEPALIVE_S");
+  WorkerProcess w;
+  auto s = client::connect(w.address());
+  Tensor r = ones({4}).to(std::nullopt, s.device());
+  EXPECT_EQ(r.sum().item<float>(), 4.0f);
+  w.freeze();
+  auto start = Clock::now();
+  try {
+    (void)(r + 1.0).sum().item<float>();
+    FAIL() << "expected UNAVAILABLE";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("UNAVAILABLE"), std::string::npos) << e.what();
+  }
+  const double took = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("[ info ] a frozen worker was noticed after %.1f s\n", took);
+  EXPECT_LT(took, 11.0);
+  w.thaw();
+}
+
+// Note [One stream per worker] (kiln/worker/stream_gate.h): a second client of a direct worker is
+// refused while the first is connected, and served once it closed.
+TEST(RemoteGrpc, ADirectWorkerServesOneSessionAtATime) {
+  WorkerProcess w;
+  auto first = client::connect(w.address());
+  EXPECT_EQ(ones({2}).to(std::nullopt, first.device()).sum().item<float>(), 2.0f);
+  try {
+    client::connect(w.address());
+    FAIL() << "expected RESOURCE_EXHAUSTED";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("RESOURCE_EXHAUSTED"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("one session at a time"), std::string::npos) << e.what();
+  }
+  first.close();
+  auto next = client::connect(w.address());
+  EXPECT_EQ(ones({2}).to(std::nullopt, next.device()).sum().item<float>(), 2.0f);
 }
 
 TEST(RemoteGrpc, UnreachableWorkerFailsFast) {

@@ -134,6 +134,17 @@ TEST_F(RemoteOps, DeadHandlesAreFreedOnTheWorker) {
   EXPECT_LE(worker_values(), base + 4);
 }
 
+// Note [Remote values]: the Free of a released value goes ahead of the next allocation, so a
+// worker at its memory limit has room again at once (4 MiB: 3 MiB, released, then 2 MiB).
+TEST(RemoteMemory, AReleasedValueIsFreedBeforeTheNextAllocation) {
+  Session s = client::connect_in_process(1, {.worker_id = "small", .memory_limit_bytes = 4 << 20});
+  Tensor x = kiln::ones({3 << 18}, std::nullopt, s.device());
+  EXPECT_EQ(x.sum().item<float>(), float(3 << 18));
+  x = Tensor();
+  Tensor y = kiln::ones({2 << 18}, std::nullopt, s.device());
+  EXPECT_EQ(y.sum().item<float>(), float(2 << 18));
+}
+
 TEST_F(RemoteOps, ErrorAtTheReadNamesTheOp) {
   // Recording succeeds (the client's meta check passes); the worker fails at run time.
   Tensor idx = up(from_vector<int64_t>({0, 7}, {2}));

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,8 +60,30 @@ class WorkerProcess {
     waitpid(pid_, &status, 0);
     pid_ = -1;
   }
+  // SIGSTOP, returning once every thread of the worker has stopped (the signal reaches them
+  // one by one); SIGCONT undoes it.
+  void freeze() {
+    ::kill(pid_, SIGSTOP);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < deadline && !all_stopped())
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  void thaw() { ::kill(pid_, SIGCONT); }
 
  private:
+  bool all_stopped() const {
+    const std::filesystem::path tasks = "/proc/" + std::to_string(pid_) + "/task";
+    for (const auto& t : std::filesystem::directory_iterator(tasks)) {
+      std::ifstream f(t.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(f)), {});
+      const size_t paren = stat.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+      const char state = stat[paren + 2];
+      if (state != 'T' && state != 't') return false;
+    }
+    return true;
+  }
+
   static inline int counter_ = 0;
   std::filesystem::path dir_;
   pid_t pid_ = -1;

@@ -1,7 +1,10 @@
 // kiln-worker --coordinator against a small fake Coordinator in this process: registration,
-// heartbeats, re-registration when forgotten, LookupSession on Hello, closing a session, and a
-// gang of two workers running a collective (Note [Gang process group]).
+// heartbeats, re-registration when forgotten, LookupSession on Hello (the session's secret
+// included), one stream at a time, closing a session, and a gang of two workers running a
+// collective (Note [Gang process group]).
 #include <grpcpp/grpcpp.h>
+
+#include <optional>
 
 #include "daemon.h"
 #include "fake_coordinator.h"
@@ -20,13 +23,17 @@ struct Stream {
   std::unique_ptr<proto::Worker::Stub> stub;
   grpc::ClientContext ctx;
   std::unique_ptr<grpc::ClientReaderWriter<proto::ClientMessage, proto::WorkerMessage>> rw;
-  Stream(const std::string& address, const std::string& session_id) {
+  // A Hello naming `session_id` with `secret` (default: the fake's secret of that session).
+  Stream(const std::string& address, const std::string& session_id,
+         std::optional<std::string> secret = std::nullopt, const std::string& token = "") {
     stub = proto::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    proto::add_token(ctx, token);
     rw = stub->Session(&ctx);
     proto::ClientMessage m;
     m.mutable_hello()->set_protocol_version(proto::kProtocolVersion);
     m.mutable_hello()->set_session_id(session_id);
+    m.mutable_hello()->set_session_secret(secret ? *secret : FakeCoordinator::secret_of(session_id));
     rw->Write(m);
   }
   grpc::Status finish() {
@@ -73,12 +80,12 @@ TEST(WorkerCoordinator, RegistersBeatsAndChecksSessions) {
     return hb.sessions_size() == 1 && hb.sessions(0) == "s1";
   }));
 
-  for (std::string other : {"s2", "s9"}) {
+  for (auto [other, why] : {std::pair<std::string, std::string>{"s2", "is not in session 's2'"},
+                            {"s9", "refuses session 's9': no session 's9'"}}) {
     Stream s(d.address(), other);
     grpc::Status st = s.finish();
     EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-    EXPECT_NE(st.error_message().find("worker 'w-test' is not in session '" + other + "'"),
-              std::string::npos)
+    EXPECT_NE(st.error_message().find("worker 'w-test' " + why), std::string::npos)
         << st.error_message();
   }
 
@@ -92,26 +99,65 @@ TEST(WorkerCoordinator, RegistersBeatsAndChecksSessions) {
   EXPECT_EQ(s1.rw->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
-// Note [Session credentials]: a coordinator's session id stands for the workers' token.
-TEST(WorkerCoordinator, SessionIdIsTheCredentialOfASessionsClient) {
+// Note [One stream per worker]: a session's stream needs the session's secret, not the workers'
+// token; a session id alone opens nothing, with or without a token; a worker of a coordinator
+// serves no direct streams.
+TEST(WorkerCoordinator, ASessionIdWithoutItsSecretOpensNothing) {
   FakeCoordinator fake;
   fake.sessions = {{"s1", {"w-test"}}};
   Daemon d(KILN_WORKER, {"--coordinator", fake.address(), "--worker-id", "w-test", "--token",
                          "sekrit"});
   ASSERT_TRUE(d.wait_ready()) << d.stderr_text();
-  {
-    Stream s1(d.address(), "s1");  // no token, but the coordinator's session: served
-    proto::WorkerMessage hr;
-    ASSERT_TRUE(s1.rw->Read(&hr));
-    EXPECT_EQ(hr.hello().world_size(), 1);
-  }
-  for (std::string id : {"", "s-guessed"}) {  // no token and no (valid) session: refused
-    Stream s(d.address(), id);
+  struct Case {
+    std::string session, secret, token;
+    grpc::StatusCode code;
+    std::string why;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"s1", "", "", grpc::StatusCode::PERMISSION_DENIED, "wrong session secret"},
+           {"s1", "", "sekrit", grpc::StatusCode::PERMISSION_DENIED, "wrong session secret"},
+           {"s1", "", "another-tenants-token", grpc::StatusCode::PERMISSION_DENIED,
+            "wrong session secret"},
+           {"s1", "secret-s2", "", grpc::StatusCode::PERMISSION_DENIED, "wrong session secret"},
+           {"s-guessed", "secret-s-guessed", "", grpc::StatusCode::PERMISSION_DENIED,
+            "no session"},
+           {"", "", "", grpc::StatusCode::FAILED_PRECONDITION, "sessions only"},
+           {"", "", "sekrit", grpc::StatusCode::FAILED_PRECONDITION, "sessions only"}}) {
+    Stream s(d.address(), c.session, c.secret, c.token);
     grpc::Status st = s.finish();
-    EXPECT_EQ(st.error_code(), id.empty() ? grpc::StatusCode::UNAUTHENTICATED
-                                          : grpc::StatusCode::PERMISSION_DENIED)
-        << id << ": " << st.error_message();
+    EXPECT_EQ(st.error_code(), c.code) << c.session << ": " << st.error_message();
+    EXPECT_NE(st.error_message().find(c.why), std::string::npos) << st.error_message();
   }
+  Stream s1(d.address(), "s1");  // the secret, no token: served
+  proto::WorkerMessage hr;
+  ASSERT_TRUE(s1.rw->Read(&hr)) << s1.finish().error_message();
+  EXPECT_EQ(hr.hello().world_size(), 1);
+}
+
+// Note [One stream per worker]: one stream per session; a newer session of this worker (the
+// coordinator moved it) takes over from a stale one.
+TEST(WorkerCoordinator, OneStreamPerSessionAndANewSessionTakesOver) {
+  FakeCoordinator fake;
+  fake.sessions = {{"s1", {"w-test"}}, {"s2", {"w-test"}}};
+  Daemon d(KILN_WORKER, {"--coordinator", fake.address(), "--worker-id", "w-test"});
+  ASSERT_TRUE(d.wait_ready()) << d.stderr_text();
+  Stream first(d.address(), "s1");
+  proto::WorkerMessage hr;
+  ASSERT_TRUE(first.rw->Read(&hr)) << first.finish().error_message();
+  {
+    Stream again(d.address(), "s1");
+    grpc::Status st = again.finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::ALREADY_EXISTS) << st.error_message();
+    EXPECT_NE(st.error_message().find("session 's1' already has a client stream"),
+              std::string::npos)
+        << st.error_message();
+  }
+  Stream next(d.address(), "s2");
+  ASSERT_TRUE(next.rw->Read(&hr)) << next.finish().error_message();
+  proto::WorkerMessage m;
+  while (first.rw->Read(&m)) {
+  }
+  EXPECT_EQ(first.rw->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
 TEST(WorkerCoordinator, DirectWorkerRefusesSessionsAndUnreachableCoordinatorFails) {
@@ -175,6 +221,9 @@ TEST(WorkerCoordinator, GangRunsCollectives) {
     testing::expect_close(a.take(), full({4}, 3.0), 0, 0);
     EXPECT_TRUE(streams[r]->finish().ok());
   }
+  std::lock_guard<std::mutex> lock(fake.mu);  // the rendezvous went as the gang's workers
+  ASSERT_FALSE(fake.store_callers.empty());
+  for (const std::string& id : fake.store_callers) EXPECT_TRUE(id == "w0" || id == "w1") << id;
 }
 
 }  // namespace

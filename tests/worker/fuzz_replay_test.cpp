@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "fuzz/fuzz_entries.h"
+#include "fuzz/streams.h"
 
 namespace kiln {
 namespace {
@@ -44,6 +45,17 @@ TEST(WorkerFuzzReplay, Session) {
     SCOPED_TRACE(f);
     std::string b = read(f);
     fuzz::session(reinterpret_cast<const uint8_t*>(b.data()), b.size());
+  }
+}
+
+// The session corpus again, read as multi-tenant, multi-stream sequences (streams.h).
+TEST(WorkerFuzzReplay, Streams) {
+  auto files = inputs("session");
+  EXPECT_FALSE(files.empty());
+  for (const auto& f : files) {
+    SCOPED_TRACE(f);
+    std::string b = read(f);
+    fuzz::streams(reinterpret_cast<const uint8_t*>(b.data()), b.size());
   }
 }
 

@@ -1,5 +1,6 @@
 // kiln-worker as a process: raw gRPC streams against it (Hello, ops, fetch), refusals (version,
-// token, malformed and oversized messages) that leave it serving, health, metrics, SIGTERM.
+// token, malformed and oversized messages, a second stream) that leave it serving, health,
+// metrics (slow clients included), SIGTERM.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -8,6 +9,8 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/rpc_method.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include "daemon.h"
 #include "kiln/proto/service.h"
@@ -185,6 +188,60 @@ TEST(WorkerServer, MalformedStreamsEndAndTheWorkerServesOn) {
   expect_session_works(d->address());
 }
 
+// Bytes that are no ClientMessage, first or after the Hello (Note [Raw Session stream]).
+TEST(WorkerServer, GarbageMessagesAreInvalidArgument) {
+  auto d = start();
+  using RawStream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+  auto raw_session = [&](const std::vector<std::string>& messages) {
+    auto channel = grpc::CreateChannel(d->address(), grpc::InsecureChannelCredentials());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kDeadline);
+    const grpc::internal::RpcMethod method("/kiln.proto.Worker/Session",
+                                           grpc::internal::RpcMethod::BIDI_STREAMING);
+    std::unique_ptr<RawStream> stream(
+        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+            channel.get(), method, &ctx));
+    for (const std::string& bytes : messages) {
+      grpc::Slice slice(bytes);
+      grpc::ByteBuffer buffer(&slice, 1);
+      stream->Write(buffer);
+    }
+    stream->WritesDone();
+    grpc::ByteBuffer reply;
+    while (stream->Read(&reply)) {
+    }
+    return stream->Finish();
+  };
+  const std::string garbage = "\xff\xff\xff\xff\x0f";  // a field tag past the varint's end
+  proto::ClientMessage hello;
+  hello.mutable_hello()->set_protocol_version(proto::kProtocolVersion);
+  for (const auto& messages : {std::vector<std::string>{garbage},
+                               std::vector<std::string>{hello.SerializeAsString(), garbage}}) {
+    grpc::Status st = raw_session(messages);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_NE(st.error_message().find("is not a kiln.proto.ClientMessage"), std::string::npos)
+        << st.error_message();
+  }
+  expect_session_works(d->address());
+}
+
+// Note [One stream per worker]: a second client waits briefly, then is refused; the memory
+// limit binds the worker, not each stream.
+TEST(WorkerServer, OneStreamAtATime) {
+  auto d = start({"--memory-limit", "1M"});
+  Client first(d->address());
+  ASSERT_TRUE(first.hello());
+  ASSERT_TRUE(first.read());
+  Client second(d->address());
+  ASSERT_TRUE(second.hello());
+  grpc::Status st = second.finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_NE(st.error_message().find("serves one session at a time"), std::string::npos)
+      << st.error_message();
+  EXPECT_TRUE(first.finish().ok());
+  expect_session_works(d->address());  // the next client, once the first has gone
+}
+
 TEST(WorkerServer, OversizedMessageIsResourceExhausted) {
   auto d = start();
   {
@@ -268,6 +325,31 @@ TEST(WorkerServer, MetricsNeedTheTokenWhenOneIsSet) {
   EXPECT_NE(ok.find("kiln_worker_instructions_total"), std::string::npos) << ok;
 }
 
+// Note [Metrics endpoint]: 50 clients that connect and send half a request do not hold back a
+// scrape (one connection at a time with a 2 s read timeout each took over a minute).
+TEST(WorkerServer, SlowMetricsClientsDoNotBlockAScrape) {
+  auto d = start({"--metrics-listen", "127.0.0.1:0"});
+  const int port = metrics_port(*d);
+  std::vector<int> slow;
+  for (int i = 0; i < 50; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string half = "GET /metrics HTTP/1.0\r\nHost: local";
+    ASSERT_EQ(write(fd, half.data(), half.size()), static_cast<ssize_t>(half.size()));
+    slow.push_back(fd);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string text = http_get(port, "/metrics");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_NE(text.find(" 200 "), std::string::npos) << text;
+  EXPECT_LT(took, std::chrono::seconds(1));
+  for (int fd : slow) close(fd);
+}
+
 TEST(WorkerServer, SigtermDrainsAndExitsZero) {
   auto d = start();
   Client idle(d->address());  // an open stream does not hold the worker past its drain
@@ -330,7 +412,10 @@ TEST(WorkerServer, BadFlagsExitTwo) {
            {{"--frobnicate"}, "unknown option '--frobnicate'"},
            {{"--memory-limit", "lots"}, "--memory-limit: 'lots' is not a byte count"},
            {{"--device", "tpu"}, "unknown device 'tpu'"},
-           {{"--metrics-listen", "0.0.0.0:0"}, "refusing to listen on '0.0.0.0:0'"}}) {
+           {{"--metrics-listen", "0.0.0.0:0"}, "refusing to listen on '0.0.0.0:0'"},
+           {{"--token", " "}, "--token (or KILN_TOKEN): a token must be printable ASCII without "
+                              "spaces"},
+           {{"--token", "two words"}, "got 9 characters with a space"}}) {
     Daemon d(KILN_WORKER, c.args);
     EXPECT_EQ(d.wait_exit(std::chrono::seconds(20)), 2) << c.needle;
     EXPECT_NE(d.stderr_text().find(c.needle), std::string::npos) << d.stderr_text();

@@ -354,6 +354,29 @@ TEST(WorkerSession, FreeForgetsValuesAndIgnoresUnknownIds) {
   EXPECT_TRUE(run(s, again).status.ok());
 }
 
+// An id whose Create has not received all its pieces reads as incomplete, not as unknown, both
+// to an instruction and to a Fetch; its last piece completes it.
+TEST(WorkerSession, AnIncompleteCreateIsReportedAsIncomplete) {
+  Session s({});
+  BatchBuilder bb;
+  bb.create(1, ones({4}), 4);  // 16 bytes in 4 pieces; the last one comes later
+  proto::Command last = bb.b.commands(3);
+  bb.b.mutable_commands()->RemoveLast();
+  bb.op("relu", {V(1)}, {2});
+  bb.fetch(8, 1);
+  Replies r = run(s, bb);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  const std::string why = "value id 1 is incomplete: its Create has received 12 of 16 bytes";
+  proto::Error e;
+  EXPECT_FALSE(fetched(r, 8, &e).defined());
+  EXPECT_EQ(e.message(), "fetch: " + why);
+  expect_poisoned(s, {{2, "relu: " + why}}, "INVALID_ARGUMENT");
+  proto::Batch rest;
+  *rest.add_commands() = last;
+  ASSERT_TRUE(s.run(rest, [](proto::WorkerMessage&&) {}).ok());
+  EXPECT_TRUE(bit_equal(fetch(s, 1), ones({4})));
+}
+
 TEST(WorkerSession, MemoryLimitPoisonsInsteadOfCrashing) {
   Session s({.memory_limit_bytes = 1000});
   BatchBuilder bb;

@@ -86,28 +86,26 @@ void CoordinatorLink::heartbeat_loop() {
   }
 }
 
-absl::StatusOr<proto::SessionInfo> CoordinatorLink::lookup(const std::string& session_id) {
+absl::StatusOr<proto::SessionInfo> CoordinatorLink::lookup(const std::string& session_id,
+                                                           const std::string& secret) {
   grpc::ClientContext ctx;
   prepare(ctx, token_);
   proto::LookupSessionRequest req;
   req.set_session_id(session_id);
   req.set_worker_id(request_.worker_id());
+  req.set_session_secret(secret);
   proto::SessionInfo info;
   absl::Status st = proto::from_grpc(stub_->LookupSession(&ctx, req, &info));
-  auto denied = [&](const std::string& why) {
-    return absl::PermissionDeniedError(absl::StrCat("worker '", request_.worker_id(),
-                                                    "' is not in session '", session_id, "'",
-                                                    why.empty() ? "" : ": ", why));
-  };
   if (st.code() == absl::StatusCode::kNotFound || st.code() == absl::StatusCode::kPermissionDenied)
-    return denied(std::string(st.message()));
+    return absl::PermissionDeniedError(absl::StrCat("worker '", request_.worker_id(),
+                                                    "' refuses session '", session_id,
+                                                    "': ", std::string(st.message())));
   if (!st.ok()) return st;
-  for (const std::string& id : info.worker_ids())
-    if (id == request_.worker_id()) return info;
-  return denied("");
+  return info;
 }
 
-absl::StatusOr<proto::StoreReply> CoordinatorLink::store(const proto::StoreRequest& request) {
+absl::StatusOr<proto::StoreReply> CoordinatorLink::store(proto::StoreRequest request) {
+  request.set_worker_id(request_.worker_id());
   grpc::ClientContext ctx;
   prepare(ctx, token_);
   if (request.wait_ms())  // a waiting get may take its whole wait

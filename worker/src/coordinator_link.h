@@ -34,11 +34,13 @@ class CoordinatorLink {
       LoadFn load, CloseFn close);
   ~CoordinatorLink();  // stops the heartbeat thread
 
-  // The session as the coordinator sees it, with this worker's rank. PERMISSION_DENIED when
-  // this worker is not in its gang (or the coordinator does not know the session).
-  absl::StatusOr<proto::SessionInfo> lookup(const std::string& session_id);
-  // The gang's rendezvous store (session-scoped keys).
-  absl::StatusOr<proto::StoreReply> store(const proto::StoreRequest& request);
+  // The session as the coordinator sees it, with this worker's rank, when `secret` (from the
+  // client's Hello) is the session's. PERMISSION_DENIED naming the coordinator's reason when this
+  // worker is not in its gang, the secret is wrong, or the coordinator does not know the session.
+  absl::StatusOr<proto::SessionInfo> lookup(const std::string& session_id,
+                                            const std::string& secret);
+  // The gang's rendezvous store (session-scoped keys); the request goes as this worker's.
+  absl::StatusOr<proto::StoreReply> store(proto::StoreRequest request);
 
  private:
   CoordinatorLink() = default;

@@ -25,11 +25,14 @@ options:
   --listen ADDR          where to serve, host:port (default 127.0.0.1:0, a free port); a
                          non-loopback address needs --token
   --port-file F          write the bound port to F once listening
-  --token T              require 'authorization: Bearer T' (default: $KILN_TOKEN)
-  --memory-limit BYTES   per-session limit, with an optional K, M or G suffix (powers of 1024)
+  --token T              require 'authorization: Bearer T' of direct clients, and present it
+                         to the coordinator (default: $KILN_TOKEN)
+  --memory-limit BYTES   the worker's limit (it serves one session at a time), with an
+                         optional K, M or G suffix (powers of 1024)
   --device DEV           cpu (default) or cuda:N
   --metrics-listen ADDR  serve Prometheus /metrics on host:port
-  --coordinator ADDR     register with the coordinator at host:port
+  --coordinator ADDR     register with the coordinator at host:port, and serve its sessions
+                         only
   --advertise ADDR       the address the coordinator hands to clients (default: from --listen)
   --worker-id ID         the name to register under (default hostname-pid)
   --drain-seconds S      on SIGTERM, how long open streams may finish (default 3)

@@ -6,9 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <absl/strings/ascii.h>
 #include <absl/strings/escaping.h>
@@ -23,7 +27,9 @@
 
 namespace kiln::worker {
 
-// Note [Metrics endpoint]: one thread answers scrapes one at a time.
+// See Note [Metrics endpoint] (metrics.h): one thread serves every connection at once with
+// poll(), each with a deadline for its whole exchange, so slow or half-open clients cannot hold
+// a scrape back.
 class Metrics::Endpoint {
  public:
   Endpoint(std::shared_ptr<prometheus::Registry> registry, std::string token)
@@ -46,12 +52,12 @@ class Metrics::Endpoint {
       return absl::InvalidArgumentError(
           absl::StrCat("cannot serve metrics on '", listen, "': expected IPV4:PORT"));
     addr.sin_port = htons(static_cast<uint16_t>(port));
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int one = 1;
     setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     socklen_t len = sizeof addr;
     if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(fd_, 16) != 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+        ::listen(fd_, 128) != 0 || getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
       return absl::InvalidArgumentError(
           absl::StrCat("cannot serve metrics on '", listen, "': ", std::strerror(errno)));
     port_ = ntohs(addr.sin_port);
@@ -60,30 +66,76 @@ class Metrics::Endpoint {
   }
   int port() const { return port_; }
 
+  // A connection has this long to send its request and take the answer.
+  static constexpr auto kDeadline = std::chrono::seconds(2);
+  // Open connections beyond this close the one nearest its deadline.
+  static constexpr size_t kMaxConnections = 64;
+  static constexpr size_t kMaxRequestBytes = 16384;
+
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Conn {
+    int fd;
+    Clock::time_point deadline;
+    std::string in, out;  // out: the answer, once the request is in
+    size_t sent = 0;
+    bool done = false;
+  };
+
   void serve() {
+    std::vector<Conn> conns;
+    std::vector<pollfd> fds;
     while (!stop_) {
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, 200) <= 0) continue;
-      int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      timeval tv{2, 0};  // a client that sends nothing does not hold the endpoint
-      setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-      std::string req;
-      char buf[2048];
-      while (req.find("\r\n\r\n") == std::string::npos && req.size() < 16384) {
-        ssize_t n = read(c, buf, sizeof buf);
-        if (n <= 0) break;
-        req.append(buf, static_cast<size_t>(n));
-      }
-      const std::string reply = answer(req);
-      for (size_t off = 0; off < reply.size();) {
-        ssize_t n = write(c, reply.data() + off, reply.size() - off);
-        if (n <= 0) break;
-        off += static_cast<size_t>(n);
-      }
-      close(c);
+      fds.assign(1, pollfd{fd_, POLLIN, 0});
+      for (const Conn& c : conns) fds.push_back({c.fd, c.out.empty() ? POLLIN : POLLOUT, 0});
+      if (poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) continue;
+      const Clock::time_point now = Clock::now();
+      for (size_t i = 0; i < conns.size(); ++i)
+        if (fds[i + 1].revents) step(conns[i]);
+      if (fds[0].revents & POLLIN) accept_all(conns, now);
+      for (Conn& c : conns)
+        if (now >= c.deadline) c.done = true;
+      std::erase_if(conns, [](const Conn& c) {
+        if (c.done) close(c.fd);
+        return c.done;
+      });
     }
+    for (const Conn& c : conns) close(c.fd);
+  }
+
+  void accept_all(std::vector<Conn>& conns, Clock::time_point now) {
+    for (int c; (c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0;) {
+      if (conns.size() >= kMaxConnections) {
+        auto oldest = std::min_element(conns.begin(), conns.end(), [](const Conn& a, const Conn& b) {
+          return a.deadline < b.deadline;
+        });
+        close(oldest->fd);
+        conns.erase(oldest);
+      }
+      conns.push_back(Conn{c, now + kDeadline});
+    }
+  }
+
+  // Reads what the client sent, or writes what is left of the answer; marks the end.
+  void step(Conn& c) {
+    if (c.out.empty()) {
+      char buf[2048];
+      const ssize_t n = recv(c.fd, buf, sizeof buf, 0);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      if (n > 0) c.in.append(buf, static_cast<size_t>(n));
+      const bool whole = c.in.find("\r\n\r\n") != std::string::npos;
+      if (n > 0 && !whole && c.in.size() < kMaxRequestBytes) return;
+      if (n < 0 || c.in.empty()) {  // the client left without asking
+        c.done = true;
+        return;
+      }
+      c.out = answer(c.in);
+    }
+    // MSG_NOSIGNAL: a client that has gone must not SIGPIPE the worker.
+    const ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n > 0) c.sent += static_cast<size_t>(n);
+    c.done = n <= 0 || c.sent == c.out.size();
   }
 
   std::string answer(const std::string& req) const {

@@ -6,6 +6,7 @@
 // static TLS (cuBLASLt alone holds 94 KiB) does not fit, so pthread_create fails with EINVAL.
 // The endpoint is therefore a small HTTP/1.0 responder of our own on one thread (GET /metrics,
 // basic auth when a token is set); prometheus-cpp still does the metrics and their text format.
+// That thread polls every connection at once, each with a short deadline (metrics.cpp).
 #pragma once
 
 #include <cstdint>

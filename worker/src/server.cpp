@@ -11,19 +11,63 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/rpc_service_method.h>
+#include <grpcpp/support/method_handler.h>
 
 #include "coordinator_link.h"
 #include "gang.h"
 #include "kiln/proto/service.h"
-#include "kiln/proto/worker.grpc.pb.h"
+#include "kiln/proto/worker.pb.h"
 #include "kiln/worker/session.h"
+#include "kiln/worker/stream_gate.h"
 #include "metrics.h"
 
 namespace kiln::worker {
 
 namespace {
 
-using Stream = grpc::ServerReaderWriter<proto::WorkerMessage, proto::ClientMessage>;
+// Note [Raw Session stream]: the Session method is registered over raw bytes rather than through
+// the generated proto::Worker::Service, whose reader answers false both at the end of the stream
+// and for bytes that are no ClientMessage. Parsing here tells them apart, so garbage is
+// INVALID_ARGUMENT instead of a stream that ends OK without a word.
+constexpr const char* kSessionMethod = "/kiln.proto.Worker/Session";
+using RawStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+class Stream {
+ public:
+  explicit Stream(RawStream* raw) : raw_(raw) {}
+  // true with the next message; false at the end of the stream (status OK) or for bytes that do
+  // not parse (status INVALID_ARGUMENT).
+  bool read(proto::ClientMessage* msg) {
+    grpc::ByteBuffer bytes;
+    if (!raw_->Read(&bytes)) return false;
+    if (grpc::SerializationTraits<proto::ClientMessage>::Deserialize(&bytes, msg).ok()) return true;
+    status_ = absl::InvalidArgumentError(
+        "a message on the Session stream is not a kiln.proto.ClientMessage (malformed protobuf)");
+    return false;
+  }
+  bool write(const proto::WorkerMessage& msg) {
+    grpc::ByteBuffer bytes;
+    bool own = false;
+    if (!grpc::SerializationTraits<proto::WorkerMessage>::Serialize(msg, &bytes, &own).ok())
+      return false;
+    return raw_->Write(bytes);
+  }
+  // How the stream ended, once read() returned false.
+  const absl::Status& status() const { return status_; }
+
+ private:
+  RawStream* raw_;
+  absl::Status status_;
+};
+
+// How long a stream waits for the worker to be free (Note [One stream per worker]): long
+// enough for the previous client's stream to be torn down after it closed.
+constexpr auto kEnterWait = std::chrono::seconds(2);
+// The worker pings its client's connection, so that a client that vanished without closing
+// (a lost host) frees the worker: a ping after this much silence, unanswered for kClientTimeout.
+constexpr int kClientKeepaliveMs = 30000;
+constexpr int kClientTimeoutMs = 20000;
 
 std::string default_worker_id() {
   char host[256] = {};
@@ -43,16 +87,18 @@ std::string reachable_address(const std::string& listen, int port) {
 
 }  // namespace
 
-struct Server::Impl final : proto::Worker::Service {
+struct Server::Impl final : grpc::Service {
   ServerOptions opt;
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<CoordinatorLink> coordinator;
+  std::unique_ptr<StreamGate> gate;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
   std::string address;  // as registered with the coordinator
   Gang gang;
 
-  // The open streams, for heartbeats (sessions served, memory) and for closing a session.
+  // The open stream (Note [One stream per worker]: at most one), for heartbeats (the session
+  // served, memory).
   struct Open {
     std::string session_id;
     const worker::Session* session;
@@ -60,49 +106,50 @@ struct Server::Impl final : proto::Worker::Service {
   std::mutex mu;
   std::unordered_map<grpc::ServerContext*, Open> open;
 
-  grpc::Status Session(grpc::ServerContext* ctx, Stream* stream) override {
+  Impl() {  // Note [Raw Session stream]
+    AddMethod(new grpc::internal::RpcServiceMethod(
+        kSessionMethod, grpc::internal::RpcMethod::BIDI_STREAMING,
+        new grpc::internal::BidiStreamingHandler<Impl, grpc::ByteBuffer, grpc::ByteBuffer>(
+            [](Impl* self, grpc::ServerContext* ctx, RawStream* raw) {
+              return self->Session(ctx, raw);
+            },
+            this)));
+  }
+
+  grpc::Status Session(grpc::ServerContext* ctx, RawStream* raw) {
     try {
+      Stream stream(raw);
       return proto::to_grpc(serve(ctx, stream));
     } catch (const std::exception& e) {  // no exception crosses the handler
       return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
     }
   }
 
-  absl::Status serve(grpc::ServerContext* ctx, Stream* stream) {
-    // Note [Session credentials]: a client of a coordinator's session need not know the
-    // workers' token: the session id (random, 64 bits, handed out only on an authenticated
-    // OpenSession) is its credential, checked with LookupSession below. Anyone else presents
-    // the token; a directly serving worker checks it before reading anything.
-    const absl::Status token = proto::check_token(*ctx, opt.token);
-    if (!token.ok() && !coordinator) return token;
+  absl::Status serve(grpc::ServerContext* ctx, Stream& stream) {
+    // Note [One stream per worker]: a direct worker checks the token before reading anything.
+    if (auto st = gate->check_caller(proto::authorization_of(*ctx)); !st.ok()) return st;
     proto::ClientMessage msg;
-    if (!stream->Read(&msg)) return absl::OkStatus();  // the client left without a word
-    if (!token.ok() && !(msg.has_hello() && !msg.hello().session_id().empty())) return token;
+    if (!stream.read(&msg)) return stream.status();  // the client left without a word, or garbage
     if (!msg.has_hello()) return absl::InvalidArgumentError("expected Hello as the first message");
     const proto::Hello& hello = msg.hello();
-    if (auto st = proto::check_version(hello.protocol_version(), "the client", "kiln-worker");
-        !st.ok())
-      return st;
+    absl::StatusOr<proto::SessionInfo> info =
+        gate->admit(hello, [this](const std::string& id, const std::string& secret) {
+          return coordinator->lookup(id, secret);
+        });
+    if (!info.ok()) return info.status();
+    absl::StatusOr<StreamGate::Lease> lease =
+        gate->enter(hello.session_id(), [ctx] { ctx->TryCancel(); }, kEnterWait);
+    if (!lease.ok()) return lease.status();
     std::shared_future<absl::Status> gang_ready;
     SessionOptions so{.worker_id = opt.worker_id,
                       .device = opt.device,
                       .memory_limit_bytes = opt.memory_limit_bytes,
-                      .rank = hello.rank(),
-                      .world_size = hello.world_size() > 0 ? hello.world_size() : 1};
-    if (!hello.session_id().empty()) {
-      if (!coordinator)
-        return absl::FailedPreconditionError(absl::StrCat(
-            "Hello names session '", hello.session_id(),
-            "' but this worker serves directly (started without --coordinator)"));
-      absl::StatusOr<proto::SessionInfo> info = coordinator->lookup(hello.session_id());
-      if (!info.ok()) return info.status();
-      so.rank = info->rank();
-      so.world_size = info->world_size() > 0 ? info->world_size() : 1;
-      if (so.world_size > 1)  // Note [Gang process group]
-        gang_ready = gang.join(*coordinator, hello.session_id(), so.rank, so.world_size,
-                               address.substr(0, address.rfind(':')), opt.device);
-    }
-    worker::Session session(so);
+                      .rank = info->rank(),
+                      .world_size = info->world_size() > 0 ? info->world_size() : 1};
+    if (so.world_size > 1)  // Note [Gang process group]
+      gang_ready = gang.join(*coordinator, hello.session_id(), so.rank, so.world_size,
+                             address.substr(0, address.rfind(':')), opt.device);
+    worker::Session session(so);  // destroyed before the lease frees the worker
     {
       std::lock_guard<std::mutex> lock(mu);
       open[ctx] = Open{hello.session_id(), &session};
@@ -125,7 +172,7 @@ struct Server::Impl final : proto::Worker::Service {
     r.set_device(opt.device.str());
     r.set_rank(so.rank);
     r.set_world_size(so.world_size);
-    if (!stream->Write(hr)) return absl::OkStatus();
+    if (!stream.write(hr)) return absl::OkStatus();
 
     auto last_sync = std::chrono::steady_clock::now();
     bool synced = false;
@@ -136,10 +183,10 @@ struct Server::Impl final : proto::Worker::Service {
         last_sync = now;
         synced = true;
       }
-      stream->Write(m);  // a client that left is noticed at the next Read
+      stream.write(m);  // a client that left is noticed at the next read
     };
     uint64_t instructions = 0, memory = 0;
-    while (stream->Read(&msg)) {
+    while (stream.read(&msg)) {
       if (!msg.has_batch())
         return absl::InvalidArgumentError(msg.has_hello() ? "Hello sent twice on one stream"
                                                            : "empty client message");
@@ -155,7 +202,7 @@ struct Server::Impl final : proto::Worker::Service {
       memory = m;
       if (!st.ok()) return st;
     }
-    return absl::OkStatus();
+    return stream.status();
   }
 
   CoordinatorLink::Load load() {
@@ -170,11 +217,7 @@ struct Server::Impl final : proto::Worker::Service {
     return l;
   }
 
-  void close_session(const std::string& id) {
-    std::lock_guard<std::mutex> lock(mu);
-    for (const auto& [ctx, o] : open)
-      if (o.session_id == id) ctx->TryCancel();
-  }
+  void close_session(const std::string& id) { gate->cancel(id); }
 };
 
 absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
@@ -182,7 +225,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   impl->opt = std::move(options);
   ServerOptions& opt = impl->opt;
   if (opt.worker_id.empty()) opt.worker_id = default_worker_id();
+  if (!opt.token.empty())
+    if (auto st = proto::check_token_text(opt.token, "--token (or KILN_TOKEN)"); !st.ok()) return st;
   if (auto st = proto::check_listen_address(opt.listen, !opt.token.empty()); !st.ok()) return st;
+  impl->gate = std::make_unique<StreamGate>(StreamGate::Options{
+      .token = opt.token, .coordinated = !opt.coordinator.empty(), .worker_id = opt.worker_id});
   absl::StatusOr<std::unique_ptr<Metrics>> metrics = Metrics::create(opt.metrics_listen, opt.token);
   if (!metrics.ok()) return metrics.status();
   impl->metrics = std::move(*metrics);
@@ -198,6 +245,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kClientKeepaliveMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kClientTimeoutMs);
   builder.RegisterService(impl.get());
   impl->server = builder.BuildAndStart();
   if (!impl->server || impl->port == 0)

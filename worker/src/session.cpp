@@ -85,7 +85,7 @@ struct StorageUse {
 struct PendingCreate {
   TensorAssembler assembler;
   ErrorPtr rejected;
-  uint64_t received = 0;
+  uint64_t received = 0;  // bytes of the pieces so far
   uint64_t total = 0;
 };
 
@@ -146,6 +146,14 @@ void forget(State& s, int64_t id) {
 
 void fail(State& s, const ErrorPtr& e) {
   if (!s.first_failure) s.first_failure = e;
+}
+
+// Why `id` has no entry in the table: its Create is incomplete, or it is unknown.
+std::string missing_value(const State& s, int64_t id) {
+  auto p = s.pending.find(id);
+  if (p == s.pending.end()) return absl::StrCat("unknown value id ", id);
+  return absl::StrCat("value id ", id, " is incomplete: its Create has received ",
+                      p->second.received, " of ", p->second.total, " bytes");
 }
 
 const OpEntry* lookup(State& s, const std::string& name) {
@@ -240,7 +248,7 @@ static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instru
   st.clear();
   auto value = [&](int64_t id) -> const State::Value& {
     auto it = s.values.find(id);
-    KILN_CHECK(it != s.values.end(), Value, in.op(), ": unknown value id ", id);
+    KILN_CHECK(it != s.values.end(), Value, in.op(), ": ", missing_value(s, id));
     return it->second;
   };
   for (int i = 0; i < in.args_size(); ++i) {
@@ -390,6 +398,7 @@ static void run_create(State& s, const SessionOptions& opt, const proto::Create&
       return;
     }
     p.assembler.add(c.data());
+    p.received += c.data().data().size();
     if (!p.assembler.complete()) return;
     Tensor t = p.assembler.take();
     s.pending.erase(it);
@@ -411,7 +420,7 @@ static void run_fetch(State& s, const proto::Fetch& f,
   auto it = s.values.find(f.id());
   ErrorPtr err;
   if (it == s.values.end()) {
-    err = make_error("INVALID_ARGUMENT", "value", absl::StrCat("fetch: unknown value id ", f.id()),
+    err = make_error("INVALID_ARGUMENT", "value", absl::StrCat("fetch: ", missing_value(s, f.id())),
                      0, "fetch");
   } else if (it->second.error) {
     err = it->second.error;

@@ -21,7 +21,20 @@ void Connection::check_open() const {
 }
 
 proto::Instruction* Connection::add_instruction() {
+  queue_frees_locked();
   return pending_.add_commands()->mutable_op();
+}
+
+void Connection::queue_frees_locked() {
+  if (!has_frees_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(free_mu_);
+  if (to_free_.empty()) return;
+  const int n = pending_.commands_size();  // a Free just before joins this one
+  proto::Command* last = n > 0 ? pending_.mutable_commands(n - 1) : nullptr;
+  auto* ids = (last && last->has_free() ? last : pending_.add_commands())->mutable_free()->mutable_ids();
+  ids->Add(to_free_.begin(), to_free_.end());
+  to_free_.clear();
+  has_frees_.store(false, std::memory_order_release);
 }
 
 size_t append_create(proto::Batch& batch, int64_t id, const Tensor& t) {
@@ -37,6 +50,7 @@ size_t append_create(proto::Batch& batch, int64_t id, const Tensor& t) {
 }
 
 void Connection::add_create(int64_t id, const Tensor& t) {
+  queue_frees_locked();
   pending_bytes_ += append_create(pending_, id, t);
 }
 
@@ -53,14 +67,7 @@ void Connection::flush() {
 
 void Connection::flush_locked() {
   if (closed_) return;
-  {
-    std::lock_guard<std::mutex> lock(free_mu_);
-    if (!to_free_.empty()) {
-      auto* ids = pending_.add_commands()->mutable_free()->mutable_ids();
-      ids->Add(to_free_.begin(), to_free_.end());
-      to_free_.clear();
-    }
-  }
+  queue_frees_locked();
   if (pending_.commands_size() == 0) return;
   // Whatever happens, the batch is gone: a failed send leaves nothing to resend.
   proto::Batch batch;
@@ -72,6 +79,7 @@ void Connection::flush_locked() {
 void Connection::release(int64_t id) {
   std::lock_guard<std::mutex> lock(free_mu_);
   to_free_.push_back(id);
+  has_frees_.store(true, std::memory_order_release);
 }
 
 void Connection::note_call_site(uint64_t seq, std::string site) {

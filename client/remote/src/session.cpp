@@ -169,6 +169,7 @@ Session connect(const std::string& address_in, ConnectOptions o) {
     s.state_->coordinator = address;
     s.state_->session_id = info->session_id();
     g.session_id = info->session_id();
+    g.session_secret = info->session_secret();
     g.world_size = info->worker_addresses_size();
     for (int r = 0; r < info->worker_addresses_size(); ++r) {
       g.rank = r;

@@ -19,7 +19,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 
@@ -42,6 +41,9 @@ struct Options {
   // An ended session is kept this long (a late LookupSession learns why it ended), then
   // forgotten, so a long-running coordinator does not grow with every session it ever had.
   std::chrono::milliseconds session_retention{3600 * 1000};
+  // A dead worker is listed this long (`kiln workers` shows it dead), then forgotten; it
+  // registers again if it comes back.
+  std::chrono::milliseconds worker_retention{3600 * 1000};
   // A running job none of whose drivers has had a ReportJob stream open for this long fails
   // (kiln submit was killed, or lost the coordinator and did not come back). A driver re-attaches
   // within it after a network break or a coordinator restart.
@@ -52,6 +54,23 @@ struct Options {
 inline constexpr int kMaxJobWorkers = 4096;
 inline constexpr size_t kMaxCommandBytes = 64 << 10;
 inline constexpr size_t kMaxLogLineBytes = 64 << 10;  // longer driver lines are cut
+// What a worker may register as: an id of 1 to kMaxWorkerIdBytes characters [A-Za-z0-9._-], an
+// address HOST:PORT (a host name, an IPv4 address or a bracketed IPv6 one) of at most
+// kMaxAddressBytes, and the device "cpu" or "cuda:N".
+inline constexpr size_t kMaxWorkerIdBytes = 128;
+inline constexpr size_t kMaxAddressBytes = 256;
+
+// Who makes a call, as the service authenticated it (Note [Session credentials] in
+// coordinator.cpp says what each may do with a session).
+struct Caller {
+  enum class Kind {
+    kAnyone,  // auth is off (loopback only): no one is told apart
+    kWorker,  // presented the worker token
+    kTenant,  // presented a tenant's token
+  };
+  Kind kind = Kind::kAnyone;
+  std::string tenant;  // kTenant: the tenant; "" otherwise
+};
 
 // The caller's side of a waiting call: true once the client gave up (deadline or cancel).
 using Cancelled = std::function<bool()>;
@@ -61,13 +80,15 @@ class Coordinator {
   static absl::StatusOr<std::unique_ptr<Coordinator>> open(const Options& options);
   ~Coordinator();
 
-  // Workers. `tenant` is the caller's tenant ("" when auth is off: sees everything).
+  // Workers. A tenant's listing names only its own sessions.
   absl::StatusOr<proto::RegisterWorkerReply> register_worker(const proto::RegisterWorkerRequest&);
   absl::StatusOr<proto::HeartbeatReply> heartbeat(const proto::HeartbeatRequest&);
-  proto::ListWorkersReply list_workers();
-  absl::StatusOr<proto::SessionInfo> lookup_session(const proto::LookupSessionRequest&);
+  proto::ListWorkersReply list_workers(const Caller& caller);
 
-  // Sessions.
+  // Sessions. `tenant` is the caller's tenant ("" when auth is off: sees everything), as for
+  // jobs. A session's secret is in OpenSession's answer only.
+  absl::StatusOr<proto::SessionInfo> lookup_session(const proto::LookupSessionRequest&,
+                                                    const Caller& caller);
   absl::StatusOr<proto::SessionInfo> open_session(const proto::OpenSessionRequest&,
                                                   const std::string& tenant,
                                                   const Cancelled& cancelled);
@@ -92,7 +113,8 @@ class Coordinator {
   void driver_attached(const std::string& job_id, const std::string& tenant, bool attached);
 
   // The sessions' rendezvous store.
-  absl::StatusOr<proto::StoreReply> store(const proto::StoreRequest&, const Cancelled& cancelled);
+  absl::StatusOr<proto::StoreReply> store(const proto::StoreRequest&, const Caller& caller,
+                                          const Cancelled& cancelled);
 
   // Counts by state, for metrics.
   std::map<std::string, int> job_counts();
@@ -112,6 +134,9 @@ class Coordinator {
   void finish_job_locked(JobRec& j, const std::string& state, int exit_code,
                          const std::string& message);
   proto::SessionInfo session_info_locked(const SessionRec& s);
+  // OK when `caller` (and `worker_id`, when a worker names itself) may use session `s`.
+  absl::Status check_access_locked(const SessionRec& s, const Caller& caller,
+                                   const std::string& worker_id);
   absl::StatusOr<JobRec*> find_job_locked(const std::string& job_id, const std::string& tenant);
   std::vector<std::string> idle_workers_locked();
   void changed_locked();
@@ -127,7 +152,6 @@ class Coordinator {
   std::map<std::string, JobRec> jobs_;
   std::map<std::string, std::map<std::string, std::string>> kv_;  // open session -> its store
   int64_t last_seq_ = 0;
-  std::mt19937_64 rng_;
   std::thread reaper_;
 };
 

@@ -28,8 +28,12 @@ struct Auth {
 };
 
 // Reads `tenant token` lines ('#' comments and blank lines skipped); INVALID_ARGUMENT naming
-// the line for anything else.
+// the line for anything else, for a token that check_token_text refuses, and for a token that
+// an earlier line gave (to any tenant: each tenant needs its own).
 absl::StatusOr<Auth> load_tokens(const std::string& path);
+// INVALID_ARGUMENT when the worker token is not a valid token or is also a tenant's (a tenant
+// would then pass for a worker).
+absl::Status check_auth(const Auth& auth);
 
 class Service final : public proto::Coordinator::Service {
  public:
@@ -64,8 +68,8 @@ class Service final : public proto::Coordinator::Service {
   enum class Role { kWorker, kClient, kAny };
 
  private:
-  // The caller's tenant ("" when auth is off or the caller is a worker), or UNAUTHENTICATED.
-  absl::StatusOr<std::string> authenticate(const grpc::ServerContext& ctx, Role role) const;
+  // Who calls (a worker, a tenant, or anyone when auth is off), or UNAUTHENTICATED.
+  absl::StatusOr<Caller> authenticate(const grpc::ServerContext& ctx, Role role) const;
   template <typename F>
   grpc::Status handle(const char* method, grpc::ServerContext* ctx, Role role, F&& body);
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -34,8 +35,17 @@ absl::Status check_version(uint32_t peer, std::string_view peer_name, std::strin
 // OK when `token` is empty (auth off) or the call carries `authorization: Bearer <token>`;
 // else UNAUTHENTICATED.
 absl::Status check_token(const grpc::ServerContext& ctx, std::string_view token);
+// check_token for the value of a call's authorization metadata (nullopt: the call had none).
+absl::Status check_bearer(std::optional<std::string_view> authorization, std::string_view token);
+// The value of a call's authorization metadata, if it has one.
+std::optional<std::string_view> authorization_of(const grpc::ServerContext& ctx);
 // Adds `authorization: Bearer <token>` to an outgoing call (nothing when token is empty).
 void add_token(grpc::ClientContext& ctx, std::string_view token);
+// A configured token must be printable ASCII without spaces (it travels in an HTTP/2 header, and
+// a blank one would pass for a token); INVALID_ARGUMENT naming `what` ("--token") otherwise.
+absl::Status check_token_text(std::string_view token, std::string_view what);
+// a == b, in a time that does not depend on where they differ (tokens and session secrets).
+bool secrets_equal(std::string_view a, std::string_view b);
 
 // A listener address is allowed on a non-loopback host only with a token or TLS configured;
 // INVALID_ARGUMENT naming the address otherwise. "127.0.0.1:N", "[::1]:N" and "localhost:N"

@@ -7,11 +7,13 @@
 //   int port = (*server)->port();
 //   (*server)->shutdown(std::chrono::seconds(3));   // stop accepting, drain, cancel the rest
 //
-// A stream opens with Hello (else INVALID_ARGUMENT), whose protocol version must match
-// (FAILED_PRECONDITION) and which must carry the token when one is configured
-// (UNAUTHENTICATED). A Hello naming a coordinator session is checked with LookupSession: a
-// worker outside that session's gang refuses it (PERMISSION_DENIED). A batch that run() rejects
-// ends that stream with run()'s status; other streams go on.
+// A stream opens with Hello (else INVALID_ARGUMENT, as for any message that does not parse),
+// whose protocol version must match (FAILED_PRECONDITION). Who may open one, and the rule of one
+// stream at a time, are Note [One stream per worker] (kiln/worker/stream_gate.h): a direct
+// worker wants its token (UNAUTHENTICATED); a worker registered with a coordinator serves only
+// the coordinator's sessions, checking each Hello's session id and secret with LookupSession
+// (PERMISSION_DENIED); a second stream is refused (ALREADY_EXISTS, RESOURCE_EXHAUSTED). A batch
+// that run() rejects ends the stream with run()'s status; the worker serves on.
 #pragma once
 
 #include <chrono>
@@ -28,7 +30,7 @@ namespace kiln::worker {
 struct ServerOptions {
   std::string listen = "127.0.0.1:0";
   std::string token;                // "" : no auth (loopback only)
-  uint64_t memory_limit_bytes = 0;  // per session; 0: none
+  uint64_t memory_limit_bytes = 0;  // the worker's (one session at a time); 0: none
   Device device = kCPU;
   std::string worker_id;            // "" : hostname-pid
   std::string metrics_listen;       // "" : no /metrics endpoint

@@ -20,7 +20,8 @@
 // views get fresh ids. An unknown op name, a wrong argument or output count, an unknown input
 // id or a kernel's error is the instruction's own failure (poisoning, code INVALID_ARGUMENT for
 // bad input), since the client may go on. A Fetch of an unknown id answers an error; Free
-// ignores unknown ids.
+// ignores unknown ids. An id whose Create pieces have not all come yet reads as incomplete (with
+// the bytes received so far), not as unknown.
 //
 // Memory limit: the bytes of the distinct storages the table holds (a view costs nothing). An
 // instruction or Create that would pass the limit (checked from the op's meta function before

@@ -4,8 +4,10 @@
 // Note [Remote values]: a Remote tensor is a data-less TensorImpl on Device(Remote, N) whose
 // BackendHandle (RemoteValue) holds the connection and the worker's value id. Views get fresh
 // ids (the worker builds the same view); in-place and out= results keep their input's id (the
-// worker re-binds it). When the last handle to an id dies the id is queued and a Free command
-// rides on the next flush, after every instruction that used it.
+// worker re-binds it). When the last handle to an id dies the id is queued, and a Free command
+// goes into the batch ahead of whatever is recorded next: after every instruction that used the
+// id, and before any later allocation, so an allocation never fails for memory the client has
+// already released.
 //
 // Note [Call sites]: a remote error names the failed op and its seq; when a call-site provider
 // is set (set_call_site_provider: e.g. the Python binding's "file.py:12 in step"), each
@@ -80,8 +82,12 @@ class Connection {
   uint64_t next_seq_ = 1;
   uint64_t next_request_ = 1;
   std::vector<std::pair<uint64_t, std::string>> call_sites_;  // by seq % kCallSites
+  // Moves the released ids into the pending batch as one Free (caller holds mutex()).
+  void queue_frees_locked();
+
   std::mutex free_mu_;
   std::vector<int64_t> to_free_;
+  std::atomic<bool> has_frees_{false};  // !to_free_.empty(), read without free_mu_
   std::atomic<bool> closed_{false};
 };
 

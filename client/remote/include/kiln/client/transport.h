@@ -84,6 +84,7 @@ class GangTransport final : public Transport {
 struct GrpcOptions {
   std::string token;        // bearer token ("" when the worker has none)
   std::string session_id;   // the coordinator's session ("" for a direct connection)
+  std::string session_secret;  // with session_id: the secret OpenSession handed out
   int rank = 0;
   int world_size = 1;
   int connect_timeout_ms = 5000;
