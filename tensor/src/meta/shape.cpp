@@ -1,4 +1,5 @@
-// Meta functions of the shape ops (tensor/ops/shape.toml): cat, stack, split, chunk, tril/triu.
+// Meta functions of the shape ops (tensor/ops/shape.toml): cat, stack, split, split_with_sizes,
+// chunk, tril/triu.
 #include <algorithm>
 
 #include "kiln/generated/meta_decls.h"
@@ -82,6 +83,33 @@ std::vector<TensorSpec> split(const Tensor& self, int64_t split_size, int64_t di
   for (int64_t i = 0; i < num; ++i) {
     int64_t start = i * split_size;
     out.push_back(slice(self, d, start, start + std::min(split_size, n - start), 1));
+  }
+  return out;
+}
+
+std::vector<TensorSpec> split_with_sizes(const Tensor& self, IntArrayRef split_sizes, int64_t dim) {
+  KILN_CHECK(self.dim() > 0, Value, "split_with_sizes: expects at least a 1-dimensional tensor");
+  int64_t d = wrap_dim("split_with_sizes", dim, self.dim());
+  int64_t total = 0;
+  for (int64_t s : split_sizes) {
+    KILN_CHECK(s >= 0, Value,
+               "split_with_sizes: expects split_sizes to have only non-negative entries, but got "
+               "split_sizes=", split_sizes);
+    total += s;
+    KILN_CHECK(total <= self.size(d), Value, "split_with_sizes: expects split_sizes to sum exactly to ",
+               self.size(d), " (the size of dimension ", d, " of the input of shape ",
+               self.sizes(), "), but got split_sizes=", split_sizes);
+  }
+  KILN_CHECK(total == self.size(d), Value, "split_with_sizes: expects split_sizes to sum exactly to ",
+             self.size(d), " (the size of dimension ", d, " of the input of shape ", self.sizes(),
+             "), but got split_sizes=", split_sizes);
+  check_pieces("split_with_sizes", static_cast<int64_t>(split_sizes.size()));
+  std::vector<TensorSpec> out;
+  out.reserve(split_sizes.size());
+  int64_t start = 0;
+  for (int64_t s : split_sizes) {
+    out.push_back(slice(self, d, start, start + s, 1));
+    start += s;
   }
   return out;
 }
