@@ -128,13 +128,15 @@ def main():
         L.append("  return guarded([&]() -> PyObject* {")
         L.append(f"    Value v[{max(nv, 1)}];")
         L.append(f"    std::string why[{len(group)}];")
-        # Two passes where overloads differ by number vs Tensor (Note [Scalar and Tensor overloads]).
+        # Two passes where overloads take a number and a Tensor at one position
+        # (Note [Scalar and Tensor overloads]).
         two_pass = any(strict_args(op, group) for op in group)
         indent = "      " if two_pass else "    "
         if two_pass:
             L.append("    for (bool exact : {true, false}) {")
         for i, op in enumerate(group):
-            cond = f"s{i}.parse(self, args, nargs, kwnames, v, why[{i}]{', exact' if two_pass else ''})"
+            exact = ", exact" if two_pass else ""
+            cond = f"s{i}.parse(self, args, nargs, kwnames, v, why[{i}]{exact})"
             if not is_method(op):
                 cond = f"!self && {cond}"
             L.append(f"{indent}if ({cond}) {{")

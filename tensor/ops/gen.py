@@ -380,11 +380,12 @@ def key_set_expr(op):
 
 
 def strip_ambiguous_defaults(ops):
-    """Note [Overloads with defaults]: two overloads of one C++ name (clamp(Tensor, Scalar? min=None,
-    Scalar? max=None) and clamp.Tensor(Tensor, Tensor? min=None, Tensor? max=None)) would make a
-    call that leaves the defaults out (clamp(x)) ambiguous in C++. A later overload that an earlier
-    one could be confused with, for some argument count that uses one of its defaults, keeps its
-    defaults in the Python bindings only: in C++ all its arguments are required."""
+    """Note [Overloads with defaults]: two overloads of one C++ name (clamp(Tensor, Scalar?
+    min=None, Scalar? max=None) and clamp.Tensor(Tensor, Tensor? min=None, Tensor? max=None))
+    would make a call that leaves the defaults out (clamp(x)) ambiguous in C++. A later overload
+    that an earlier one could be confused with, for some argument count that uses one of its
+    defaults, keeps its defaults in the Python bindings only: in C++ all its arguments are
+    required."""
     def required(op):  # C++ keeps only trailing defaults
         n = len(op.args)
         while n > 0 and op.args[n - 1].default is not None:

@@ -37,8 +37,8 @@ GPU_TEST(OverloadOps, BinaryCrossEntropyMatchesTheHostFormula) {
     std::vector<double> xs = values(x), ys = values(y), want;
     for (size_t i = 0; i < xs.size(); ++i) {
       const double a = xs[i], b = ys[i % 4];
-      want.push_back(store(t, (b - 1) * std::max(std::log1p(-a), -100.0) -
-                                  b * std::max(std::log(a), -100.0)));
+      want.push_back(
+          store(t, (b - 1) * std::max(std::log1p(-a), -100.0) - b * std::max(std::log(a), -100.0)));
     }
     expect_close(kiln::_binary_cross_entropy(to_cuda(x), to_cuda(y)), want, tol(t), tag);
     expect_close(kiln::_binary_cross_entropy(strided_copy_of(x, kCudaDev), to_cuda(y)), want,

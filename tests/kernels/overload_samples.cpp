@@ -18,9 +18,10 @@ Tensor idx(const std::vector<int64_t>& v, IntArrayRef sizes) {
 
 // ---- indexing.toml
 KILN_OP_SAMPLES("scatter.value", scatter_value_s) {
-  return S{{random({3, 4}, kFloat32, -2, 2, 1), i64(1), idx({0, 3, 1, 2}, {2, 2}), Scalar(2.5)},
-           {random({3, 4}, kInt32, -9, 9, 2), i64(0), idx({2, 0, 1}, {1, 3}), Scalar(7)},
-           {non_contiguous(random({2, 3}, kFloat32, -2, 2, 3)), i64(-1), idx({}, {0, 2}), Scalar(1)}};
+  return S{
+      {random({3, 4}, kFloat32, -2, 2, 1), i64(1), idx({0, 3, 1, 2}, {2, 2}), Scalar(2.5)},
+      {random({3, 4}, kInt32, -9, 9, 2), i64(0), idx({2, 0, 1}, {1, 3}), Scalar(7)},
+      {non_contiguous(random({2, 3}, kFloat32, -2, 2, 3)), i64(-1), idx({}, {0, 2}), Scalar(1)}};
 }
 KILN_OP_SAMPLES("scatter_.value", scatter_value_inplace_s) {
   return S{{random({3, 4}, kFloat32, -2, 2, 4), i64(0), idx({2, 0, 1}, {1, 3}), Scalar(-1.5)}};
@@ -35,8 +36,10 @@ KILN_OP_SAMPLES("floor_divide_", floor_divide_inplace_s) {
   return S{{non_contiguous(random({2, 3}, kFloat32, -2, 2, 8)), random({3}, kFloat32, 0.5, 2, 9)}};
 }
 KILN_OP_SAMPLES("round.decimals", round_decimals_s) {
-  return S{{random({2, 3}), i64(2)}, {random({4}, kFloat64, -20, 20), i64(-1)},
-           {random({3}, kInt32), i64(0)}, {random({3}, kBFloat16), i64(1)}};
+  return S{{random({2, 3}), i64(2)},
+           {random({4}, kFloat64, -20, 20), i64(-1)},
+           {random({3}, kInt32), i64(0)},
+           {random({3}, kBFloat16), i64(1)}};
 }
 KILN_OP_SAMPLES("round_.decimals", round_decimals_inplace_s) {
   return S{{non_contiguous(random({2, 3})), i64(1)}};

@@ -33,8 +33,10 @@ std::vector<double> naive_extreme(const Tensor& x, std::vector<int64_t> dims, bo
       if (!red[d]) o.push_back(i[d]);
     double& acc = out[flat(out_sizes, o)];
     const double e = v[flat(x.sizes(), i)];
-    if (std::isnan(e) || std::isnan(acc)) acc = NAN;
-    else acc = is_max ? std::max(acc, e) : std::min(acc, e);
+    if (std::isnan(e) || std::isnan(acc))
+      acc = NAN;
+    else
+      acc = is_max ? std::max(acc, e) : std::min(acc, e);
   });
   return out;
 }
@@ -48,7 +50,8 @@ TEST(Overloads, AmaxAminMatchTheReferenceForEveryDtypeAndLayout) {
         Tensor r = is_max ? amax(x, dims) : amin(x, dims);
         EXPECT_EQ(r.dtype(), dt);
         EXPECT_EQ(to_doubles(r), naive_extreme(x, dims, is_max));
-        Tensor nc = is_max ? amax(non_contiguous(x), dims, true) : amin(non_contiguous(x), dims, true);
+        Tensor nc =
+            is_max ? amax(non_contiguous(x), dims, true) : amin(non_contiguous(x), dims, true);
         EXPECT_EQ(nc.dim(), 3);
         EXPECT_EQ(to_doubles(nc), naive_extreme(x, dims, is_max));
       }
@@ -95,7 +98,8 @@ TEST(Overloads, TruncRoundsTowardZero) {
 TEST(Overloads, RoundDecimalsIsPyTorchsKernel) {
   Tensor x = from_vector<float>({1.2345f, -2.5551f, 0.5f, 0.125f}, {4});
   std::vector<double> want;
-  for (float v : {1.2345f, -2.5551f, 0.5f, 0.125f}) want.push_back(std::nearbyint(v * 100.f) / 100.f);
+  for (float v : {1.2345f, -2.5551f, 0.5f, 0.125f})
+    want.push_back(std::nearbyint(v * 100.f) / 100.f);
   EXPECT_EQ(to_doubles(round(x, 2)), want);
   want.clear();
   for (float v : {1.2345f, -2.5551f, 0.5f, 0.125f}) want.push_back(std::nearbyint(v / 10.f) * 10.f);
@@ -135,9 +139,8 @@ TEST(Overloads, BinaryCrossEntropyIsPyTorchsKernelAndGradient) {
   EXPECT_EQ(_binary_cross_entropy(zeros({0, 3}), zeros({3})).sizes(), IntArrayRef({0, 3}));
   expect_error(ErrorKind::Value, "between 0 and 1",
                [] { _binary_cross_entropy(full({3}, Scalar(-0.5)), zeros({3})); });
-  expect_error(ErrorKind::Type, "floating point", [] {
-    _binary_cross_entropy(zeros({3}, kInt64), zeros({3}));
-  });
+  expect_error(ErrorKind::Type, "floating point",
+               [] { _binary_cross_entropy(zeros({3}, kInt64), zeros({3})); });
 }
 
 TEST(Overloads, ClampWithTensorBounds) {
@@ -157,7 +160,8 @@ TEST(Overloads, ClampWithTensorBounds) {
   expect_error(ErrorKind::Value, "at least one of 'min' or 'max'",
                [&] { clamp(x, std::optional<Tensor>(), std::optional<Tensor>()); });
   expect_error(ErrorKind::Value, "not broadcastable", [&] { clamp(x, zeros({3}), std::nullopt); });
-  expect_error(ErrorKind::Type, "bool", [] { clamp(ones({2}, kBool), ones({2}, kBool), std::nullopt); });
+  expect_error(ErrorKind::Type, "bool",
+               [] { clamp(ones({2}, kBool), ones({2}, kBool), std::nullopt); });
   expect_error(ErrorKind::Type, "can't be cast", [&] {
     from_vector<int32_t>({1}, {1}).clamp_(full({1}, Scalar(0.5)), std::nullopt);
   });
@@ -177,14 +181,17 @@ TEST(Overloads, ScatterValueFloorDivideSoftplusMaxOther) {
   expect_error(ErrorKind::Value, "same number of dimensions",
                [&] { zeros({2}).scatter(0, idx, Scalar(1)); });
 
-  EXPECT_EQ(to_doubles(floor_divide(from_vector<int64_t>({7, -7}, {2}), full({}, Scalar(2), kInt64))),
-            (std::vector<double>{3, -4}));
+  EXPECT_EQ(
+      to_doubles(floor_divide(from_vector<int64_t>({7, -7}, {2}), full({}, Scalar(2), kInt64))),
+      (std::vector<double>{3, -4}));
   expect_error(ErrorKind::Type, "can't be cast",
                [] { from_vector<int64_t>({7}, {1}).floor_divide_(full({1}, Scalar(2.5))); });
 
   Tensor sp = softplus(from_vector<double>({-1, 0, 30, 1}, {4}), Scalar(1), Scalar(20));
-  expect_close(sp, from_vector<double>({std::log1p(std::exp(-1.0)), std::log(2.0), 30,
-                                        std::log1p(std::exp(1.0))}, {4}), 1e-15, 0);
+  expect_close(sp,
+               from_vector<double>(
+                   {std::log1p(std::exp(-1.0)), std::log(2.0), 30, std::log1p(std::exp(1.0))}, {4}),
+               1e-15, 0);
   Tensor big = from_vector<double>({800}, {1}).requires_grad_();  // exp(800) is inf
   Tensor gb = autograd::grad({softplus(big, Scalar(1), Scalar(20))}, {big})[0];
   EXPECT_EQ(to_doubles(gb), std::vector<double>{1});
@@ -210,7 +217,8 @@ TEST(Overloads, SplitWithSizes) {
             IntArrayRef({1, 3}));
   expect_error(ErrorKind::Value, "sum exactly to 5", [&] { split_with_sizes(x, {2, 2}); });
   expect_error(ErrorKind::Value, "non-negative", [&] { split_with_sizes(x, {-1, 6}); });
-  expect_error(ErrorKind::Value, "at least a 1-dimensional", [] { split_with_sizes(ones({}), {1}); });
+  expect_error(ErrorKind::Value, "at least a 1-dimensional",
+               [] { split_with_sizes(ones({}), {1}); });
   // the gradient of every piece lands in its rows; a piece without one counts as zeros
   Tensor w = ones({5, 2}, kFloat64).requires_grad_();
   std::vector<Tensor> r = split_with_sizes(w, {2, 3});

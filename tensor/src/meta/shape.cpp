@@ -88,22 +88,20 @@ std::vector<TensorSpec> split(const Tensor& self, int64_t split_size, int64_t di
 }
 
 std::vector<TensorSpec> split_with_sizes(const Tensor& self, IntArrayRef split_sizes, int64_t dim) {
-  KILN_CHECK(self.dim() > 0, Value, "split_with_sizes: expects at least a 1-dimensional tensor");
-  int64_t d = wrap_dim("split_with_sizes", dim, self.dim());
-  int64_t total = 0;
+  const char* op = "split_with_sizes";
+  KILN_CHECK(self.dim() > 0, Value, op, ": expects at least a 1-dimensional tensor");
+  const int64_t d = wrap_dim(op, dim, self.dim()), n = self.size(d);
+  int64_t total = 0;  // stops at n + 1: no overflow
   for (int64_t s : split_sizes) {
-    KILN_CHECK(s >= 0, Value,
-               "split_with_sizes: expects split_sizes to have only non-negative entries, but got "
-               "split_sizes=", split_sizes);
-    total += s;
-    KILN_CHECK(total <= self.size(d), Value, "split_with_sizes: expects split_sizes to sum exactly to ",
-               self.size(d), " (the size of dimension ", d, " of the input of shape ",
-               self.sizes(), "), but got split_sizes=", split_sizes);
+    KILN_CHECK(s >= 0, Value, op,
+               ": expects split_sizes to have only non-negative entries, but got split_sizes=",
+               split_sizes);
+    total = std::min(total + std::min(s, n + 1), n + 1);
   }
-  KILN_CHECK(total == self.size(d), Value, "split_with_sizes: expects split_sizes to sum exactly to ",
-             self.size(d), " (the size of dimension ", d, " of the input of shape ", self.sizes(),
+  KILN_CHECK(total == n, Value, op, ": expects split_sizes to sum exactly to ", n,
+             " (the size of dimension ", d, " of the input of shape ", self.sizes(),
              "), but got split_sizes=", split_sizes);
-  check_pieces("split_with_sizes", static_cast<int64_t>(split_sizes.size()));
+  check_pieces(op, static_cast<int64_t>(split_sizes.size()));
   std::vector<TensorSpec> out;
   out.reserve(split_sizes.size());
   int64_t start = 0;
