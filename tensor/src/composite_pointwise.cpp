@@ -51,24 +51,46 @@ Tensor round_decimals_(const Tensor& self, int64_t decimals) {
   return self.div_(scalar_to_tensor(ten_pow)).round_().mul_(scalar_to_tensor(ten_pow));
 }
 
-// where(self < min, min, self), then where(r > max, max, r): a bound gets the gradient where it
-// is the result, self where min <= self <= max. A nan bound gives nan, as PyTorch's kernel.
+// Note [clamp with tensor bounds]: PyTorch's values (min(max(x, lo), hi); a nan self or bound
+// gives nan) and PyTorch's gradients: the bound that is the result gets it (max when min > max),
+// self strictly inside; at a tie with one bound, self and that bound share it evenly (maximum and
+// minimum do that); when min == max, the bound that is the result or self when it equals both.
+// A nan self or bound gives it to self (PyTorch's formulas disagree among themselves there: with
+// one bound, self and the bound both get it). min == max and nan are where()s over the maximum and
+// minimum. Checked against PyTorch 2.15 on every tie and nan case of three values.
 Tensor clamp_tensor(const Tensor& self, const std::optional<Tensor>& min,
                     const std::optional<Tensor>& max) {
   meta::clamp_tensor(self, min, max);
+  const bool has_min = min && min->defined(), has_max = max && max->defined();
+  Tensor r = self;
+  if (has_min) r = maximum(r, *min);
+  if (has_max) r = minimum(r, *max);
+  if (has_min && has_max) {
+    Tensor pinned = where(self < *min, *min, where(self > *max, *max, self));
+    r = where(*min == *max, pinned, r);
+  }
+  if (!is_floating(r.dtype())) return r;
+  Tensor nan = self != self, through = self;  // through: self's value (nan), self's gradient
+  for (const std::optional<Tensor>* b : {&min, &max}) {
+    if (!*b || !(*b)->defined()) continue;
+    nan = logical_or(nan, **b != **b);
+    through = through + **b * 0;
+  }
+  return where(nan, through, r);
+}
+
+// In place, where(self < min, min, self) then where(r > max, max, r), which save no operand
+// (copy_ then overwrites self): ties give self the gradient, unlike clamp.Tensor's even share.
+Tensor clamp_tensor_(const Tensor& self, const std::optional<Tensor>& min,
+                     const std::optional<Tensor>& max) {
+  meta::clamp_tensor_(self, min, max);
   auto past = [](const Tensor& beyond, const Tensor& bound) {
     return is_floating(bound.dtype()) ? logical_or(beyond, bound != bound) : beyond;
   };
   Tensor r = self;
   if (min && min->defined()) r = where(past(r < *min, *min), *min, r);
   if (max && max->defined()) r = where(past(r > *max, *max), *max, r);
-  return r;
-}
-
-Tensor clamp_tensor_(const Tensor& self, const std::optional<Tensor>& min,
-                     const std::optional<Tensor>& max) {
-  meta::clamp_tensor_(self, min, max);
-  return self.copy_(clamp_tensor(self, min, max));
+  return self.copy_(r);
 }
 
 // where(beta x > threshold, x, log1p(exp(min(beta x, threshold))) / beta): the clamp keeps exp

@@ -140,6 +140,13 @@ def test_binary_cross_entropy_float64_and_bad_input():
           [[-math.log(0.2), -math.log(0.6)], [-math.log(0.1), -math.log(0.6)]], rtol=1e-5)
 
 
+def test_tensor_with_a_dtype_converts_python_floats_directly():
+    assert kiln.tensor([0.1], dtype=kiln.float64).item() == 0.1  # not float32(0.1)
+    assert kiln.tensor(-0.05, dtype=kiln.float64).item() == -0.05
+    assert kiln.tensor([0.1]).dtype is kiln.float32
+    assert kiln.tensor([0.1], dtype=kiln.float16).item() == np.float16(0.1)
+
+
 # ---- names and overloads -------------------------------------------------------------------------
 
 def test_result_type_with_numbers():
@@ -271,6 +278,8 @@ def test_round_decimals_trunc_fix():
     close(x.round(decimals=2), [1.23, -2.56, 0.5, 1.5, 2.5])
     assert vals(kiln.round(x, decimals=0)) == [1.0, -3.0, 0.0, 2.0, 2.0]  # half to even
     close(kiln.tensor([15.0, 25.0, 123.0]).round(decimals=-1), [20.0, 20.0, 120.0])
+    d = kiln.tensor([-0.05, 1.2345], dtype=kiln.float64)
+    assert vals(d.round(decimals=1)) == [-0.0, 1.2] and vals(d.round(decimals=3)) == [-0.05, 1.234]
     y = kiln.tensor([0.125, 0.375])
     assert y.round_(decimals=2) is y
     close(y, [0.12, 0.38])
@@ -322,13 +331,25 @@ def test_clamp_with_tensor_bounds():
         kiln.clamp(x, min=None, max=None)
     with pytest.raises(ValueError, match="broadcast"):
         x.clamp(kiln.zeros(3))
-    xg, lg, hg = (t.clone().requires_grad_() for t in (kiln.tensor([-2.0, 0.0, 2.0, 5.0, 1.0]),
-                                                       kiln.tensor([-1.0, 1.0, 1.0, 1.0, 1.0]),
-                                                       kiln.tensor([1.0, 2.0, 3.0, 4.0, 3.0])))
-    xg.clamp(lg, hg).sum().backward()
-    assert vals(xg.grad) == [0, 0, 1, 0, 1]  # x == min: self's (PyTorch: self >= min)
-    assert vals(lg.grad) == [1, 1, 0, 0, 0]
-    assert vals(hg.grad) == [0, 0, 0, 1, 0]
+    # PyTorch's gradients: the bound that is the result (max when min > max), self inside, an
+    # even share at a tie with one bound, self when min == max == self, self for nan
+    nan = float("nan")
+    cases = [  # x, min, max -> grads of x, min, max
+        (-2.0, -1.0, 1.0, 0, 1, 0), (2.0, 1.0, 3.0, 1, 0, 0), (5.0, 1.0, 4.0, 0, 0, 1),
+        (1.0, 1.0, 3.0, 0.5, 0.5, 0), (3.0, 1.0, 3.0, 0.5, 0, 0.5), (1.0, 1.0, 1.0, 1, 0, 0),
+        (0.0, 1.0, 1.0, 0, 1, 0), (2.0, 1.0, 1.0, 0, 0, 1), (1.0, 2.0, 1.0, 0, 0, 1),
+        (0.0, 2.0, 1.0, 0, 0, 1), (nan, 0.0, 1.0, 1, 0, 0), (0.5, nan, 1.0, 1, 0, 0)]
+    xg, lg, hg = (kiln.tensor([c[i] for c in cases], requires_grad=True) for i in range(3))
+    y = xg.clamp(lg, hg)
+    y.sum().backward()
+    close(y, [-1, 2, 4, 1, 3, 1, 1, 1, 1, 1, nan, nan])
+    assert vals(xg.grad) == [c[3] for c in cases]
+    assert vals(lg.grad) == [c[4] for c in cases]
+    assert vals(hg.grad) == [c[5] for c in cases]
+    one = kiln.tensor([1.0], requires_grad=True)
+    lo = kiln.tensor([1.0], requires_grad=True)
+    one.clamp(min=lo).backward()
+    assert vals(one.grad) == [0.5] and vals(lo.grad) == [0.5]
 
 
 def test_binary_max_min():
