@@ -180,8 +180,9 @@ Result view(Call& c) {
       for (int64_t d : c.args[i].get<std::vector<int64_t>>("dims"))
         s.push_back(wrap_dim(c, d, rank) + 1);
       args[i] = s;
-    } else if (type == "int[]" && std::strcmp(an, "sizes") == 0) {
-      continue;  // unflatten's sizes describe the one dim they replace
+    } else if (type == "int[]" &&
+               (std::strcmp(an, "sizes") == 0 || std::strcmp(an, "split_sizes") == 0)) {
+      continue;  // unflatten's sizes (of the one dim they replace), split_with_sizes' pieces
     } else if (type == "int" || type == "int?") {
       continue;  // indices, starts, lengths, sizes of splits: per example, unchanged
     } else {

@@ -48,15 +48,16 @@ std::vector<Tensor> stack_backward(const Tensor& grad, TensorList tensors, int64
   return grads;
 }
 
-Tensor split_backward(TensorList grads, IntArrayRef sizes, int64_t split_size, int64_t dim) {
-  const int64_t d = meta::wrap_dim("split_backward", dim, static_cast<int64_t>(sizes.size()));
+// The output gradients of pieces of `lengths` along d (undefined ones as zeros), concatenated.
+static Tensor cat_piece_grads(const char* op, TensorList grads, IntArrayRef sizes,
+                              const std::vector<int64_t>& lengths, int64_t d) {
   const Tensor* like = nullptr;
   for (const Tensor& g : grads)
     if (g.defined()) {
       like = &g;
       break;
     }
-  KILN_CHECK(like != nullptr, Value, "split_backward: every output gradient is undefined");
+  KILN_CHECK(like != nullptr, Value, op, ": every output gradient is undefined");
   std::vector<Tensor> parts;
   parts.reserve(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -64,12 +65,26 @@ Tensor split_backward(TensorList grads, IntArrayRef sizes, int64_t split_size, i
       parts.push_back(grads[i]);
       continue;
     }
-    const int64_t start = static_cast<int64_t>(i) * split_size;
     std::vector<int64_t> shape = sizes.vec();
-    shape[d] = std::min(split_size, sizes[d] - start);
+    shape[d] = lengths[i];
     parts.push_back(zeros(shape, like->dtype(), like->device()));
   }
   return cat(parts, d);
+}
+
+Tensor split_backward(TensorList grads, IntArrayRef sizes, int64_t split_size, int64_t dim) {
+  const int64_t d = meta::wrap_dim("split_backward", dim, static_cast<int64_t>(sizes.size()));
+  std::vector<int64_t> lengths;
+  for (size_t i = 0; i < grads.size(); ++i)
+    lengths.push_back(std::min(split_size, sizes[d] - static_cast<int64_t>(i) * split_size));
+  return cat_piece_grads("split_backward", grads, sizes, lengths, d);
+}
+
+Tensor split_with_sizes_backward(TensorList grads, IntArrayRef sizes, IntArrayRef split_sizes,
+                                 int64_t dim) {
+  const int64_t d =
+      meta::wrap_dim("split_with_sizes_backward", dim, static_cast<int64_t>(sizes.size()));
+  return cat_piece_grads("split_with_sizes_backward", grads, sizes, split_sizes.vec(), d);
 }
 
 Tensor chunk_backward(TensorList grads, IntArrayRef sizes, int64_t chunks, int64_t dim) {

@@ -99,6 +99,15 @@ Tensor evenly_distribute_backward(const Tensor& grad, const Tensor& self, const 
   return where(mask, grad / count, zeros(self.sizes(), grad.dtype(), grad.device()));
 }
 
+Tensor amax_amin_backward(const Tensor& grad, const Tensor& self, const Tensor& result,
+                          IntArrayRef dim, bool keepdim) {
+  Tensor r = restore_reduced(result, dim, self.dim(), keepdim);
+  Tensor g = restore_reduced(grad, dim, self.dim(), keepdim);
+  Tensor mask = logical_or(self == r, logical_and(self != self, r != r));
+  Tensor count = mask.sum(dim, /*keepdim=*/true, grad.dtype());
+  return where(mask, g / count, zeros(self.sizes(), grad.dtype(), grad.device()));
+}
+
 Tensor value_selecting_reduction_backward(const Tensor& grad, int64_t dim, const Tensor& indices,
                                           IntArrayRef sizes, bool keepdim) {
   if (sizes.empty()) return grad.reshape(sizes);

@@ -57,13 +57,34 @@ def c_str(s):
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def signature(op, idx):
+# Note [Scalar and Tensor overloads] (python_args.h): the kinds of argument that a Python number
+# or a tensor could fill in either of two overloads.
+KIND = {"Tensor": "tensor", "Tensor?": "tensor", "Scalar": "number", "Scalar?": "number",
+        "int": "number", "int?": "number"}
+
+
+def strict_args(op, group):
+    """Names of op's arguments that take a Tensor where another overload of the group takes a
+    number (Scalar or int) at the same position, or the reverse."""
+    out = set()
+    for i, a in enumerate(op.args):
+        for other in group:
+            if other is op or i >= len(other.args):
+                continue
+            if {KIND.get(a.type), KIND.get(other.args[i].type)} == {"tensor", "number"}:
+                out.add(a.name)
+    return out
+
+
+def signature(op, idx, group):
     fixed = fixed_sizes(op.row["schema"])
+    strict = strict_args(op, group)
     ps = []
     for a in op.args:
         d = c_str(a.default) if a.default is not None else "nullptr"
         ps.append(f"{{{c_str(a.name)}, ArgType::{ARG_TYPES[a.type]}, {d}, "
-                  f"{str(a.kwarg_only).lower()}, {fixed.get(a.name, 0)}}}")
+                  f"{str(a.kwarg_only).lower()}, {fixed.get(a.name, 0)}, "
+                  f"{str(a.name in strict).lower()}}}")
     return f"  static const Signature s{idx}({c_str(op.base)}, {{{', '.join(ps)}}});"
 
 
@@ -102,17 +123,26 @@ def main():
         L.append(f"PyObject* op_{ident}(PyObject* self, PyObject* const* args, Py_ssize_t nargs, "
                  "PyObject* kwnames) {")
         for i, op in enumerate(group):
-            L.append(signature(op, i))
+            L.append(signature(op, i, group))
         L.append(f"  static const Signature* const kSigs[] = {{{', '.join(f'&s{i}' for i in range(len(group)))}}};")
         L.append("  return guarded([&]() -> PyObject* {")
         L.append(f"    Value v[{max(nv, 1)}];")
         L.append(f"    std::string why[{len(group)}];")
+        # Two passes where overloads take a number and a Tensor at one position
+        # (Note [Scalar and Tensor overloads]).
+        two_pass = any(strict_args(op, group) for op in group)
+        indent = "      " if two_pass else "    "
+        if two_pass:
+            L.append("    for (bool exact : {true, false}) {")
         for i, op in enumerate(group):
-            cond = f"s{i}.parse(self, args, nargs, kwnames, v, why[{i}])"
+            exact = ", exact" if two_pass else ""
+            cond = f"s{i}.parse(self, args, nargs, kwnames, v, why[{i}]{exact})"
             if not is_method(op):
                 cond = f"!self && {cond}"
-            L.append(f"    if ({cond}) {{")
-            L.extend("  " + line for line in call_and_return(op))
+            L.append(f"{indent}if ({cond}) {{")
+            L.extend(indent[4:] + "  " + line for line in call_and_return(op))
+            L.append(f"{indent}}}")
+        if two_pass:
             L.append("    }")
         L.append(f"    return no_match(self, kSigs, why, {len(group)});")
         L.append("  });\n}\n")

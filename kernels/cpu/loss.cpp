@@ -1,12 +1,14 @@
-// cross_entropy_indices and its backward on the CPU (tensor/ops/loss.toml). One task per block of
-// rows; a row of logits is read once for its max, once for sum(exp) (and the weighted sum of the
-// logits when smoothing). The backward reads it for its max, then writes the gradient directly
-// (Note [Cross-entropy backward rows]): no log_softmax tensor is ever stored.
+// binary_cross_entropy's pointwise loss, cross_entropy_indices and its backward on the CPU
+// (tensor/ops/loss.toml). Cross-entropy: one task per block of rows; a row of logits is read once
+// for its max, once for sum(exp) (and the weighted sum of the logits when smoothing). The backward
+// reads it for its max, then writes the gradient directly (Note [Cross-entropy backward rows]): no
+// log_softmax tensor is ever stored.
 //
 // With lse = logsumexp(x), e = label_smoothing, w = class weights (ones when absent), W = sum(w):
 //   loss    = (1 - e) w_y (lse - x_y) + e/C (W lse - sum_c w_c x_c)       (0 for ignored rows)
 //   dx_j    = g [((1 - e) w_y + e W / C) softmax(x)_j - (1 - e) w_y [j == y] - e/C w_j]
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -231,7 +233,28 @@ Tensor cross_entropy_indices_backward_cpu(const Tensor& grad, const Tensor& inpu
   return out;
 }
 
+// _binary_cross_entropy: input, target (broadcast to out) -> out =
+// (t - 1) max(log1p(-x), -100) - t max(log(x), -100), PyTorch's CPU kernel (same expression, so
+// the same rounding). An input outside [0, 1] (or nan) is a ValueError, as PyTorch's check.
+void binary_cross_entropy_cpu(const Tensor& out, const Tensor& input, const Tensor& target) {
+  auto in = cast_inputs(out.dtype(), input, target);
+  std::atomic<bool> outside{false};  // set from the parallel loop, raised after it
+  KILN_DISPATCH_FLOAT_TYPES(out.dtype(), "binary_cross_entropy", [&] {
+    using T = scalar_t;
+    using A = acc_t<T>;
+    binary_kernel<T>(out, in[0], in[1], [&outside](T xv, T tv) {
+      const A x = static_cast<A>(xv), t = static_cast<A>(tv);
+      if (!(x >= A(0) && x <= A(1))) outside.store(true, std::memory_order_relaxed);
+      return static_cast<T>((t - A(1)) * std::max(A(std::log1p(-x)), A(-100)) -
+                            t * std::max(A(std::log(x)), A(-100)));
+    });
+  });
+  KILN_CHECK(!outside.load(), Value,
+             "binary_cross_entropy: all elements of input should be between 0 and 1");
+}
+
 KILN_LIBRARY(CPU, m) {
+  m.structured<ops::_binary_cross_entropy>(binary_cross_entropy_cpu);
   m.impl<ops::cross_entropy_indices>(cross_entropy_indices_cpu);
   m.impl<ops::cross_entropy_indices_backward>(cross_entropy_indices_backward_cpu);
 }

@@ -97,6 +97,23 @@ Tensor minmax_all_cpu(const Tensor& self) {
   return out;
 }
 
+// amax/amin: x (..., reduced dims, ...) -> kept dims; the reduced dims are never empty (meta).
+template <bool kMax>
+Tensor amax_amin_cpu(const Tensor& self, IntArrayRef dim, bool keepdim) {
+  const char* op = kMax ? "amax" : "amin";
+  Tensor out = alloc(kMax ? meta::amax(self, dim, keepdim) : meta::amin(self, dim, keepdim));
+  if (out.numel() == 0) return out;
+  ReducePlan p = plan_for(op, self, dim);
+  KILN_DISPATCH_ALL_TYPES(self.dtype(), op, [&] {
+    using T = scalar_t;
+    using V = value_t<T>;
+    std::vector<V> acc(p.num_out);
+    reduce(p, data_of<T>(self), MinMaxReducer<T, V, kMax, CastMap<V>>{}, acc.data());
+    write_out(out, [&](int64_t o) { return acc[o]; });
+  });
+  return out;
+}
+
 // Flat indices of one reduced dim, or of all dims (in row-major order) when dim is absent.
 template <bool kMax>
 void arg_reduce(const Tensor& self, std::optional<int64_t> dim, const Tensor* values,
@@ -233,6 +250,8 @@ KILN_LIBRARY(CPU, m) {
   m.impl<ops::min>(minmax_all_cpu<false>);
   m.impl<ops::max_dim>(minmax_dim_cpu<true>);
   m.impl<ops::min_dim>(minmax_dim_cpu<false>);
+  m.impl<ops::amax>(amax_amin_cpu<true>);
+  m.impl<ops::amin>(amax_amin_cpu<false>);
   m.impl<ops::argmax>(arg_cpu<true>);
   m.impl<ops::argmin>(arg_cpu<false>);
   m.impl<ops::var>(var_std_cpu<false>);

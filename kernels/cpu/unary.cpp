@@ -160,6 +160,13 @@ void round_cpu(const Tensor& out, const Tensor& self) {
     else return std::nearbyint(a);
   });
 }
+// Toward zero, like torch.trunc (and torch.fix).
+void trunc_cpu(const Tensor& out, const Tensor& self) {
+  numeric_op("trunc", out, self, [](auto a) {
+    if constexpr (kIntegral<decltype(a)>) return a;
+    else return std::trunc(a);
+  });
+}
 
 void sign_cpu(const Tensor& out, const Tensor& self) {
   if (out.dtype() == kBool) {
@@ -221,6 +228,7 @@ KILN_LIBRARY(CPU, m) {
   m.structured<ops::floor>(floor_cpu);
   m.structured<ops::ceil>(ceil_cpu);
   m.structured<ops::round>(round_cpu);
+  m.structured<ops::trunc>(trunc_cpu);
   m.structured<ops::sign>(sign_cpu);
   m.structured<ops::reciprocal>(reciprocal_cpu);
   m.structured<ops::logical_not>(logical_not_cpu);

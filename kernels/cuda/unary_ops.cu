@@ -1,8 +1,9 @@
 // Dtype-keeping unary ops on CUDA (tensor/ops/unary.toml): neg, abs, relu, floor, ceil, round,
-// sign, logical_not, clamp. x: (*) -> (*). Same semantics as kernels/cpu/unary.cpp: integers
-// wrap (neg/abs of the minimum value give the minimum value: See Note [Integer edge values]), relu and clamp keep nan, sign of
+// trunc, sign, logical_not, clamp. x: (*) -> (*). Same semantics as kernels/cpu/unary.cpp:
+// integers wrap (neg/abs of the minimum value give the minimum value: See Note [Integer edge
+// values]), relu and clamp keep nan, sign of
 // nan is 0, round is half to even, abs(-0.0) is -0.0 (a < 0 ? -a : a, as on the CPU).
-// floor/ceil/round of integers and sign of bool are the identity: a copy, no kernel.
+// floor/ceil/round/trunc of integers and sign of bool are the identity: a copy, no kernel.
 #include <limits>
 
 #include "kiln/dispatcher.h"
@@ -42,6 +43,10 @@ struct RoundOp {
   template <typename C>
   KILN_HD C operator()(C a) const { return dm::rint(a); }
 };
+struct TruncOp {
+  template <typename C>
+  KILN_HD C operator()(C a) const { return dm::trunc(a); }
+};
 struct NotOp {
   KILN_HD bool operator()(bool a) const { return !a; }
 };
@@ -73,6 +78,7 @@ void integral_identity_op(const char* name, const Tensor& out, const Tensor& sel
 void floor_cuda(const Tensor& out, const Tensor& self) { integral_identity_op("floor", out, self, FloorOp{}); }
 void ceil_cuda(const Tensor& out, const Tensor& self) { integral_identity_op("ceil", out, self, CeilOp{}); }
 void round_cuda(const Tensor& out, const Tensor& self) { integral_identity_op("round", out, self, RoundOp{}); }
+void trunc_cuda(const Tensor& out, const Tensor& self) { integral_identity_op("trunc", out, self, TruncOp{}); }
 
 void sign_cuda(const Tensor& out, const Tensor& self) {
   if (out.dtype() == kBool) {
@@ -112,6 +118,7 @@ KILN_LIBRARY(CUDA, m) {
   m.structured<ops::floor>(floor_cuda);
   m.structured<ops::ceil>(ceil_cuda);
   m.structured<ops::round>(round_cuda);
+  m.structured<ops::trunc>(trunc_cuda);
   m.structured<ops::sign>(sign_cuda);
   m.structured<ops::logical_not>(logical_not_cuda);
   m.structured<ops::clamp>(clamp_cuda);

@@ -1,4 +1,5 @@
-// The NCCL backend (Note [NCCL backend] in nccl.h).
+// The NCCL backend (Note [NCCL backend] in nccl.h). NCCL is loaded on the first nccl_init
+// (Note [Loading NCCL lazily] in nccl_lib.h).
 #include "nccl.h"
 
 #include <nccl.h>
@@ -14,6 +15,7 @@
 #include "kiln/cuda/device.h"
 #include "kiln/cuda/stream.h"
 #include "kiln/error.h"
+#include "nccl_lib.h"
 
 namespace kiln::dist {
 namespace {
@@ -21,14 +23,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void nccl_fail(ncclResult_t r, const char* call, ncclComm_t comm) {
-  const char* last = comm ? ncclGetLastError(comm) : nullptr;
-  KILN_FAIL(Runtime, "NCCL ", call, " failed: ", ncclGetErrorString(r),
+  const char* last = comm ? nccl_lib().GetLastError(comm) : nullptr;
+  KILN_FAIL(Runtime, "NCCL ", call, " failed: ", nccl_lib().GetErrorString(r),
             last && *last ? std::string(" (") + last + ")" : std::string());
 }
-#define KILN_NCCL_CHECK(call, comm)                                        \
-  do {                                                                     \
-    ncclResult_t kiln_nccl_r_ = (call);                                    \
-    if (kiln_nccl_r_ != ncclSuccess) nccl_fail(kiln_nccl_r_, #call, comm); \
+// Calls nccl<fn> args, raising with NCCL's error text when it fails.
+#define KILN_NCCL_CHECK(fn, args, comm)                                               \
+  do {                                                                                \
+    ncclResult_t kiln_nccl_r_ = nccl_lib().fn args;                                   \
+    if (kiln_nccl_r_ != ncclSuccess) nccl_fail(kiln_nccl_r_, "nccl" #fn #args, comm); \
   } while (0)
 
 // The element type NCCL reduces (bool and int16 have none).
@@ -121,7 +124,7 @@ class Comm final : public NcclComm {
     cv_.notify_all();
     watcher_.join();
     cuda::DeviceGuard g(device_);
-    if (comm_) ncclCommDestroy(comm_);
+    if (comm_) nccl_lib().CommDestroy(comm_);
     cudaFree(barrier_buf_);
     cudaStreamDestroy(stream_);
   }
@@ -133,7 +136,8 @@ class Comm final : public NcclComm {
     check("all_reduce", t);
     const ncclDataType_t dt = reduce_dtype("all_reduce", t.dtype());
     return issue("all_reduce", {t}, [&] {
-      return ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, nccl_op(op), comm_, stream_);
+      return nccl_lib().AllReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, nccl_op(op), comm_,
+                                  stream_);
     });
   }
 
@@ -142,7 +146,8 @@ class Comm final : public NcclComm {
     KILN_CHECK(src >= 0 && src < size_, Value, "broadcast: src ", src, " is not a rank of group '",
                group_, "' of size ", size_);
     return issue("broadcast", {t}, [&] {
-      return ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, src, comm_, stream_);
+      return nccl_lib().Broadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, src, comm_,
+                                  stream_);
     });
   }
 
@@ -153,7 +158,8 @@ class Comm final : public NcclComm {
                "all_gather_into_tensor: output ", out.dtype(), out.sizes(), " must hold ", size_,
                " copies of input ", in.dtype(), in.sizes());
     return issue("all_gather_into_tensor", {out, in}, [&] {
-      return ncclAllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, comm_, stream_);
+      return nccl_lib().AllGather(in.data_ptr(), out.data_ptr(), in.nbytes(), ncclUint8, comm_,
+                                  stream_);
     });
   }
 
@@ -165,8 +171,8 @@ class Comm final : public NcclComm {
                " blocks of output ", out.dtype(), out.sizes());
     const ncclDataType_t dt = reduce_dtype("reduce_scatter_tensor", in.dtype());
     return issue("reduce_scatter_tensor", {out, in}, [&] {
-      return ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), dt, nccl_op(op), comm_,
-                               stream_);
+      return nccl_lib().ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), dt, nccl_op(op),
+                                      comm_, stream_);
     });
   }
 
@@ -199,13 +205,13 @@ class Comm final : public NcclComm {
     return issue(op, {out, in}, [&] {
       auto* src = static_cast<const char*>(in.data_ptr());
       auto* dst = static_cast<char*>(out.data_ptr());
-      ncclResult_t r = ncclGroupStart();
+      ncclResult_t r = nccl_lib().GroupStart();
       for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
-        r = ncclSend(src + ioff[p], ioff[p + 1] - ioff[p], ncclUint8, p, comm_, stream_);
+        r = nccl_lib().Send(src + ioff[p], ioff[p + 1] - ioff[p], ncclUint8, p, comm_, stream_);
         if (r == ncclSuccess)
-          r = ncclRecv(dst + ooff[p], ooff[p + 1] - ooff[p], ncclUint8, p, comm_, stream_);
+          r = nccl_lib().Recv(dst + ooff[p], ooff[p + 1] - ooff[p], ncclUint8, p, comm_, stream_);
       }
-      const ncclResult_t end = ncclGroupEnd();
+      const ncclResult_t end = nccl_lib().GroupEnd();
       return r == ncclSuccess ? end : r;
     });
   }
@@ -215,7 +221,7 @@ class Comm final : public NcclComm {
     KILN_CHECK(dst >= 0 && dst < size_ && dst != rank_, Value, "send: dst ", dst,
                " must be another rank of group '", group_, "' of size ", size_);
     return issue("send", {t}, [&] {
-      return ncclSend(t.data_ptr(), t.nbytes(), ncclUint8, dst, comm_, stream_);
+      return nccl_lib().Send(t.data_ptr(), t.nbytes(), ncclUint8, dst, comm_, stream_);
     });
   }
 
@@ -224,14 +230,15 @@ class Comm final : public NcclComm {
     KILN_CHECK(src >= 0 && src < size_ && src != rank_, Value, "recv: src ", src,
                " must be another rank of group '", group_, "' of size ", size_);
     return issue("recv", {t}, [&] {
-      return ncclRecv(t.data_ptr(), t.nbytes(), ncclUint8, src, comm_, stream_);
+      return nccl_lib().Recv(t.data_ptr(), t.nbytes(), ncclUint8, src, comm_, stream_);
     });
   }
 
   // An all_reduce of one float on the group's device (as PyTorch's NCCL barrier).
   WorkPtr barrier() override {
     return issue("barrier", {}, [&] {
-      return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_);
+      return nccl_lib().AllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_,
+                                  stream_);
     });
   }
 
@@ -270,7 +277,7 @@ class Comm final : public NcclComm {
     cuda::Event ready;
     ready.record(cuda::getCurrentStream(device_));
     ready.wait(cuda::Stream(stream_, device_));
-    KILN_NCCL_CHECK(call(), comm_);
+    if (const ncclResult_t r = call(); r != ncclSuccess) nccl_fail(r, op, comm_);
     for (const Tensor& t : tensors) cuda::record_stream(t, cuda::Stream(stream_, device_));
     cudaEvent_t done;
     KILN_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
@@ -299,11 +306,11 @@ class Comm final : public NcclComm {
       }
       cudaGetLastError();  // clear the sticky error
       ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
+      nccl_lib().CommGetAsyncError(comm_, &async);
       if (e != cudaErrorNotReady) {
         abort(p.what + " failed: " + cudaGetErrorString(e));
       } else if (async != ncclSuccess && async != ncclInProgress) {
-        abort(p.what + " failed: " + ncclGetErrorString(async));
+        abort(p.what + " failed: " + nccl_lib().GetErrorString(async));
       } else if (Clock::now() > p.deadline) {
         abort(p.what + " timed out after " + std::to_string(timeout_.count()) +
               " ms (a dead, stuck or desynchronised peer)");
@@ -323,7 +330,7 @@ class Comm final : public NcclComm {
   // With mu_ held: ncclCommAbort, then every Work in flight fails with `reason`.
   void abort(const std::string& reason) {
     abort_reason_ = reason + "; the NCCL communicator was aborted (ncclCommAbort)";
-    ncclCommAbort(comm_);
+    nccl_lib().CommAbort(comm_);
     comm_ = nullptr;
     while (!pending_.empty())
       finish_front(std::make_exception_ptr(
@@ -352,7 +359,7 @@ std::shared_ptr<NcclComm> nccl_init(TCPStore* store, const std::string& key, int
   const int device = pick_device();
   ncclUniqueId id;
   if (rank == 0) {
-    KILN_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+    KILN_NCCL_CHECK(GetUniqueId, (&id), nullptr);
     if (store) store->set(key, hex(id));
   } else {
     KILN_CHECK(store, Value,
@@ -361,7 +368,7 @@ std::shared_ptr<NcclComm> nccl_init(TCPStore* store, const std::string& key, int
   }
   cuda::DeviceGuard g(device);
   ncclComm_t comm = nullptr;
-  KILN_NCCL_CHECK(ncclCommInitRank(&comm, world, id, rank), nullptr);
+  KILN_NCCL_CHECK(CommInitRank, (&comm, world, id, rank), nullptr);
   return std::make_shared<Comm>(comm, device, rank, world, group, timeout);
 }
 
@@ -371,11 +378,11 @@ std::shared_ptr<NcclComm> nccl_split(NcclComm& parent, bool member, int rank,
   KILN_CHECK(p.comm(), Runtime, "new_group: the NCCL communicator of the parent group was aborted");
   cuda::DeviceGuard g(p.device());
   ncclComm_t comm = nullptr;
-  KILN_NCCL_CHECK(ncclCommSplit(p.comm(), member ? 0 : NCCL_SPLIT_NOCOLOR, rank, &comm, nullptr),
+  KILN_NCCL_CHECK(CommSplit, (p.comm(), member ? 0 : NCCL_SPLIT_NOCOLOR, rank, &comm, nullptr),
                   p.comm());
   if (!member) return nullptr;
   int size = 0;
-  KILN_NCCL_CHECK(ncclCommCount(comm, &size), comm);
+  KILN_NCCL_CHECK(CommCount, (comm, &size), comm);
   return std::make_shared<Comm>(comm, p.device(), rank, size, group, timeout);
 }
 

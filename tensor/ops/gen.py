@@ -191,6 +191,7 @@ class Op:
         self.is_random = "random" in self.tags
         self.returns_list = len(self.rets) == 1 and self.rets[0][0] == "Tensor[]"
         self.schema = self.render_schema()
+        self.cpp_defaults = True  # see strip_ambiguous_defaults
 
     def render_schema(self):
         parts, kw = [], False
@@ -232,7 +233,7 @@ class Op:
             if skip_self and i == 0:
                 continue
             p = f"{a.cpp} {a.name}"
-            d = a.cpp_default()
+            d = a.cpp_default() if self.cpp_defaults else None
             if with_defaults and d is not None and not (out_first and a.name == "out"):
                 p += f" = {d}"
             ps.append(p)
@@ -378,7 +379,34 @@ def key_set_expr(op):
     return " | ".join(parts)
 
 
+def strip_ambiguous_defaults(ops):
+    """Note [Overloads with defaults]: two overloads of one C++ name (clamp(Tensor, Scalar?
+    min=None, Scalar? max=None) and clamp.Tensor(Tensor, Tensor? min=None, Tensor? max=None))
+    would make a call that leaves the defaults out (clamp(x)) ambiguous in C++. A later overload
+    that an earlier one could be confused with, for some argument count that uses one of its
+    defaults, keeps its defaults in the Python bindings only: in C++ all its arguments are
+    required."""
+    def required(op):  # C++ keeps only trailing defaults
+        n = len(op.args)
+        while n > 0 and op.args[n - 1].default is not None:
+            n -= 1
+        return n
+
+    seen = {}
+    for op in ops:
+        if op.variant == "out":
+            continue
+        cpp = [a.cpp for a in op.args]
+        for earlier in seen.get(op.cpp_name, []):
+            e_cpp, e_required = [a.cpp for a in earlier.args], required(earlier)
+            for n in range(required(op), len(cpp)):
+                if e_required <= n <= len(e_cpp) and e_cpp[:n] == cpp[:n]:
+                    op.cpp_defaults = False
+        seen.setdefault(op.cpp_name, []).append(op)
+
+
 def gen(ops, out_dir):
+    strip_ambiguous_defaults(ops)
     os.makedirs(os.path.join(out_dir, "kiln", "generated"), exist_ok=True)
     H, M, D, C, MAN = [], [], [], [], []
     # --- op_handles.h

@@ -1,6 +1,7 @@
-// Decompositions of the composite rows of sort.toml, shape.toml and interpolate.toml: argsort,
-// repeat_interleave, pad and interpolate. Each validates through its meta function first (except
-// where that needs data), so errors name the op the user called.
+// Decompositions of the composite rows of sort.toml, shape.toml, indexing.toml and
+// interpolate.toml: argsort, repeat_interleave, pad, scatter.value and interpolate. Each validates
+// through its meta function first (except where that needs data), so errors name the op the user
+// called.
 #include <tuple>
 
 #include "kiln/generated/composite_decls.h"
@@ -61,6 +62,22 @@ Tensor pad(const Tensor& self, IntArrayRef pad, std::string_view mode, std::opti
     out = out.index_select(d, i);
   }
   return out;
+}
+
+// scatter.value: `value` (cast to self's dtype) as a 0-d tensor expanded to index's shape, the
+// source of a scatter.
+static Tensor value_source(const Tensor& self, const Tensor& index, const Scalar& value) {
+  return kiln::full({}, value, self.dtype(), self.device()).expand(index.sizes());
+}
+
+Tensor scatter_value(const Tensor& self, int64_t dim, const Tensor& index, const Scalar& value) {
+  meta::scatter_value(self, dim, index, value);
+  return self.scatter(dim, index, value_source(self, index, value));
+}
+
+Tensor scatter_value_(const Tensor& self, int64_t dim, const Tensor& index, const Scalar& value) {
+  meta::scatter_value(self, dim, index, value);
+  return self.scatter_(dim, index, value_source(self, index, value));
 }
 
 Tensor interpolate(const Tensor& self, OptionalIntArrayRef size, std::optional<double> scale_factor,

@@ -357,12 +357,12 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, std::string_vie
   return reduce_loss(where(d < Scalar(beta), d * d * (0.5 / beta), d - 0.5 * beta), reduction);
 }
 
-// -(t log x + (1 - t) log(1 - x)) * weight, the logs clamped at -100 (as PyTorch).
+// -(t log x + (1 - t) log(1 - x)) * weight, the logs clamped at -100 (_binary_cross_entropy,
+// whose gradient stays finite where x is 0 or 1, as PyTorch's).
 Tensor binary_cross_entropy(const Tensor& input, const Tensor& target,
                             const std::optional<Tensor>& weight, std::string_view reduction) {
   meta::binary_cross_entropy(input, target, weight, reduction);
-  Tensor loss = -(target * clamp(log(input), Scalar(-100.0)) +
-                  (1 - target) * clamp(log(1 - input), Scalar(-100.0)));
+  Tensor loss = kiln::_binary_cross_entropy(input, target);
   if (weight) loss = loss * *weight;
   return reduce_loss(loss, reduction);
 }

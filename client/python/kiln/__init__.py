@@ -14,6 +14,7 @@ from kiln import _C
 from kiln._C import *  # noqa: F401,F403  the ops, dtypes, device, Generator, Tensor
 from kiln._C import Tensor, __version__  # noqa: F401
 from kiln import _tensor  # noqa: F401  Python-level Tensor methods (operators, indexing, numpy)
+from kiln._overloads import *  # noqa: F401,F403  nonzero(as_tuple), where(cond), split([...])
 from kiln._creation import *  # noqa: F401,F403
 from kiln.autograd.grad_mode import no_grad, enable_grad, inference_mode, set_grad_enabled  # noqa: F401
 from kiln._C import is_grad_enabled, is_inference_mode_enabled  # noqa: F401

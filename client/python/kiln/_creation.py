@@ -63,7 +63,8 @@ def get_default_dtype():
 def tensor(data, *, dtype=None, device=None, requires_grad=False):
     """A new tensor holding a copy of `data` (a Tensor, a NumPy array or scalar, or nested lists
     of numbers). Python floats become float32, ints int64 and bools bool, as in PyTorch; NumPy
-    data keeps its dtype."""
+    data keeps its dtype. With dtype, Python floats convert to it directly (float64 keeps them
+    exact)."""
     if isinstance(data, Tensor):
         t = data.detach().clone()
     else:
@@ -71,7 +72,8 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False):
         if arr.dtype == object:
             raise TypeError(f"kiln.tensor: cannot build a tensor from {type(data).__name__} data "
                             "(expected numbers, nested lists of numbers, or an array)")
-        if not isinstance(data, (_np.ndarray, _np.generic)) and arr.dtype == _np.float64:
+        if dtype is None and not isinstance(data, (_np.ndarray, _np.generic)) \
+                and arr.dtype == _np.float64:
             arr = arr.astype(_np.float32)
         t = _C.from_numpy(_np.array(arr, order="C", copy=True)).clone()
     if dtype is not None or device is not None:

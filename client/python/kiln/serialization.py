@@ -52,10 +52,12 @@ def _find_tensor(obj, where):
 
 
 def _reraise(e, path):
+    """e again, as its base ValueError or RuntimeError (a subclass such as UnicodeDecodeError
+    takes other constructor arguments), with the path in its message."""
     msg = str(e)
     if path not in msg:
         msg = f"{path}: {msg}"
-    raise type(e)(msg) from e
+    raise (ValueError if isinstance(e, ValueError) else RuntimeError)(msg) from e
 
 
 def save(obj, f, metadata=None):

@@ -454,9 +454,21 @@ NB_MODULE(_C, m) {
   m.def("initial_seed", [] { return default_generator().initial_seed(); });
   m.def("set_num_threads", &set_num_threads, nb::arg("n"));
   m.def("get_num_threads", &get_num_threads);
-  m.def("result_type", [](const Tensor& a, const Tensor& b) {
-    return nb::borrow(dtype_object(result_type(a, b)));
-  });
+  // result_type(tensor, other): either may be a Python number, which counts as a wrapped number
+  // (PyTorch's (Tensor, Scalar), (Scalar, Tensor) and (Scalar, Scalar) overloads).
+  m.def(
+      "result_type",
+      [](nb::handle tensor, nb::handle other) {
+        static const Signature sig("result_type", {{"tensor", ArgType::Tensor, nullptr, false, 0},
+                                                   {"other", ArgType::Tensor, nullptr, false, 0}});
+        PyObject* args[2] = {tensor.ptr(), other.ptr()};
+        Value v[2];
+        std::string why;
+        KILN_CHECK(sig.parse(nullptr, args, 2, nullptr, v, why), Type, "result_type(): ", why,
+                   " (expected tensors or numbers)");
+        return nb::borrow(dtype_object(result_type(v[0].t, v[1].t)));
+      },
+      nb::arg("tensor"), nb::arg("other"));
   m.def("promote_types", [](nb::handle a, nb::handle b) {
     ScalarType x, y;
     KILN_CHECK(dtype_from_object(a.ptr(), x) && dtype_from_object(b.ptr(), y), Type,

@@ -207,7 +207,7 @@ std::string Signature::str() const {
   return s + ")";
 }
 
-bool Signature::convert(const ParamSpec& p, PyObject* o, Value& v, bool first,
+bool Signature::convert(const ParamSpec& p, PyObject* o, Value& v, bool exact,
                         std::string& why) const {
   v.obj = o;
   v.none = false;
@@ -216,6 +216,9 @@ bool Signature::convert(const ParamSpec& p, PyObject* o, Value& v, bool first,
       v.none = true;
       return true;
     }
+  } else if (exact && p.strict &&
+             is_tensor(o) != (p.type == ArgType::Tensor || p.type == ArgType::OptTensor)) {
+    // Note [Scalar and Tensor overloads]: the other overload takes this kind of argument.
   } else {
     switch (p.type) {
       case ArgType::Tensor:
@@ -302,7 +305,7 @@ bool Signature::convert(const ParamSpec& p, PyObject* o, Value& v, bool first,
 }
 
 bool Signature::parse(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
-                      Value* out, std::string& why) const {
+                      Value* out, std::string& why, bool exact) const {
   const size_t n = params_.size();
   bool filled[64] = {};
   KILN_ASSERT(n <= 64);
@@ -339,7 +342,7 @@ bool Signature::parse(PyObject* self, PyObject* const* args, Py_ssize_t nargs, P
       filled[pos] = true;
       break;
     }
-    if (!convert(params_[pos], args[k], out[pos], pos == 0, why)) return false;
+    if (!convert(params_[pos], args[k], out[pos], exact, why)) return false;
     filled[pos] = true;
   }
   Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -355,7 +358,7 @@ bool Signature::parse(PyObject* self, PyObject* const* args, Py_ssize_t nargs, P
       why = std::string("got multiple values for argument '") + params_[idx].name + "'";
       return false;
     }
-    if (!convert(params_[idx], args[nargs + j], out[idx], idx == 0, why)) return false;
+    if (!convert(params_[idx], args[nargs + j], out[idx], exact, why)) return false;
     filled[idx] = true;
   }
   for (size_t k = 0; k < n; ++k) {
@@ -447,7 +450,14 @@ void set_python_error() {
         type = PyExc_RuntimeError;
         break;
     }
-    PyErr_SetString(type, e.what());
+    // The message may quote bytes of user data that are not UTF-8 (a safetensors header, a
+    // name): PyErr_SetString would raise UnicodeDecodeError instead. Escape them.
+    const std::string_view msg = e.what();
+    PyObject* text = PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()),
+                                          "backslashreplace");
+    if (!text) return;  // MemoryError is set
+    PyErr_SetObject(type, text);
+    Py_DECREF(text);
   } catch (nb::python_error& e) {
     e.restore();
   } catch (const nb::cast_error& e) {

@@ -13,6 +13,13 @@
 // (as a wrapped number, lowest in type promotion), a bare int for an int list (int[N]: N copies),
 // a one-element tensor for a number, and a single int[] argument may be given as varargs
 // (x.view(2, 3), kiln.zeros(2, 3)).
+//
+// Note [Scalar and Tensor overloads]: where two overloads of one name take a number (Scalar or
+// int) and a Tensor at the same position (scatter(dim, index, Tensor src) and
+// scatter.value(dim, index, Scalar value); clamp with Scalar or Tensor bounds; max(dim) and
+// max(other)), that argument is `strict`. The generated binding then parses twice: first exactly,
+// where a Python number fills only a number and a tensor only a Tensor, so x.scatter(1, i, 2.5)
+// takes the value overload as in PyTorch; then, if no overload fit, with the conversions above.
 #pragma once
 
 #include <Python.h>
@@ -55,6 +62,7 @@ struct ParamSpec {
   const char* default_value;  // as written in the schema; nullptr when required
   bool kwarg_only;
   int fixed_size;  // N of int[N], else 0
+  bool strict = false;  // Note [Scalar and Tensor overloads]
 };
 
 // One parsed argument. Only the member of its ArgType is meaningful; `none` marks None.
@@ -78,12 +86,13 @@ class Signature {
  public:
   Signature(const char* name, std::initializer_list<ParamSpec> params);
   // Note [Python argument parsing]. `self` is the bound Tensor of a method call (else nullptr).
+  // `exact`: strict arguments take only their own kind (Note [Scalar and Tensor overloads]).
   bool parse(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, Value* out,
-             std::string& why) const;
+             std::string& why, bool exact = false) const;
   std::string str() const;  // "add(Tensor self, Tensor other, *, Scalar alpha=1)"
 
  private:
-  bool convert(const ParamSpec& p, PyObject* o, Value& v, bool first, std::string& why) const;
+  bool convert(const ParamSpec& p, PyObject* o, Value& v, bool exact, std::string& why) const;
   std::string name_;
   std::vector<ParamSpec> params_;
   std::vector<Value> defaults_;

@@ -4,6 +4,7 @@
 
 #include "kiln/generated/meta_decls.h"
 #include "kiln/meta.h"
+#include "op_support.h"
 
 namespace kiln::meta {
 
@@ -28,20 +29,24 @@ TensorSpec index_select(const Tensor& self, int64_t dim, const Tensor& index) {
   return contiguous_spec(sizes, self.dtype(), device);
 }
 
-TensorSpec gather(const Tensor& self, int64_t dim, const Tensor& index) {
-  KILN_CHECK(index.dtype() == kInt64, Type, "gather: expected index to have dtype int64, got ",
+// gather and scatter.value: an int64 index of self's rank, no larger than self except along d.
+static void check_index_fits(const char* op, const Tensor& self, const Tensor& index, int64_t d) {
+  KILN_CHECK(index.dtype() == kInt64, Type, op, ": expected index to have dtype int64, got ",
              index.dtype());
+  if (index.numel() == 0) return;
+  KILN_CHECK(dim1(index) == dim1(self), Value, op,
+             ": index must have the same number of dimensions as self, got index of shape ",
+             index.sizes(), " and self of shape ", self.sizes());
+  for (int64_t k = 0; k < dim1(self); ++k)
+    KILN_CHECK(k == d || size1(index, k) <= size1(self, k), Value, op, ": index of shape ",
+               index.sizes(), " is larger than self of shape ", self.sizes(), " at dimension ", k,
+               " (only dimension ", d, " may be larger)");
+}
+
+TensorSpec gather(const Tensor& self, int64_t dim, const Tensor& index) {
   int64_t d = wrap_dim("gather", dim, self.dim());
   Device device = common_device("gather", self, index);
-  if (index.numel() != 0) {
-    KILN_CHECK(dim1(index) == dim1(self), Value,
-               "gather: index must have the same number of dimensions as self, got index of shape ",
-               index.sizes(), " and self of shape ", self.sizes());
-    for (int64_t k = 0; k < dim1(self); ++k)
-      KILN_CHECK(k == d || size1(index, k) <= size1(self, k), Value, "gather: index of shape ",
-                 index.sizes(), " is larger than self of shape ", self.sizes(), " at dimension ", k,
-                 " (only dimension ", d, " may be larger)");
-  }
+  check_index_fits("gather", self, index, d);
   return contiguous_spec(index.sizes(), self.dtype(), device);
 }
 
@@ -67,6 +72,19 @@ TensorSpec scatter(const Tensor& self, int64_t dim, const Tensor& index, const T
     }
   }
   return contiguous_spec(self.sizes(), self.dtype(), device);
+}
+
+// scatter.value: scatter of a source of index's shape that holds `value` (cast to self's dtype).
+TensorSpec scatter_value(const Tensor& self, int64_t dim, const Tensor& index, const Scalar&) {
+  int64_t d = wrap_dim("scatter", dim, self.dim());
+  Device device = common_device("scatter", self, index);
+  check_index_fits("scatter", self, index, d);
+  return contiguous_spec(self.sizes(), self.dtype(), device);
+}
+
+TensorSpec scatter_value_(const Tensor& self, int64_t dim, const Tensor& index,
+                          const Scalar& value) {
+  return detail::inplace_spec("scatter_", self, scatter_value(self, dim, index, value));
 }
 
 TensorSpec masked_fill(const Tensor& self, const Tensor& mask, const Scalar&) {

@@ -131,6 +131,15 @@ TensorSpec binary_cross_entropy(const Tensor& input, const Tensor& target,
   return elementwise("binary_cross_entropy", input, target, reduction);
 }
 
+// _binary_cross_entropy: input, target broadcast together -> result_type(input, target).
+TensorSpec binary_cross_entropy_unreduced(const Tensor& input, const Tensor& target) {
+  const char* op = "binary_cross_entropy";
+  check_floating(op, "input", input);
+  check_floating(op, "target", target);
+  return contiguous_spec(broadcast_shapes(op, input.sizes(), target.sizes()),
+                         result_type(input, target), common_device(op, input, target));
+}
+
 TensorSpec binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                             const std::optional<Tensor>& weight,
                                             const std::optional<Tensor>& pos_weight,

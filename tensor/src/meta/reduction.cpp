@@ -107,6 +107,23 @@ TensorSpec min_all(const Tensor& self) {
   return contiguous_spec({}, self.dtype(), self.device());
 }
 
+// amax/amin: every reduced dim must be non-empty (there is no identity), as in PyTorch.
+static TensorSpec amax_amin(const char* op, const Tensor& self, IntArrayRef dim, bool keepdim) {
+  std::vector<bool> mask = dim_mask(op, dim, self.dim());
+  for (int64_t d = 0; d < self.dim(); ++d)
+    KILN_CHECK(!mask[d] || self.size(d) > 0, Index, op, "(): Expected reduction dim ", d,
+               " to have non-zero size (input of size ", self.sizes(), ").");
+  return contiguous_spec(reduced_shape(self.sizes(), mask, keepdim), self.dtype(), self.device());
+}
+
+TensorSpec amax(const Tensor& self, IntArrayRef dim, bool keepdim) {
+  return amax_amin("amax", self, dim, keepdim);
+}
+
+TensorSpec amin(const Tensor& self, IntArrayRef dim, bool keepdim) {
+  return amax_amin("amin", self, dim, keepdim);
+}
+
 std::vector<TensorSpec> max_dim(const Tensor& self, int64_t dim, bool keepdim) {
   return value_index_spec("max", self, dim, keepdim);
 }

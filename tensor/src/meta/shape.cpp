@@ -1,4 +1,5 @@
-// Meta functions of the shape ops (tensor/ops/shape.toml): cat, stack, split, chunk, tril/triu.
+// Meta functions of the shape ops (tensor/ops/shape.toml): cat, stack, split, split_with_sizes,
+// chunk, tril/triu.
 #include <algorithm>
 
 #include "kiln/generated/meta_decls.h"
@@ -82,6 +83,31 @@ std::vector<TensorSpec> split(const Tensor& self, int64_t split_size, int64_t di
   for (int64_t i = 0; i < num; ++i) {
     int64_t start = i * split_size;
     out.push_back(slice(self, d, start, start + std::min(split_size, n - start), 1));
+  }
+  return out;
+}
+
+std::vector<TensorSpec> split_with_sizes(const Tensor& self, IntArrayRef split_sizes, int64_t dim) {
+  const char* op = "split_with_sizes";
+  KILN_CHECK(self.dim() > 0, Value, op, ": expects at least a 1-dimensional tensor");
+  const int64_t d = wrap_dim(op, dim, self.dim()), n = self.size(d);
+  int64_t total = 0;  // stops at n + 1: no overflow
+  for (int64_t s : split_sizes) {
+    KILN_CHECK(s >= 0, Value, op,
+               ": expects split_sizes to have only non-negative entries, but got split_sizes=",
+               split_sizes);
+    total = std::min(total + std::min(s, n + 1), n + 1);
+  }
+  KILN_CHECK(total == n, Value, op, ": expects split_sizes to sum exactly to ", n,
+             " (the size of dimension ", d, " of the input of shape ", self.sizes(),
+             "), but got split_sizes=", split_sizes);
+  check_pieces(op, static_cast<int64_t>(split_sizes.size()));
+  std::vector<TensorSpec> out;
+  out.reserve(split_sizes.size());
+  int64_t start = 0;
+  for (int64_t s : split_sizes) {
+    out.push_back(slice(self, d, start, start + s, 1));
+    start += s;
   }
   return out;
 }

@@ -91,6 +91,10 @@ Tensor prod_backward(const Tensor& grad, const Tensor& self, const Tensor& resul
                      OptionalIntArrayRef dim, bool keepdim);
 // max(self)/min(self): grad shared evenly among the elements equal to result (NaN matches NaN).
 Tensor evenly_distribute_backward(const Tensor& grad, const Tensor& self, const Tensor& result);
+// amax/amin(self, dim, keepdim): grad shared evenly among the elements equal to their slice's
+// result (NaN matches NaN), as PyTorch's scale_grad_by_count.
+Tensor amax_amin_backward(const Tensor& grad, const Tensor& self, const Tensor& result,
+                          IntArrayRef dim, bool keepdim);
 // max.dim/min.dim: grad scattered to `indices` along dim in zeros of `sizes`.
 Tensor value_selecting_reduction_backward(const Tensor& grad, int64_t dim, const Tensor& indices,
                                           IntArrayRef sizes, bool keepdim);
@@ -137,6 +141,9 @@ std::vector<Tensor> cat_backward(const Tensor& grad, TensorList tensors, int64_t
 std::vector<Tensor> stack_backward(const Tensor& grad, TensorList tensors, int64_t dim);
 // split(self, split_size, dim): the output gradients (undefined ones count as zeros) concatenated.
 Tensor split_backward(TensorList grads, IntArrayRef sizes, int64_t split_size, int64_t dim);
+// split_with_sizes(self, split_sizes, dim): the same, pieces of split_sizes.
+Tensor split_with_sizes_backward(TensorList grads, IntArrayRef sizes, IntArrayRef split_sizes,
+                                 int64_t dim);
 // chunk(self, chunks, dim): split_backward with chunk's piece size.
 Tensor chunk_backward(TensorList grads, IntArrayRef sizes, int64_t chunks, int64_t dim);
 // index_select(self, dim, index): grad accumulated into zeros of `sizes` at `index` along dim.

@@ -12,7 +12,8 @@ from kiln import _C
 __all__ = [
     "linear", "bilinear", "conv1d", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
     "adaptive_avg_pool2d", "batch_norm", "layer_norm", "rms_norm", "group_norm", "embedding",
-    "dropout", "relu", "relu_", "gelu", "silu", "tanh", "sigmoid", "softmax", "log_softmax",
+    "dropout", "relu", "relu_", "gelu", "silu", "softplus", "tanh", "sigmoid", "softmax",
+    "log_softmax",
     "leaky_relu", "normalize", "pad", "interpolate", "one_hot", "scaled_dot_product_attention",
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
@@ -116,6 +117,11 @@ def gelu(input, approximate="none"):
 
 def silu(input, inplace=False):
     return _C.silu_(input) if inplace else _C.silu(input)
+
+
+def softplus(input, beta=1.0, threshold=20.0):
+    """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold."""
+    return _C.softplus(input, beta, threshold)
 
 
 def leaky_relu(input, negative_slope=0.01, inplace=False):

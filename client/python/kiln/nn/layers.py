@@ -12,7 +12,7 @@ from kiln.nn.parameter import Parameter
 __all__ = ["Identity", "Linear", "Bilinear", "Conv1d", "Conv2d", "ConvTranspose2d", "MaxPool2d",
            "AvgPool2d", "AdaptiveAvgPool2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "RMSNorm",
            "GroupNorm", "Embedding", "Dropout", "Flatten", "Unflatten", "ReLU", "GELU", "SiLU",
-           "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LeakyReLU"]
+           "Softplus", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LeakyReLU"]
 
 
 def _tuple(v, n):
@@ -465,6 +465,18 @@ class SiLU(Module):
 
     def extra_repr(self):
         return "inplace=True" if self.inplace else ""
+
+
+class Softplus(Module):
+    def __init__(self, beta=1.0, threshold=20.0):
+        super().__init__()
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, input):
+        return F.softplus(input, self.beta, self.threshold)
+
+    def extra_repr(self):
+        return f"beta={self.beta}, threshold={self.threshold}"
 
 
 class Tanh(Module):

@@ -3,9 +3,10 @@ function of e and the base lrs, so step(), state_dict() and load_state_dict() ne
 Construction takes the epoch-0 step, as in PyTorch."""
 import bisect
 import math
+import types
 
-__all__ = ["LRScheduler", "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR",
-           "LinearLR", "OneCycleLR", "SequentialLR"]
+__all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ExponentialLR",
+           "CosineAnnealingLR", "LinearLR", "OneCycleLR", "SequentialLR"]
 
 
 class LRScheduler:
@@ -45,6 +46,66 @@ class LRScheduler:
     def load_state_dict(self, state_dict):
         self.__dict__.update(state_dict)
         self._apply(self.last_epoch)
+
+
+def _per_group(name, fns, groups):
+    """One function per param group: `fns` itself for all of them, or a list of as many."""
+    if not isinstance(fns, (list, tuple)):
+        return [fns] * len(groups)
+    if len(fns) != len(groups):
+        raise ValueError(f"{name}: expected {len(groups)} lr_lambdas, got {len(fns)}")
+    return list(fns)
+
+
+class _LambdaScheduler(LRScheduler):
+    """Holds lr_lambdas, which state_dict() saves only when they are callable objects (their
+    __dict__), as PyTorch does: plain functions and lambdas are not data."""
+
+    def state_dict(self):
+        sd = super().state_dict()
+        sd["lr_lambdas"] = [None if isinstance(f, types.FunctionType) else dict(f.__dict__)
+                            for f in self.lr_lambdas]
+        return sd
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        for f, saved in zip(self.lr_lambdas, state_dict.pop("lr_lambdas", [])):
+            if saved is not None:
+                f.__dict__.update(saved)
+        super().load_state_dict(state_dict)
+
+
+class LambdaLR(_LambdaScheduler):
+    """lr = base_lr * lr_lambda(epoch), one lr_lambda for every group or one per group."""
+
+    def __init__(self, optimizer, lr_lambda, last_epoch=-1):
+        self.lr_lambdas = _per_group("LambdaLR", lr_lambda, optimizer.param_groups)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, group, epoch):
+        return self.base_lrs[group] * self.lr_lambdas[group](epoch)
+
+
+class MultiplicativeLR(_LambdaScheduler):
+    """lr = base_lr * lr_lambda(1) * ... * lr_lambda(epoch): each step multiplies the lr by
+    lr_lambda(epoch). The products are kept as they are computed, so stepping costs one call."""
+
+    def __init__(self, optimizer, lr_lambda, last_epoch=-1):
+        self.lr_lambdas = _per_group("MultiplicativeLR", lr_lambda, optimizer.param_groups)
+        self._factors = None  # (epoch, [product per group]) of the last lr_at
+        super().__init__(optimizer, last_epoch)
+
+    def _products(self, epoch):
+        start, prods = self._factors if self._factors and self._factors[0] <= epoch \
+            else (0, [1.0] * len(self.lr_lambdas))
+        prods = list(prods)
+        for e in range(start + 1, epoch + 1):
+            prods = [p * f(e) for p, f in zip(prods, self.lr_lambdas)]
+        self._factors = (max(epoch, 0), prods)
+        return prods
+
+    def lr_at(self, group, epoch):
+        return self.base_lrs[group] * self._products(epoch)[group]
 
 
 class StepLR(LRScheduler):
