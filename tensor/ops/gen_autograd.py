@@ -66,6 +66,34 @@ def cxx_formula(formula):
     return re.sub(r"'([^']*)'", lambda m: '"' + m.group(1) + '"', formula)
 
 
+def rewrite_cast_back(formula, name, repl):
+    """`cast_back(expr, name)` calls (name only gives the dtype and device to cast to) with their
+    last argument replaced by `repl`."""
+    out, i = [], 0
+    while True:
+        j = formula.find("cast_back(", i)
+        if j < 0:
+            return "".join(out) + formula[i:]
+        depth, k, last_comma = 0, j + len("cast_back("), None
+        while True:  # the call's closing parenthesis, and its last top-level comma
+            ch = formula[k]
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif ch == "," and depth == 0:
+                last_comma = k
+            k += 1
+        inner = formula[j + len("cast_back("):last_comma] if last_comma else None
+        if last_comma is not None and formula[last_comma + 1:k].strip() == name:
+            out.append(formula[i:j] + "cast_back(" + rewrite_cast_back(inner, name, repl) + ", " + repl + ")")
+        else:
+            out.append(formula[i:k + 1])
+        i = k + 1
+
+
 class Row:
     def __init__(self, row, ops, node_name):
         self.row, self.ops, self.node = row, ops, node_name
@@ -102,16 +130,20 @@ class Row:
             if f != "non_differentiable":
                 used |= set(idents(f))
         self.used = used
-        # Tensor arguments the formulas use only through .sizes() / .numel(): the node keeps the
-        # shape, not the tensor (less memory, and no version check on a tensor it never reads).
-        self.shape_only = set()
+        # Tensor arguments the formulas use only through .sizes() / .numel() and as the dtype and
+        # device of cast_back(): the node keeps those, not the tensor (less memory, and no version
+        # check on a tensor it never reads: copy_'s src may be a view of the tensor it writes).
+        self.shape_only, self.cast_only = set(), set()
         live = [f for f in raw if f != "non_differentiable"]
         for a in self.args:
             if a.type != "Tensor" or a.name not in used:
                 continue
-            stripped = [re.sub(rf"\b{a.name}\.(sizes|numel)\(\)", "", f) for f in live]
+            stripped = [rewrite_cast_back(re.sub(rf"\b{a.name}\.(sizes|numel)\(\)", "", f), a.name, "")
+                        for f in live]
             if not any(a.name in idents(f) for f in stripped):
                 self.shape_only.add(a.name)
+                if any(rewrite_cast_back(f, a.name, "") != f for f in live):
+                    self.cast_only.add(a.name)
         self.tensor_args = [a for a in self.args if a.is_tensor]
         self.diff_args = [a.name for a in self.tensor_args
                           if self.formulas.get(a.name, "non_differentiable") != "non_differentiable"]
@@ -132,6 +164,9 @@ def node_class(r):
             continue
         if a.name in r.shape_only:
             saved.append(f"  ::std::vector<int64_t> {a.name}_sizes_;")
+            if a.name in r.cast_only:
+                saved.append(f"  ScalarType {a.name}_dtype_ = kFloat32;")
+                saved.append(f"  Device {a.name}_device_ = kCPU;")
         elif a.type == "Tensor":
             saved.append(f"  SavedVariable {a.name}_;")
             binds.append(f'  Tensor {a.name} = {a.name}_.unpack(*this, "{a.name}");')
@@ -166,6 +201,8 @@ def node_class(r):
     L += ["  " + b for b in binds]
     L.append("    variable_list out(num_outputs());\n    size_t pos = 0;")
     def shaped(f):
+        for sn in r.cast_only:
+            f = rewrite_cast_back(f, sn, f"{sn}_dtype_, {sn}_device_")
         for sn in r.shape_only:
             f = re.sub(rf"\b{sn}\.sizes\(\)", f"IntArrayRef({sn}_sizes_)", f)
             f = re.sub(rf"\b{sn}\.numel\(\)", f"numel_of({sn}_sizes_)", f)
@@ -268,10 +305,14 @@ def save_lines(r, op, inplace, forward):
             L.append(f"  for (const Tensor& t : {a.name}) node->{a.name}_geom_.push_back(geometry_of(t));")
         elif a.name in r.shape_only:
             L.append(f"  node->{a.name}_sizes_.assign({a.name}.sizes().begin(), {a.name}.sizes().end());")
+            if a.name in r.cast_only:
+                L.append(f"  node->{a.name}_dtype_ = {a.name}.dtype();")
+                L.append(f"  node->{a.name}_device_ = {a.name}.device();")
         elif a.type == "Tensor":
-            if inplace and a.name == op.args[0].name:
-                src = f"{a.name}_pre" if forward else f"clone_below_autograd({a.name})"
-                L.append(f"  node->{a.name}_ = SavedVariable({src}, false);")
+            if inplace and a.name == op.args[0].name and forward:
+                L.append(f"  node->{a.name}_ = SavedVariable({a.name}_pre, false);")
+            elif inplace and a.name == op.args[0].name:  # self's history is the node's edge 0
+                L.append(f"  node->{a.name}_ = SavedVariable::before_inplace(clone_below_autograd({a.name}));")
             else:
                 L.append(f"  node->{a.name}_ = SavedVariable({a.name}, false);")
         else:
@@ -308,9 +349,10 @@ def record_fn(r, op, below):
     if op.ret_cpp == "Tensor":
         if not inplace:
             L.append("  if (!is_floating(r.dtype())) return r;  // integer outputs are not differentiable")
-        L.append("  set_history(r, node);")
+        # In place: a view's base gets the history (Note [CopySlices] in autograd/src/copy_slices.h).
+        L.append(f"  {'rebase_history' if inplace else 'set_history'}(r, node);")
         if op.is_view:
-            L.append(f"  set_view_base(r, {op.args[0].name});")
+            L.append("  set_view_base(r);")
         L.append("  fw(r);")
         if r.generated and "result" in r.used:
             L.append(f"  node->result_ = SavedVariable(r, true, {1 if inplace else 0});")
@@ -326,7 +368,7 @@ def record_fn(r, op, below):
     else:  # Tensor[]
         L.append("  for (const Tensor& t : r) {\n    set_history(t, node);")
         if op.is_view:
-            L.append(f"    set_view_base(t, {op.args[0].name});")
+            L.append("    set_view_base(t);")
         L.append("  }")
         L.append("  fw(r);")
     L.append("  return r;\n}")
