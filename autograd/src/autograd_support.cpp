@@ -16,7 +16,7 @@ void check_inplace(const Tensor& self, const char* op) {
                ": an in-place operation that makes a tensor require grad (shape ", self.sizes(),
                ") is not supported while other tensors share its storage (its views, or a "
                "detached alias), because those would not see its new history; make the write "
-               "before taking views, write through a view instead, or clone the tensor");
+               "before taking views of it, or clone it first");
     return;
   }
   KILN_CHECK(m->grad_fn_ != nullptr || !m->requires_grad_, Runtime,
@@ -32,8 +32,18 @@ std::vector<Tensor> geometry_placeholders(const std::vector<InputMetadata>& geom
 }
 
 Tensor clone_below_autograd(const Tensor& t) {
-  ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);
-  return t.clone();
+  Tensor c;
+  {
+    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);
+    c = t.clone();
+  }
+  // Forward-over-reverse (hessian): the backward formulas reading this value need its tangent
+  // before the op too (fw then changes t's tangent in place).
+  if (Tensor tangent = tangent_of(t); tangent.defined()) [[unlikely]] {
+    ForwardADDisabledGuard off;
+    forward::detail::set_tangent(c, tangent.clone());
+  }
+  return c;
 }
 
 }  // namespace kiln::autograd

@@ -5,7 +5,9 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/autograd/batched.h"
 #include "kiln/autograd/formulas.h"
+#include "kiln/autograd/forward_ad.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/generated/ops.h"
 #include "kiln/operators.h"
@@ -60,6 +62,13 @@ bool is_dense(const StridedGeometry& g, const Span& s) {
   return g.offset == s.lo && n == s.n && !overlaps(g);
 }
 
+// Whether strided copies into a fresh buffer compute this backward: not when it is recorded
+// (create_graph), batched (jacrev's vmap over cotangents: the buffer would hold one example) or
+// carries tangents (forward-over-reverse: as_strided's tangent is not a view of its input's).
+bool strided_copies_suffice(const Tensor& grad) {
+  return !GradMode::is_enabled() && !is_batched(grad) && forward::current_level() == 0;
+}
+
 // Storage positions (relative to s.lo) of g's elements, flattened.
 Tensor positions(const StridedGeometry& g, const Span& s, Device device) {
   return in_buffer(arange(0, s.n, 1, kInt64, device), g, s.lo).reshape({-1});
@@ -87,7 +96,7 @@ variable_list CopySlices::apply(variable_list&& grads) {
   const Span s = span_of(base_, view_);
   const bool want_self = should_compute_output(self_edge_);
   variable_list res, out(num_outputs());
-  if (!GradMode::is_enabled()) {
+  if (strided_copies_suffice(grad)) {
     Tensor buf = is_dense(base_, s) ? empty({s.n}, grad.dtype(), grad.device())
                                     : zeros({s.n}, grad.dtype(), grad.device());
     Tensor result = in_buffer(buf, base_, s.lo);
@@ -99,7 +108,7 @@ variable_list CopySlices::apply(variable_list&& grads) {
       else slice.zero_();
       out[self_edge_] = std::move(result);
     }
-  } else {  // create_graph: the same steps out of place, recorded
+  } else {  // the same steps out of place
     const Tensor base_pos = positions(base_, s, grad.device());
     const Tensor view_pos = positions(view_, s, grad.device());
     Tensor flat = zeros({s.n}, grad.dtype(), grad.device()).scatter(0, base_pos, grad.reshape({-1}));
@@ -120,7 +129,7 @@ variable_list AsStridedViewBackward::apply(variable_list&& grads) {
   const Tensor& grad = grads[0];  // view_'s shape
   variable_list out(1);
   if (!should_compute_output(0)) return out;
-  if (GradMode::is_enabled() || overlaps(view_) || overlaps(base_)) {
+  if (!strided_copies_suffice(grad) || overlaps(view_) || overlaps(base_)) {
     out[0] = as_strided_backward_geometry(grad, base_.sizes, base_.strides, base_.offset,
                                           view_.sizes, view_.strides, view_.offset);
     return out;

@@ -20,8 +20,8 @@
 //   before were not recorded and would not see B's history, so it is refused while any tensor
 //   other than B and V shares the storage. Views of leaves and views made under no_grad keep
 //   PyTorch's errors (check_inplace_view).
-// - With grad mode on in backward (create_graph), both nodes gather and scatter storage
-//   positions instead of copying strided slices, so their own backward is recorded.
+// - With grad mode on in backward (create_graph), under vmap or with tangents (jacrev,
+//   hessian), both nodes gather and scatter storage positions instead of copying strided slices.
 #pragma once
 
 #include <memory>

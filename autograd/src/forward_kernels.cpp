@@ -90,7 +90,14 @@ void set_inplace_tangent(const Tensor& self, Tensor t, const char* op) {
   if (self.impl()->view_base()) [[unlikely]] {
     // A view's tangent is the same view of its base's tangent: written in place, so the base's
     // tangent changes with it (recorded, through CopySlices, when either requires grad).
-    if (!old.defined()) old = view_of_base_tangent(self, op);
+    if (!old.defined()) {
+      old = view_of_base_tangent(self, op);
+    } else {
+      KILN_CHECK(old.impl()->view_base() || !has_tangent(Tensor(self.impl()->view_base())),
+                 NotImplemented, op, ": forward-mode AD: an in-place operation through a view "
+                 "(shape ", self.sizes(), ") whose tangent is not a view of its base's tangent "
+                 "(an as_strided view) would not change the base's tangent");
+    }
     if (old.impl()->view_base() || (!old.requires_grad() && !t.requires_grad())) {
       old.copy_(t);
       return;

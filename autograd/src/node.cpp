@@ -271,6 +271,7 @@ Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
     m.grad_fn_ = owner.next_edge(0).fn;
     m.output_nr_ = owner.next_edge(0).input_nr;
     r.impl()->add_keys(DispatchKey::Autograd);
+    forward::detail::copy_tangent(data_, r);
     return r;
   }
   if (!is_output_ || !output_requires_grad_) return data_;
@@ -279,8 +280,10 @@ Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
   Tensor r = data_.detach();
   AutogradMeta& m = materialize_meta(r);
   if (on_view_) {
-    std::shared_ptr<Node> cs = copy_slices_.lock();
-    KILN_ASSERT(cs != nullptr, "a result saved through a view outlived its CopySlices node");
+    std::shared_ptr<Node> cs = copy_slices_.lock();  // alive while it runs its fn, owner
+    KILN_CHECK(cs != nullptr, Runtime, "'", arg, "' saved by ", owner.name(),
+               " was written through a view whose base's history is gone; it can only be "
+               "unpacked in a backward pass through that base");
     m.grad_fn_ = view_of_copy_slices(cs, r);
     m.output_nr_ = 0;
   } else {

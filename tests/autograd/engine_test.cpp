@@ -224,6 +224,18 @@ TEST(AutogradEngine, InplaceOnViews) {  // more in inplace_views_test.cpp
   EXPECT_TRUE(q.requires_grad());
 }
 
+TEST(AutogradEngine, DoubleBackwardThroughInplaceReadsSelfBeforeTheOp) {
+  // y = x^2, then y *= x in place: y = x^3, y' = 3x^2, y'' = 6x. mul_'s formula for `other`
+  // reads self before the op, which under create_graph keeps its history then (12x gave 8x).
+  Tensor x = random({3}, kFloat64, 0.5, 2, 61).requires_grad_();
+  Tensor y = x * x;
+  y.mul_(x);
+  auto g = grad({y.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+  expect_close(g[0], x.detach() * x.detach() * 3, 1e-12, 1e-12);
+  auto gg = grad({g[0].sum()}, {x});
+  expect_close(gg[0], x.detach() * 6, 1e-12, 1e-12);
+}
+
 TEST(AutogradEngine, RetainGradSurvivesInplace) {
   Tensor x = random({3}, kFloat64, -1, 1, 30).requires_grad_();
   Tensor h = x * 2;

@@ -341,6 +341,26 @@ TEST(AutogradInplaceViews, DoubleBackward) {
   EXPECT_TRUE(testing::gradgradcheck(regenerated, {random({4}, kFloat64, -1, 1, 49)}));
 }
 
+TEST(AutogradInplaceViews, JacobiansOfCacheWrites) {
+  // cache[t] = x[t:t+2] * x[t]: jacrev runs CopySlices under vmap (batched cotangents), jacfwd
+  // writes tangents through the views.
+  auto writes = [](const Tensor& x) {
+    Tensor cache = zeros({3, 2}, kFloat64);
+    for (int64_t t = 0; t < 3; ++t) cache.select(0, t).copy_(x.slice(0, t, t + 2) * x.select(0, t));
+    return cache;
+  };
+  Tensor x = random({4}, kFloat64, -1, 1, 62);
+  std::vector<double> xv = testing::to_doubles(x), j(3 * 2 * 4, 0.0);
+  for (int64_t t = 0; t < 3; ++t) {  // d cache[t][0] = 2 x_t; d cache[t][1] = x_{t+1}, x_t
+    j[(t * 2 + 0) * 4 + t] = 2 * xv[t];
+    j[(t * 2 + 1) * 4 + t] = xv[t + 1];
+    j[(t * 2 + 1) * 4 + t + 1] = xv[t];
+  }
+  Tensor want = testing::from_vector(j, {3, 2, 4});
+  expect_close(func::jacrev(func::UnaryFn(writes))(x), want, 1e-12, 1e-12);
+  expect_close(func::jacfwd(func::UnaryFn(writes))(x), want, 1e-12, 1e-12);
+}
+
 // x.mul_(2) in place, marked dirty (as in function_test.cpp).
 struct DoubleInPlace : autograd::Function<DoubleInPlace> {
   static Tensor forward(AutogradContext* ctx, Tensor x) {
