@@ -3,25 +3,22 @@
 //
 // Note [CopySlices]: an in-place op on a view V changes its base B too (Note [View bases] in
 // kiln/tensor_impl.h). As in PyTorch:
-// - Shapes: B and V are (sizes, strides, storage offset) geometries over one storage. The nodes
-//   below keep only those geometries (no tensor: no version check, no reference cycle).
-// - Rebase: the op's node fn (one input, V's new value; edge `self_edge`, V's old value) goes
-//   inside a CopySlices node that becomes B's grad_fn, with fn's edges but B's old history in
-//   place of V's. Backward gets B's gradient g and lays it out in a buffer spanning both
-//   geometries; V's slice of the buffer goes through fn, fn's gradient for V's old value (zeros
-//   if none) is written back into the slice, and the buffer read with B's geometry flows to B's
-//   old history. fn's other gradients pass through.
-// - Views' grad_fns: a view's AutogradMeta::attr_version_ is the version counter value its
-//   grad_fn was made at. Every in-place op, on B or on any view, bumps the one counter of the
-//   storage; refresh_grad_fn() (gradient_edge, grad_fn(), hooks, grad()) sees the mismatch and
-//   gives the view AsStridedBackward0 over B's current history (as_strided's backward by V's
-//   geometry). So V, and every other view of B, is correct after either kind of write.
-// - A write that makes B require grad (B did not; the value written does): views of B taken
-//   before were not recorded and would not see B's history, so it is refused while any tensor
-//   other than B and V shares the storage. Views of leaves and views made under no_grad keep
-//   PyTorch's errors (check_inplace_view).
-// - With grad mode on in backward (create_graph), under vmap or with tangents (jacrev,
-//   hessian), both nodes gather and scatter storage positions instead of copying strided slices.
+// - Shapes: B and V are (sizes, strides, storage offset) geometries over one storage; the nodes
+//   below keep only those (no tensor: no version check, no reference cycle).
+// - Rebase: the op's node fn (input: V's new value; edge `self_edge`: V's old value) goes inside
+//   a CopySlices node that becomes B's grad_fn, with fn's edges but B's old history at self_edge.
+//   Backward lays B's gradient out in a buffer spanning both geometries, runs fn on V's slice of
+//   it, writes fn's gradient for V's old value (zeros if none) back into the slice, and sends the
+//   buffer, read with B's geometry, to B's old history; fn's other gradients pass through.
+// - Versions: a view's AutogradMeta::attr_version_ is the storage's version counter when its
+//   grad_fn was made. Every in-place op, on B or any view, bumps that one counter, so
+//   refresh_grad_fn() (gradient_edge, grad_fn(), hooks, grad()) sees the change and makes the view
+//   AsStridedBackward0 over B's current history. Saved tensors keep their own version checks.
+// - B without history gains one from a write of a value that requires grad; views of B taken
+//   before were not recorded, so this is refused while another tensor shares the storage. Leaf
+//   views and no_grad views get PyTorch's errors when the op reaches autograd (an operand has
+//   autograd state; a write of plain values into a no_grad view is untracked, as under no_grad).
+// - Under create_graph, vmap or forward AD the nodes gather/scatter storage positions instead.
 #pragma once
 
 #include <memory>

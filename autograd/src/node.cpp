@@ -209,7 +209,11 @@ void set_history(const Tensor& t, const std::shared_ptr<Node>& fn) {
   t.impl()->add_keys(DispatchKey::Autograd);
 }
 
-void set_view_base(const Tensor& view) { materialize_meta(view).attr_version_ = view.version(); }
+void set_view_base(const Tensor& view, const Tensor& self) {
+  // A backend whose view kernel left the base unrecorded (Note [View bases]): autograd needs it.
+  if (!view.impl()->view_base() && view.is_alias_of(self)) view.impl()->set_view_of(self.impl_ptr());
+  materialize_meta(view).attr_version_ = view.version();
+}
 
 void collect_edge(Node& fn, const Tensor& t) { fn.mutable_next_edges().push_back(gradient_edge(t)); }
 void collect_edge(Node& fn, const std::optional<Tensor>& t) {

@@ -352,7 +352,7 @@ def record_fn(r, op, below):
         # In place: a view's base gets the history (Note [CopySlices] in autograd/src/copy_slices.h).
         L.append(f"  {'rebase_history' if inplace else 'set_history'}(r, node);")
         if op.is_view:
-            L.append("  set_view_base(r);")
+            L.append(f"  set_view_base(r, {op.args[0].name});")
         L.append("  fw(r);")
         if r.generated and "result" in r.used:
             L.append(f"  node->result_ = SavedVariable(r, true, {1 if inplace else 0});")
@@ -368,7 +368,7 @@ def record_fn(r, op, below):
     else:  # Tensor[]
         L.append("  for (const Tensor& t : r) {\n    set_history(t, node);")
         if op.is_view:
-            L.append("    set_view_base(t);")
+            L.append(f"    set_view_base(t, {op.args[0].name});")
         L.append("  }")
         L.append("  fw(r);")
     L.append("  return r;\n}")

@@ -65,8 +65,7 @@ void finish_out(const Tensor& dst, const Tensor& tmp) {
 Tensor make_view(const Tensor& base, const TensorSpec& spec) {
   intrusive_ptr<TensorImpl> v = TensorImpl::make(base.impl()->storage(), base.dtype(), spec.sizes,
                                                  spec.strides, spec.offset);
-  const intrusive_ptr<TensorImpl>& root = base.impl()->view_base();  // Note [View bases]
-  v->set_view_base(root ? root : base.impl_ptr());
+  v->set_view_of(base.impl_ptr());  // Note [View bases]
   return Tensor(std::move(v));
 }
 

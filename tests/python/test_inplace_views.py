@@ -242,3 +242,29 @@ def test_forward_mode_through_a_view_write():
     out, jv = kiln.func.jvp(f, (x,), (t,))
     assert out.tolist() == [[0.0, 0.0], [2.0, 4.0], [0.0, 0.0]]
     assert jv.tolist() == [[0.0, 0.0], [1.0, -2.0], [0.0, 0.0]]
+
+
+def test_remote_tensors_match_local():
+    def program(x, w, dev):
+        y = x * 2
+        y[1:3, ::2] = w
+        v = y[0]
+        y.mul_(3)
+        cache = kiln.zeros(2, 2, dtype=kiln.float64, device=dev)
+        cache[0] = w
+        cache[1] = w * 2
+        return (y * y).sum() + v.sum() + (cache * cache).sum()
+
+    x, w = rand(3, 4, seed=25), rand(2, seed=26)
+    grads = []
+    with kiln.connect("inproc") as s:
+        for dev in (None, s.device):
+            xt, wt = kiln.tensor(x), kiln.tensor(w)
+            if dev is not None:
+                xt, wt = xt.to(dev), wt.to(dev)
+            xt.requires_grad_()
+            wt.requires_grad_()
+            program(xt, wt, dev).backward()
+            grads.append((xt.grad.numpy(), wt.grad.numpy()))
+    for local, remote in zip(*grads):
+        np.testing.assert_allclose(remote, local, rtol=1e-12)

@@ -100,7 +100,8 @@ class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {
   // a tensor that is not a view (detach() makes none). autograd gives that base the history of an
   // in-place write through the view (Note [CopySlices] in autograd/src/copy_slices.h).
   const intrusive_ptr<TensorImpl>& view_base() const { return view_base_; }
-  void set_view_base(intrusive_ptr<TensorImpl> base) { view_base_ = std::move(base); }
+  // Makes this tensor a view of `of` (a backend's view kernel calls it on its output).
+  void set_view_of(const intrusive_ptr<TensorImpl>& of) { view_base_ = of->view_base_ ? of->view_base_ : of; }
 
   AutogradMetaInterface* autograd_meta() const { return autograd_meta_.get(); }
   void set_autograd_meta(std::unique_ptr<AutogradMetaInterface> m) { autograd_meta_ = std::move(m); }

@@ -198,9 +198,9 @@ AutogradMeta& materialize_meta(const Tensor& t);
 Edge gradient_edge(const Tensor& t);
 // Makes `t` the `output_nr`-th output of `fn`: sets grad_fn and the Autograd dispatch key.
 void set_history(const Tensor& t, const std::shared_ptr<Node>& fn);
-// An output of a view op (with its history set): its grad_fn is current at the storage's present
-// version (Note [CopySlices]).
-void set_view_base(const Tensor& view);
+// `view`, an output of a view op on `self` (with its history set), views self's base (Note [View
+// bases]), and its grad_fn is current at the storage's present version (Note [CopySlices]).
+void set_view_base(const Tensor& view, const Tensor& self);
 // The history of an in-place op's node `fn` on `self` (`self_edge`: the edge of fn that is
 // self's value before the op): set_history, or for a view (Note [View bases] in
 // kiln/tensor_impl.h) a CopySlices node over fn becomes the base's history (Note [CopySlices]).
