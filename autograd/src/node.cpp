@@ -244,6 +244,18 @@ SavedVariable::SavedVariable(const Tensor& t, bool is_output, uint32_t version_o
         copy_slices_ = cs;
       }
     }
+  } else if (const TensorImpl* base = t.impl()->view_base().get()) [[unlikely]] {
+    AutogradMeta* m = meta_of(t);
+    const auto* bm = static_cast<const AutogradMeta*>(base->autograd_meta());
+    if (m == nullptr || m->grad_fn_ == nullptr || bm == nullptr || bm->grad_fn_ == nullptr) {
+      data_ = t;  // not recorded, or a view of a leaf: its base cannot be rebased
+      return;
+    }
+    refresh_grad_fn(t, *m);
+    data_ = t.detach();
+    forward::detail::copy_tangent(t, data_);
+    history_ = m->grad_fn_;
+    output_nr_ = m->output_nr_;
   } else {
     data_ = t;
   }
@@ -268,6 +280,15 @@ Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
              "operation: ", describe(data_), ", which is '", arg, "' saved by ", owner.name(),
              ", is at version ", data_.version(), "; expected version ", version_, " instead.");
   if (!GradMode::is_enabled()) return data_;
+  if (history_) {  // create_graph: a saved view again has its history
+    Tensor r = data_.detach();
+    AutogradMeta& m = materialize_meta(r);
+    m.grad_fn_ = history_;
+    m.output_nr_ = output_nr_;
+    r.impl()->add_keys(DispatchKey::Autograd);
+    forward::detail::copy_tangent(data_, r);
+    return r;
+  }
   if (before_inplace_) {  // create_graph: the value before the op, with its history then
     if (owner.num_outputs() == 0 || !owner.next_edge(0).valid()) return data_;
     Tensor r = data_.detach();
@@ -302,6 +323,7 @@ Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
 void SavedVariable::reset() {
   if (!was_defined_) return;
   data_ = Tensor();
+  history_.reset();
   released_ = true;
 }
 

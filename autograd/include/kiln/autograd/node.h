@@ -231,7 +231,10 @@ RemovableHandle register_post_accumulate_grad_hook(const Tensor& t, PostAccumula
 
 // Note [Saved variables]: a tensor saved for backward, with the version counter value at save
 // time. unpack() fails if the tensor was modified in place since, or was freed by a backward
-// without retain_graph.
+// without retain_graph. An input that is a recorded view of a tensor with history is saved
+// detached, with its grad_fn: its base may later be rebased (Note [CopySlices]) onto a history
+// that reaches the saving node (a forward-over-reverse tangent written through a view), and
+// holding the view, which holds its base, would make that a reference cycle.
 class SavedVariable {
  public:
   SavedVariable() = default;
@@ -254,6 +257,7 @@ class SavedVariable {
   bool released_ = false;
   bool output_requires_grad_ = false;
   bool before_inplace_ = false;
+  std::shared_ptr<Node> history_;  // a saved view's grad_fn (its output_nr_ above)
   // An in-place op's result written through a view: the base's CopySlices node (weak: it owns
   // the node saving this), which the unpacked result's history goes through (Note [CopySlices]).
   bool on_view_ = false;
