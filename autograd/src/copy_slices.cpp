@@ -104,14 +104,17 @@ variable_list CopySlices::apply(variable_list&& grads) {
     Tensor slice = in_buffer(buf, view_, s.lo);
     res = fn_->apply({slice.clone()});  // fn may save its input: slice is written below
     if (want_self) {
-      if (res[self_edge_].defined()) slice.copy_(res[self_edge_]);
-      else slice.zero_();
+      if (res[self_edge_].defined())
+        slice.copy_(res[self_edge_]);
+      else
+        slice.zero_();
       out[self_edge_] = std::move(result);
     }
   } else {  // the same steps out of place
     const Tensor base_pos = positions(base_, s, grad.device());
     const Tensor view_pos = positions(view_, s, grad.device());
-    Tensor flat = zeros({s.n}, grad.dtype(), grad.device()).scatter(0, base_pos, grad.reshape({-1}));
+    Tensor flat =
+        zeros({s.n}, grad.dtype(), grad.device()).scatter(0, base_pos, grad.reshape({-1}));
     res = fn_->apply({flat.gather(0, view_pos).reshape(view_.sizes)});
     if (want_self) {
       Tensor piece = res[self_edge_].defined()
@@ -184,27 +187,26 @@ void check_inplace_view(const Tensor& self, const char* op) {
   const AutogradMeta* m = meta_of(self);
   const TensorImpl* base = self.impl()->view_base().get();
   const auto* bm = static_cast<const AutogradMeta*>(base->autograd_meta());
+  constexpr const char* kLeafView =
+      "a view of a leaf Variable that requires grad is being used in an in-place operation (";
   KILN_CHECK(m == nullptr || m->grad_fn_ != nullptr || !m->requires_grad_, Runtime,
-             "a leaf Variable that requires grad is being used in an in-place operation (", op, ")");
+             "a leaf Variable that requires grad is being used in an in-place operation (", op,
+             ")");
   for (int64_t st : self.strides())
-    KILN_CHECK(st >= 0, NotImplemented, op, ": an in-place operation through a view with negative "
-               "strides ", self.strides(), " is not differentiable");
+    KILN_CHECK(st >= 0, NotImplemented, op, ": an in-place operation through a view with "
+               "negative strides ", self.strides(), " is not differentiable");
   if (bm != nullptr && bm->requires_grad()) {
-    KILN_CHECK(bm->grad_fn_ != nullptr, Runtime,
-               "a view of a leaf Variable that requires grad is being used in an in-place operation (",
-               op, ")");
+    KILN_CHECK(bm->grad_fn_ != nullptr, Runtime, kLeafView, op, ")");
     KILN_CHECK(m != nullptr && m->grad_fn_ != nullptr, Runtime,
                "A view was created in no_grad mode and is being modified inplace with grad mode "
                "enabled (", op, "). Given that this use case is ambiguous and error-prone, it is "
-               "forbidden. You can clarify your code by moving both the view and the inplace either "
-               "both inside the no_grad block (if you don't want the inplace to be tracked) or both "
-               "outside (if you want the inplace to be tracked).");
+               "forbidden. You can clarify your code by moving both the view and the inplace "
+               "either both inside the no_grad block (if you don't want the inplace to be "
+               "tracked) or both outside (if you want the inplace to be tracked).");
     return;
   }
   // Recorded, but from a view of the base that was made a leaf: a view of a leaf.
-  KILN_CHECK(m == nullptr || m->grad_fn_ == nullptr, Runtime,
-             "a view of a leaf Variable that requires grad is being used in an in-place operation (",
-             op, ")");
+  KILN_CHECK(m == nullptr || m->grad_fn_ == nullptr, Runtime, kLeafView, op, ")");
   // The base gains a history: no other view of it may be left without one (Note [CopySlices]).
   const int sharing = self.impl()->storage().use_count() - 2;
   KILN_CHECK(sharing <= 0, NotImplemented, op,

@@ -109,8 +109,8 @@ Tensor as_strided_backward_geometry(const Tensor& grad, IntArrayRef in_sizes,
   Tensor out_pos = base.as_strided(size, stride, out_offset).reshape({-1});
   Tensor in_pos = base.as_strided(in_sizes, in_strides, in_offset).reshape({-1});
   Tensor storage = zeros({n}, grad.dtype(), grad.device()).scatter_add(0, out_pos, grad.reshape({-1}));
-  Tensor count = zeros({n}, grad.dtype(), grad.device())
-                     .scatter_add(0, in_pos, ones({numel_of(in_sizes)}, grad.dtype(), grad.device()));
+  Tensor ones_in = ones({numel_of(in_sizes)}, grad.dtype(), grad.device());
+  Tensor count = zeros({n}, grad.dtype(), grad.device()).scatter_add(0, in_pos, ones_in);
   storage = storage / where(count == 0, ones_like(count), count);
   return storage.gather(0, in_pos).reshape(in_sizes);
 }

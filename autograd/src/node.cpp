@@ -211,7 +211,8 @@ void set_history(const Tensor& t, const std::shared_ptr<Node>& fn) {
 
 void set_view_base(const Tensor& view, const Tensor& self) {
   // A backend whose view kernel left the base unrecorded (Note [View bases]): autograd needs it.
-  if (!view.impl()->view_base() && view.is_alias_of(self)) view.impl()->set_view_of(self.impl_ptr());
+  if (!view.impl()->view_base() && view.is_alias_of(self))
+    view.impl()->set_view_of(self.impl_ptr());
   materialize_meta(view).attr_version_ = view.version();
 }
 

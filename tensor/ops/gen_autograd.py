@@ -8,7 +8,11 @@ PyTorch's (MulBackward0) whose apply() evaluates the formulas, and Autograd kern
 row's variants that run the op below Autograd and record that node. A formula may use only the
 row's arguments, grad, result, ops of the table, Tensor methods, C++ operators and the helpers in
 AVAILABLE_HELPERS; a row needing anything else records a NotImplementedBackward node instead
-and is listed in pending_derivatives().
+and is listed in pending_derivatives(). A Tensor argument the formulas read only for its sizes,
+numel, or the dtype and device of cast_back() is kept as that metadata, not saved. In-place
+variants save self's value before the op (SavedVariable::before_inplace) and end with
+rebase_history(), which gives a view's base the history (Note [CopySlices] in
+autograd/src/copy_slices.h).
 
 Multi-output rows: `grad` is the first output's gradient, `grads[i]` the i-th one (zeros when
 that output got none), and the named outputs (`indices` of max.dim) are saved for the formulas.
@@ -68,30 +72,26 @@ def cxx_formula(formula):
 
 def rewrite_cast_back(formula, name, repl):
     """`cast_back(expr, name)` calls (name only gives the dtype and device to cast to) with their
-    last argument replaced by `repl`."""
+    last argument replaced by `repl`, nested calls included."""
     out, i = [], 0
-    while True:
-        j = formula.find("cast_back(", i)
-        if j < 0:
-            return "".join(out) + formula[i:]
-        depth, k, last_comma = 0, j + len("cast_back("), None
-        while True:  # the call's closing parenthesis, and its last top-level comma
-            ch = formula[k]
-            if ch == "(":
+    while (j := formula.find("cast_back(", i)) >= 0:
+        start = j + len("cast_back(")
+        depth, k, last_comma = 0, start, None
+        while formula[k] != ")" or depth > 0:  # the call's closing parenthesis
+            if formula[k] == "(":
                 depth += 1
-            elif ch == ")":
-                if depth == 0:
-                    break
+            elif formula[k] == ")":
                 depth -= 1
-            elif ch == "," and depth == 0:
+            elif formula[k] == "," and depth == 0:
                 last_comma = k
             k += 1
-        inner = formula[j + len("cast_back("):last_comma] if last_comma else None
         if last_comma is not None and formula[last_comma + 1:k].strip() == name:
-            out.append(formula[i:j] + "cast_back(" + rewrite_cast_back(inner, name, repl) + ", " + repl + ")")
+            body = rewrite_cast_back(formula[start:last_comma], name, repl) + ", " + repl
         else:
-            out.append(formula[i:k + 1])
+            body = rewrite_cast_back(formula[start:k], name, repl)
+        out.append(formula[i:j] + "cast_back(" + body + ")")
         i = k + 1
+    return "".join(out) + formula[i:]
 
 
 class Row:

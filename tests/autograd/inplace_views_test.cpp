@@ -46,6 +46,17 @@ TEST(AutogradInplaceViews, StridedSliceAssignment) {  // y[1:3, ::2] = w
                                                  random({2, 3}, kFloat64, -1, 1, 5)}));
 }
 
+TEST(AutogradInplaceViews, NodesKeepOnlyTheMetadataTheyRead) {
+  // copy_ (for src), sum and mean keep the sizes, dtype and device of their input, not the
+  // tensor: writing it afterwards does not fail their backward (PyTorch keeps none either).
+  Tensor x = random({3, 2}, kFloat64, -1, 1, 63).requires_grad_();
+  Tensor y = x * 2;
+  Tensor s = y.sum() + y.mean();
+  y.select(0, 1).mul_(scalar(3));
+  s.backward();
+  expect_close(x.grad(), full({3, 2}, 2.0 + 2.0 / 6, kFloat64), 0, 1e-12);
+}
+
 TEST(AutogradInplaceViews, ColumnFillWithScalar) {  // y[:, -1] = 7
   Tensor x = random({3, 4}, kFloat64, -1, 1, 6).requires_grad_();
   Tensor c = random({3, 4}, kFloat64, -1, 1, 7);
@@ -245,7 +256,8 @@ TEST(AutogradInplaceViews, PyTorchErrorsRemain) {
   Tensor p = zeros({3}, kFloat64);
   Tensor q = p.slice(0, 0, 2);
   q.requires_grad_();  // a leaf that happens to be a view
-  expect_error(ErrorKind::Runtime, "a leaf Variable that requires grad", [&] { q.mul_(scalar(2)); });
+  expect_error(ErrorKind::Runtime, "a leaf Variable that requires grad",
+               [&] { q.mul_(scalar(2)); });
   // A value saved for backward and then written through a view fails at backward, as in PyTorch.
   Tensor e = x.exp();
   e.select(1, -1).fill_(7);

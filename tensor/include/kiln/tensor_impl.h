@@ -101,7 +101,9 @@ class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {
   // in-place write through the view (Note [CopySlices] in autograd/src/copy_slices.h).
   const intrusive_ptr<TensorImpl>& view_base() const { return view_base_; }
   // Makes this tensor a view of `of` (a backend's view kernel calls it on its output).
-  void set_view_of(const intrusive_ptr<TensorImpl>& of) { view_base_ = of->view_base_ ? of->view_base_ : of; }
+  void set_view_of(const intrusive_ptr<TensorImpl>& of) {
+    view_base_ = of->view_base_ ? of->view_base_ : of;
+  }
 
   AutogradMetaInterface* autograd_meta() const { return autograd_meta_.get(); }
   void set_autograd_meta(std::unique_ptr<AutogradMetaInterface> m) { autograd_meta_ = std::move(m); }

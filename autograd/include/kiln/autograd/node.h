@@ -205,9 +205,12 @@ void set_view_base(const Tensor& view, const Tensor& self);
 // self's value before the op): set_history, or for a view (Note [View bases] in
 // kiln/tensor_impl.h) a CopySlices node over fn becomes the base's history (Note [CopySlices]).
 void rebase_view_history(const Tensor& self, const std::shared_ptr<Node>& fn, size_t self_edge);
-inline void rebase_history(const Tensor& self, const std::shared_ptr<Node>& fn, size_t self_edge = 0) {
-  if (self.impl()->view_base()) [[unlikely]] rebase_view_history(self, fn, self_edge);
-  else set_history(self, fn);
+inline void rebase_history(const Tensor& self, const std::shared_ptr<Node>& fn,
+                           size_t self_edge = 0) {
+  if (self.impl()->view_base()) [[unlikely]]
+    rebase_view_history(self, fn, self_edge);
+  else
+    set_history(self, fn);
 }
 // Makes a view's grad_fn again from its base's history (Note [CopySlices]).
 void regenerate_view_grad_fn(const Tensor& view, AutogradMeta& m);
