@@ -240,10 +240,8 @@ SavedVariable::SavedVariable(const Tensor& t, bool is_output, uint32_t version_o
     output_requires_grad_ = m != nullptr && m->grad_fn_ != nullptr;
     output_nr_ = m != nullptr ? m->output_nr_ : 0;
     if (output_requires_grad_ && t.impl()->view_base()) [[unlikely]] {
-      if (std::shared_ptr<Node> cs = copy_slices_writing(t)) {
-        on_view_ = true;
-        copy_slices_ = cs;
-      }
+      if (std::shared_ptr<Node> cs = copy_slices_writing(t))
+        view_ = std::make_unique<ViewHistory>(ViewHistory{nullptr, cs});
     }
   } else if (const TensorImpl* base = t.impl()->view_base().get()) [[unlikely]] {
     AutogradMeta* m = meta_of(t);
@@ -255,7 +253,7 @@ SavedVariable::SavedVariable(const Tensor& t, bool is_output, uint32_t version_o
     refresh_grad_fn(t, *m);
     data_ = t.detach();
     forward::detail::copy_tangent(t, data_);
-    history_ = m->grad_fn_;
+    view_ = std::make_unique<ViewHistory>(ViewHistory{m->grad_fn_, {}});
     output_nr_ = m->output_nr_;
   } else {
     data_ = t;
@@ -281,10 +279,10 @@ Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
              "operation: ", describe(data_), ", which is '", arg, "' saved by ", owner.name(),
              ", is at version ", data_.version(), "; expected version ", version_, " instead.");
   if (!GradMode::is_enabled()) return data_;
-  if (history_) {  // create_graph: a saved view again has its history
+  if (view_ && view_->grad_fn) {  // create_graph: a saved view again has its history
     Tensor r = data_.detach();
     AutogradMeta& m = materialize_meta(r);
-    m.grad_fn_ = history_;
+    m.grad_fn_ = view_->grad_fn;
     m.output_nr_ = output_nr_;
     r.impl()->add_keys(DispatchKey::Autograd);
     forward::detail::copy_tangent(data_, r);
@@ -305,8 +303,8 @@ Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
   // through a view, the output of a view of its base's CopySlices (Note [CopySlices]).
   Tensor r = data_.detach();
   AutogradMeta& m = materialize_meta(r);
-  if (on_view_) {
-    std::shared_ptr<Node> cs = copy_slices_.lock();  // alive while it runs its fn, owner
+  if (view_) {
+    std::shared_ptr<Node> cs = view_->copy_slices.lock();  // alive while it runs its fn, owner
     KILN_CHECK(cs != nullptr, Runtime, "'", arg, "' saved by ", owner.name(),
                " was written through a view whose base's history is gone; it can only be "
                "unpacked in a backward pass through that base");
@@ -324,7 +322,7 @@ Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
 void SavedVariable::reset() {
   if (!was_defined_) return;
   data_ = Tensor();
-  history_.reset();
+  view_.reset();
   released_ = true;
 }
 

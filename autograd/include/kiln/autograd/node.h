@@ -260,11 +260,15 @@ class SavedVariable {
   bool released_ = false;
   bool output_requires_grad_ = false;
   bool before_inplace_ = false;
-  std::shared_ptr<Node> history_;  // a saved view's grad_fn (its output_nr_ above)
-  // An in-place op's result written through a view: the base's CopySlices node (weak: it owns
-  // the node saving this), which the unpacked result's history goes through (Note [CopySlices]).
-  bool on_view_ = false;
-  std::weak_ptr<Node> copy_slices_;
+  // Views only (allocated then, so the common case stays small): a saved view's grad_fn (its
+  // output_nr_ above), or, for an in-place op's result written through a view, the base's
+  // CopySlices node (weak: it owns the node saving this), which the unpacked result's history
+  // goes through (Note [CopySlices]).
+  struct ViewHistory {
+    std::shared_ptr<Node> grad_fn;
+    std::weak_ptr<Node> copy_slices;
+  };
+  std::unique_ptr<ViewHistory> view_;
 };
 
 }  // namespace kiln::autograd
