@@ -1,32 +1,26 @@
 #include "autograd_support.h"
 
+#include "copy_slices.h"
+
 namespace kiln::autograd {
 
 void check_inplace(const Tensor& self, const char* op) {
-  // Note [In-place and views]: PyTorch rebases a base's history when a view of it changes in
-  // place (CopySlices) and regenerates views' grad_fns when the base changes. Kiln does neither
-  // yet, so the cases that would give a silently wrong gradient are refused.
-  AutogradMeta* m = meta_of(self);
-  if (m == nullptr || !m->requires_grad()) {
-    KILN_CHECK(self.impl()->storage()->use_count() <= 1, NotImplemented, op,
-               ": an in-place operation that makes a tensor require grad is not supported yet when "
-               "that tensor shares its storage with others (a view, or a detached alias)");
+  if (self.impl()->view_base()) [[unlikely]] {  // See Note [CopySlices]
+    check_inplace_view(self, op);
     return;
   }
-  KILN_CHECK(m->live_views_ == 0, NotImplemented, op,
-             ": in-place operations on a tensor whose views autograd recorded are not supported "
-             "yet (", m->live_views_, " live views)");
+  AutogradMeta* m = meta_of(self);
+  if (m == nullptr || !m->requires_grad()) {
+    // Views of self, or a detached alias, would not see the history self gains.
+    KILN_CHECK(self.impl()->storage()->use_count() <= 1, NotImplemented, op,
+               ": an in-place operation that makes a tensor require grad (shape ", self.sizes(),
+               ") is not supported while other tensors share its storage (its views, or a "
+               "detached alias), because those would not see its new history; make the write "
+               "before taking views of it, or clone it first");
+    return;
+  }
   KILN_CHECK(m->grad_fn_ != nullptr || !m->requires_grad_, Runtime,
              "a leaf Variable that requires grad is being used in an in-place operation (", op, ")");
-  if (m->base_.defined() && m->base_.requires_grad()) {
-    KILN_CHECK(!m->base_.is_leaf(), Runtime,
-               "a view of a leaf Variable that requires grad is being used in an in-place operation (",
-               op, ")");
-    // PyTorch rebases the base's history here (CopySlices); recording only the view's node would
-    // give the base a silently wrong gradient, so refuse until that exists.
-    KILN_FAIL(NotImplemented, op, ": in-place operations on a view of a tensor that requires grad "
-              "are not supported yet (modify the base tensor, or clone the view first)");
-  }
 }
 
 std::vector<Tensor> geometry_placeholders(const std::vector<InputMetadata>& geom) {
@@ -38,8 +32,18 @@ std::vector<Tensor> geometry_placeholders(const std::vector<InputMetadata>& geom
 }
 
 Tensor clone_below_autograd(const Tensor& t) {
-  ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);
-  return t.clone();
+  Tensor c;
+  {
+    ExcludeDispatchKeyGuard guard(DispatchKey::Autograd);
+    c = t.clone();
+  }
+  // Forward-over-reverse (hessian): the backward formulas reading this value need its tangent
+  // before the op too (fw then changes t's tangent in place).
+  if (Tensor tangent = tangent_of(t); tangent.defined()) [[unlikely]] {
+    ForwardADDisabledGuard off;
+    forward::detail::set_tangent(c, tangent.clone());
+  }
+  return c;
 }
 
 }  // namespace kiln::autograd

@@ -34,7 +34,8 @@ std::vector<Tensor> geometry_placeholders(const std::vector<InputMetadata>& geom
 
 // PyTorch's error for an in-place op on a leaf that requires grad (grad mode on).
 void check_inplace(const Tensor& self, const char* op);
-// A copy of `t` made below autograd (the pre-op value an in-place op's formula needs).
+// A copy of `t` made below autograd (the pre-op value an in-place op's formula needs), with a
+// copy of t's tangent when it has one.
 Tensor clone_below_autograd(const Tensor& t);
 
 // ---- Forward AD (Note [Forward AD] in kiln/autograd/forward_ad.h) ------------------------------

@@ -317,6 +317,7 @@ variable_list grad(const variable_list& outputs, const variable_list& inputs,
     AutogradMeta* m = meta_of(t);
     KILN_CHECK(m != nullptr && m->requires_grad(), Runtime, "One of the differentiated Tensors (input ",
                i, ") does not require grad");
+    refresh_grad_fn(t, *m);
     std::shared_ptr<Node> fn = m->grad_fn_ ? m->grad_fn_ : m->grad_accumulator_.lock();
     if (fn) task.captures[fn.get()].push_back(Capture{m->grad_fn_ ? m->output_nr_ : 0, i});
   }

@@ -56,9 +56,13 @@ Tensor grad_for_broadcast(const Tensor& grad, IntArrayRef sizes) { return sum_to
 Tensor reduce_grad(const Tensor& grad, const Tensor& input) { return sum_to(grad, input.sizes()); }
 
 Tensor cast_back(const Tensor& grad, const Tensor& like) {
+  return cast_back(grad, like.dtype(), like.device());
+}
+
+Tensor cast_back(const Tensor& grad, ScalarType dtype, Device device) {
   if (!grad.defined()) return grad;
-  if (grad.dtype() == like.dtype() && grad.device() == like.device()) return grad;
-  return grad.to(like.dtype(), like.device());
+  if (grad.dtype() == dtype && grad.device() == device) return grad;
+  return grad.to(dtype, device);
 }
 
 Tensor copy_backward(const Tensor& grad, const Tensor& src) {

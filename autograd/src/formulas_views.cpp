@@ -96,18 +96,23 @@ Tensor diagonal_backward(const Tensor& grad, IntArrayRef sizes, int64_t offset, 
 // elements that share it (an input that overlaps itself, such as an expanded tensor).
 Tensor as_strided_backward(const Tensor& grad, const Tensor& self, IntArrayRef size,
                            IntArrayRef stride, std::optional<int64_t> storage_offset) {
-  const int64_t in_offset = self.storage_offset();
-  const int64_t out_offset = storage_offset.value_or(in_offset);
-  const int64_t n = std::max(extent(self.sizes(), self.strides(), in_offset),
+  return as_strided_backward_geometry(grad, self.sizes(), self.strides(), self.storage_offset(),
+                                      size, stride, storage_offset.value_or(self.storage_offset()));
+}
+
+Tensor as_strided_backward_geometry(const Tensor& grad, IntArrayRef in_sizes,
+                                    IntArrayRef in_strides, int64_t in_offset, IntArrayRef size,
+                                    IntArrayRef stride, int64_t out_offset) {
+  const int64_t n = std::max(extent(in_sizes, in_strides, in_offset),
                              extent(size, stride, out_offset));
   Tensor base = arange(0, n, 1, kInt64, grad.device());
   Tensor out_pos = base.as_strided(size, stride, out_offset).reshape({-1});
-  Tensor in_pos = base.as_strided(self.sizes(), self.strides(), in_offset).reshape({-1});
+  Tensor in_pos = base.as_strided(in_sizes, in_strides, in_offset).reshape({-1});
   Tensor storage = zeros({n}, grad.dtype(), grad.device()).scatter_add(0, out_pos, grad.reshape({-1}));
-  Tensor count = zeros({n}, grad.dtype(), grad.device())
-                     .scatter_add(0, in_pos, ones({self.numel()}, grad.dtype(), grad.device()));
+  Tensor ones_in = ones({numel_of(in_sizes)}, grad.dtype(), grad.device());
+  Tensor count = zeros({n}, grad.dtype(), grad.device()).scatter_add(0, in_pos, ones_in);
   storage = storage / where(count == 0, ones_like(count), count);
-  return storage.gather(0, in_pos).reshape(self.sizes());
+  return storage.gather(0, in_pos).reshape(in_sizes);
 }
 
 Tensor tril_backward(const Tensor& grad, int64_t diagonal) { return grad.tril(diagonal); }

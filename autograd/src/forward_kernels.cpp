@@ -21,6 +21,34 @@ bool maybe_aliased(const Tensor& t) {
   return t.impl_ptr().use_count() > 1 || t.impl()->storage().use_count() > 1;
 }
 
+// The tangent an in-place op on the view `self` (which has none) writes: the same view of its
+// base's tangent, the base getting a zero one laid out like it when it has none (PyTorch's
+// behaviour). Other views of a base without a tangent would not see it: refused, as for
+// reverse mode (Note [CopySlices] in copy_slices.h).
+Tensor view_of_base_tangent(const Tensor& self, const char* op) {
+  Tensor base(self.impl()->view_base());
+  Tensor bt = tangent_of(base);
+  if (!bt.defined()) {
+    KILN_CHECK(self.impl()->storage()->use_count() <= 2, NotImplemented, op,
+               ": forward-mode AD: an in-place operation that gives a tangent to a view (shape ",
+               self.sizes(), ") of a tensor without one (shape ", base.sizes(),
+               ") is not supported while other tensors share their storage (other views, or a "
+               "detached alias), because those would not see the base's tangent; make the base a "
+               "dual tensor first");
+    bt = empty_strided_on(base.sizes(), base.strides(), base.dtype(), base.device());
+    bt.zero_();
+    forward::detail::set_tangent(base, bt);
+  }
+  KILN_CHECK(bt.strides() == base.strides(), NotImplemented, op,
+             ": forward-mode AD: an in-place operation on a view (shape ", self.sizes(),
+             ") that has no tangent, of a tensor whose tangent is laid out unlike it (strides ",
+             bt.strides(), " against ", base.strides(), "); take the view after making the dual");
+  Tensor vt = bt.as_strided(self.sizes(), self.strides(),
+                            bt.storage_offset() + self.storage_offset() - base.storage_offset());
+  forward::detail::set_tangent(self, vt);
+  return vt;
+}
+
 }  // namespace
 
 Tensor clone_for_jvp(const Tensor& self) {
@@ -59,6 +87,22 @@ void set_inplace_tangent(const Tensor& self, Tensor t, const char* op) {
              ": its jvp gave a tangent of shape ", t.defined() ? t.sizes() : IntArrayRef{},
              " for self of shape ", self.sizes());
   Tensor old = tangent_of(self);
+  if (self.impl()->view_base()) [[unlikely]] {
+    // A view's tangent is the same view of its base's tangent: written in place, so the base's
+    // tangent changes with it (recorded, through CopySlices, when either requires grad).
+    if (!old.defined()) {
+      old = view_of_base_tangent(self, op);
+    } else {
+      KILN_CHECK(old.impl()->view_base() || !has_tangent(Tensor(self.impl()->view_base())),
+                 NotImplemented, op, ": forward-mode AD: an in-place operation through a view "
+                 "(shape ", self.sizes(), ") whose tangent is not a view of its base's tangent "
+                 "(an as_strided view) would not change the base's tangent");
+    }
+    if (old.impl()->view_base() || (!old.requires_grad() && !t.requires_grad())) {
+      old.copy_(t);
+      return;
+    }
+  }
   // A tangent that requires grad is not written in place (it may be a leaf): replaced instead.
   if (old.defined() && !old.requires_grad() && !t.requires_grad()) {
     NoGradGuard ng;

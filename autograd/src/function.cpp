@@ -67,17 +67,24 @@ variable_list CustomFunctionNode::wrap_outputs(const variable_list& inputs, vari
   for (size_t i = 0; i < outputs.size(); ++i) {
     Tensor& o = outputs[i];
     KILN_CHECK(o.defined(), Runtime, name(), ": forward returned an undefined tensor at index ", i);
-    bool is_input = false;
-    for (const Tensor& in : inputs) is_input = is_input || (in.defined() && in.impl() == o.impl());
-    if (ctx_.dirty_.count(o.impl()) != 0) {
+    size_t input_nr = inputs.size();  // which input o is, if any
+    for (size_t k = 0; k < inputs.size() && input_nr == inputs.size(); ++k)
+      if (inputs[k].defined() && inputs[k].impl() == o.impl()) input_nr = k;
+    const bool dirty = ctx_.dirty_.count(o.impl()) != 0;
+    if (dirty) {
       check_inplace(o, name());  // rebased in place, like an in-place op's self
-    } else if (is_input) {  // the input keeps its own history; the alias gets ours (and the tangent)
+      KILN_CHECK(!o.impl()->view_base() || outputs.size() == 1, Runtime, name(),
+                 ": Functions which modify views in-place must return a single Variable (it "
+                 "returned ", outputs.size(), ")");
+    } else if (input_nr < inputs.size()) {  // the input keeps its own history; the alias gets ours
       Tensor alias = o.detach();
       forward::detail::copy_tangent(o, alias);
       o = std::move(alias);
     }
     if (ctx_.non_differentiable_.count(raw_outputs[i].impl()) || !is_floating(o.dtype())) {
       add_input_metadata(o);
+    } else if (dirty) {
+      rebase_history(o, self, input_nr);  // a view's base gets the history (Note [CopySlices])
     } else {
       set_history(o, self);
     }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <sstream>
 
+#include "copy_slices.h"
 #include "kiln/autograd/anomaly.h"
 #include "kiln/autograd/grad_mode.h"
 #include "forward_support.h"
@@ -94,6 +95,7 @@ RemovableHandle register_hook(const Tensor& t, TensorHook fn) {
   KILN_CHECK(t.requires_grad(), Runtime,
              "cannot register a hook on a tensor that doesn't require gradient");
   AutogradMeta& m = materialize_meta(t);
+  refresh_grad_fn(t, m);
   if (m.grad_fn_) return m.grad_fn_->add_tensor_pre_hook(m.output_nr_, std::move(fn));
   uint64_t id = HookTable::next_id();
   leaf_table(m).tensor_pre.push_back(HookTable::TensorPre{id, 0, std::move(fn)});
@@ -144,8 +146,8 @@ variable_list AccumulateGrad::apply(variable_list&& grads) {
   } else if (!m.grad_.defined()) {
     // Keep g itself when nothing else can see it (PyTorch steals it the same way); otherwise a
     // copy, so .grad never aliases a gradient another leaf or the caller also holds.
-    bool sole = g.impl_ptr().use_count() == 1 && g.impl()->storage().use_count() == 1 &&
-                g.is_contiguous() && meta_of(g) == nullptr;
+    bool sole = g.impl_ptr().use_count() == 1 && owns_storage(g) && g.is_contiguous() &&
+                meta_of(g) == nullptr;
     m.grad_ = sole ? std::move(g) : g.detach().clone();
   } else if (m.grad_.requires_grad()) {
     m.grad_ = m.grad_.detach() + g;
@@ -165,8 +167,6 @@ variable_list NotImplementedBackward::apply(variable_list&&) {
 
 AutogradMeta::~AutogradMeta() {
   if (fw_grad_.defined()) forward::detail::forget_tangent(this);
-  if (base_.defined())
-    if (AutogradMeta* bm = meta_of(base_)) bm->live_views_--;
   if (retains_grad_ && grad_fn_) {
     auto& v = grad_fn_->retained_grads();
     v.erase(std::remove_if(v.begin(), v.end(), [this](const auto& p) { return p.second == this; }),
@@ -183,7 +183,10 @@ AutogradMeta& materialize_meta(const Tensor& t) {
 Edge gradient_edge(const Tensor& t) {
   AutogradMeta* m = t.defined() ? meta_of(t) : nullptr;
   if (m == nullptr) return {};
-  if (m->grad_fn_) return Edge{m->grad_fn_, m->output_nr_};
+  if (m->grad_fn_) {
+    refresh_grad_fn(t, *m);
+    return Edge{m->grad_fn_, m->output_nr_};
+  }
   if (!m->requires_grad_) return {};
   std::shared_ptr<Node> acc = m->grad_accumulator_.lock();
   if (!acc) {
@@ -207,11 +210,10 @@ void set_history(const Tensor& t, const std::shared_ptr<Node>& fn) {
 }
 
 void set_view_base(const Tensor& view, const Tensor& self) {
-  AutogradMeta* sm = meta_of(self);
-  AutogradMeta& vm = materialize_meta(view);
-  if (vm.base_.defined()) return;
-  vm.base_ = (sm != nullptr && sm->base_.defined()) ? sm->base_ : self;
-  materialize_meta(vm.base_).live_views_++;
+  // A backend whose view kernel left the base unrecorded (Note [View bases]): autograd needs it.
+  if (!view.impl()->view_base() && view.is_alias_of(self))
+    view.impl()->set_view_of(self.impl_ptr());
+  materialize_meta(view).attr_version_ = view.version();
 }
 
 void collect_edge(Node& fn, const Tensor& t) { fn.mutable_next_edges().push_back(gradient_edge(t)); }
@@ -237,9 +239,31 @@ SavedVariable::SavedVariable(const Tensor& t, bool is_output, uint32_t version_o
     AutogradMeta* m = meta_of(t);
     output_requires_grad_ = m != nullptr && m->grad_fn_ != nullptr;
     output_nr_ = m != nullptr ? m->output_nr_ : 0;
+    if (output_requires_grad_ && t.impl()->view_base()) [[unlikely]] {
+      if (std::shared_ptr<Node> cs = copy_slices_writing(t))
+        view_ = std::make_unique<ViewHistory>(ViewHistory{nullptr, cs});
+    }
+  } else if (const TensorImpl* base = t.impl()->view_base().get()) [[unlikely]] {
+    AutogradMeta* m = meta_of(t);
+    const auto* bm = static_cast<const AutogradMeta*>(base->autograd_meta());
+    if (m == nullptr || m->grad_fn_ == nullptr || bm == nullptr || bm->grad_fn_ == nullptr) {
+      data_ = t;  // not recorded, or a view of a leaf: its base cannot be rebased
+      return;
+    }
+    refresh_grad_fn(t, *m);
+    data_ = t.detach();
+    forward::detail::copy_tangent(t, data_);
+    view_ = std::make_unique<ViewHistory>(ViewHistory{m->grad_fn_, {}});
+    output_nr_ = m->output_nr_;
   } else {
     data_ = t;
   }
+}
+
+SavedVariable SavedVariable::before_inplace(const Tensor& clone) {
+  SavedVariable sv(clone, false);
+  sv.before_inplace_ = true;
+  return sv;
 }
 
 Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
@@ -254,12 +278,42 @@ Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
              "one of the variables needed for gradient computation has been modified by an inplace "
              "operation: ", describe(data_), ", which is '", arg, "' saved by ", owner.name(),
              ", is at version ", data_.version(), "; expected version ", version_, " instead.");
-  if (!is_output_ || !output_requires_grad_ || !GradMode::is_enabled()) return data_;
-  // create_graph: the saved output is again the output of its node (for grad of grad).
+  if (!GradMode::is_enabled()) return data_;
+  if (view_ && view_->grad_fn) {  // create_graph: a saved view again has its history
+    Tensor r = data_.detach();
+    AutogradMeta& m = materialize_meta(r);
+    m.grad_fn_ = view_->grad_fn;
+    m.output_nr_ = output_nr_;
+    r.impl()->add_keys(DispatchKey::Autograd);
+    forward::detail::copy_tangent(data_, r);
+    return r;
+  }
+  if (before_inplace_) {  // create_graph: the value before the op, with its history then
+    if (owner.num_outputs() == 0 || !owner.next_edge(0).valid()) return data_;
+    Tensor r = data_.detach();
+    AutogradMeta& m = materialize_meta(r);
+    m.grad_fn_ = owner.next_edge(0).fn;
+    m.output_nr_ = owner.next_edge(0).input_nr;
+    r.impl()->add_keys(DispatchKey::Autograd);
+    forward::detail::copy_tangent(data_, r);
+    return r;
+  }
+  if (!is_output_ || !output_requires_grad_) return data_;
+  // create_graph: the saved output is again the output of its node (for grad of grad); written
+  // through a view, the output of a view of its base's CopySlices (Note [CopySlices]).
   Tensor r = data_.detach();
   AutogradMeta& m = materialize_meta(r);
-  m.grad_fn_ = owner.shared_from_this();
-  m.output_nr_ = output_nr_;
+  if (view_) {
+    std::shared_ptr<Node> cs = view_->copy_slices.lock();  // alive while it runs its fn, owner
+    KILN_CHECK(cs != nullptr, Runtime, "'", arg, "' saved by ", owner.name(),
+               " was written through a view whose base's history is gone; it can only be "
+               "unpacked in a backward pass through that base");
+    m.grad_fn_ = view_of_copy_slices(cs, r);
+    m.output_nr_ = 0;
+  } else {
+    m.grad_fn_ = owner.shared_from_this();
+    m.output_nr_ = output_nr_;
+  }
   r.impl()->add_keys(DispatchKey::Autograd);
   forward::detail::copy_tangent(data_, r);
   return r;
@@ -268,6 +322,7 @@ Tensor SavedVariable::unpack(Node& owner, const char* arg) const {
 void SavedVariable::reset() {
   if (!was_defined_) return;
   data_ = Tensor();
+  view_.reset();
   released_ = true;
 }
 

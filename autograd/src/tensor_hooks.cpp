@@ -8,6 +8,13 @@
 namespace kiln::autograd {
 namespace {
 
+// t's meta with a current grad_fn (Note [CopySlices] in copy_slices.h).
+AutogradMeta& fresh_meta(const Tensor& t) {
+  AutogradMeta& m = materialize_meta(t);
+  refresh_grad_fn(t, m);
+  return m;
+}
+
 class Hooks final : public AutogradHooks {
  public:
   void set_requires_grad(const Tensor& t, bool requires_grad) const override {
@@ -40,9 +47,9 @@ class Hooks final : public AutogradHooks {
     }
     materialize_meta(t).grad_ = g;
   }
-  std::shared_ptr<Node> grad_fn(const Tensor& t) const override { return meta_of(t)->grad_fn_; }
+  std::shared_ptr<Node> grad_fn(const Tensor& t) const override { return fresh_meta(t).grad_fn_; }
   bool is_leaf(const Tensor& t) const override { return meta_of(t)->grad_fn_ == nullptr; }
-  int64_t output_nr(const Tensor& t) const override { return meta_of(t)->output_nr_; }
+  int64_t output_nr(const Tensor& t) const override { return fresh_meta(t).output_nr_; }
   void backward(const Tensor& t, const Tensor& gradient, std::optional<bool> retain_graph,
                 bool create_graph) const override {
     autograd::backward({t}, gradient.defined() ? variable_list{gradient} : variable_list{},
@@ -50,7 +57,7 @@ class Hooks final : public AutogradHooks {
   }
   void retain_grad(const Tensor& t) const override {
     KILN_CHECK(t.requires_grad(), Runtime, "can't retain_grad on Tensor that has requires_grad=False");
-    AutogradMeta& m = materialize_meta(t);
+    AutogradMeta& m = fresh_meta(t);
     if (!m.grad_fn_ || m.retains_grad_) return;  // leaves keep .grad anyway
     m.retains_grad_ = true;
     m.grad_fn_->retained_grads().emplace_back(m.output_nr_, &m);

@@ -8,7 +8,11 @@ PyTorch's (MulBackward0) whose apply() evaluates the formulas, and Autograd kern
 row's variants that run the op below Autograd and record that node. A formula may use only the
 row's arguments, grad, result, ops of the table, Tensor methods, C++ operators and the helpers in
 AVAILABLE_HELPERS; a row needing anything else records a NotImplementedBackward node instead
-and is listed in pending_derivatives().
+and is listed in pending_derivatives(). A Tensor argument the formulas read only for its sizes,
+numel, or the dtype and device of cast_back() is kept as that metadata, not saved. In-place
+variants save self's value before the op (SavedVariable::before_inplace) and end with
+rebase_history(), which gives a view's base the history (Note [CopySlices] in
+autograd/src/copy_slices.h).
 
 Multi-output rows: `grad` is the first output's gradient, `grads[i]` the i-th one (zeros when
 that output got none), and the named outputs (`indices` of max.dim) are saved for the formulas.
@@ -66,6 +70,30 @@ def cxx_formula(formula):
     return re.sub(r"'([^']*)'", lambda m: '"' + m.group(1) + '"', formula)
 
 
+def rewrite_cast_back(formula, name, repl):
+    """`cast_back(expr, name)` calls (name only gives the dtype and device to cast to) with their
+    last argument replaced by `repl`, nested calls included."""
+    out, i = [], 0
+    while (j := formula.find("cast_back(", i)) >= 0:
+        start = j + len("cast_back(")
+        depth, k, last_comma = 0, start, None
+        while formula[k] != ")" or depth > 0:  # the call's closing parenthesis
+            if formula[k] == "(":
+                depth += 1
+            elif formula[k] == ")":
+                depth -= 1
+            elif formula[k] == "," and depth == 0:
+                last_comma = k
+            k += 1
+        if last_comma is not None and formula[last_comma + 1:k].strip() == name:
+            body = rewrite_cast_back(formula[start:last_comma], name, repl) + ", " + repl
+        else:
+            body = rewrite_cast_back(formula[start:k], name, repl)
+        out.append(formula[i:j] + "cast_back(" + body + ")")
+        i = k + 1
+    return "".join(out) + formula[i:]
+
+
 class Row:
     def __init__(self, row, ops, node_name):
         self.row, self.ops, self.node = row, ops, node_name
@@ -102,16 +130,20 @@ class Row:
             if f != "non_differentiable":
                 used |= set(idents(f))
         self.used = used
-        # Tensor arguments the formulas use only through .sizes() / .numel(): the node keeps the
-        # shape, not the tensor (less memory, and no version check on a tensor it never reads).
-        self.shape_only = set()
+        # Tensor arguments the formulas use only through .sizes() / .numel() and as the dtype and
+        # device of cast_back(): the node keeps those, not the tensor (less memory, and no version
+        # check on a tensor it never reads: copy_'s src may be a view of the tensor it writes).
+        self.shape_only, self.cast_only = set(), set()
         live = [f for f in raw if f != "non_differentiable"]
         for a in self.args:
             if a.type != "Tensor" or a.name not in used:
                 continue
-            stripped = [re.sub(rf"\b{a.name}\.(sizes|numel)\(\)", "", f) for f in live]
+            stripped = [rewrite_cast_back(re.sub(rf"\b{a.name}\.(sizes|numel)\(\)", "", f), a.name, "")
+                        for f in live]
             if not any(a.name in idents(f) for f in stripped):
                 self.shape_only.add(a.name)
+                if any(rewrite_cast_back(f, a.name, "") != f for f in live):
+                    self.cast_only.add(a.name)
         self.tensor_args = [a for a in self.args if a.is_tensor]
         self.diff_args = [a.name for a in self.tensor_args
                           if self.formulas.get(a.name, "non_differentiable") != "non_differentiable"]
@@ -132,6 +164,9 @@ def node_class(r):
             continue
         if a.name in r.shape_only:
             saved.append(f"  ::std::vector<int64_t> {a.name}_sizes_;")
+            if a.name in r.cast_only:
+                saved.append(f"  ScalarType {a.name}_dtype_ = kFloat32;")
+                saved.append(f"  Device {a.name}_device_ = kCPU;")
         elif a.type == "Tensor":
             saved.append(f"  SavedVariable {a.name}_;")
             binds.append(f'  Tensor {a.name} = {a.name}_.unpack(*this, "{a.name}");')
@@ -166,6 +201,8 @@ def node_class(r):
     L += ["  " + b for b in binds]
     L.append("    variable_list out(num_outputs());\n    size_t pos = 0;")
     def shaped(f):
+        for sn in r.cast_only:
+            f = rewrite_cast_back(f, sn, f"{sn}_dtype_, {sn}_device_")
         for sn in r.shape_only:
             f = re.sub(rf"\b{sn}\.sizes\(\)", f"IntArrayRef({sn}_sizes_)", f)
             f = re.sub(rf"\b{sn}\.numel\(\)", f"numel_of({sn}_sizes_)", f)
@@ -268,10 +305,14 @@ def save_lines(r, op, inplace, forward):
             L.append(f"  for (const Tensor& t : {a.name}) node->{a.name}_geom_.push_back(geometry_of(t));")
         elif a.name in r.shape_only:
             L.append(f"  node->{a.name}_sizes_.assign({a.name}.sizes().begin(), {a.name}.sizes().end());")
+            if a.name in r.cast_only:
+                L.append(f"  node->{a.name}_dtype_ = {a.name}.dtype();")
+                L.append(f"  node->{a.name}_device_ = {a.name}.device();")
         elif a.type == "Tensor":
-            if inplace and a.name == op.args[0].name:
-                src = f"{a.name}_pre" if forward else f"clone_below_autograd({a.name})"
-                L.append(f"  node->{a.name}_ = SavedVariable({src}, false);")
+            if inplace and a.name == op.args[0].name and forward:
+                L.append(f"  node->{a.name}_ = SavedVariable({a.name}_pre, false);")
+            elif inplace and a.name == op.args[0].name:  # self's history is the node's edge 0
+                L.append(f"  node->{a.name}_ = SavedVariable::before_inplace(clone_below_autograd({a.name}));")
             else:
                 L.append(f"  node->{a.name}_ = SavedVariable({a.name}, false);")
         else:
@@ -308,7 +349,8 @@ def record_fn(r, op, below):
     if op.ret_cpp == "Tensor":
         if not inplace:
             L.append("  if (!is_floating(r.dtype())) return r;  // integer outputs are not differentiable")
-        L.append("  set_history(r, node);")
+        # In place: a view's base gets the history (Note [CopySlices] in autograd/src/copy_slices.h).
+        L.append(f"  {'rebase_history' if inplace else 'set_history'}(r, node);")
         if op.is_view:
             L.append(f"  set_view_base(r, {op.args[0].name});")
         L.append("  fw(r);")

@@ -63,8 +63,10 @@ void finish_out(const Tensor& dst, const Tensor& tmp) {
 }
 
 Tensor make_view(const Tensor& base, const TensorSpec& spec) {
-  return Tensor(TensorImpl::make(base.impl()->storage(), base.dtype(), spec.sizes, spec.strides,
-                                 spec.offset));
+  intrusive_ptr<TensorImpl> v = TensorImpl::make(base.impl()->storage(), base.dtype(), spec.sizes,
+                                                 spec.strides, spec.offset);
+  v->set_view_of(base.impl_ptr());  // Note [View bases]
+  return Tensor(std::move(v));
 }
 
 std::vector<Tensor> make_views(const Tensor& base, const std::vector<TensorSpec>& specs) {

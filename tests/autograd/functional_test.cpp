@@ -240,6 +240,34 @@ TEST(Functional, HessianOfSinIsDiagonalAndSymmetric) {
   expect_near(Hg, func::jacrev(func::jacrev(g))(x));
 }
 
+TEST(Functional, HessianThroughInplaceOps) {
+  // (x^2 * roll(x))^2 summed, the product taken in place: hessian (forward over reverse) and
+  // jacrev(jacrev) need self's value before the op with its tangent and its history (both were
+  // lost once); the same product written through a view (Note [CopySlices]).
+  Tensor x = random({4}, kFloat64, -1, 1, 60);
+  Tensor next = from_vector<int64_t>({1, 2, 3, 0}, {4});
+  func::UnaryFn plain = [next](const Tensor& a) {
+    Tensor y = a * a;
+    y.mul_(a.index_select(0, next));
+    return (y * y).sum();
+  };
+  func::UnaryFn through_view = [](const Tensor& a) {
+    Tensor y = a * a;
+    y.slice(0, 0, 2).mul_(a.slice(0, 1, 3));
+    return (y * y).sum();
+  };
+  for (const func::UnaryFn& f : {plain, through_view}) {
+    Tensor H = kiln::zeros({4, 4}, kFloat64);  // central differences of the gradient
+    for (int64_t k = 0; k < 4; ++k) {
+      Tensor e = kiln::zeros({4}, kFloat64);
+      e.select(0, k).fill_(1e-6);
+      H.select(1, k).copy_((func::grad(f)(x + e) - func::grad(f)(x - e)) / 2e-6);
+    }
+    expect_near(func::hessian(f)(x), H, 1e-6);
+    expect_near(func::jacrev(func::jacrev(f))(x), H, 1e-6);
+  }
+}
+
 TEST(Functional, GradOfGrad) {
   func::UnaryFn f = [](const Tensor& a) { return sin(a) * a * a; };  // 0-dim in, 0-dim out
   for (double v : {-1.3, 0.4, 2.1}) {

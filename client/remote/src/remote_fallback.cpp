@@ -171,6 +171,7 @@ void remote_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& s) {
         const Tensor& b = s[base + spec.alias_of].to_tensor();
         auto impl = TensorImpl::make(b.impl()->storage(), b.dtype(), spec.sizes, spec.strides,
                                      spec.offset);
+        impl->set_view_of(b.impl_ptr());  // Note [View bases]
         impl->set_backend_handle(std::make_shared<RemoteValue>(conn, id));
         outs.emplace_back(std::move(impl));
       } else {

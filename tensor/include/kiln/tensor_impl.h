@@ -103,6 +103,16 @@ class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {
   // Created under inference mode: such tensors never enter autograd (Note [Inference tensors]).
   bool is_inference() const { return inference_; }
 
+  // Note [View bases]: a tensor made by a view op (make_view) holds the tensor it views, as
+  // PyTorch's `_base`: never itself a view (a view of a view holds the first one's base), null for
+  // a tensor that is not a view (detach() makes none). autograd gives that base the history of an
+  // in-place write through the view (Note [CopySlices] in autograd/src/copy_slices.h).
+  const intrusive_ptr<TensorImpl>& view_base() const { return view_base_; }
+  // Makes this tensor a view of `of` (a backend's view kernel calls it on its output).
+  void set_view_of(const intrusive_ptr<TensorImpl>& of) {
+    view_base_ = of->view_base_ ? of->view_base_ : of;
+  }
+
   AutogradMetaInterface* autograd_meta() const { return autograd_meta_.get(); }
   void set_autograd_meta(std::unique_ptr<AutogradMetaInterface> m) { autograd_meta_ = std::move(m); }
   BackendHandle* backend_handle() const { return backend_handle_.get(); }
@@ -125,6 +135,7 @@ class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {
   DispatchKeySet key_set_;
   std::unique_ptr<AutogradMetaInterface> autograd_meta_;
   std::shared_ptr<BackendHandle> backend_handle_;
+  intrusive_ptr<TensorImpl> view_base_;
 };
 
 // Contiguous (row-major) strides for `sizes`.

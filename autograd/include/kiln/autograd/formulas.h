@@ -36,6 +36,8 @@ Tensor reduce_grad(const Tensor& grad, const Tensor& input);        // = sum_to(
 Tensor scaled(const Tensor& grad, const Scalar& s);
 // Converts a gradient to the dtype and device of `like` (no-op when they match).
 Tensor cast_back(const Tensor& grad, const Tensor& like);
+// The same from the dtype and device alone (what a node keeps when it needs no more of `like`).
+Tensor cast_back(const Tensor& grad, ScalarType dtype, Device device);
 // copy_(self, src): the gradient for src (broadcast-summed, cast back to src's dtype/device).
 Tensor copy_backward(const Tensor& grad, const Tensor& src);
 // where(mask, grad, 0).
@@ -131,6 +133,11 @@ Tensor diagonal_backward(const Tensor& grad, IntArrayRef sizes, int64_t offset, 
 // (overlapping output elements add up; an input whose elements overlap shares the sum evenly).
 Tensor as_strided_backward(const Tensor& grad, const Tensor& self, IntArrayRef size,
                            IntArrayRef stride, std::optional<int64_t> storage_offset);
+// The same from the input's geometry alone (storage offsets absolute): a view's grad_fn made
+// again from its base's history (Note [CopySlices] in autograd/src/copy_slices.h).
+Tensor as_strided_backward_geometry(const Tensor& grad, IntArrayRef in_sizes,
+                                    IntArrayRef in_strides, int64_t in_offset, IntArrayRef size,
+                                    IntArrayRef stride, int64_t offset);
 Tensor tril_backward(const Tensor& grad, int64_t diagonal);
 Tensor triu_backward(const Tensor& grad, int64_t diagonal);
 

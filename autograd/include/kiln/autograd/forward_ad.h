@@ -18,7 +18,8 @@
 //   so the vjp of u -> <g, t> is J t (Note [jvp by double vjp] in functional.h, per op);
 // - view ops apply the same view to the input's tangent (the output's tangent aliases it);
 // - in-place ops compute the new tangent from the values before the op and copy it into self's
-//   tangent (or give self one);
+//   tangent (or give self one); for a view, the same view of its base's tangent, the base getting
+//   a zero tangent when it has none (as in PyTorch);
 // - `jvp = "non_differentiable"` rows, integer outputs and out= variants get no tangent;
 //   composite rows get theirs from the ops they decompose into.
 // Tangents are computed with forward AD disabled (no tangents of tangents at one level) but
@@ -39,9 +40,8 @@
 // Custom Functions (function.h) have no jvp of their own: their outputs get the tangents the ops
 // inside forward() compute (PyTorch asks for a jvp staticmethod instead).
 //
-// Limitations: an in-place op that gives a tangent to a view of a tensor without one does not
-// give the base a tangent (PyTorch does); as_strided's tangent is computed (derived), not a view
-// of the input's tangent.
+// Limitations: as_strided's tangent is computed (derived), not a view of the input's tangent, so
+// an in-place op through an as_strided view does not reach the base's tangent.
 #pragma once
 
 #include <cstdint>

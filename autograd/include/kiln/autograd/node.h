@@ -172,8 +172,10 @@ struct AutogradMeta final : AutogradMetaInterface {
   Tensor grad_;
   std::shared_ptr<Node> grad_fn_;
   std::weak_ptr<Node> grad_accumulator_;
-  Tensor base_;  // views recorded in grad mode: the tensor they view (a base, never a view)
-  int live_views_ = 0;  // bases: how many recorded views of this tensor are alive
+  // Views: the version counter value grad_fn_ was made at; another value means the view's base
+  // changed since, and grad_fn_ is made again from the base's history (Note [CopySlices] in
+  // autograd/src/copy_slices.h).
+  uint32_t attr_version_ = 0;
   std::shared_ptr<HookTable> leaf_hooks_;  // leaves: tensor and post-accumulate-grad hooks
   // Forward AD (Note [Forward AD levels] in forward_ad.h): the tangent, valid while level
   // fw_level_ is the active one; fw_owner_ is the impl owning this meta (its Autograd key is
@@ -196,8 +198,28 @@ AutogradMeta& materialize_meta(const Tensor& t);
 Edge gradient_edge(const Tensor& t);
 // Makes `t` the `output_nr`-th output of `fn`: sets grad_fn and the Autograd dispatch key.
 void set_history(const Tensor& t, const std::shared_ptr<Node>& fn);
-// Records that `view` (an output of a view op) views `self`'s base.
+// `view`, an output of a view op on `self` (with its history set), views self's base (Note [View
+// bases]), and its grad_fn is current at the storage's present version (Note [CopySlices]).
 void set_view_base(const Tensor& view, const Tensor& self);
+// The history of an in-place op's node `fn` on `self` (`self_edge`: the edge of fn that is
+// self's value before the op): set_history, or for a view (Note [View bases] in
+// kiln/tensor_impl.h) a CopySlices node over fn becomes the base's history (Note [CopySlices]).
+void rebase_view_history(const Tensor& self, const std::shared_ptr<Node>& fn, size_t self_edge);
+inline void rebase_history(const Tensor& self, const std::shared_ptr<Node>& fn,
+                           size_t self_edge = 0) {
+  if (self.impl()->view_base()) [[unlikely]]
+    rebase_view_history(self, fn, self_edge);
+  else
+    set_history(self, fn);
+}
+// Makes a view's grad_fn again from its base's history (Note [CopySlices]).
+void regenerate_view_grad_fn(const Tensor& view, AutogradMeta& m);
+// Brings `m` (t's meta) up to date: a view whose storage changed since its grad_fn was made gets
+// a new one. Every reader of a possibly-view tensor's grad_fn_ calls it first.
+inline void refresh_grad_fn(const Tensor& t, AutogradMeta& m) {
+  if (m.grad_fn_ && t.impl()->view_base() && m.attr_version_ != t.version()) [[unlikely]]
+    regenerate_view_grad_fn(t, m);
+}
 // Adds `t`'s gradient edge to `fn` (an invalid edge when t is undefined or does not need grad).
 void collect_edge(Node& fn, const Tensor& t);
 void collect_edge(Node& fn, const std::optional<Tensor>& t);
@@ -212,7 +234,10 @@ RemovableHandle register_post_accumulate_grad_hook(const Tensor& t, PostAccumula
 
 // Note [Saved variables]: a tensor saved for backward, with the version counter value at save
 // time. unpack() fails if the tensor was modified in place since, or was freed by a backward
-// without retain_graph.
+// without retain_graph. An input that is a recorded view of a tensor with history is saved
+// detached, with its grad_fn: its base may later be rebased (Note [CopySlices]) onto a history
+// that reaches the saving node (a forward-over-reverse tangent written through a view), and
+// holding the view, which holds its base, would make that a reference cycle.
 class SavedVariable {
  public:
   SavedVariable() = default;
@@ -220,6 +245,9 @@ class SavedVariable {
   // `version_offset`: bumps still to come before the op returns (in-place ops save after the
   // kernel, before the dispatcher bumps the counter).
   SavedVariable(const Tensor& t, bool is_output, uint32_t version_offset = 0);
+  // `clone`: the value of an in-place op's self before the op. With create_graph it unpacks with
+  // self's history before the op, the owner's edge 0 (the clone itself has none).
+  static SavedVariable before_inplace(const Tensor& clone);
   Tensor unpack(Node& owner, const char* arg) const;
   void reset();
 
@@ -231,6 +259,16 @@ class SavedVariable {
   bool was_defined_ = false;
   bool released_ = false;
   bool output_requires_grad_ = false;
+  bool before_inplace_ = false;
+  // Views only (allocated then, so the common case stays small): a saved view's grad_fn (its
+  // output_nr_ above), or, for an in-place op's result written through a view, the base's
+  // CopySlices node (weak: it owns the node saving this), which the unpacked result's history
+  // goes through (Note [CopySlices]).
+  struct ViewHistory {
+    std::shared_ptr<Node> grad_fn;
+    std::weak_ptr<Node> copy_slices;
+  };
+  std::unique_ptr<ViewHistory> view_;
 };
 
 }  // namespace kiln::autograd
