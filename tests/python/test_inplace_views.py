@@ -176,6 +176,15 @@ def test_first_write_makes_a_plain_tensor_require_grad():
         a.copy_(w)
 
 
+def test_mixed_basic_and_mask_assignment_into_a_plain_tensor():
+    """y[1:3, mask] = w: __setitem__'s intermediate view must not block the first write."""
+    w = kiln.ones(2, 2, dtype=kiln.float64, requires_grad=True)
+    y = kiln.zeros(4, 4, dtype=kiln.float64)
+    y[1:3, kiln.tensor([True, False, True, False])] = w * 2
+    (y * kiln.arange(16.0, dtype=kiln.float64).view(4, 4)).sum().backward()
+    assert w.grad.tolist() == [[8.0, 12.0], [16.0, 20.0]]
+
+
 def test_pytorch_errors_remain():
     x = leaf(rand(2, 3, seed=18))
     with pytest.raises(RuntimeError, match="a view of a leaf Variable that requires grad"):

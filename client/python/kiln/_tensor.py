@@ -215,6 +215,9 @@ def _setitem(self, key, value):
             v.fill_(value)
         return
     vp, idx, nb, pos = _advanced_layout(v, adv)
+    # Only vp may alias self during the write: an in-place op that gives the base a history is
+    # refused while other views of it are alive (See Note [CopySlices]).
+    del v
     if value.dtype is not self.dtype:
         value = value.to(self.dtype)
     if pos is not None:  # value is laid out as the getitem result: bring its broadcast dims first
