@@ -12,6 +12,7 @@
 #include "cuda/gpu_util.h"
 #include "cuda/harness.h"
 #include "kiln/scalar_math.h"
+#include "int_edge_values.h"
 
 using namespace kiln;
 using namespace kiln::gputest;
@@ -19,12 +20,7 @@ using namespace kiln::gputest;
 namespace {
 const Device kCuda("cuda");
 
-template <typename T>
-std::vector<T> edges() {
-  constexpr T lo = std::numeric_limits<T>::lowest(), hi = std::numeric_limits<T>::max();
-  if constexpr (std::is_unsigned_v<T>) return {0, 1, 2, T(hi - 1), hi};
-  else return {lo, T(lo + 1), -2, -1, 0, 1, 2, T(hi - 1), hi};
-}
+using kiln::testing::int_edges;
 
 template <typename T>
 Tensor host_of(const std::vector<T>& v, IntArrayRef sizes) {
@@ -50,7 +46,7 @@ using Fn = std::function<Tensor(const Tensor&, const Tensor&)>;
 // ref(x, y) on the host; division by zero gives 0.
 template <typename T>
 void check_binary(const std::string& name, const Fn& fn, T (*ref)(T, T), bool zero_gives_zero) {
-  std::vector<T> xs = edges<T>(), ys = edges<T>();
+  std::vector<T> xs = int_edges<T>(), ys = int_edges<T>();
   const int64_t n = static_cast<int64_t>(xs.size());
   Tensor x = host_of(xs, {n, 1}).to(std::nullopt, kCuda), y = host_of(ys, {1, n}).to(std::nullopt, kCuda);
   std::vector<T> got = elements<T>(fn(x, y));
@@ -93,7 +89,7 @@ void check_all() {
                   int_mod_floor<T>, true);
   check_binary<T>("pow", [](const Tensor& a, const Tensor& b) { return pow(a, b); }, int_pow<T>, false);
 
-  std::vector<T> xs = edges<T>();
+  std::vector<T> xs = int_edges<T>();
   Tensor x = host_of(xs, {static_cast<int64_t>(xs.size())}).to(std::nullopt, kCuda);
   std::vector<T> ng = elements<T>(neg(x)), ab = elements<T>(abs(x));
   for (size_t i = 0; i < xs.size(); ++i) {

@@ -11,6 +11,7 @@
 
 #include "kiln/kiln.h"
 #include "test_util.h"
+#include "int_edge_values.h"
 
 namespace kiln {
 namespace {
@@ -22,13 +23,6 @@ using u128 = unsigned __int128;
 template <typename T>
 T wrap(i128 v) {
   return static_cast<T>(static_cast<u128>(v));
-}
-
-template <typename T>
-std::vector<T> edges() {
-  constexpr T lo = std::numeric_limits<T>::lowest(), hi = std::numeric_limits<T>::max();
-  if constexpr (std::is_unsigned_v<T>) return {0, 1, 2, T(hi - 1), hi};
-  else return {lo, T(lo + 1), -2, -1, 0, 1, 2, T(hi - 1), hi};
 }
 
 template <typename T>
@@ -80,8 +74,8 @@ using BinaryRef = T (*)(T, T);
 // as a wrapped scalar.
 template <typename T>
 void check_binary(const char* name, BinaryFn fn, BinaryRef<T> ref, bool skip_zero) {
-  std::vector<T> xs = edges<T>(), ys;
-  for (T y : edges<T>())
+  std::vector<T> xs = testing::int_edges<T>(), ys;
+  for (T y : testing::int_edges<T>())
     if (!skip_zero || y != 0) ys.push_back(y);
   std::string tag = std::string(name) + " " + scalar_type_name(CppTypeToScalarType<T>::value);
   std::vector<T> got = values_of<T>(fn(column(xs), row(ys))), want;
@@ -147,7 +141,7 @@ TEST(IntEdges, BinaryUInt8) { check_all_binary<uint8_t>(); }
 
 template <typename T>
 void check_all_unary() {
-  std::vector<T> xs = edges<T>();
+  std::vector<T> xs = testing::int_edges<T>();
   Tensor x = testing::from_vector<T>(xs, {static_cast<int64_t>(xs.size())});
   std::vector<T> ng = values_of<T>(neg(x)), ab = values_of<T>(abs(x)), sg = values_of<T>(sign(x));
   for (size_t i = 0; i < xs.size(); ++i) {
