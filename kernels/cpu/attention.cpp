@@ -43,20 +43,12 @@ void tile_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, A alpha, const
   KILN_ASSERT(st == 0, "attention: GEMM failed with status ", st);
 }
 
-// e^x for the x = s - max <= 0 of a softmax (and s - lse in the backward, <= 0 up to rounding):
-// no special values, so the float loop vectorizes (vec::exp's inf/nan patches keep GCC from it).
-template <typename A>
-KILN_VEC_INLINE A exp_acc(A x) {
-  if constexpr (std::is_same_v<A, float>)
-    return vec::exp_nonpositive(x);
-  else
-    return std::exp(x);
-}
-
 // Note [Attention dropout]: element e = (n L + i) S + j of the (N, L, S) probabilities is kept
 // when lane e % 4 of philox4x32(seed, offset + e / 4) is >= p 2^32 (probability 1 - p), and
 // then scaled by 1 / (1 - p). The forward, the backward and _fused_attention_dropout_mask all
-// regenerate this one mask; scaled_dot_product_attention reserves its counters.
+// regenerate this one mask, so a call's mask is fixed by its (seed, offset):
+// scaled_dot_product_attention (tensor/src/composite_attention.cpp) reserves them from its
+// generator like a random op drawing 32 bits per (N, L, S) probability.
 struct Dropout {
   Dropout(double p, int64_t seed, int64_t offset)
       : active(p > 0),
@@ -121,9 +113,9 @@ void forward_rows(const Problem<A>& P, int64_t n, int64_t i0, int64_t i1, const 
       A mx = m[r];
 #pragma omp simd reduction(max : mx)
       for (int64_t j = 0; j < valid; ++j) mx = sr[j] > mx ? sr[j] : mx;
-      const A alpha = l[r] == 0 ? A(0) : exp_acc<A>(m[r] - mx);
+      const A alpha = l[r] == 0 ? A(0) : vec::exp_nonpositive_acc<A>(m[r] - mx);
 #pragma omp simd
-      for (int64_t j = 0; j < valid; ++j) sr[j] = exp_acc<A>(sr[j] - mx);
+      for (int64_t j = 0; j < valid; ++j) sr[j] = vec::exp_nonpositive_acc<A>(sr[j] - mx);
       A sum = 0;
 #pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < valid; ++j) sum += sr[j];
@@ -192,7 +184,7 @@ void backward_head(const Problem<A>& P, int64_t n, const A* go, const A* glse, c
         A* pr = p + r * kKeyBlock;
         const A ls = lse[n * L + i];
 #pragma omp simd
-        for (int64_t j = 0; j < valid; ++j) pr[j] = exp_acc<A>(pr[j] - ls);
+        for (int64_t j = 0; j < valid; ++j) pr[j] = vec::exp_nonpositive_acc<A>(pr[j] - ls);
         std::fill(pr + valid, pr + nk, A(0));
         if (P.drop.active) {
           A* kr = keep.data() + r * kKeyBlock;

@@ -1,12 +1,14 @@
 // Binary pointwise kernels on the CPU (tensor/ops/pointwise.toml): x, y broadcastable to out's
 // shape -> out. `out` has the result dtype the meta function chose (bool for comparisons and
 // logical ops); inputs are cast to the compute dtype first (cast_inputs). Integer arithmetic
-// goes through kiln/scalar_math.h: it wraps and never traps (See Note [Integer edge values]).
+// goes through kiln/scalar_math.h: it wraps and never traps (See Note [Integer edge values]);
+// the floating formulas CUDA shares are kiln/pointwise_math.h's (See Note [One home per formula]).
 #include <atomic>
 #include <cmath>
 #include <type_traits>
 
 #include "kiln/generated/op_handles.h"
+#include "kiln/pointwise_math.h"
 #include "kiln/scalar_math.h"
 #include "loops.h"
 #include "strided.h"
@@ -80,18 +82,6 @@ void mul_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
   });
 }
 
-// Python's floor division of floats (c10::div_floor_floating): exact at integer boundaries.
-template <typename C>
-C div_floor_float(C a, C b) {
-  if (b == 0) return a / b;
-  C mod = std::fmod(a, b);
-  C div = (a - mod) / b;
-  if (mod != 0 && (b < 0) != (mod < 0)) div -= 1;
-  if (div == 0) return std::copysign(C(0), a / b);
-  C fl = std::floor(div);
-  return div - fl > C(0.5) ? fl + 1 : fl;
-}
-
 template <typename T>
 void div_rounding(const Tensor& out, const CastInputs<2>& in, bool trunc, const ZeroFlag& zero) {
   if constexpr (std::is_integral_v<T>) {
@@ -105,7 +95,7 @@ void div_rounding(const Tensor& out, const CastInputs<2>& in, bool trunc, const 
   } else if (trunc) {
     binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return std::trunc(a / b); });
   } else {
-    binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return div_floor_float(a, b); });
+    binary_op<T>(out, in[0], in[1], [](auto a, auto b) { return math::div_floor(a, b); });
   }
 }
 
@@ -129,13 +119,13 @@ void div_cpu(const Tensor& out, const Tensor& self, const Tensor& other,
 void maximum_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
   auto in = cast_inputs(out.dtype(), self, other);
   KILN_DISPATCH_ALL_TYPES(out.dtype(), "maximum", [&] {
-    binary_op<scalar_t>(out, in[0], in[1], [](auto a, auto b) { return a != a ? a : (b != b ? b : (a < b ? b : a)); });
+    binary_op<scalar_t>(out, in[0], in[1], [](auto a, auto b) { return math::maximum(a, b); });
   });
 }
 void minimum_cpu(const Tensor& out, const Tensor& self, const Tensor& other) {
   auto in = cast_inputs(out.dtype(), self, other);
   KILN_DISPATCH_ALL_TYPES(out.dtype(), "minimum", [&] {
-    binary_op<scalar_t>(out, in[0], in[1], [](auto a, auto b) { return a != a ? a : (b != b ? b : (b < a ? b : a)); });
+    binary_op<scalar_t>(out, in[0], in[1], [](auto a, auto b) { return math::minimum(a, b); });
   });
 }
 
@@ -163,9 +153,7 @@ void mod_typed(const Tensor& out, const CastInputs<2>& in, const ZeroFlag& zero)
     });
   } else {
     binary_op<T>(out, in[0], in[1], [](auto a, auto b) {
-      auto r = std::fmod(a, b);
-      if (kPython && r != 0 && ((b < 0) != (r < 0))) r += b;
-      return r;
+      return kPython ? math::python_mod(a, b) : math::fmod(a, b);
     });
   }
 }

@@ -15,24 +15,12 @@
 
 #include "kiln/generated/meta_decls.h"
 #include "kiln/generated/op_handles.h"
+#include "kiln/pointwise_math.h"
 #include "loops.h"
 #include "vec_math.h"
 
 namespace kiln::kernels {
 namespace {
-
-template <typename A>
-KILN_VEC_INLINE A exp_acc(A x) {
-  if constexpr (std::is_same_v<A, float>) return vec::exp(x);
-  else return std::exp(x);
-}
-
-// e^x for x <= 0 or NaN (a shifted exponent).
-template <typename A>
-KILN_VEC_INLINE A exp_shifted(A x) {
-  if constexpr (std::is_same_v<A, float>) return vec::exp_nonpositive(x);
-  else return std::exp(x);
-}
 
 // The targets as int64, checked: ignore_index or a class in [0, C).
 std::vector<int64_t> checked_targets(const char* op, const Tensor& target, int64_t C,
@@ -102,7 +90,9 @@ A row_sum_exp(const T* x, int64_t C, A m) {
   struct {
     const T* x;
     A m;
-    A operator()(A s, int64_t c) const { return s + exp_shifted<A>(static_cast<A>(x[c]) - m); }
+    A operator()(A s, int64_t c) const {
+      return s + vec::exp_nonpositive_acc<A>(static_cast<A>(x[c]) - m);
+    }
     A fold(A a, A b) const { return a + b; }
   } f{x, m};
   return lane_reduce<A>(C, A(0), f);
@@ -121,7 +111,7 @@ A row_lse(const T* x, int64_t C) {
 template <bool kExp, typename T, typename A>
 void scale_row(T* d, const T* src, A shift, A scale, A ge, const ClassWeights<A>& cw, int64_t C) {
   auto u = [&](int64_t c) {
-    if constexpr (kExp) return exp_acc<A>(static_cast<A>(src[c]) + shift);
+    if constexpr (kExp) return vec::exp_acc<A>(static_cast<A>(src[c]) + shift);
     else return static_cast<A>(src[c]);
   };
   if (cw.w.empty()) {
@@ -212,7 +202,7 @@ Tensor cross_entropy_indices_backward_cpu(const Tensor& grad, const Tensor& inpu
             T* d;
             A m;
             A operator()(A s, int64_t c) const {
-              const A u = exp_shifted<A>(static_cast<A>(x[c]) - m);
+              const A u = vec::exp_nonpositive_acc<A>(static_cast<A>(x[c]) - m);
               d[c] = static_cast<T>(u);
               return s + u;
             }
@@ -224,7 +214,7 @@ Tensor cross_entropy_indices_backward_cpu(const Tensor& grad, const Tensor& inpu
         } else {  // 16-bit types round once; an infinite max takes the plain formula
           const A lse = std::isinf(m) ? m : m + std::log(row_sum_exp<T, A>(xr, C, m));
           scale_row<true>(dr, xr, -lse, scale, gi * eC, cw, C);
-          py = exp_acc<A>(static_cast<A>(xr[y[i]]) - lse);  // the target's entry, unrounded
+          py = vec::exp_acc<A>(static_cast<A>(xr[y[i]]) - lse);  // the target's entry, unrounded
         }
         dr[y[i]] = static_cast<T>(scale * py - gi * eC * cw.at(y[i]) - gi * wy);
       }
@@ -235,7 +225,8 @@ Tensor cross_entropy_indices_backward_cpu(const Tensor& grad, const Tensor& inpu
 
 // _binary_cross_entropy: input, target (broadcast to out) -> out =
 // (t - 1) max(log1p(-x), -100) - t max(log(x), -100), PyTorch's CPU kernel (same expression, so
-// the same rounding). An input outside [0, 1] (or nan) is a ValueError, as PyTorch's check.
+// the same rounding; kiln/pointwise_math.h, shared with CUDA). An input outside [0, 1] (or nan)
+// is a ValueError, as PyTorch's check.
 void binary_cross_entropy_cpu(const Tensor& out, const Tensor& input, const Tensor& target) {
   auto in = cast_inputs(out.dtype(), input, target);
   std::atomic<bool> outside{false};  // set from the parallel loop, raised after it
@@ -245,8 +236,7 @@ void binary_cross_entropy_cpu(const Tensor& out, const Tensor& input, const Tens
     binary_kernel<T>(out, in[0], in[1], [&outside](T xv, T tv) {
       const A x = static_cast<A>(xv), t = static_cast<A>(tv);
       if (!(x >= A(0) && x <= A(1))) outside.store(true, std::memory_order_relaxed);
-      return static_cast<T>((t - A(1)) * std::max(A(std::log1p(-x)), A(-100)) -
-                            t * std::max(A(std::log(x)), A(-100)));
+      return static_cast<T>(math::binary_cross_entropy(x, t));
     });
   });
   KILN_CHECK(!outside.load(), Value,

@@ -13,15 +13,6 @@ namespace {
 
 constexpr int64_t kSoftmaxCols = 64;  // inner columns per task when dim is not the last
 
-// e^x: the vectorizable float version (Note [Vectorizable math]) for float accumulators.
-template <typename A>
-KILN_VEC_INLINE A exp_acc(A x) {
-  if constexpr (std::is_same_v<A, float>)
-    return vec::exp(x);
-  else
-    return std::exp(x);
-}
-
 // Note [Softmax rows]: a row of float32 (or a 16-bit type, computed in float32) takes three
 // vectorized passes: the max (NaNs skipped), e^(x - max) summed (and stored, for float32), then
 // the scale (log_softmax: (x - max) - log(sum)). vec::exp_nonpositive keeps NaN, so a NaN in the
@@ -109,7 +100,7 @@ void softmax_cols(const T* x, T* y, int64_t D, int64_t inner, int64_t c0, int64_
   for (int64_t k = 0; k < D; ++k) {
     const T* row = x + k * inner + c0;
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) s[j] += exp_acc<A>(static_cast<A>(row[j]) - m[j]);
+    for (int64_t j = 0; j < n; ++j) s[j] += vec::exp_acc<A>(static_cast<A>(row[j]) - m[j]);
   }
   for (int64_t j = 0; j < n; ++j) s[j] = kLog ? std::log(s[j]) : A(1) / s[j];
   for (int64_t k = 0; k < D; ++k) {
@@ -117,7 +108,7 @@ void softmax_cols(const T* x, T* y, int64_t D, int64_t inner, int64_t c0, int64_
     T* out = y + k * inner + c0;
     for (int64_t j = 0; j < n; ++j) {
       A v = static_cast<A>(row[j]);
-      out[j] = static_cast<T>(kLog ? (v - m[j]) - s[j] : exp_acc<A>(v - m[j]) * s[j]);
+      out[j] = static_cast<T>(kLog ? (v - m[j]) - s[j] : vec::exp_acc<A>(v - m[j]) * s[j]);
     }
   }
 }
@@ -184,7 +175,7 @@ void softmax_backward_row(const T* g, const T* y, T* dx, int64_t D) {
 #pragma omp simd
   for (int64_t i = 0; i < D; ++i) {
     const A gi = static_cast<A>(g[i]), yi = static_cast<A>(y[i]);
-    dx[i] = static_cast<T>(kLog ? gi - exp_acc<A>(yi) * s : yi * (gi - s));
+    dx[i] = static_cast<T>(kLog ? gi - vec::exp_acc<A>(yi) * s : yi * (gi - s));
   }
 }
 
@@ -204,7 +195,7 @@ void softmax_backward_cols(const T* g, const T* y, T* dx, int64_t D, int64_t inn
     T* out = dx + k * inner + c0;
     for (int64_t j = 0; j < n; ++j) {
       const A gj = static_cast<A>(gr[j]), yj = static_cast<A>(yr[j]);
-      out[j] = static_cast<T>(kLog ? gj - exp_acc<A>(yj) * s[j] : yj * (gj - s[j]));
+      out[j] = static_cast<T>(kLog ? gj - vec::exp_acc<A>(yj) * s[j] : yj * (gj - s[j]));
     }
   }
 }

@@ -3,12 +3,14 @@
 // cast to it first, so exp(int32) computes in float32. The backward rows of relu and gelu
 // (threshold_backward, gelu_backward) are here too: (grad_output, self) broadcast -> out.
 //
-// float32 transcendental functions use kiln::vec (Note [Vectorizable math] in vec_math.h);
-// float16/bfloat16 compute in float through the same functions; float64 uses std::.
+// float32 transcendental functions use kiln::vec (See Note [Vectorizable math] in vec_math.h);
+// float16/bfloat16 compute in float through the same functions; float64 uses std:: and the
+// formulas of kiln/pointwise_math.h, which CUDA shares (See Note [One home per formula]).
 #include <cmath>
 #include <type_traits>
 
 #include "kiln/generated/op_handles.h"
+#include "kiln/pointwise_math.h"
 #include "kiln/scalar_math.h"
 #include "loops.h"
 #include "vec_math.h"
@@ -63,22 +65,21 @@ KILN_FLOAT_UNARY(rsqrt, 1.0f / std::sqrt(a), 1.0 / std::sqrt(a))
 KILN_FLOAT_UNARY(sin, std::sin(a), std::sin(a))
 KILN_FLOAT_UNARY(cos, std::cos(a), std::cos(a))
 KILN_FLOAT_UNARY(tanh, vec::tanh(a), std::tanh(a))
-KILN_FLOAT_UNARY(sigmoid, vec::sigmoid(a), 1.0 / (1.0 + std::exp(-a)))
+KILN_FLOAT_UNARY(sigmoid, vec::sigmoid(a), math::sigmoid(a))
 KILN_FLOAT_UNARY(erf, vec::erf(a), std::erf(a))
 KILN_FLOAT_UNARY(reciprocal, 1.0f / a, 1.0 / a)
-KILN_FLOAT_UNARY(silu, vec::silu(a), a / (1.0 + std::exp(-a)))
+KILN_FLOAT_UNARY(silu, vec::silu(a), math::silu(a))
 #undef KILN_FLOAT_UNARY
 
 // x: (*) -> (*), erf form x/2 (1 + erf(x / sqrt 2)) or the tanh approximation.
 void gelu_cpu(const Tensor& out, const Tensor& self, std::string_view approximate) {
   if (approximate == "tanh") {
-    float_op("gelu", out, self, [](float a) KILN_VEC_INLINE_LAMBDA { return vec::gelu_tanh(a); }, [](double a) {
-      return 0.5 * a * (1.0 + std::tanh(0.79788456080286535588 * (a + 0.044715 * a * a * a)));
-    });
+    float_op("gelu", out, self, [](float a) KILN_VEC_INLINE_LAMBDA { return vec::gelu_tanh(a); },
+             [](double a) { return math::gelu_tanh(a); });
     return;
   }
   float_op("gelu", out, self, [](float a) KILN_VEC_INLINE_LAMBDA { return vec::gelu_erf(a); },
-           [](double a) { return 0.5 * a * (1.0 + std::erf(a * M_SQRT1_2)); });
+           [](double a) { return math::gelu_erf(a); });
 }
 
 // out = f(a, b) for a floating out dtype, a and b broadcast to it: fv on float (float32, float16,
@@ -101,18 +102,12 @@ void gelu_backward_cpu(const Tensor& out, const Tensor& grad_output, const Tenso
   if (approximate == "tanh") {
     float_binary_op("gelu_backward", out, grad_output, self,
                     [](float g, float x) KILN_VEC_INLINE_LAMBDA { return g * vec::gelu_tanh_backward(x); },
-                    [](double g, double x) {
-                      const double k = 0.79788456080286535588, t = std::tanh(k * (x + 0.044715 * x * x * x));
-                      return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x));
-                    });
+                    [](double g, double x) { return g * math::gelu_tanh_backward(x); });
     return;
   }
   float_binary_op("gelu_backward", out, grad_output, self,
                   [](float g, float x) KILN_VEC_INLINE_LAMBDA { return g * vec::gelu_erf_backward(x); },
-                  [](double g, double x) {
-                    return g * (0.5 * (1 + std::erf(x * M_SQRT1_2)) +
-                                x * std::exp(-0.5 * x * x) * 0.5 * M_2_SQRTPI * M_SQRT1_2);
-                  });
+                  [](double g, double x) { return g * math::gelu_erf_backward(x); });
 }
 
 template <typename A>
@@ -197,12 +192,7 @@ void clamp_cpu(const Tensor& out, const Tensor& self, const std::optional<Scalar
       if (!min) lo = -std::numeric_limits<C>::infinity();
       if (!max) hi = std::numeric_limits<C>::infinity();
     }
-    unary_kernel<T>(out, x, [lo, hi](T v) {
-      C a = static_cast<C>(v);
-      C r = a < lo ? lo : a;
-      r = r > hi ? hi : r;
-      return T(a != a ? a : r);
-    });
+    unary_kernel<T>(out, x, [lo, hi](T v) { return T(math::clamp(static_cast<C>(v), lo, hi)); });
   });
 }
 

@@ -12,12 +12,19 @@
 // values (inf, nan, denormals) are patched with selects at the end. Accuracy against the double
 // results of std:: is checked in tests/kernels/pointwise_test.cpp (VecMath.*): a few ulp.
 // float64 kernels keep std::; float16/bfloat16 compute through these float versions.
+// The activations (sigmoid, silu, gelu and its derivatives) are float32 fast paths of the
+// formulas in kiln/pointwise_math.h (See Note [One home per formula]), with its constants; they
+// differ from it only through the approximations above (vec::exp, vec::tanh, erf_rational), and
+// VecMath.* checks each one against its kiln::math formula in double.
 #pragma once
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+
+#include "kiln/pointwise_math.h"
 
 // Forced inline: a call left in a loop body stops GCC from vectorizing the loop, and GCC's
 // heuristics decline to inline erf (which inlines exp) into the gelu lambda.
@@ -131,7 +138,8 @@ KILN_VEC_INLINE float tanh(float x) {
   return x != x ? x : r;
 }
 
-// 1 / (1 + e^-x), written as e^x / (1 + e^x) for x < 0 so that tiny results keep their bits.
+// 1 / (1 + e^-x), written as e^x / (1 + e^x) for x < 0 so that tiny results keep their bits
+// (math::sigmoid's float form, with vec::exp).
 KILN_VEC_INLINE float sigmoid(float x) {
   float e = vec::exp(x < 0.0f ? x : -x);  // e^-|x|, in (0, 1]
   float d = 1.0f + e;
@@ -185,32 +193,58 @@ KILN_VEC_INLINE float erf_rational(float z) {
   return z * p / q;
 }
 
-// gelu, erf form: x/2 (1 + erf(x / sqrt 2)).
-KILN_VEC_INLINE float gelu_erf(float x) {
-  return 0.5f * x * (1.0f + vec::erf_rational(x * 0.707106781186547524f));
+// e^x in a kernel's accumulator type A (float for float32/float16/bfloat16, double): vec::exp
+// for float, std::exp for double. Softmax's and cross-entropy's exponents use it.
+template <typename A>
+KILN_VEC_INLINE A exp_acc(A x) {
+  if constexpr (std::is_same_v<A, float>) return vec::exp(x);
+  else return std::exp(x);
 }
 
-// gelu, tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+// e^x for x <= 0 or nan in A, a max-shifted exponent (s - max of a softmax row, and s - lse in a
+// backward, <= 0 up to rounding): vec::exp_nonpositive for float, whose lack of inf/nan patches
+// lets the loops vectorize; std::exp for double. Attention's and cross-entropy's use it.
+template <typename A>
+KILN_VEC_INLINE A exp_nonpositive_acc(A x) {
+  if constexpr (std::is_same_v<A, float>) return vec::exp_nonpositive(x);
+  else return std::exp(x);
+}
+
+// The constants of kiln/pointwise_math.h's gelu, rounded to float.
+constexpr float kSqrt1_2 = static_cast<float>(math::kSqrt1_2);
+constexpr float kInvSqrt2Pi = static_cast<float>(math::kInvSqrt2Pi);
+constexpr float kSqrt2OverPi = static_cast<float>(math::kSqrt2OverPi);
+constexpr float kGeluTanhCoeff = static_cast<float>(math::kGeluTanhCoeff);
+constexpr float kGeluTanhCoeff3 = static_cast<float>(3 * math::kGeluTanhCoeff);
+
+// gelu, erf form: x/2 (1 + erf(x / sqrt 2)) (math::gelu_erf, with erf_rational).
+KILN_VEC_INLINE float gelu_erf(float x) {
+  return 0.5f * x * (1.0f + vec::erf_rational(x * kSqrt1_2));
+}
+
+// gelu, tanh form: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (math::gelu_tanh).
 KILN_VEC_INLINE float gelu_tanh(float x) {
-  float inner = 0.797884560802865355f * std::fma(0.044715f * x * x, x, x);
+  float inner = kSqrt2OverPi * std::fma(kGeluTanhCoeff * x * x, x, x);
   return 0.5f * x * (1.0f + vec::tanh(inner));
 }
 
-// d/dx gelu(x), erf form: Phi(x) + x phi(x), phi(x) = e^(-x^2 / 2) / sqrt(2 pi).
+// d/dx gelu(x), erf form: Phi(x) + x phi(x), phi(x) = e^(-x^2 / 2) / sqrt(2 pi)
+// (math::gelu_erf_backward).
 KILN_VEC_INLINE float gelu_erf_backward(float x) {
-  float cdf = 0.5f * (1.0f + vec::erf_rational(x * 0.707106781186547524f));
-  return std::fma(x * 0.398942280401432678f, vec::exp_nonpositive(-0.5f * x * x), cdf);
+  float cdf = 0.5f * (1.0f + vec::erf_rational(x * kSqrt1_2));
+  return std::fma(x * kInvSqrt2Pi, vec::exp_nonpositive(-0.5f * x * x), cdf);
 }
 
 // d/dx gelu(x), tanh form: with u = sqrt(2/pi) (x + 0.044715 x^3) and t = tanh(u),
-// 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx.
+// 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx (math::gelu_tanh_backward).
 KILN_VEC_INLINE float gelu_tanh_backward(float x) {
   float x2 = x * x;
-  float t = vec::tanh(0.797884560802865355f * std::fma(0.044715f * x2, x, x));
-  float du = 0.797884560802865355f * std::fma(0.134145f, x2, 1.0f);
+  float t = vec::tanh(kSqrt2OverPi * std::fma(kGeluTanhCoeff * x2, x, x));
+  float du = kSqrt2OverPi * std::fma(kGeluTanhCoeff3, x2, 1.0f);
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
 
+// x sigmoid(x) (math::silu's float form).
 KILN_VEC_INLINE float silu(float x) { return x * vec::sigmoid(x); }
 
 }  // namespace kiln::vec

@@ -43,18 +43,6 @@ struct TrueDivOp {
   KILN_HD C operator()(C a, C b) const { return a / b; }
 };
 
-// Python's floor division of floats (c10::div_floor_floating): exact at integer boundaries.
-template <typename C>
-KILN_HD inline C div_floor_float(C a, C b) {
-  if (b == 0) return a / b;
-  C mod = dm::fmod(a, b);
-  C div = (a - mod) / b;
-  if (mod != 0 && (b < 0) != (mod < 0)) div -= 1;
-  if (div == 0) return dm::copysign(C(0), a / b);
-  C fl = dm::floor(div);
-  return div - fl > C(0.5) ? fl + 1 : fl;
-}
-
 // Rounded division: trunc or floor (one functor for both keeps the instantiations down).
 struct DivRoundOp {
   bool floor;
@@ -64,7 +52,7 @@ struct DivRoundOp {
       if (b == 0) return 0;  // Note [CUDA integer division by zero]
       return floor ? int_div_floor(a, b) : int_div_trunc(a, b);
     } else {
-      return floor ? div_floor_float(a, b) : dm::trunc(a / b);
+      return floor ? dm::div_floor(a, b) : dm::trunc(a / b);  // floats: kiln/pointwise_math.h
     }
   }
 };

@@ -16,12 +16,7 @@ namespace {
 struct MinMaxOp {
   bool max;
   template <typename C>
-  KILN_HD C operator()(C a, C b) const {
-    if (a != a) return a;
-    if (b != b) return b;
-    if (max) return a < b ? b : a;
-    return b < a ? b : a;
-  }
+  KILN_HD C operator()(C a, C b) const { return max ? dm::maximum(a, b) : dm::minimum(a, b); }
 };
 
 struct PowOp {
@@ -41,9 +36,7 @@ struct ModOp {
       if (b == 0) return 0;  // Note [CUDA integer division by zero]
       return python ? int_mod_floor(a, b) : int_mod_trunc(a, b);
     } else {
-      C r = dm::fmod(a, b);
-      if (python && r != 0 && ((b < 0) != (r < 0))) r += b;
-      return r;
+      return python ? dm::python_mod(a, b) : dm::fmod(a, b);
     }
   }
 };

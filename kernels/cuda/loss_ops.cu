@@ -1,6 +1,7 @@
 // Pointwise losses on CUDA (tensor/ops/loss.toml): _binary_cross_entropy, the loss per element of
 // binary_cross_entropy. input, target broadcast to out -> out, float16/bfloat16 computed in float.
-// Same expression as kernels/cpu/loss.cpp; an input outside [0, 1] gives nan here (the CPU
+// Same expression as kernels/cpu/loss.cpp (kiln/pointwise_math.h, See Note [One home per
+// formula]); an input outside [0, 1] gives nan here (the CPU
 // raises: a device kernel cannot).
 #include "kiln/dispatcher.h"
 #include "kiln/generated/op_handles.h"
@@ -10,14 +11,9 @@
 namespace kiln::cuda {
 namespace {
 
-// (t - 1) max(log1p(-x), -100) - t max(log(x), -100)
 struct BinaryCrossEntropyOp {
   template <typename C>
-  KILN_HD C operator()(C x, C t) const {
-    const C a = dm::log1p(-x), b = dm::log(x);
-    return (t - C(1)) * (a > C(-100) || a != a ? a : C(-100)) -
-           t * (b > C(-100) || b != b ? b : C(-100));
-  }
+  KILN_HD C operator()(C x, C t) const { return dm::binary_cross_entropy(x, t); }
 };
 
 void binary_cross_entropy_cuda(const Tensor& out, const Tensor& input, const Tensor& target) {

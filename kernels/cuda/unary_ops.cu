@@ -55,11 +55,7 @@ struct NotOp {
 template <typename C>
 struct ClampOp {
   C lo, hi;
-  KILN_HD C operator()(C a) const {
-    C r = a < lo ? lo : a;
-    r = r > hi ? hi : r;
-    return a != a ? a : r;
-  }
+  KILN_HD C operator()(C a) const { return dm::clamp(a, lo, hi); }
 };
 
 void neg_cuda(const Tensor& out, const Tensor& self) { unary_op<TypeSet::Numeric>("neg", out, self, NegOp{}); }

@@ -14,6 +14,7 @@
 #include "kiln/generated/meta_decls.h"
 #include "kiln/meta.h"
 #include "kiln/operators.h"
+#include "kiln/pointwise_math.h"
 
 namespace kiln::composite {
 namespace {
@@ -231,18 +232,17 @@ Tensor log_softmax_backward_data(const Tensor& grad, const Tensor& output, int64
 // ---- gelu backward ----------------------------------------------------------------------------
 
 // gelu(x) = x * Phi(x) (approximate="none") or 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+// The tensor form of math::gelu_erf_backward and math::gelu_tanh_backward, with their constants
+// (See Note [One home per formula]), so that its own derivative exists.
 Tensor gelu_backward(const Tensor& grad, const Tensor& self, std::string_view approximate) {
   meta::gelu_backward(grad, self, approximate);
   if (approximate == "none") {
     // d/dx x Phi(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2/2) / sqrt(2 pi)
-    constexpr double kAlpha = M_SQRT1_2;
-    constexpr double kBeta = M_2_SQRTPI * M_SQRT1_2 * 0.5;
-    Tensor cdf = (erf(self * kAlpha) + 1) * 0.5;
-    Tensor pdf = exp(self * self * -0.5) * kBeta;
+    Tensor cdf = (erf(self * math::kSqrt1_2) + 1) * 0.5;
+    Tensor pdf = exp(self * self * -0.5) * math::kInvSqrt2Pi;
     return grad * (cdf + self * pdf);
   }
-  constexpr double kBeta = M_SQRT2 * M_2_SQRTPI * 0.5;  // sqrt(2 / pi)
-  constexpr double kKappa = 0.044715;
+  constexpr double kBeta = math::kSqrt2OverPi, kKappa = math::kGeluTanhCoeff;
   Tensor x_sq = self * self;
   Tensor inner = (self + x_sq * self * kKappa) * kBeta;
   Tensor t = tanh(inner);

@@ -521,7 +521,8 @@ TEST(PointwiseOperators, ArithmeticComparisonAndInplace) {
   expect_error(ErrorKind::Type, "can't be cast", [&] { i /= 2; });
 }
 
-// Note [Vectorizable math]: kiln::vec functions against std:: in double, in float32 ulps.
+// kiln::vec functions against std:: (and the activations against their kiln::math formulas) in
+// double, in float32 ulps (See Note [Vectorizable math], Note [One home per formula]).
 double ulp_error(float got, double want) {
   if (std::isnan(want)) return std::isnan(got) ? 0 : 1e9;
   if (std::isinf(want) || std::fabs(want) > 3.4028234663852886e38) return got == static_cast<float>(want) ? 0 : 1e9;
@@ -551,9 +552,9 @@ TEST(VecMath, AccuracyAgainstStd) {
       {"exp", vec::exp, [](double x) { return std::exp(x); }},
       {"log", vec::log, [](double x) { return std::log(x); }},
       {"tanh", vec::tanh, [](double x) { return std::tanh(x); }},
-      {"sigmoid", vec::sigmoid, [](double x) { return 1 / (1 + std::exp(-x)); }},
+      {"sigmoid", vec::sigmoid, [](double x) { return math::sigmoid(x); }},
       {"erf", vec::erf, [](double x) { return std::erf(x); }},
-      {"silu", vec::silu, [](double x) { return x / (1 + std::exp(-x)); }, false},
+      {"silu", vec::silu, [](double x) { return math::silu(x); }, false},
   };
   for (const Fn& f : fns) {
     double worst = 0;
@@ -570,15 +571,48 @@ TEST(VecMath, AccuracyAgainstStd) {
   for (float x : xs) worst = std::max(worst, ulp_error(vec::erf_rational(x), std::erf(double{x})));
   EXPECT_LE(worst, 5.0) << "erf_rational";
   // gelu's 1 + erf cancels for x << 0 (as in PyTorch): check it in absolute terms there.
+  double worst_backward[2] = {0, 0};
   for (float x : xs) {
     if (!std::isfinite(x)) continue;
-    double want = 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    const double xd = x;
+    double want = math::gelu_erf(xd);
     // gelu uses erf_rational (<= 5 ulp near +-1 instead of <= 3): for x in [-5.6, -3] the
     // cancellation in 1 + erf then costs up to ~7e-7 absolute, on values below 4e-3.
     EXPECT_NEAR(vec::gelu_erf(x), want, 8e-7 * std::max(1.0, std::fabs(want))) << x;
-    double wt = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
-    if (std::fabs(x) < 1e12f) EXPECT_NEAR(vec::gelu_tanh(x), wt, 4e-7 * std::max(1.0, std::fabs(wt))) << x;
+    double dwant = math::gelu_erf_backward(xd);
+    worst_backward[0] = std::max(worst_backward[0], std::fabs(vec::gelu_erf_backward(x) - dwant));
+    if (std::fabs(x) >= 1e12f) continue;  // x^3 overflows float
+    double wt = math::gelu_tanh(xd);
+    EXPECT_NEAR(vec::gelu_tanh(x), wt, 4e-7 * std::max(1.0, std::fabs(wt))) << x;
+    double dwt = math::gelu_tanh_backward(xd);
+    worst_backward[1] = std::max(worst_backward[1], std::fabs(vec::gelu_tanh_backward(x) - dwt));
   }
+  // The derivatives lie in [-0.17, 1.13]; the tanh form's 1 - t^2 cancels in float for |x| ~ 5.
+  EXPECT_LE(worst_backward[0], 8e-7) << "gelu_erf_backward";
+  EXPECT_LE(worst_backward[1], 2e-6) << "gelu_tanh_backward";
+}
+
+// The scalar home itself (Note [One home per formula]): gelu's erf form against x Phi(x) through
+// erfc (another libm function), and every derivative against central differences of its
+// function, in double.
+TEST(PointwiseMath, FormulasAgreeWithTheirDefinitions) {
+  for (double x = -12; x <= 12; x += 0.013) {
+    const double scale = std::max(1.0, std::fabs(x));
+    EXPECT_NEAR(math::gelu_erf(x), x * 0.5 * std::erfc(-x / std::sqrt(2.0)), 1e-15 * scale) << x;
+    const double h = 1e-5;
+    auto diff = [&](double (*f)(double)) { return (f(x + h) - f(x - h)) / (2 * h); };
+    EXPECT_NEAR(math::gelu_erf_backward(x), diff(math::gelu_erf<double>), 1e-8) << x;
+    EXPECT_NEAR(math::gelu_tanh_backward(x), diff(math::gelu_tanh<double>), 1e-8) << x;
+    EXPECT_NEAR(math::silu(x), x * math::sigmoid(x), 1e-15 * scale) << x;
+    // float: the same formulas in float32 (CUDA's math type for float16/bfloat16/float32).
+    const float xf = static_cast<float>(x);
+    EXPECT_NEAR(math::gelu_erf(xf), math::gelu_erf(double{xf}), 1e-6 * scale) << x;
+    EXPECT_NEAR(math::gelu_tanh(xf), math::gelu_tanh(double{xf}), 1e-6 * scale) << x;
+    EXPECT_NEAR(math::sigmoid(xf), math::sigmoid(double{xf}), 1e-7) << x;
+  }
+  EXPECT_GT(math::sigmoid(-100.0f), 0.0f);  // float keeps e^-100, a denormal, rather than 0
+  EXPECT_TRUE(std::isnan(math::binary_cross_entropy(std::nan(""), 1.0)));
+  EXPECT_EQ(math::binary_cross_entropy(0.0, 1.0), 100.0);  // log(0) clamped at -100
 }
 
 }  // namespace
