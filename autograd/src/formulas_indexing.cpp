@@ -10,7 +10,8 @@ namespace kiln::autograd {
 
 namespace {
 
-// Note [Legacy empty cat inputs] (tensor/src/meta/shape.cpp): cat skips 1-D tensors of size 0.
+// cat skips 1-D tensors of size 0
+// (See Note [Legacy empty cat inputs] in tensor/src/meta/shape.cpp).
 bool skipped_in_cat(const Tensor& t) { return t.dim() == 1 && t.size(0) == 0; }
 
 }  // namespace

@@ -53,8 +53,8 @@ bool check_primals(const char* name, const std::vector<Tensor>& primals) {
 Traced trace(const char* name, const Fn& f, const std::vector<Tensor>& primals) {
   Traced t;
   const bool any_requires_grad = check_primals(name, primals);
-  // Note [vmap and autograd]: the leaves are made from the plain values, batched first at every
-  // active vmap level so that each example gets its own gradient.
+  // The leaves are made from the plain values, batched first at every active vmap level so that
+  // each example gets its own gradient (See Note [vmap and autograd] in kiln/autograd/batched.h).
   std::vector<autograd::PhysicalView> views;
   for (const Tensor& p : primals)
     views.push_back(autograd::to_physical(autograd::promote_to_active_levels(p)));

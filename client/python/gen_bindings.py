@@ -57,8 +57,8 @@ def c_str(s):
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-# Note [Scalar and Tensor overloads] (python_args.h): the kinds of argument that a Python number
-# or a tensor could fill in either of two overloads.
+# The kinds of argument that a Python number or a tensor could fill in either of two overloads
+# (See Note [Scalar and Tensor overloads] in python_args.h).
 KIND = {"Tensor": "tensor", "Tensor?": "tensor", "Scalar": "number", "Scalar?": "number",
         "int": "number", "int?": "number"}
 

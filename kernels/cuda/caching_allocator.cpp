@@ -95,7 +95,8 @@ class DevicePool {
       free_.insert(b);
       return;
     }
-    // Note [Stream-ordered reuse]: wait for every other stream that used the block.
+    // Wait for every other stream that used the block
+    // (See Note [Stream-ordered reuse] in kiln/cuda/allocator.h).
     DeviceGuard dg(device_);
     for (cudaStream_t s : b->uses) {
       cudaEvent_t e = get_event();
@@ -281,7 +282,8 @@ class CudaCachingAllocator final : public Allocator {
   std::vector<std::unique_ptr<DevicePool>> pools_;
 };
 
-// Note [No device]: register only when a device is present; otherwise stay silent.
+// Register only when a device is present; otherwise stay silent
+// (See Note [No device] in kiln/cuda/device.h).
 const int g_registered = [] {
   if (Allocator* a = CudaCachingAllocator::instance()) set_allocator(DeviceType::CUDA, a);
   return 0;

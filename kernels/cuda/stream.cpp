@@ -17,7 +17,7 @@ struct StreamPool {
 };
 std::array<StreamPool, kMaxDevices> g_pools;
 
-// Note [Current stream]: nullptr (the legacy default stream) until set.
+// nullptr (the legacy default stream) until set (See Note [Current stream] in kiln/cuda/stream.h).
 thread_local std::array<cudaStream_t, kMaxDevices> t_current{};
 
 int resolve(int device) {

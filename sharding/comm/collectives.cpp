@@ -71,7 +71,7 @@ void reduce_typed(T* out, const T* a, const T* b, int64_t n, ReduceOp op) {
 // ---- Exchange
 // ------------------------------------------------------------------------------------
 
-// Note [Collective tags]: the fields' places.
+// The fields' places (See Note [Collective tags] in collectives.h).
 constexpr int kGroupShift = 58, kOpShift = 55, kSeqShift = 36;
 constexpr uint64_t kSeqMask = 0x7ffff;
 
@@ -316,7 +316,7 @@ std::vector<int64_t> split_offsets(int64_t n, int parts) {
 
 namespace {
 
-// Note [All-reduce algorithms]: the small-message path.
+// The small-message path (See Note [All-reduce algorithms]).
 void recursive_doubling(Exchange& x, char* d, int64_t numel, ScalarType dtype, ReduceOp op) {
   const int n = x.size(), r = x.rank();
   const size_t bytes = numel * element_size(dtype);

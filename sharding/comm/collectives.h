@@ -60,9 +60,9 @@ class Exchange {
   // Tests every request once without blocking; PeerTimeout past the deadline.
   bool test_all();
 
-  // Note [Shared-memory ring]: channels through the mailboxes (Note [Shared-memory mailboxes]),
-  // one per ordered pair of ranks, kMailboxSlots slots deep. True when every member mapped every
-  // other member's mailbox.
+  // The ring's channels through the mailboxes (See Note [Shared-memory ring] in collectives.cpp,
+  // Note [Shared-memory mailboxes]), one per ordered pair of ranks, kMailboxSlots slots deep. True
+  // when every member mapped every other member's mailbox.
   bool shared_memory() const;
   size_t slot_bytes() const { return t_->mailbox_slot_bytes(); }
   // The next slot of the channel to `peer`, once the peer has released it; publish() sends it as

@@ -236,8 +236,9 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
     if (transport) transport->mark_broken();
   }
 
-  // Note [Collective timeouts]: a collective that timed out or failed in its transport.
-  // Point-to-point ops get no desync report: their sequence numbers differ across ranks.
+  // A collective that timed out or failed in its transport. Point-to-point ops get no desync
+  // report: their sequence numbers differ across ranks
+  // (See Note [Collective timeouts] in process_group.cpp).
   Error failed(const char* op, uint64_t seq, const std::string& why, bool p2p) {
     std::ostringstream msg;
     msg << describe(op, seq, p2p) << " " << why;

@@ -158,7 +158,7 @@ ProcessGroupPtr new_group(const std::vector<int>& ranks, std::optional<Milliseco
                world, "), got ", IntArrayRef(std::vector<int64_t>(ranks.begin(), ranks.end())));
     seen[r] = true;
   }
-  // Note [Collective tags]: a group id has 6 bits.
+  // A group id has 6 bits (See Note [Collective tags] in comm/collectives.h).
   KILN_CHECK(reg.next_group_id < 64, Value, "new_group: at most 63 subgroups per "
              "init_process_group (destroy_process_group starts the count afresh)");
   const int id = reg.next_group_id++;

@@ -5,8 +5,9 @@
 //   auto r = t.recv(peer, tag, buf, bytes);
 //   while (!t.test(r)) t.wait_event(timeout);          // progresses the worker, then sleeps
 //
-// Note [Comm thread]: only one thread at a time calls into it (the communication thread, or the
-// caller of init/destroy while that thread is idle); the worker is created SERIALIZED.
+// Only one thread at a time calls into it (the communication thread, or the caller of init/destroy
+// while that thread is idle); the worker is created SERIALIZED
+// (See Note [Comm thread] in process_group.cpp).
 #pragma once
 
 #include <chrono>

@@ -32,7 +32,7 @@ DeviceAutocast& state(DeviceType t) { return tls_autocast[static_cast<int>(t)]; 
 enum class Policy { None, LowerPrecision, Fp32, Promote };
 
 Policy policy_of(const OpInfo& info) {
-  // Note [Autocast]: in-place and out= variants keep the dtype of the tensor they write.
+  // In-place and out= variants keep the dtype of the tensor they write (See Note [Autocast]).
   if (info.is_inplace || info.is_out) return Policy::None;
   const char* p = info.autocast;
   if (std::strcmp(p, "lower_precision") == 0) return Policy::LowerPrecision;
@@ -102,7 +102,7 @@ void cast_arguments(const OpInfo& info, Policy policy, Stack& stack) {
       return false;
     });
   }
-  // Note [Autocast]: one cast per distinct tensor within this call.
+  // One cast per distinct tensor within this call (See Note [Autocast]).
   std::vector<std::pair<const TensorImpl*, Tensor>> casts;
   for_each_tensor(info, stack, [&](Tensor& t) {
     if (!eligible(t)) return false;

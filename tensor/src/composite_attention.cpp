@@ -11,8 +11,8 @@
 
 namespace kiln::composite {
 
-// Note [Attention dropout]: the mask of a call is fixed by (seed, offset), which the call
-// reserves from its generator like a random op drawing 32 bits per (N, L, S) probability.
+// The dropout mask's (seed, offset) are reserved here, one 32-bit draw per (N, L, S) probability
+// (See Note [Attention dropout] in kernels/cpu/attention.cpp).
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     double dropout_p, bool is_causal, std::optional<double> scale,
                                     std::optional<Generator> generator) {

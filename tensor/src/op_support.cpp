@@ -83,8 +83,8 @@ int register_view_kernel(OperatorHandle& op, void* fn) {
 }
 
 int register_composite(OperatorHandle& op, void* fn) {
-  // Note [Autocast]: a row with an autocast policy leaves its Autocast slot to the fallback,
-  // which casts the arguments before the decomposition runs.
+  // A row with an autocast policy leaves its Autocast slot to the fallback, which casts the
+  // arguments before the decomposition runs (See Note [Autocast] in kiln/autocast.h).
   const bool autocast_casts = std::strcmp(op.info().autocast, "none") != 0;
   for (int k = 0; k < kNumDispatchKeys; ++k) {
     if (autocast_casts && static_cast<DispatchKey>(k) == DispatchKey::Autocast) continue;

@@ -101,7 +101,7 @@ Tensor scalar_to_tensor(const Scalar& s) {
   return t;
 }
 
-// Note [Type promotion] (scalar_type.h): three priority levels, combined by category.
+// Three priority levels, combined by category (See Note [Type promotion] in scalar_type.h).
 ScalarType result_type(TensorList tensors) {
   std::vector<const Tensor*> ptrs;
   for (const Tensor& t : tensors) ptrs.push_back(&t);

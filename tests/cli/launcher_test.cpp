@@ -251,7 +251,8 @@ TEST_F(KilnRun, GivenPortAndThreadsAreKept) {
   EXPECT_EQ(lines, (std::vector<std::string>{"[rank 0] 29517 7", "[rank 1] 29517 7"}));
 }
 
-// Note [Rank places]: under OMP_PROC_BIND each rank gets its own CPUs, not all the first one.
+// Under OMP_PROC_BIND each rank gets its own CPUs, not all the first one
+// (See Note [Rank places] in client/cli/launch.cpp).
 TEST_F(KilnRun, BoundRanksGetTheirOwnPlaces) {
   Result r = kiln(run_args({"--nproc=2"}, "echo \"$OMP_PLACES\""), {"OMP_PROC_BIND=close"});
   ASSERT_EQ(r.status, 0) << r.err;

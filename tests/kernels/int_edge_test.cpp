@@ -225,7 +225,8 @@ TEST(IntEdges, ReductionsWrap) {
   EXPECT_EQ(sum(b).item<int64_t>(), int64_t{1} << 31);
 }
 
-// Note [Float to integer casts]: truncate, saturate, NaN -> 0, for copies, fills and scalars.
+// Truncate, saturate, NaN -> 0, for copies, fills and scalars
+// (See Note [Float to integer casts] in kiln/scalar_math.h).
 template <typename T>
 void check_casts() {
   constexpr T lo = std::numeric_limits<T>::lowest(), hi = std::numeric_limits<T>::max();

@@ -1,7 +1,8 @@
-"""Note [Dimension cap]: tensors have at most 64 dimensions, as NumPy interop allows. Every path
-up to the cap is correct (numpy(), tolist()); past it a clear ValueError, never a crash: the
-outside probe aborted the interpreter with 129 dimensions and got a wrong 0-d object array with
-65-128, and a crafted safetensors file with a 100,000-dimension shape loaded and then aborted."""
+"""Tensors have at most 64 dimensions, as NumPy interop allows (See Note [Dimension cap] in
+kiln/tensor_impl.h). Every path up to the cap is correct (numpy(), tolist()); past it a clear
+ValueError, never a crash: the outside probe aborted the interpreter with 129 dimensions and got a
+wrong 0-d object array with 65-128, and a crafted safetensors file with a 100,000-dimension shape
+loaded and then aborted."""
 import json
 import struct
 

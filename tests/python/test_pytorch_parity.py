@@ -436,8 +436,8 @@ def test_lambda_lr_and_multiplicative_lr():
 # ---- import order: `import kiln` must leave NCCL for PyTorch to load ----------------------------
 
 def test_import_kiln_loads_no_nccl():
-    """Note [Loading NCCL lazily]: Kiln dlopens NCCL only for the NCCL backend, so `import torch`
-    after `import kiln` gets its own libnccl."""
+    """Kiln dlopens NCCL only for the NCCL backend, so `import torch` after `import kiln` gets its
+    own libnccl (See Note [Loading NCCL lazily] in sharding/comm/nccl_lib.h)."""
     code = ("import kiln, sys\n"
             "maps = open('/proc/self/maps').read()\n"
             "sys.exit(1 if 'libnccl' in maps else 0)\n")

@@ -104,8 +104,8 @@ TEST(RemoteGrpc, FrozenWorkerIsUnavailableWithinTheKeepalive) {
   w.thaw();
 }
 
-// Note [One stream per worker] (kiln/worker/stream_gate.h): a second client of a direct worker is
-// refused while the first is connected, and served once it closed.
+// A second client of a direct worker is refused while the first is connected, and served once it
+// closed (See Note [One stream per worker] in kiln/worker/stream_gate.h).
 TEST(RemoteGrpc, ADirectWorkerServesOneSessionAtATime) {
   WorkerProcess w;
   auto first = client::connect(w.address());

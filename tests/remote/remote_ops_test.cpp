@@ -134,8 +134,9 @@ TEST_F(RemoteOps, DeadHandlesAreFreedOnTheWorker) {
   EXPECT_LE(worker_values(), base + 4);
 }
 
-// Note [Remote values]: the Free of a released value goes ahead of the next allocation, so a
-// worker at its memory limit has room again at once (4 MiB: 3 MiB, released, then 2 MiB).
+// The Free of a released value goes ahead of the next allocation, so a worker at its memory limit
+// has room again at once (4 MiB: 3 MiB, released, then 2 MiB)
+// (See Note [Remote values] in kiln/client/connection.h).
 TEST(RemoteMemory, AReleasedValueIsFreedBeforeTheNextAllocation) {
   Session s = client::connect_in_process(1, {.worker_id = "small", .memory_limit_bytes = 4 << 20});
   Tensor x = kiln::ones({3 << 18}, std::nullopt, s.device());

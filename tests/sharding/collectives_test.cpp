@@ -322,7 +322,8 @@ TEST(DistFaults, SkippedCollectiveIsNamed) {
 
 namespace kiln::testing {
 
-// Note [No fork after init]: a child forked after init raises instead of hanging.
+// A child forked after init raises instead of hanging
+// (See Note [No fork after init] in sharding/comm/process_group.cpp).
 KILN_RANK_SCENARIO(fork_after_init) {
   auto pg = default_group();
   pid_t pid = fork();

@@ -1,6 +1,6 @@
-// Note [Loading NCCL lazily] (sharding/comm/nccl_lib.h): libkiln_sharding does not link libnccl,
-// so loading Kiln loads no NCCL; where the NCCL backend is built, its first use loads NCCL and
-// resolves every function the backend calls. Neither needs a GPU.
+// libkiln_sharding does not link libnccl, so loading Kiln loads no NCCL; where the NCCL backend is
+// built, its first use loads NCCL and resolves every function the backend calls. Neither needs a
+// GPU (See Note [Loading NCCL lazily] in sharding/comm/nccl_lib.h).
 #include <link.h>
 
 #include <cstring>

@@ -111,7 +111,7 @@ TEST(Manifest, MetaAgreesWithCpu) {
       try {
         op.call_boxed(meta);
       } catch (const Error& e) {
-        // Note [Data-dependent shapes] (tensor/src/meta/indexing.cpp): nothing to compare.
+        // Nothing to compare (See Note [Data-dependent shapes] in tensor/src/meta/indexing.cpp).
         const bool data_dependent =
             e.kind() == ErrorKind::NotImplemented &&
             std::string(e.what()).find("data-dependent output shape") != std::string::npos;

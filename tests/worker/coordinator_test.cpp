@@ -99,9 +99,9 @@ TEST(WorkerCoordinator, RegistersBeatsAndChecksSessions) {
   EXPECT_EQ(s1.rw->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
-// Note [One stream per worker]: a session's stream needs the session's secret, not the workers'
-// token; a session id alone opens nothing, with or without a token; a worker of a coordinator
-// serves no direct streams.
+// A session's stream needs the session's secret, not the workers' token; a session id alone opens
+// nothing, with or without a token; a worker of a coordinator serves no direct streams
+// (See Note [One stream per worker] in kiln/worker/stream_gate.h).
 TEST(WorkerCoordinator, ASessionIdWithoutItsSecretOpensNothing) {
   FakeCoordinator fake;
   fake.sessions = {{"s1", {"w-test"}}};
@@ -134,8 +134,8 @@ TEST(WorkerCoordinator, ASessionIdWithoutItsSecretOpensNothing) {
   EXPECT_EQ(hr.hello().world_size(), 1);
 }
 
-// Note [One stream per worker]: one stream per session; a newer session of this worker (the
-// coordinator moved it) takes over from a stale one.
+// One stream per session; a newer session of this worker (the coordinator moved it) takes over from
+// a stale one (See Note [One stream per worker] in kiln/worker/stream_gate.h).
 TEST(WorkerCoordinator, OneStreamPerSessionAndANewSessionTakesOver) {
   FakeCoordinator fake;
   fake.sessions = {{"s1", {"w-test"}}, {"s2", {"w-test"}}};

@@ -225,8 +225,8 @@ TEST(WorkerServer, GarbageMessagesAreInvalidArgument) {
   expect_session_works(d->address());
 }
 
-// Note [One stream per worker]: a second client waits briefly, then is refused; the memory
-// limit binds the worker, not each stream.
+// A second client waits briefly, then is refused; the memory limit binds the worker, not each
+// stream (See Note [One stream per worker] in kiln/worker/stream_gate.h).
 TEST(WorkerServer, OneStreamAtATime) {
   auto d = start({"--memory-limit", "1M"});
   Client first(d->address());
@@ -325,8 +325,9 @@ TEST(WorkerServer, MetricsNeedTheTokenWhenOneIsSet) {
   EXPECT_NE(ok.find("kiln_worker_instructions_total"), std::string::npos) << ok;
 }
 
-// Note [Metrics endpoint]: 50 clients that connect and send half a request do not hold back a
-// scrape (one connection at a time with a 2 s read timeout each took over a minute).
+// 50 clients that connect and send half a request do not hold back a scrape (one connection at a
+// time with a 2 s read timeout each took over a minute)
+// (See Note [Metrics endpoint] in worker/src/metrics.h).
 TEST(WorkerServer, SlowMetricsClientsDoNotBlockAScrape) {
   auto d = start({"--metrics-listen", "127.0.0.1:0"});
   const int port = metrics_port(*d);

@@ -126,7 +126,8 @@ struct Server::Impl final : grpc::Service {
   }
 
   absl::Status serve(grpc::ServerContext* ctx, Stream& stream) {
-    // Note [One stream per worker]: a direct worker checks the token before reading anything.
+    // A direct worker checks the token before reading anything
+    // (See Note [One stream per worker] in kiln/worker/stream_gate.h).
     if (auto st = gate->check_caller(proto::authorization_of(*ctx)); !st.ok()) return st;
     proto::ClientMessage msg;
     if (!stream.read(&msg)) return stream.status();  // the client left without a word, or garbage

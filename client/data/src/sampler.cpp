@@ -65,7 +65,8 @@ DistributedSampler::DistributedSampler(int64_t n, DistributedSamplerOptions opti
              num_replicas_);
   KILN_CHECK(rank_ >= 0 && rank_ < num_replicas_, Value, "DistributedSampler: invalid rank ", rank_,
              ", rank should be in the interval [0, ", num_replicas_ - 1, "]");
-  // Note [Distributed sampling]: floor(n / R) with drop_last, else ceil(n / R).
+  // floor(n / R) with drop_last, else ceil(n / R)
+  // (See Note [Distributed sampling] in kiln/data/sampler.h).
   num_samples_ = options.drop_last ? n / num_replicas_ : (n + num_replicas_ - 1) / num_replicas_;
 }
 

@@ -116,11 +116,11 @@ Tensor.__reduce_ex__ = lambda self, proto: (_ for _ in ()).throw(
     TypeError("kiln tensors are not picklable; use kiln.save (safetensors)"))
 
 
-# ---- indexing (Note [Python indexing]) ---------------------------------------------------------
-# Basic items (ints, slices, None, Ellipsis) become views (select, slice, unsqueeze); integer and
-# bool tensors (or lists) are advanced indices, applied with the `index` op over the leading dims
-# after a permute. As in NumPy, adjacent advanced indices put their broadcast dims where the first
-# of them was; separated ones put them first.
+# ---- indexing ---------------------------------------------------------------------------------
+# Note [Python indexing]: basic items (ints, slices, None, Ellipsis) become views (select, slice,
+# unsqueeze); integer and bool tensors (or lists) are advanced indices, applied with the `index` op
+# over the leading dims after a permute. As in NumPy, adjacent advanced indices put their broadcast
+# dims where the first of them was; separated ones put them first.
 def _as_index(k):
     if isinstance(k, Tensor):
         return k

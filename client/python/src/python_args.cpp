@@ -218,7 +218,8 @@ bool Signature::convert(const ParamSpec& p, PyObject* o, Value& v, bool exact,
     }
   } else if (exact && p.strict &&
              is_tensor(o) != (p.type == ArgType::Tensor || p.type == ArgType::OptTensor)) {
-    // Note [Scalar and Tensor overloads]: the other overload takes this kind of argument.
+    // The other overload takes this kind of argument
+    // (See Note [Scalar and Tensor overloads] in python_args.h).
   } else {
     switch (p.type) {
       case ArgType::Tensor:

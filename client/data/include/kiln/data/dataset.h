@@ -23,9 +23,11 @@ using Example = std::vector<Tensor>;
 // field counts (stack itself names mismatched shapes).
 Example collate_stack(const std::vector<Example>& examples);
 
-// A map-style dataset: `size()` examples addressed by index. Note [Dataset threads]: a
-// DataLoader with workers calls get()/get_batch() from several threads at once, so they must
-// not mutate shared state (read-only tensors and memory-mapped files are fine).
+// A map-style dataset: `size()` examples addressed by index.
+//
+// Note [Dataset threads]: a DataLoader with workers calls get()/get_batch() from several threads
+// at once, so they must not mutate shared state (read-only tensors and memory-mapped files are
+// fine).
 class Dataset {
  public:
   virtual ~Dataset() = default;
