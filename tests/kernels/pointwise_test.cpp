@@ -587,9 +587,10 @@ TEST(VecMath, AccuracyAgainstStd) {
     double dwt = math::gelu_tanh_backward(xd);
     worst_backward[1] = std::max(worst_backward[1], std::fabs(vec::gelu_tanh_backward(x) - dwt));
   }
-  // The derivatives lie in [-0.17, 1.13]; the tanh form's 1 - t^2 cancels in float for |x| ~ 5.
-  EXPECT_LE(worst_backward[0], 8e-7) << "gelu_erf_backward";
-  EXPECT_LE(worst_backward[1], 2e-6) << "gelu_tanh_backward";
+  // The derivatives lie in [-0.17, 1.13] (measured worst: 1.5e-7 at 3.66, 5.3e-7 at -5.16, where
+  // the tanh form's 1 - t^2 cancels in float).
+  EXPECT_LE(worst_backward[0], 4e-7) << "gelu_erf_backward";
+  EXPECT_LE(worst_backward[1], 1e-6) << "gelu_tanh_backward";
 }
 
 // The scalar home itself (Note [One home per formula]): gelu's erf form against x Phi(x) through
