@@ -1,4 +1,4 @@
-// Private support for the generated autograd_kernels.cpp (tensor/ops/gen_autograd.py).
+// Private support for the generated autograd_kernels_<table>.cpp (tensor/ops/gen_autograd.py).
 #pragma once
 
 #include "kiln/autograd/autograd.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/pointwise.h"
 #include "kiln/scalar_math.h"
 #include "loops.h"
 #include "strided.h"

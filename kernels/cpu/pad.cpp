@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/shape.h"
 #include "kiln/meta.h"
 #include "loops.h"
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/sort.h"
 #include "kiln/meta.h"
 #include "kiln/scalar_math.h"
 #include "loops.h"

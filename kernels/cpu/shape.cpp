@@ -2,7 +2,7 @@
 #include <cstring>
 
 #include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/shape.h"
 #include "kiln/meta.h"
 #include "loops.h"
 #include "strided.h"
