@@ -165,7 +165,7 @@ static Result batched_parameters(Call& c) {
   }
   if (c.is<ops::batch_norm_backward>()) {
     Stack args = c.args;
-    const int w_i = c.index("weight");
+    const int w_i = c.index(ArgRole::Weight);
     const Tensor& w = c.args[w_i].to_tensor();
     args[0] = kiln::mul(c.args[0].to_tensor(), param_view(c, w, c.args[0].to_tensor()));
     args[w_i] = unit(w, 1.0);
@@ -182,7 +182,7 @@ static Result norm_backward(Call& c) {
   const bool rms = c.is<ops::_rms_norm_backward>(), group = c.is<ops::_group_norm_backward>();
   const Tensor &g = c.args[0].to_tensor(), &x = c.args[1].to_tensor();
   if (group && x.dim() < 2) return std::nullopt;  // the loop raises the shape error
-  const int w_i = c.index("weight");
+  const int w_i = c.index(ArgRole::Weight);
   const Tensor& w = c.args[w_i].to_tensor();
   const double eps = c.args[c.index("eps")].to_double();
   // the parameters' shape: (C,), or normalized_shape
