@@ -160,7 +160,8 @@ Result view(Call& c) {
     return wrap_outputs(c, run(c.op, std::move(args)));
   }
   const bool unsqueeze = c.is<ops::unsqueeze>();
-  if (rank == 0 && !c.is<ops::view>() && !c.is<ops::reshape>() && !unsqueeze && !c.is<ops::permute>())
+  if (rank == 0 && !c.is<ops::view>() && !c.is<ops::reshape>() && !unsqueeze &&
+      !c.is<ops::permute>())
     return std::nullopt;  // dims of a 0-dim example: let the loop raise or handle them
   for (int i = 1; i < c.info().num_args; ++i) {
     const ArgRole role = c.info().args[i].role;

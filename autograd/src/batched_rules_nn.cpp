@@ -256,10 +256,12 @@ Result rowwise_rule(Call& c) {
       }
     }
     Tensor out = run(c.op, std::move(args))[0].to_tensor();
-    if (c.is<ops::batch_norm_backward_weight>()) return wrap_outputs(c, Stack{out.unflatten(0, {B, C})});
+    if (c.is<ops::batch_norm_backward_weight>())
+      return wrap_outputs(c, Stack{out.unflatten(0, {B, C})});
     return wrap_outputs(c, Stack{out.unflatten(1, {B, C}).transpose(0, 1)});
   }
-  if (c.is<ops::dropout_seeded>()) {  // every example gets the mask of (seed, offset), as in the loop
+  // dropout_seeded: every example gets the mask of (seed, offset), as in the loop
+  if (c.is<ops::dropout_seeded>()) {
     const Tensor& x = c.args[0].to_tensor();
     Tensor scale = kiln::dropout_seeded(kiln::ones(x.sizes(), x.dtype(), x.device()),
                                         c.args[1].to_double(), c.args[2].to_int(),
