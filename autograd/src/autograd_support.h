@@ -3,8 +3,6 @@
 
 #include "kiln/autograd/autograd.h"
 #include "kiln/dispatcher.h"
-#include "kiln/generated/composite_decls.h"
-#include "kiln/generated/op_handles.h"
 #include "kiln/generated/ops.h"
 #include "kiln/operators.h"
 #include "forward_support.h"

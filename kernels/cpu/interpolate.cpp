@@ -13,7 +13,6 @@
 #include <cmath>
 #include <vector>
 
-#include "kiln/generated/meta_decls.h"
 #include "kiln/generated/ops/interpolate.h"
 #include "kiln/meta.h"
 #include "loops.h"

@@ -3,7 +3,6 @@
 // and circular padding decompose into index_select (src/composite_index.cpp).
 #include <algorithm>
 
-#include "kiln/generated/meta_decls.h"
 #include "kiln/generated/ops/shape.h"
 #include "kiln/meta.h"
 #include "loops.h"

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "kiln/generated/meta_decls.h"
 #include "kiln/generated/ops/sort.h"
 #include "kiln/meta.h"
 #include "kiln/scalar_math.h"
