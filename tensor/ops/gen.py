@@ -508,7 +508,8 @@ def gen_enums(rules):
                       ("AutocastPolicy", "autocast"), ("ShardingRule", "sharding")]:
         names = rules[key]
         L.append(f"enum class {enum} : uint8_t {{ {', '.join(camel(n) for n in names)} }};")
-        L.append(f"inline constexpr int kNum{enum}s = {len(names)};")
+        plural = enum[:-1] + "ies" if enum.endswith("y") else enum + "s"
+        L.append(f"inline constexpr int kNum{plural} = {len(names)};")
         L.append(f"constexpr const char* to_string({enum} v) {{")
         L.append(f"  constexpr const char* kNames[] = {{{', '.join(chr(34) + n + chr(34) for n in names)}}};")
         L.append("  return kNames[static_cast<int>(v)];\n}\n")
@@ -603,7 +604,7 @@ def gen(ops, out_dir, rules):
     files = {}  # path relative to out_dir -> lines
     for t in tables:
         tops = [op for op in ops if op.table == t]
-        H = [f"{HEADER} The dispatcher handles of {t}.toml's ops.\n#pragma once\n",
+        H = [f"{HEADER}\n// The dispatcher handles of {t}.toml's ops.\n#pragma once\n",
              '#include "kiln/dispatcher.h"\n#include "kiln/generator.h"\n#include "kiln/tensor.h"\n',
              "namespace kiln::ops {\n"] + gen_handles(tops) + ["}  // namespace kiln::ops\n"]
         files[f"kiln/generated/ops/{t}.h"] = H
@@ -613,21 +614,21 @@ def gen(ops, out_dir, rules):
                 continue
             ret = "TensorSpec" if (op.num_returns == 1 and not op.returns_list) else "std::vector<TensorSpec>"
             metas[(op.row["meta"], op.params())] = ret
-        MD = [f"{HEADER} The meta functions {t}.toml's rows name.", "#pragma once\n",
+        MD = [f"{HEADER}\n// The meta functions {t}.toml's rows name.", "#pragma once\n",
               '#include "kiln/dispatcher.h"\n#include "kiln/generator.h"\n#include "kiln/tensor.h"\n',
               "namespace kiln::meta {"]
         for (name, p), ret in sorted(metas.items()):
             MD.append(f"{ret} {name}({p});")
         MD.append("}  // namespace kiln::meta\n")
         files[f"kiln/generated/meta/{t}.h"] = MD
-        CD = [f"{HEADER} The decompositions {t}.toml's composite rows name.", "#pragma once\n",
+        CD = [f"{HEADER}\n// The decompositions {t}.toml's composite rows name.", "#pragma once\n",
               '#include "kiln/generated/ops.h"\n', "namespace kiln::composite {"]
         for op in tops:
             if op.kind == "composite" or op.row["derivative"] == "decompose":
                 CD.append(f"{op.ret_cpp} {op.row['decomposition']}({op.params()});")
         CD.append("}  // namespace kiln::composite\n")
         files[f"kiln/generated/composite/{t}.h"] = CD
-        C = [f"{HEADER} The ops of {t}.toml: OpInfo, boxed and meta wrappers, kernels of",
+        C = [f"{HEADER}\n// The ops of {t}.toml: OpInfo, boxed and meta wrappers, kernels of",
              "// view/composite/structured rows. See Note [Generated file split] in tensor/ops/gen.py.",
              f'#include "kiln/generated/ops/{t}.h"\n#include "kiln/generated/ops.h"',
              f'#include "kiln/generated/meta/{t}.h"\n#include "kiln/generated/composite/{t}.h"',
@@ -641,11 +642,11 @@ def gen(ops, out_dir, rules):
                             ("meta_decls.h", "meta", "meta function declaration"),
                             ("composite_decls.h", "composite", "decomposition declaration")]:
         files[f"kiln/generated/{name}"] = (
-            [f"{HEADER} Every table's {what}s: include kiln/generated/{sub}/<table>.h instead",
+            [HEADER, f"// Every table's {what}s: include kiln/generated/{sub}/<table>.h instead",
              "// where a file uses one table (Note [Generated file split] in tensor/ops/gen.py).",
              "#pragma once\n"] + [f'#include "kiln/generated/{sub}/{t}.h"' for t in tables] + [""])
     # The list of every op (Dispatcher::ops()): changes only when an op is added or removed.
-    R = [f"{HEADER} Every op's handle, for Dispatcher::ops().",
+    R = [HEADER, "// Every op's handle, for Dispatcher::ops().",
          '#include <iterator>\n#include <vector>\n\n#include "kiln/dispatcher.h"\n', "namespace kiln {"]
     R += [f"extern OperatorHandle g_op_{op.handle};" for op in ops]
     R.append("static OperatorHandle* const kAllOps[] = {")
