@@ -171,12 +171,15 @@ def jvp_function(row, sch):
 def main():
     out, paths = sys.argv[1], sys.argv[2:]
     funcs, count, evals, keys, jvps, jkeys = [], 0, [], [], [], []
+    with open(os.path.join(os.path.dirname(gen.__file__), "rules.toml"), "rb") as f:
+        rules = tomllib.load(f)
     for path in sorted(paths):
         if os.path.basename(path) == "rules.toml":
             continue
         with open(path, "rb") as f:
             table = tomllib.load(f)
         for i, row in enumerate(table.get("op", [])):
+            row = gen.with_defaults(row, rules)  # Note [Row defaults] in tensor/ops/gen.py
             where = f"{os.path.basename(path)} row {i + 1}"
             sch = gen.parse_schema(row["schema"], where)
             if sch is None:

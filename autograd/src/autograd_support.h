@@ -1,10 +1,8 @@
-// Private support for the generated autograd_kernels.cpp (tensor/ops/gen_autograd.py).
+// Private support for the generated autograd_kernels_<table>.cpp (tensor/ops/gen_autograd.py).
 #pragma once
 
 #include "kiln/autograd/autograd.h"
 #include "kiln/dispatcher.h"
-#include "kiln/generated/composite_decls.h"
-#include "kiln/generated/op_handles.h"
 #include "kiln/generated/ops.h"
 #include "kiln/operators.h"
 #include "forward_support.h"

@@ -1,5 +1,5 @@
 // The Batched key's kernels: one boxed kernel per batching rule of the op table, registered for
-// every row by its `batching` name (Note [Batching rules] in batched.h). The rules of nn.toml,
+// every row by its `batching` rule (Note [Batching rules] in batched.h). The rules of nn.toml,
 // loss.toml, conv.toml, pool.toml and attention.toml are in batched_rules_nn.cpp.
 #include <algorithm>
 #include <cstring>
@@ -18,8 +18,7 @@ using namespace batching;
 // ---- pointwise (and copy_) ---------------------------------------------------------------------
 
 bool promotes(const Call& c, int i) {
-  const char* n = c.info().args[i].name;
-  return std::strcmp(n, "condition") != 0 && std::strcmp(n, "mask") != 0;
+  return c.info().args[i].role != ArgRole::Mask;
 }
 
 Result pointwise(Call& c) {
@@ -68,25 +67,26 @@ Result reduction(Call& c) {
     if (c.args[i].is_tensor() || c.args[i].is_tensor_list()) return std::nullopt;
   Tensor v = front(self);
   const int64_t rank = self.dim();
-  const int dim_i = c.index("dim");
-  const std::string name = c.name();
+  const int dim_i = c.index(ArgRole::Dim);
   if (dim_i < 0) {  // max() / min(): the dim variant over the flattened example
-    if (name != "max" && name != "min") return std::nullopt;
+    const bool max = c.is<ops::max>();
+    if (!max && !c.is<ops::min>()) return std::nullopt;
     Tensor flat = rank == 0 ? v.unsqueeze(1) : v.flatten(1);
-    Stack outs = run(name == "max" ? "max.dim" : "min.dim", Stack{flat, int64_t{1}, false});
+    Stack outs = run(max ? ops::max_dim::handle() : ops::min_dim::handle(),
+                     Stack{flat, int64_t{1}, false});
     return wrap_outputs(c, Stack{outs[0]});
   }
   const bool scalar = rank == 0;  // reduce a (B, 1) view instead, then drop that dim
   if (scalar) v = v.unsqueeze(1);
   Stack args = c.args;
   args[0] = v;
-  const std::string type = c.info().args[dim_i].type;
-  const int keep_i = c.index("keepdim");
+  const ArgType type = c.info().args[dim_i].arg_type;
+  const int keep_i = c.index(ArgRole::Keepdim);
   const bool keepdim = keep_i >= 0 && c.args[keep_i].get<bool>("keepdim");
   bool flattened_argmax = false;
-  if (type == "int") {
+  if (type == ArgType::Int) {
     args[dim_i] = wrap_dim(c, c.args[dim_i].to_int(), rank) + 1;
-  } else if (type == "int?") {
+  } else if (type == ArgType::OptionalInt) {
     if (c.args[dim_i].is_none()) {  // argmax/argmin over the flattened example
       args[0] = scalar ? v : v.flatten(1);
       args[dim_i] = int64_t{1};
@@ -95,7 +95,7 @@ Result reduction(Call& c) {
     } else {
       args[dim_i] = wrap_dim(c, c.args[dim_i].to_int(), rank) + 1;
     }
-  } else if (type == "int[]" || type == "int[]?") {
+  } else if (type == ArgType::IntList || type == ArgType::OptionalIntList) {
     std::vector<int64_t> dims;
     if (!c.args[dim_i].is_none()) dims = c.args[dim_i].get<std::vector<int64_t>>("dim");
     if (dims.empty()) {
@@ -129,24 +129,23 @@ Result view(Call& c) {
   if (!c.batched(self)) return std::nullopt;
   for (int i = 1; i < c.info().num_args; ++i)
     if (c.args[i].is_tensor() || c.args[i].is_tensor_list()) return std::nullopt;
-  const std::string name = c.name();
   const int64_t rank = self.dim();
   Tensor v = front(self);
   Stack args = c.args;
   args[0] = v;
-  if (name == "alias") return wrap_outputs(c, run(c.op, std::move(args)));
-  if (name == "t") {
+  if (c.is<ops::alias>()) return wrap_outputs(c, run(c.op, std::move(args)));
+  if (c.is<ops::t>()) {
     if (rank > 2) return std::nullopt;
     return wrap_outputs(c, Stack{rank < 2 ? v.alias() : v.transpose(1, 2)});
   }
-  if (name == "expand") {
+  if (c.is<ops::expand>()) {
     std::vector<int64_t> size = c.args[1].get<std::vector<int64_t>>("size");
     if (static_cast<int64_t>(size.size()) < rank) return std::nullopt;
     size.insert(size.begin(), c.batch);
     return wrap_outputs(c, Stack{pad_after_batch(v, size.size() - 1).expand(size)});
   }
-  if (name == "flatten" && rank == 0) return wrap_outputs(c, Stack{v.unsqueeze(1)});
-  if (name == "squeeze") {
+  if (c.is<ops::flatten>() && rank == 0) return wrap_outputs(c, Stack{v.unsqueeze(1)});
+  if (c.is<ops::squeeze>()) {
     std::vector<int64_t> dims;
     if (c.args[1].is_none()) {
       for (int64_t d = 0; d < rank; ++d)
@@ -160,30 +159,29 @@ Result view(Call& c) {
     args[1] = dims;
     return wrap_outputs(c, run(c.op, std::move(args)));
   }
-  if (rank == 0 && name != "view" && name != "reshape" && name != "unsqueeze" && name != "permute")
+  const bool unsqueeze = c.is<ops::unsqueeze>();
+  if (rank == 0 && !c.is<ops::view>() && !c.is<ops::reshape>() && !unsqueeze &&
+      !c.is<ops::permute>())
     return std::nullopt;  // dims of a 0-dim example: let the loop raise or handle them
   for (int i = 1; i < c.info().num_args; ++i) {
-    const char* an = c.info().args[i].name;
-    const std::string type = c.info().args[i].type;
+    const ArgRole role = c.info().args[i].role;
+    const ArgType type = c.info().args[i].arg_type;
     if (c.args[i].is_none()) continue;
-    if (type == "int" && (std::strcmp(an, "dim") == 0 || std::strcmp(an, "dim0") == 0 ||
-                          std::strcmp(an, "dim1") == 0 || std::strcmp(an, "dim2") == 0 ||
-                          std::strcmp(an, "start_dim") == 0 || std::strcmp(an, "end_dim") == 0)) {
-      const int64_t r = name == "unsqueeze" ? rank + 1 : rank;
+    if (type == ArgType::Int && role == ArgRole::Dim) {
+      const int64_t r = unsqueeze ? rank + 1 : rank;
       args[i] = wrap_dim(c, c.args[i].to_int(), r) + 1;
-    } else if (type == "int[]" && (std::strcmp(an, "size") == 0 || std::strcmp(an, "shape") == 0)) {
+    } else if (role == ArgRole::Size) {
       std::vector<int64_t> s = c.args[i].get<std::vector<int64_t>>("size");
       s.insert(s.begin(), c.batch);
       args[i] = s;
-    } else if (type == "int[]" && std::strcmp(an, "dims") == 0) {
+    } else if (role == ArgRole::Dims) {
       std::vector<int64_t> s{0};
       for (int64_t d : c.args[i].get<std::vector<int64_t>>("dims"))
         s.push_back(wrap_dim(c, d, rank) + 1);
       args[i] = s;
-    } else if (type == "int[]" &&
-               (std::strcmp(an, "sizes") == 0 || std::strcmp(an, "split_sizes") == 0)) {
+    } else if (role == ArgRole::Sizes) {
       continue;  // unflatten's sizes (of the one dim they replace), split_with_sizes' pieces
-    } else if (type == "int" || type == "int?") {
+    } else if (type == ArgType::Int || type == ArgType::OptionalInt) {
       continue;  // indices, starts, lengths, sizes of splits: per example, unchanged
     } else {
       return std::nullopt;  // as_strided's geometry and anything else: the loop
@@ -214,15 +212,15 @@ Result matmul_of(Call& c, const Tensor& a, const Tensor& b) {
 }
 
 Result matmul_rule(Call& c) {
-  const std::string name = c.name();
-  if (name == "mm" || name == "bmm" || name == "matmul") {
+  const bool mm = c.is<ops::mm>(), matmul = c.is<ops::matmul>();
+  if (mm || matmul || c.is<ops::bmm>()) {
     const Tensor &a = c.args[0].to_tensor(), &b = c.args[1].to_tensor();
-    const int64_t want = name == "mm" ? 2 : 3;
-    if (name != "matmul" && (a.dim() != want || b.dim() != want)) return std::nullopt;
+    const int64_t want = mm ? 2 : 3;
+    if (!matmul && (a.dim() != want || b.dim() != want)) return std::nullopt;
     return matmul_of(c, a, b);
   }
   // The others decompose into logical ops on the BatchedTensors (each hits its own rule).
-  if (name == "addmm") {
+  if (c.is<ops::addmm>()) {
     const Tensor &self = c.args[0].to_tensor(), &m1 = c.args[1].to_tensor(),
                  &m2 = c.args[2].to_tensor();
     if (m1.dim() != 2 || m2.dim() != 2) return std::nullopt;
@@ -236,7 +234,7 @@ Result matmul_rule(Call& c) {
     Tensor s = beta.to<double>() == 1 ? self : kiln::mul(self, scalar_to_tensor(beta));
     return Stack{kiln::add(s, prod, alpha)};
   }
-  if (name == "linear") {
+  if (c.is<ops::linear>()) {
     const Tensor &x = c.args[0].to_tensor(), &w = c.args[1].to_tensor();
     Tensor out = kiln::matmul(x, w.dim() == 2 ? w.t() : w);
     if (!c.args[2].is_none()) out = kiln::add(out, c.args[2].to_tensor());
@@ -270,7 +268,7 @@ Result cat_rule(Call& c) {
   if (!c.args[0].is_tensor_list()) return std::nullopt;
   const std::vector<Tensor>& ts = c.args[0].to_tensor_list();
   if (ts.empty()) return std::nullopt;
-  const bool stack = std::strcmp(c.name(), "stack") == 0;
+  const bool stack = c.is<ops::stack>();
   int64_t rank = 0;
   for (const Tensor& t : ts) rank = std::max(rank, t.dim());
   // cat skips 1-d empty members among higher-rank ones (PyTorch's legacy rule); they still
@@ -297,12 +295,11 @@ Result cat_rule(Call& c) {
 // ---- gather / scatter / index_select -----------------------------------------------------------
 
 Result index_rule(Call& c) {
-  const std::string name = c.name();
   const Tensor& self = c.args[0].to_tensor();
   const int64_t rank = self.dim();
   if (rank == 0) return std::nullopt;
   const int64_t dim = wrap_dim(c, c.args[1].to_int(), rank) + 1;
-  if (name == "index_select") {
+  if (c.is<ops::index_select>()) {
     const Tensor& index = c.args[2].to_tensor();
     if (!c.batched(index))
       return wrap_outputs(c, Stack{kiln::index_select(front(self), dim, index)});
@@ -412,7 +409,7 @@ Result out_variant(Call& c) {
   std::string base = c.name();
   base = base.substr(0, base.find('.'));
   const OperatorHandle* f = Dispatcher::get().find(base);
-  const int out_i = c.index("out");
+  const int out_i = c.info().num_args - 1;  // the generator appends out= last
   if (f == nullptr || out_i < 0) return std::nullopt;
   Stack args;
   for (int i = 0; i < c.info().num_args; ++i)
@@ -463,20 +460,26 @@ void batched_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
   for (IValue& v : *out) stack.push_back(std::move(v));
 }
 
-BoxedKernel kernel_for(const std::string& rule) {
-  if (rule == "pointwise") return &batched_kernel<pointwise>;
-  if (rule == "reduction" || rule == "softmax") return &batched_kernel<reduction>;
-  if (rule == "view") return &batched_kernel<view>;
-  if (rule == "matmul") return &batched_kernel<matmul_rule>;
-  if (rule == "creation" || rule == "random") return &batched_kernel<on_self>;
-  if (rule == "copy") return &batched_kernel<copy_rule>;
-  if (rule == "cat") return &batched_kernel<cat_rule>;
-  if (rule == "index") return &batched_kernel<index_rule>;
-  if (rule == "conv") return &batched_kernel<conv_rule>;
-  if (rule == "pool") return &batched_kernel<pool_rule>;
-  if (rule == "rowwise") return &batched_kernel<rowwise_rule>;
-  KILN_ASSERT(rule == "fallback", "unknown batching rule ", rule);
-  return &batched_kernel<fallback_rule>;
+BoxedKernel kernel_for(BatchingRule rule) {
+  switch (rule) {
+    case BatchingRule::Pointwise: return &batched_kernel<pointwise>;
+    case BatchingRule::Reduction:
+    case BatchingRule::Softmax: return &batched_kernel<reduction>;
+    case BatchingRule::View: return &batched_kernel<view>;
+    case BatchingRule::Matmul: return &batched_kernel<matmul_rule>;
+    case BatchingRule::Creation:
+    case BatchingRule::Random: return &batched_kernel<on_self>;
+    case BatchingRule::Copy: return &batched_kernel<copy_rule>;
+    case BatchingRule::Cat: return &batched_kernel<cat_rule>;
+    case BatchingRule::Index: return &batched_kernel<index_rule>;
+    case BatchingRule::Conv: return &batched_kernel<conv_rule>;
+    case BatchingRule::Pool: return &batched_kernel<pool_rule>;
+    case BatchingRule::Rowwise: return &batched_kernel<rowwise_rule>;
+    case BatchingRule::Fallback: return &batched_kernel<fallback_rule>;
+    case BatchingRule::Composite: break;  // registers nothing (see KILN_LIBRARY below)
+  }
+  KILN_ASSERT(false, "no Batched kernel for batching rule ", to_string(rule));
+  return nullptr;
 }
 
 }  // namespace
@@ -485,8 +488,8 @@ KILN_LIBRARY(Batched, m) {
   // Rule "composite": the row's decomposition, registered for every key, stays the Batched
   // kernel too, so each op of it hits its own rule.
   for (OperatorHandle* op : Dispatcher::get().ops())
-    if (std::strcmp(op->info().batching, "composite") != 0)
-      m.boxed(op->name(), kernel_for(op->info().batching));
+    if (op->info().batching != BatchingRule::Composite)
+      Dispatcher::get().register_kernel(*op, m.key(), nullptr, kernel_for(op->info().batching));
 }
 
 }  // namespace kiln::autograd

@@ -10,6 +10,7 @@
 
 #include "batched_internal.h"
 #include "kiln/dispatcher.h"
+#include "kiln/generated/op_handles.h"
 #include "kiln/generated/ops.h"
 
 namespace kiln::autograd::batching {
@@ -26,10 +27,22 @@ struct Call {
   int64_t batch = -1;
   const OpInfo& info() const { return op.info(); }
   const char* name() const { return op.name(); }
+  // The first argument with `role` (Note [Argument roles] in tensor/ops/gen.py), or -1.
+  int index(ArgRole role) const {
+    for (int i = 0; i < info().num_args; ++i)
+      if (info().args[i].role == role) return i;
+    return -1;
+  }
+  // By name: only in per-op code, for parameters that have no role (groups, eps, ...).
   int index(const char* arg) const {
     for (int i = 0; i < info().num_args; ++i)
       if (std::strcmp(info().args[i].name, arg) == 0) return i;
     return -1;
+  }
+  // Whether this call is of the op `Op` (a handle of kiln::ops): per-op code without names.
+  template <typename Op>
+  bool is() const {
+    return &op == &Op::handle();
   }
   bool batched(const Tensor& t) const { return t.defined() && batched_level(t) == level; }
 };

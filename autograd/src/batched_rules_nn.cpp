@@ -4,13 +4,13 @@
 #include <vector>
 
 #include "batched_rules.h"
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/conv.h"
 
 namespace kiln::autograd::batching {
 
 // ---- convolution and pooling (conv.toml, pool.toml) --------------------------------------------
 
-static bool is_composite(const Call& c) { return std::strcmp(c.info().kind, "composite") == 0; }
+static bool is_composite(const Call& c) { return c.info().kind == OpKind::Composite; }
 
 // A composite row (conv2d, max_pool2d, ...): its decomposition, run on the BatchedTensors (each
 // op of it hits its own rule).
@@ -40,7 +40,7 @@ Result conv_rule(Call& c) {
   const int64_t B = c.batch, groups = c.args[c.index("groups")].to_int();
   const std::vector<int64_t> stride = int_list(c, "stride"), padding = int_list(c, "padding"),
                              dilation = int_list(c, "dilation");
-  if (std::strcmp(c.name(), "convolution_backward_weight") == 0) {
+  if (c.is<ops::convolution_backward_weight>()) {
     const Tensor &go = c.args[0].to_tensor(), &x = c.args[1].to_tensor();
     std::vector<int64_t> ws = int_list(c, "weight_size");
     meta::convolution_backward_weight(go, x, ws, stride, padding, dilation, groups);
@@ -109,14 +109,15 @@ Result pool_rule(Call& c) {
 // folds the batch into its leading dims (with dropout: the loop).
 // A batched weight or bias (a different parameter per example) uses the loop.
 static bool is_parameter(const Call& c, int i) {
-  const char* n = c.info().args[i].name;
-  return std::strcmp(n, "weight") == 0 || std::strcmp(n, "bias") == 0;
+  const ArgRole r = c.info().args[i].role;
+  return r == ArgRole::Weight || r == ArgRole::Bias;
 }
 
 // A parameter shaped to broadcast against `like` along its channel dim (1) or, for the
 // layer/rms norms, its trailing dims.
-static Tensor param_view(const std::string& name, const Tensor& p, const Tensor& like) {
-  if (name.find("layer_norm") != std::string::npos || name.find("rms_norm") != std::string::npos)
+static Tensor param_view(const Call& c, const Tensor& p, const Tensor& like) {
+  if (c.is<ops::_layer_norm>() || c.is<ops::_rms_norm>() || c.is<ops::_layer_norm_backward>() ||
+      c.is<ops::_rms_norm_backward>() || c.is<ops::layer_norm>() || c.is<ops::rms_norm>())
     return p;
   std::vector<int64_t> shape(like.dim() - 1, 1);
   shape[0] = p.numel();
@@ -128,8 +129,7 @@ static Tensor param_view(const std::string& name, const Tensor& p, const Tensor&
 // the input-gradient rows take grad * weight with a unit weight; embedding looks each example's
 // indices up in its own table. All of these are logical ops on BatchedTensors (own rules).
 static Result batched_parameters(Call& c) {
-  const std::string name = c.name();
-  if (name == "embedding") {
+  if (c.is<ops::embedding>()) {
     const Tensor &w = c.args[0].to_tensor(), &idx = c.args[1].to_tensor();
     const int64_t B = c.batch, V = w.size(0), pad = c.args[2].to_int();
     Tensor flat = front(w).flatten(0, 1);
@@ -146,27 +146,28 @@ static Result batched_parameters(Call& c) {
   auto unit = [](const Tensor& p, double v) {
     return kiln::full(p.sizes(), Scalar(v), p.dtype(), p.device());
   };
-  const bool forward = name == "_layer_norm" || name == "_rms_norm" || name == "_group_norm" ||
-                       name == "_batch_norm";
+  const bool forward = c.is<ops::_layer_norm>() || c.is<ops::_rms_norm>() ||
+                       c.is<ops::_group_norm>() || c.is<ops::_batch_norm>();
   if (forward) {
     Stack args = c.args;
     Tensor w, b;
     for (int i = 0; i < c.info().num_args; ++i) {
       if (!c.args[i].is_tensor() || !is_parameter(c, i)) continue;
       const Tensor& p = c.args[i].to_tensor();
-      (std::strcmp(c.info().args[i].name, "weight") == 0 ? w : b) = p;
-      args[i] = unit(p, std::strcmp(c.info().args[i].name, "weight") == 0 ? 1.0 : 0.0);
+      const bool weight = c.info().args[i].role == ArgRole::Weight;
+      (weight ? w : b) = p;
+      args[i] = unit(p, weight ? 1.0 : 0.0);
     }
     const Tensor x = run(c.op, std::move(args))[0].to_tensor();  // hits this rule unbatched
-    Tensor y = kiln::mul(x, param_view(name, w, x));
-    if (b.defined()) y = kiln::add(y, param_view(name, b, x));
+    Tensor y = kiln::mul(x, param_view(c, w, x));
+    if (b.defined()) y = kiln::add(y, param_view(c, b, x));
     return Stack{y};
   }
-  if (name == "batch_norm_backward") {
+  if (c.is<ops::batch_norm_backward>()) {
     Stack args = c.args;
-    const int w_i = c.index("weight");
+    const int w_i = c.index(ArgRole::Weight);
     const Tensor& w = c.args[w_i].to_tensor();
-    args[0] = kiln::mul(c.args[0].to_tensor(), param_view(name, w, c.args[0].to_tensor()));
+    args[0] = kiln::mul(c.args[0].to_tensor(), param_view(c, w, c.args[0].to_tensor()));
     args[w_i] = unit(w, 1.0);
     return Stack{run(c.op, std::move(args))[0]};
   }
@@ -178,11 +179,10 @@ static Result batched_parameters(Call& c) {
 // the weight and bias gradients sum over one example's rows (group norm: all but the channel
 // dim), from the examples' xhat.
 static Result norm_backward(Call& c) {
-  const std::string name = c.name();
-  const bool rms = name == "_rms_norm_backward", group = name == "_group_norm_backward";
+  const bool rms = c.is<ops::_rms_norm_backward>(), group = c.is<ops::_group_norm_backward>();
   const Tensor &g = c.args[0].to_tensor(), &x = c.args[1].to_tensor();
   if (group && x.dim() < 2) return std::nullopt;  // the loop raises the shape error
-  const int w_i = c.index("weight");
+  const int w_i = c.index(ArgRole::Weight);
   const Tensor& w = c.args[w_i].to_tensor();
   const double eps = c.args[c.index("eps")].to_double();
   // the parameters' shape: (C,), or normalized_shape
@@ -191,7 +191,7 @@ static Result norm_backward(Call& c) {
   Tensor one = kiln::ones(ps, x.dtype(), x.device());
   Tensor zero = kiln::zeros(ps, x.dtype(), x.device());
   Tensor gp = front_or_expand(c, g), xp = front_or_expand(c, x);  // (B, ..)
-  Tensor gwp = c.batched(w) ? front_or_expand(c, kiln::mul(g, param_view(name, w, g))) : gp;
+  Tensor gwp = c.batched(w) ? front_or_expand(c, kiln::mul(g, param_view(c, w, g))) : gp;
   Stack args = c.args;
   args[w_i] = c.batched(w) ? one : w;
   Tensor xhat;
@@ -221,15 +221,14 @@ static Result norm_backward(Call& c) {
 
 Result rowwise_rule(Call& c) {
   if (c.batch == 0) return std::nullopt;
-  const std::string name = c.name();
   const int64_t B = c.batch;
-  if (name == "_layer_norm_backward" || name == "_rms_norm_backward" ||
-      name == "_group_norm_backward")
+  if (c.is<ops::_layer_norm_backward>() || c.is<ops::_rms_norm_backward>() ||
+      c.is<ops::_group_norm_backward>())
     return norm_backward(c);
   for (int i = 0; i < c.info().num_args; ++i)
     if (c.args[i].is_tensor() && is_parameter(c, i) && c.batched(c.args[i].to_tensor()))
       return batched_parameters(c);
-  if (name == "embedding_dense_backward") {  // example b's rows become rows b * num_weights + i
+  if (c.is<ops::embedding_dense_backward>()) {  // example b's rows become rows b * num_weights + i
     Tensor g = front_or_expand(c, c.args[0].to_tensor());
     Tensor idx = front_or_expand(c, c.args[1].to_tensor());
     const int64_t nw = c.args[2].to_int(), pad = c.args[3].to_int();
@@ -241,7 +240,8 @@ Result rowwise_rule(Call& c) {
                                                c.args[4].get<bool>("scale_grad_by_freq"));
     return wrap_outputs(c, Stack{gw.unflatten(0, {B, nw})});
   }
-  if (name == "_batch_norm" || name == "batch_norm_backward" || name == "batch_norm_backward_weight") {
+  if (c.is<ops::_batch_norm>() || c.is<ops::batch_norm_backward>() ||
+      c.is<ops::batch_norm_backward_weight>()) {
     Stack args = c.args;
     int64_t C = 0;
     for (int i = 0; i < c.info().num_args; ++i) {
@@ -256,10 +256,12 @@ Result rowwise_rule(Call& c) {
       }
     }
     Tensor out = run(c.op, std::move(args))[0].to_tensor();
-    if (name == "batch_norm_backward_weight") return wrap_outputs(c, Stack{out.unflatten(0, {B, C})});
+    if (c.is<ops::batch_norm_backward_weight>())
+      return wrap_outputs(c, Stack{out.unflatten(0, {B, C})});
     return wrap_outputs(c, Stack{out.unflatten(1, {B, C}).transpose(0, 1)});
   }
-  if (name == "dropout_seeded") {  // every example gets the mask of (seed, offset), as in the loop
+  // dropout_seeded: every example gets the mask of (seed, offset), as in the loop
+  if (c.is<ops::dropout_seeded>()) {
     const Tensor& x = c.args[0].to_tensor();
     Tensor scale = kiln::dropout_seeded(kiln::ones(x.sizes(), x.dtype(), x.device()),
                                         c.args[1].to_double(), c.args[2].to_int(),
@@ -267,13 +269,14 @@ Result rowwise_rule(Call& c) {
     return Stack{kiln::where(kiln::ne(scale, scalar_to_tensor(Scalar(0.0))), kiln::mul(x, scale),
                              scalar_to_tensor(Scalar(0.0)))};
   }
-  if ((name == "_fused_attention" || name == "_fused_attention_backward") &&
+  if ((c.is<ops::_fused_attention>() || c.is<ops::_fused_attention_backward>()) &&
       c.args[c.index("dropout_p")].to_double() > 0)
     return std::nullopt;  // the loop: every example draws the mask of one (seed, offset)
-  const bool cross_entropy = name == "cross_entropy_indices" || name == "cross_entropy_indices_backward";
+  const bool cross_entropy =
+      c.is<ops::cross_entropy_indices>() || c.is<ops::cross_entropy_indices_backward>();
   const int input_i = c.index("input");
   const int64_t rank = input_i >= 0 ? c.args[input_i].to_tensor().dim() : 0;
-  const bool group_norm = name == "_group_norm";
+  const bool group_norm = c.is<ops::_group_norm>();
   const bool merge_n = (cross_entropy && rank >= 2) || group_norm;  // (B, N, ..) -> (B * N, ..)
   if (cross_entropy && rank == 0) return std::nullopt;
   Stack args = c.args;
@@ -288,8 +291,8 @@ Result rowwise_rule(Call& c) {
         f = f.flatten(0, 1);
       }
       args[i] = f;
-    } else if (std::strcmp(c.info().args[i].name, "dim") == 0 &&
-               std::strcmp(c.info().args[i].type, "int") == 0) {
+    } else if (c.info().args[i].role == ArgRole::Dim &&
+               c.info().args[i].arg_type == ArgType::Int) {
       const int64_t r = c.args[0].to_tensor().dim();
       args[i] = wrap_dim(c, c.args[i].to_int(), r) + 1;
     }

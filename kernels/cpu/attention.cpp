@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "gemm.h"
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/attention.h"
+#include "kiln/generated/ops/attention.h"
 #include "kiln/generator.h"
 #include "loops.h"
 #include "vec_math.h"

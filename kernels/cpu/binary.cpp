@@ -7,7 +7,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/pointwise.h"
 #include "kiln/pointwise_math.h"
 #include "kiln/scalar_math.h"
 #include "loops.h"

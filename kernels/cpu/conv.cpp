@@ -17,8 +17,8 @@
 //   with H = 1).
 #include <vector>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/conv.h"
+#include "kiln/generated/ops/conv.h"
 #include "kiln/meta.h"
 #include "loops.h"
 

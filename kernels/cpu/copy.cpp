@@ -3,8 +3,9 @@
 #include <cstring>
 
 #include "kiln/dispatcher.h"
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/copy.h"
+#include "kiln/generated/ops/copy.h"
+#include "kiln/generated/ops/creation.h"
 #include "kiln/scalar_math.h"
 #include "loops.h"
 #include "strided.h"

@@ -1,6 +1,6 @@
 // empty, empty_strided, arange, linspace, eye on the CPU.
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/ops/creation.h"
 #include "loops.h"
 
 namespace kiln::kernels {

@@ -4,8 +4,8 @@
 // only, so the gradient (dropout_seeded of grad with the same seed and offset) regenerates it.
 #include <cmath>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/nn.h"
+#include "kiln/generated/ops/nn.h"
 #include "loops.h"
 
 namespace kiln::kernels {

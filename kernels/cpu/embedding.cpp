@@ -3,8 +3,8 @@
 // sums each row's gradients in that order: deterministic, and parallel over rows without atomics.
 #include <vector>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/nn.h"
+#include "kiln/generated/ops/nn.h"
 #include "loops.h"
 
 namespace kiln::kernels {

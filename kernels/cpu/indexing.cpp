@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/indexing.h"
+#include "kiln/generated/meta/shape.h"
+#include "kiln/generated/ops/indexing.h"
+#include "kiln/generated/ops/shape.h"
 #include "kiln/meta.h"
 #include "loops.h"
 #include "strided.h"

@@ -13,8 +13,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/interpolate.h"
 #include "kiln/meta.h"
 #include "loops.h"
 

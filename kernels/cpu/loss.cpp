@@ -13,8 +13,8 @@
 #include <limits>
 #include <vector>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/loss.h"
+#include "kiln/generated/ops/loss.h"
 #include "kiln/pointwise_math.h"
 #include "loops.h"
 #include "vec_math.h"

@@ -4,7 +4,7 @@
 // where the build has oneDNN and it is optimized for this CPU, else in float32.
 // See Note [CPU GEMM].
 #include "gemm.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/linalg.h"
 #include "loops.h"
 
 #if KILN_HAVE_DNNL

@@ -16,8 +16,8 @@
 #include <tuple>
 #include <vector>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/nn.h"
+#include "kiln/generated/ops/nn.h"
 #include "kiln/meta.h"
 #include "loops.h"
 

@@ -9,8 +9,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/optim.h"
+#include "kiln/generated/ops/optim.h"
 #include "kiln/operators.h"
 #include "loops.h"
 

@@ -3,8 +3,7 @@
 // and circular padding decompose into index_select (src/composite_index.cpp).
 #include <algorithm>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/shape.h"
 #include "kiln/meta.h"
 #include "loops.h"
 

@@ -7,8 +7,8 @@
 #include <limits>
 #include <vector>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/pool.h"
+#include "kiln/generated/ops/pool.h"
 #include "kiln/meta.h"
 #include "loops.h"
 

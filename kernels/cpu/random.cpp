@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <numeric>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/random.h"
+#include "kiln/generated/ops/random.h"
 #include "loops.h"
 #include "random_dist.h"
 

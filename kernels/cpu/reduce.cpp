@@ -3,8 +3,8 @@
 // reduce.h (Note [Deterministic reductions], Note [Reduction layouts]).
 #include "reduce.h"
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/reduction.h"
+#include "kiln/generated/ops/reduction.h"
 #include "kiln/meta.h"
 #include "kiln/scalar_math.h"
 

@@ -4,8 +4,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/sort.h"
 #include "kiln/meta.h"
 #include "kiln/scalar_math.h"
 #include "loops.h"

@@ -1,8 +1,7 @@
 // cat, tril, triu, flip, roll and repeat on the CPU (tensor/ops/shape.toml).
 #include <cstring>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/shape.h"
 #include "kiln/meta.h"
 #include "loops.h"
 #include "strided.h"

@@ -2,8 +2,8 @@
 // Stable: every row is shifted by its max before exp. Each row (or column block) is computed by one
 // task in a fixed order, so results do not depend on the thread count (Note [Deterministic
 // reductions] in reduce.h).
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/reduction.h"
+#include "kiln/generated/ops/reduction.h"
 #include "kiln/meta.h"
 #include "reduce.h"
 #include "vec_math.h"

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/sort.h"
+#include "kiln/generated/ops/sort.h"
 #include "kiln/meta.h"
 #include "loops.h"
 

@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "kiln/dispatcher.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/unary.h"
 #include "loops.cuh"
 #include "math.cuh"
 

@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "kiln/dispatcher.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/pointwise.h"
 #include "loops.cuh"
 #include "math.cuh"
 

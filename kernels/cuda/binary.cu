@@ -1,7 +1,7 @@
 // Binary pointwise ops on CUDA (tensor/ops/pointwise.toml). A new op is a functor and one
 // binary_op call (Note [CUDA loops] in loops.cuh).
 #include "kiln/dispatcher.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/pointwise.h"
 #include "loops.cuh"
 
 namespace kiln::cuda {

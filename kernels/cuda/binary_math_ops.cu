@@ -5,7 +5,7 @@
 // zero] in arith_ops.cu); integer edge values follow kiln/scalar_math.h (See Note [Integer edge
 // values]).
 #include "kiln/dispatcher.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/pointwise.h"
 #include "loops.cuh"
 #include "math.cuh"
 

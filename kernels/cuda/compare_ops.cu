@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "kiln/dispatcher.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/pointwise.h"
 #include "loops.cuh"
 
 namespace kiln::cuda {

@@ -17,8 +17,9 @@
 #include "kiln/cuda/allocator.h"
 #include "kiln/cuda/pinned.h"
 #include "kiln/dispatcher.h"
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/copy.h"
+#include "kiln/generated/ops/copy.h"
+#include "kiln/generated/ops/creation.h"
 #include "loops.cuh"
 
 namespace kiln::cuda {

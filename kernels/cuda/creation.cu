@@ -3,8 +3,8 @@
 
 #include "cuda_utils.h"
 #include "kiln/dispatcher.h"
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/ops/creation.h"
 #include "loops.cuh"
 
 namespace kiln::cuda {

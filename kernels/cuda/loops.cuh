@@ -27,6 +27,7 @@
 
 #include "kiln/cuda/device.h"
 #include "kiln/cuda/stream.h"
+#include "kiln/generated/dtype_sets.h"
 #include "kiln/generated/ops.h"
 #include "kiln/scalar_math.h"
 #include "kiln/tensor.h"
@@ -58,34 +59,36 @@ KILN_HD inline To cast(From v) {
 }
 
 // Which dtypes an op accepts; dispatch() raises unsupported_dtype for the others. Each set
-// instantiates the functor for its types only (Bool: bool alone, for logical ops).
-enum class TypeSet { All, Numeric, Float, Bool };
+// instantiates the functor for its types only (Bool: bool alone, for logical ops). The sets are
+// rules.toml's named dtype sets (kiln/generated/dtype_sets.h), so a kernel and the row it
+// implements name the same set.
+namespace TypeSet {
+inline constexpr DTypeSet All = dtype_sets::all;
+inline constexpr DTypeSet Numeric = dtype_sets::numeric;
+inline constexpr DTypeSet Float = dtype_sets::floating;
+inline constexpr DTypeSet Bool = dtype_sets::bool_;
+}  // namespace TypeSet
 
 // Calls f.template operator()<T>() with T the C++ type of `t`: f is `[&]<typename T>() {...}`.
-template <TypeSet S, typename F>
+template <DTypeSet S, typename F>
 void dispatch(ScalarType t, const char* name, F&& f) {
-  if constexpr (S != TypeSet::Bool) {
-    switch (t) {
-      case kFloat32: return f.template operator()<float>();
-      case kFloat64: return f.template operator()<double>();
-      case kFloat16: return f.template operator()<Half>();
-      case kBFloat16: return f.template operator()<BFloat16>();
-      default: break;
-    }
+#define KILN_CUDA_CASE(st, T) \
+  case st:                    \
+    if constexpr (S.has(st)) return f.template operator()<T>(); \
+    break;
+  switch (t) {
+    KILN_CUDA_CASE(kFloat32, float)
+    KILN_CUDA_CASE(kFloat64, double)
+    KILN_CUDA_CASE(kFloat16, Half)
+    KILN_CUDA_CASE(kBFloat16, BFloat16)
+    KILN_CUDA_CASE(kUInt8, uint8_t)
+    KILN_CUDA_CASE(kInt8, int8_t)
+    KILN_CUDA_CASE(kInt16, int16_t)
+    KILN_CUDA_CASE(kInt32, int32_t)
+    KILN_CUDA_CASE(kInt64, int64_t)
+    KILN_CUDA_CASE(kBool, bool)
   }
-  if constexpr (S == TypeSet::All || S == TypeSet::Numeric) {
-    switch (t) {
-      case kUInt8: return f.template operator()<uint8_t>();
-      case kInt8: return f.template operator()<int8_t>();
-      case kInt16: return f.template operator()<int16_t>();
-      case kInt32: return f.template operator()<int32_t>();
-      case kInt64: return f.template operator()<int64_t>();
-      default: break;
-    }
-  }
-  if constexpr (S == TypeSet::All || S == TypeSet::Bool) {
-    if (t == kBool) return f.template operator()<bool>();
-  }
+#undef KILN_CUDA_CASE
   unsupported_dtype(name, t);
 }
 
@@ -351,7 +354,7 @@ struct BindScalar {
 // device first (a no-op when they already have it), float16/bfloat16 compute in float, and the
 // result is stored as FixedOut (bool for comparisons) or, when FixedOut is void, as `compute`
 // (which must then be out's dtype). A CPU 0-dim operand becomes a kernel argument.
-template <TypeSet S, typename FixedOut, typename Op>
+template <DTypeSet S, typename FixedOut, typename Op>
 void binary_op_in(const char* name, ScalarType compute, const Tensor& out, const Tensor& self,
                   const Tensor& other, const Op& op) {
   if (out.numel() == 0) return;
@@ -371,13 +374,13 @@ void binary_op_in(const char* name, ScalarType compute, const Tensor& out, const
 }
 
 // out = op(self, other) over out's dtype (see binary_op_in).
-template <TypeSet S, typename Op>
+template <DTypeSet S, typename Op>
 void binary_op(const char* name, const Tensor& out, const Tensor& self, const Tensor& other, Op op) {
   binary_op_in<S, void>(name, out.dtype(), out, self, other, op);
 }
 
 // out = op(self) computed in `compute` (self cast to it), stored as FixedOut or `compute`.
-template <TypeSet S, typename FixedOut, typename Op>
+template <DTypeSet S, typename FixedOut, typename Op>
 void unary_op_in(const char* name, ScalarType compute, const Tensor& out, const Tensor& self, const Op& op) {
   if (out.numel() == 0) return;
   dispatch<S>(compute, name, [&]<typename T>() {
@@ -388,7 +391,7 @@ void unary_op_in(const char* name, ScalarType compute, const Tensor& out, const 
 }
 
 // out = op(self) over out's dtype (self cast to it).
-template <TypeSet S, typename Op>
+template <DTypeSet S, typename Op>
 void unary_op(const char* name, const Tensor& out, const Tensor& self, Op op) {
   unary_op_in<S, void>(name, out.dtype(), out, self, op);
 }

@@ -4,7 +4,7 @@
 // formula]); an input outside [0, 1] gives nan here (the CPU
 // raises: a device kernel cannot).
 #include "kiln/dispatcher.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/loss.h"
 #include "loops.cuh"
 #include "math.cuh"
 

@@ -4,7 +4,7 @@
 // compute in float (Note [CUDA loops] in loops.cuh). Same formulas as kernels/cpu/unary.cpp;
 // CUDA's libm differs from the CPU's by a few ulp at most.
 #include "kiln/dispatcher.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/unary.h"
 #include "loops.cuh"
 #include "math.cuh"
 

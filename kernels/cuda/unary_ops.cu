@@ -7,8 +7,8 @@
 #include <limits>
 
 #include "kiln/dispatcher.h"
-#include "kiln/generated/op_handles.h"
 #include "kiln/generated/ops.h"
+#include "kiln/generated/ops/unary.h"
 #include "loops.cuh"
 #include "math.cuh"
 

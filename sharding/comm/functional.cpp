@@ -3,8 +3,8 @@
 // for it, so eager callers get finished values and wait_tensor is an alias. The meta function runs
 // first, so argument errors read as they do on Meta.
 #include "kiln/dist/process_group.h"
-#include "kiln/generated/meta_decls.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/meta/comm.h"
+#include "kiln/generated/ops/comm.h"
 #include "kiln/kiln.h"
 
 namespace kiln::dist {

@@ -92,7 +92,7 @@ std::vector<std::string> check_args(const Node& node) {
 
 int generator_arg(const OperatorHandle& op) {
   for (int i = 0; i < op.info().num_args; ++i)
-    if (std::string_view(op.info().args[i].type) == "Generator?") return i;
+    if (op.info().args[i].arg_type == ArgType::OptionalGenerator) return i;
   return -1;
 }
 
@@ -218,7 +218,7 @@ void print_node(std::ostream& os, const Graph& g, const Node& n) {
       os << "[";
       for (size_t k = 0; k < a.values().size(); ++k) os << (k ? ", " : "") << "%" << a.values()[k];
       os << "]";
-    } else if (ai && std::string_view(ai->type) == "Generator?" && n.rng) {
+    } else if (ai && ai->arg_type == ArgType::OptionalGenerator && n.rng) {
       os << "Philox(seed=" << n.rng->seed << ", offset=" << n.rng->offset << ")";
     } else {
       os << a.attribute().repr();

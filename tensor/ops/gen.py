@@ -13,6 +13,8 @@ import tomllib
 HERE = os.path.dirname(os.path.abspath(__file__))
 REQUIRED = ["schema", "kind", "tags", "dtypes", "meta", "derivative", "jvp", "batching",
             "autocast", "sharding", "decomposition"]
+# Fields rules.toml's [defaults] may give (Note [Row defaults]).
+DEFAULTABLE = ["tags", "jvp", "batching", "autocast", "sharding", "decomposition"]
 OPTIONAL = ["variants", "method", "doc"]
 
 # schema type -> (C++ parameter type, C++ unbox expression of IValue `v`). Types are spelled
@@ -38,6 +40,49 @@ CPP_TYPES = {
     "Generator?": ("::std::optional<Generator>", "unbox_opt<Generator>(v)"),
 }
 RETURN_TYPES = {"Tensor": "Tensor", "Tensor[]": "::std::vector<Tensor>"}
+# schema type -> kiln::ArgType (kiln/dispatcher.h): ArgInfo's typed copy of the type.
+ARG_TYPES = {
+    "Tensor": "Tensor", "Tensor?": "OptionalTensor", "Tensor[]": "TensorList", "Scalar": "Scalar",
+    "Scalar?": "OptionalScalar", "int": "Int", "int?": "OptionalInt", "int[]": "IntList",
+    "int[]?": "OptionalIntList", "float": "Float", "float?": "OptionalFloat", "bool": "Bool",
+    "ScalarType": "ScalarType", "ScalarType?": "OptionalScalarType", "Device?": "OptionalDevice",
+    "str": "Str", "str?": "OptionalStr", "Generator?": "OptionalGenerator",
+}
+# Note [Argument roles]: what an argument means to generic code (vmap's rules, autocast), by
+# name and type, so that no dispatch path compares argument names. kiln::ArgRole lists them.
+ARG_ROLES = [
+    ("Dim", {"dim", "dim0", "dim1", "dim2", "start_dim", "end_dim"},
+     {"int", "int?", "int[]", "int[]?"}),            # a dimension index (or list of them)
+    ("Size", {"size", "shape"}, {"int[]"}),          # a whole shape
+    ("Dims", {"dims"}, {"int[]"}),                   # a permutation of the dims
+    ("Sizes", {"sizes", "split_sizes"}, {"int[]"}),  # sizes along one dim
+    ("Keepdim", {"keepdim"}, {"bool"}),
+    ("Dtype", {"dtype"}, {"ScalarType", "ScalarType?"}),  # the output dtype
+    ("Weight", {"weight"}, {"Tensor", "Tensor?"}),   # a parameter shared by every row
+    ("Bias", {"bias"}, {"Tensor", "Tensor?"}),
+    ("Mask", {"condition", "mask"}, {"Tensor", "Tensor?"}),  # takes no part in type promotion
+]
+
+
+def arg_role(name, type_):
+    for role, names, types in ARG_ROLES:
+        if name in names and type_ in types:
+            return role
+    return "None"
+
+
+def camel(name):
+    """A rule name as a C++ enumerator: lower_precision -> LowerPrecision."""
+    return "".join(p[:1].upper() + p[1:] for p in name.split("_"))
+
+
+CPP_KEYWORDS = {"bool", "signed", "unsigned", "int", "float", "double", "char", "short", "long",
+                "void", "auto", "default", "delete", "new", "this", "true", "false"}
+
+
+def set_ident(name):
+    """A dtype set's name as a C++ identifier in kiln::dtype_sets (`signed` -> `signed_`)."""
+    return name + "_" if name in CPP_KEYWORDS else name
 errors = []
 
 
@@ -165,8 +210,8 @@ def validate_formula(text, names, rules, where):
 class Op:
     """One dispatcher op (a row, or a variant that a structured row generates)."""
 
-    def __init__(self, row, sch, variant, where):
-        self.row, self.where, self.variant = row, where, variant
+    def __init__(self, row, sch, variant, where, table=""):
+        self.row, self.where, self.variant, self.table = row, where, variant, table
         base = sch["name"]
         self.args = list(sch["args"])
         self.rets = list(sch["rets"])
@@ -255,6 +300,49 @@ class Op:
         return 1 if self.variant != "functional" else len(self.rets)
 
 
+def row_defaults(row, rules):
+    """Note [Row defaults]: the value each field missing from `row` takes. In order, the first
+    that gives the field wins: rules.toml's [defaults.kind.<the row's kind>], then
+    [defaults.tag.<tag>] for the row's tags in the order rules.toml lists those tables, then
+    [defaults.all]. `meta` defaults to the op's name, and `jvp` to "non_differentiable" when the
+    derivative is. Only the row's own schema, kind, tags and derivative decide, so deleting a
+    field equal to its default never changes another field's default."""
+    d = rules.get("defaults", {})
+    out = {}
+    if isinstance(row.get("schema"), str):
+        out["meta"] = row["schema"].split("(")[0].split(".")[0].strip()
+    if row.get("derivative") == "non_differentiable":
+        out["jvp"] = "non_differentiable"
+    tags = row.get("tags", d.get("all", {}).get("tags", []))
+    sources = [d.get("kind", {}).get(row.get("kind"), {})]
+    sources += [fields for tag, fields in d.get("tag", {}).items() if tag in tags]
+    sources.append(d.get("all", {}))
+    for fields in sources:
+        for k, v in fields.items():
+            out.setdefault(k, v)
+    return out
+
+
+def with_defaults(row, rules):
+    """`row` with every missing field that has a default filled in."""
+    return {**row_defaults(row, rules), **row}
+
+
+def check_defaults(rules):
+    """rules.toml's [defaults] may only name defaultable fields, known kinds and known tags."""
+    d = rules.get("defaults", {})
+    tables = [("defaults.all", d.get("all", {}))]
+    for group, known in [("kind", rules["kinds"]), ("tag", rules["tags"])]:
+        for name, fields in d.get(group, {}).items():
+            if name not in known:
+                err("rules.toml", f"[defaults.{group}.{name}]: unknown {group} '{name}'")
+            tables.append((f"defaults.{group}.{name}", fields))
+    for where, fields in tables:
+        for k in fields:
+            if k not in DEFAULTABLE:
+                err("rules.toml", f"[{where}]: '{k}' cannot have a default ({', '.join(DEFAULTABLE)} can)")
+
+
 def load(paths, rules):
     ops, seen = [], {}
     for path in paths:
@@ -266,9 +354,11 @@ def load(paths, rules):
                 continue
         for i, row in enumerate(table.get("op", [])):
             where = f"{os.path.basename(path)} row {i + 1} ({row.get('schema', '?').split('(')[0]})"
+            row = with_defaults(row, rules)
             missing = [k for k in REQUIRED if k not in row]
             for k in missing:
-                err(where, f"missing required field '{k}'")
+                err(where, f"missing required field '{k}'" + (
+                    " (no default in rules.toml for this kind and these tags)" if k in DEFAULTABLE else ""))
             unknown = [k for k in row if k not in REQUIRED + OPTIONAL]
             for k in unknown:
                 err(where, f"unknown field '{k}'")
@@ -286,7 +376,7 @@ def load(paths, rules):
                 err(where, "only structured rows generate inplace/out variants")
                 variants = ["functional"]
             for v in variants:
-                op = Op(row, sch, v, where)
+                op = Op(row, sch, v, where, os.path.splitext(os.path.basename(path))[0])
                 if op.name in seen:
                     err(where, f"op '{op.name}' already defined in {seen[op.name]}")
                 seen[op.name] = where
@@ -405,14 +495,83 @@ def strip_ambiguous_defaults(ops):
         seen.setdefault(op.cpp_name, []).append(op)
 
 
-def gen(ops, out_dir):
-    strip_ambiguous_defaults(ops)
-    os.makedirs(os.path.join(out_dir, "kiln", "generated"), exist_ok=True)
-    H, M, D, C, MAN = [], [], [], [], []
-    # --- op_handles.h
-    H.append("// Generated by tensor/ops/gen.py from the op table. Do not edit.\n#pragma once\n")
-    H.append('#include "kiln/dispatcher.h"\n#include "kiln/generator.h"\n#include "kiln/tensor.h"\n')
-    H.append("namespace kiln::ops {\n")
+HEADER = "// Generated by tensor/ops/gen.py from the op table. Do not edit."
+
+
+def gen_enums(rules):
+    """kiln/generated/op_enums.h: the names rules.toml allows, as C++ enums (OpInfo's typed
+    fields), each with to_string for messages."""
+    L = ["// Generated by tensor/ops/gen.py from tensor/ops/rules.toml: the typed fields of OpInfo",
+         "// (kind, tags, batching, autocast, sharding, per-backend dtypes). Do not edit.",
+         "#pragma once\n", "#include <cstdint>\n", '#include "kiln/dtype_set.h"\n', "namespace kiln {\n"]
+    for enum, key in [("OpKind", "kinds"), ("OpTag", "tags"), ("BatchingRule", "batching"),
+                      ("AutocastPolicy", "autocast"), ("ShardingRule", "sharding")]:
+        names = rules[key]
+        L.append(f"enum class {enum} : uint8_t {{ {', '.join(camel(n) for n in names)} }};")
+        plural = enum[:-1] + "ies" if enum.endswith("y") else enum + "s"
+        L.append(f"inline constexpr int kNum{plural} = {len(names)};")
+        L.append(f"constexpr const char* to_string({enum} v) {{")
+        L.append(f"  constexpr const char* kNames[] = {{{', '.join(chr(34) + n + chr(34) for n in names)}}};")
+        L.append("  return kNames[static_cast<int>(v)];\n}\n")
+    L.append("// A row's tags (an inplace variant adds OpTag::Inplace).")
+    L.append("struct OpTags {")
+    L.append("  uint32_t bits = 0;")
+    L.append("  template <typename... T>")
+    L.append("  static constexpr OpTags of(T... tags) {")
+    L.append("    return OpTags{(0u | ... | (1u << static_cast<int>(tags)))};\n  }")
+    L.append("  constexpr bool has(OpTag t) const { return (bits >> static_cast<int>(t)) & 1u; }")
+    L.append("  bool operator==(const OpTags&) const = default;\n};\n")
+    backends = rules["backends"]
+    L.append("// The backends a row claims dtypes for (`dtypes = { cpu = ..., ... }`).")
+    L.append(f"enum class TableBackend : uint8_t {{ {', '.join(camel(b) for b in backends)} }};")
+    L.append(f"inline constexpr int kNumTableBackends = {len(backends)};")
+    L.append("constexpr const char* to_string(TableBackend v) {")
+    L.append(f"  constexpr const char* kNames[] = {{{', '.join(chr(34) + b + chr(34) for b in backends)}}};")
+    L.append("  return kNames[static_cast<int>(v)];\n}\n")
+    L.append("// The input dtypes a row accepts, per backend (empty: the backend is not claimed).")
+    L.append("struct OpDTypes {")
+    L.append(f"  DTypeSet {', '.join(backends)};")
+    L.append("  constexpr DTypeSet of(TableBackend b) const {")
+    L.append("    switch (b) {")
+    for b in backends:
+        L.append(f"      case TableBackend::{camel(b)}: return {b};")
+    L.append("    }\n    return {};\n  }")
+    L.append("  bool operator==(const OpDTypes&) const = default;\n};\n")
+    L.append("}  // namespace kiln\n")
+    return L
+
+
+def gen_dtype_sets(rules):
+    """kiln/generated/dtype_sets.h: rules.toml's named dtype sets as DTypeSet constants, for
+    OpInfo, the tests and the CUDA loops (kernels/cuda/loops.cuh)."""
+    L = ["// Generated by tensor/ops/gen.py from tensor/ops/rules.toml ([dtype_sets]): the named",
+         "// dtype sets rows may claim. Do not edit.", "#pragma once\n", "#include <string_view>\n",
+         '#include "kiln/dtype_set.h"\n', "namespace kiln::dtype_sets {\n"]
+    sets = rules["dtype_sets"]
+    for name, dts in sets.items():
+        members = ", ".join("ScalarType::" + camel(d).replace("Bfloat", "BFloat").replace("Uint", "UInt")
+                            for d in dts)
+        L.append(f"inline constexpr DTypeSet {set_ident(name)}{{{members}}};")
+    L.append("\n// The set named `name` in rules.toml, or nullptr.")
+    L.append("constexpr const DTypeSet* by_name(std::string_view name) {")
+    for name in sets:
+        L.append(f'  if (name == "{name}") return &{set_ident(name)};')
+    L.append("  return nullptr;\n}\n")
+    L.append("}  // namespace kiln::dtype_sets\n")
+    return L
+
+
+def dtypes_expr(row, rules):
+    sets = [row["dtypes"].get(b, "none") for b in rules["backends"]]
+    return "::kiln::OpDTypes{" + ", ".join(f"::kiln::dtype_sets::{set_ident(s)}" for s in sets) + "}"
+
+
+def tags_expr(op):
+    return "::kiln::OpTags::of(" + ", ".join(f"::kiln::OpTag::{camel(t)}" for t in op.tags) + ")"
+
+
+def gen_handles(ops):
+    H = []
     for op in ops:
         p = op.params()
         H.append(f"// {op.schema}\nstruct {op.handle} {{")
@@ -427,57 +586,97 @@ def gen(ops, out_dir):
         H.append(f"  static {op.ret_cpp} call({p});")
         H.append(f"  static {op.ret_cpp} redispatch(DispatchKeySet ks{', ' if p else ''}{p});")
         H.append("};\n")
-    H.append("}  // namespace kiln::ops\n")
+    return H
+
+
+def gen(ops, out_dir, rules):
+    """Writes the generated files. Note [Generated file split]: per table file T (unary.toml),
+    the handles go to kiln/generated/ops/T.h, the meta and composite declarations to
+    kiln/generated/meta/T.h and kiln/generated/composite/T.h, and the definitions to ops_T.cpp;
+    op_handles.h, meta_decls.h and composite_decls.h include every table's header. A file that
+    includes only the tables it uses, and every ops_T.cpp but the edited table's, is not rebuilt
+    when one row changes (write_if_changed keeps untouched outputs' timestamps)."""
+    strip_ambiguous_defaults(ops)
+    gdir = os.path.join(out_dir, "kiln", "generated")
+    for sub in ("ops", "meta", "composite"):
+        os.makedirs(os.path.join(gdir, sub), exist_ok=True)
+    tables = sorted({op.table for op in ops})
+    files = {}  # path relative to out_dir -> lines
+    for t in tables:
+        tops = [op for op in ops if op.table == t]
+        H = [f"{HEADER}\n// The dispatcher handles of {t}.toml's ops.\n#pragma once\n",
+             '#include "kiln/dispatcher.h"\n#include "kiln/generator.h"\n#include "kiln/tensor.h"\n',
+             "namespace kiln::ops {\n"] + gen_handles(tops) + ["}  // namespace kiln::ops\n"]
+        files[f"kiln/generated/ops/{t}.h"] = H
+        metas = {}
+        for op in tops:
+            if op.variant != "functional":
+                continue
+            ret = "TensorSpec" if (op.num_returns == 1 and not op.returns_list) else "std::vector<TensorSpec>"
+            metas[(op.row["meta"], op.params())] = ret
+        MD = [f"{HEADER}\n// The meta functions {t}.toml's rows name.", "#pragma once\n",
+              '#include "kiln/dispatcher.h"\n#include "kiln/generator.h"\n#include "kiln/tensor.h"\n',
+              "namespace kiln::meta {"]
+        for (name, p), ret in sorted(metas.items()):
+            MD.append(f"{ret} {name}({p});")
+        MD.append("}  // namespace kiln::meta\n")
+        files[f"kiln/generated/meta/{t}.h"] = MD
+        CD = [f"{HEADER}\n// The decompositions {t}.toml's composite rows name.", "#pragma once\n",
+              '#include "kiln/generated/ops.h"\n', "namespace kiln::composite {"]
+        for op in tops:
+            if op.kind == "composite" or op.row["derivative"] == "decompose":
+                CD.append(f"{op.ret_cpp} {op.row['decomposition']}({op.params()});")
+        CD.append("}  // namespace kiln::composite\n")
+        files[f"kiln/generated/composite/{t}.h"] = CD
+        C = [f"{HEADER}\n// The ops of {t}.toml: OpInfo, boxed and meta wrappers, kernels of",
+             "// view/composite/structured rows. See Note [Generated file split] in tensor/ops/gen.py.",
+             f'#include "kiln/generated/ops/{t}.h"\n#include "kiln/generated/ops.h"',
+             f'#include "kiln/generated/meta/{t}.h"\n#include "kiln/generated/composite/{t}.h"',
+             '#include "kiln/generated/dtype_sets.h"',
+             '#include "op_support.h"\n\nnamespace kiln {\nusing namespace kiln::detail;\n']
+        for op in tops:
+            C.extend(gen_op_cpp(op, rules))
+        C.append("}  // namespace kiln\n")
+        files[f"ops_{t}.cpp"] = C
+    for name, sub, what in [("op_handles.h", "ops", "dispatcher handle"),
+                            ("meta_decls.h", "meta", "meta function declaration"),
+                            ("composite_decls.h", "composite", "decomposition declaration")]:
+        files[f"kiln/generated/{name}"] = (
+            [HEADER, f"// Every table's {what}s: include kiln/generated/{sub}/<table>.h instead",
+             "// where a file uses one table (Note [Generated file split] in tensor/ops/gen.py).",
+             "#pragma once\n"] + [f'#include "kiln/generated/{sub}/{t}.h"' for t in tables] + [""])
+    # The list of every op (Dispatcher::ops()): changes only when an op is added or removed.
+    R = [HEADER, "// Every op's handle, for Dispatcher::ops().",
+         '#include <iterator>\n#include <vector>\n\n#include "kiln/dispatcher.h"\n', "namespace kiln {"]
+    R += [f"extern OperatorHandle g_op_{op.handle};" for op in ops]
+    R.append("static OperatorHandle* const kAllOps[] = {")
+    R += [f"    &g_op_{op.handle}," for op in ops]
+    R.append("};\nnamespace detail {\nstd::vector<OperatorHandle*> all_op_handles() {")
+    R.append("  return std::vector<OperatorHandle*>(std::begin(kAllOps), std::end(kAllOps));\n}")
+    R.append("}  // namespace detail\n}  // namespace kiln\n")
+    files["op_registry.cpp"] = R
     # --- ops.h (free functions) and tensor_methods.inc
-    D.append("// Generated by tensor/ops/gen.py from the op table. Do not edit.\n#pragma once\n")
-    D.append('#include "kiln/generator.h"\n#include "kiln/tensor.h"\n\nnamespace kiln {\n')
+    D = [f"{HEADER}\n#pragma once\n", '#include "kiln/generator.h"\n#include "kiln/tensor.h"\n\nnamespace kiln {\n']
+    M = []
     for op in ops:
         D.append(f"{op.ret_cpp} {op.cpp_name}({op.params(True, out_first=True)});")
         if op.variant != "out" and op.args and op.args[0].name == "self" and op.args[0].type == "Tensor" \
                 and op.row.get("method", True):
             M.append(f"{op.ret_cpp} {op.cpp_name}({op.params(True, skip_self=True)}) const;")
     D.append("\n}  // namespace kiln\n")
-    # --- meta declarations
-    metas = {}
-    for op in ops:
-        if op.variant != "functional":
-            continue
-        ret = "TensorSpec" if (op.num_returns == 1 and not op.returns_list) else "std::vector<TensorSpec>"
-        metas[(op.row["meta"], op.params())] = ret
-    MD = ["// Generated by tensor/ops/gen.py: the meta functions the op table names. Do not edit.",
-          "#pragma once\n", '#include "kiln/dispatcher.h"\n', "namespace kiln::meta {"]
-    for (name, p), ret in sorted(metas.items()):
-        MD.append(f"{ret} {name}({p});")
-    MD.append("}  // namespace kiln::meta\n")
-    # --- ops.cpp
-    C.append("// Generated by tensor/ops/gen.py from the op table. Do not edit.")
-    C.append('#include "kiln/generated/op_handles.h"\n#include "kiln/generated/ops.h"')
-    C.append('#include "kiln/generated/meta_decls.h"\n#include "kiln/generated/composite_decls.h"')
-    C.append('#include "op_support.h"\n\nnamespace kiln {\nusing namespace kiln::detail;\n')
-    CD = ["// Generated: the decompositions that composite rows name. Do not edit.", "#pragma once\n",
-          '#include "kiln/generated/ops.h"\n', "namespace kiln::composite {"]
-    for op in ops:
-        if op.kind == "composite" or op.row["derivative"] == "decompose":
-            CD.append(f"{op.ret_cpp} {op.row['decomposition']}({op.params()});")
-    CD.append("}  // namespace kiln::composite\n")
-    for idx, op in enumerate(ops):
-        C.extend(gen_op_cpp(op, idx))
-    C.append("static OperatorHandle* const kAllOps[] = {")
-    for op in ops:
-        C.append(f"    &g_op_{op.handle},")
-    C.append("};\nnamespace detail {\nstd::vector<OperatorHandle*> all_op_handles() {")
-    C.append("  return std::vector<OperatorHandle*>(std::begin(kAllOps), std::end(kAllOps));\n}")
-    C.append("}  // namespace detail\n}  // namespace kiln\n")
+    files["kiln/generated/ops.h"] = D
+    files["kiln/generated/tensor_methods.inc"] = M
+    files["kiln/generated/op_enums.h"] = gen_enums(rules)
+    files["kiln/generated/dtype_sets.h"] = gen_dtype_sets(rules)
     # --- manifest
-    MAN.append("// Generated test manifest: KILN_MANIFEST_OP(name, handle, kind, tags, dtype sets)")
+    MAN = ["// Generated test manifest: KILN_MANIFEST_OP(name, handle, kind, tags, dtypes), with",
+           "// kind a kiln::OpKind, tags a kiln::OpTags, dtypes a kiln::OpDTypes (kiln/generated/op_enums.h)."]
     for op in ops:
-        dts = ",".join(f"{k}={v}" for k, v in op.row["dtypes"].items())
-        MAN.append(f'KILN_MANIFEST_OP("{op.name}", {op.handle}, "{op.kind}", "{",".join(op.tags)}", "{dts}")')
-    files = {"op_handles.h": H, "ops.h": D, "tensor_methods.inc": M, "meta_decls.h": MD,
-             "composite_decls.h": CD, "manifest.inc": MAN}
-    for name, lines in files.items():
-        write_if_changed(os.path.join(out_dir, "kiln", "generated", name), "\n".join(lines) + "\n")
-    write_if_changed(os.path.join(out_dir, "ops.cpp"), "\n".join(C) + "\n")
+        MAN.append(f'KILN_MANIFEST_OP("{op.name}", {op.handle}, ::kiln::OpKind::{camel(op.kind)}, '
+                   f'({tags_expr(op)}), ({dtypes_expr(op.row, rules)}))')
+    files["kiln/generated/manifest.inc"] = MAN
+    for rel, lines in files.items():
+        write_if_changed(os.path.join(out_dir, rel), "\n".join(lines) + "\n")
 
 
 def is_inplace_of_self(op):
@@ -487,23 +686,27 @@ def is_inplace_of_self(op):
     return op.variant == "inplace" or bool(op.args and op.args[0].mutable and op.args[0].type == "Tensor")
 
 
-def gen_op_cpp(op, idx):
+def gen_op_cpp(op, rules):
     h, p, n = op.handle, op.params(), op.arg_names()
     L = [f"// ---- {op.schema}"]
     L.append(f"static const ArgInfo kArgs_{h}[] = {{")
-    for a in op.args:
+    for i, a in enumerate(op.args):
         d = f'"{a.default}"' if a.default is not None else "nullptr"
-        L.append(f'    {{"{a.name}", "{a.type}", {d}, {str(a.kwarg_only).lower()}}},')
+        mutable = a.mutable or (op.variant == "inplace" and i == 0) or (op.variant == "out" and a.name == "out")
+        L.append(f'    {{"{a.name}", "{a.type}", {d}, {str(a.kwarg_only).lower()}, '
+                 f'ArgType::{ARG_TYPES[a.type]}, ArgRole::{arg_role(a.name, a.type)}, {str(mutable).lower()}}},')
     if not op.args:
-        L.append('    {"", "", nullptr, false},')
+        L.append('    {"", "", nullptr, false, ArgType::Tensor, ArgRole::None, false},')
     L.append("};")
     r = op.row
     deriv = r["derivative"] if isinstance(r["derivative"], str) else \
         "; ".join(f"{k}: {v}" for k, v in r["derivative"].items())
     esc = lambda s: s.replace("\\", "\\\\").replace('"', '\\"')
-    L.append(f'static constexpr OpInfo kInfo_{h} = {{"{op.name}", "{esc(op.schema)}", "{op.kind}", '
-             f'"{",".join(op.tags)}", "{esc(deriv)}", "{esc(r["jvp"])}", "{r["batching"]}", '
-             f'"{r["autocast"]}", "{r["sharding"]}", "{r["decomposition"]}", kArgs_{h}, {len(op.args)}, '
+    L.append(f'static constexpr OpInfo kInfo_{h} = {{"{op.name}", "{esc(op.schema)}", '
+             f'OpKind::{camel(op.kind)}, {tags_expr(op)}, "{esc(deriv)}", "{esc(r["jvp"])}", '
+             f'BatchingRule::{camel(r["batching"])}, AutocastPolicy::{camel(r["autocast"])}, '
+             f'ShardingRule::{camel(r["sharding"])}, "{r["decomposition"]}", {dtypes_expr(r, rules)}, '
+             f'kArgs_{h}, {len(op.args)}, '
              f'{op.num_returns}, {str(op.returns_list).lower()}, {str(op.is_random).lower()}, '
              f'{str(is_inplace_of_self(op)).lower()}, '
              f'{str(op.variant == "out").lower()}, '
@@ -676,6 +879,7 @@ def load_tables(paths):
         rules["formula_functions"] = rules["formula_functions"] + table.get("formula_functions", [])
         for row in table.get("op", []):
             ALL_OP_NAMES.add(row.get("schema", "").split("(")[0].split(".")[0])
+    check_defaults(rules)
     ops = load(paths, rules)
     if errors:
         for e in errors:
@@ -686,8 +890,8 @@ def load_tables(paths):
 
 def main():
     out_dir, paths = sys.argv[1], sys.argv[2:]
-    ops, _ = load_tables(paths)
-    gen(ops, out_dir)
+    ops, rules = load_tables(paths)
+    gen(ops, out_dir, rules)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 // applies each row's autocast policy (Note [Autocast] in autocast.h).
 #include "kiln/autocast.h"
 
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -29,17 +28,12 @@ void sync_autocast_key() {
 
 DeviceAutocast& state(DeviceType t) { return tls_autocast[static_cast<int>(t)]; }
 
-enum class Policy { None, LowerPrecision, Fp32, Promote };
+using Policy = AutocastPolicy;
 
 Policy policy_of(const OpInfo& info) {
   // In-place and out= variants keep the dtype of the tensor they write (See Note [Autocast]).
   if (info.is_inplace || info.is_out) return Policy::None;
-  const char* p = info.autocast;
-  if (std::strcmp(p, "lower_precision") == 0) return Policy::LowerPrecision;
-  if (std::strcmp(p, "fp32") == 0) return Policy::Fp32;
-  if (std::strcmp(p, "promote") == 0) return Policy::Promote;
-  KILN_ASSERT(std::strcmp(p, "none") == 0, info.name, ": unknown autocast policy ", p);
-  return Policy::None;
+  return info.autocast;
 }
 
 // A floating tensor on a device type that autocast currently covers.
@@ -86,7 +80,7 @@ void for_each_tensor(const OpInfo& info, Stack& stack, Fn fn) {
 bool has_dtype_arg(const OpInfo& info, const Stack& stack) {
   const size_t first = stack.size() - info.num_args;
   for (int i = 0; i < info.num_args; ++i)
-    if (std::strcmp(info.args[i].name, "dtype") == 0) return !stack[first + i].is_none();
+    if (info.args[i].role == ArgRole::Dtype) return !stack[first + i].is_none();
   return false;
 }
 

@@ -1,7 +1,10 @@
 // Decompositions of the composite rows of the op table (creation.toml, copy.toml, views.toml).
 // They call other ops through the dispatcher, so every layer sees the constituent ops.
-#include "kiln/generated/composite_decls.h"
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/composite/copy.h"
+#include "kiln/generated/composite/creation.h"
+#include "kiln/generated/composite/views.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/meta/views.h"
 #include "kiln/meta.h"
 
 namespace kiln::composite {

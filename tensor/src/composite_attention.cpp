@@ -4,8 +4,11 @@
 // decomposition]).
 #include <cmath>
 
-#include "kiln/generated/composite_decls.h"
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/composite/attention.h"
+#include "kiln/generated/composite/copy.h"
+#include "kiln/generated/composite/creation.h"
+#include "kiln/generated/composite/linalg.h"
+#include "kiln/generated/meta/attention.h"
 #include "kiln/meta.h"
 #include "kiln/operators.h"
 

@@ -1,7 +1,9 @@
 // Decompositions of conv.toml's composite rows and of max_pool2d (pool.toml). Every conv is one
 // `convolution` (Note [Convolution gradients] in tensor/ops/conv.toml) with the bias added as a
 // broadcast; meta::conv_args validates first, so errors name the op the user called.
-#include "kiln/generated/composite_decls.h"
+#include "kiln/generated/composite/conv.h"
+#include "kiln/generated/composite/pool.h"
+#include "kiln/generated/composite/views.h"
 #include "meta/conv.h"
 
 namespace kiln::composite {

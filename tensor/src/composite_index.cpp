@@ -4,8 +4,16 @@
 // called.
 #include <tuple>
 
-#include "kiln/generated/composite_decls.h"
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/composite/creation.h"
+#include "kiln/generated/composite/indexing.h"
+#include "kiln/generated/composite/interpolate.h"
+#include "kiln/generated/composite/shape.h"
+#include "kiln/generated/composite/sort.h"
+#include "kiln/generated/composite/views.h"
+#include "kiln/generated/meta/indexing.h"
+#include "kiln/generated/meta/interpolate.h"
+#include "kiln/generated/meta/shape.h"
+#include "kiln/generated/meta/sort.h"
 #include "kiln/meta.h"
 #include "kiln/operators.h"
 

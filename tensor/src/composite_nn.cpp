@@ -10,8 +10,17 @@
 #include <limits>
 #include <tuple>
 
-#include "kiln/generated/composite_decls.h"
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/composite/copy.h"
+#include "kiln/generated/composite/creation.h"
+#include "kiln/generated/composite/loss.h"
+#include "kiln/generated/composite/nn.h"
+#include "kiln/generated/composite/reduction.h"
+#include "kiln/generated/composite/shape.h"
+#include "kiln/generated/composite/unary.h"
+#include "kiln/generated/composite/views.h"
+#include "kiln/generated/meta/loss.h"
+#include "kiln/generated/meta/nn.h"
+#include "kiln/generated/meta/unary.h"
 #include "kiln/meta.h"
 #include "kiln/operators.h"
 #include "kiln/pointwise_math.h"

@@ -4,8 +4,12 @@
 // those of the ops they call.
 #include <cmath>
 
-#include "kiln/generated/composite_decls.h"
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/composite/copy.h"
+#include "kiln/generated/composite/pointwise.h"
+#include "kiln/generated/composite/reduction.h"
+#include "kiln/generated/composite/unary.h"
+#include "kiln/generated/meta/pointwise.h"
+#include "kiln/generated/meta/unary.h"
 #include "kiln/meta.h"
 #include "kiln/operators.h"
 

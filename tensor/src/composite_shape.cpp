@@ -1,8 +1,11 @@
 // Decompositions of the composite rows of shape.toml and linalg.toml: stack, matmul and linear
 // (over mm/bmm/addmm). Each validates through its meta function first, so errors name the op the
 // user called.
-#include "kiln/generated/composite_decls.h"
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/composite/linalg.h"
+#include "kiln/generated/composite/shape.h"
+#include "kiln/generated/composite/views.h"
+#include "kiln/generated/meta/linalg.h"
+#include "kiln/generated/meta/shape.h"
 #include "kiln/meta.h"
 
 namespace kiln::composite {

@@ -1,6 +1,5 @@
 #include "op_support.h"
 
-#include <cstring>
 
 #include "kiln/generated/ops.h"
 
@@ -85,7 +84,7 @@ int register_view_kernel(OperatorHandle& op, void* fn) {
 int register_composite(OperatorHandle& op, void* fn) {
   // A row with an autocast policy leaves its Autocast slot to the fallback, which casts the
   // arguments before the decomposition runs (See Note [Autocast] in kiln/autocast.h).
-  const bool autocast_casts = std::strcmp(op.info().autocast, "none") != 0;
+  const bool autocast_casts = op.info().autocast != AutocastPolicy::None;
   for (int k = 0; k < kNumDispatchKeys; ++k) {
     if (autocast_casts && static_cast<DispatchKey>(k) == DispatchKey::Autocast) continue;
     Dispatcher::get().register_kernel(op, static_cast<DispatchKey>(k), fn, nullptr);

@@ -1,4 +1,4 @@
-// Private support for the generated ops.cpp: key-set computation, boxing helpers, and the
+// Private support for the generated ops_<table>.cpp: key-set computation, boxing helpers, and the
 // pieces of structured, view and composite kernels that do not depend on the op.
 #pragma once
 
@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "kiln/dispatcher.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generator.h"
+#include "kiln/tensor.h"
 
 namespace kiln::detail {
 

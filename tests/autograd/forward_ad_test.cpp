@@ -236,13 +236,13 @@ std::vector<std::string> manifest_ops() {
 bool differentiable(const OpInfo& info) {
   bool has_tensor_arg = false;
   for (int i = 0; i < info.num_args; ++i)
-    has_tensor_arg =
-        has_tensor_arg || std::string(info.args[i].type).find("Tensor") != std::string::npos;
+    has_tensor_arg = has_tensor_arg || is_tensor_type(info.args[i].arg_type);
   return has_tensor_arg && !info.is_out && std::string(info.derivative) != "non_differentiable";
 }
 
 bool mutates_self(const OpInfo& info) {
-  return !info.is_out && std::string(info.schema).find("(Tensor(a!) self") != std::string::npos;
+  return !info.is_out && info.num_args > 0 && info.args[0].is_mutable &&
+         info.args[0].arg_type == ArgType::Tensor;
 }
 
 std::vector<Tensor> floating_tensors(const Stack& s) {
@@ -355,7 +355,7 @@ TEST(ForwardAD, EveryDifferentiableOpMatchesReverseModeJacobian) {
     differentiable_ops.insert(name);
     const std::string jvp = op.info().jvp;
     // A row with derivative formulas must say how its tangents are computed.
-    if (std::string(op.info().kind) != "composite") {
+    if (op.info().kind != OpKind::Composite) {
       EXPECT_NE(jvp, "non_differentiable") << name << " has derivatives but no jvp";
     }
     if (kSkipped.count(name)) continue;

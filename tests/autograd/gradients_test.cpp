@@ -221,7 +221,7 @@ TEST(Gradcheck, OpsThroughFormulaHelpers) {
 
 TEST(AutogradCoverage, CompositeRowsHaveNoGeneratedAutogradKernel) {
   for (const OperatorHandle* op : Dispatcher::get().ops()) {
-    if (std::string(op->info().kind) != "composite") continue;
+    if (op->info().kind != OpKind::Composite) continue;
     // Composite rows register their decomposition at every key, Autograd included.
     EXPECT_EQ(op->kernel(DispatchKey::Autograd).unboxed, op->kernel(DispatchKey::CPU).unboxed)
         << op->name();

@@ -41,7 +41,7 @@ std::vector<std::string> manifest_ops() {
 bool differentiable(const OpInfo& info) {
   bool has_tensor_arg = false;
   for (int i = 0; i < info.num_args; ++i)
-    has_tensor_arg = has_tensor_arg || std::string(info.args[i].type).find("Tensor") != std::string::npos;
+    has_tensor_arg = has_tensor_arg || is_tensor_type(info.args[i].arg_type);
   return has_tensor_arg && !info.is_out && std::string(info.derivative) != "non_differentiable";
 }
 
@@ -78,9 +78,10 @@ Stack substitute(const Stack& s, const std::vector<Tensor>& xs) {
 
 
 // Mutates its first argument: in-place variants and standalone rows such as fill_ and copy_
-// (OpInfo::is_inplace is set for the variants only), by the schema's Tensor(a!) self.
+// (OpInfo::is_inplace is set for the variants only), by their Tensor(a!) self.
 bool mutates_self(const OpInfo& info) {
-  return !info.is_out && std::string(info.schema).find("(Tensor(a!) self") != std::string::npos;
+  return !info.is_out && info.num_args > 0 && info.args[0].is_mutable &&
+         info.args[0].arg_type == ArgType::Tensor;
 }
 
 // The op as a function of its floating arguments (in-place ops mutate a clone of self; a

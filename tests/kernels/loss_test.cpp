@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "kiln/autograd/autograd.h"
-#include "kiln/generated/composite_decls.h"
+#include "kiln/generated/composite/loss.h"
 #include "kiln/kiln.h"
 #include "test_util.h"
 

@@ -7,7 +7,8 @@
 #include <cmath>
 
 #include "kiln/autograd/autograd.h"
-#include "kiln/generated/composite_decls.h"
+#include "kiln/generated/composite/nn.h"
+#include "kiln/generated/composite/reduction.h"
 #include "kiln/kiln.h"
 #include "test_util.h"
 

@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "kiln/generated/dtype_sets.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -72,7 +73,7 @@ TEST(Dispatcher, ThreadLocalState) {
 TEST(Dispatcher, BoxedCallAndLookup) {
   OperatorHandle& op = Dispatcher::get().find_or_throw("add");
   EXPECT_STREQ(op.info().schema, "add(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor");
-  EXPECT_STREQ(op.info().kind, "structured");
+  EXPECT_EQ(op.info().kind, OpKind::Structured);
   Stack s{ones({3}), full({3}, 2.0), Scalar(10)};
   op.call_boxed(s);
   ASSERT_EQ(s.size(), 1u);
@@ -105,10 +106,25 @@ TEST(Dispatcher, OpInfoCarriesTheTableFields) {
   const OpInfo& info = Dispatcher::get().find_or_throw("add_").info();
   EXPECT_TRUE(info.is_inplace);
   EXPECT_NE(std::string(info.derivative).find("sum_to(grad"), std::string::npos);
-  EXPECT_STREQ(info.batching, "pointwise");
-  EXPECT_STREQ(info.sharding, "pointwise");
-  EXPECT_STREQ(info.autocast, "none");  // ordinary type promotion; cat and stack are "promote"
-  EXPECT_STREQ(Dispatcher::get().find_or_throw("cat").info().autocast, "promote");
+  EXPECT_EQ(info.batching, BatchingRule::Pointwise);
+  EXPECT_EQ(info.sharding, ShardingRule::Pointwise);
+  // ordinary type promotion; cat and stack are "promote"
+  EXPECT_EQ(info.autocast, AutocastPolicy::None);
+  EXPECT_EQ(Dispatcher::get().find_or_throw("cat").info().autocast, AutocastPolicy::Promote);
+  EXPECT_STREQ(to_string(info.batching), "pointwise");
+  EXPECT_TRUE(info.tags.has(OpTag::Pointwise));
+  EXPECT_TRUE(info.tags.has(OpTag::Inplace));  // added by the in-place variant
+  EXPECT_FALSE(Dispatcher::get().find_or_throw("add").info().tags.has(OpTag::Inplace));
+  EXPECT_TRUE(info.args[0].is_mutable);
+  EXPECT_EQ(info.args[0].arg_type, ArgType::Tensor);
+  EXPECT_EQ(info.args[2].arg_type, ArgType::Scalar);
+  // add's row claims "all" on cpu (rules.toml's named set)
+  EXPECT_EQ(info.dtypes.cpu, dtype_sets::all);
+  EXPECT_TRUE(info.dtypes.of(TableBackend::Cpu).has(kBool));
+  const OpInfo& sum = Dispatcher::get().find_or_throw("sum").info();
+  EXPECT_EQ(sum.args[1].role, ArgRole::Dim);
+  EXPECT_EQ(sum.args[2].role, ArgRole::Keepdim);
+  EXPECT_EQ(sum.args[3].role, ArgRole::Dtype);
   EXPECT_TRUE(Dispatcher::get().find_or_throw("view").info().is_view);
   EXPECT_TRUE(Dispatcher::get().find_or_throw("add.out").info().is_out);
   EXPECT_GT(Dispatcher::get().ops().size(), 30u);

@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "kiln/generated/dtype_sets.h"
 #include "op_samples.h"
 #include "test_util.h"
 
@@ -15,31 +16,23 @@ std::map<std::string, SampleFn>& op_sample_registry() {
 }
 
 std::vector<ScalarType> dtypes_of_set(const std::string& set_name) {
-  static const std::map<std::string, std::vector<ScalarType>> sets = {
-      {"all", {kBool, kUInt8, kInt8, kInt16, kInt32, kInt64, kFloat16, kBFloat16, kFloat32, kFloat64}},
-      {"numeric", {kUInt8, kInt8, kInt16, kInt32, kInt64, kFloat16, kBFloat16, kFloat32, kFloat64}},
-      {"floating", {kFloat16, kBFloat16, kFloat32, kFloat64}},
-      {"integral", {kBool, kUInt8, kInt8, kInt16, kInt32, kInt64}},
-      {"signed", {kInt8, kInt16, kInt32, kInt64, kFloat16, kBFloat16, kFloat32, kFloat64}},
-      {"float32_64", {kFloat32, kFloat64}},
-      {"int64", {kInt64}},
-      {"none", {}}};
-  auto it = sets.find(set_name);
-  KILN_CHECK(it != sets.end(), Value, "unknown dtype set ", set_name);
-  return it->second;
+  const DTypeSet* set = dtype_sets::by_name(set_name);  // rules.toml's [dtype_sets], generated
+  KILN_CHECK(set != nullptr, Value, "unknown dtype set ", set_name);
+  return set->to_vector();
 }
 
 namespace {
 
 struct ManifestEntry {
   const char* name;
-  const char* kind;
-  const char* tags;
+  OpKind kind;
+  OpTags tags;
+  OpDTypes dtypes;
 };
 
 std::vector<ManifestEntry> manifest() {
   return {
-#define KILN_MANIFEST_OP(name, handle, kind, tags, dtypes) {name, kind, tags},
+#define KILN_MANIFEST_OP(name, handle, kind, tags, dtypes) {name, kind, tags, dtypes},
 #include "kiln/generated/manifest.inc"
 #undef KILN_MANIFEST_OP
   };
@@ -92,6 +85,17 @@ TEST(Manifest, EveryOpHasSamples) {
   EXPECT_TRUE(missing.empty()) << "ops without KILN_OP_SAMPLES: " << list;
 }
 
+// The manifest and the runtime's OpInfo carry the same typed claims (one generator, two views).
+TEST(Manifest, AgreesWithOpInfo) {
+  for (const auto& e : manifest()) {
+    const OpInfo& info = Dispatcher::get().find_or_throw(e.name).info();
+    EXPECT_EQ(info.kind, e.kind) << e.name;
+    EXPECT_EQ(info.tags, e.tags) << e.name;
+    EXPECT_EQ(info.dtypes, e.dtypes) << e.name;
+    EXPECT_EQ(info.tags.has(OpTag::Random), info.is_random) << e.name;
+  }
+}
+
 TEST(Manifest, MetaAgreesWithCpu) {
   for (const auto& e : manifest()) {
     auto it = op_sample_registry().find(e.name);
@@ -102,7 +106,7 @@ TEST(Manifest, MetaAgreesWithCpu) {
       SCOPED_TRACE(std::string(e.name) + " sample " + std::to_string(n++));
       Stack cpu_in = sample, meta_in;
       for (size_t i = 0; i < sample.size(); ++i) {
-        bool device_arg = std::string(op.info().args[i].type) == "Device?";
+        bool device_arg = op.info().args[i].arg_type == ArgType::OptionalDevice;
         meta_in.push_back(device_arg && sample[i].is_none() ? IValue(Device(DeviceType::Meta))
                                                             : to_meta(sample[i]));
       }

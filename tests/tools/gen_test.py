@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks that tensor/ops/gen.py refuses bad op-table rows (missing fields, unknown rules,
 formulas naming unknown identifiers, bad schemas) with a message naming the row, and accepts a
-good one. Run by ctest; prints 'N passed, N failed'."""
+good one and one that leaves out every field with a default. Run by ctest; prints 'N passed, N failed'."""
 import os
 import subprocess
 import sys
@@ -55,7 +55,16 @@ CASES = [
          'derivative = { "self, other" = "grad", other = "grad" }'),
      "derivative gives 'self, other' more than one formula"),
     ("duplicate op", GOOD + GOOD, "op 'myop' already defined"),
+    ("no batching and no default for it",
+     GOOD.replace('tags = ["pointwise"]', "tags = []").replace('batching = "pointwise"\n', ""),
+     "missing required field 'batching' (no default in rules.toml"),
 ]
+
+# The row with every field that has a default left out (Note [Row defaults]): a pointwise
+# structured row gets pointwise batching and sharding, no autocast, a derived jvp, no
+# decomposition, and its name as meta function.
+MINIMAL = "".join(l + "\n" for l in GOOD.split("\n") if l.split(" = ")[0] not in (
+    "meta", "jvp", "batching", "autocast", "sharding", "decomposition"))
 
 
 # A row mutating every element of a list and returning nothing (the fused optimizer steps).
@@ -87,7 +96,7 @@ def main():
     else:
         failed += 1
         print(f"FAIL good row rejected: {err}")
-    code, err, cpp = run(LIST_MUTATION, "ops.cpp")
+    code, err, cpp = run(LIST_MUTATION, "ops_t.cpp")  # per table: ops_<table>.cpp
     bump = "for (const Tensor& t : self) t.impl()->bump_version();"
     if code == 0 and "void ops::mystep_::call(TensorList self" in cpp and bump in cpp \
             and "mystep_(Tensor(a!)[] self, Tensor[] grads, *, float lr) -> ()" in cpp:
@@ -95,6 +104,14 @@ def main():
     else:
         failed += 1
         print(f"FAIL Tensor(a!)[] row: exit {code}, stderr: {err.strip()}")
+    code, err, cpp = run(MINIMAL, "ops_t.cpp")
+    want = ('"derived", BatchingRule::Pointwise, AutocastPolicy::None, ShardingRule::Pointwise, "none"',
+            "meta::myop(")
+    if code == 0 and all(w in cpp for w in want):
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL row defaults: exit {code}, stderr: {err.strip()}")
     for name, text, needle in CASES:
         code, err = run(text)
         if code == 1 and needle in err and "t.toml row" in err:

@@ -163,26 +163,13 @@ const OpEntry* lookup(State& s, const std::string& name) {
   if (op == nullptr) return nullptr;
   OpEntry e{op, -1, -1, {}};
   const OpInfo& info = op->info();
-  const std::string_view schema = info.schema;
   for (int i = 0; i < info.num_args; ++i) {
-    std::string_view name = info.args[i].name, type = info.args[i].type;
-    // "Tensor(a!)[] self," or "Tensor(b!) out)": a '!' annotation before the argument's name.
-    for (size_t at = schema.find(name); at != std::string_view::npos;
-         at = schema.find(name, at + 1)) {
-      const size_t end = at + name.size();
-      if (at == 0 || schema[at - 1] != ' ' || end >= schema.size() ||
-          (schema[end] != ',' && schema[end] != ')' && schema[end] != '='))
-        continue;
-      const size_t open = schema.rfind('(', at);
-      size_t sep = schema.rfind(',', at);  // where this argument's text starts
-      if (sep == std::string_view::npos) sep = schema.find('(');
-      if (open != std::string_view::npos && open > sep && schema.substr(open, at - open).find('!') !=
-                                                               std::string_view::npos)
-        e.mutated_args.push_back(i);
-      break;
-    }
-    if (type == "Generator?") e.generator_arg = i;
-    if (type == "Tensor" && ((info.is_inplace && i == 0) || (info.is_out && name == "out")))
+    const ArgInfo& arg = info.args[i];
+    if (arg.is_mutable) e.mutated_args.push_back(i);  // Tensor(a!), Tensor(a!)[]
+    if (arg.arg_type == ArgType::OptionalGenerator) e.generator_arg = i;
+    // The generator appends out= as the last argument.
+    if (arg.arg_type == ArgType::Tensor &&
+        ((info.is_inplace && i == 0) || (info.is_out && i == info.num_args - 1)))
       e.written_arg = i;
   }
   return &s.ops.emplace(name, e).first->second;

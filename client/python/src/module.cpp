@@ -10,7 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "kiln/autograd/node.h"
-#include "kiln/generated/op_handles.h"
+#include "kiln/generated/ops/pointwise.h"
 #include "python_args.h"
 
 namespace kiln::python {
@@ -459,8 +459,9 @@ NB_MODULE(_C, m) {
   m.def(
       "result_type",
       [](nb::handle tensor, nb::handle other) {
-        static const Signature sig("result_type", {{"tensor", ArgType::Tensor, nullptr, false, 0},
-                                                   {"other", ArgType::Tensor, nullptr, false, 0}});
+        static const Signature sig("result_type",
+                                   {{"tensor", python::ArgType::Tensor, nullptr, false, 0},
+                                    {"other", python::ArgType::Tensor, nullptr, false, 0}});
         PyObject* args[2] = {tensor.ptr(), other.ptr()};
         Value v[2];
         std::string why;

@@ -55,7 +55,7 @@ class ArgEncoder {
     } else if (v.is_tensor_list()) {
       auto* ids = out->mutable_values()->mutable_ids();
       for (const Tensor& t : v.to_tensor_list()) ids->Add(id_of(t));
-    } else if (v.is<Generator>() || std::string_view(ai.type) == "Generator?") {
+    } else if (v.is<Generator>() || ai.arg_type == ArgType::OptionalGenerator) {
       out->mutable_attribute()->set_none(true);  // random ops send (seed, offset) instead
     } else if (v.is<Device>() && v.get<Device>().type() == DeviceType::Remote) {
       out->mutable_attribute()->set_device(conn_->transport().worker_device());
@@ -79,7 +79,7 @@ void set_rng(const OperatorHandle& op, const Stack& s, size_t base,
              const std::vector<TensorSpec>& specs, proto::Instruction* ins) {
   const OpInfo& info = op.info();
   for (int i = 0; i < info.num_args; ++i) {
-    if (std::string_view(info.args[i].type) != "Generator?") continue;
+    if (info.args[i].arg_type != ArgType::OptionalGenerator) continue;
     const IValue& g = s[base + i];
     Generator gen = g.is_none() ? default_generator() : g.get<Generator>();
     KILN_ASSERT(!specs.empty(), op.name(), ": a random op without outputs");

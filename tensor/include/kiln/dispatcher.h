@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kiln/dispatch_key.h"
+#include "kiln/generated/op_enums.h"
 #include "kiln/ivalue.h"
 
 namespace kiln {
@@ -36,25 +37,56 @@ struct TensorSpec {
 };
 using MetaFn = std::vector<TensorSpec> (*)(const Stack& args);
 
-struct ArgInfo {
-  const char* name;
-  const char* type;     // schema type: "Tensor", "int[]?", ...
-  const char* default_value;  // nullptr when required
-  bool kwarg_only;
+// An argument's schema type (tensor/ops/gen.py's CPP_TYPES lists them).
+enum class ArgType : uint8_t {
+  Tensor, OptionalTensor, TensorList, Scalar, OptionalScalar, Int, OptionalInt, IntList,
+  OptionalIntList, Float, OptionalFloat, Bool, ScalarType, OptionalScalarType, OptionalDevice,
+  Str, OptionalStr, OptionalGenerator
 };
 
-// One row of the op table as the runtime sees it (generated).
+// What an argument means to generic code, from its name and type (Note [Argument roles] in
+// tensor/ops/gen.py), so that vmap's rules and autocast never compare argument names.
+enum class ArgRole : uint8_t {
+  None,
+  Dim,      // int, int?, int[], int[]? named dim, dim0, dim1, dim2, start_dim, end_dim
+  Size,     // int[] size / shape: a whole shape
+  Dims,     // int[] dims: a permutation
+  Sizes,    // int[] sizes / split_sizes: sizes along one dim
+  Keepdim,  // bool keepdim
+  Dtype,    // ScalarType(?) dtype: the output dtype
+  Weight,   // Tensor(?) weight, bias: parameters shared by every row of the data
+  Bias,
+  Mask,     // Tensor condition / mask: takes no part in type promotion
+};
+
+constexpr bool is_tensor_type(ArgType t) {
+  return t == ArgType::Tensor || t == ArgType::OptionalTensor || t == ArgType::TensorList;
+}
+
+struct ArgInfo {
+  const char* name;
+  const char* type;     // schema type: "Tensor", "int[]?", ... (for messages)
+  const char* default_value;  // nullptr when required
+  bool kwarg_only;
+  ArgType arg_type;
+  ArgRole role;
+  bool is_mutable;      // Tensor(a!): written by the op (in-place self, out=, optimizer lists)
+};
+
+// One row of the op table as the runtime sees it (generated). The typed fields come from
+// rules.toml (kiln/generated/op_enums.h); the strings are for messages and autograd/.
 struct OpInfo {
   const char* name;       // "add", "add_", "add.out"
   const char* schema;     // full schema string
-  const char* kind;       // structured | view | kernel | composite
-  const char* tags;       // comma-separated
+  OpKind kind;
+  OpTags tags;
   const char* derivative; // as written in the table (consumed by autograd/)
   const char* jvp;
-  const char* batching;
-  const char* autocast;
-  const char* sharding;
+  BatchingRule batching;
+  AutocastPolicy autocast;
+  ShardingRule sharding;
   const char* decomposition;
+  OpDTypes dtypes;        // the input dtypes the row claims, per backend
   const ArgInfo* args;
   int num_args;
   int num_returns;

@@ -1,7 +1,7 @@
 // Meta functions of the attention rows (tensor/ops/attention.toml). query (..., L, E), key
 // (..., S, E) and value (..., S, Ev) share their leading (batch, head) dims and dtype; the output
 // is (..., L, Ev) and the logsumexp (..., L), in float32 (float64 for float64 inputs).
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/attention.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

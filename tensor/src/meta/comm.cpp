@@ -4,7 +4,8 @@
 #include <numeric>
 #include <string>
 
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/comm.h"
+#include "kiln/generated/meta/creation.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

@@ -6,7 +6,7 @@
 #include <sstream>
 #include <string>
 
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/conv.h"
 
 namespace kiln::meta {
 namespace {

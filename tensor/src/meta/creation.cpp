@@ -1,7 +1,9 @@
 // Meta functions for creation and copy ops (tensor/ops/creation.toml, copy.toml).
 #include <cmath>
 
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/copy.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/meta/unary.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

@@ -2,7 +2,9 @@
 // index values are data, so the kernels check those (IndexError naming the value and the size).
 #include <algorithm>
 
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/meta/indexing.h"
+#include "kiln/generated/meta/shape.h"
 #include "kiln/meta.h"
 #include "op_support.h"
 

@@ -1,7 +1,8 @@
 // Meta functions of the resampling ops (tensor/ops/interpolate.toml): self is (N, C, *spatial).
 #include <cmath>
 
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/interpolate.h"
+#include "kiln/generated/meta/unary.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

@@ -3,7 +3,7 @@
 #include <sstream>
 #include <string>
 
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/linalg.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

@@ -1,6 +1,6 @@
 // Meta functions of the losses (tensor/ops/loss.toml): the shapes of input and target, the
 // reduction name, and the output (the loss per element for 'none', a scalar otherwise).
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/loss.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

@@ -1,6 +1,9 @@
 // Meta functions of the normalization layers, dropout, embedding (tensor/ops/nn.toml) and the
 // softmax backward rows (reduction.toml): shapes, dtypes and the user-facing errors.
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/copy.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/meta/nn.h"
+#include "kiln/generated/meta/reduction.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

@@ -3,7 +3,8 @@
 // (same shape, dtype and device) and that every step counter holds one element.
 #include <string>
 
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/meta/optim.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

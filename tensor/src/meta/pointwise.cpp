@@ -1,6 +1,8 @@
 // Meta functions of pointwise ops (pointwise.toml, unary.toml): broadcasting, type promotion,
 // device agreement and the dtype checks PyTorch makes.
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/pointwise.h"
+#include "kiln/generated/meta/reduction.h"
+#include "kiln/generated/meta/unary.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

@@ -2,7 +2,8 @@
 // floor_divide, round.decimals, clamp.Tensor, softplus. The composites run them first, so a bad
 // argument is reported under the name the user called. In-place rows return self's spec after
 // the checks of an in-place op (the result's shape is self's, its dtype casts to self's).
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/pointwise.h"
+#include "kiln/generated/meta/unary.h"
 #include "kiln/meta.h"
 #include "op_support.h"
 

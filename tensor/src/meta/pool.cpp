@@ -2,7 +2,8 @@
 // (floor or ceil mode; a ceil-mode window that would start in the right padding is dropped) and
 // PyTorch's errors, naming the shapes.
 
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/meta/pool.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

@@ -3,7 +3,8 @@
 #include <cmath>
 #include <limits>
 
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/meta/random.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

@@ -2,7 +2,8 @@
 // dtype, and the user-facing errors (dims out of range, repeated dims, empty reductions, dtypes).
 #include <cmath>
 
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/meta/reduction.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

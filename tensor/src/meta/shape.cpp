@@ -2,7 +2,9 @@
 // chunk, tril/triu.
 #include <algorithm>
 
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/meta/shape.h"
+#include "kiln/generated/meta/views.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

@@ -1,6 +1,6 @@
 // Meta functions of the sort and scan ops (tensor/ops/sort.toml): sort, argsort, topk, cumsum,
 // cumprod. A 0-dim self acts as a 1-element vector along dim 0 or -1, as in PyTorch.
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/sort.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {

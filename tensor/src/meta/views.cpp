@@ -1,6 +1,7 @@
 // Meta functions of the view ops (tensor/ops/views.toml). Each returns the view's geometry
 // over `self`'s storage; the generated kernels apply it on every backend.
-#include "kiln/generated/meta_decls.h"
+#include "kiln/generated/meta/creation.h"
+#include "kiln/generated/meta/views.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {
