@@ -590,8 +590,9 @@ def gen_handles(ops):
 
 
 def gen(ops, out_dir, rules):
-    """Writes the generated files. Note [Generated file split]: per table file T (unary.toml),
-    the handles go to kiln/generated/ops/T.h, the meta and composite declarations to
+    """Writes the generated files.
+
+    Note [Generated file split]: per table file T (unary.toml), the handles go to kiln/generated/ops/T.h, the meta and composite declarations to
     kiln/generated/meta/T.h and kiln/generated/composite/T.h, and the definitions to ops_T.cpp;
     op_handles.h, meta_decls.h and composite_decls.h include every table's header. A file that
     includes only the tables it uses, and every ops_T.cpp but the edited table's, is not rebuilt
