@@ -12,7 +12,9 @@
 // an op its decomposition calls (traced on the CPU run of the same sample) has no kernel for
 // that key or does not claim the dtype it was called with; or when running it raises as above.
 // Otherwise the path runs (when available()) and is Ok or Failed; a claim it could not run
-// (no device, no sample in that dtype: Note [Sample dtypes]) is Untested. scripts/ops-matrix
+// (no device, no sample in that dtype: Note [Sample dtypes], eager CPU refusing every sample
+// for another reason) is Untested. Every sample runs as written and again with its floating
+// tensors non-contiguous. scripts/ops-matrix
 // prints the matrix; tensor/ops/README.md "The support matrix" says how to read it.
 #pragma once
 

@@ -105,7 +105,7 @@ std::vector<std::string> manifest_names() {
 }
 
 // See Note [Sample dtypes].
-std::optional<Stack> sample_in_dtype(const Stack& sample, ScalarType d) {
+std::optional<Stack> sample_in_dtype(const Stack& sample, ScalarType d, const OpInfo& info) {
   auto data = [](const Tensor& t) {
     return is_floating(t.dtype()) && !t.impl()->is_wrapped_number();
   };
@@ -122,8 +122,17 @@ std::optional<Stack> sample_in_dtype(const Stack& sample, ScalarType d) {
       }
     }
   }
+  if (!first) {  // a factory: its dtype argument
+    for (int i = 0; i < info.num_args && i < static_cast<int>(sample.size()); ++i) {
+      if (std::string(info.args[i].name) != "dtype") continue;
+      Stack out = sample;
+      out[i] = d;
+      return out;
+    }
+    return std::nullopt;
+  }
   if (!any_floating) {
-    if (first && *first == d) return sample;
+    if (*first == d) return sample;
     return std::nullopt;
   }
   auto cast = [&](const Tensor& t) {
@@ -141,6 +150,31 @@ std::optional<Stack> sample_in_dtype(const Stack& sample, ScalarType d) {
       out.push_back(v);
     }
   }
+  return out;
+}
+
+std::optional<Stack> non_contiguous_variant(const Stack& sample) {
+  bool changed = false;
+  auto nc = [&](const Tensor& t) {
+    if (!t.defined() || !is_floating(t.dtype()) || t.impl()->is_wrapped_number() ||
+        t.numel() <= 1 || !t.is_contiguous())
+      return t;
+    changed = true;
+    return non_contiguous(t);
+  };
+  Stack out;
+  for (const IValue& v : sample) {
+    if (v.is_tensor()) {
+      out.emplace_back(nc(v.to_tensor()));
+    } else if (v.is_tensor_list()) {
+      std::vector<Tensor> ts;
+      for (const Tensor& t : v.to_tensor_list()) ts.push_back(nc(t));
+      out.emplace_back(std::move(ts));
+    } else {
+      out.push_back(v);
+    }
+  }
+  if (!changed) return std::nullopt;
   return out;
 }
 

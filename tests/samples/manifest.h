@@ -44,10 +44,15 @@ std::vector<std::string> manifest_names();
 // tensor (lists included) cast to D; integer and bool tensors (indices, masks, targets),
 // wrapped numbers and every non-tensor argument stay as written. A sample without floating
 // tensors is the sample of one dtype only, that of its first tensor (bitwise ops, integer
-// creation...). So samples are written once, in float32 unless the op needs otherwise, and the
-// driver runs them in every dtype a row claims. Returns nullopt where the sample has no
+// creation...). A sample without tensors (a factory) is the sample of D with its `dtype`
+// argument set to D. So samples are written once, in float32 unless the op needs otherwise,
+// and the driver runs them in every dtype a row claims. Returns nullopt where the sample has no
 // version in D.
-std::optional<Stack> sample_in_dtype(const Stack& sample, ScalarType d);
+std::optional<Stack> sample_in_dtype(const Stack& sample, ScalarType d, const OpInfo& info);
+
+// The sample with each floating tensor of more than one element (wrapped numbers aside) laid out
+// non-contiguously (same values); nullopt when no such tensor was contiguous.
+std::optional<Stack> non_contiguous_variant(const Stack& sample);
 
 // A copy of `t` in `dtype` on `device` with the same sizes, strides and storage offset, in a
 // storage of the same size (as_strided samples address it); wrapped numbers stay wrapped.
