@@ -7,7 +7,7 @@
 
 #include "autograd/formula_eval.h"
 #include "autograd/formula_util.h"
-#include "op_samples.h"
+#include "samples/op_samples.h"
 
 namespace kiln::autograd {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "kiln/autograd/autograd.h"
 #include "kiln/kiln.h"
-#include "op_samples.h"
+#include "samples/manifest.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -223,83 +223,8 @@ TEST(ForwardAD, CustomFunctionsPropagateThroughTheirForward) {
 // (bernoulli, normal_, uniform_) have zero Jacobians both ways, so they are checked too.
 const std::map<std::string, std::string> kSkipped = {};
 
-std::vector<std::string> manifest_ops() {
-  return {
-#define KILN_MANIFEST_OP(name, handle, kind, tags, dtypes) name,
-#include "kiln/generated/manifest.inc"
-#undef KILN_MANIFEST_OP
-  };
-}
-
-// As tests/autograd/manifest_gradcheck_test.cpp: out= variants and factories are not
-// differentiable, nor are rows that say so.
-bool differentiable(const OpInfo& info) {
-  bool has_tensor_arg = false;
-  for (int i = 0; i < info.num_args; ++i)
-    has_tensor_arg = has_tensor_arg || is_tensor_type(info.args[i].arg_type);
-  return has_tensor_arg && !info.is_out && std::string(info.derivative) != "non_differentiable";
-}
-
-bool mutates_self(const OpInfo& info) {
-  return !info.is_out && info.num_args > 0 && info.args[0].is_mutable &&
-         info.args[0].arg_type == ArgType::Tensor;
-}
-
-std::vector<Tensor> floating_tensors(const Stack& s) {
-  std::vector<Tensor> r;
-  for (const IValue& v : s) {
-    if (v.is_tensor() && is_floating(v.to_tensor().dtype())) r.push_back(v.to_tensor());
-    if (v.is_tensor_list())
-      for (const Tensor& t : v.to_tensor_list())
-        if (is_floating(t.dtype())) r.push_back(t);
-  }
-  return r;
-}
-
-Stack substitute(const Stack& s, const std::vector<Tensor>& xs) {
-  Stack out;
-  size_t k = 0;
-  for (const IValue& v : s) {
-    if (v.is_tensor() && is_floating(v.to_tensor().dtype())) {
-      out.emplace_back(xs[k++]);
-    } else if (v.is_tensor_list()) {
-      std::vector<Tensor> ts;
-      for (const Tensor& t : v.to_tensor_list()) ts.push_back(is_floating(t.dtype()) ? xs[k++] : t);
-      out.emplace_back(std::move(ts));
-    } else {
-      out.push_back(v);
-    }
-  }
-  return out;
-}
-
-// The op on `xs` in place of the sample's floating tensors (an in-place op mutates a clone).
-std::vector<Tensor> run_op(OperatorHandle& op, const Stack& sample, const std::vector<Tensor>& xs) {
-  Stack s = substitute(sample, xs);
-  if (mutates_self(op.info()) && s[0].is_tensor()) s[0] = IValue(s[0].to_tensor().clone());
-  op.call_boxed(s);
-  return testing::outputs_of(s);
-}
-
-// Samples of an op and of its in-place and .out variants (as the gradcheck manifest test does),
-// plus samples inside the real domain of pow.
-std::vector<Stack> samples_for(const std::string& name) {
-  std::vector<Stack> out;
-  const auto& reg = testing::op_sample_registry();
-  const bool functional = name.back() != '_' && name.find('.') == std::string::npos;
-  for (const std::string& variant : {name, name + "_", name + ".out"}) {
-    auto it = reg.find(variant);
-    if (it == reg.end() || (variant != name && !functional)) continue;
-    for (Stack s : it->second()) {
-      if (variant == name + ".out") s.pop_back();
-      out.push_back(std::move(s));
-    }
-  }
-  if (name == "max.dim" || name == "min.dim") out.push_back({random({3, 4}), int64_t{-1}, false});
-  if (name == "pow" || name == "pow_")
-    out.push_back({random({2, 3}, kFloat64, 0.5, 2, 61), random({2, 3}, kFloat64, -1.5, 1.5, 62)});
-  return out;
-}
+using testing::differentiable;
+using testing::floating_tensors;
 
 // Forward mode: the tangent of every output (zeros where an output got none).
 std::vector<Tensor> forward_jt(OperatorHandle& op, const Stack& sample,
@@ -307,7 +232,7 @@ std::vector<Tensor> forward_jt(OperatorHandle& op, const Stack& sample,
   fwd::DualLevel level;
   std::vector<Tensor> duals;
   for (size_t i = 0; i < xs.size(); ++i) duals.push_back(fwd::make_dual(xs[i], ts[i]));
-  std::vector<Tensor> outs = run_op(op, sample, duals);
+  std::vector<Tensor> outs = testing::run_on(op, sample, duals);
   std::vector<Tensor> jts;
   for (const Tensor& o : outs) {
     Tensor jt = fwd::unpack_dual(o).tangent;
@@ -327,7 +252,7 @@ std::vector<std::vector<double>> reverse_jt(OperatorHandle& op, const Stack& sam
                                             const std::vector<Tensor>& ts) {
   std::vector<Tensor> leaves;
   for (const Tensor& x : xs) leaves.push_back(x.detach().requires_grad_());
-  std::vector<Tensor> outs = run_op(op, sample, leaves);
+  std::vector<Tensor> outs = testing::run_on(op, sample, leaves);
   std::vector<std::vector<double>> r;
   for (const Tensor& o : outs) {
     std::vector<double> jt(o.numel(), 0.0);
@@ -349,18 +274,18 @@ std::vector<std::vector<double>> reverse_jt(OperatorHandle& op, const Stack& sam
 TEST(ForwardAD, EveryDifferentiableOpMatchesReverseModeJacobian) {
   std::set<std::string> differentiable_ops, checked;
   int compared = 0;
-  for (const std::string& name : manifest_ops()) {
+  for (const std::string& name : testing::manifest_names()) {
     OperatorHandle& op = Dispatcher::get().find_or_throw(name);
     if (!differentiable(op.info())) continue;
     differentiable_ops.insert(name);
     const std::string jvp = op.info().jvp;
     // A row with derivative formulas must say how its tangents are computed.
-    if (op.info().kind != OpKind::Composite) {
+    if (std::string(op.info().kind) != "composite") {
       EXPECT_NE(jvp, "non_differentiable") << name << " has derivatives but no jvp";
     }
     if (kSkipped.count(name)) continue;
     int n = 0;
-    for (const Stack& raw : samples_for(name)) {
+    for (const Stack& raw : testing::differentiable_samples(name)) {
       Stack sample = testing::to_float64(raw);
       const int idx = n++;
       std::vector<Tensor> xs = floating_tensors(sample);

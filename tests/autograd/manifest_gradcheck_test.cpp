@@ -10,7 +10,7 @@
 #include <set>
 
 #include "autograd/gradgradcheck.h"
-#include "op_samples.h"
+#include "samples/manifest.h"
 
 namespace kiln::testing {
 namespace {
@@ -28,100 +28,9 @@ const std::map<std::string, std::string> kSkipped = {
 // nothing (checked below: their outputs never require grad), so there is nothing to gradcheck.
 const std::set<std::string> kNotRecorded = {"empty_like", "zeros_like", "ones_like", "full_like"};
 
-std::vector<std::string> manifest_ops() {
-  return {
-#define KILN_MANIFEST_OP(name, handle, kind, tags, dtypes) name,
-#include "kiln/generated/manifest.inc"
-#undef KILN_MANIFEST_OP
-  };
-}
-
-// out= variants do not record (as in PyTorch), nor do ops without a Tensor argument (factories);
-// the others are differentiable unless the row says "non_differentiable".
-bool differentiable(const OpInfo& info) {
-  bool has_tensor_arg = false;
-  for (int i = 0; i < info.num_args; ++i)
-    has_tensor_arg = has_tensor_arg || is_tensor_type(info.args[i].arg_type);
-  return has_tensor_arg && !info.is_out && std::string(info.derivative) != "non_differentiable";
-}
-
-
-// The floating tensors of a stack (lists flattened), in order: the gradcheck inputs.
-std::vector<Tensor> floating_tensors(const Stack& s) {
-  std::vector<Tensor> r;
-  for (const IValue& v : s) {
-    if (v.is_tensor() && is_floating(v.to_tensor().dtype())) r.push_back(v.to_tensor());
-    if (v.is_tensor_list())
-      for (const Tensor& t : v.to_tensor_list())
-        if (is_floating(t.dtype())) r.push_back(t);
-  }
-  return r;
-}
-
-// `s` with its floating tensors replaced, in order, by `xs`.
-Stack substitute(const Stack& s, const std::vector<Tensor>& xs) {
-  Stack out;
-  size_t k = 0;
-  for (const IValue& v : s) {
-    if (v.is_tensor() && is_floating(v.to_tensor().dtype())) {
-      out.emplace_back(xs[k++]);
-    } else if (v.is_tensor_list()) {
-      std::vector<Tensor> ts;
-      for (const Tensor& t : v.to_tensor_list()) ts.push_back(is_floating(t.dtype()) ? xs[k++] : t);
-      out.emplace_back(std::move(ts));
-    } else {
-      out.push_back(v);
-    }
-  }
-  return out;
-}
-
-
-// Mutates its first argument: in-place variants and standalone rows such as fill_ and copy_
-// (OpInfo::is_inplace is set for the variants only), by their Tensor(a!) self.
-bool mutates_self(const OpInfo& info) {
-  return !info.is_out && info.num_args > 0 && info.args[0].is_mutable &&
-         info.args[0].arg_type == ArgType::Tensor;
-}
-
-// The op as a function of its floating arguments (in-place ops mutate a clone of self; a
-// non-floating self of an in-place op is copied too, so the sample stays unchanged).
+// The op as a function of its floating arguments (See run_on in tests/samples/manifest.h).
 MultiFn op_fn(OperatorHandle& op, const Stack& sample) {
-  const bool inplace = mutates_self(op.info());
-  return [&op, sample, inplace](const std::vector<Tensor>& xs) {
-    Stack s = substitute(sample, xs);
-    if (inplace && s[0].is_tensor()) s[0] = IValue(s[0].to_tensor().clone());
-    op.call_boxed(s);
-    return outputs_of(s);
-  };
-}
-
-// Extra samples for ops whose manifest samples have no floating argument or lie outside the
-// op's real domain (pow's samples have negative bases with fractional exponents: NaN).
-std::vector<Stack> extra_samples(const std::string& name) {
-  if (name == "max.dim" || name == "min.dim") return {{random({3, 4}), int64_t{-1}, false}};
-  if (name == "pow" || name == "pow_")
-    return {{random({2, 3}, kFloat64, 0.5, 2, 61), random({2, 3}, kFloat64, -1.5, 1.5, 62)},
-            {random({2, 3}, kFloat64, 0.5, 2, 63), random({3}, kFloat64, -1.5, 1.5, 64)}};
-  return {};
-}
-
-// An op's own samples, those of its in-place and .out variants (same arguments; the trailing
-// `out` dropped) for a functional row, and the extra ones above.
-std::vector<Stack> samples_for(const std::string& name) {
-  std::vector<Stack> out;
-  const auto& reg = op_sample_registry();
-  const bool functional = name.back() != '_' && name.find('.') == std::string::npos;
-  for (const std::string& variant : {name, name + "_", name + ".out"}) {
-    auto it = reg.find(variant);
-    if (it == reg.end() || (variant != name && !functional)) continue;
-    for (Stack s : it->second()) {
-      if (variant == name + ".out") s.pop_back();
-      out.push_back(std::move(s));
-    }
-  }
-  for (Stack& s : extra_samples(name)) out.push_back(std::move(s));
-  return out;
+  return [&op, sample](const std::vector<Tensor>& xs) { return run_on(op, sample, xs); };
 }
 
 bool all_finite(const std::vector<Tensor>& ts) {
@@ -178,7 +87,7 @@ std::vector<Variant> variants(OperatorHandle& op, const Stack& sample) {
 TEST(ManifestGradcheck, EveryDifferentiableOpIsCheckedInFloat64) {
   std::set<std::string> differentiable_ops, checked;
   std::map<std::string, int> variants_checked, by_kind;
-  for (const std::string& name : manifest_ops()) {
+  for (const std::string& name : manifest_names()) {
     OperatorHandle& op = Dispatcher::get().find_or_throw(name);
     if (!differentiable(op.info())) continue;
     differentiable_ops.insert(name);
@@ -193,7 +102,7 @@ TEST(ManifestGradcheck, EveryDifferentiableOpIsCheckedInFloat64) {
       }
       continue;
     }
-    std::vector<Stack> samples = samples_for(name);
+    std::vector<Stack> samples = differentiable_samples(name);
     int n = 0;
     for (const Stack& raw : samples) {
       Stack sample = to_float64(raw);
@@ -249,7 +158,7 @@ TEST(ManifestGradcheck, EveryDifferentiableOpIsCheckedInFloat64) {
 // in-place rows such as zero_ bump once more through the op they call, typed or boxed.)
 TEST(ManifestGradcheck, BoxedMutatingCallsBumpTheVersionCounter) {
   int checked = 0;
-  for (const std::string& name : manifest_ops()) {
+  for (const std::string& name : manifest_names()) {
     OperatorHandle& op = Dispatcher::get().find_or_throw(name);
     if (!mutates_self(op.info()) || op.info().is_random) continue;
     for (const Stack& sample : op_sample_registry().at(name)()) {

@@ -3,7 +3,7 @@
 // manifest, gradcheck, forward-AD and vmap suites.
 #include "kiln/dist/process_group.h"
 #include "kiln/kiln.h"
-#include "op_samples.h"
+#include "samples/op_samples.h"
 #include "test_util.h"
 
 namespace kiln::testing {

@@ -1,8 +1,8 @@
 // Manifest samples for the attention rows (tensor/ops/attention.toml). The backward's saved
 // output and logsumexp come from a real forward; dropout samples fix (seed, offset), so the
 // fused rows are deterministic functions that gradcheck can check.
-#include "op_samples.h"
-#include "test_util.h"
+#include "samples/op_samples.h"
+#include "samples/util.h"
 
 namespace kiln::testing {
 namespace {

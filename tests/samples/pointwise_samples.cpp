@@ -1,7 +1,7 @@
 // Manifest samples for the pointwise ops (pointwise.toml, unary.toml), including the generated
 // in-place ("sub_") and out= ("sub.out") variants. Each sample is a boxed argument list.
-#include "op_samples.h"
-#include "test_util.h"
+#include "samples/op_samples.h"
+#include "samples/util.h"
 
 namespace kiln::testing {
 namespace {

@@ -1,7 +1,7 @@
-// Manifest samples for shape.toml, indexing.toml and linalg.toml (run on CPU and Meta by
-// tests/tensor/manifest_test.cpp).
-#include "op_samples.h"
-#include "test_util.h"
+// Manifest samples for shape.toml, indexing.toml and linalg.toml (run on every path by the
+// conformance driver, tests/conformance).
+#include "samples/op_samples.h"
+#include "samples/util.h"
 
 namespace kiln::testing {
 namespace {

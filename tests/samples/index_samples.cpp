@@ -1,8 +1,8 @@
 // Manifest samples for the advanced-indexing rows of indexing.toml, sort.toml, interpolate.toml
-// and the flip/roll/repeat/repeat_interleave/pad rows of shape.toml (run on CPU and Meta by
-// tests/tensor/manifest_test.cpp, gradchecked, forward-AD and vmap checked from there).
-#include "op_samples.h"
-#include "test_util.h"
+// and the flip/roll/repeat/repeat_interleave/pad rows of shape.toml (run on every path by
+// the conformance driver, tests/conformance; gradchecked and forward-AD checked too).
+#include "samples/op_samples.h"
+#include "samples/util.h"
 
 namespace kiln::testing {
 namespace {

@@ -1,7 +1,7 @@
-// Manifest samples for conv.toml and pool.toml (run on CPU and Meta by the manifest test,
-// gradchecked in float64, and run under forward AD and vmap).
-#include "op_samples.h"
-#include "test_util.h"
+// Manifest samples for conv.toml and pool.toml (run on every path by the
+// conformance driver, gradchecked in float64, and run under forward AD).
+#include "samples/op_samples.h"
+#include "samples/util.h"
 
 namespace kiln::testing {
 namespace {

@@ -1,8 +1,8 @@
 // Manifest samples for the norm, dropout, embedding and loss rows (tensor/ops/nn.toml,
 // loss.toml) and the softmax backward rows (reduction.toml). Every sample is deterministic (the
 // manifest gradcheck differentiates them): dropout only with train=False or p=0.
-#include "op_samples.h"
-#include "test_util.h"
+#include "samples/op_samples.h"
+#include "samples/util.h"
 
 namespace kiln::testing {
 namespace {

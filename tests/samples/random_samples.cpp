@@ -1,6 +1,6 @@
 // Manifest samples for the random ops (tensor/ops/random.toml).
-#include "op_samples.h"
-#include "test_util.h"
+#include "samples/op_samples.h"
+#include "samples/util.h"
 
 namespace kiln::testing {
 namespace {

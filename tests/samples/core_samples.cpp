@@ -1,6 +1,6 @@
 // Manifest samples for the core ops: creation, copy, views (creation.toml, copy.toml, views.toml).
-#include "op_samples.h"
-#include "test_util.h"
+#include "samples/op_samples.h"
+#include "samples/util.h"
 
 namespace kiln::testing {
 namespace {

@@ -1,12 +1,16 @@
-// tests/op_samples.h: sample inputs for every op of the manifest.
+// tests/samples/op_samples.h: sample inputs for every op of the manifest (the kiln_op_samples
+// library, without GoogleTest: kiln_tests, kiln_gpu_tests, kiln_remote_tests and
+// kiln_ops_matrix link it).
 //
 //   KILN_OP_SAMPLES("add", add_samples) {
 //     return {{testing::random({2, 3}), testing::random({3}), Scalar(2)}};
 //   }
 //
-// The manifest test (tests/tensor/manifest_test.cpp) runs each op on each sample on CPU and on
-// Meta and checks that sizes, strides, dtype and aliasing agree. An op of the table without
-// samples fails that test, so every new row must come with samples.
+// The conformance driver (tests/conformance/driver.h) runs each op on each sample, in every
+// dtype the row claims, on every execution path (Meta, CUDA, Remote, Batched) and compares with
+// eager CPU. An op of the table without samples fails Manifest.EveryOpHasSamples, so every new
+// row must come with samples. Write samples in float32 (or the dtype the op needs): the driver
+// derives the other dtypes (See Note [Sample dtypes] in tests/samples/manifest.h).
 #pragma once
 
 #include <map>

@@ -2,8 +2,8 @@
 // floor_divide, round.decimals, trunc, clamp.Tensor, softplus (pointwise.toml, unary.toml,
 // indexing.toml), max/min.other, amax/amin (reduction.toml), split_with_sizes (shape.toml) and
 // binary_cross_entropy's _binary_cross_entropy (loss.toml), with their in-place and out= variants.
-#include "op_samples.h"
-#include "test_util.h"
+#include "samples/op_samples.h"
+#include "samples/util.h"
 
 namespace kiln::testing {
 namespace {

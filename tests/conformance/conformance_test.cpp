@@ -1,0 +1,86 @@
+// The conformance driver (tests/conformance/driver.h) under GoogleTest: per path, every op
+// whose claims do not hold is its own failure (op, dtype, why). The CPU column is eager CPU's
+// claims; CUDA's is checked against the registered kernels here (and run by kiln_gpu_tests on
+// a GPU); Remote's runs in kiln_remote_tests.
+#include <gtest/gtest.h>
+
+#include "conformance/driver.h"
+
+namespace kiln::conformance {
+namespace {
+
+// Runs `path` (the CPU column alone for "CPU") and fails once per problem cell of that column.
+void expect_conformant(const std::string& path, int min_ok) {
+  Matrix m = run(
+      {.paths = path == "CPU" ? std::vector<std::string>{"Meta"} : std::vector<std::string>{path}});
+  const size_t col = path == "CPU" ? 0 : 1;
+  for (const Matrix::Problem& p : m.problems())
+    if (p.path == path)
+      ADD_FAILURE() << p.op << " " << scalar_type_name(p.dtype) << " on " << p.path << ": "
+                    << status_name(p.status) << ": " << p.detail;
+  EXPECT_GE(m.count(col, Status::Ok), min_ok) << path;
+}
+
+TEST(Conformance, EagerCpuHoldsItsClaims) { expect_conformant("CPU", 1000); }
+TEST(Conformance, MetaAgreesWithCpu) { expect_conformant("Meta", 1000); }
+TEST(Conformance, BatchedAgreesWithTheLoop) { expect_conformant("Batched", 1000); }
+
+bool has_path(const std::string& name) {
+  for (const auto& p : paths())
+    if (p->name() == name) return true;
+  return false;
+}
+
+// Without a GPU only the claims are checked (a kernel is registered for every claim); with one,
+// kiln_gpu_tests compares the values.
+TEST(Conformance, CudaClaimsHaveKernels) {
+  if (!has_path("CUDA")) GTEST_SKIP() << "built without kernels/cuda";
+  Matrix m = run({.paths = {"CUDA"}});
+  for (const Matrix::Problem& p : m.problems())
+    if (p.path == "CUDA")
+      ADD_FAILURE() << p.op << " " << scalar_type_name(p.dtype)
+                    << " on CUDA: " << status_name(p.status) << ": " << p.detail;
+}
+
+// The driver itself: a path whose results are off by one fails every dtype it ran, and a path
+// whose key has no kernels (Metal) is missing for a primitive row and for a composite one
+// (whose decomposition calls primitives).
+class OffByOnePath : public Path {
+ public:
+  std::string name() const override { return "OffByOne"; }
+  testing::Backend claims() const override { return testing::Backend::CPU; }
+  DispatchKey key() const override { return DispatchKey::CPU; }
+  std::string unavailable() const override { return ""; }
+  Outcome run(const Case& c) const override {
+    Stack s = testing::clone_stack(c.sample);
+    c.op().call_boxed(s);
+    std::vector<Tensor> got;
+    for (const Tensor& t : testing::outputs_of(s)) got.push_back(t + 1);
+    return Outcome::failed_unless(compare_values(got, testing::outputs_of(c.cpu_out), false));
+  }
+};
+KILN_CONFORMANCE_PATH(OffByOnePath);
+
+class NoKernelsPath : public OffByOnePath {
+ public:
+  std::string name() const override { return "NoKernels"; }
+  DispatchKey key() const override { return DispatchKey::Metal; }
+};
+KILN_CONFORMANCE_PATH(NoKernelsPath);
+
+TEST(Conformance, DriverSeesDisagreementsAndMissingKernels) {
+  Matrix wrong = run({.paths = {"OffByOne"}, .op = "exp"});
+  ASSERT_EQ(wrong.rows.size(), 1u);
+  EXPECT_EQ(wrong.rows[0].cells[1][8].status, Status::Failed);  // float32
+  EXPECT_EQ(wrong.count(1, Status::Ok), 0);
+  for (const char* op : {"exp", "linear"}) {
+    Matrix none = run({.paths = {"NoKernels"}, .op = op});
+    EXPECT_EQ(none.rows[0].cells[1][8].status, Status::Missing) << op;
+    EXPECT_EQ(none.count(1, Status::Missing),
+              static_cast<int>(testing::manifest_row(op)->claimed(testing::Backend::CPU).size()))
+        << op;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::conformance
