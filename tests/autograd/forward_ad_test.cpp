@@ -280,7 +280,7 @@ TEST(ForwardAD, EveryDifferentiableOpMatchesReverseModeJacobian) {
     differentiable_ops.insert(name);
     const std::string jvp = op.info().jvp;
     // A row with derivative formulas must say how its tangents are computed.
-    if (std::string(op.info().kind) != "composite") {
+    if (op.info().kind != OpKind::Composite) {
       EXPECT_NE(jvp, "non_differentiable") << name << " has derivatives but no jvp";
     }
     if (kSkipped.count(name)) continue;

@@ -33,8 +33,9 @@ struct ManifestRow {
   bool claims_dtype(Backend b, ScalarType t) const;
 };
 
-// Every row of the op table, in table order. Note [Manifest claims]: manifest.cpp's
-// read_manifest() is the one place that reads a row's kind and dtype claims (the typed
+// Every row of the op table, in table order.
+//
+// Note [Manifest claims]: manifest.cpp's read_manifest() is the one place that reads a row's kind and dtype claims (the typed
 // values of the generated manifest.inc, the same as OpInfo's: Manifest.AgreesWithOpInfo).
 const std::vector<ManifestRow>& manifest();
 const ManifestRow* manifest_row(std::string_view name);  // nullptr when absent
