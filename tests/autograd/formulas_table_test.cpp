@@ -7,6 +7,7 @@
 
 #include "autograd/formula_eval.h"
 #include "autograd/formula_util.h"
+#include "samples/manifest.h"
 #include "samples/op_samples.h"
 
 namespace kiln::autograd {
@@ -14,23 +15,8 @@ namespace {
 
 using formula_check::formula_evals;
 
-// A deep copy of a stack (in-place ops mutate their inputs).
-Stack clone_stack(const Stack& s) {
-  Stack out;
-  for (const IValue& v : s) {
-    if (v.is_tensor()) {
-      out.emplace_back(v.to_tensor().clone());
-    } else if (v.is_tensor_list()) {
-      std::vector<Tensor> ts;
-      for (const Tensor& t : v.to_tensor_list()) ts.push_back(t.clone());
-      out.emplace_back(std::move(ts));
-    } else {
-      out.push_back(v);
-    }
-  }
-  return out;
-}
-
+using testing::clone_stack;  // a deep copy (in-place ops mutate their inputs)
+using testing::outputs_of;
 
 // The k-th tensor of a stack (lists flattened), by reference into the stack.
 Tensor* tensor_at(Stack& s, size_t k) {
@@ -49,13 +35,7 @@ Tensor* tensor_at(Stack& s, size_t k) {
 std::vector<Tensor> call(OperatorHandle& op, const Stack& in) {
   Stack s = clone_stack(in);
   op.call_boxed(s);
-  std::vector<Tensor> out;
-  for (const IValue& v : s) {
-    if (v.is_tensor()) out.push_back(v.to_tensor());
-    if (v.is_tensor_list())
-      for (const Tensor& t : v.to_tensor_list()) out.push_back(t);
-  }
-  return out;
+  return outputs_of(s);
 }
 
 // The samples a row's formulas are checked on: its own, those of its in-place and .out variants
