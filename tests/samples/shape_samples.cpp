@@ -35,7 +35,7 @@ KILN_OP_SAMPLES("tril", tril_s) {
 }
 KILN_OP_SAMPLES("tril_", tril_inplace_s) { return S{{random({3, 4}), i64(1)}}; }
 KILN_OP_SAMPLES("tril.out", tril_out_s) { return S{{random({3, 4}), i64(0), random({0})}}; }
-KILN_OP_SAMPLES("triu", triu_s) { return S{{random({4, 3}, kInt64), i64(1)}}; }
+KILN_OP_SAMPLES("triu", triu_s) { return S{{random({4, 3}, kInt64), i64(1)}, {random({3, 4}), i64(-1)}}; }
 KILN_OP_SAMPLES("triu_", triu_inplace_s) { return S{{non_contiguous(random({3, 3})), i64(0)}}; }
 KILN_OP_SAMPLES("triu.out", triu_out_s) { return S{{random({2, 3}), i64(-1), random({2, 3})}}; }
 
@@ -54,7 +54,8 @@ KILN_OP_SAMPLES("scatter_", scatter_inplace_s) {
   return S{{random({3, 4}), i64(0), idx({2, 0, 1}, {1, 3}), random({1, 3})}};
 }
 KILN_OP_SAMPLES("scatter_add", scatter_add_s) {
-  return S{{random({3, 4}, kInt32), i64(1), idx({0, 0, 1, 3}, {2, 2}), random({2, 2}, kInt32)}};
+  return S{{random({3, 4}, kInt32), i64(1), idx({0, 0, 1, 3}, {2, 2}), random({2, 2}, kInt32)},
+           {random({3, 4}), i64(0), idx({2, 0, 1, 2}, {2, 2}), random({2, 3})}};
 }
 KILN_OP_SAMPLES("scatter_add_", scatter_add_inplace_s) {
   return S{{random({3, 2}), i64(0), idx({2, 2}, {1, 2}), random({1, 2})}};
@@ -63,7 +64,7 @@ KILN_OP_SAMPLES("masked_fill", masked_fill_s) {
   return S{{random({2, 3}), mask23(), Scalar(0.5)}, {random({3}), mask23(), Scalar(1)}};
 }
 KILN_OP_SAMPLES("masked_fill_", masked_fill_inplace_s) {
-  return S{{random({2, 3}), mask23(), Scalar(-1.0)}};
+  return S{{random({2, 3}), mask23(), Scalar(1.0)}};  // 1 fits every claimed dtype
 }
 KILN_OP_SAMPLES("one_hot", one_hot_s) {
   return S{{idx({0, 2, 1}, {3}), i64(4)}, {idx({1, 0}, {2, 1}), i64(2)}};
