@@ -36,7 +36,7 @@ const char* status_name(Status s);
 
 struct Outcome {
   Status status = Status::Ok;
-  std::string detail;  // why, for Missing and Failed
+  std::string detail;       // why, for Missing and Failed
   bool documented = false;  // Untested for a reason of Note [Untested cells]
   static Outcome ok() { return {}; }
   static Outcome failed(std::string why) { return {Status::Failed, std::move(why)}; }

@@ -55,7 +55,8 @@ std::vector<ManifestRow> read_manifest() {
   };
   std::vector<ManifestRow> rows;
   for (const Raw& r : raw) {
-    ManifestRow row{r.name, &Dispatcher::get().find_or_throw(r.name), r.kind == OpKind::Composite, {}};
+    ManifestRow row{
+        r.name, &Dispatcher::get().find_or_throw(r.name), r.kind == OpKind::Composite, {}};
     row.claims[static_cast<int>(Backend::CPU)] = r.dtypes.cpu.to_vector();
     row.claims[static_cast<int>(Backend::CUDA)] = r.dtypes.cuda.to_vector();
     row.claims[static_cast<int>(Backend::Meta)] = r.dtypes.meta.to_vector();

@@ -51,14 +51,16 @@ std::vector<std::string> manifest_names();
 // version in D.
 //
 // Note [Variant dtypes]: the variants of a functional op F follow F's type promotion, as
-// PyTorch's do: an out= variant's `out` tensor is no data (it never makes a sample floating) and in D it
-// takes F's result dtype on the sample's inputs in D (exp.out writes an int32 input's exp into a
-// float32 `out`). An in-place variant writes F's result into self, so it claims D only where
-// F's result on the sample in D (functional_result_dtype) can be cast to D by torch.can_cast's
-// rule (no floating -> integral, no non-bool -> bool): exp_ on an integer tensor cannot hold its
-// float result (eager CPU refuses it, as PyTorch does), while eq_ and logical_not_ on a float
-// tensor can hold their bool one. The generated variant row inherits F's claims; the driver
-// counts a cell F's result cannot fit as not claimed (tests/conformance/driver.cpp, run()).
+// PyTorch's do. An out= variant's `out` tensor is no data (it never makes a sample floating);
+// in D it takes F's result dtype on the sample's inputs in D (exp.out writes an int32 input's
+// exp into a float32 `out`). An in-place variant writes F's result into self, so it claims D
+// only where F's result on the sample in D (functional_result_dtype) can be cast to D by
+// torch.can_cast's rule (no floating -> integral, no non-bool -> bool): exp_ on an integer
+// tensor cannot hold its float result (eager CPU refuses it, as PyTorch does), while eq_ and
+// logical_not_ on a float tensor can hold their bool one. The generated variant row inherits
+// F's claims; the driver counts a cell F's result cannot fit as not claimed
+// (tests/conformance/driver.cpp, run()). An out= sample whose inputs are all integer counts for
+// their dtype only, so with_out (pointwise_samples.cpp) gives it a float32 companion.
 std::optional<Stack> sample_in_dtype(const Stack& sample, ScalarType d, const OpInfo& info);
 
 // For an in-place ("exp_", "round_.decimals") or out= ("exp.out") variant: the dtype of the

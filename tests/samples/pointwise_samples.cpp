@@ -18,7 +18,8 @@ S with_out(S s) {
   S out;
   for (Stack st : s) {
     bool floating = false;
-    for (const IValue& v : st) floating = floating || (v.is_tensor() && is_floating(v.to_tensor().dtype()));
+    for (const IValue& v : st)
+      floating = floating || (v.is_tensor() && is_floating(v.to_tensor().dtype()));
     if (!floating) {
       Stack companion;
       double offset = 0.25;
