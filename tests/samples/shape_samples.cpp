@@ -1,5 +1,5 @@
-// Manifest samples for shape.toml, indexing.toml and linalg.toml (run on every path by the
-// conformance driver, tests/conformance).
+// Manifest samples for shape.toml, indexing.toml, linalg.toml and comm.toml's wait_tensor (run
+// on every path by the conformance driver, tests/conformance).
 #include "samples/op_samples.h"
 #include "samples/util.h"
 
@@ -38,6 +38,10 @@ KILN_OP_SAMPLES("tril.out", tril_out_s) { return S{{random({3, 4}), i64(0), rand
 KILN_OP_SAMPLES("triu", triu_s) { return S{{random({4, 3}, kInt64), i64(1)}, {random({3, 4}), i64(-1)}}; }
 KILN_OP_SAMPLES("triu_", triu_inplace_s) { return S{{non_contiguous(random({3, 3})), i64(0)}}; }
 KILN_OP_SAMPLES("triu.out", triu_out_s) { return S{{random({2, 3}), i64(-1), random({2, 3})}}; }
+
+// ---- comm.toml: wait_tensor needs no process group (an alias of its input in eager mode), so
+// its sample lives here, where the GPU-only build's kiln_gpu_tests has it (it claims CUDA).
+KILN_OP_SAMPLES("wait_tensor", wait_tensor_s) { return S{{random({2, 3})}}; }
 
 // ---- indexing.toml
 KILN_OP_SAMPLES("index_select", index_select_s) {

@@ -43,6 +43,5 @@ KILN_OP_SAMPLES("all_to_all_single", all_to_all_s) {
   return S{{random({4, 2}), IValue(Ints{}), IValue(Ints{}), local_group()},
            {random({3, 2}), IValue(Ints{3}), IValue(Ints{3}), local_group()}};
 }
-KILN_OP_SAMPLES("wait_tensor", wait_tensor_s) { return S{{random({2, 3})}}; }
 
 }  // namespace kiln::testing
