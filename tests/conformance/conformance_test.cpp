@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "conformance/driver.h"
+#include "samples/util.h"
 
 namespace kiln::conformance {
 namespace {
@@ -80,6 +81,50 @@ TEST(Conformance, DriverSeesDisagreementsAndMissingKernels) {
               static_cast<int>(testing::manifest_row(op)->claimed(testing::Backend::CPU).size()))
         << op;
   }
+}
+
+// A path that runs nothing, for a reason that is a gap or one of Note [Untested cells].
+class SkipsPath : public OffByOnePath {
+ public:
+  std::string name() const override { return "Skips"; }
+  Outcome run(const Case&) const override { return Outcome::skipped("never runs"); }
+};
+KILN_CONFORMANCE_PATH(SkipsPath);
+
+class NothingToComparePath : public OffByOnePath {
+ public:
+  std::string name() const override { return "NothingToCompare"; }
+  Outcome run(const Case&) const override { return Outcome::nothing_to_compare("data-dependent"); }
+};
+KILN_CONFORMANCE_PATH(NothingToComparePath);
+
+// See Note [Untested cells]: an untested cell is a problem unless its reason is documented.
+TEST(Conformance, UntestedCellsAreGapsUnlessDocumented) {
+  Matrix gap = run({.paths = {"Skips"}, .op = "exp"});
+  EXPECT_EQ(gap.rows[0].cells[1][8].status, Status::Untested);
+  EXPECT_FALSE(gap.problems().empty());
+  Matrix documented = run({.paths = {"NothingToCompare"}, .op = "exp"});
+  EXPECT_EQ(documented.rows[0].cells[1][8].status, Status::Untested);
+  EXPECT_TRUE(documented.problems().empty());
+  EXPECT_EQ(documented.count_documented(1), documented.count(1, Status::Untested));
+}
+
+// See Note [Variant dtypes]: exp_ cannot hold its float result in int64 (not claimed), eq_ can
+// hold its bool one in float32, and exp.out writes an int32 input's float result.
+TEST(Conformance, VariantsFollowTheirFunctionalOp) {
+  auto cpu_cell = [](const char* op, int dtype) {
+    return run({.paths = {"Meta"}, .op = op}).rows.at(0).cells[0][dtype].status;
+  };
+  EXPECT_EQ(cpu_cell("exp_", 5), Status::NotClaimed);  // int64
+  EXPECT_EQ(cpu_cell("exp_", 8), Status::Ok);          // float32
+  EXPECT_EQ(cpu_cell("eq_", 8), Status::Ok);
+  EXPECT_EQ(cpu_cell("exp.out", 4), Status::Ok);  // int32
+  const OpInfo& info = Dispatcher::get().find_or_throw("exp.out").info();
+  std::optional<Stack> s =
+      testing::sample_in_dtype({testing::random({3}), testing::random({0})}, kInt32, info);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ((*s)[0].to_tensor().dtype(), kInt32);
+  EXPECT_EQ((*s)[1].to_tensor().dtype(), kFloat32);
 }
 
 }  // namespace

@@ -121,11 +121,20 @@ std::string no_kernel(const testing::ManifestRow& row, DispatchKey key, testing:
   return "";
 }
 
+// Whether an in-place op may write a result of dtype `from` into a self of dtype `to`: PyTorch's
+// torch.can_cast, the rule eager CPU applies (no floating -> integral, no non-bool -> bool).
+// See Note [Variant dtypes].
+bool result_fits(ScalarType from, ScalarType to) {
+  if (is_floating(from) && !is_floating(to)) return false;
+  return from == kBool || to != kBool;
+}
+
 // A cell while the samples run.
 struct Tally {
   bool claimed = false;
   int ran = 0;
   std::string missing, failed, skipped;
+  bool skipped_documented = true;  // every skip so far had a reason of Note [Untested cells]
 };
 
 void note(Tally& t, const Outcome& o, const std::string& where) {
@@ -136,7 +145,9 @@ void note(Tally& t, const Outcome& o, const std::string& where) {
   } else if (o.status == Status::Failed) {
     if (t.failed.empty()) t.failed = where + ": " + o.detail;
   } else if (o.status == Status::Untested) {
-    if (t.skipped.empty()) t.skipped = where + ": " + o.detail;
+    if (t.skipped.empty() || (t.skipped_documented && !o.documented))
+      t.skipped = where + ": " + o.detail;
+    t.skipped_documented = t.skipped_documented && o.documented;
   }
 }
 
@@ -145,8 +156,9 @@ Cell finish(const Tally& t, const std::string& unavailable) {
   if (!t.missing.empty()) return {Status::Missing, t.ran, t.missing};
   if (!t.failed.empty()) return {Status::Failed, t.ran, t.failed};
   if (t.ran > 0) return {Status::Ok, t.ran, ""};
-  if (!unavailable.empty()) return {Status::Untested, 0, unavailable};
-  return {Status::Untested, 0, t.skipped.empty() ? "no sample in this dtype" : t.skipped};
+  if (!unavailable.empty()) return {Status::Untested, 0, unavailable, true};
+  if (t.skipped.empty()) return {Status::Untested, 0, "no sample in this dtype", false};
+  return {Status::Untested, 0, t.skipped, t.skipped_documented};
 }
 
 }  // namespace
@@ -239,7 +251,7 @@ Outcome run_on_device(const Case& c, Device device) {
 Outcome outcome_of_error(const std::string& path, const Error& e) {
   if (e.kind() == ErrorKind::NotImplemented &&
       std::string(e.what()).find("data-dependent output shape") != std::string::npos)
-    return Outcome::skipped(std::string("nothing to compare: ") + e.what());
+    return Outcome::nothing_to_compare(std::string("nothing to compare: ") + e.what());
   if (is_missing_kernel(e)) return Outcome::missing(e.what());
   return Outcome::failed(path + " raised where eager CPU did not: " + e.what());
 }
@@ -250,7 +262,8 @@ std::vector<Matrix::Problem> Matrix::problems() const {
     for (size_t p = 0; p < paths.size(); ++p)
       for (int d = 0; d < kMatrixDtypes; ++d) {
         const Cell& c = r.cells[p][d];
-        if (c.status == Status::Missing || c.status == Status::Failed)
+        if (c.status == Status::Missing || c.status == Status::Failed ||
+            (c.status == Status::Untested && !c.documented))
           out.push_back({r.op, paths[p], matrix_dtypes()[d], c.status, c.detail});
       }
   return out;
@@ -260,6 +273,13 @@ int Matrix::count(size_t path, Status s) const {
   int n = 0;
   for (const Row& r : rows)
     for (const Cell& c : r.cells[path]) n += c.status == s;
+  return n;
+}
+
+int Matrix::count_documented(size_t path) const {
+  int n = 0;
+  for (const Row& r : rows)
+    for (const Cell& c : r.cells[path]) n += c.status == Status::Untested && c.documented;
   return n;
 }
 
@@ -304,13 +324,27 @@ Matrix run(const Options& opt) {
         any_claim = any_claim || tally[col][d].claimed;
       if (!any_claim) continue;
       // The samples in this dtype, and each again with its data laid out non-contiguously.
+      // An in-place variant's sample whose functional result self cannot hold is no sample of
+      // it; with no other, the variant does not claim the dtype (Note [Variant dtypes]).
       std::vector<std::pair<std::string, Stack>> cases;
+      bool promoted = false;
       for (size_t si = 0; si < samples.size(); ++si) {
         std::optional<Stack> s = testing::sample_in_dtype(samples[si], dtypes[d], op.info());
         if (!s) continue;
+        if (op.info().is_inplace) {
+          const std::optional<ScalarType> r = testing::functional_result_dtype(op.info(), *s);
+          if (r && !result_fits(*r, dtypes[d])) {
+            promoted = true;
+            continue;
+          }
+        }
         cases.emplace_back("sample " + std::to_string(si), *s);
         if (std::optional<Stack> nc = testing::non_contiguous_variant(*s))
           cases.emplace_back("sample " + std::to_string(si) + " (non-contiguous)", *nc);
+      }
+      if (cases.empty() && promoted) {
+        for (size_t col = 0; col < m.paths.size(); ++col) tally[col][d].claimed = false;
+        continue;
       }
       for (size_t si = 0; si < cases.size(); ++si) {
         const std::string& where = cases[si].first;
@@ -324,14 +358,23 @@ Matrix run(const Options& opt) {
           if (tally[0][d].claimed) note(tally[0][d], Outcome::ok(), where);
         } catch (const Error& e) {
           // Eager CPU refusing the sample in this dtype is a missing kernel; other errors (the
-          // sample outside what the op accepts in this dtype) leave nothing to compare.
+          // sample outside what the op accepts in this dtype) leave nothing to compare. Either
+          // way the other paths have no reference: untested, a gap (See Note [Untested cells]),
+          // as where a GPU-only build lacks the CPU kernel.
           cpu_ran = false;
-          const Outcome o = is_missing_kernel(e)
-                                ? Outcome::missing(e.what())
-                                : Outcome::skipped(std::string("eager CPU raised: ") + e.what());
-          for (size_t col = 0; col < m.paths.size(); ++col)
-            if (tally[col][d].claimed && (col == 0 || o.status == Status::Untested))
-              note(tally[col][d], o, where);
+          const bool missing = is_missing_kernel(e);
+          for (size_t col = 0; col < m.paths.size(); ++col) {
+            if (!tally[col][d].claimed) continue;
+            if (col == 0 && missing) {
+              note(tally[col][d], Outcome::missing(e.what()), where);
+            } else {
+              note(tally[col][d],
+                   Outcome::skipped(
+                       std::string(missing ? "no eager CPU reference: " : "eager CPU raised: ") +
+                       e.what()),
+                   where);
+            }
+          }
         }
         if (!cpu_ran) continue;
         const std::vector<Call> calls = row.composite
@@ -380,9 +423,11 @@ void print_summary(std::ostream& os, const Matrix& m) {
   os << "summary (cells: op x dtype):\n";
   for (size_t p = 0; p < m.paths.size(); ++p) {
     os << "  " << std::left << std::setw(8) << m.paths[p] << std::right;
-    for (Status s :
-         {Status::Ok, Status::Failed, Status::Missing, Status::Untested, Status::NotClaimed})
-      os << "  " << status_name(s) << " " << m.count(p, s);
+    const int documented = m.count_documented(p);
+    os << "  ok " << m.count(p, Status::Ok) << "  failed " << m.count(p, Status::Failed)
+       << "  missing " << m.count(p, Status::Missing) << "  untested "
+       << m.count(p, Status::Untested) - documented << "  untested, documented " << documented
+       << "  not claimed " << m.count(p, Status::NotClaimed);
     if (!m.unavailable[p].empty()) os << "  (not run here: " << m.unavailable[p] << ")";
     os << "\n";
   }

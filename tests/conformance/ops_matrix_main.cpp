@@ -4,11 +4,12 @@
 //   kiln_ops_matrix                       # the table, the problems, the summary
 //   kiln_ops_matrix --summary             # the problems and the summary only
 //   kiln_ops_matrix --path Meta --op mm   # some paths, one op
-//   kiln_ops_matrix --problems            # machine-readable:
-//   status<TAB>path<TAB>op<TAB>dtype<TAB>why kiln_ops_matrix --cells               # the same for
-//   every claimed cell
+//   kiln_ops_matrix --problems            # machine-readable, one line per problem:
+//                                         #   status<TAB>path<TAB>op<TAB>dtype<TAB>why
+//   kiln_ops_matrix --cells               # the same for every claimed cell
 // Exit status: 0 when every claim holds; 1 when a row claims a path and dtype with no kernel
-// (missing) or a path disagreed with eager CPU (failed); 2 on bad arguments.
+// (missing), a path disagreed with eager CPU (failed), or a claim went untested for a reason
+// other than those of Note [Untested cells] (driver.h); 2 on bad arguments.
 #include <cstring>
 #include <iostream>
 

@@ -36,11 +36,15 @@ const char* status_name(Status s);
 
 struct Outcome {
   Status status = Status::Ok;
-  std::string detail;  // why, for Missing and Failed
+  std::string detail;       // why, for Missing and Failed
+  bool documented = false;  // Untested for a reason of Note [Untested cells]
   static Outcome ok() { return {}; }
   static Outcome failed(std::string why) { return {Status::Failed, std::move(why)}; }
   static Outcome missing(std::string why) { return {Status::Missing, std::move(why)}; }
   static Outcome skipped(std::string why) { return {Status::Untested, std::move(why)}; }
+  static Outcome nothing_to_compare(std::string why) {
+    return {Status::Untested, std::move(why), true};
+  }
   static Outcome failed_unless(std::string why) {
     return why.empty() ? ok() : failed(std::move(why));
   }

@@ -55,7 +55,8 @@ std::vector<ManifestRow> read_manifest() {
   };
   std::vector<ManifestRow> rows;
   for (const Raw& r : raw) {
-    ManifestRow row{r.name, &Dispatcher::get().find_or_throw(r.name), r.kind == OpKind::Composite, {}};
+    ManifestRow row{
+        r.name, &Dispatcher::get().find_or_throw(r.name), r.kind == OpKind::Composite, {}};
     row.claims[static_cast<int>(Backend::CPU)] = r.dtypes.cpu.to_vector();
     row.claims[static_cast<int>(Backend::CUDA)] = r.dtypes.cuda.to_vector();
     row.claims[static_cast<int>(Backend::Meta)] = r.dtypes.meta.to_vector();
@@ -83,14 +84,82 @@ std::vector<std::string> manifest_names() {
   return names;
 }
 
+namespace {
+
+// The index of an out= variant's `out` argument in its sample; -1 for other ops.
+int out_index(const OpInfo& info, const Stack& sample) {
+  if (!info.is_out) return -1;
+  for (int i = 0; i < info.num_args && i < static_cast<int>(sample.size()); ++i)
+    if (info.args[i].is_mutable && sample[i].is_tensor()) return i;
+  return -1;
+}
+
+// "exp_" -> "exp", "round_.decimals" -> "round.decimals", "exp.out" -> "exp"; "" otherwise.
+std::string functional_name(const OpInfo& info) {
+  const std::string name = info.name;
+  if (info.is_out) {
+    const size_t dot = name.rfind(".out");
+    return dot != std::string::npos && dot + 4 == name.size() ? name.substr(0, dot) : "";
+  }
+  if (!info.is_inplace) return "";
+  const size_t dot = name.find('.');
+  const std::string base = name.substr(0, dot);
+  if (base.empty() || base.back() != '_') return "";
+  return base.substr(0, base.size() - 1) + (dot == std::string::npos ? "" : name.substr(dot));
+}
+
+// A dataless Meta tensor with t's dtype and layout.
+Tensor to_meta(const Tensor& t) {
+  if (!t.defined()) return t;
+  auto storage = Storage::create_dataless(t.impl()->storage()->nbytes(), Device(DeviceType::Meta));
+  Tensor m(TensorImpl::make(storage, t.dtype(), t.sizes(), t.strides(), t.storage_offset()));
+  m.impl()->set_wrapped_number(t.impl()->is_wrapped_number());
+  return m;
+}
+
+}  // namespace
+
+// See Note [Sample dtypes].
+std::optional<ScalarType> functional_result_dtype(const OpInfo& info, const Stack& sample) {
+  const std::string fname = functional_name(info);
+  const OperatorHandle* f = fname.empty() ? nullptr : Dispatcher::get().find(fname);
+  if (f == nullptr) return std::nullopt;
+  const int out = out_index(info, sample);
+  Stack s;
+  for (int i = 0; i < static_cast<int>(sample.size()); ++i) {
+    const IValue& v = sample[i];
+    if (i == out) continue;
+    if (v.is_tensor()) {
+      s.emplace_back(to_meta(v.to_tensor()));
+    } else if (v.is_tensor_list()) {
+      std::vector<Tensor> ts;
+      for (const Tensor& t : v.to_tensor_list()) ts.push_back(to_meta(t));
+      s.emplace_back(std::move(ts));
+    } else {
+      s.push_back(v);
+    }
+  }
+  try {
+    f->call_boxed(s);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  const std::vector<Tensor> outs = outputs_of(s);
+  if (outs.empty() || !outs[0].defined()) return std::nullopt;
+  return outs[0].dtype();
+}
+
 // See Note [Sample dtypes].
 std::optional<Stack> sample_in_dtype(const Stack& sample, ScalarType d, const OpInfo& info) {
   auto data = [](const Tensor& t) {
     return is_floating(t.dtype()) && !t.impl()->is_wrapped_number();
   };
+  const int out = out_index(info, sample);
   std::optional<ScalarType> first;
   bool any_floating = false;
-  for (const IValue& v : sample) {
+  for (int i = 0; i < static_cast<int>(sample.size()); ++i) {
+    const IValue& v = sample[i];
+    if (i == out) continue;
     if (v.is_tensor()) {
       if (!first) first = v.to_tensor().dtype();
       any_floating = any_floating || data(v.to_tensor());
@@ -104,32 +173,33 @@ std::optional<Stack> sample_in_dtype(const Stack& sample, ScalarType d, const Op
   if (!first) {  // a factory: its dtype argument
     for (int i = 0; i < info.num_args && i < static_cast<int>(sample.size()); ++i) {
       if (info.args[i].role != ArgRole::Dtype) continue;
-      Stack out = sample;
-      out[i] = d;
-      return out;
+      Stack result = sample;
+      result[i] = d;
+      return result;
     }
     return std::nullopt;
   }
-  if (!any_floating) {
-    if (*first == d) return sample;
-    return std::nullopt;
-  }
+  if (!any_floating && *first != d) return std::nullopt;
   auto cast = [&](const Tensor& t) {
     return data(t) && t.dtype() != d ? copy_tensor(t, d, t.device()) : t;
   };
-  Stack out;
+  Stack result;
   for (const IValue& v : sample) {
     if (v.is_tensor()) {
-      out.emplace_back(cast(v.to_tensor()));
+      result.emplace_back(cast(v.to_tensor()));
     } else if (v.is_tensor_list()) {
       std::vector<Tensor> ts;
       for (const Tensor& t : v.to_tensor_list()) ts.push_back(cast(t));
-      out.emplace_back(std::move(ts));
+      result.emplace_back(std::move(ts));
     } else {
-      out.push_back(v);
+      result.push_back(v);
     }
   }
-  return out;
+  if (std::optional<ScalarType> r; out >= 0 && (r = functional_result_dtype(info, result))) {
+    const Tensor& o = result[out].to_tensor();
+    result[out] = IValue(copy_tensor(o, *r, o.device()));
+  }
+  return result;
 }
 
 std::optional<Stack> non_contiguous_variant(const Stack& sample) {

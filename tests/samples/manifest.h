@@ -49,7 +49,25 @@ std::vector<std::string> manifest_names();
 // argument set to D. So samples are written once, in float32 unless the op needs otherwise,
 // and the driver runs them in every dtype a row claims. Returns nullopt where the sample has no
 // version in D.
+//
+// Note [Variant dtypes]: the variants of a functional op F follow F's type promotion, as
+// PyTorch's do. An out= variant's `out` tensor is no data (it never makes a sample floating);
+// in D it takes F's result dtype on the sample's inputs in D (exp.out writes an int32 input's
+// exp into a float32 `out`). An in-place variant writes F's result into self, so it claims D
+// only where F's result on the sample in D (functional_result_dtype) can be cast to D by
+// torch.can_cast's rule (no floating -> integral, no non-bool -> bool): exp_ on an integer
+// tensor cannot hold its float result (eager CPU refuses it, as PyTorch does), while eq_ and
+// logical_not_ on a float tensor can hold their bool one. The generated variant row inherits
+// F's claims; the driver counts a cell F's result cannot fit as not claimed
+// (tests/conformance/driver.cpp, run()). An out= sample whose inputs are all integer counts for
+// their dtype only, so with_out (pointwise_samples.cpp) gives it a float32 companion.
 std::optional<Stack> sample_in_dtype(const Stack& sample, ScalarType d, const OpInfo& info);
+
+// For an in-place ("exp_", "round_.decimals") or out= ("exp.out") variant: the dtype of the
+// first result of its functional op ("exp", "round.decimals") on `sample`'s inputs (the out=
+// tensor dropped), computed on Meta. nullopt for other ops, or when the functional op is absent
+// or raises.
+std::optional<ScalarType> functional_result_dtype(const OpInfo& info, const Stack& sample);
 
 // The sample with each floating tensor of more than one element (wrapped numbers aside) laid out
 // non-contiguously (same values); nullopt when no such tensor was contiguous.

@@ -24,16 +24,18 @@ KILN_OP_SAMPLES("scatter.value", scatter_value_s) {
       {non_contiguous(random({2, 3}, kFloat32, -2, 2, 3)), i64(-1), idx({}, {0, 2}), Scalar(1)}};
 }
 KILN_OP_SAMPLES("scatter_.value", scatter_value_inplace_s) {
-  return S{{random({3, 4}, kFloat32, -2, 2, 4), i64(0), idx({2, 0, 1}, {1, 3}), Scalar(-1.5)}};
+  // 1.5 fits every claimed dtype (uint8 cannot hold a negative value).
+  return S{{random({3, 4}, kFloat32, -2, 2, 4), i64(0), idx({2, 0, 1}, {1, 3}), Scalar(1.5)}};
 }
 
 // ---- pointwise.toml, unary.toml
 KILN_OP_SAMPLES("floor_divide", floor_divide_s) {
-  return S{{random({2, 3}, kFloat32, -2, 2, 5), random({3}, kFloat32, 0.5, 2, 6)},
+  // Divisors in [1, 3) stay non-zero cast to an integer dtype; dividends in [0, 5) fit uint8.
+  return S{{random({2, 3}, kFloat32, 0, 5, 5), random({3}, kFloat32, 1, 3, 6)},
            {random({4}, kInt32, -5, 5, 7), scalar_to_tensor(Scalar(2))}};
 }
 KILN_OP_SAMPLES("floor_divide_", floor_divide_inplace_s) {
-  return S{{non_contiguous(random({2, 3}, kFloat32, -2, 2, 8)), random({3}, kFloat32, 0.5, 2, 9)}};
+  return S{{non_contiguous(random({2, 3}, kFloat32, 0, 5, 8)), random({3}, kFloat32, 1, 3, 9)}};
 }
 KILN_OP_SAMPLES("round.decimals", round_decimals_s) {
   return S{{random({2, 3}), i64(2)},

@@ -1,6 +1,7 @@
 // Manifest samples for the pointwise ops (pointwise.toml, unary.toml), including the generated
 // in-place ("sub_") and out= ("sub.out") variants. Each sample is a boxed argument list.
 #include "samples/op_samples.h"
+#include "samples/manifest.h"
 #include "samples/util.h"
 
 namespace kiln::testing {
@@ -9,10 +10,34 @@ namespace {
 using S = std::vector<Stack>;
 const IValue kNone;
 
-// Appends an empty out= tensor (resized by the op) to each sample.
+// Appends an empty out= tensor (resized by the op) to each sample. A sample whose inputs are all
+// integer counts for its own dtype only (Note [Sample dtypes]), so it gets a float32 companion:
+// each integer tensor plus 0.25 for the first, 0.375 for the next, ... (off the points where
+// floor, sign, fmod or a rounding div jump, so gradcheck stays smooth).
 S with_out(S s) {
-  for (Stack& st : s) st.push_back(random({0}));
-  return s;
+  S out;
+  for (Stack st : s) {
+    bool floating = false;
+    for (const IValue& v : st)
+      floating = floating || (v.is_tensor() && is_floating(v.to_tensor().dtype()));
+    if (!floating) {
+      Stack companion;
+      double offset = 0.25;
+      for (const IValue& v : st) {
+        if (v.is_tensor() && v.to_tensor().dtype() != kBool) {
+          companion.emplace_back(copy_tensor(v.to_tensor(), kFloat32, kCPU) + offset);
+          offset += 0.125;
+        } else {
+          companion.push_back(v);
+        }
+      }
+      companion.push_back(random({0}));
+      out.push_back(std::move(companion));
+    }
+    st.push_back(random({0}));
+    out.push_back(std::move(st));
+  }
+  return out;
 }
 
 // ---- unary
@@ -93,7 +118,7 @@ KILN_OP_SAMPLES("silu", silu_s) { return S{{random({2, 3})}, {random({4}, kFloat
 KILN_OP_SAMPLES("silu_", silu_inplace_s) { return S{{random({2, 3}, kFloat64)}}; }
 KILN_OP_SAMPLES("silu.out", silu_out_s) { return with_out(S{{random({3})}}); }
 KILN_OP_SAMPLES("logical_not", logical_not_s) { return S{{random({2, 3})}, {random({4}, kBool)}}; }
-KILN_OP_SAMPLES("logical_not_", logical_not_inplace_s) { return S{{random({2, 3}, kInt32)}}; }
+KILN_OP_SAMPLES("logical_not_", logical_not_inplace_s) { return S{{random({2, 3}, kInt32)}, {random({3, 2})}}; }
 KILN_OP_SAMPLES("logical_not.out", logical_not_out_s) { return with_out(S{{random({3})}}); }
 KILN_OP_SAMPLES("clamp", clamp_s) {
   return S{{random({2, 3}), Scalar(-0.5), Scalar(0.5)}, {random({4}, kInt32), Scalar(0.5), kNone},
@@ -221,7 +246,11 @@ KILN_OP_SAMPLES("div", div_s) {
 }
 KILN_OP_SAMPLES("div_", div_inplace_s) { return S{{non_contiguous(random({2, 3})), random({3}, kFloat32, 0.5, 2), kNone}}; }
 KILN_OP_SAMPLES("div.out", div_out_s) {
-  return with_out(S{{random({2, 3}, kInt64, 1, 9), random({3}, kInt64, 1, 3), "trunc"}, {random({3}, kInt64), random({3}, kInt64, 1, 3), kNone}});
+  // rounding_mode 'trunc' refuses bool tensors (as PyTorch does), so that sample has no float
+  // companion (which would be cast to bool) and counts for int64 only.
+  S s = with_out(S{{random({3}, kInt64), random({3}, kInt64, 1, 3), kNone}});
+  s.push_back({random({2, 3}, kInt64, 1, 9), random({3}, kInt64, 1, 3), "trunc", random({0})});
+  return s;
 }
 KILN_OP_SAMPLES("where", where_s) {
   return S{{random({2, 3}, kBool), random({3}), random({2, 1}, kFloat64)}, {random({4}, kBool), random({}, kInt32), random({}, kFloat64)}};

@@ -1,49 +1,12 @@
 // The collectives' op-table rows (tensor/ops/comm.toml) in one process: on a one-rank group, on
-// Meta, their errors and derivatives; and the manifest samples that put them through the
-// manifest, gradcheck, forward-AD and vmap suites.
+// Meta, their errors and derivatives. Their manifest samples are in
+// tests/samples/comm/comm_samples.cpp.
 #include "kiln/dist/process_group.h"
 #include "kiln/kiln.h"
-#include "samples/op_samples.h"
+#include "samples/comm/comm_samples.h"
 #include "test_util.h"
 
 namespace kiln::testing {
-namespace {
-
-using S = std::vector<Stack>;
-using Ints = std::vector<int64_t>;
-IValue str(const char* s) { return std::string(s); }
-IValue i64(int64_t v) { return v; }
-
-// A one-rank group shared by these tests and the samples.
-std::string local_group() {
-  try {
-    dist::find_group("local");
-  } catch (const Error&) {
-    dist::new_local_group("local");
-  }
-  return "local";
-}
-
-}  // namespace
-
-KILN_OP_SAMPLES("all_reduce", all_reduce_s) {
-  return S{{random({2, 3}), str("sum"), local_group()},
-           {non_contiguous(random({3, 2})), str("avg"), local_group()},
-           {random({0}), str("sum"), local_group()}};
-}
-KILN_OP_SAMPLES("all_gather_into_tensor", all_gather_s) {
-  return S{{random({2, 3}), i64(1), local_group()}, {random({}), i64(1), local_group()}};
-}
-KILN_OP_SAMPLES("reduce_scatter_tensor", reduce_scatter_s) {
-  return S{{random({4, 2}), str("sum"), i64(1), local_group()},
-           {random({3}), str("avg"), i64(1), local_group()}};
-}
-KILN_OP_SAMPLES("broadcast", broadcast_s) { return S{{random({3}), i64(0), local_group()}}; }
-KILN_OP_SAMPLES("all_to_all_single", all_to_all_s) {
-  return S{{random({4, 2}), IValue(Ints{}), IValue(Ints{}), local_group()},
-           {random({3, 2}), IValue(Ints{3}), IValue(Ints{3}), local_group()}};
-}
-KILN_OP_SAMPLES("wait_tensor", wait_tensor_s) { return S{{random({2, 3})}}; }
 
 TEST(DistFunctional, OneRankGroupIsIdentity) {
   const std::string g = local_group();
