@@ -7,9 +7,10 @@
 namespace kiln::testing {
 namespace {
 
+using namespace sample_args;
+
 using S = std::vector<Stack>;
 using Sizes = std::vector<int64_t>;
-const IValue kNone;
 
 KILN_OP_SAMPLES("scaled_dot_product_attention", sdpa_s) {
   return S{{random({2, 3, 5, 4}, kFloat32, -1, 1, 1), random({2, 3, 6, 4}, kFloat32, -1, 1, 2),

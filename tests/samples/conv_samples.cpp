@@ -6,11 +6,10 @@
 namespace kiln::testing {
 namespace {
 
+using namespace sample_args;
+
 using S = std::vector<Stack>;
 using Dims = std::vector<int64_t>;
-const IValue kNone;
-IValue i64(int64_t v) { return v; }
-IValue str(const char* s) { return std::string(s); }
 
 // ---- conv.toml
 KILN_OP_SAMPLES("convolution", convolution_s) {

@@ -5,8 +5,9 @@
 namespace kiln::testing {
 namespace {
 
+using namespace sample_args;
+
 using S = std::vector<Stack>;
-const IValue kNone;
 
 KILN_OP_SAMPLES("empty", empty_s) { return S{{std::vector<int64_t>{2, 3}, kNone, kNone}, {std::vector<int64_t>{0}, kInt64, kNone}}; }
 KILN_OP_SAMPLES("empty_strided", empty_strided_s) {

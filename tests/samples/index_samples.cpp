@@ -7,17 +7,11 @@
 namespace kiln::testing {
 namespace {
 
+using namespace sample_args;
+
 using S = std::vector<Stack>;
 using Ts = std::vector<Tensor>;
 using Ints = std::vector<int64_t>;
-const IValue kNone;
-IValue i64(int64_t v) { return v; }
-Tensor idx(const Ints& v, IntArrayRef sizes) { return from_vector<int64_t>(v, sizes); }
-Tensor mask(const std::vector<bool>& v, IntArrayRef sizes) {
-  Tensor t = empty_on(sizes, kBool, kCPU);
-  for (size_t i = 0; i < v.size(); ++i) static_cast<bool*>(t.data_ptr())[i] = v[i];
-  return t;
-}
 
 // ---- indexing.toml
 KILN_OP_SAMPLES("index", index_s) {

@@ -7,9 +7,10 @@
 namespace kiln::testing {
 namespace {
 
+using namespace sample_args;
+
 using S = std::vector<Stack>;
 using Dims = std::vector<int64_t>;
-const IValue kNone;
 
 Tensor r(IntArrayRef sizes, uint32_t seed, double lo = -2, double hi = 2) {
   return random(sizes, kFloat32, lo, hi, seed);

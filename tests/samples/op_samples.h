@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kiln/ivalue.h"
+#include "samples/util.h"
 
 namespace kiln::testing {
 
@@ -27,6 +28,20 @@ inline int register_op_samples(const char* op, SampleFn fn) {
   op_sample_registry()[op] = fn;
   return 0;
 }
+
+// The shorthands the sample files share (`using namespace sample_args;` in a sample file):
+// a sample's None, int, string, int64 index and bool mask arguments.
+namespace sample_args {
+inline const IValue kNone;
+inline IValue i64(int64_t v) { return v; }
+inline IValue str(const char* s) { return std::string(s); }
+inline Tensor idx(const std::vector<int64_t>& v, IntArrayRef sizes) {
+  return from_vector<int64_t>(v, sizes);
+}
+inline Tensor mask(const std::vector<bool>& v, IntArrayRef sizes) {
+  return from_vector<bool>(v, sizes);
+}
+}  // namespace sample_args
 
 }  // namespace kiln::testing
 

@@ -8,13 +8,10 @@
 namespace kiln::testing {
 namespace {
 
+using namespace sample_args;
+
 using S = std::vector<Stack>;
 using Dims = std::vector<int64_t>;
-const IValue kNone;
-IValue i64(int64_t v) { return v; }
-Tensor idx(const std::vector<int64_t>& v, IntArrayRef sizes) {
-  return from_vector<int64_t>(v, sizes);
-}
 
 // ---- indexing.toml
 KILN_OP_SAMPLES("scatter.value", scatter_value_s) {

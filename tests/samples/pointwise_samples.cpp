@@ -7,8 +7,9 @@
 namespace kiln::testing {
 namespace {
 
+using namespace sample_args;
+
 using S = std::vector<Stack>;
-const IValue kNone;
 
 // Appends an empty out= tensor (resized by the op) to each sample. A sample whose inputs are all
 // integer counts for its own dtype only (Note [Sample dtypes]), so it gets a float32 companion:

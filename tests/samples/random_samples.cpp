@@ -5,9 +5,10 @@
 namespace kiln::testing {
 namespace {
 
+using namespace sample_args;
+
 using S = std::vector<Stack>;
 using Sizes = std::vector<int64_t>;
-const IValue kNone;
 
 KILN_OP_SAMPLES("rand", rand_s) {
   return S{{Sizes{2, 3}, kNone, kNone, kNone}, {Sizes{0, 4}, Generator(7), kFloat64, kNone}};

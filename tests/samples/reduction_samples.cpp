@@ -5,9 +5,10 @@
 namespace kiln::testing {
 namespace {
 
+using namespace sample_args;
+
 using S = std::vector<Stack>;
 using Dims = std::vector<int64_t>;
-const IValue kNone;
 
 KILN_OP_SAMPLES("sum", sum_s) {
   return S{{random({2, 3, 4}), kNone, false, kNone},

@@ -6,13 +6,10 @@
 namespace kiln::testing {
 namespace {
 
+using namespace sample_args;
+
 using S = std::vector<Stack>;
 using Ts = std::vector<Tensor>;
-const IValue kNone;
-IValue i64(int64_t v) { return v; }
-Tensor idx(const std::vector<int64_t>& v, IntArrayRef sizes) {
-  return from_vector<int64_t>(v, sizes);
-}
 Tensor mask23() { return from_vector<bool>({true, false, true, false, false, true}, {2, 3}); }
 
 // ---- shape.toml

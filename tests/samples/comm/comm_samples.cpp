@@ -10,10 +10,10 @@
 namespace kiln::testing {
 namespace {
 
+using namespace sample_args;
+
 using S = std::vector<Stack>;
 using Ints = std::vector<int64_t>;
-IValue str(const char* s) { return std::string(s); }
-IValue i64(int64_t v) { return v; }
 
 }  // namespace
 
