@@ -2,7 +2,6 @@
 // every row by its `batching` rule (Note [Batching rules] in batched.h). The rules of nn.toml,
 // loss.toml, conv.toml, pool.toml and attention.toml are in batched_rules_nn.cpp.
 #include <algorithm>
-#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <set>
@@ -335,22 +334,23 @@ Result index_rule(Call& c) {
 // ---- the per-example loop ----------------------------------------------------------------------
 
 std::mutex g_fallback_mutex;
-std::set<std::string>& fallback_ops() {
-  static std::set<std::string> s;
+std::set<const OperatorHandle*>& fallback_ops() {
+  static std::set<const OperatorHandle*> s;
   return s;
 }
 
 // Warned once per op and process; the recorded set can be cleared (tests), the warnings not.
-void note_fallback(const char* op) {
-  static std::set<std::string> warned;
+void note_fallback(const OperatorHandle& op) {
+  static std::set<const OperatorHandle*> warned;
   std::lock_guard<std::mutex> lock(g_fallback_mutex);
-  fallback_ops().insert(op);
-  if (warned.insert(op).second)
-    std::cerr << "vmap: no batching rule for " << op << "; using the slow per-example loop\n";
+  fallback_ops().insert(&op);
+  if (warned.insert(&op).second)
+    std::cerr << "vmap: no batching rule for " << op.name()
+              << "; using the slow per-example loop\n";
 }
 
 Stack per_example(Call& c) {
-  note_fallback(c.name());
+  note_fallback(c.op);
   if (c.info().is_inplace) check_inplace_self(c);
   KILN_CHECK(c.batch > 0, NotImplemented, "vmap: ", c.name(),
              " has no batching rule, and its per-example loop needs at least one example");
@@ -406,9 +406,7 @@ Result fallback_rule(Call&) { return std::nullopt; }
 
 // out= variants: the functional op (batched by its own rule), copied into `out`.
 Result out_variant(Call& c) {
-  std::string base = c.name();
-  base = base.substr(0, base.find('.'));
-  const OperatorHandle* f = Dispatcher::get().find(base);
+  const OperatorHandle* f = c.info().functional;
   const int out_i = c.info().num_args - 1;  // the generator appends out= last
   if (f == nullptr || out_i < 0) return std::nullopt;
   Stack args;
@@ -498,7 +496,9 @@ namespace kiln::func {
 
 std::vector<std::string> vmap_fallback_ops() {
   std::lock_guard<std::mutex> lock(autograd::g_fallback_mutex);
-  return {autograd::fallback_ops().begin(), autograd::fallback_ops().end()};
+  std::set<std::string> names;  // sorted by name, as before
+  for (const OperatorHandle* op : autograd::fallback_ops()) names.insert(op->name());
+  return {names.begin(), names.end()};
 }
 
 void clear_vmap_fallback_ops() {

@@ -3,7 +3,6 @@
 // loss.toml and attention.toml). Note [Batching rules] in kiln/autograd/batched.h.
 #pragma once
 
-#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,12 +32,8 @@ struct Call {
       if (info().args[i].role == role) return i;
     return -1;
   }
-  // By name: only in per-op code, for parameters that have no role (groups, eps, ...).
-  int index(const char* arg) const {
-    for (int i = 0; i < info().num_args; ++i)
-      if (std::strcmp(info().args[i].name, arg) == 0) return i;
-    return -1;
-  }
+  // Per-op code reads an argument without a role (groups, eps, ...) at its generated position,
+  // ops::X::kArg_<name> (Note [Argument positions] in tensor/ops/gen.py), after checking is<X>().
   // Whether this call is of the op `Op` (a handle of kiln::ops): per-op code without names.
   template <typename Op>
   bool is() const {
@@ -84,10 +79,6 @@ inline Tensor pad_after_batch(Tensor phys, int64_t rank) {
 inline Stack run(const OperatorHandle& op, Stack args) {
   op.call_boxed(args);
   return args;
-}
-
-inline Stack run(const char* op, Stack args) {
-  return run(Dispatcher::get().find_or_throw(op), std::move(args));
 }
 
 inline Stack wrap_outputs(const Call& c, Stack outs) {

@@ -20,8 +20,9 @@ static Stack decompose(Call& c) {
   return args;
 }
 
-static std::vector<int64_t> int_list(const Call& c, const char* arg) {
-  return c.args[c.index(arg)].get<std::vector<int64_t>>(arg);
+// The int[] argument at position `i` (ops::X::kArg_<name>).
+static std::vector<int64_t> int_list(const Call& c, int i) {
+  return c.args[i].get<std::vector<int64_t>>(c.info().args[i].name);
 }
 
 // `t` with the batch dim first, moved next to dim 1 and merged into it: (B, N, C, ..) ->
@@ -37,12 +38,16 @@ static Tensor fold_into_channels(const Call& c, const Tensor& t) {
 Result conv_rule(Call& c) {
   if (is_composite(c)) return decompose(c);
   if (c.batch == 0) return std::nullopt;
-  const int64_t B = c.batch, groups = c.args[c.index("groups")].to_int();
-  const std::vector<int64_t> stride = int_list(c, "stride"), padding = int_list(c, "padding"),
-                             dilation = int_list(c, "dilation");
+  const int64_t B = c.batch;
   if (c.is<ops::convolution_backward_weight>()) {
-    const Tensor &go = c.args[0].to_tensor(), &x = c.args[1].to_tensor();
-    std::vector<int64_t> ws = int_list(c, "weight_size");
+    using Op = ops::convolution_backward_weight;
+    const Tensor &go = c.args[Op::kArg_grad_output].to_tensor(),
+                 &x = c.args[Op::kArg_input].to_tensor();
+    const int64_t groups = c.args[Op::kArg_groups].to_int();
+    const std::vector<int64_t> stride = int_list(c, Op::kArg_stride),
+                               padding = int_list(c, Op::kArg_padding),
+                               dilation = int_list(c, Op::kArg_dilation);
+    std::vector<int64_t> ws = int_list(c, Op::kArg_weight_size);
     meta::convolution_backward_weight(go, x, ws, stride, padding, dilation, groups);
     const int64_t out_channels = ws[0];
     ws[0] *= B;
@@ -51,9 +56,15 @@ Result conv_rule(Call& c) {
                                           stride, padding, dilation, groups * B);
     return wrap_outputs(c, Stack{gw.unflatten(0, {B, out_channels})});
   }
-  const Tensor &x = c.args[0].to_tensor(), &w = c.args[1].to_tensor();
-  const bool transposed = c.args[c.index("transposed")].get<bool>("transposed");
-  const std::vector<int64_t> output_padding = int_list(c, "output_padding");
+  if (!c.is<ops::convolution>()) return std::nullopt;
+  using Op = ops::convolution;
+  const Tensor &x = c.args[Op::kArg_input].to_tensor(), &w = c.args[Op::kArg_weight].to_tensor();
+  const int64_t groups = c.args[Op::kArg_groups].to_int();
+  const std::vector<int64_t> stride = int_list(c, Op::kArg_stride),
+                             padding = int_list(c, Op::kArg_padding),
+                             dilation = int_list(c, Op::kArg_dilation),
+                             output_padding = int_list(c, Op::kArg_output_padding);
+  const bool transposed = c.args[Op::kArg_transposed].get<bool>("transposed");
   TensorSpec spec =
       meta::convolution(x, w, stride, padding, dilation, transposed, output_padding, groups);
   if (!c.batched(w)) {
@@ -79,9 +90,9 @@ Result pool_rule(Call& c) {
     if (t.dim() != rank || (rank != 3 && rank != 4)) return std::nullopt;  // the loop raises
     args[i] = rank == 4 ? front_or_expand(c, t).flatten(0, 1) : front_or_expand(c, t);
   }
-  const int size_i = c.index("self_size");
+  const int size_i = c.index(ArgRole::InputSize);  // the backward rows' self_size
   if (size_i >= 0) {
-    std::vector<int64_t> s = int_list(c, "self_size");
+    std::vector<int64_t> s = int_list(c, size_i);
     if (static_cast<int64_t>(s.size()) != rank) return std::nullopt;
     if (rank == 4)
       s[0] *= c.batch;
@@ -184,10 +195,15 @@ static Result norm_backward(Call& c) {
   if (group && x.dim() < 2) return std::nullopt;  // the loop raises the shape error
   const int w_i = c.index(ArgRole::Weight);
   const Tensor& w = c.args[w_i].to_tensor();
-  const double eps = c.args[c.index("eps")].to_double();
+  const double eps = c.args[group ? ops::_group_norm_backward::kArg_eps
+                                 : rms ? ops::_rms_norm_backward::kArg_eps
+                                       : ops::_layer_norm_backward::kArg_eps]
+                           .to_double();
   // the parameters' shape: (C,), or normalized_shape
   const std::vector<int64_t> ps =
-      group ? std::vector<int64_t>{x.size(1)} : int_list(c, "normalized_shape");
+      group ? std::vector<int64_t>{x.size(1)}
+            : int_list(c, rms ? ops::_rms_norm_backward::kArg_normalized_shape
+                              : ops::_layer_norm_backward::kArg_normalized_shape);
   Tensor one = kiln::ones(ps, x.dtype(), x.device());
   Tensor zero = kiln::zeros(ps, x.dtype(), x.device());
   Tensor gp = front_or_expand(c, g), xp = front_or_expand(c, x);  // (B, ..)
@@ -197,7 +213,7 @@ static Result norm_backward(Call& c) {
   Tensor xhat;
   std::vector<int64_t> dims;  // an example's dims summed for the weight and bias
   if (group) {  // (B, N, C, ..) -> (B * N, C, ..)
-    const int64_t G = c.args[c.index("num_groups")].to_int(), N = xp.size(1);
+    const int64_t G = c.args[ops::_group_norm_backward::kArg_num_groups].to_int(), N = xp.size(1);
     args[0] = gwp.flatten(0, 1);
     args[1] = xp.flatten(0, 1);
     xhat = kiln::_group_norm(xp.flatten(0, 1), G, one, zero, eps).unflatten(0, {c.batch, N});
@@ -269,14 +285,19 @@ Result rowwise_rule(Call& c) {
     return Stack{kiln::where(kiln::ne(scale, scalar_to_tensor(Scalar(0.0))), kiln::mul(x, scale),
                              scalar_to_tensor(Scalar(0.0)))};
   }
-  if ((c.is<ops::_fused_attention>() || c.is<ops::_fused_attention_backward>()) &&
-      c.args[c.index("dropout_p")].to_double() > 0)
+  if ((c.is<ops::_fused_attention>() &&
+       c.args[ops::_fused_attention::kArg_dropout_p].to_double() > 0) ||
+      (c.is<ops::_fused_attention_backward>() &&
+       c.args[ops::_fused_attention_backward::kArg_dropout_p].to_double() > 0))
     return std::nullopt;  // the loop: every example draws the mask of one (seed, offset)
-  const bool cross_entropy =
-      c.is<ops::cross_entropy_indices>() || c.is<ops::cross_entropy_indices_backward>();
-  const int input_i = c.index("input");
+  // cross_entropy and group_norm look at their input's rank (below)
+  int input_i = -1;
+  if (c.is<ops::cross_entropy_indices>()) input_i = ops::cross_entropy_indices::kArg_input;
+  if (c.is<ops::cross_entropy_indices_backward>())
+    input_i = ops::cross_entropy_indices_backward::kArg_input;
+  const bool cross_entropy = input_i >= 0, group_norm = c.is<ops::_group_norm>();
+  if (group_norm) input_i = ops::_group_norm::kArg_input;
   const int64_t rank = input_i >= 0 ? c.args[input_i].to_tensor().dim() : 0;
-  const bool group_norm = c.is<ops::_group_norm>();
   const bool merge_n = (cross_entropy && rank >= 2) || group_norm;  // (B, N, ..) -> (B * N, ..)
   if (cross_entropy && rank == 0) return std::nullopt;
   Stack args = c.args;

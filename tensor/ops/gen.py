@@ -56,6 +56,7 @@ ARG_ROLES = [
     ("Size", {"size", "shape"}, {"int[]"}),          # a whole shape
     ("Dims", {"dims"}, {"int[]"}),                   # a permutation of the dims
     ("Sizes", {"sizes", "split_sizes"}, {"int[]"}),  # sizes along one dim
+    ("InputSize", {"self_size", "input_size"}, {"int[]"}),  # a backward row's forward input shape
     ("Keepdim", {"keepdim"}, {"bool"}),
     ("Dtype", {"dtype"}, {"ScalarType", "ScalarType?"}),  # the output dtype
     ("Weight", {"weight"}, {"Tensor", "Tensor?"}),   # a parameter shared by every row
@@ -217,6 +218,8 @@ class Op:
         self.rets = list(sch["rets"])
         self.kind = row["kind"]
         self.base = base
+        # The handle of the row's functional op (OpInfo::functional of its inplace/out variants).
+        self.functional_handle = base + ("_" + sch["overload"] if sch["overload"] else "")
         if variant == "functional":
             self.name = base + ("." + sch["overload"] if sch["overload"] else "")
             self.cpp_name = base
@@ -576,6 +579,10 @@ def gen_handles(ops):
         p = op.params()
         H.append(f"// {op.schema}\nstruct {op.handle} {{")
         H.append(f"  static constexpr const char* kName = \"{op.name}\";")
+        # Note [Argument positions]: each argument's index on the boxed stack, so that per-op
+        # code (vmap's rules) reads an argument without looking its name up at every call.
+        for i, a in enumerate(op.args):
+            H.append(f"  static constexpr int kArg_{a.name} = {i};")
         H.append(f"  using Fn = {op.ret_cpp}({p});")
         if op.kind == "structured":
             fargs = [a for a in op.args if a.name != "out"] if op.variant == "out" else op.args
@@ -703,6 +710,9 @@ def gen_op_cpp(op, rules):
     deriv = r["derivative"] if isinstance(r["derivative"], str) else \
         "; ".join(f"{k}: {v}" for k, v in r["derivative"].items())
     esc = lambda s: s.replace("\\", "\\\\").replace('"', '\\"')
+    functional = "nullptr"
+    if op.variant != "functional":  # defined earlier in this file: the row's first op
+        functional = f"&g_op_{op.functional_handle}"
     L.append(f'static constexpr OpInfo kInfo_{h} = {{"{op.name}", "{esc(op.schema)}", '
              f'OpKind::{camel(op.kind)}, {tags_expr(op)}, "{esc(deriv)}", "{esc(r["jvp"])}", '
              f'BatchingRule::{camel(r["batching"])}, AutocastPolicy::{camel(r["autocast"])}, '
@@ -711,7 +721,7 @@ def gen_op_cpp(op, rules):
              f'{op.num_returns}, {str(op.returns_list).lower()}, {str(op.is_random).lower()}, '
              f'{str(is_inplace_of_self(op)).lower()}, '
              f'{str(op.variant == "out").lower()}, '
-             f'{str(op.is_view).lower()}}};')
+             f'{str(op.is_view).lower()}, {functional}}};')
     nargs = len(op.args)
     unbox_args = ", ".join(f"unbox_arg<{i}>(s, {nargs}, [](const IValue& v) {{ return {a.unbox}; }})"
                            for i, a in enumerate(op.args))

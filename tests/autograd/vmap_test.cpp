@@ -10,6 +10,7 @@
 #include "kiln/autograd/autograd.h"
 #include "kiln/autograd/batched.h"
 #include "kiln/autograd/forward_ad.h"
+#include "kiln/generated/op_handles.h"
 #include "kiln/kiln.h"
 #include "samples/manifest.h"
 #include "test_util.h"
@@ -354,6 +355,78 @@ TEST(Vmap, FallbackIsCorrectAndWarnsOnce) {
   EXPECT_NE(std::find(ops.begin(), ops.end(), "tril"), ops.end());
   for (int64_t i = 0; i < 3; ++i) expect_close(a.select(0, i), kiln::tril(x.select(0, i), -1), 0);
   expect_close(a, b, 0);
+}
+
+// ---- what the rules read from the op table ------------------------------------------------------
+
+// The argument positions the rules read (Note [Argument positions] in tensor/ops/gen.py) are the
+// schema's: the argument at ops::X::kArg_<name> is named <name>.
+TEST(Vmap, GeneratedArgumentPositionsMatchTheSchema) {
+  struct Pos {
+    const OperatorHandle& op;
+    int i;
+    const char* name;
+  };
+  const Pos read[] = {
+      {ops::convolution::handle(), ops::convolution::kArg_groups, "groups"},
+      {ops::convolution::handle(), ops::convolution::kArg_transposed, "transposed"},
+      {ops::convolution::handle(), ops::convolution::kArg_output_padding, "output_padding"},
+      {ops::convolution_backward_weight::handle(), ops::convolution_backward_weight::kArg_groups,
+       "groups"},
+      {ops::convolution_backward_weight::handle(),
+       ops::convolution_backward_weight::kArg_weight_size, "weight_size"},
+      {ops::_layer_norm_backward::handle(), ops::_layer_norm_backward::kArg_normalized_shape,
+       "normalized_shape"},
+      {ops::_rms_norm_backward::handle(), ops::_rms_norm_backward::kArg_eps, "eps"},
+      {ops::_group_norm_backward::handle(), ops::_group_norm_backward::kArg_num_groups,
+       "num_groups"},
+      {ops::_fused_attention_backward::handle(), ops::_fused_attention_backward::kArg_dropout_p,
+       "dropout_p"},
+      {ops::cross_entropy_indices_backward::handle(),
+       ops::cross_entropy_indices_backward::kArg_input, "input"},
+      {ops::add_out::handle(), ops::add_out::kArg_out, "out"},
+  };
+  for (const Pos& p : read) {
+    ASSERT_LT(p.i, p.op.info().num_args) << p.op.name();
+    EXPECT_STREQ(p.op.info().args[p.i].name, p.name) << p.op.name();
+  }
+  // The pool backward rows' self_size is found by its role.
+  EXPECT_EQ(ops::max_pool2d_backward::handle().info().args[2].role, ArgRole::InputSize);
+}
+
+// vmap runs an out= variant as its functional op (OpInfo::functional), then copies: every out=
+// op has one, and it takes the same arguments but `out`.
+TEST(Vmap, OutAndInplaceVariantsKnowTheirFunctionalOp) {
+  int outs = 0;
+  for (const OperatorHandle* op : Dispatcher::get().ops()) {
+    const OpInfo& info = op->info();
+    const OperatorHandle* f = info.functional;
+    if (info.is_out) {
+      ++outs;
+      ASSERT_NE(f, nullptr) << op->name();
+    }
+    if (f == nullptr) continue;
+    EXPECT_TRUE(info.is_out || info.is_inplace) << op->name();
+    EXPECT_EQ(f->info().functional, nullptr) << op->name();
+    EXPECT_FALSE(f->info().is_out || f->info().is_inplace) << op->name();
+    const int n = info.num_args - (info.is_out ? 1 : 0);
+    ASSERT_EQ(f->info().num_args, n) << op->name() << " vs " << f->name();
+    for (int i = 0; i < n; ++i)
+      EXPECT_STREQ(f->info().args[i].name, info.args[i].name) << op->name() << " vs " << f->name();
+  }
+  EXPECT_GT(outs, 0);
+  EXPECT_EQ(ops::add_out::handle().info().functional, &ops::add::handle());
+  EXPECT_EQ(ops::add_::handle().info().functional, &ops::add::handle());
+  EXPECT_EQ(ops::add::handle().info().functional, nullptr);
+}
+
+TEST(Vmap, OutVariantWritesEachExample) {
+  Tensor x = random({3, 4}, kFloat64, -1, 1, 4), y = random({4}, kFloat64, -1, 1, 5);
+  func::UnaryFn f = [&y](const Tensor& a) {
+    Tensor o = kiln::zeros_like(a);  // batched, as out= inside vmap needs
+    return kiln::add_out(o, a, y);
+  };
+  expect_close(func::vmap(f)(x), kiln::add(x, y), 0);
 }
 
 // ---- composition with autograd -----------------------------------------------------------------

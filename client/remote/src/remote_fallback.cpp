@@ -6,6 +6,7 @@
 
 #include "kiln/client/connection.h"
 #include "kiln/dispatcher.h"
+#include "kiln/generated/ops/copy.h"
 #include "kiln/generator.h"
 #include "kiln/worker/codec.h"
 
@@ -133,7 +134,7 @@ void transfer(const OperatorHandle& op, DispatchKeySet, Stack& s) {
 void remote_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& s) {
   const OpInfo& info = op.info();
   size_t base = s.size() - info.num_args;
-  if (std::string_view(info.name) == "copy_") {
+  if (&op == &ops::copy_::handle()) {
     const Tensor& dst = s[base].to_tensor();
     const Tensor& src = s[base + 1].to_tensor();
     if (dst.device() != src.device()) return transfer(op, ks, s);

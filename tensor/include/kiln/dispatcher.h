@@ -52,6 +52,7 @@ enum class ArgRole : uint8_t {
   Size,     // int[] size / shape: a whole shape
   Dims,     // int[] dims: a permutation
   Sizes,    // int[] sizes / split_sizes: sizes along one dim
+  InputSize,  // int[] self_size / input_size: the shape of a backward row's forward input
   Keepdim,  // bool keepdim
   Dtype,    // ScalarType(?) dtype: the output dtype
   Weight,   // Tensor(?) weight, bias: parameters shared by every row of the data
@@ -95,6 +96,9 @@ struct OpInfo {
   bool is_inplace;  // mutates its first argument
   bool is_out;      // writes into its `out` argument
   bool is_view;
+  // The inplace and out= variants of a structured row: the row's functional op (vmap runs an
+  // out= variant as it, then copies); nullptr for every other op.
+  const OperatorHandle* functional;
 };
 
 struct KernelFunction {
