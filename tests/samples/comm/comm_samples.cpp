@@ -1,6 +1,6 @@
 // tests/samples/comm/comm_samples.cpp: manifest samples of the collectives (tensor/ops/comm.toml)
 // on a one-rank group, for the manifest, gradcheck, forward-AD and vmap suites and the
-// conformance driver (kiln_tests and kiln_ops_matrix link kiln_op_samples_comm).
+// conformance driver (kiln_tests, kiln_remote_tests and kiln_ops_matrix link kiln_op_samples_comm).
 #include "samples/comm/comm_samples.h"
 
 #include "kiln/dist/process_group.h"
