@@ -97,7 +97,9 @@ TEST_F(ChargptParity, TrainingMatchesPyTorch) {
     loss.backward();
     opt.step();
     const double got = loss.item<float>();
-    if (s == 0) EXPECT_NEAR(got, want[0], 1e-5) << "step 1 loss";
+    if (s == 0) {
+      EXPECT_NEAR(got, want[0], 1e-5) << "step 1 loss";
+    }
     max_rel = std::max(max_rel, std::abs(got - want[s]) / want[s]);
     EXPECT_NEAR(got, want[s], 1e-4 * want[s]) << "step " << s + 1 << " loss";
   }
