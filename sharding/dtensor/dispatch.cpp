@@ -348,7 +348,7 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     return;
   }
   const bool rule = info.sharding == ShardingRule::Pointwise && !info.is_out && !has_list;
-  Decision dec;
+  const Decision* dec = nullptr;  // a cache entry: node-based, so it stays valid
   if (rule) {
     const Linear lin = linearity(op, args);
     std::vector<int64_t> key{reinterpret_cast<int64_t>(&op), static_cast<int64_t>(lin)};
@@ -362,16 +362,16 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     auto it = cache().find(key);
     if (it != cache().end()) {
       ++g_stats.hits;
-      dec = it->second;
+      dec = &it->second;
     } else {
       lock.unlock();
-      dec = decide_pointwise(op, tensors, lin, *mesh);
+      Decision d = decide_pointwise(op, tensors, lin, *mesh);
       lock.lock();
       ++g_stats.misses;
-      cache().emplace(std::move(key), dec);
+      dec = &cache().emplace(std::move(key), std::move(d)).first->second;
     }
   }
-  if (!rule || dec.replicate_path) {
+  if (!rule || dec->replicate_path) {
     if (!rule && info.sharding != ShardingRule::Replicate) note_fallback(op);
     for (IValue& v : replicate_path(op, std::move(args), *mesh)) stack.push_back(std::move(v));
     return;
@@ -381,7 +381,7 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     const Arg& a = tensors[j];
     if (!a.spec) continue;
     locals[a.index] =
-        detail::redistribute_local(detail::local_of(*a.tensor), *a.spec, dec.targets[j]);
+        detail::redistribute_local(detail::local_of(*a.tensor), *a.spec, dec->targets[j]);
   }
   op.call_boxed(locals);
   if (info.is_inplace) {
@@ -395,8 +395,8 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     }
     const Tensor& r = v.to_tensor();
     stack.push_back(detail::make_dtensor(
-        r, DTensorSpec{*mesh, dec.out, dec.out_shape, contiguous_strides(IntArrayRef(dec.out_shape)),
-                       r.dtype()}));
+        r, DTensorSpec{*mesh, dec->out, dec->out_shape,
+                       contiguous_strides(IntArrayRef(dec->out_shape)), r.dtype()}));
   }
 }
 

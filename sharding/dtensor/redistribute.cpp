@@ -21,8 +21,9 @@ namespace kiln::dist {
 //     them for avg, max and min); Partial(a) -> Partial(b) all-reduces with a, then does
 //     Replicate -> Partial(b).
 // Uneven pieces (See Note [Placements]) are padded to the first piece's length for the
-// collectives, which need equal lengths, and trimmed after. A Shard(a) -> Shard(b) change goes
-// through Replicate (an all-gather), not an all-to-all.
+// collectives, which need equal lengths, and trimmed after. Shard(a) -> Shard(b) on a mesh dim
+// is one all-to-all (each rank sends every other its piece of b, cut from its piece of a) when
+// no other mesh dim shards a or b, before or after; otherwise it goes through Replicate.
 namespace {
 
 struct Step {
@@ -67,6 +68,45 @@ Tensor reduce_scatter_dim(const Step& s, int64_t i, const Tensor& local, int64_t
   return mine.narrow(0, 0, chunk_of(full, n, s.coord[i]).second).transpose(0, d).contiguous();
 }
 
+// Shard(a) -> Shard(b) along mesh dim i: the piece of b of every index, cut from this rank's
+// piece of a, goes to that index; the pieces of a that arrive are joined. Tensor dims a and b
+// are sharded by no other mesh dim, so `full_a` is the global size of a.
+Tensor all_to_all_dims(const Step& s, int64_t i, const Tensor& local, int64_t a, int64_t b,
+                       int64_t full_a) {
+  const int64_t n = s.n(i);
+  std::vector<Tensor> send;
+  std::vector<int64_t> in_splits, out_splits;
+  DimVector piece(local.sizes());  // what index j sends here: (its piece of a, my piece of b)
+  piece[b] = chunk_of(local.size(b), n, s.coord[i]).second;
+  for (int64_t j = 0; j < n; ++j) {
+    auto [off, len] = chunk_of(local.size(b), n, j);
+    send.push_back(local.narrow(b, off, len).contiguous().flatten());
+    in_splits.push_back(send.back().numel());
+    piece[a] = chunk_of(full_a, n, j).second;
+    out_splits.push_back(numel_of(IntArrayRef(piece)));
+  }
+  Tensor got = all_to_all_single(cat(send, 0), out_splits, in_splits, s.group(i));
+  std::vector<Tensor> pieces;
+  int64_t off = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    piece[a] = chunk_of(full_a, n, j).second;
+    pieces.push_back(got.narrow(0, off, out_splits[j]).reshape(IntArrayRef(piece)));
+    off += out_splits[j];
+  }
+  return cat(pieces, a);
+}
+
+// Whether mesh dim i goes Shard(a) -> Shard(b) by one all-to-all (Note [Redistribute]).
+bool swaps_shard(const Placements& from, const Placements& to, size_t i) {
+  if (!from[i].is_shard() || !to[i].is_shard() || from[i].dim == to[i].dim) return false;
+  for (size_t k = 0; k < from.size(); ++k) {
+    if (k == i) continue;
+    for (int64_t d : {from[i].dim, to[i].dim})
+      if (from[k].is_shard(d) || to[k].is_shard(d)) return false;
+  }
+  return true;
+}
+
 Tensor take_piece(const Step& s, int64_t i, const Tensor& local, int64_t d) {
   auto [off, len] = chunk_of(local.size(d), s.n(i), s.coord[i]);
   return local.narrow(d, off, len).contiguous();
@@ -106,7 +146,7 @@ Tensor detail::redistribute_local(const Tensor& local, const DTensorSpec& spec,
   Tensor x = local;
   const std::vector<bool> stable = stable_shards(from, to);
   for (int64_t i = ndim - 1; i >= 0; --i) {
-    if (!cur[i].is_shard() || stable[i]) continue;
+    if (!cur[i].is_shard() || stable[i] || swaps_shard(from, to, i)) continue;
     const int64_t d = cur[i].dim;
     int64_t full = spec.shape[d];  // tensor dim d before mesh dim i splits it
     for (int64_t k = 0; k < i; ++k)
@@ -117,6 +157,10 @@ Tensor detail::redistribute_local(const Tensor& local, const DTensorSpec& spec,
   for (int64_t i = 0; i < ndim; ++i) {
     const Placement &c = cur[i], &t = to[i];
     if (c == t) continue;
+    if (c.is_shard()) {  // kept by pass 1 for an all-to-all
+      x = all_to_all_dims(s, i, x, c.dim, t.dim, spec.shape[c.dim]);
+      continue;
+    }
     if (c.is_partial()) {
       if (t.is_shard()) {
         x = reduce_scatter_dim(s, i, x, t.dim, c.reduce);
