@@ -24,7 +24,9 @@ namespace kiln::dist {
 //    self's placements, Partial becoming Replicate.
 //  - Rule "replicate" takes the replicate path: each DTensor is redistributed to Replicate(),
 //    the op runs on the full tensors, tensor results come back as Replicate() DTensors, and
-//    arguments the op writes are written back into their shards. It is correct and slow.
+//    arguments the op writes are written back into their shards. It is correct and slow; a view
+//    it makes of a DTensor that is not all Replicate() is a copy, so writing into that view
+//    leaves the DTensor unchanged (view rules will fix that).
 //  - Every other rule (not implemented yet), out= variants and ops with tensor lists take the
 //    same path, and the op is also warned about once (Note [Warnings]) and listed by
 //    fallback_ops(). Random ops on this path draw on each rank's own generator.

@@ -63,6 +63,9 @@ struct DTensorHandle final : BackendHandle {
   Tensor local;
   DTensorSpec spec;
   DTensorHandle(Tensor l, DTensorSpec s) : local(std::move(l)), spec(std::move(s)) {}
+  intrusive_ptr<TensorImpl> detached(const TensorImpl&) const override {
+    return detail::make_dtensor(local.detach(), spec).impl_ptr();
+  }
 };
 
 const DTensorHandle* handle_of(const Tensor& t) {
@@ -81,7 +84,13 @@ const DTensorHandle& need_handle(const Tensor& t) {
 bool is_dtensor(const Tensor& t) { return handle_of(t) != nullptr; }
 
 Tensor detail::make_dtensor(Tensor local, DTensorSpec spec) {
-  auto storage = Storage::create_dataless(0, local.device());
+  // Sized to the global geometry, which addresses nothing (Note [Data-less tensors]).
+  int64_t extent = 1;
+  for (size_t d = 0; d < spec.shape.size(); ++d) {
+    if (spec.shape[d] == 0) extent = 0;
+    if (extent > 0) extent += (spec.shape[d] - 1) * spec.stride[d];
+  }
+  auto storage = Storage::create_dataless(extent * element_size(local.dtype()), local.device());
   auto impl = TensorImpl::make_trusted(std::move(storage), local.dtype(), IntArrayRef(spec.shape),
                                        IntArrayRef(spec.stride));
   impl->add_keys(DispatchKey::DTensor);

@@ -250,6 +250,12 @@ KILN_RANK_SCENARIO(dtensor_autograd) {
   (v * w).sum().backward();
   expect_placed(v.grad(), {Replicate()}, b);  // grad * w: both Replicate
   expect_placed(w.grad(), {Shard(0)}, a);     // grad * v
+  // Through an op on the replicate path (transpose has no rule yet): a non-contiguous
+  // Replicate() gradient that AccumulateGrad detaches.
+  DTensor t = distribute_tensor(a, mesh, {Shard(0)});
+  t.requires_grad_();
+  (t.transpose(0, 1) * distribute_tensor(b.t().contiguous(), mesh, {Shard(1)})).sum().backward();
+  expect_close(DTensor(t.grad()).full_tensor(), b);
   // from_local, to_local and full_tensor are differentiable.
   Tensor local = random({2, 3}, kFloat32, -2, 2, 5 + rank()).requires_grad_();
   DTensor d = DTensor::from_local(local, mesh, {Shard(0)});
