@@ -21,7 +21,10 @@ namespace kiln::dist {
 //    in its inputs; the decision does not depend on the mesh's sizes), so a repeated call costs a hash lookup and the local op.
 //  - Rule "creation" on a DTensor (ones_like and the other composite *_like rows, whose
 //    decompositions would make plain tensors): the op runs on self's shard and the result keeps
-//    self's placements, Partial becoming Replicate.
+//    self's placements, Partial becoming Replicate. A composite row also runs its decomposition
+//    at the Autograd key, above this one, so *_like of a DTensor that requires grad (and .to(),
+//    which decomposes through empty_like) still makes a plain tensor there; the engine's
+//    implicit gradient of a DTensor loss is made below Autograd for that reason.
 //  - Rule "replicate" takes the replicate path: each DTensor is redistributed to Replicate(),
 //    the op runs on the full tensors, tensor results come back as Replicate() DTensors, and
 //    arguments the op writes are written back into their shards. It is correct and slow; a view
@@ -404,22 +407,10 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
 
 }  // namespace
 
-// Note [Like ops under autograd]: a composite row runs its decomposition at every key, Autograd
-// included, so ones_like(t) of a DTensor that requires grad (the engine's implicit gradient of a
-// DTensor loss) would decompose above the DTensor key into a plain factory. The *_like rows make
-// tensors that never require grad, so their Autograd kernel only steps below Autograd; for a
-// plain tensor that reaches the same composite kernel at its backend key.
-void like_below_autograd(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
-  op.redispatch_boxed(ks & DispatchKeySet::below(DispatchKey::Autograd), stack);
-}
-
 KILN_LIBRARY(DTensor, m) {
   m.fallback(&dtensor_kernel);
-  for (OperatorHandle* op : Dispatcher::get().ops()) {
-    if (!is_like_op(*op)) continue;
-    Dispatcher::get().register_kernel(*op, m.key(), nullptr, &dtensor_kernel);
-    Dispatcher::get().register_kernel(*op, DispatchKey::Autograd, nullptr, &like_below_autograd);
-  }
+  for (OperatorHandle* op : Dispatcher::get().ops())
+    if (is_like_op(*op)) Dispatcher::get().register_kernel(*op, m.key(), nullptr, &dtensor_kernel);
 }
 
 std::vector<std::string> fallback_ops() {
