@@ -18,7 +18,8 @@ namespace kiln::dist {
 //    DTensors must be on one mesh (ValueError naming the op and both meshes).
 //  - Rule "pointwise" (Note [Pointwise sharding]) decides the input placements and the output's;
 //    the decision is cached per (op, mesh, input shapes and placements, whether the op is linear
-//    in its inputs; the decision does not depend on the mesh's sizes), so a repeated call costs a hash lookup and the local op.
+//    in its inputs; the decision does not depend on the mesh's sizes), so a repeated call costs a
+//    hash lookup and the local op.
 //  - Rule "creation" on a DTensor (ones_like and the other composite *_like rows, whose
 //    decompositions would make plain tensors): the op runs on self's shard and the result keeps
 //    self's placements, Partial becoming Replicate. A composite row also runs its decomposition
@@ -53,7 +54,7 @@ namespace {
 using Kind = Placement::Kind;
 
 struct Arg {
-  int index;                // in the op's arguments
+  int index;  // in the op's arguments
   const Tensor* tensor;
   const DTensorSpec* spec;  // null for a plain 0-d tensor
   int64_t rank;
@@ -103,9 +104,9 @@ Linear linearity(const OperatorHandle& op, const Stack& args) {
 
 int64_t move_cost(const Placement& from, const Placement& to, int64_t numel) {
   if (from == to) return 0;
-  if (from.is_shard()) return numel;                               // all-gather (then local)
+  if (from.is_shard()) return numel;                                // all-gather (then local)
   if (from.is_partial()) return to.is_shard() ? numel : 2 * numel;  // reduce-scatter, all-reduce
-  return 0;                                                        // a piece, or zeros
+  return 0;                                                         // a piece, or zeros
 }
 
 // The placement of `a` along one mesh dim when the output is `out` there (nullopt: impossible).
@@ -133,7 +134,8 @@ Decision decide_pointwise(const OperatorHandle& op, const std::vector<Arg>& args
   for (const Arg& a : args) R = std::max(R, a.rank);
   dec.out_shape = DimVector(args[0].tensor->sizes());
   for (const Arg& a : args)
-    dec.out_shape = meta::broadcast_shapes(op.name(), IntArrayRef(dec.out_shape), a.tensor->sizes());
+    dec.out_shape =
+        meta::broadcast_shapes(op.name(), IntArrayRef(dec.out_shape), a.tensor->sizes());
   if (inplace)
     KILN_CHECK(IntArrayRef(dec.out_shape) == args[0].tensor->sizes(), Value, op.name(),
                ": the result of shape ", IntArrayRef(dec.out_shape),
@@ -169,8 +171,8 @@ Decision decide_pointwise(const OperatorHandle& op, const std::vector<Arg>& args
       if (inplace && args[0].spec && !(out == args[0].spec->placements[i])) continue;
       int64_t cost = 0;
       for (size_t j = 0; j < args.size() && cost >= 0; ++j) {
-        auto want = input_for(args[j], out, dec.out_shape, R, lin, cands[c].second,
-                              static_cast<int>(j));
+        auto want =
+            input_for(args[j], out, dec.out_shape, R, lin, cands[c].second, static_cast<int>(j));
         if (!want) {
           cost = -1;
         } else if (args[j].spec) {
@@ -212,8 +214,8 @@ void note_fallback(const OperatorHandle& op) {
   }
   if (first)
     warn(kiln::detail::str_cat("DTensor: ", op.name(), " has no sharding rule yet (its rule is '",
-                         to_string(op.info().sharding),
-                         "'); replicating its inputs, computing, and returning Replicate()"));
+                               to_string(op.info().sharding),
+                               "'); replicating its inputs, computing, and returning Replicate()"));
 }
 
 Placements replicated(const DeviceMesh& mesh) { return Placements(mesh.ndim(), Replicate()); }

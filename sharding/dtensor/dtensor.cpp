@@ -11,9 +11,12 @@ namespace kiln::dist {
 
 std::string Placement::str() const {
   switch (kind) {
-    case Kind::Shard: return "Shard(" + std::to_string(dim) + ")";
-    case Kind::Replicate: return "Replicate()";
-    case Kind::Partial: return std::string("Partial(") + reduce_op_name(reduce) + ")";
+    case Kind::Shard:
+      return "Shard(" + std::to_string(dim) + ")";
+    case Kind::Replicate:
+      return "Replicate()";
+    case Kind::Partial:
+      return std::string("Partial(") + reduce_op_name(reduce) + ")";
   }
   return "?";
 }
@@ -190,8 +193,8 @@ DTensor DTensor::from_local(const Tensor& local, const DeviceMesh& mesh, Placeme
                             std::optional<DimVector> shape, std::optional<DimVector> stride) {
   local.check_defined("DTensor.from_local: the local tensor");
   KILN_CHECK(!is_dtensor(local), Value, "DTensor.from_local: the local tensor is a DTensor");
-  placements = detail::check_placements("DTensor.from_local", mesh, std::move(placements),
-                                        local.dim());
+  placements =
+      detail::check_placements("DTensor.from_local", mesh, std::move(placements), local.dim());
   DTensorSpec spec{mesh, placements, {}, {}, local.dtype()};
   if (shape) {
     KILN_CHECK(static_cast<int64_t>(shape->size()) == local.dim(), Value,
@@ -200,9 +203,9 @@ DTensor DTensor::from_local(const Tensor& local, const DeviceMesh& mesh, Placeme
     spec.shape = *shape;
     DimVector expect = local_shape(IntArrayRef(spec.shape), mesh, placements);
     KILN_CHECK(IntArrayRef(expect) == local.sizes(), Value, "DTensor.from_local: rank ",
-               default_group()->rank(), " holds a local shape ", local.sizes(),
-               " but placements ", placements_str(placements), " of global shape ",
-               IntArrayRef(spec.shape), " give it ", IntArrayRef(expect));
+               default_group()->rank(), " holds a local shape ", local.sizes(), " but placements ",
+               placements_str(placements), " of global shape ", IntArrayRef(spec.shape),
+               " give it ", IntArrayRef(expect));
   } else {
     spec.shape = DimVector(local.sizes());
     for (size_t i = 0; i < placements.size(); ++i)
@@ -221,8 +224,8 @@ Tensor DTensor::full_tensor() const {
 }
 
 DTensor DTensor::redistribute(const DeviceMesh& mesh, Placements placements) const {
-  KILN_CHECK(mesh == device_mesh(), Value, "redistribute: the DTensor is on ",
-             device_mesh().str(), ", not on ", mesh.str(), " (moving between meshes is not supported)");
+  KILN_CHECK(mesh == device_mesh(), Value, "redistribute: the DTensor is on ", device_mesh().str(),
+             ", not on ", mesh.str(), " (moving between meshes is not supported)");
   placements = detail::check_placements("redistribute", mesh, std::move(placements), dim());
   return DTensor(Redistribute::apply(static_cast<const Tensor&>(*this), std::move(placements)));
 }

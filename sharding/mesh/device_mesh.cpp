@@ -86,8 +86,8 @@ struct MeshState {
   std::vector<int64_t> shape;
   std::vector<std::string> names;
   std::vector<int> ranks;
-  std::vector<ProcessGroupPtr> groups;             // per mesh dim; null where not a member
-  std::vector<std::vector<int64_t>> root_dims;     // per mesh dim: the root dims it spans
+  std::vector<ProcessGroupPtr> groups;          // per mesh dim; null where not a member
+  std::vector<std::vector<int64_t>> root_dims;  // per mesh dim: the root dims it spans
   std::shared_ptr<RootState> root;
 };
 
@@ -165,8 +165,8 @@ DeviceMesh DeviceMesh::submesh(const std::vector<std::string>& names) const {
   std::vector<int64_t> dims;
   for (const auto& n : names) {
     const int64_t d = dim_index(n);
-    KILN_CHECK(dims.empty() || d > dims.back(), Value, "DeviceMesh: sub-mesh dims ",
-               quoted(names), " must be distinct and in the mesh's order ", quoted(s.names));
+    KILN_CHECK(dims.empty() || d > dims.back(), Value, "DeviceMesh: sub-mesh dims ", quoted(names),
+               " must be distinct and in the mesh's order ", quoted(s.names));
     dims.push_back(d);
   }
   std::vector<int64_t> me = coordinate();
@@ -233,7 +233,8 @@ std::string DeviceMesh::str() const {
   for (size_t i = 0; i < s.ranks.size(); ++i) {
     std::vector<int64_t> c = unravel(static_cast<int64_t>(i), s.shape);
     size_t open = 0;
-    while (open < c.size() && std::all_of(c.end() - open - 1, c.end(), [](int64_t v) { return v == 0; }))
+    while (open < c.size() &&
+           std::all_of(c.end() - open - 1, c.end(), [](int64_t v) { return v == 0; }))
       ++open;
     os << (i ? ", " : "") << std::string(open, '[') << s.ranks[i];
     size_t close = 0;
@@ -250,7 +251,8 @@ std::ostream& operator<<(std::ostream& os, const DeviceMesh& mesh) { return os <
 DeviceMesh init_device_mesh(std::string_view device_type, const std::vector<int64_t>& shape,
                             const std::vector<std::string>& dim_names) {
   KILN_CHECK(device_type == "cpu" || device_type == "cuda", Value,
-             "init_device_mesh: unknown device type '", device_type, "' (expected 'cpu' or 'cuda')");
+             "init_device_mesh: unknown device type '", device_type,
+             "' (expected 'cpu' or 'cuda')");
 #ifndef KILN_HAVE_NCCL
   KILN_CHECK(device_type != "cuda", Value,
              "init_device_mesh('cuda'): this build has no NCCL backend (it needs CUDA and NCCL)");

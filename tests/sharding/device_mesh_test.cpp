@@ -1,7 +1,8 @@
 // DeviceMesh across processes (tests/sharding/harness.h): a 2x2 mesh's coordinates, groups,
 // sub-meshes and flattening on 4 ranks, and init_device_mesh's errors.
-#include "harness.h"
 #include "kiln/dist/device_mesh.h"
+
+#include "harness.h"
 #include "kiln/kiln.h"
 #include "test_util.h"
 
@@ -48,8 +49,8 @@ KILN_RANK_SCENARIO(mesh_2x2) {
   EXPECT_EQ(flat.ranks(), (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(flat.coordinate(), (std::vector<int64_t>{r}));
   EXPECT_EQ(rank_sum(flat.group(0)), 6);
-  EXPECT_EQ(mesh["dp_tp"].group(0), flat.group(0));     // the root remembers it
-  EXPECT_EQ(mesh.flatten().group(0), flat.group(0));     // no new group the second time
+  EXPECT_EQ(mesh["dp_tp"].group(0), flat.group(0));   // the root remembers it
+  EXPECT_EQ(mesh.flatten().group(0), flat.group(0));  // no new group the second time
   // A flattened 1-d dim is that dim under a new name, with its own group of the same ranks.
   DeviceMesh dp = mesh["dp"].flatten("data");
   EXPECT_EQ(dp.ranks(), mesh.group("dp")->ranks());
@@ -57,19 +58,22 @@ KILN_RANK_SCENARIO(mesh_2x2) {
 
   expect_error(ErrorKind::Value, "no mesh dim named 'pp' (the mesh's dims: ('dp', 'tp'))",
                [&] { mesh["pp"]; });
-  expect_error(ErrorKind::Value, "must be distinct and in the mesh's order",
-               [&] { mesh.submesh({"tp", "dp"}); });
+  expect_error(ErrorKind::Value, "must be distinct and in the mesh's order", [&] {
+    mesh.submesh({"tp", "dp"});
+  });
   expect_error(ErrorKind::Index, "dim 2 out of range for a mesh of 2 dims", [&] { mesh.size(2); });
   expect_error(ErrorKind::Value, "mesh shape [3] has 3 ranks but the world size is 4",
                [] { init_device_mesh("cpu", {3}); });
-  expect_error(ErrorKind::Value, "mesh dim name 'x' is repeated in ('x', 'x')",
-               [] { init_device_mesh("cpu", {2, 2}, {"x", "x"}); });
-  expect_error(ErrorKind::Value, "mesh_dim_names ('x') must name each of the 2 dims",
-               [] { init_device_mesh("cpu", {2, 2}, {"x"}); });
-  expect_error(ErrorKind::Value, "mesh sizes must be positive, got shape [4, 0]",
-               [] { init_device_mesh("cpu", {4, 0}); });
-  expect_error(ErrorKind::Value, "unknown device type 'tpu'",
-               [] { init_device_mesh("tpu", {4}); });
+  expect_error(ErrorKind::Value, "mesh dim name 'x' is repeated in ('x', 'x')", [] {
+    init_device_mesh("cpu", {2, 2}, {"x", "x"});
+  });
+  expect_error(ErrorKind::Value, "mesh_dim_names ('x') must name each of the 2 dims", [] {
+    init_device_mesh("cpu", {2, 2}, {"x"});
+  });
+  expect_error(ErrorKind::Value, "mesh sizes must be positive, got shape [4, 0]", [] {
+    init_device_mesh("cpu", {4, 0});
+  });
+  expect_error(ErrorKind::Value, "unknown device type 'tpu'", [] { init_device_mesh("tpu", {4}); });
   // A 1-d mesh over the whole world uses the default group.
   EXPECT_EQ(init_device_mesh("cpu", {4}).group(0), dist::default_group());
 }

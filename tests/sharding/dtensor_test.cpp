@@ -3,11 +3,12 @@
 // pointwise ops with broadcasting and their placements; the decision cache; the replicate path
 // (warned once, listed, written back); bad input; autograd through DTensors. Every result is
 // checked against the same computation on the unsharded tensors.
+#include "kiln/dist/dtensor.h"
+
 #include <cmath>
 #include <set>
 
 #include "harness.h"
-#include "kiln/dist/dtensor.h"
 #include "kiln/kiln.h"
 #include "test_util.h"
 
@@ -24,8 +25,13 @@ using dist::Replicate;
 using dist::Shard;
 
 // Every placement of a 2-d tensor on one mesh dim.
-const Placements kAll = {Shard(0),           Shard(1),           Replicate(),       Partial(),
-                         Partial(ReduceOp::Avg), Partial(ReduceOp::Max), Partial(ReduceOp::Min)};
+const Placements kAll = {Shard(0),
+                         Shard(1),
+                         Replicate(),
+                         Partial(),
+                         Partial(ReduceOp::Avg),
+                         Partial(ReduceOp::Max),
+                         Partial(ReduceOp::Min)};
 
 std::string label(const Placements& from, const Placements& to, IntArrayRef shape) {
   std::ostringstream os;
@@ -49,7 +55,8 @@ DTensor genuine(const Tensor& g, const DeviceMesh& mesh, const Placements& p) {
     if (p[i].reduce == ReduceOp::Min) local = local + static_cast<double>(c[i]) * noise;
     if (p[i].reduce == ReduceOp::Sum || p[i].reduce == ReduceOp::Avg) {
       // Rank j adds noise_j - noise_{j+1 mod n}: the terms cancel in the sum.
-      Tensor next = random(local.sizes(), kFloat32, 0, 1, 7 + static_cast<uint32_t>((c[i] + 1) % n));
+      Tensor next =
+          random(local.sizes(), kFloat32, 0, 1, 7 + static_cast<uint32_t>((c[i] + 1) % n));
       local = local + (noise - next);
     }
   }
@@ -215,20 +222,23 @@ KILN_RANK_SCENARIO(dtensor_errors) {
   Tensor a = random({4, 3});
   expect_error(ErrorKind::Index, "placement Shard(2) is out of range for a tensor of 2 dims",
                [&] { distribute_tensor(a, mesh, {Shard(2)}); });
-  expect_error(ErrorKind::Value, "2 placements [Shard(0), Shard(1)] for a mesh of 1 dims",
-               [&] { distribute_tensor(a, mesh, {Shard(0), Shard(1)}); });
+  expect_error(ErrorKind::Value, "2 placements [Shard(0), Shard(1)] for a mesh of 1 dims", [&] {
+    distribute_tensor(a, mesh, {Shard(0), Shard(1)});
+  });
   DTensor x = distribute_tensor(a, mesh, {Shard(0)}), y = distribute_tensor(a, other, {Shard(0)});
-  expect_error(ErrorKind::Value, "add: DTensor arguments are on different device meshes: "
+  expect_error(ErrorKind::Value,
+               "add: DTensor arguments are on different device meshes: "
                "DeviceMesh('cpu', [0, 1]) and DeviceMesh('cpu', [0, 1], mesh_dim_names=('x'))",
                [&] { x + y; });
   expect_error(ErrorKind::Runtime,
                "mul: got a mix of DTensors and a plain tensor (argument 'other' of shape [4, 3])",
-               [&] { x * a; });
+               [&] { x* a; });
   expect_error(ErrorKind::Value, "redistribute: the DTensor is on",
                [&] { x.redistribute(other, {Replicate()}); });
   // A rank whose local shape disagrees with the global shape it was given.
-  expect_error(ErrorKind::Value, "holds a local shape [3, 3] but placements [Shard(0)]",
-               [&] { DTensor::from_local(random({3, 3}), mesh, {Shard(0)}, DimVector{4, 3}); });
+  expect_error(ErrorKind::Value, "holds a local shape [3, 3] but placements [Shard(0)]", [&] {
+    DTensor::from_local(random({3, 3}), mesh, {Shard(0)}, DimVector{4, 3});
+  });
   expect_error(ErrorKind::Value, "expected a DTensor, got a plain tensor", [&] { DTensor d(a); });
   expect_error(ErrorKind::Value, "Partial: the reduce op must be sum, avg, max or min",
                [] { Partial(ReduceOp::Product); });

@@ -35,8 +35,8 @@ namespace kiln::dist {
 struct Placement {
   enum class Kind : uint8_t { Shard, Replicate, Partial };
   Kind kind = Kind::Replicate;
-  int64_t dim = 0;                    // Shard
-  ReduceOp reduce = ReduceOp::Sum;    // Partial
+  int64_t dim = 0;                  // Shard
+  ReduceOp reduce = ReduceOp::Sum;  // Partial
 
   bool is_shard() const { return kind == Kind::Shard; }
   bool is_shard(int64_t d) const { return kind == Kind::Shard && dim == d; }
