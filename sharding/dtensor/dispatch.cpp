@@ -1,7 +1,6 @@
 // The DTensor key's kernel: one boxed fallback that checks the arguments, picks placements by the
 // row's sharding rule (cached per op and input specs), runs the op on the local shards and wraps
 // the results (Note [DTensor dispatch]).
-#include <cstring>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -17,9 +16,9 @@ namespace kiln::dist {
 //    numbers), which count as replicated: anything else is a RuntimeError, as in PyTorch. All
 //    DTensors must be on one mesh (ValueError naming the op and both meshes).
 //  - Rule "pointwise" (Note [Pointwise sharding]) decides the input placements and the output's;
-//    the decision is cached per (op, mesh, input shapes and placements, whether the op is linear
-//    in its inputs; the decision does not depend on the mesh's sizes), so a repeated call costs a
-//    hash lookup and the local op.
+//    the decision is cached per (op, input shapes and placements, whether the op is linear in
+//    its inputs; it does not depend on the mesh's sizes), so a repeated call costs a hash lookup
+//    and the local op.
 //  - Rule "creation" on a DTensor (ones_like and the other composite *_like rows, whose
 //    decompositions would make plain tensors): the op runs on self's shard and the result keeps
 //    self's placements, Partial becoming Replicate. A composite row also runs its decomposition
@@ -51,7 +50,6 @@ namespace kiln::dist {
 
 namespace {
 
-using Kind = Placement::Kind;
 
 struct Arg {
   int index;  // in the op's arguments
