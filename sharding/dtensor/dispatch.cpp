@@ -50,7 +50,6 @@ namespace kiln::dist {
 
 namespace {
 
-
 struct Arg {
   int index;  // in the op's arguments
   const Tensor* tensor;
