@@ -261,7 +261,10 @@ void prepare_roots(const variable_list& tensors, const variable_list& grads,
       KILN_CHECK(t.numel() == 1, Runtime,
                  "grad can be implicitly created only for scalar outputs (got an output of shape ",
                  t.sizes(), ")");
+      // Below Autograd too: ones_like is composite, and its decomposition at the Autograd key
+      // would make a plain tensor for a wrapper below it (a DTensor loss needs a DTensor).
       NoGradGuard ng;
+      ExcludeDispatchKeyGuard below(DispatchKey::Autograd);
       g = kiln::ones_like(t);
     } else {
       KILN_CHECK(g.sizes() == t.sizes(), Runtime, "Mismatch in shape: grad_output[", i,

@@ -1,6 +1,8 @@
-// kiln._C's distributed part (kiln/dist/process_group.h, kiln/dist/ddp.h): process groups, Work,
-// the TCP store, and DDP's gradient reducer. kiln/distributed/__init__.py builds PyTorch's
-// torch.distributed API on these; kiln/nn/parallel.py builds DistributedDataParallel.
+// kiln._C's distributed part (kiln/dist/process_group.h, kiln/dist/ddp.h, kiln/dist/device_mesh.h,
+// kiln/dist/dtensor.h): process groups, Work, the TCP store, DDP's gradient reducer, device meshes
+// and DTensor. kiln/distributed/__init__.py builds PyTorch's torch.distributed API on these;
+// kiln/nn/parallel.py builds DistributedDataParallel; kiln/distributed/device_mesh.py and
+// kiln/distributed/tensor/ build device meshes and DTensor.
 //
 //   pg = _C._init_process_group("ucx", "env://", -1, -1, None, 60.0, "world")
 //   pg.all_reduce(t, "sum").wait(None)
@@ -11,9 +13,11 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
 #include "kiln/dist/ddp.h"
+#include "kiln/dist/dtensor.h"
 #include "kiln/dist/process_group.h"
 #include "python_args.h"
 
@@ -27,6 +31,73 @@ std::optional<Milliseconds> to_ms(std::optional<double> seconds) {
   if (!seconds) return std::nullopt;
   KILN_CHECK(*seconds > 0, Value, "timeout must be > 0 seconds, got ", *seconds);
   return Milliseconds(static_cast<int64_t>(*seconds * 1000));
+}
+
+DTensor as_dtensor(const Tensor& t) { return DTensor(t); }
+
+void bind_dtensor(nb::module_& m) {
+  nb::class_<Placement>(m, "_Placement")
+      .def_prop_ro("dim", [](const Placement& p) { return p.dim; })
+      .def_prop_ro("reduce_op", [](const Placement& p) { return std::string(reduce_op_name(p.reduce)); })
+      .def(
+          "is_shard",
+          [](const Placement& p, std::optional<int64_t> dim) {
+            return dim ? p.is_shard(*dim) : p.is_shard();
+          },
+          nb::arg("dim") = nb::none())
+      .def("is_replicate", &Placement::is_replicate)
+      .def("is_partial", &Placement::is_partial)
+      .def("__eq__", [](const Placement& a, const Placement& b) { return a == b; })
+      .def("__hash__", [](const Placement& p) { return std::hash<std::string>()(p.str()); })
+      .def("__repr__", &Placement::str);
+  m.def("_shard", &Shard);
+  m.def("_replicate", &Replicate);
+  m.def("_partial", [](std::string_view op) { return Partial(parse_reduce_op(op)); });
+
+  nb::class_<DeviceMesh>(m, "_DeviceMesh")
+      .def_prop_ro("device_type", &DeviceMesh::device_type)
+      .def_prop_ro("ndim", &DeviceMesh::ndim)
+      .def_prop_ro("shape", &DeviceMesh::shape)
+      .def_prop_ro("dim_names", &DeviceMesh::dim_names)
+      .def_prop_ro("ranks", &DeviceMesh::ranks)
+      .def("size", nb::overload_cast<int64_t>(&DeviceMesh::size, nb::const_))
+      .def("numel", nb::overload_cast<>(&DeviceMesh::size, nb::const_))
+      .def("coordinate", &DeviceMesh::coordinate)
+      .def("local_rank", &DeviceMesh::local_rank)
+      .def("group", nb::overload_cast<int64_t>(&DeviceMesh::group, nb::const_))
+      .def("dim_index", &DeviceMesh::dim_index)
+      .def("submesh", &DeviceMesh::submesh)
+      .def("flatten", &DeviceMesh::flatten, Release())
+      .def("__eq__", [](const DeviceMesh& a, const DeviceMesh& b) { return a == b; })
+      .def("__repr__", &DeviceMesh::str);
+  m.def("_init_device_mesh", &init_device_mesh, nb::arg("device_type"), nb::arg("shape"),
+        nb::arg("dim_names"), Release());
+
+  m.def("_is_dtensor", &is_dtensor);
+  m.def("_distribute_tensor", [](const Tensor& t, const DeviceMesh& mesh, Placements p) -> Tensor {
+    return distribute_tensor(t, mesh, std::move(p));
+  });
+  m.def(
+      "_dtensor_from_local",
+      [](const Tensor& local, const DeviceMesh& mesh, Placements p,
+         std::optional<std::vector<int64_t>> shape,
+         std::optional<std::vector<int64_t>> stride) -> Tensor {
+        auto dims = [](const std::optional<std::vector<int64_t>>& v) -> std::optional<DimVector> {
+          if (!v) return std::nullopt;
+          return DimVector(IntArrayRef(*v));
+        };
+        return DTensor::from_local(local, mesh, std::move(p), dims(shape), dims(stride));
+      },
+      nb::arg("local"), nb::arg("mesh"), nb::arg("placements"), nb::arg("shape").none(),
+      nb::arg("stride").none());
+  m.def("_dtensor_to_local", [](const Tensor& t) { return as_dtensor(t).to_local(); });
+  m.def("_dtensor_full_tensor", [](const Tensor& t) { return as_dtensor(t).full_tensor(); });
+  m.def("_dtensor_redistribute", [](const Tensor& t, const DeviceMesh& mesh, Placements p) -> Tensor {
+    return as_dtensor(t).redistribute(mesh, std::move(p));
+  });
+  m.def("_dtensor_placements", [](const Tensor& t) { return as_dtensor(t).placements(); });
+  m.def("_dtensor_mesh", [](const Tensor& t) { return as_dtensor(t).device_mesh(); });
+  m.def("_dtensor_fallback_ops", &fallback_ops);
 }
 
 }  // namespace
@@ -113,6 +184,8 @@ void bind_dist(nb::module_& m) {
   m.def("_destroy_process_group", &destroy_process_group, Release());
   m.def("_broadcast_tensors", &broadcast_tensors, nb::arg("group"), nb::arg("tensors"),
         nb::arg("src") = 0, Release());
+
+  bind_dtensor(m);
 
   nb::class_<Reducer>(m, "_DdpReducer")
       .def(nb::init<const std::vector<std::pair<std::string, Tensor>>&, ProcessGroupPtr, double, bool>(),

@@ -1,0 +1,302 @@
+// DeviceMesh (kiln/dist/device_mesh.h): mesh state, sub-meshes, flattening and the creation of
+// the per-dim process groups (See Note [Mesh groups]).
+#include "kiln/dist/device_mesh.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <sstream>
+
+namespace kiln::dist {
+
+namespace {
+
+// A flattened mesh as its root remembers it (See Note [Mesh groups]).
+struct FlatEntry {
+  std::vector<int64_t> root_dims;
+  std::vector<int> ranks;
+  ProcessGroupPtr group;
+};
+
+struct RootState {
+  std::string device_type;
+  std::vector<int64_t> shape;
+  std::vector<int> ranks;  // row-major
+  std::mutex mu;
+  std::map<std::string, FlatEntry, std::less<>> flattened;
+};
+
+std::string join(const std::vector<std::string>& names, const char* sep) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : sep) + n;
+  return s;
+}
+
+std::string quoted(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "'" : ", '") + n + "'";
+  return "(" + s + ")";
+}
+
+int world_rank() { return default_group()->rank(); }
+
+// The coordinates of `index` (row-major) in `shape`.
+std::vector<int64_t> unravel(int64_t index, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> c(shape.size());
+  for (size_t i = shape.size(); i-- > 0;) {
+    c[i] = index % shape[i];
+    index /= shape[i];
+  }
+  return c;
+}
+
+// Every block of `root` that varies only along `dims` (increasing), each as its ranks in
+// row-major order over `dims`; the blocks come in row-major order over the other dims.
+std::vector<std::vector<int>> blocks(const RootState& root, const std::vector<int64_t>& dims) {
+  std::map<std::vector<int64_t>, std::vector<int>> by_rest;  // ordered: the same on every rank
+  for (size_t i = 0; i < root.ranks.size(); ++i) {
+    std::vector<int64_t> c = unravel(static_cast<int64_t>(i), root.shape), rest;
+    for (size_t d = 0; d < c.size(); ++d)
+      if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) == dims.end())
+        rest.push_back(c[d]);
+    by_rest[rest].push_back(root.ranks[i]);  // i increases row-major, so dims stay row-major
+  }
+  std::vector<std::vector<int>> out;
+  for (auto& [rest, ranks] : by_rest) out.push_back(std::move(ranks));
+  return out;
+}
+
+// The group of this rank among `blocks` (every rank creates every one: Note [Mesh groups]).
+ProcessGroupPtr make_groups(const std::vector<std::vector<int>>& bs) {
+  ProcessGroupPtr world = default_group();
+  ProcessGroupPtr mine;
+  for (const auto& ranks : bs) {
+    if (ranks == world->ranks()) return world;
+    ProcessGroupPtr g = new_group(ranks);
+    if (g) mine = g;
+  }
+  return mine;
+}
+
+}  // namespace
+
+struct MeshState {
+  std::string device_type;
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  std::vector<int> ranks;
+  std::vector<ProcessGroupPtr> groups;          // per mesh dim; null where not a member
+  std::vector<std::vector<int64_t>> root_dims;  // per mesh dim: the root dims it spans
+  std::shared_ptr<RootState> root;
+};
+
+const MeshState& DeviceMesh::state() const {
+  KILN_CHECK(state_ != nullptr, Value, "DeviceMesh: the mesh is undefined");
+  return *state_;
+}
+
+const std::string& DeviceMesh::device_type() const { return state().device_type; }
+int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(state().shape.size()); }
+const std::vector<int64_t>& DeviceMesh::shape() const { return state().shape; }
+const std::vector<std::string>& DeviceMesh::dim_names() const { return state().names; }
+const std::vector<int>& DeviceMesh::ranks() const { return state().ranks; }
+int64_t DeviceMesh::size() const { return static_cast<int64_t>(state().ranks.size()); }
+
+int64_t DeviceMesh::size(int64_t dim) const {
+  const int64_t n = ndim();
+  KILN_CHECK(dim >= -n && dim < n, Index, "DeviceMesh.size: dim ", dim,
+             " out of range for a mesh of ", n, " dims");
+  return state().shape[dim < 0 ? dim + n : dim];
+}
+
+std::vector<int64_t> DeviceMesh::coordinate() const {
+  const auto& r = state().ranks;
+  auto it = std::find(r.begin(), r.end(), world_rank());
+  if (it == r.end()) return {};
+  return unravel(it - r.begin(), state().shape);
+}
+
+int64_t DeviceMesh::local_rank(int64_t dim) const {
+  std::vector<int64_t> c = coordinate();
+  KILN_CHECK(!c.empty(), Value, "DeviceMesh: rank ", world_rank(), " is not in ", str());
+  size(dim);  // range check
+  return c[dim < 0 ? dim + ndim() : dim];
+}
+
+int64_t DeviceMesh::dim_index(std::string_view name) const {
+  const auto& names = state().names;
+  auto it = std::find(names.begin(), names.end(), name);
+  KILN_CHECK(it != names.end(), Value, "DeviceMesh: no mesh dim named '", name,
+             "' (the mesh's dims: ", names.empty() ? "unnamed" : quoted(names), ")");
+  return it - names.begin();
+}
+
+ProcessGroupPtr DeviceMesh::group(int64_t dim) const {
+  size(dim);  // range check
+  ProcessGroupPtr g = state().groups[dim < 0 ? dim + ndim() : dim];
+  KILN_CHECK(g != nullptr, Value, "DeviceMesh: rank ", world_rank(), " is not in ", str());
+  return g;
+}
+
+ProcessGroupPtr DeviceMesh::group(std::string_view dim_name) const {
+  return group(dim_index(dim_name));
+}
+
+DeviceMesh DeviceMesh::submesh(const std::vector<std::string>& names) const {
+  const MeshState& s = state();
+  KILN_CHECK(!names.empty(), Value, "DeviceMesh: a sub-mesh needs at least one dim name");
+  if (names.size() == 1 && s.root) {  // a flattened mesh, by the name it was given
+    std::lock_guard<std::mutex> lock(s.root->mu);
+    auto it = s.root->flattened.find(names[0]);
+    if (it != s.root->flattened.end() &&
+        std::find(s.names.begin(), s.names.end(), names[0]) == s.names.end()) {
+      auto m = std::make_shared<MeshState>();
+      m->device_type = s.device_type;
+      m->shape = {static_cast<int64_t>(it->second.ranks.size())};
+      m->names = {names[0]};
+      m->ranks = it->second.ranks;
+      m->groups = {it->second.group};
+      m->root_dims = {it->second.root_dims};
+      m->root = s.root;
+      return DeviceMesh(std::move(m));
+    }
+  }
+  std::vector<int64_t> dims;
+  for (const auto& n : names) {
+    const int64_t d = dim_index(n);
+    KILN_CHECK(dims.empty() || d > dims.back(), Value, "DeviceMesh: sub-mesh dims ", quoted(names),
+               " must be distinct and in the mesh's order ", quoted(s.names));
+    dims.push_back(d);
+  }
+  std::vector<int64_t> me = coordinate();
+  KILN_CHECK(!me.empty(), Value, "DeviceMesh: rank ", world_rank(), " is not in ", str());
+  auto m = std::make_shared<MeshState>();
+  m->device_type = s.device_type;
+  m->root = s.root;
+  for (int64_t d : dims) {
+    m->shape.push_back(s.shape[d]);
+    m->names.push_back(s.names[d]);
+    m->groups.push_back(s.groups[d]);
+    m->root_dims.push_back(s.root_dims[d]);
+  }
+  for (size_t i = 0; i < s.ranks.size(); ++i) {
+    std::vector<int64_t> c = unravel(static_cast<int64_t>(i), s.shape);
+    bool same = true;
+    for (size_t d = 0; d < c.size(); ++d)
+      if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) == dims.end())
+        same = same && c[d] == me[d];
+    if (same) m->ranks.push_back(s.ranks[i]);
+  }
+  return DeviceMesh(std::move(m));
+}
+
+DeviceMesh DeviceMesh::flatten(std::string name) const {
+  const MeshState& s = state();
+  if (name.empty()) name = join(s.names, "_");
+  KILN_CHECK(!name.empty(), Value, "DeviceMesh.flatten: an unnamed mesh needs a name");
+  if (ndim() == 1 && (s.names.empty() || s.names[0] == name)) return *this;
+  std::vector<int64_t> dims;
+  for (const auto& rd : s.root_dims) dims.insert(dims.end(), rd.begin(), rd.end());
+  RootState& root = *s.root;
+  {
+    std::lock_guard<std::mutex> lock(root.mu);
+    auto it = root.flattened.find(name);
+    if (it != root.flattened.end()) {
+      KILN_CHECK(it->second.root_dims == dims, Value, "DeviceMesh.flatten: the name '", name,
+                 "' is taken by another flattened mesh");
+    } else {
+      auto bs = blocks(root, dims);
+      FlatEntry e{dims, {}, make_groups(bs)};
+      for (auto& b : bs)
+        if (std::find(b.begin(), b.end(), world_rank()) != b.end()) e.ranks = b;
+      root.flattened.emplace(name, std::move(e));
+    }
+  }
+  return DeviceMesh(state_).submesh({name});
+}
+
+bool DeviceMesh::operator==(const DeviceMesh& o) const {
+  if (state_ == o.state_) return true;
+  if (!state_ || !o.state_) return false;
+  const MeshState &a = *state_, &b = *o.state_;
+  return a.device_type == b.device_type && a.shape == b.shape && a.ranks == b.ranks &&
+         a.names == b.names;
+}
+
+std::string DeviceMesh::str() const {
+  if (!state_) return "DeviceMesh(undefined)";
+  const MeshState& s = *state_;
+  std::ostringstream os;
+  os << "DeviceMesh('" << s.device_type << "', ";
+  // Nested brackets, row-major: a "[" opens wherever the trailing coordinates are all 0.
+  for (size_t i = 0; i < s.ranks.size(); ++i) {
+    std::vector<int64_t> c = unravel(static_cast<int64_t>(i), s.shape);
+    size_t open = 0;
+    while (open < c.size() &&
+           std::all_of(c.end() - open - 1, c.end(), [](int64_t v) { return v == 0; }))
+      ++open;
+    os << (i ? ", " : "") << std::string(open, '[') << s.ranks[i];
+    size_t close = 0;
+    for (size_t d = c.size(); d-- > 0 && c[d] == s.shape[d] - 1;) ++close;
+    os << std::string(close, ']');
+  }
+  if (!s.names.empty()) os << ", mesh_dim_names=" << quoted(s.names);
+  os << ")";
+  return os.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const DeviceMesh& mesh) { return os << mesh.str(); }
+
+DeviceMesh init_device_mesh(std::string_view device_type, const std::vector<int64_t>& shape,
+                            const std::vector<std::string>& dim_names) {
+  KILN_CHECK(device_type == "cpu" || device_type == "cuda", Value,
+             "init_device_mesh: unknown device type '", device_type,
+             "' (expected 'cpu' or 'cuda')");
+#ifndef KILN_HAVE_NCCL
+  KILN_CHECK(device_type != "cuda", Value,
+             "init_device_mesh('cuda'): this build has no NCCL backend (it needs CUDA and NCCL)");
+#endif
+  KILN_CHECK(!shape.empty(), Value, "init_device_mesh: the mesh shape is empty");
+  for (int64_t s : shape)
+    KILN_CHECK(s > 0, Value, "init_device_mesh: mesh sizes must be positive, got shape ",
+               IntArrayRef(shape));
+  KILN_CHECK(dim_names.empty() || dim_names.size() == shape.size(), Value,
+             "init_device_mesh: mesh_dim_names ", quoted(dim_names), " must name each of the ",
+             shape.size(), " dims of mesh shape ", IntArrayRef(shape));
+  for (size_t i = 0; i < dim_names.size(); ++i) {
+    KILN_CHECK(!dim_names[i].empty(), Value, "init_device_mesh: mesh dim ", i,
+               " has an empty name");
+    KILN_CHECK(std::count(dim_names.begin(), dim_names.end(), dim_names[i]) == 1, Value,
+               "init_device_mesh: mesh dim name '", dim_names[i], "' is repeated in ",
+               quoted(dim_names));
+  }
+  if (!is_initialized()) {
+    InitOptions o;
+    o.backend = device_type == "cuda" ? "nccl" : "ucx";
+    init_process_group(o);
+  }
+  const int world = default_group()->size();
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  KILN_CHECK(n == world, Value, "init_device_mesh: mesh shape ", IntArrayRef(shape), " has ", n,
+             " ranks but the world size is ", world);
+  auto root = std::make_shared<RootState>();
+  root->device_type = std::string(device_type);
+  root->shape = shape;
+  root->ranks.resize(world);
+  std::iota(root->ranks.begin(), root->ranks.end(), 0);
+  auto m = std::make_shared<MeshState>();
+  m->device_type = root->device_type;
+  m->shape = shape;
+  m->names = dim_names;
+  m->ranks = root->ranks;
+  m->root = root;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+    m->root_dims.push_back({d});
+    m->groups.push_back(make_groups(blocks(*root, {d})));
+  }
+  return DeviceMesh(std::move(m));
+}
+
+}  // namespace kiln::dist

@@ -1,0 +1,105 @@
+"""kiln.distributed.device_mesh and kiln.distributed.tensor under `kiln run`: a 2x2 mesh on four
+ranks (sub-meshes, flattening, redistribute on both dims), and on two ranks DTensor ops against
+the unsharded tensors, placements, from_local, autograd, the replicate path and the errors."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import kiln
+
+KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
+
+COMMON = textwrap.dedent("""
+    import kiln, kiln.distributed as dist
+    from kiln.distributed.device_mesh import init_device_mesh
+    from kiln.distributed.tensor import (DTensor, Partial, Replicate, Shard, distribute_tensor,
+                                         fallback_ops)
+
+    def close(a, b):
+        assert a.shape == b.shape and (a - b).abs().max().item() < 1e-5, (a.tolist(), b.tolist())
+
+    kiln.manual_seed(0)
+""")
+
+MESH_2X2 = COMMON + textwrap.dedent("""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    r = dist.get_rank()
+    assert mesh.shape == (2, 2) and mesh.mesh_dim_names == ("dp", "tp") and mesh.mesh == [[0, 1], [2, 3]]
+    assert mesh.get_coordinate() == [r // 2, r % 2] and mesh.get_local_rank("tp") == r % 2
+    assert list(mesh["tp"].get_group().ranks) == [r // 2 * 2, r // 2 * 2 + 1]
+    flat = mesh["dp", "tp"]._flatten()
+    assert flat.mesh_dim_names == ("dp_tp",) and flat.size() == 4
+    g = kiln.randn(5, 3)
+    for src in ([Shard(0), Shard(1)], [Shard(0), Shard(0)], [Partial(), Replicate()]):
+        for dst in ([Replicate(), Shard(0)], [Shard(1), Partial("max")], [Shard(1), Shard(0)]):
+            d = distribute_tensor(g, mesh, src).redistribute(mesh, dst)
+            assert d.placements == tuple(dst)
+            close(d.full_tensor(), g)
+    try:
+        init_device_mesh("cpu", (3,))
+        raise AssertionError("expected a ValueError")
+    except ValueError as e:
+        assert "mesh shape [3] has 3 ranks but the world size is 4" in str(e)
+    print(f"rank {r} ok")
+""")
+
+TWO_RANKS = COMMON + textwrap.dedent("""
+    mesh = init_device_mesh("cpu", (2,))
+    a, b, row = kiln.randn(5, 4), kiln.randn(5, 4), kiln.randn(4)
+    x, y = distribute_tensor(a, mesh, [Shard(0)]), distribute_tensor(b, mesh, [Shard(1)])
+    assert isinstance(x, DTensor) and not isinstance(a, DTensor)
+    assert x.shape == (5, 4) and x.placements == (Shard(0),)
+    assert x.to_local().shape == ((3, 4) if dist.get_rank() == 0 else (2, 4))  # uneven
+    z = x * y + distribute_tensor(row, mesh, [Replicate()]) * 2.0
+    assert z.placements == (Shard(0),) and z.device_mesh == mesh
+    close(z.full_tensor(), a * b + row * 2.0)
+    p = DTensor.from_local(kiln.full((5, 4), dist.get_rank() + 1.0), mesh, [Partial()])
+    assert (p * 2.0).placements == (Partial(),)
+    close((p * 2.0).full_tensor(), kiln.full((5, 4), 6.0))
+    # autograd: the gradient of x * x keeps x's placements
+    w = distribute_tensor(a, mesh, [Shard(0)])
+    w.requires_grad_()
+    (w * w).sum().backward()
+    assert w.grad.placements == (Shard(0),)
+    close(w.grad.full_tensor(), a * 2.0)
+    # the replicate path: warned once, listed
+    close(x.sum().full_tensor(), a.sum())
+    assert "sum" in fallback_ops()
+    for bad, kind, needle in [
+            (lambda: x + a, RuntimeError, "got a mix of DTensors and a plain tensor"),
+            (lambda: distribute_tensor(a, mesh, [Shard(2)]), IndexError, "out of range"),
+            (lambda: x + distribute_tensor(a, init_device_mesh("cpu", (2,), mesh_dim_names=("m",)), [Shard(0)]),
+             ValueError, "different device meshes")]:
+        try:
+            bad()
+            raise AssertionError(f"expected {kind.__name__}")
+        except kind as e:
+            assert needle in str(e), str(e)
+    print(f"rank {dist.get_rank()} ok")
+""")
+
+
+def run(tmp_path, name, script, nproc):
+    if not KILN_CLI.exists():
+        pytest.skip(f"{KILN_CLI} is not built")
+    path = tmp_path / f"{name}.py"
+    path.write_text(script)
+    env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
+    r = subprocess.run([str(KILN_CLI), "run", "--nproc", str(nproc), "--timeout", "120",
+                        sys.executable, str(path)], capture_output=True, text=True, env=env,
+                       timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(nproc):
+        assert f"[rank {rank}] rank {rank} ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_mesh_2x2_on_four_ranks(tmp_path):
+    run(tmp_path, "mesh", MESH_2X2, 4)
+
+
+def test_dtensor_on_two_ranks(tmp_path):
+    run(tmp_path, "dtensor", TWO_RANKS, 2)
