@@ -2,8 +2,8 @@
 // references the issue names: oneDNN's dnnl_sgemm called directly ("onednn-direct") and plain
 // OpenMP loops ("openmp-loop"). One JSON object per line.
 //
-//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd,kernels,mlp,cnn,gpt,distributed]
-//              [--quick]
+//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd,kernels,mlp,cnn,gpt,distributed,
+//                      sharded] [--quick]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <sched.h>
@@ -24,6 +24,7 @@
 #include "kiln/autograd/autograd.h"
 #include "kiln/autograd/engine.h"
 #include "kiln/dist/ddp.h"
+#include "kiln/dist/dtensor.h"
 #include "kiln/dist/process_group.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/nn.h"
@@ -325,9 +326,9 @@ void w_gpt(bool quick) {
 
 // ---- distributed: ranks are this program re-executed (never forked after UCX starts) ---------------
 
-// One rank (KILN_BENCH_RANK set): as torch_reference.py's _dist_worker, the best of 5 (3 quick)
-// timings of a 2^24-float sum all_reduce, each after a barrier; then DDP training of the MLP,
-// AdamW(1e-3), batch 256 per rank, one thread per rank (OMP_NUM_THREADS=1).
+// One rank of "distributed" (KILN_BENCH_RANK=distributed): as torch_reference.py's _dist_worker,
+// the best of 5 (3 quick) timings of a 2^24-float sum all_reduce, each after a barrier; then DDP
+// training of the MLP, AdamW(1e-3), batch 256 per rank, one thread per rank (OMP_NUM_THREADS=1).
 int distributed_rank(bool quick) {
   auto pg = dist::init_process_group();
   const int64_t n = int64_t{1} << 24;
@@ -352,11 +353,31 @@ int distributed_rank(bool quick) {
   return 0;
 }
 
+// One rank of "sharded" (KILN_BENCH_RANK=sharded), as torch_reference.py's _sharded_worker: the
+// per-op time of `a + b` on two DTensors sharded on dim 0 of a 1-d mesh (4 float32 per rank),
+// after 20 warm-up calls: sharding propagation (cached after the first call) and dispatch.
+// fsdp_train (its other half there) waits for FSDP.
+int sharded_rank(bool quick) {
+  dist::DeviceMesh mesh = dist::init_device_mesh("cpu", {2});
+  Tensor a = dist::distribute_tensor(ones({2, 4}), mesh, {dist::Shard(0)});
+  Tensor b = dist::distribute_tensor(ones({2, 4}), mesh, {dist::Shard(0)});
+  const int n = quick ? 200 : 2000;
+  for (int i = 0; i < 20; ++i) (void)(a + b);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i) (void)(a + b);
+  const double us =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / n * 1e6;
+  if (mesh.group(0)->rank() == 0) emit("dtensor", "add_sharded_2ranks", us, "us/op", "kiln-cpp");
+  dist::destroy_process_group();
+  return 0;
+}
+
 // A spawned rank inherits this thread's CPU affinity, and with OMP_PROC_BIND set (scripts/bench
 // sets it) OpenMP has bound this thread to a single core, which would put both ranks, and their
 // comm threads, on that core. The ranks are spawned with every CPU allowed, each rank's OpenMP
 // thread on its own core (OMP_PLACES).
-void w_distributed(bool quick) {
+// `mode` is what the ranks run: "distributed" (distributed_rank) or "sharded" (sharded_rank).
+void spawn_ranks(const std::string& mode, bool quick) {
   dist::TCPStore store("127.0.0.1", 0, /*is_server=*/true);
   const int ncpu = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
   cpu_set_t bound, all;
@@ -369,7 +390,8 @@ void w_distributed(bool quick) {
     std::vector<std::string> env = {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
                                     "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
                                     "MASTER_PORT=" + std::to_string(store.port()),
-                                    "KILN_AGENT_STORE=1", "OMP_NUM_THREADS=1", "KILN_BENCH_RANK=1"};
+                                    "KILN_AGENT_STORE=1", "OMP_NUM_THREADS=1",
+                                    "KILN_BENCH_RANK=" + mode};
     env.push_back("OMP_PLACES={" + std::to_string(r % ncpu) + "}");
     for (char** e = environ; *e; ++e) env.push_back(*e);
     std::vector<char*> envp;
@@ -401,7 +423,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (std::getenv("KILN_BENCH_RANK")) return distributed_rank(quick);
+  if (const char* mode = std::getenv("KILN_BENCH_RANK"))
+    return std::string(mode) == "sharded" ? sharded_rank(quick) : distributed_rank(quick);
   auto want = [&](const char* name) { return only.empty() || only.count(name); };
   if (want("dispatch")) w_dispatch(quick);
   if (want("gemm")) w_gemm(quick);
@@ -414,6 +437,7 @@ int main(int argc, char** argv) {
   if (want("mlp")) w_mlp(quick);
   if (want("cnn")) w_cnn(quick);
   if (want("gpt")) w_gpt(quick);
-  if (want("distributed")) w_distributed(quick);
+  if (want("distributed")) spawn_ranks("distributed", quick);
+  if (want("sharded")) spawn_ranks("sharded", quick);
   return 0;
 }
