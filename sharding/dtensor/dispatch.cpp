@@ -5,9 +5,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "kiln/dist/dtensor.h"
-#include "kiln/kiln.h"
-#include "kiln/meta.h"
+#include "rules.h"
 
 namespace kiln::dist {
 
@@ -15,10 +13,12 @@ namespace kiln::dist {
 //  - Arguments: every tensor must be a DTensor, except 0-d plain tensors (scalars and wrapped
 //    numbers), which count as replicated: anything else is a RuntimeError, as in PyTorch. All
 //    DTensors must be on one mesh (ValueError naming the op and both meshes).
-//  - Rule "pointwise" (Note [Pointwise sharding]) decides the input placements and the output's;
-//    the decision is cached per (op, input shapes and placements, whether the op is linear in
-//    its inputs; it does not depend on the mesh's sizes), so a repeated call costs a hash lookup
-//    and the local op.
+//  - The row's rule (rules.h; one file per rule) decides the placements the inputs take for the
+//    local call, and each result's placements, shape and strides. The decision is cached per
+//    (op; each tensor's shape and placements; the integer, bool, int-list, dtype and string
+//    arguments and whether each is given; the mesh's shape and this rank's coordinate). Float and
+//    Scalar values are not in the key, so a rule must not depend on them. A repeated call costs
+//    a hash lookup, the redistributions and the local op.
 //  - Rule "creation" on a DTensor (ones_like and the other composite *_like rows, whose
 //    decompositions would make plain tensors): the op runs on self's shard and the result keeps
 //    self's placements, Partial becoming Replicate. A composite row also runs its decomposition
@@ -29,40 +29,69 @@ namespace kiln::dist {
 //    the op runs on the full tensors, tensor results come back as Replicate() DTensors, and
 //    arguments the op writes are written back into their shards. It is correct and slow; a view
 //    it makes of a DTensor that is not all Replicate() is a copy, so writing into that view
-//    leaves the DTensor unchanged (view rules will fix that).
-//  - Every other rule (not implemented yet), out= variants and ops with tensor lists take the
-//    same path, and the op is also warned about once (Note [Warnings]) and listed by
-//    fallback_ops(). Random ops on this path draw on each rank's own generator.
-//
-// Note [Pointwise sharding]: the output has the broadcast shape; input dim k of a rank-r input
-// is output dim k + R - r. Each mesh dim is decided on its own, among:
-//  - Shard(od), for an output dim od that some input shards: an input whose dim od is not
-//    broadcast gets Shard of that dim, a broadcast one (size 1 or absent) gets Replicate;
-//  - Partial(op) with op sum or avg, for an op that is linear in its inputs: add and sub (every
-//    tensor input Partial, a Replicate one becomes Partial without communication), mul (exactly
-//    one input Partial, the others Replicate), div without rounding_mode (the numerator Partial),
-//    neg. A plain 0-d input cannot become Partial, so add(Partial, 2.0) replicates;
-//  - Replicate().
-// The cheapest wins (element counts moved: all-gather n, reduce-scatter n, all-reduce 2n,
-// taking a piece or going Replicate -> Partial 0), Shard first on a tie, then Partial. An
-// in-place op keeps self's placements (its output is self); where self's placement cannot be the
-// output's (self Partial in a nonlinear op) the op takes the replicate path, which writes back.
+//    leaves the DTensor unchanged. A rule that cannot shard a call takes the same path.
+//  - A rule not implemented yet, and out= variants, take the same path, and the op is also
+//    warned about once (Note [Warnings]) and listed by fallback_ops(). Random ops on this path
+//    draw on each rank's own generator.
+
+namespace rules {
+
+int64_t move_cost(const Placement& from, const Placement& to, int64_t numel) {
+  if (from == to) return 0;
+  if (from.is_shard()) return numel;                                // all-gather (then local)
+  if (from.is_partial()) return to.is_shard() ? numel : 2 * numel;  // reduce-scatter, all-reduce
+  return 0;                                                         // a piece, or zeros
+}
+
+bool choose(const RuleCall& call, const std::function<std::vector<Candidate>(int64_t)>& cands,
+            Decision& d) {
+  const std::vector<Arg>& args = call.tensors;
+  const int64_t m = call.mesh.ndim();
+  d.targets.assign(args.size(), Placements{});
+  for (size_t j = 0; j < args.size(); ++j)
+    if (args[j].spec) d.targets[j].resize(m);
+  for (OutSpec& o : d.outs) o.placements.resize(m);
+  const bool inplace = call.op.info().is_inplace && !args.empty() && args[0].spec;
+  for (int64_t i = 0; i < m; ++i) {
+    std::vector<Candidate> cs = cands(i);
+    int64_t best = -1;
+    size_t best_c = 0;
+    for (size_t c = 0; c < cs.size(); ++c) {
+      KILN_ASSERT(cs[c].in.size() == args.size() && cs[c].out.size() == d.outs.size(),
+                  call.op.name(), ": a sharding candidate of the wrong arity");
+      if (inplace && cs[c].out[0] != args[0].spec->placements[i]) continue;
+      int64_t cost = 0;
+      for (size_t j = 0; j < args.size(); ++j)
+        if (args[j].spec)
+          cost += move_cost(args[j].spec->placements[i], cs[c].in[j], args[j].tensor->numel());
+      if (best >= 0 && cost >= best) continue;
+      best = cost;
+      best_c = c;
+    }
+    if (best < 0) return false;
+    for (size_t j = 0; j < args.size(); ++j)
+      if (args[j].spec) d.targets[j][i] = cs[best_c].in[j];
+    for (size_t k = 0; k < d.outs.size(); ++k) d.outs[k].placements[i] = cs[best_c].out[k];
+  }
+  return true;
+}
+
+}  // namespace rules
 
 namespace {
 
-struct Arg {
-  int index;  // in the op's arguments
-  const Tensor* tensor;
-  const DTensorSpec* spec;  // null for a plain 0-d tensor
-  int64_t rank;
-};
+using rules::Arg;
+using rules::Decision;
 
-struct Decision {
-  std::vector<Placements> targets;  // per Arg (empty for plain tensors)
-  Placements out;
-  DimVector out_shape;
-  bool replicate_path = false;
-};
+// The rule of a row, or null where it is not implemented yet.
+rules::Rule rule_of(ShardingRule r) {
+  switch (r) {
+    case ShardingRule::Pointwise:
+      return &rules::decide_pointwise;
+    default:
+      return nullptr;
+  }
+}
 
 // ---- The decision cache ------------------------------------------------------------------------
 
@@ -85,112 +114,42 @@ int64_t code(const Placement& p) {
   return static_cast<int64_t>(p.kind) | (p.dim << 8) | (static_cast<int64_t>(p.reduce) << 4);
 }
 
-// ---- Linearity (Note [Pointwise sharding]) -----------------------------------------------------
-
-enum class Linear { None, Add, Mul, Div, Unary };
-
-Linear linearity(const OperatorHandle& op, const Stack& args) {
-  std::string_view n = op.name();
-  if (!n.empty() && n.back() == '_') n.remove_suffix(1);
-  if (n == "add" || n == "sub") return Linear::Add;
-  if (n == "mul") return Linear::Mul;
-  if (n == "neg") return Linear::Unary;
-  if (n == "div") return args.size() > 2 && args[2].is_none() ? Linear::Div : Linear::None;
-  return Linear::None;
+void key_tensor(std::vector<int64_t>& key, const Arg& a) {
+  key.push_back(a.spec ? -2 - a.rank : -1);
+  for (int64_t s : a.tensor->sizes()) key.push_back(s);
+  if (a.spec)
+    for (const Placement& p : a.spec->placements) key.push_back(code(p));
 }
 
-int64_t move_cost(const Placement& from, const Placement& to, int64_t numel) {
-  if (from == to) return 0;
-  if (from.is_shard()) return numel;                                // all-gather (then local)
-  if (from.is_partial()) return to.is_shard() ? numel : 2 * numel;  // reduce-scatter, all-reduce
-  return 0;                                                         // a piece, or zeros
-}
-
-// The placement of `a` along one mesh dim when the output is `out` there (nullopt: impossible).
-// `partial_input`: for Mul/Div, the Arg that stays Partial.
-std::optional<Placement> input_for(const Arg& a, const Placement& out, const DimVector& out_shape,
-                                   int64_t R, Linear lin, int partial_input, int self) {
-  if (out.is_replicate()) return Replicate();
-  if (out.is_shard()) {
-    const int64_t d = out.dim - (R - a.rank);
-    if (d < 0 || (a.tensor->size(d) == 1 && out_shape[out.dim] != 1)) return Replicate();
-    if (!a.spec) return std::nullopt;
-    return Shard(d);
+// The cache key of a call (See Note [DTensor dispatch]).
+std::vector<int64_t> cache_key(const OperatorHandle& op, const Stack& args,
+                               const std::vector<Arg>& tensors, const DeviceMesh& mesh) {
+  std::vector<int64_t> key{reinterpret_cast<int64_t>(&op)};
+  for (int64_t s : mesh.shape()) key.push_back(s);
+  for (int64_t c : mesh.coordinate()) key.push_back(c);
+  size_t t = 0;
+  for (const IValue& v : args) {
+    key.push_back(-100 - static_cast<int64_t>(v.variant().index()));
+    if (v.is_tensor()) {
+      if (v.to_tensor().defined()) key_tensor(key, tensors[t++]);
+    } else if (v.is_tensor_list()) {
+      for (const Tensor& e : v.to_tensor_list())
+        if (e.defined()) key_tensor(key, tensors[t++]);
+    } else if (v.is<int64_t>()) {
+      key.push_back(v.get<int64_t>());
+    } else if (v.is<bool>()) {
+      key.push_back(v.get<bool>());
+    } else if (v.is<ScalarType>()) {
+      key.push_back(static_cast<int64_t>(v.get<ScalarType>()));
+    } else if (v.is<std::vector<int64_t>>()) {
+      const auto& l = v.get<std::vector<int64_t>>();
+      key.push_back(static_cast<int64_t>(l.size()));
+      key.insert(key.end(), l.begin(), l.end());
+    } else if (v.is<std::string>()) {
+      key.push_back(static_cast<int64_t>(std::hash<std::string>{}(v.get<std::string>())));
+    }
   }
-  // Partial
-  if (!a.spec) return lin == Linear::Add ? std::nullopt : std::optional<Placement>(Replicate());
-  if (lin == Linear::Add || lin == Linear::Unary) return out;
-  return self == partial_input ? out : Replicate();
-}
-
-Decision decide_pointwise(const OperatorHandle& op, const std::vector<Arg>& args, Linear lin,
-                          const DeviceMesh& mesh) {
-  Decision dec;
-  const bool inplace = op.info().is_inplace;
-  int64_t R = 0;
-  for (const Arg& a : args) R = std::max(R, a.rank);
-  dec.out_shape = DimVector(args[0].tensor->sizes());
-  for (const Arg& a : args)
-    dec.out_shape =
-        meta::broadcast_shapes(op.name(), IntArrayRef(dec.out_shape), a.tensor->sizes());
-  if (inplace)
-    KILN_CHECK(IntArrayRef(dec.out_shape) == args[0].tensor->sizes(), Value, op.name(),
-               ": the result of shape ", IntArrayRef(dec.out_shape),
-               " does not fit in-place into self of shape ", args[0].tensor->sizes());
-  dec.targets.assign(args.size(), Placements{});
-  for (size_t j = 0; j < args.size(); ++j)
-    if (args[j].spec) dec.targets[j].resize(mesh.ndim());
-  dec.out.resize(mesh.ndim());
-  for (int64_t i = 0; i < mesh.ndim(); ++i) {
-    // Candidate (output placement, which input stays Partial for Mul/Div).
-    std::vector<std::pair<Placement, int>> cands;
-    for (const Arg& a : args) {
-      if (!a.spec || !a.spec->placements[i].is_shard()) continue;
-      Placement s = Shard(a.spec->placements[i].dim + R - a.rank);
-      bool seen = false;
-      for (auto& c : cands) seen = seen || c.first == s;
-      if (!seen) cands.push_back({s, -1});
-    }
-    if (lin != Linear::None) {
-      for (size_t j = 0; j < args.size(); ++j) {
-        if (!args[j].spec || !args[j].spec->placements[i].is_partial()) continue;
-        const Placement& p = args[j].spec->placements[i];
-        if (p.reduce != ReduceOp::Sum && p.reduce != ReduceOp::Avg) continue;
-        if (lin == Linear::Div && j != 0) continue;
-        cands.push_back({p, static_cast<int>(j)});
-      }
-    }
-    cands.push_back({Replicate(), -1});
-    int64_t best = -1;
-    size_t best_c = 0;
-    for (size_t c = 0; c < cands.size(); ++c) {
-      const Placement& out = cands[c].first;
-      if (inplace && args[0].spec && !(out == args[0].spec->placements[i])) continue;
-      int64_t cost = 0;
-      for (size_t j = 0; j < args.size() && cost >= 0; ++j) {
-        auto want =
-            input_for(args[j], out, dec.out_shape, R, lin, cands[c].second, static_cast<int>(j));
-        if (!want) {
-          cost = -1;
-        } else if (args[j].spec) {
-          cost += move_cost(args[j].spec->placements[i], *want, args[j].tensor->numel());
-        }
-      }
-      if (cost < 0 || (best >= 0 && cost >= best)) continue;
-      best = cost;
-      best_c = c;
-    }
-    if (best < 0) {  // an in-place op whose self placement cannot be the output's
-      dec.replicate_path = true;
-      return dec;
-    }
-    dec.out[i] = cands[best_c].first;
-    for (size_t j = 0; j < args.size(); ++j)
-      if (args[j].spec)
-        dec.targets[j][i] = *input_for(args[j], dec.out[i], dec.out_shape, R, lin,
-                                       cands[best_c].second, static_cast<int>(j));
-  }
-  return dec;
+  return key;
 }
 
 // ---- The replicate path ------------------------------------------------------------------------
@@ -320,12 +279,11 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
   // Check the arguments and collect the tensors (Note [DTensor dispatch]).
   std::vector<Arg> tensors;
   const DeviceMesh* mesh = nullptr;
-  bool has_list = false;
-  auto visit = [&](int i, const Tensor& t) {
+  auto visit = [&](int i, int elem, const Tensor& t) {
     if (!t.defined()) return;
     if (!is_dtensor(t)) {
       if (t.dim() != 0) mixed_error(op, i, t);
-      tensors.push_back(Arg{i, &t, nullptr, 0});
+      tensors.push_back(Arg{i, elem, &t, nullptr, 0});
       return;
     }
     const DTensorSpec& s = detail::spec_of(t);
@@ -336,14 +294,14 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
                  ": DTensor arguments are on different device meshes: ", mesh->str(), " and ",
                  s.mesh.str());
     }
-    tensors.push_back(Arg{i, &t, &s, t.dim()});
+    tensors.push_back(Arg{i, elem, &t, &s, t.dim()});
   };
   for (int i = 0; i < n; ++i) {
     if (args[i].is_tensor()) {
-      visit(i, args[i].to_tensor());
+      visit(i, -1, args[i].to_tensor());
     } else if (args[i].is_tensor_list()) {
-      has_list = true;
-      for (const Tensor& t : args[i].to_tensor_list()) visit(i, t);
+      const auto& l = args[i].to_tensor_list();
+      for (size_t k = 0; k < l.size(); ++k) visit(i, static_cast<int>(k), l[k]);
     }
   }
   KILN_ASSERT(mesh != nullptr, op.name(), ": DTensor kernel without a DTensor argument");
@@ -351,17 +309,10 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     stack.push_back(like_op(op, std::move(args)));
     return;
   }
-  const bool rule = info.sharding == ShardingRule::Pointwise && !info.is_out && !has_list;
+  const rules::Rule rule = info.is_out ? nullptr : rule_of(info.sharding);
   const Decision* dec = nullptr;  // a cache entry: node-based, so it stays valid
   if (rule) {
-    const Linear lin = linearity(op, args);
-    std::vector<int64_t> key{reinterpret_cast<int64_t>(&op), static_cast<int64_t>(lin)};
-    for (const Arg& a : tensors) {
-      key.push_back(a.spec ? -2 - a.rank : -1);
-      for (int64_t s : a.tensor->sizes()) key.push_back(s);
-      if (a.spec)
-        for (const Placement& p : a.spec->placements) key.push_back(code(p));
-    }
+    std::vector<int64_t> key = cache_key(op, args, tensors, *mesh);
     std::unique_lock<std::mutex> lock(g_cache_mu);
     auto it = cache().find(key);
     if (it != cache().end()) {
@@ -369,7 +320,7 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
       dec = &it->second;
     } else {
       lock.unlock();
-      Decision d = decide_pointwise(op, tensors, lin, *mesh);
+      Decision d = rule(rules::RuleCall{op, args, tensors, *mesh});
       lock.lock();
       ++g_stats.misses;
       dec = &cache().emplace(std::move(key), std::move(d)).first->second;
@@ -384,23 +335,41 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
   for (size_t j = 0; j < tensors.size(); ++j) {
     const Arg& a = tensors[j];
     if (!a.spec) continue;
-    locals[a.index] =
+    Tensor local =
         detail::redistribute_local(detail::local_of(*a.tensor), *a.spec, dec->targets[j]);
+    if (a.elem < 0) {
+      locals[a.index] = std::move(local);
+    } else {
+      std::vector<Tensor> l = locals[a.index].to_tensor_list();
+      l[a.elem] = std::move(local);
+      locals[a.index] = std::move(l);
+    }
   }
+  for (const auto& [i, v] : dec->local_args) locals[i] = v;
   op.call_boxed(locals);
   if (info.is_inplace) {
     stack.push_back(args[0]);
     return;
   }
+  size_t k = 0;
+  auto wrap = [&](const Tensor& r) {
+    KILN_ASSERT(k < dec->outs.size(), op.name(), ": the sharding rule gave too few results");
+    const rules::OutSpec& o = dec->outs[k++];
+    return detail::make_dtensor(
+        r, DTensorSpec{*mesh, o.placements, o.shape,
+                       o.stride.empty() ? contiguous_strides(IntArrayRef(o.shape)) : o.stride,
+                       r.dtype()});
+  };
   for (IValue& v : locals) {
-    if (!v.is_tensor()) {
+    if (v.is_tensor()) {
+      stack.push_back(wrap(v.to_tensor()));
+    } else if (v.is_tensor_list()) {
+      std::vector<Tensor> l = v.to_tensor_list();
+      for (Tensor& t : l) t = wrap(t);
+      stack.push_back(std::move(l));
+    } else {
       stack.push_back(std::move(v));
-      continue;
     }
-    const Tensor& r = v.to_tensor();
-    stack.push_back(detail::make_dtensor(
-        r, DTensorSpec{*mesh, dec->out, dec->out_shape,
-                       contiguous_strides(IntArrayRef(dec->out_shape)), r.dtype()}));
   }
 }
 
