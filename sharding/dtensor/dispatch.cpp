@@ -346,7 +346,11 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     }
   }
   for (const auto& [i, v] : dec->local_args) locals[i] = v;
-  op.call_boxed(locals);
+  if (dec->local_call) {
+    dec->local_call(op, locals);
+  } else {
+    op.call_boxed(locals);
+  }
   if (info.is_inplace) {
     stack.push_back(args[0]);
     return;

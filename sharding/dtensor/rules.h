@@ -39,6 +39,10 @@ struct Decision {
   std::vector<OutSpec> outs;        // per tensor result, tensor-list results flattened, in order
   // Non-tensor arguments replaced for the local call (a view's global sizes become local ones).
   std::vector<std::pair<int, IValue>> local_args;
+  // The rule's own local computation, run instead of the op on the redistributed arguments (which
+  // it replaces with the results, as call_boxed does); null for the op itself. Embedding with
+  // row-sharded weights, for one, masks the indices outside this rank's rows.
+  std::function<void(const OperatorHandle&, Stack&)> local_call;
   bool replicate_path = false;  // the rule cannot shard this call: replicate, compute, reshard
 };
 
