@@ -4,7 +4,12 @@
 //   kiln --help
 //   kiln run --help
 //   kiln run --nproc 2 build/bin/digits
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -23,6 +28,7 @@ commands:
   status   one job
   cancel   cancel a job
   logs     a job's driver output
+  plan     plan FSDP x TP memory and traffic for a mesh of any size (kiln-plan)
 
 'kiln <command> --help' shows a command's options.
 )";
@@ -44,6 +50,16 @@ int main(int argc, char** argv) {
         kiln::client::parse_run_args(std::vector<std::string>(args.begin() + 1, args.end()));
     if (!parsed.options) return parsed.exit_status;
     return kiln::client::launch(*parsed.options);
+  }
+  if (args[0] == "plan") {  // kiln-plan, next to this binary, links the runtime; this one does not
+    const std::string tool =
+        (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "kiln-plan").string();
+    std::vector<char*> av{const_cast<char*>(tool.c_str())};
+    for (int i = 2; i < argc; ++i) av.push_back(argv[i]);
+    av.push_back(nullptr);
+    execv(tool.c_str(), av.data());
+    std::fprintf(stderr, "kiln: cannot run %s: %s\n", tool.c_str(), std::strerror(errno));
+    return kiln::client::kExitUsage;
   }
   if (kiln::client::is_job_command(args[0])) {
     return kiln::client::run_job_command(args[0],

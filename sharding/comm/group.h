@@ -127,6 +127,7 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
   std::shared_ptr<TCPStore> store;
   CommThread* thread = nullptr;  // the registry's
   std::shared_ptr<NcclComm> nccl;  // backend "nccl": every collective goes there instead
+  bool fake = false;               // backend "fake" (Note [Fake process group])
 
   int size() const { return static_cast<int>(ranks.size()); }
 

@@ -146,9 +146,11 @@ std::string shape_str(const Tensor& t) {
   return os.str();
 }
 
-void check_tensor(const char* op, const Tensor& t) {
+void check_tensor(const char* op, const Tensor& t, bool fake = false) {
   KILN_CHECK(t.defined(), Value, op, ": expected a tensor, got an undefined one");
-  KILN_CHECK(t.device().is_cpu(), Value, op, ": the UCX backend takes CPU tensors, got ",
+  KILN_CHECK(t.device().is_cpu() || (fake && t.is_meta()), Value, op,
+             fake ? ": the fake backend takes CPU or meta tensors, got "
+                  : ": the UCX backend takes CPU tensors, got ",
              t.device());
   KILN_CHECK(t.is_contiguous(), Value, op, ": expected a contiguous tensor, got shape ", t.sizes(),
              " strides ", t.strides());
@@ -158,7 +160,42 @@ void check_reducible(const char* op, const Tensor& t) {
   KILN_CHECK(t.dtype() != kBool, Type, op, ": cannot reduce bool tensors");
 }
 
+// Note [Fake process group]: backend "fake" (init_process_group with rank and world_size, no
+// store) makes groups of any size in one process with no transport: every collective checks its
+// arguments as the real one does, counts the bytes this rank would send by the ring algorithms
+// of comm/collectives.cpp (all_reduce 2(n-1)/n of the tensor, all_gather (n-1) inputs,
+// reduce_scatter (n-1)/n of the input, all_to_all what goes to the others, broadcast and send
+// the tensor), and completes at once, leaving its outputs as they were. With meta tensors this
+// plans a run of any size without running it (kiln/dist/plan.h).
+std::mutex g_fake_mu;
+std::map<std::string, CommStats, std::less<>>& fake_stats() {
+  static std::map<std::string, CommStats, std::less<>> s;
+  return s;
+}
+
+WorkPtr fake_done(const char* op, const ProcessGroup& pg, double bytes) {
+  {
+    std::lock_guard<std::mutex> lock(g_fake_mu);
+    CommStats& c = fake_stats()[op];
+    ++c.calls;
+    c.bytes += static_cast<int64_t>(bytes);
+  }
+  auto w = std::make_shared<Work>(std::string(op) + " on fake group '" + pg.name() + "'");
+  w->finish();
+  return w;
+}
+
 }  // namespace
+
+std::map<std::string, CommStats, std::less<>> fake_comm_stats() {
+  std::lock_guard<std::mutex> lock(g_fake_mu);
+  return fake_stats();
+}
+
+void reset_fake_comm_stats() {
+  std::lock_guard<std::mutex> lock(g_fake_mu);
+  fake_stats().clear();
+}
 
 ProcessGroup::~ProcessGroup() = default;
 int ProcessGroup::rank() const { return impl_->rank; }
@@ -170,9 +207,11 @@ std::string ProcessGroup::dump_recent() const { return impl_->dump(); }
 
 WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
   if (impl_->nccl) return impl_->nccl->all_reduce(tensor, op);
-  check_tensor("all_reduce", tensor);
+  check_tensor("all_reduce", tensor, impl_->fake);
   check_reducible("all_reduce", tensor);
   const int n = size();
+  if (impl_->fake)
+    return fake_done("all_reduce", *this, 2.0 * (n - 1) / n * static_cast<double>(tensor.nbytes()));
   return impl_->issue(
       "all_reduce", shape_str(tensor),
       [tensor, op, n](Exchange& x) {
@@ -193,9 +232,11 @@ WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
 
 WorkPtr ProcessGroup::broadcast(Tensor& tensor, int src) {
   if (impl_->nccl) return impl_->nccl->broadcast(tensor, src);
-  check_tensor("broadcast", tensor);
+  check_tensor("broadcast", tensor, impl_->fake);
   KILN_CHECK(src >= 0 && src < size(), Value, "broadcast: src ", src, " is not a rank of group '",
              name(), "' of size ", size());
+  if (impl_->fake)
+    return fake_done("broadcast", *this, rank() == src ? static_cast<double>(tensor.nbytes()) : 0);
   return impl_->issue(
       "broadcast", shape_str(tensor),
       [tensor, src](Exchange& x) { dist::broadcast(x, tensor.data_ptr(), tensor.nbytes(), src); },
@@ -204,11 +245,14 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, int src) {
 
 WorkPtr ProcessGroup::all_gather_into_tensor(Tensor& output, const Tensor& input) {
   if (impl_->nccl) return impl_->nccl->all_gather_into_tensor(output, input);
-  check_tensor("all_gather_into_tensor", output);
-  check_tensor("all_gather_into_tensor", input);
+  check_tensor("all_gather_into_tensor", output, impl_->fake);
+  check_tensor("all_gather_into_tensor", input, impl_->fake);
   KILN_CHECK(output.dtype() == input.dtype() && output.numel() == input.numel() * size(), Value,
              "all_gather_into_tensor: output ", shape_str(output), " must hold ", size(),
              " copies of input ", shape_str(input));
+  if (impl_->fake)
+    return fake_done("all_gather_into_tensor", *this,
+                     static_cast<double>(size() - 1) * static_cast<double>(input.nbytes()));
   return impl_->issue(
       "all_gather_into_tensor", shape_str(input),
       [output, input](Exchange& x) {
@@ -226,13 +270,16 @@ WorkPtr ProcessGroup::all_gather_into_tensor(Tensor& output, const Tensor& input
 
 WorkPtr ProcessGroup::reduce_scatter_tensor(Tensor& output, const Tensor& input, ReduceOp op) {
   if (impl_->nccl) return impl_->nccl->reduce_scatter_tensor(output, input, op);
-  check_tensor("reduce_scatter_tensor", output);
-  check_tensor("reduce_scatter_tensor", input);
+  check_tensor("reduce_scatter_tensor", output, impl_->fake);
+  check_tensor("reduce_scatter_tensor", input, impl_->fake);
   check_reducible("reduce_scatter_tensor", input);
   KILN_CHECK(output.dtype() == input.dtype() && input.numel() == output.numel() * size(), Value,
              "reduce_scatter_tensor: input ", shape_str(input), " must hold ", size(),
              " blocks of output ", shape_str(output));
   const int n = size();
+  if (impl_->fake)
+    return fake_done("reduce_scatter_tensor", *this,
+                     static_cast<double>(n - 1) / n * static_cast<double>(input.nbytes()));
   return impl_->issue(
       "reduce_scatter_tensor", shape_str(input),
       [output, input, op, n](Exchange& x) {
@@ -264,8 +311,8 @@ WorkPtr ProcessGroup::all_to_all_single(Tensor& output, const Tensor& input,
   if (impl_->nccl)
     return impl_->nccl->all_to_all_single(output, input, output_split_sizes, input_split_sizes);
   const char* op = "all_to_all_single";
-  check_tensor(op, output);
-  check_tensor(op, input);
+  check_tensor(op, output, impl_->fake);
+  check_tensor(op, input, impl_->fake);
   const int n = size();
   KILN_CHECK(output.dtype() == input.dtype() && input.dim() >= 1 && output.dim() >= 1, Value, op,
              ": expected input and output of one dtype with at least one dim, got ",
@@ -297,6 +344,8 @@ WorkPtr ProcessGroup::all_to_all_single(Tensor& output, const Tensor& input,
   std::vector<size_t> in_off, in_len, out_off, out_len;
   bytes_of(input_split_sizes, row_in, in_off, in_len);
   bytes_of(output_split_sizes, row_out, out_off, out_len);
+  if (impl_->fake)
+    return fake_done(op, *this, static_cast<double>(input.nbytes() - in_len[rank()]));
   return impl_->issue(
       op, shape_str(input),
       [=](Exchange& x) {
@@ -308,7 +357,7 @@ WorkPtr ProcessGroup::all_to_all_single(Tensor& output, const Tensor& input,
 // send/recv's arguments: a contiguous CPU tensor, another rank of the group, a tag that fits.
 void ProcessGroup::check_p2p(const char* op, const char* peer_name, const Tensor& tensor, int peer,
                              int tag) const {
-  check_tensor(op, tensor);
+  check_tensor(op, tensor, impl_->fake);
   KILN_CHECK(peer >= 0 && peer < size() && peer != rank(), Value, op, ": ", peer_name, " ", peer,
              " must be another rank of group '", name(), "' of size ", size());
   KILN_CHECK(tag >= 0 && tag < (1 << 19), Value, op, ": tag must be in [0, 2^19), got ", tag);
@@ -317,6 +366,7 @@ void ProcessGroup::check_p2p(const char* op, const char* peer_name, const Tensor
 WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   if (impl_->nccl) return impl_->nccl->send(tensor, dst);
   check_p2p("send", "dst", tensor, dst, tag);
+  if (impl_->fake) return fake_done("send", *this, static_cast<double>(tensor.nbytes()));
   uint32_t msg = impl_->next_p2p(impl_->sends_, dst, tag);
   return impl_->issue(
       "send", shape_str(tensor),
@@ -327,6 +377,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
 WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
   if (impl_->nccl) return impl_->nccl->recv(tensor, src);
   check_p2p("recv", "src", tensor, src, tag);
+  if (impl_->fake) return fake_done("recv", *this, 0);
   uint32_t msg = impl_->next_p2p(impl_->recvs_, src, tag);
   return impl_->issue(
       "recv", shape_str(tensor),
@@ -336,6 +387,7 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, int tag) {
 
 WorkPtr ProcessGroup::barrier() {
   if (impl_->nccl) return impl_->nccl->barrier();
+  if (impl_->fake) return fake_done("barrier", *this, 0);
   return impl_->issue(
       "barrier", "", [](Exchange& x) { dist::barrier(x); }, OpKind::Barrier);
 }

@@ -22,6 +22,7 @@ struct Registry {
   std::shared_ptr<NcclComm> world_nccl;  // the world's, parent of the subgroups' (backend "nccl")
   int next_group_id = 1;
   int generation = 0;
+  bool fake = false;  // backend "fake" (Note [Fake process group] in process_group.cpp)
   // Last, so it is destroyed first: at exit it finishes the queued collectives before the groups
   // and the transport go away.
   CommThread thread;
@@ -35,6 +36,7 @@ struct Registry {
     world_nccl.reset();
     store.reset();
     next_group_id = 1;
+    fake = false;
   }
 
   void add(const ProcessGroupPtr& pg) {
@@ -63,6 +65,7 @@ ProcessGroupPtr make_group(Registry& reg, std::string name, std::vector<int> ran
   impl->store = reg.store;
   impl->thread = &reg.thread;
   impl->nccl = std::move(nccl);
+  impl->fake = reg.fake;
   return std::make_shared<ProcessGroup>(std::move(impl));
 }
 
@@ -75,12 +78,29 @@ ProcessGroupPtr init_process_group(const InitOptions& o) {
              "init_process_group: the default group exists already (call "
              "destroy_process_group first)");
 #ifdef KILN_HAVE_NCCL
-  KILN_CHECK(o.backend == "ucx" || o.backend == "nccl", Value,
-             "init_process_group: unknown backend '", o.backend, "' (this build has: ucx, nccl)");
+  KILN_CHECK(o.backend == "ucx" || o.backend == "nccl" || o.backend == "fake", Value,
+             "init_process_group: unknown backend '", o.backend,
+             "' (this build has: ucx, nccl, fake)");
 #else
-  KILN_CHECK(o.backend == "ucx", Value, "init_process_group: unknown backend '", o.backend,
-             "' (this build has: ucx; nccl needs a build with CUDA and NCCL)");
+  KILN_CHECK(o.backend == "ucx" || o.backend == "fake", Value,
+             "init_process_group: unknown backend '", o.backend,
+             "' (this build has: ucx, fake; nccl needs a build with CUDA and NCCL)");
 #endif
+  if (o.backend == "fake") {
+    KILN_CHECK(o.init_method.empty() && o.rank >= 0 && o.world_size >= 1 && o.rank < o.world_size,
+               Value,
+               "init_process_group(\"fake\"): pass init_method \"\", rank and world_size with "
+               "0 <= rank < world_size, got rank ",
+               o.rank, ", world_size ", o.world_size);
+    reg.fake = true;
+    reg.generation += 1;
+    std::vector<int> ranks(o.world_size);
+    std::iota(ranks.begin(), ranks.end(), 0);
+    reg.world = make_group(reg, o.group_name, std::move(ranks), o.rank, 0,
+                           o.timeout.value_or(env_timeout()));
+    reg.add(reg.world);
+    return reg.world;
+  }
   const Milliseconds timeout = o.timeout.value_or(env_timeout());
   int rank = o.rank, world = o.world_size;
   std::shared_ptr<TCPStore> store = o.store;
@@ -159,7 +179,8 @@ ProcessGroupPtr new_group(const std::vector<int>& ranks, std::optional<Milliseco
     seen[r] = true;
   }
   // A group id has 6 bits (See Note [Collective tags] in comm/collectives.h).
-  KILN_CHECK(reg.next_group_id < 64, Value, "new_group: at most 63 subgroups per "
+  KILN_CHECK(reg.fake || reg.next_group_id < 64, Value,
+             "new_group: at most 63 subgroups per "
              "init_process_group (destroy_process_group starts the count afresh)");
   const int id = reg.next_group_id++;
   if (name.empty()) name = "group" + std::to_string(id);
@@ -168,8 +189,8 @@ ProcessGroupPtr new_group(const std::vector<int>& ranks, std::optional<Milliseco
   std::shared_ptr<NcclComm> nccl;
 #ifdef KILN_HAVE_NCCL
   if (NcclComm* parent = reg.world_nccl.get())
-    nccl = nccl_split(*parent, me != ranks.end(), rank, name,
-                      timeout.value_or(reg.world->timeout()));
+    nccl =
+        nccl_split(*parent, me != ranks.end(), rank, name, timeout.value_or(reg.world->timeout()));
 #endif
   if (me == ranks.end()) return nullptr;
   auto pg = make_group(reg, std::move(name), ranks, rank, id,

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -96,8 +97,9 @@ class ProcessGroup {
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
 struct InitOptions {
-  // "ucx" (CPU tensors) or "nccl" (CUDA tensors, builds with CUDA; Note [NCCL backend] in
-  // sharding/comm/nccl.h).
+  // "ucx" (CPU tensors), "nccl" (CUDA tensors, builds with CUDA; Note [NCCL backend] in
+  // sharding/comm/nccl.h) or "fake" (one process plays `rank` of `world_size`: collectives only
+  // count bytes; init_method "", no store; Note [Fake process group] in comm/process_group.cpp).
   std::string backend = "ucx";
   // "env://" reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (Note [Launch environment]);
   // otherwise rank, world_size and store below are used.
@@ -126,6 +128,15 @@ void destroy_process_group();
 
 // A one-rank group that needs no transport and no store (tests, single-process runs).
 ProcessGroupPtr new_local_group(std::string name);
+
+// What the fake backend's collectives were asked for, per collective name: calls, and the bytes
+// this rank would send (See Note [Fake process group] in comm/process_group.cpp).
+struct CommStats {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+};
+std::map<std::string, CommStats, std::less<>> fake_comm_stats();
+void reset_fake_comm_stats();
 
 // Rank-local launch facts (LOCAL_RANK / LOCAL_WORLD_SIZE; 0 and 1 when unset).
 int local_rank();
