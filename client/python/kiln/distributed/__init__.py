@@ -58,9 +58,16 @@ def init_process_group(backend="ucx", init_method=None, timeout=None, world_size
     """Creates the default group. init_method "env://" (the default) reads RANK, WORLD_SIZE,
     MASTER_ADDR and MASTER_PORT; with a store (a TCPStore), rank and world_size are given."""
     global _backend
+    if backend == "fake":  # one process plays `rank` of `world_size`; collectives only count bytes
+        if rank < 0 or world_size < 1:
+            raise ValueError("init_process_group('fake'): pass rank and world_size")
+        pg = _C._init_process_group("fake", "", rank, world_size, None, _seconds(timeout),
+                                    group_name)
+        _backend = "fake"
+        return pg
     if backend not in ("ucx", "gloo", "cpu:ucx"):
         raise ValueError(f"init_process_group: backend '{backend}' is not available; Kiln has 'ucx' "
-                         "on the CPU ('gloo' is accepted as an alias)")
+                         "on the CPU ('gloo' is accepted as an alias) and 'fake'")
     if init_method is None:
         init_method = "env://" if store is None else ""
     if store is not None and (rank < 0 or world_size < 1):
