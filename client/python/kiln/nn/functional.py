@@ -187,10 +187,18 @@ def _reduction(size_average, reduce, reduction):
     return ("mean" if size_average else "sum") if reduce else "none"
 
 
+# Set by kiln.distributed.tensor.parallel.loss_parallel() while it is active: cross_entropy of
+# DTensor logits goes there (Note [Vocab-parallel cross entropy]).
+_dtensor_cross_entropy = None
+
+
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean", label_smoothing=0.0):
-    return _C.cross_entropy(input, target, weight, _reduction(size_average, reduce, reduction),
-                            ignore_index, label_smoothing)
+    reduction = _reduction(size_average, reduce, reduction)
+    if _dtensor_cross_entropy is not None and _C._is_dtensor(input):
+        return _dtensor_cross_entropy(input, target, weight, reduction, ignore_index,
+                                      label_smoothing)
+    return _C.cross_entropy(input, target, weight, reduction, ignore_index, label_smoothing)
 
 
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
