@@ -138,7 +138,7 @@ MODULES = COMMON + textwrap.dedent("""
         target = kiln.randint(0, 11, (12,))
         target[3] = -100  # ignored
         logits, logits_ref = tp(idx), ref(idx)
-        assert isinstance(logits, DTensor) and logits.placements == (Shard(-1),)
+        assert isinstance(logits, DTensor) and logits.placements == (Shard(1),)
         close(logits, logits_ref, "block logits")
         with loss_parallel():
             loss = F.cross_entropy(logits, target, ignore_index=-100)
@@ -248,7 +248,8 @@ LOSS = COMMON + textwrap.dedent("""
     # Outside the context, DTensor logits take the ordinary path (gathered); plain logits inside
     # it are unaffected.
     d = distribute_tensor(logits.reshape([1, 9]), mesh, [Shard(-1)])
-    close(F.cross_entropy(d, kiln.tensor([5])), F.cross_entropy(logits.reshape([1, 9]), kiln.tensor([5])))
+    t = distribute_tensor(kiln.tensor([5]), mesh, [Replicate()])
+    close(F.cross_entropy(d, t), F.cross_entropy(logits.reshape([1, 9]), kiln.tensor([5])))
     with loss_parallel():
         assert not isinstance(F.cross_entropy(logits.reshape([1, 9]), kiln.tensor([5])), DTensor)
 

@@ -74,7 +74,6 @@ class _VocabParallelCrossEntropy(Function):
         x, lse, w, v, idx, owned, denom = ctx.saved_tensors
         reduction, eps, vocab = ctx.setting
         scale = grad / denom if reduction == "mean" else grad
-        scale = scale.expand(list(lse.shape)) if reduction != "none" else scale
         a = (w * (1 - eps) + v * eps) * scale
         g = (x - lse.unsqueeze(1)).exp() * a.unsqueeze(1)
         if eps > 0:

@@ -69,6 +69,8 @@ def _to_dtensor(x, mesh, layout, what):
 
 
 def _place(x, mesh, layout):
+    if layout.is_shard() and layout.dim < 0:  # placements hold non-negative dims
+        layout = Shard(layout.dim + x.ndim)
     return x if x.placements == (layout,) else x.redistribute(mesh, [layout])
 
 
