@@ -44,7 +44,7 @@ struct VocabParallelCrossEntropy : autograd::Function<VocabParallelCrossEntropy>
     Tensor idx = where(owned, local_t, zeros_like(local_t)).unsqueeze(1);
     Tensor zero = zeros_like(m);
     Tensor sumexp = vr > 0 ? sum(exp(x - m.unsqueeze(1)), std::vector<int64_t>{1}) : zero;
-    Tensor picked = vr > 0 ? where(owned, gather(x, 1, idx).squeeze(1), zero) : zero;
+    Tensor picked = vr > 0 ? where(owned, gather(x, 1, idx).squeeze({1}), zero) : zero;
     Tensor rowsum = vr > 0 ? sum(x, std::vector<int64_t>{1}) : zero;
     Tensor sums = all_reduced(*o.group, stack({sumexp, picked, rowsum}, 0), ReduceOp::Sum);
     Tensor lse = m + log(sums.select(0, 0));

@@ -20,7 +20,7 @@ COMMON = textwrap.dedent("""
     import kiln.nn as nn
     import kiln.nn.functional as F
     from kiln.distributed.device_mesh import init_device_mesh
-    from kiln.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from kiln.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor, fallback_ops
     from kiln.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                   PrepareModuleOutput, RowwiseParallel,
                                                   SequenceParallel, loss_parallel,
@@ -245,6 +245,8 @@ LOSS = COMMON + textwrap.dedent("""
     F.cross_entropy(r, kiln.tensor(5)).backward()
     close(loss, F.cross_entropy(logits, kiln.tensor(5)), "1-d loss")
     close(d.grad, r.grad, "1-d grad")
+    # The logits were never gathered: no op ran on them on the replicate path.
+    assert not {"cross_entropy", "log_softmax", "amax", "exp", "logsumexp"} & set(fallback_ops())
     # Outside the context, DTensor logits take the ordinary path (gathered); plain logits inside
     # it are unaffected.
     d = distribute_tensor(logits.reshape([1, 9]), mesh, [Shard(-1)])

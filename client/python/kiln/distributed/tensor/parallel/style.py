@@ -87,8 +87,8 @@ class ColwiseParallel(ParallelStyle):
     use_local_output."""
 
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=True):
-        self.input_layouts = (input_layouts or Replicate(),)
-        self.output_layouts = (output_layouts or Shard(-1),)
+        self.input_layouts = (Replicate() if input_layouts is None else input_layouts,)
+        self.output_layouts = (Shard(-1) if output_layouts is None else output_layouts,)
         self.desired_input_layouts = (Replicate(),)
         self.use_local_output = use_local_output
 
@@ -143,8 +143,8 @@ class RowwiseParallel(ColwiseParallel):
     output_layouts (default Replicate(): an all-reduce), its local shard if use_local_output."""
 
     def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output=True):
-        super().__init__(input_layouts=input_layouts or Shard(-1),
-                         output_layouts=output_layouts or Replicate(),
+        super().__init__(input_layouts=Shard(-1) if input_layouts is None else input_layouts,
+                         output_layouts=Replicate() if output_layouts is None else output_layouts,
                          use_local_output=use_local_output)
         self.desired_input_layouts = (Shard(-1),)
         self._default_input = input_layouts is None
