@@ -19,9 +19,10 @@ Tensor all_reduced(ProcessGroup& g, Tensor t, ReduceOp op) {
   return t;
 }
 
-// Forward arguments: the local (N, V_r) logits, the (N,) int64 target, the (C,) weight or
-// undefined; the rest are in Options.
+// Forward arguments: the local (N, V_r) logits and the (N,) int64 target; the rest (the (C,)
+// weight, undefined for none, gets no gradient) are in Options.
 struct Options {
+  Tensor weight;
   ProcessGroupPtr group;
   int64_t offset = 0;
   int64_t vocab = 0;
@@ -31,14 +32,14 @@ struct Options {
 };
 
 struct VocabParallelCrossEntropy : autograd::Function<VocabParallelCrossEntropy> {
-  static Tensor forward(autograd::AutogradContext* ctx, Tensor x, Tensor target, Tensor weight,
-                        Options o) {
+  static Tensor forward(autograd::AutogradContext* ctx, Tensor x, Tensor target, Options o) {
+    const Tensor& weight = o.weight;
     const int64_t n = x.size(0), vr = x.size(1);
     Tensor valid = target != o.ignore_index;
     Tensor local_t = target - o.offset;
     Tensor owned = logical_and(logical_and(valid, local_t >= 0), local_t < vr);
-    Tensor m = vr > 0 ? amax(x, {1})
-                      : full({n}, -std::numeric_limits<double>::infinity(), x.dtype());
+    Tensor m =
+        vr > 0 ? amax(x, {1}) : full({n}, -std::numeric_limits<double>::infinity(), x.dtype());
     m = all_reduced(*o.group, m, ReduceOp::Max);
     m = where(m == -std::numeric_limits<double>::infinity(), zeros_like(m), m);
     Tensor idx = where(owned, local_t, zeros_like(local_t)).unsqueeze(1);
@@ -54,10 +55,11 @@ struct VocabParallelCrossEntropy : autograd::Function<VocabParallelCrossEntropy>
                    : v;
     Tensor loss = (lse - sums.select(0, 1)) * w;
     if (o.eps > 0)
-      loss = loss * (1 - o.eps) +
-             (lse - sums.select(0, 2) / static_cast<double>(o.vocab)) * v * o.eps;
+      loss =
+          loss * (1 - o.eps) + (lse - sums.select(0, 2) / static_cast<double>(o.vocab)) * v * o.eps;
     Tensor denom = sum(w);
     ctx->save_for_backward({x, lse, w, v, idx, owned, denom});
+    o.weight = Tensor();
     ctx->saved_data["options"] = o;
     if (o.reduction == Reduction::None) return loss;
     Tensor total = sum(loss);
@@ -78,15 +80,17 @@ struct VocabParallelCrossEntropy : autograd::Function<VocabParallelCrossEntropy>
       Tensor hit = where(owned, w * scale * (1 - o.eps), zeros_like(w));
       g = scatter_add(g, 1, idx, (-hit).unsqueeze(1));
     }
-    return {g, Tensor(), Tensor()};
+    return {g, Tensor()};
   }
 };
 
 Reduction parse_reduction(std::string_view r) {
   if (r == "mean") return Reduction::Mean;
   if (r == "sum") return Reduction::Sum;
-  KILN_CHECK(r == "none", Value, "vocab_parallel_cross_entropy: reduction must be 'none', "
-             "'mean' or 'sum', got '", r, "'");
+  KILN_CHECK(r == "none", Value,
+             "vocab_parallel_cross_entropy: reduction must be 'none', "
+             "'mean' or 'sum', got '",
+             r, "'");
   return Reduction::None;
 }
 
@@ -116,7 +120,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target,
   }
   KILN_CHECK(shards == 1 && p[mdim].is_shard(cdim) && others_replicated, Value, what,
              ": expected the logits sharded on the class dim (Shard(-1)) along one mesh dim and "
-             "replicated along the others, got placements ", placements_str(p));
+             "replicated along the others, got placements ",
+             placements_str(p));
   const Reduction red = parse_reduction(reduction);
   KILN_CHECK(label_smoothing >= 0 && label_smoothing <= 1, Value, what,
              ": label_smoothing must be between 0.0 and 1.0, got ", label_smoothing);
@@ -143,6 +148,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target,
   KILN_CHECK(!any(bad).item<bool>(), Index, what, ": a target is out of bounds for ", vocab,
              " classes");
   Options o;
+  o.weight = weight;
   o.group = mesh.group(mdim);
   o.offset = chunk_of(vocab, mesh.size(mdim), mesh.local_rank(mdim)).first;
   o.vocab = vocab;
@@ -151,7 +157,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target,
   o.eps = label_smoothing;
   Tensor local = d.to_local();
   Tensor x = logits.dim() == 1 ? local.reshape({1, -1}) : local;
-  Tensor loss = VocabParallelCrossEntropy::apply(x, t, weight, o);
+  Tensor loss = VocabParallelCrossEntropy::apply(x, t, o);
   if (logits.dim() == 1 && red == Reduction::None) loss = loss.reshape({});
   return DTensor::from_local(loss, mesh, Placements(mesh.ndim(), Replicate()));
 }

@@ -52,9 +52,7 @@ Tensor place(const Tensor& x, const DeviceMesh& mesh, const Placement& layout) {
 }
 
 bool is_linear(const nn::Module& m) { return dynamic_cast<const nn::Linear*>(&m) != nullptr; }
-bool is_embedding(const nn::Module& m) {
-  return dynamic_cast<const nn::Embedding*>(&m) != nullptr;
-}
+bool is_embedding(const nn::Module& m) { return dynamic_cast<const nn::Embedding*>(&m) != nullptr; }
 bool is_positionwise(const nn::Module& m) {
   return dynamic_cast<const nn::LayerNorm*>(&m) || dynamic_cast<const nn::RMSNorm*>(&m) ||
          dynamic_cast<const nn::Dropout*>(&m);
@@ -63,13 +61,15 @@ bool is_positionwise(const nn::Module& m) {
 void check_module(const ParallelStyle& s, const nn::Module& m, const std::string& where) {
   if (s.kind == ParallelStyle::Kind::Sequence) {
     KILN_CHECK(is_positionwise(m), NotImplemented, "parallelize_module: SequenceParallel on '",
-               where, "': SequenceParallel supports nn::LayerNorm, nn::RMSNorm and nn::Dropout "
-               "(modules that act on each position alone), got ", m.type_name());
+               where,
+               "': SequenceParallel supports nn::LayerNorm, nn::RMSNorm and nn::Dropout "
+               "(modules that act on each position alone), got ",
+               m.type_name());
     return;
   }
   KILN_CHECK(is_linear(m) || is_embedding(m), NotImplemented, "parallelize_module: ", s.name(),
-             " on '", where, "': ", s.name(),
-             " supports nn::Linear and nn::Embedding only, got ", m.type_name());
+             " on '", where, "': ", s.name(), " supports nn::Linear and nn::Embedding only, got ",
+             m.type_name());
 }
 
 // Replaces parameter `name` of `m` (when defined) by a DTensor placed by `p` (Note [C++ tensor
@@ -112,9 +112,9 @@ void targets(const nn::ModulePtr& m, const std::string& path, const std::string&
     any = true;
     targets(child, rest, where.empty() ? name : where + "." + name, out);
   }
-  KILN_CHECK(any, Value, "parallelize_module: the plan names a missing submodule: ",
-             m->type_name(), " at '", where.empty() ? "<root>" : where,
-             "' has no child matching '", atom, "' (its children: [", kids, "])");
+  KILN_CHECK(any, Value, "parallelize_module: the plan names a missing submodule: ", m->type_name(),
+             " at '", where.empty() ? "<root>" : where, "' has no child matching '", atom,
+             "' (its children: [", kids, "])");
 }
 
 }  // namespace

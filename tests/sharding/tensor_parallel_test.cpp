@@ -75,11 +75,11 @@ KILN_RANK_SCENARIO(tp_mlp) {
 
   // SequenceParallel LayerNorm -> Colwise (from Shard(1)) -> Rowwise (to Shard(1)).
   auto sp = make_mlp(), sref = make_mlp();
-  dist::TensorParallel spar = dist::parallelize_module(
-      *sp, mesh,
-      {{"norm", SequenceParallel()},
-       {"fc1", ColwiseParallel(Shard(1))},
-       {"fc2", RowwiseParallel(std::nullopt, Shard(1))}});
+  dist::TensorParallel spar =
+      dist::parallelize_module(*sp, mesh,
+                               {{"norm", SequenceParallel()},
+                                {"fc1", ColwiseParallel(Shard(1))},
+                                {"fc2", RowwiseParallel(std::nullopt, Shard(1))}});
   EXPECT_EQ(DTensor(sp->norm->weight).placements(), Placements{Replicate()});
   Tensor s = random({2, 6, 8}, kFloat32, -2, 2, 5);
   Tensor local = s.narrow(1, 3 * rank(), 3).contiguous();
@@ -135,7 +135,8 @@ KILN_RANK_SCENARIO(tp_loss) {
         d.requires_grad_();
         Tensor r = logits.clone().requires_grad_();
         Tensor loss = dist::vocab_parallel_cross_entropy(d, target, w, red, -1, eps);
-        Tensor loss_ref = cross_entropy(r, target, w, red, -1, eps);
+        Tensor loss_ref = cross_entropy(
+            r, target, w.defined() ? std::optional<Tensor>(w) : std::nullopt, red, -1, eps);
         EXPECT_EQ(DTensor(loss).placements(), Placements{Replicate()});
         expect_close(DTensor(loss).full_tensor(), loss_ref, 1e-5, 1e-6);
         Tensor c = random(loss_ref.sizes(), kFloat32, -2, 2, 9);
@@ -171,8 +172,8 @@ KILN_RANK_SCENARIO(tp_errors) {
                "RowwiseParallel on 'norm': RowwiseParallel supports nn::Linear and nn::Embedding "
                "only, got LayerNorm",
                [&] {
-                 dist::parallelize_module(*m, mesh, {{"fc1", ColwiseParallel()},
-                                                     {"norm", RowwiseParallel()}});
+                 dist::parallelize_module(
+                     *m, mesh, {{"fc1", ColwiseParallel()}, {"norm", RowwiseParallel()}});
                });
   EXPECT_FALSE(dist::is_dtensor(m->fc1->weight));
   expect_error(ErrorKind::NotImplemented, "SequenceParallel supports nn::LayerNorm", [&] {
@@ -180,8 +181,9 @@ KILN_RANK_SCENARIO(tp_errors) {
   });
   dist::TensorParallel par = dist::parallelize_module(*m, mesh, {{"fc*", ColwiseParallel()}});
   EXPECT_TRUE(dist::is_dtensor(m->fc2->weight));  // fnmatch patterns
-  expect_error(ErrorKind::Value, "is already a DTensor",
-               [&] { dist::parallelize_module(*m, mesh, {{"fc1", ColwiseParallel()}}); });
+  expect_error(ErrorKind::Value, "is already a DTensor", [&] {
+    dist::parallelize_module(*m, mesh, {{"fc1", ColwiseParallel()}});
+  });
   expect_error(ErrorKind::Index, "'norm' was not parallelized", [&] { par["norm"]; });
 }
 

@@ -89,9 +89,9 @@ class TensorParallel {
   const std::vector<std::pair<std::string, ParallelModule>>& modules() const { return modules_; }
 
  private:
-  friend TensorParallel parallelize_module(nn::Module&, const DeviceMesh&,
-                                           const std::vector<std::pair<std::string, ParallelStyle>>&,
-                                           std::optional<int>);
+  friend TensorParallel parallelize_module(
+      nn::Module&, const DeviceMesh&, const std::vector<std::pair<std::string, ParallelStyle>>&,
+      std::optional<int>);
   std::vector<std::pair<std::string, ParallelModule>> modules_;
 };
 
