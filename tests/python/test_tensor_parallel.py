@@ -303,6 +303,47 @@ LOSS = COMMON + textwrap.dedent("""
 """)
 
 
+MESH_2X2 = COMMON.replace('mesh = init_device_mesh("cpu", (2,))',
+                          'mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))'
+                          ) + textwrap.dedent("""
+    # ---- TP along "tp" of a (dp, tp) mesh: each dp row runs its own batch ---------------------
+    tp_mesh = mesh2["tp"]
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2, self.head = nn.Linear(6, 8), nn.Linear(8, 6), nn.Linear(6, 10)
+
+        def forward(self, x):
+            return self.head(self.fc2(F.relu(self.fc1(x))))
+
+    tp, ref = twins(MLP)
+    parallelize_module(tp, tp_mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel(),
+                                     "head": ColwiseParallel(use_local_output=False)})
+    assert tp.fc1.weight.device_mesh == tp_mesh and tp.fc1.weight.placements == (Shard(0),)
+    dp = mesh2.get_local_rank("dp")
+    kiln.manual_seed(10 + dp)  # a different batch per dp row, the same within it
+    x, target = kiln.randn(5, 6), kiln.randint(0, 10, (5,))
+    logits = tp(x)
+    assert logits.placements == (Shard(1),) and logits.device_mesh == tp_mesh
+    with loss_parallel():
+        loss = F.cross_entropy(logits, target)
+    loss.backward()
+    logits_ref = ref(x)
+    loss_ref = F.cross_entropy(logits_ref, target)
+    loss_ref.backward()
+    close(logits, logits_ref, "2x2 logits")
+    close(loss, loss_ref, "2x2 loss")
+    grads_equal(tp, ref)
+    try:
+        parallelize_module(MLP(), mesh2, {"fc1": ColwiseParallel()})
+        raise AssertionError("expected a ValueError")
+    except ValueError as e:
+        assert "expected a 1-d DeviceMesh" in str(e), str(e)
+    print(f"rank {rank} ok")
+""")
+
+
 def run(tmp_path, name, script, nproc=2):
     if not KILN_CLI.exists():
         pytest.skip(f"{KILN_CLI} is not built")
@@ -327,6 +368,10 @@ def test_sequence_parallel_and_prepare_on_two_ranks(tmp_path):
 
 def test_loss_parallel_and_errors_on_two_ranks(tmp_path):
     run(tmp_path, "tp_loss", LOSS)
+
+
+def test_tp_on_a_2x2_mesh(tmp_path):
+    run(tmp_path, "tp_2x2", MESH_2X2, 4)
 
 
 def test_forward_hooks():
