@@ -234,6 +234,28 @@ LOSS = COMMON + textwrap.dedent("""
                 (ref * c).sum().backward()
                 assert d.grad.placements == (Shard(1),), (what, d.grad.placements)
                 close(d.grad, r.grad, "logits grad " + what)
+    # log_softmax then nll_loss, as PyTorch's loss_parallel also allows.
+    for vocab in (10, 7):
+        logits = kiln.randn(6, vocab) * 3.0
+        target = kiln.randint(0, vocab, (6,))
+        target[2] = -100
+        for reduction in ("mean", "sum", "none"):
+            for w in (None, kiln.rand(vocab) + 0.5):
+                d = distribute_tensor(logits, mesh, [Shard(1)]).requires_grad_()
+                r = logits.clone().requires_grad_()
+                with loss_parallel():
+                    lp = F.log_softmax(d, dim=-1)
+                    loss = nn.NLLLoss(w, reduction=reduction)(lp, target)
+                lp_ref = F.log_softmax(r, dim=-1)
+                ref = F.nll_loss(lp_ref, target, w, reduction=reduction)
+                what = f"nll vocab {vocab} {reduction} weight {w is not None}"
+                assert isinstance(lp, DTensor) and lp.placements == (Shard(1),), what
+                close(lp, lp_ref, "log_softmax " + what)
+                close(loss, ref, "loss " + what)
+                c = kiln.randn(6) if reduction == "none" else kiln.tensor(0.7)
+                (loss.full_tensor() * c).sum().backward()
+                (ref * c).sum().backward()
+                close(d.grad, r.grad, "logits grad " + what)
     # A 1-d input (one sample), and a Replicate() DTensor target.
     logits = kiln.randn(9)
     d = distribute_tensor(logits, mesh, [Shard(0)]).requires_grad_()
@@ -246,7 +268,8 @@ LOSS = COMMON + textwrap.dedent("""
     close(loss, F.cross_entropy(logits, kiln.tensor(5)), "1-d loss")
     close(d.grad, r.grad, "1-d grad")
     # The logits were never gathered: no op ran on them on the replicate path.
-    assert not {"cross_entropy", "log_softmax", "amax", "exp", "logsumexp"} & set(fallback_ops())
+    assert not {"cross_entropy", "log_softmax", "nll_loss", "amax", "exp", "logsumexp"} & set(
+        fallback_ops())
     # Outside the context, DTensor logits take the ordinary path (gathered); plain logits inside
     # it are unaffected.
     d = distribute_tensor(logits.reshape([1, 9]), mesh, [Shard(-1)])
@@ -299,6 +322,8 @@ LOSS = COMMON + textwrap.dedent("""
         expect(lambda: F.cross_entropy(d, kiln.tensor([0, 1, 2, 3]), weight=kiln.ones(6),
                                        label_smoothing=0.1), NotImplementedError,
                "label_smoothing with class weights")
+        expect(lambda: F.log_softmax(d, dim=0), ValueError,
+               "expected dim to be the class dim (1 or -1), the sharded one, got 0")
     print(f"rank {rank} ok")
 """)
 

@@ -91,28 +91,30 @@ def _shard_of(size, n, index):
     return start, min(size, start + chunk) - start
 
 
-def _cross_entropy(input, target, weight, reduction, ignore_index, label_smoothing):
-    what = "cross_entropy under loss_parallel()"
+def _class_sharded(what, input, name):
+    """(mesh, the mesh dim sharding the class dim) of (N, C) or (C,) `input`, or a ValueError."""
     if input.ndim not in (1, 2):
-        raise ValueError(f"{what}: expected logits of shape (N, C) or (C,), got "
+        raise ValueError(f"{what}: expected {name} of shape (N, C) or (C,), got "
                          f"{tuple(input.shape)}; flatten the leading dims first (the class dim "
                          "must be the last)")
     cdim = input.ndim - 1
-    mesh, placements = input.device_mesh, input.placements
+    placements = input.placements
     shard_dims = [i for i, p in enumerate(placements) if p.is_shard()]
     if len(shard_dims) != 1 or not placements[shard_dims[0]].is_shard(cdim) or any(
             not p.is_replicate() for i, p in enumerate(placements) if i != shard_dims[0]):
-        raise ValueError(f"{what}: expected the logits sharded on the class dim (Shard(-1)) "
+        raise ValueError(f"{what}: expected the {name} sharded on the class dim (Shard(-1)) "
                          f"along one mesh dim and replicated along the others, got placements "
                          f"{placements}")
+    return input.device_mesh, shard_dims[0]
+
+
+def _loss_args(what, input, target, weight, reduction, ignore_index):
+    """Checks a loss call on class-sharded `input`; returns (mesh, mesh dim, offset of this
+    rank's classes, the number of classes, the flat int64 target, the weight, the local (N, C_r)
+    input)."""
+    mesh, mdim = _class_sharded(what, input, "logits" if "cross" in what else "log-probabilities")
     if reduction not in ("none", "mean", "sum"):
         raise ValueError(f"{what}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"{what}: label_smoothing must be between 0.0 and 1.0, got "
-                         f"{label_smoothing}")
-    if label_smoothing > 0 and weight is not None:
-        raise NotImplementedError(f"{what}: label_smoothing with class weights is not supported "
-                                  "in Kiln yet")
     if isinstance(target, DTensor):
         if any(not p.is_replicate() for p in target.placements):
             raise ValueError(f"{what}: the target must be a plain tensor or a Replicate() "
@@ -120,10 +122,10 @@ def _cross_entropy(input, target, weight, reduction, ignore_index, label_smoothi
         target = target.to_local()
     if isinstance(weight, DTensor):
         weight = weight.full_tensor()
-    vocab = input.shape[cdim]
+    vocab = input.shape[-1]
     batch = () if input.ndim == 1 else (input.shape[0],)
     if tuple(target.shape) != batch:
-        raise ValueError(f"{what}: expected a target of shape {batch} for logits of shape "
+        raise ValueError(f"{what}: expected a target of shape {batch} for an input of shape "
                          f"{tuple(input.shape)}, got {tuple(target.shape)}")
     if target.dtype.is_floating_point:
         raise NotImplementedError(f"{what}: class probabilities as target are not supported; "
@@ -135,15 +137,124 @@ def _cross_entropy(input, target, weight, reduction, ignore_index, label_smoothi
     if bad.any().item():
         raise IndexError(f"{what}: target {target[bad][0].item()} is out of bounds for "
                          f"{vocab} classes")
-    mdim = shard_dims[0]
     offset, _ = _shard_of(vocab, mesh.size(mdim), mesh.get_local_rank(mdim))
     local = input.to_local()
     x = local.reshape([1, -1]) if input.ndim == 1 else local
-    loss = _VocabParallelCrossEntropy.apply(x, target, weight, mesh.get_group(mdim), offset,
-                                            vocab, reduction, ignore_index, float(label_smoothing))
+    return mesh, mdim, offset, vocab, target, weight, x
+
+
+def _replicated_loss(loss, input, reduction, mesh):
     if input.ndim == 1 and reduction == "none":
         loss = loss.reshape([])
     return DTensor.from_local(loss, mesh, [Replicate()] * mesh.ndim)
+
+
+def _cross_entropy(input, target, weight, reduction, ignore_index, label_smoothing):
+    what = "cross_entropy under loss_parallel()"
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{what}: label_smoothing must be between 0.0 and 1.0, got "
+                         f"{label_smoothing}")
+    if label_smoothing > 0 and weight is not None:
+        raise NotImplementedError(f"{what}: label_smoothing with class weights is not supported "
+                                  "in Kiln yet")
+    mesh, mdim, offset, vocab, target, weight, x = _loss_args(what, input, target, weight,
+                                                              reduction, ignore_index)
+    loss = _VocabParallelCrossEntropy.apply(x, target, weight, mesh.get_group(mdim), offset,
+                                            vocab, reduction, ignore_index, float(label_smoothing))
+    return _replicated_loss(loss, input, reduction, mesh)
+
+
+class _VocabParallelLogSoftmax(Function):
+    """log_softmax over the class dim of (N, C_r) local logits: x - (m + log sum exp(x - m)),
+    m and the sum all-reduced. Backward: g - softmax * (the sum of g over all classes), one
+    all-reduce of O(N) values."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        n, vr = x.shape
+        m = x.amax([1]) if vr > 0 else _C.full([n], -math.inf, dtype=x.dtype)
+        m = _all_reduce(group, m, "max")
+        m = _C.where(m == -math.inf, _C.zeros_like(m), m)
+        s = (x - m.unsqueeze(1)).exp().sum([1]) if vr > 0 else _C.zeros_like(m)
+        out = x - (m + _all_reduce(group, s, "sum").log()).unsqueeze(1)
+        ctx.save_for_backward(out)
+        ctx.group = group
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        total = _all_reduce(ctx.group, grad.sum([1]), "sum")
+        return grad - out.exp() * total.unsqueeze(1), None
+
+
+class _VocabParallelNllLoss(Function):
+    """nll_loss of (N, C_r) local log-probabilities: the rank owning each target's class
+    contributes -w * logp[target], all-reduced; the gradient is -w (times the reduction's scale)
+    at the owned target columns."""
+
+    @staticmethod
+    def forward(ctx, x, target, weight, group, offset, reduction, ignore_index):
+        n, vr = x.shape
+        valid = target != ignore_index
+        local_t = target - offset
+        owned = valid & (local_t >= 0) & (local_t < vr)
+        idx = _C.where(owned, local_t, _C.zeros_like(local_t)).unsqueeze(1)
+        zero = _C.zeros([n], dtype=x.dtype)
+        picked = _C.where(owned, x.gather(1, idx).squeeze(1), zero) if vr > 0 else zero
+        picked = _all_reduce(group, picked, "sum")
+        v = valid.to(x.dtype)
+        w = v if weight is None else weight[_C.where(valid, target, _C.zeros_like(target))] * v
+        loss = -picked * w
+        denom = w.sum()
+        ctx.save_for_backward(w, idx, owned, denom)
+        ctx.setting = (reduction, tuple(x.shape))
+        if reduction == "none":
+            return loss
+        total = loss.sum()
+        return total / denom if reduction == "mean" else total
+
+    @staticmethod
+    def backward(ctx, grad):
+        w, idx, owned, denom = ctx.saved_tensors
+        reduction, shape = ctx.setting
+        scale = grad / denom if reduction == "mean" else grad
+        g = _C.zeros(list(shape), dtype=w.dtype)
+        if shape[1] > 0:
+            hit = _C.where(owned, w * scale, _C.zeros_like(w))
+            g = g.scatter_add(1, idx, (-hit).unsqueeze(1))
+        return g, None, None, None, None, None, None
+
+
+def _log_softmax(input, dim, dtype):
+    what = "log_softmax under loss_parallel()"
+    mesh, mdim = _class_sharded(what, input, "input")
+    if dim not in (input.ndim - 1, -1):
+        raise ValueError(f"{what}: expected dim to be the class dim ({input.ndim - 1} or -1), the "
+                         f"sharded one, got {dim}")
+    local = input.to_local()
+    if dtype is not None:
+        local = local.to(dtype)
+    x = local.reshape([1, -1]) if input.ndim == 1 else local
+    out = _VocabParallelLogSoftmax.apply(x, mesh.get_group(mdim))
+    out = out.reshape(list(local.shape))
+    return DTensor.from_local(out, mesh, input.placements, shape=tuple(input.shape))
+
+
+def _nll_loss(input, target, weight, reduction, ignore_index):
+    what = "nll_loss under loss_parallel()"
+    mesh, mdim, offset, _, target, weight, x = _loss_args(what, input, target, weight,
+                                                           reduction, ignore_index)
+    loss = _VocabParallelNllLoss.apply(x, target, weight, mesh.get_group(mdim), offset,
+                                       reduction, ignore_index)
+    return _replicated_loss(loss, input, reduction, mesh)
+
+
+class _LossParallelOps:
+    """What kiln.nn.functional routes DTensor inputs to while loss_parallel() is active."""
+    cross_entropy = staticmethod(_cross_entropy)
+    log_softmax = staticmethod(_log_softmax)
+    nll_loss = staticmethod(_nll_loss)
 
 
 _depth = 0
@@ -151,17 +262,18 @@ _depth = 0
 
 @contextlib.contextmanager
 def loss_parallel():
-    """Within it, kiln.nn.functional.cross_entropy (and nn.CrossEntropyLoss) on DTensor logits
-    sharded on the class dim computes the loss without gathering the logits (Note
-    [Vocab-parallel cross entropy]); the loss is a Replicate() DTensor, and the logits' gradient
-    is Shard(-1) like the logits. The logits must be (N, C) or (C,); the target a plain tensor or
-    a Replicate() DTensor of class indices. Plain-tensor logits are unaffected."""
+    """Within it, kiln.nn.functional's cross_entropy (and nn.CrossEntropyLoss), log_softmax and
+    nll_loss (and nn.NLLLoss) on DTensors sharded on the class dim run on the shards with
+    all-reduces of O(N) values, never gathering the class dim (Note [Vocab-parallel cross
+    entropy]). Losses are Replicate() DTensors; log_softmax keeps its input's placements; the
+    inputs' gradients have their placements. Inputs must be (N, C) or (C,); targets plain tensors
+    or Replicate() DTensors of class indices. Plain tensors are unaffected."""
     global _depth
     _depth += 1
-    F._dtensor_cross_entropy = _cross_entropy
+    F._loss_parallel = _LossParallelOps
     try:
         yield
     finally:
         _depth -= 1
         if _depth == 0:
-            F._dtensor_cross_entropy = None
+            F._loss_parallel = None
