@@ -1,9 +1,10 @@
-"""loss_parallel: cross_entropy on vocab-sharded logits without gathering them
-(torch.distributed.tensor.parallel.loss_parallel).
+"""loss_parallel: cross_entropy (and log_softmax, nll_loss) on vocab-sharded logits without
+gathering them (torch.distributed.tensor.parallel.loss_parallel).
 
     with loss_parallel():
         loss = F.cross_entropy(logits, target)   # logits: an (N, V) DTensor, Shard(-1)
         loss.backward()                           # logits.grad: Shard(-1)
+        loss = F.nll_loss(F.log_softmax(logits, -1), target)   # the same, in two steps
 """
 import contextlib
 import math
