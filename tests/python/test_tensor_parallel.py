@@ -99,6 +99,13 @@ MODULES = COMMON + textwrap.dedent("""
             assert isinstance(p, DTensor), n
     assert tp.fc1.weight.placements == (Shard(0),) and tp.fc2.weight.placements == (Shard(1),)
 
+    # src_data_rank=0 (the default): ranks that initialised differently get rank 0's values.
+    kiln.manual_seed(100)
+    rank0 = MLP()
+    kiln.manual_seed(100 + rank)
+    m = parallelize_module(MLP(), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    params_equal(m, rank0)
+
     # ---- an attention + MLP block with a vocab-sharded embedding and head ----------------------
     class Block(nn.Module):
         def __init__(self, vocab=11, d=8, heads=2, ff=16):
