@@ -195,8 +195,6 @@ def _reduction(size_average, reduce, reduction):
     return ("mean" if size_average else "sum") if reduce else "none"
 
 
-
-
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean", label_smoothing=0.0):
     reduction = _reduction(size_average, reduce, reduction)

@@ -73,7 +73,7 @@ class Module:
         d = self.__dict__
         if not d.get("_forward_pre_hooks") and not d.get("_forward_hooks"):
             return self.forward(*args, **kwargs)
-        for hook, with_kwargs in list(d["_forward_pre_hooks"].values()):
+        for hook, with_kwargs in list(d.get("_forward_pre_hooks", {}).values()):
             if with_kwargs:
                 r = hook(self, args, kwargs)
                 if r is not None:
