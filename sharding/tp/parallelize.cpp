@@ -120,16 +120,26 @@ void targets(const nn::ModulePtr& m, const std::string& path, const std::string&
 }  // namespace
 
 ParallelModule::ParallelModule(nn::ModulePtr module, DeviceMesh mesh, ParallelStyle style,
-                               Placement input, Placement desired_input, Placement output)
+                               Placement input, Placement desired_input, Placement output,
+                               std::optional<int64_t> input_features)
     : module_(std::move(module)),
       mesh_(std::move(mesh)),
       style_(std::move(style)),
       input_(input),
       desired_input_(desired_input),
-      output_(output) {}
+      output_(output),
+      input_features_(input_features) {}
 
 Tensor ParallelModule::prepare_input(const Tensor& x) const {
-  Tensor d = is_dtensor(x) ? x : Tensor(DTensor::from_local(x, mesh_, {input_}));
+  Tensor d = x;
+  if (!is_dtensor(x)) {
+    std::optional<DimVector> shape;
+    if (input_features_ && x.dim() > 0 && normalized(input_, x.dim()).is_shard(x.dim() - 1)) {
+      shape = DimVector(x.sizes());
+      shape->back() = *input_features_;
+    }
+    d = DTensor::from_local(x, mesh_, {input_}, shape);
+  }
   return style_.kind == ParallelStyle::Kind::Sequence ? d : place(d, mesh_, desired_input_);
 }
 
@@ -197,7 +207,10 @@ TensorParallel parallelize_module(nn::Module& module, const DeviceMesh& mesh,
     }
     if (style.input_layout) in = *style.input_layout;
     if (style.output_layout) result = *style.output_layout;
-    out.modules_.emplace_back(name, ParallelModule(m, mesh, style, in, want, result));
+    std::optional<int64_t> features;
+    if (style.kind == ParallelStyle::Kind::Rowwise && is_linear(*m))
+      features = dynamic_cast<nn::Linear&>(*m).in_features;
+    out.modules_.emplace_back(name, ParallelModule(m, mesh, style, in, want, result, features));
   }
   return out;
 }

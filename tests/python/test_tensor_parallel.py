@@ -99,6 +99,19 @@ MODULES = COMMON + textwrap.dedent("""
             assert isinstance(p, DTensor), n
     assert tp.fc1.weight.placements == (Shard(0),) and tp.fc2.weight.placements == (Shard(1),)
 
+    # Uneven shards: a hidden size of 5 on 2 ranks (3 + 2 features).
+    def uneven():
+        return nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    tp, ref = twins(uneven)
+    parallelize_module(tp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    assert tp[0].weight.to_local().shape == ((3, 4) if rank == 0 else (2, 4))
+    x = kiln.randn(2, 4)
+    y, y_ref = tp(x), ref(x)
+    close(y, y_ref, "uneven output")
+    y.sum().backward()
+    y_ref.sum().backward()
+    grads_equal(tp, ref)
+
     # src_data_rank=0 (the default): ranks that initialised differently get rank 0's values.
     kiln.manual_seed(100)
     rank0 = MLP()

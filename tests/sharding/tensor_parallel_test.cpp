@@ -94,6 +94,31 @@ KILN_RANK_SCENARIO(tp_mlp) {
 
 TEST(TensorParallel, MlpTwoRanks) { expect_all_pass(run_ranks("tp_mlp", 2)); }
 
+// A hidden size of 5 on 2 ranks: 3 + 2 features.
+KILN_RANK_SCENARIO(tp_uneven) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {2});
+  auto make = [] {
+    manual_seed(3);
+    auto m = std::make_shared<nn::Module>("Pair");
+    m->register_module("fc1", std::make_shared<nn::Linear>(4, 5));
+    m->register_module("fc2", std::make_shared<nn::Linear>(5, 3));
+    return m;
+  };
+  auto tp = make(), ref = make();
+  dist::TensorParallel par =
+      dist::parallelize_module(*tp, mesh, {{"fc1", ColwiseParallel()}, {"fc2", RowwiseParallel()}});
+  EXPECT_EQ(DTensor(tp->child("fc1")->param("weight")).to_local().size(0), rank() == 0 ? 3 : 2);
+  Tensor x = random({2, 4}, kFloat32, -2, 2, 11);
+  Tensor y = par.forward("fc2", relu(par.forward("fc1", x)));
+  Tensor y_ref = ref->child("fc2")->forward(relu(ref->child("fc1")->forward(x)));
+  expect_close(y, y_ref, 1e-5, 1e-6);
+  y.sum().backward();
+  y_ref.sum().backward();
+  expect_grads_equal(*tp, *ref);
+}
+
+TEST(TensorParallel, UnevenTwoRanks) { expect_all_pass(run_ranks("tp_uneven", 2)); }
+
 KILN_RANK_SCENARIO(tp_embedding) {
   DeviceMesh mesh = dist::init_device_mesh("cpu", {2});
   auto make = [] {

@@ -60,12 +60,16 @@ ParallelStyle SequenceParallel(int64_t sequence_dim = 1, bool use_local_output =
 // One parallelized submodule: its style as applied, and the conversions around its forward.
 class ParallelModule {
  public:
+  // input_features: the global size of the input's last dim where the module tells it (a
+  // RowwiseParallel Linear's in_features), so uneven shards of it need no communication.
   ParallelModule(nn::ModulePtr module, DeviceMesh mesh, ParallelStyle style, Placement input,
-                 Placement desired_input, Placement output);
+                 Placement desired_input, Placement output,
+                 std::optional<int64_t> input_features = std::nullopt);
   nn::Module& module() const { return *module_; }
   const ParallelStyle& style() const { return style_; }
-  // A plain tensor becomes a DTensor with the input layout (this rank's piece); then it is
-  // redistributed to the layout the module's ops want.
+  // A plain tensor becomes a DTensor with the input layout (this rank's piece; even shards
+  // assumed unless input_features gives the global size); then it is redistributed to the
+  // layout the module's ops want.
   Tensor prepare_input(const Tensor& x) const;
   // The output redistributed to the output layout; its local shard with use_local_output.
   Tensor prepare_output(const Tensor& y) const;
@@ -78,6 +82,7 @@ class ParallelModule {
   DeviceMesh mesh_;
   ParallelStyle style_;
   Placement input_, desired_input_, output_;
+  std::optional<int64_t> input_features_;
 };
 
 // What parallelize_module did, by dotted submodule name.

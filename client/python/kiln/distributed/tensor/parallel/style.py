@@ -60,12 +60,15 @@ def _distribute_param(module, name, mesh, placement, src_data_rank):
                                              p.requires_grad)
 
 
-def _to_dtensor(x, mesh, layout, what):
+def _to_dtensor(x, mesh, layout, what, global_shape=None):
+    """x itself if a DTensor, else DTensor.from_local(x) with `layout`: global_shape(x) gives the
+    global shape where known (uneven shards), else even shards are assumed."""
     if isinstance(x, DTensor):
         return x
     if not _is_tensor(x):
         raise TypeError(f"{what}: expected a kiln.Tensor or DTensor input, got {type(x).__name__}")
-    return DTensor.from_local(x, mesh, [layout])
+    shape = global_shape(x) if global_shape is not None else None
+    return DTensor.from_local(x, mesh, [layout], shape=shape)
 
 
 def _place(x, mesh, layout):
@@ -106,17 +109,23 @@ class ColwiseParallel(ParallelStyle):
             _distribute_param(module, "weight", mesh, Shard(1), self.src_data_rank)
         return self.input_layouts[0], self.desired_input_layouts[0]
 
+    def _global_input_shape(self, module, in_layout):
+        """A function from a plain input to its global shape, where the module tells it."""
+        return None
+
     def _apply(self, module, device_mesh):
         _check_mesh(type(self).__name__, device_mesh)
         self._check_module(module)
         in_layout, want = self._shard_params(module, device_mesh)
         what = f"{type(self).__name__}({type(module).__name__})"
         out_layout, local = self.output_layouts[0], self.use_local_output
+        global_shape = self._global_input_shape(module, in_layout)
 
         def pre(mod, args):
             if not args:
                 raise TypeError(f"{what}: the module was called without a positional input")
-            x = _place(_to_dtensor(args[0], device_mesh, in_layout, what), device_mesh, want)
+            x = _to_dtensor(args[0], device_mesh, in_layout, what, global_shape)
+            x = _place(x, device_mesh, want)
             return (x,) + tuple(args[1:])
 
         def post(mod, args, out):
@@ -156,6 +165,19 @@ class RowwiseParallel(ColwiseParallel):
             return self.input_layouts[0], Shard(-1)
         _distribute_param(module, "weight", mesh, Shard(0), self.src_data_rank)
         return (Replicate() if self._default_input else self.input_layouts[0]), Replicate()
+
+    def _global_input_shape(self, module, in_layout):
+        # A Linear's input sharded on its last dim has in_features there: uneven shards (the
+        # output of a ColwiseParallel Linear with out_features not divisible by the mesh size)
+        # need no communication to find the global shape.
+        if not isinstance(module, Linear) or not in_layout.is_shard():
+            return None
+
+        def shape(x):
+            if in_layout.dim not in (-1, x.ndim - 1):
+                return None
+            return tuple(x.shape[:-1]) + (module.in_features,)
+        return shape
 
 
 class SequenceParallel(ParallelStyle):
