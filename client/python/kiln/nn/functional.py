@@ -129,6 +129,11 @@ def leaky_relu(input, negative_slope=0.01, inplace=False):
     return input.copy_(out) if inplace else out
 
 
+# Set by kiln.distributed.tensor.parallel.loss_parallel() while it is active: log_softmax,
+# cross_entropy and nll_loss of DTensor inputs go there (Note [Vocab-parallel cross entropy]).
+_loss_parallel = None
+
+
 def _softmax_dim(ndim):
     return 0 if ndim in (0, 1, 3) else 1  # PyTorch's implicit choice
 
@@ -138,7 +143,10 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
-    return _C.log_softmax(input, _softmax_dim(input.ndim) if dim is None else dim, dtype)
+    dim = _softmax_dim(input.ndim) if dim is None else dim
+    if _loss_parallel is not None and _C._is_dtensor(input):
+        return _loss_parallel.log_softmax(input, dim, dtype)
+    return _C.log_softmax(input, dim, dtype)
 
 
 def normalize(input, p=2.0, dim=1, eps=1e-12):
@@ -189,14 +197,19 @@ def _reduction(size_average, reduce, reduction):
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean", label_smoothing=0.0):
-    return _C.cross_entropy(input, target, weight, _reduction(size_average, reduce, reduction),
-                            ignore_index, label_smoothing)
+    reduction = _reduction(size_average, reduce, reduction)
+    if _loss_parallel is not None and _C._is_dtensor(input):
+        return _loss_parallel.cross_entropy(input, target, weight, reduction, ignore_index,
+                                            label_smoothing)
+    return _C.cross_entropy(input, target, weight, reduction, ignore_index, label_smoothing)
 
 
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
              reduction="mean"):
-    return _C.nll_loss(input, target, weight, _reduction(size_average, reduce, reduction),
-                       ignore_index)
+    reduction = _reduction(size_average, reduce, reduction)
+    if _loss_parallel is not None and _C._is_dtensor(input):
+        return _loss_parallel.nll_loss(input, target, weight, reduction, ignore_index)
+    return _C.nll_loss(input, target, weight, reduction, ignore_index)
 
 
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):

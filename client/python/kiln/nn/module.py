@@ -10,7 +10,10 @@
             return self.fc(x) * self.scale
 
 Parameters, buffers and submodules live in the _parameters, _buffers and _modules dicts (in
-assignment order) and are read back through __getattr__, as in PyTorch."""
+assignment order) and are read back through __getattr__, as in PyTorch. Forward pre-hooks and
+forward hooks (register_forward_pre_hook, register_forward_hook) run around forward when the
+module is called; they may replace its inputs and output (kiln.distributed.tensor.parallel
+converts tensors to and from DTensors with them)."""
 from collections import OrderedDict, namedtuple
 
 from kiln import _C
@@ -20,6 +23,25 @@ from kiln.autograd.grad_mode import no_grad
 from kiln.nn.parameter import Parameter
 
 _IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+
+class RemovableHandle:
+    """What register_forward_(pre_)hook returns: remove() unregisters the hook."""
+    _next_id = 0
+
+    def __init__(self, hooks_dict):
+        self._hooks = hooks_dict
+        self.id = RemovableHandle._next_id
+        RemovableHandle._next_id += 1
+
+    def remove(self):
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
 
 
 def _addindent(s, n):
@@ -40,13 +62,59 @@ class Module:
         d["_buffers"] = {}
         d["_non_persistent_buffers_set"] = set()
         d["_modules"] = {}
+        d["_forward_pre_hooks"] = {}  # id -> (hook, with_kwargs)
+        d["_forward_hooks"] = {}
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required '
                                   '"forward" function')
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        d = self.__dict__
+        if not d.get("_forward_pre_hooks") and not d.get("_forward_hooks"):
+            return self.forward(*args, **kwargs)
+        for hook, with_kwargs in list(d.get("_forward_pre_hooks", {}).values()):
+            if with_kwargs:
+                r = hook(self, args, kwargs)
+                if r is not None:
+                    if not (isinstance(r, tuple) and len(r) == 2):
+                        raise RuntimeError("forward pre-hook must return None or a tuple of "
+                                           f"(new_args, new_kwargs), but got {r}.")
+                    args, kwargs = r
+            else:
+                r = hook(self, args)
+                if r is not None:
+                    args = r if isinstance(r, tuple) else (r,)
+        out = self.forward(*args, **kwargs)
+        for hook, with_kwargs in list(d.get("_forward_hooks", {}).values()):
+            r = hook(self, args, kwargs, out) if with_kwargs else hook(self, args, out)
+            if r is not None:
+                out = r
+        return out
+
+    # ---- hooks -------------------------------------------------------------------------------
+    def _add_hook(self, kind, hook, prepend, with_kwargs):
+        if not callable(hook):
+            raise TypeError(f"{kind[1:-1].replace('_', ' ')}: expected a callable hook, got "
+                            f"{type(hook).__name__}")
+        hooks = self.__dict__.setdefault(kind, {})
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = (hook, with_kwargs)
+        if prepend:
+            items = list(hooks.items())
+            hooks.clear()
+            hooks.update([items[-1]] + items[:-1])
+        return handle
+
+    def register_forward_pre_hook(self, hook, *, prepend=False, with_kwargs=False):
+        """hook(module, args) -> None or new args (a tuple, or one value); with_kwargs:
+        hook(module, args, kwargs) -> None or (new_args, new_kwargs). Runs before forward."""
+        return self._add_hook("_forward_pre_hooks", hook, prepend, with_kwargs)
+
+    def register_forward_hook(self, hook, *, prepend=False, with_kwargs=False):
+        """hook(module, args, output) -> None or a new output; with_kwargs:
+        hook(module, args, kwargs, output). Runs after forward."""
+        return self._add_hook("_forward_hooks", hook, prepend, with_kwargs)
 
     # ---- registration ----------------------------------------------------------------------
     def _check_name(self, name, kind):
