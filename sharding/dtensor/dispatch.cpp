@@ -88,6 +88,8 @@ rules::Rule rule_of(ShardingRule r) {
   switch (r) {
     case ShardingRule::Pointwise:
       return &rules::decide_pointwise;
+    case ShardingRule::Optimizer:
+      return &rules::decide_optimizer;
     default:
       return nullptr;
   }
@@ -282,7 +284,8 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
   auto visit = [&](int i, int elem, const Tensor& t) {
     if (!t.defined()) return;
     if (!is_dtensor(t)) {
-      if (t.dim() != 0) mixed_error(op, i, t);
+      // The optimizer rule checks its plain tensors itself (Note [Optimizer sharding]).
+      if (t.dim() != 0 && info.sharding != ShardingRule::Optimizer) mixed_error(op, i, t);
       tensors.push_back(Arg{i, elem, &t, nullptr, 0});
       return;
     }
@@ -352,7 +355,7 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     op.call_boxed(locals);
   }
   if (info.is_inplace) {
-    stack.push_back(args[0]);
+    if (info.num_returns > 0) stack.push_back(args[0]);
     return;
   }
   size_t k = 0;

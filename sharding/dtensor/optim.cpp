@@ -1,0 +1,52 @@
+// The sharding rule of the fused optimizer rows (Note [Optimizer sharding]).
+#include "rules.h"
+
+namespace kiln::dist::rules {
+
+// Note [Optimizer sharding]: _fused_sgd_, _fused_adam_ and _fused_adamw_ update, for each index
+// k, the parameter self[k] from grads[k] and the k-th state of every other list, element by
+// element. So each parameter's shard is updated where it lies: every DTensor at index k takes
+// the placements of self[k] (a Partial gradient is reduce-scattered or all-reduced into them; the
+// state made by zeros_like already has them), and the local call updates the shards in place.
+// Plain tensors may sit beside DTensors (a tensor-parallel model's replicated norms, the
+// one-element step counters): at an index whose parameter is plain every tensor must be plain,
+// and a plain step counter is allowed beside a DTensor parameter. A Partial parameter cannot be
+// updated shard by shard, so the call takes the replicate path.
+Decision decide_optimizer(const RuleCall& call) {
+  const std::vector<Arg>& args = call.tensors;
+  Decision d;
+  d.targets.assign(args.size(), Placements{});
+  std::vector<const Arg*> params;  // self[k]
+  for (const Arg& a : args)
+    if (a.index == 0) params.push_back(&a);
+  const std::string& steps_name = "state_steps";
+  for (size_t j = 0; j < args.size(); ++j) {
+    const Arg& a = args[j];
+    KILN_ASSERT(a.elem >= 0, call.op.name(), ": a tensor outside the lists");
+    KILN_CHECK(static_cast<size_t>(a.elem) < params.size(), Value, call.op.name(), ": list '",
+               call.op.info().args[a.index].name, "' is longer than self (", params.size(),
+               " parameters)");
+    const Arg& p = *params[a.elem];
+    const bool step = call.op.info().args[a.index].name == steps_name;
+    if (!p.spec) {
+      KILN_CHECK(!a.spec, Runtime, call.op.name(), ": parameter ", a.elem,
+                 " is a plain tensor but its '", call.op.info().args[a.index].name,
+                 "' is a DTensor; a parameter and its gradient and state must both be DTensors "
+                 "or both plain");
+      continue;
+    }
+    if (!a.spec) {
+      KILN_CHECK(step || a.tensor->dim() == 0, Runtime, call.op.name(), ": parameter ", a.elem,
+                 " is a DTensor but its '", call.op.info().args[a.index].name,
+                 "' is a plain tensor of shape ", a.tensor->sizes(),
+                 "; convert it with distribute_tensor or DTensor.from_local");
+      continue;
+    }
+    for (const Placement& pl : p.spec->placements)
+      if (pl.is_partial()) return replicate();
+    d.targets[j] = p.spec->placements;
+  }
+  return d;
+}
+
+}  // namespace kiln::dist::rules
