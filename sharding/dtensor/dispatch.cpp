@@ -88,6 +88,12 @@ rules::Rule rule_of(ShardingRule r) {
   switch (r) {
     case ShardingRule::Pointwise:
       return &rules::decide_pointwise;
+    case ShardingRule::Reduction:
+      return &rules::decide_reduction;
+    case ShardingRule::Softmax:
+      return &rules::decide_softmax;
+    case ShardingRule::Norm:
+      return &rules::decide_norm;
     default:
       return nullptr;
   }

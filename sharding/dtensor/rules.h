@@ -3,6 +3,8 @@
 // op and argument specs, redistributes the inputs, runs the op on the shards and wraps the results
 // (Note [DTensor dispatch]). One file per rule:
 //   pointwise.cpp   Note [Pointwise sharding]
+//   reduction.cpp   Note [Reduction sharding]
+//   softmax.cpp     Note [Softmax sharding] (rules "softmax" and "norm")
 #pragma once
 
 #include <functional>
@@ -58,6 +60,9 @@ struct RuleCall {
 using Rule = Decision (*)(const RuleCall&);
 
 Decision decide_pointwise(const RuleCall& call);
+Decision decide_reduction(const RuleCall& call);
+Decision decide_softmax(const RuleCall& call);
+Decision decide_norm(const RuleCall& call);
 
 inline Decision replicate() {
   Decision d;
