@@ -76,8 +76,8 @@ TWO_RANKS = COMMON + textwrap.dedent("""
     close(kiln.softmax(y, 1).full_tensor(), kiln.softmax(b, 1))
     assert not {"sum", "mean", "softmax"} & set(fallback_ops())
     # the replicate path: warned once, listed
-    close(kiln.stack([x, x]).full_tensor(), kiln.stack([a, a]))
-    assert "stack" in fallback_ops()
+    close(kiln.cat([x, x]).full_tensor(), kiln.cat([a, a]))
+    assert "cat" in fallback_ops()
     for bad, kind, needle in [
             (lambda: x + a, RuntimeError, "got a mix of DTensors and a plain tensor"),
             (lambda: distribute_tensor(a, mesh, [Shard(2)]), IndexError, "out of range"),
