@@ -90,6 +90,12 @@ rules::Rule rule_of(ShardingRule r) {
       return &rules::decide_pointwise;
     case ShardingRule::Optimizer:
       return &rules::decide_optimizer;
+    case ShardingRule::Reduction:
+      return &rules::decide_reduction;
+    case ShardingRule::Softmax:
+      return &rules::decide_softmax;
+    case ShardingRule::Norm:
+      return &rules::decide_norm;
     default:
       return nullptr;
   }

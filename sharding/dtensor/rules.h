@@ -4,6 +4,8 @@
 // (Note [DTensor dispatch]). One file per rule:
 //   pointwise.cpp   Note [Pointwise sharding]
 //   optim.cpp       Note [Optimizer sharding]
+//   reduction.cpp   Note [Reduction sharding]
+//   softmax.cpp     Note [Softmax sharding] (rules "softmax" and "norm")
 #pragma once
 
 #include <functional>
@@ -60,6 +62,9 @@ using Rule = Decision (*)(const RuleCall&);
 
 Decision decide_pointwise(const RuleCall& call);
 Decision decide_optimizer(const RuleCall& call);
+Decision decide_reduction(const RuleCall& call);
+Decision decide_softmax(const RuleCall& call);
+Decision decide_norm(const RuleCall& call);
 
 inline Decision replicate() {
   Decision d;

@@ -66,9 +66,18 @@ TWO_RANKS = COMMON + textwrap.dedent("""
     (w * w).sum().backward()
     assert w.grad.placements == (Shard(0),)
     close(w.grad.full_tensor(), a * 2.0)
+    # reductions and softmax run on the shards: a Shard of a reduced dim becomes Partial
+    s = x.sum(0)
+    assert s.placements == (Partial(),)
+    close(s.full_tensor(), a.sum(0))
+    assert x.mean(1).placements == (Shard(0),)
+    close(x.mean(0).full_tensor(), a.mean(0))  # uneven rows: exact, not a mean of means
+    assert kiln.softmax(x, 1).placements == (Shard(0),)
+    close(kiln.softmax(y, 1).full_tensor(), kiln.softmax(b, 1))
+    assert not {"sum", "mean", "softmax"} & set(fallback_ops())
     # the replicate path: warned once, listed
-    close(x.sum().full_tensor(), a.sum())
-    assert "sum" in fallback_ops()
+    close(kiln.cat([x, x]).full_tensor(), kiln.cat([a, a]))
+    assert "cat" in fallback_ops()
     for bad, kind, needle in [
             (lambda: x + a, RuntimeError, "got a mix of DTensors and a plain tensor"),
             (lambda: distribute_tensor(a, mesh, [Shard(2)]), IndexError, "out of range"),

@@ -197,12 +197,12 @@ KILN_RANK_SCENARIO(replicate_path) {
   set_warning_handler(&record_warning);
   dist::clear_fallback_ops();
   DTensor x = distribute_tensor(a, mesh, {Shard(0)});
-  expect_placed(x.sum(), {Replicate()}, a.sum());
-  expect_placed(x.sum(), {Replicate()}, a.sum());
+  expect_placed(kiln::cat({x, x}, 0), {Replicate()}, kiln::cat({a, a}, 0));
+  expect_placed(kiln::cat({x, x}, 0), {Replicate()}, kiln::cat({a, a}, 0));
   expect_placed(kiln::mm(x, distribute_tensor(b, mesh, {Shard(1)})), {Replicate()}, kiln::mm(a, b));
-  EXPECT_EQ(dist::fallback_ops(), (std::vector<std::string>{"mm", "sum"}));
+  EXPECT_EQ(dist::fallback_ops(), (std::vector<std::string>{"cat", "mm"}));
   ASSERT_EQ(g_warnings.size(), 2u);  // once per op
-  EXPECT_NE(g_warnings[0].find("sum has no sharding rule yet (its rule is 'reduction')"),
+  EXPECT_NE(g_warnings[0].find("cat has no sharding rule yet (its rule is 'cat')"),
             std::string::npos)
       << g_warnings[0];
   // Rule "replicate" takes the same path without a warning; in place writes the shards back.
