@@ -3,6 +3,7 @@
 // op and argument specs, redistributes the inputs, runs the op on the shards and wraps the results
 // (Note [DTensor dispatch]). One file per rule:
 //   pointwise.cpp   Note [Pointwise sharding]
+//   view.cpp        Note [View sharding] (the view and cat rules)
 #pragma once
 
 #include <functional>
@@ -58,6 +59,8 @@ struct RuleCall {
 using Rule = Decision (*)(const RuleCall&);
 
 Decision decide_pointwise(const RuleCall& call);
+Decision decide_view(const RuleCall& call);
+Decision decide_cat(const RuleCall& call);
 
 inline Decision replicate() {
   Decision d;
