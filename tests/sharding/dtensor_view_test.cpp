@@ -162,13 +162,13 @@ KILN_RANK_SCENARIO(view_1d) {
   {
     DTensor x = D(b.clone(), S0);
     Tensor v = x.transpose(0, 1);
-    v.mul_(2.0);
+    v.mul_(full({}, 2.0));
     expect_close(x.full_tensor(), b * 2.0);
     expect_view(v, S1, (b * 2.0).t());
   }
   {
     DTensor x = D(a.clone(), S0);
-    x.view({48}).add_(1.0);
+    x.view({48}).add_(full({}, 1.0));
     x.view({-1, 8}).select(1, 0).zero_();
     Tensor want = a + 1.0;
     want.view({-1, 8}).select(1, 0).zero_();
@@ -178,17 +178,17 @@ KILN_RANK_SCENARIO(view_1d) {
     DTensor x = D(b.clone(), S1);
     std::vector<Tensor> pieces = x.split(2, 0);
     pieces[1].fill_(3.0);
-    x.unsqueeze(0).squeeze(0).narrow(0, 4, 1).mul_(-1.0);
+    x.unsqueeze(0).squeeze(std::vector<int64_t>{0}).narrow(0, 4, 1).mul_(full({}, -1.0));
     Tensor want = b.clone();
     want.narrow(0, 2, 2).fill_(3.0);
-    want.narrow(0, 4, 1).mul_(-1.0);
+    want.narrow(0, 4, 1).mul_(full({}, -1.0));
     expect_close(x.full_tensor(), want);
   }
   {
     DTensor x = D(c.clone(), S1);
-    x.permute({2, 0, 1}).select(0, 1).mul_(0.5);
+    x.permute({2, 0, 1}).select(0, 1).mul_(full({}, 0.5));
     Tensor want = c.clone();
-    want.select(2, 1).mul_(0.5);
+    want.select(2, 1).mul_(full({}, 0.5));
     expect_close(x.full_tensor(), want);
   }
   EXPECT_TRUE(dist::fallback_ops().empty()) << dist::fallback_ops()[0];
@@ -230,9 +230,9 @@ KILN_RANK_SCENARIO(view_2x2) {
   expect_view(kiln::stack({D(b, {Shard(1), Shard(0)}), D(b, {Shard(1), Shard(0)})}, 1),
               {Shard(2), Shard(0)}, kiln::stack({b, b}, 1));
   DTensor x = D(a.clone(), {Shard(0), Shard(1)});
-  x.t().view({2, 3, 4}).select(1, 0).mul_(10.0);  // t() has strides (1, 6)
+  x.t().view({2, 3, 4}).select(1, 0).mul_(full({}, 10.0));  // t() has strides (1, 6)
   Tensor want = a.clone();
-  want.t().view({2, 3, 4}).select(1, 0).mul_(10.0);
+  want.t().view({2, 3, 4}).select(1, 0).mul_(full({}, 10.0));
   expect_close(x.full_tensor(), want);
   EXPECT_TRUE(dist::fallback_ops().empty()) << dist::fallback_ops()[0];
 }
