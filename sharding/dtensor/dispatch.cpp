@@ -27,9 +27,12 @@ namespace kiln::dist {
 //    implicit gradient of a DTensor loss is made below Autograd for that reason.
 //  - Rule "replicate" takes the replicate path: each DTensor is redistributed to Replicate(),
 //    the op runs on the full tensors, tensor results come back as Replicate() DTensors, and
-//    arguments the op writes are written back into their shards. It is correct and slow; a view
-//    it makes of a DTensor that is not all Replicate() is a copy, so writing into that view
-//    leaves the DTensor unchanged. A rule that cannot shard a call takes the same path.
+//    arguments the op writes are written back into their shards. It is correct and slow. Views
+//    with a rule (view, transpose, split, ...: Note [View sharding]) run on the local shard and
+//    are real views of it, so writing into the view writes the DTensor. A view on this path
+//    (as_strided), like a view whose shards had to be gathered first, views a gathered copy:
+//    writing into it leaves the DTensor unchanged. A rule that cannot shard a call
+//    takes the same path.
 //  - A rule not implemented yet, and out= variants, take the same path, and the op is also
 //    warned about once (Note [Warnings]) and listed by fallback_ops(). Random ops on this path
 //    draw on each rank's own generator.
@@ -96,6 +99,10 @@ rules::Rule rule_of(ShardingRule r) {
       return &rules::decide_softmax;
     case ShardingRule::Norm:
       return &rules::decide_norm;
+    case ShardingRule::View:
+      return &rules::decide_view;
+    case ShardingRule::Cat:
+      return &rules::decide_cat;
     default:
       return nullptr;
   }

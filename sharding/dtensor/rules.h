@@ -6,6 +6,7 @@
 //   optim.cpp       Note [Optimizer sharding]
 //   reduction.cpp   Note [Reduction sharding]
 //   softmax.cpp     Note [Softmax sharding] (rules "softmax" and "norm")
+//   view.cpp        Note [View sharding] (the view and cat rules)
 #pragma once
 
 #include <functional>
@@ -65,6 +66,8 @@ Decision decide_optimizer(const RuleCall& call);
 Decision decide_reduction(const RuleCall& call);
 Decision decide_softmax(const RuleCall& call);
 Decision decide_norm(const RuleCall& call);
+Decision decide_view(const RuleCall& call);
+Decision decide_cat(const RuleCall& call);
 
 inline Decision replicate() {
   Decision d;
