@@ -3,6 +3,8 @@
 // op and argument specs, redistributes the inputs, runs the op on the shards and wraps the results
 // (Note [DTensor dispatch]). One file per rule:
 //   pointwise.cpp   Note [Pointwise sharding]
+//   matmul.cpp      Note [Matmul sharding]
+//   embedding.cpp   Note [Embedding sharding]
 #pragma once
 
 #include <functional>
@@ -58,6 +60,8 @@ struct RuleCall {
 using Rule = Decision (*)(const RuleCall&);
 
 Decision decide_pointwise(const RuleCall& call);
+Decision decide_matmul(const RuleCall& call);
+Decision decide_embedding(const RuleCall& call);
 
 inline Decision replicate() {
   Decision d;
