@@ -86,8 +86,8 @@ Decision decide_lookup(const RuleCall& call) {
   };
   if (!choose(call, cands, dec)) return replicate();
   if (shards_rows(dec.targets[0])) {
-    auto [first, count] = rows_of(call.mesh, dec.targets[0], weight.size(0));
-    dec.local_call = [first, count](const OperatorHandle& op, Stack& s) {
+    const auto [first, count] = rows_of(call.mesh, dec.targets[0], weight.size(0));
+    dec.local_call = [first = first, count = count](const OperatorHandle& op, Stack& s) {
       const Tensor w = s[0].to_tensor(), idx = s[1].to_tensor();
       if (count == 0) {  // no rows here: contribute zeros
         DimVector sz(idx.sizes());
@@ -126,8 +126,8 @@ Decision decide_lookup_backward(const RuleCall& call) {
   };
   if (!choose(call, cands, dec)) return replicate();
   if (shards_rows(dec.outs[0].placements)) {
-    auto [first, count] = rows_of(call.mesh, dec.outs[0].placements, num_weights);
-    dec.local_call = [first, count](const OperatorHandle& op, Stack& s) {
+    const auto [first, count] = rows_of(call.mesh, dec.outs[0].placements, num_weights);
+    dec.local_call = [first = first, count = count](const OperatorHandle& op, Stack& s) {
       const Tensor idx = s[1].to_tensor();
       const int64_t pad = s[3].to_int();
       const Tensor mine = in_range(idx, first, count);

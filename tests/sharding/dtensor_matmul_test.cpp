@@ -6,7 +6,6 @@
 #include <sstream>
 
 #include "harness.h"
-#include "kiln/autograd/grad_mode.h"
 #include "kiln/dist/dtensor.h"
 #include "kiln/kiln.h"
 #include "test_util.h"
