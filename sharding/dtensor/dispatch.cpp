@@ -25,6 +25,9 @@ namespace kiln::dist {
 //    at the Autograd key, above this one, so *_like of a DTensor that requires grad (and .to(),
 //    which decomposes through empty_like) still makes a plain tensor there; the engine's
 //    implicit gradient of a DTensor loss is made below Autograd for that reason.
+//  - The composite rows of rule "matmul" (matmul, linear) also take this kernel over their
+//    decompositions at the DTensor key, so that their rule sees the whole op (Note [Matmul
+//    sharding]); under autograd they decompose above it as every composite row does.
 //  - Rule "replicate" takes the replicate path: each DTensor is redistributed to Replicate(),
 //    the op runs on the full tensors, tensor results come back as Replicate() DTensors, and
 //    arguments the op writes are written back into their shards. It is correct and slow. Views
@@ -103,6 +106,10 @@ rules::Rule rule_of(ShardingRule r) {
       return &rules::decide_view;
     case ShardingRule::Cat:
       return &rules::decide_cat;
+    case ShardingRule::Matmul:
+      return &rules::decide_matmul;
+    case ShardingRule::Embedding:
+      return &rules::decide_embedding;
     default:
       return nullptr;
   }
@@ -266,6 +273,13 @@ bool is_like_op(const OperatorHandle& op) {
          info.num_args > 0 && info.args[0].arg_type == ArgType::Tensor;
 }
 
+// Composite rows whose rule takes the whole op at the DTensor key instead of its decomposition
+// there (which would go through views): matmul and linear (Note [Matmul sharding]).
+bool is_ruled_composite(const OperatorHandle& op) {
+  const OpInfo& info = op.info();
+  return info.kind == OpKind::Composite && info.sharding == ShardingRule::Matmul;
+}
+
 Tensor like_op(const OperatorHandle& op, Stack args) {
   const Tensor self = args[0].to_tensor();
   DTensorSpec spec = detail::spec_of(self);
@@ -398,7 +412,8 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
 KILN_LIBRARY(DTensor, m) {
   m.fallback(&dtensor_kernel);
   for (OperatorHandle* op : Dispatcher::get().ops())
-    if (is_like_op(*op)) Dispatcher::get().register_kernel(*op, m.key(), nullptr, &dtensor_kernel);
+    if (is_like_op(*op) || is_ruled_composite(*op))
+      Dispatcher::get().register_kernel(*op, m.key(), nullptr, &dtensor_kernel);
 }
 
 std::vector<std::string> fallback_ops() {

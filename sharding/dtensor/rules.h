@@ -7,6 +7,8 @@
 //   reduction.cpp   Note [Reduction sharding]
 //   softmax.cpp     Note [Softmax sharding] (rules "softmax" and "norm")
 //   view.cpp        Note [View sharding] (the view and cat rules)
+//   matmul.cpp      Note [Matmul sharding]
+//   embedding.cpp   Note [Embedding sharding]
 #pragma once
 
 #include <functional>
@@ -68,6 +70,8 @@ Decision decide_softmax(const RuleCall& call);
 Decision decide_norm(const RuleCall& call);
 Decision decide_view(const RuleCall& call);
 Decision decide_cat(const RuleCall& call);
+Decision decide_matmul(const RuleCall& call);
+Decision decide_embedding(const RuleCall& call);
 
 inline Decision replicate() {
   Decision d;

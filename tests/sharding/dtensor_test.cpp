@@ -197,12 +197,16 @@ KILN_RANK_SCENARIO(replicate_path) {
   set_warning_handler(&record_warning);
   dist::clear_fallback_ops();
   DTensor x = distribute_tensor(a, mesh, {Shard(0)});
-  expect_placed(kiln::cat({x, x}, 0), {Replicate()}, kiln::cat({a, a}, 0));
-  expect_placed(kiln::cat({x, x}, 0), {Replicate()}, kiln::cat({a, a}, 0));
-  expect_placed(kiln::mm(x, distribute_tensor(b, mesh, {Shard(1)})), {Replicate()}, kiln::mm(a, b));
-  EXPECT_EQ(dist::fallback_ops(), (std::vector<std::string>{"cat", "mm"}));
+  Tensor idx = arange(0, 4, 2, kInt64);  // {0, 2}
+  DTensor ri = distribute_tensor(idx, mesh, {Replicate()});
+  expect_placed(x.index_select(1, ri), {Replicate()}, a.index_select(1, idx));
+  expect_placed(x.index_select(1, ri), {Replicate()}, a.index_select(1, idx));
+  Tensor gi = arange(0, 5, 1, kInt64).remainder(4).unsqueeze(1);  // (5, 1)
+  expect_placed(x.gather(1, distribute_tensor(gi, mesh, {Shard(0)})), {Replicate()},
+                a.gather(1, gi));
+  EXPECT_EQ(dist::fallback_ops(), (std::vector<std::string>{"gather", "index_select"}));
   ASSERT_EQ(g_warnings.size(), 2u);  // once per op
-  EXPECT_NE(g_warnings[0].find("cat has no sharding rule yet (its rule is 'cat')"),
+  EXPECT_NE(g_warnings[0].find("index_select has no sharding rule yet (its rule is 'index')"),
             std::string::npos)
       << g_warnings[0];
   // Rule "replicate" takes the same path without a warning; in place writes the shards back.
