@@ -15,17 +15,20 @@ namespace {
 // The node whose outputs are the whole parameters of one unshard() (Note [FSDP resharding]).
 class FSDPAllGatherBackward final : public autograd::Node {
  public:
-  explicit FSDPAllGatherBackward(std::weak_ptr<FSDPParamGroup> group) : group_(std::move(group)) {}
+  FSDPAllGatherBackward(std::weak_ptr<FSDPParamGroup> group,
+                        std::shared_ptr<FSDPParamGroup::Gathered> gathered)
+      : group_(std::move(group)), gathered_(std::move(gathered)) {}
   const char* name() const override { return "FSDPAllGatherBackward"; }
   autograd::variable_list apply(autograd::variable_list&& grads) override {
     std::shared_ptr<FSDPParamGroup> g = group_.lock();
     KILN_CHECK(g != nullptr, Runtime,
                "FSDP: backward reached parameters whose FSDP group (module) no longer exists");
-    return g->reduce_gradients(std::move(grads));
+    return g->reduce_gradients(std::move(grads), *gathered_);
   }
 
  private:
   std::weak_ptr<FSDPParamGroup> group_;
+  std::shared_ptr<FSDPParamGroup::Gathered> gathered_;  // storages only: no cycle
 };
 
 DimVector contiguous_strides(IntArrayRef shape) {
@@ -117,6 +120,17 @@ std::shared_ptr<FSDPParamGroup> FSDPParamGroup::from_sharded(const std::vector<T
   return g;
 }
 
+void FSDPParamGroup::materialize() {
+  for (Tensor& p : sharded_) {
+    const Tensor& local = detail::local_of(p);
+    if (local.device().type() != DeviceType::Meta) continue;
+    Tensor d =
+        detail::make_dtensor(empty_on(local.sizes(), local.dtype(), kCPU), detail::spec_of(p));
+    if (p.requires_grad()) d.requires_grad_(true);
+    p = std::move(d);
+  }
+}
+
 void FSDPParamGroup::plan() {
   const int64_t n = mesh_.size(0);
   seg_numel_ = 0;
@@ -139,10 +153,10 @@ void FSDPParamGroup::plan() {
   }
 }
 
-void FSDPParamGroup::gather_into(const std::vector<Tensor>& full) {
+void FSDPParamGroup::gather_into(Gathered& g) {
   if (sharded_.empty()) return;
   const int64_t n = mesh_.size(0);
-  const ScalarType dt = full[0].dtype();
+  const ScalarType dt = g.dtype;
   const size_t es = element_size(dt);
   autograd::NoGradGuard no_grad;
   Tensor send = zeros({seg_numel_}, dt);
@@ -159,50 +173,79 @@ void FSDPParamGroup::gather_into(const std::vector<Tensor>& full) {
   Tensor recv = empty({n * seg_numel_}, dt);
   pg_->all_gather_into_tensor(recv, send)->wait();
   for (size_t i = 0; i < sharded_.size(); ++i) {
-    const int64_t rows = full[i].size(0);
+    const int64_t rows = detail::spec_of(sharded_[i]).shape[0];
+    char* dst = static_cast<char*>(g.storages[i]->data());
     for (int64_t q = 0; q < n; ++q) {
       auto [off, len] = chunk_of(rows, n, q);
       if (len == 0) continue;
-      std::memcpy(bytes_of(full[i]) + off * row_numel_[i] * es,
+      std::memcpy(dst + off * row_numel_[i] * es,
                   bytes_of(recv) + (q * seg_numel_ + seg_offset_[i]) * es,
                   len * row_numel_[i] * es);
     }
   }
+  g.resident = true;
+}
+
+void FSDPParamGroup::free(Gathered& g) {
+  for (const auto& st : g.storages) st->resize(0);  // releases the memory
+  g.resident = false;
 }
 
 std::vector<Tensor> FSDPParamGroup::unshard() {
+  auto g = std::make_shared<Gathered>();
+  g->dtype =
+      sharded_.empty() ? kFloat32 : mp_.param_dtype.value_or(detail::spec_of(sharded_[0]).dtype);
   std::vector<Tensor> full;
   full.reserve(sharded_.size());
   for (const Tensor& p : sharded_) {
-    const DTensorSpec& s = detail::spec_of(p);
-    full.push_back(empty(s.shape, mp_.param_dtype.value_or(s.dtype)));
+    full.push_back(empty(detail::spec_of(p).shape, g->dtype));
+    g->storages.push_back(full.back().impl()->storage());
   }
-  gather_into(full);
+  gather_into(*g);
   bool needs_grad = false;
   for (const Tensor& p : sharded_) needs_grad = needs_grad || p.requires_grad();
   if (autograd::GradMode::is_enabled() && needs_grad) {
-    auto node = std::make_shared<FSDPAllGatherBackward>(weak_from_this());
+    auto node = std::make_shared<FSDPAllGatherBackward>(weak_from_this(), g);
     for (const Tensor& p : sharded_) autograd::collect_edge(*node, p);
     for (const Tensor& f : full) autograd::set_history(f, node);
   }
   full_ = full;
-  resident_ = true;
+  current_ = std::move(g);
   return full;
 }
 
 void FSDPParamGroup::reshard() {
-  for (const Tensor& f : full_) f.impl()->storage()->resize(0);  // releases the memory
-  resident_ = false;
+  if (current_) free(*current_);
 }
 
 void FSDPParamGroup::pre_backward() {
-  if (resident_ || full_.empty()) return;
-  for (const Tensor& f : full_) f.impl()->storage()->resize(f.numel() * f.element_size());
-  gather_into(full_);
-  resident_ = true;
+  if (!current_ || current_->resident) return;
+  for (size_t i = 0; i < full_.size(); ++i)
+    current_->storages[i]->resize(full_[i].numel() * full_[i].element_size());
+  gather_into(*current_);
 }
 
-std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads) {
+void FSDPParamGroup::register_pre_backward_hooks(const std::vector<Tensor>& outputs) {
+  if (!current_) return;
+  std::weak_ptr<FSDPParamGroup> self = weak_from_this();
+  std::shared_ptr<Gathered> g = current_;
+  std::vector<size_t> nbytes;
+  for (const Tensor& f : full_) nbytes.push_back(f.numel() * f.element_size());
+  for (const Tensor& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    autograd::register_hook(out, [self, g, nbytes](const Tensor&) {
+      auto group = self.lock();
+      if (group && !g->resident) {
+        for (size_t i = 0; i < nbytes.size(); ++i) g->storages[i]->resize(nbytes[i]);
+        group->gather_into(*g);
+      }
+      return Tensor();
+    });
+  }
+}
+
+std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
+                                                     Gathered& gathered) {
   KILN_CHECK(grads.size() == sharded_.size(), Runtime, "FSDP: backward got ", grads.size(),
              " gradients for ", sharded_.size(), " parameters");
   const int64_t n = mesh_.size(0), r = mesh_.local_rank(0);
@@ -214,7 +257,7 @@ std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads) 
     g[i] = grads[i].defined() ? grads[i].to(rd).contiguous() : zeros(s.shape, rd);
     if (!acc_.empty()) g[i] = (g[i] + acc_[i].to(rd)).contiguous();
   }
-  reshard();
+  free(gathered);
   std::vector<Tensor> out(grads.size());
   if (!sync_) {        // Note [FSDP gradient sync]
     if (acc_.empty())  // g may alias the engine's gradients; a sum with acc_ is new
@@ -316,13 +359,7 @@ Tensor FullyShardedModule::forward(const Tensor& input) {
   restore();
   const bool graph = autograd::GradMode::is_enabled() && out.defined() && out.requires_grad();
   if (!graph || options_.reshard_after_forward) group_->reshard();
-  if (graph && options_.reshard_after_forward) {
-    std::weak_ptr<FSDPParamGroup> g = group_;
-    autograd::register_hook(out, [g](const Tensor&) {
-      if (auto group = g.lock()) group->pre_backward();
-      return Tensor();
-    });
-  }
+  if (graph && options_.reshard_after_forward) group_->register_pre_backward_hooks({out});
   return out;
 }
 

@@ -29,11 +29,11 @@ COMMON = textwrap.dedent("""
         return ((a - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
 
     class MLP(nn.Module):
-        def __init__(self):
+        def __init__(self, device=None):
             super().__init__()
-            self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(7, 13), nn.Tanh()),
-                                         nn.Sequential(nn.Linear(13, 9), nn.Tanh())])
-            self.head = nn.Linear(9, 5)
+            self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(7, 13, device=device), nn.Tanh()),
+                                         nn.Sequential(nn.Linear(13, 9, device=device), nn.Tanh())])
+            self.head = nn.Linear(9, 5, device=device)
         def forward(self, x):
             for b in self.blocks:
                 x = b(x)
@@ -160,6 +160,17 @@ FEATURES = COMMON + textwrap.dedent("""
         assert p.dtype == kiln.float32 and p.grad.dtype == kiln.float32
         # bf16 keeps 8 bits of mantissa: a few 1e-2 relative over two layers
         assert rel(p.grad.full_tensor(), q.grad) < 5e-2, (k, rel(p.grad.full_tensor(), q.grad))
+    # meta-device init: built on meta, sharded, then only this rank's shards get memory
+    meta = shard(MLP(device="meta"), mesh)
+    assert all(str(p.to_local().device) == "meta" for p in meta.parameters())
+    meta.to_empty(device="cpu")
+    with kiln.no_grad():
+        for p, q in zip(meta.parameters(), ref.parameters()):
+            assert isinstance(p, nn.Parameter) and str(p.to_local().device) == "cpu"
+            p.to_local().copy_(distribute_tensor(q.detach(), mesh, [Shard(0)]).to_local())
+    loss_of("mlp", meta(x1[sl]), y1[sl]).backward()
+    for (k, p), q in zip(meta.named_parameters(), ref.parameters()):
+        assert rel(p.grad.full_tensor(), q.grad) < 1e-5, (k, rel(p.grad.full_tensor(), q.grad))
     # errors
     def expect(fn, kind, needle):
         try:

@@ -21,15 +21,16 @@ using dist::Shard;
 
 std::shared_ptr<nn::Sequential> mlp(uint64_t seed) {
   manual_seed(seed);
-  return std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
-      std::make_shared<nn::Linear>(7, 13), std::make_shared<nn::Tanh>(),
-      std::make_shared<nn::Linear>(13, 5)});
+  return std::make_shared<nn::Sequential>(
+      std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(7, 13), std::make_shared<nn::Tanh>(),
+                                 std::make_shared<nn::Linear>(13, 5)});
 }
 
 // The model with each Linear and then the whole fully_shard-ed.
 std::shared_ptr<dist::FullyShardedModule> sharded_mlp(uint64_t seed, const DeviceMesh& mesh) {
   auto net = mlp(seed);
-  for (const char* name : {"0", "2"}) net->replace_module(name, dist::fully_shard(net->child(name), mesh));
+  for (const char* name : {"0", "2"})
+    net->replace_module(name, dist::fully_shard(net->child(name), mesh));
   return dist::fully_shard(net, mesh);
 }
 

@@ -127,7 +127,9 @@ void bind_fsdp(nb::module_& m) {
       .def_prop_ro("is_unsharded", &FSDPParamGroup::is_unsharded)
       .def("unshard", &FSDPParamGroup::unshard, Release())
       .def("reshard", &FSDPParamGroup::reshard)
+      .def("materialize", &FSDPParamGroup::materialize)
       .def("pre_backward", &FSDPParamGroup::pre_backward, Release())
+      .def("register_pre_backward_hooks", &FSDPParamGroup::register_pre_backward_hooks)
       .def_prop_rw("requires_gradient_sync", &FSDPParamGroup::requires_gradient_sync,
                    &FSDPParamGroup::set_requires_gradient_sync);
 }

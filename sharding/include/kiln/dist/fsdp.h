@@ -87,6 +87,11 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   // The Shard(0) DTensor leaves (requires_grad as the given parameters).
   const std::vector<Tensor>& sharded_params() const { return sharded_; }
 
+  // Meta-device init: replaces each shard on the meta device by a new, uninitialised CPU
+  // DTensor leaf (same spec and requires_grad); sharded_params() then returns the new leaves, for
+  // the caller to put into its module and initialise. Shards already on the CPU stay.
+  void materialize();
+
   // Gathers the whole parameters (one all-gather, Note [FSDP flat all-gather]) into new tensors
   // of param_dtype; under grad mode, their gradients flow back to the shards
   // (Note [FSDP resharding]).
@@ -95,21 +100,34 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   void reshard();
   // Gathers into the whole tensors of the last unshard() again when reshard() freed them.
   void pre_backward();
+  // Hooks on `outputs` (those that require grad) that gather the whole tensors of the last
+  // unshard() again when the first of their gradients arrives, before the module's backward
+  // (reshard_after_forward). Each unshard() keeps its own tensors, so a module run twice before
+  // one backward is gathered correctly for each run.
+  void register_pre_backward_hooks(const std::vector<Tensor>& outputs);
   // Whether the last unshard()'s whole tensors hold their values now.
-  bool is_unsharded() const { return resident_; }
+  bool is_unsharded() const { return current_ && current_->resident; }
   // The last unshard()'s whole tensors (empty before the first).
   const std::vector<Tensor>& unsharded_params() const { return full_; }
 
   // Note [FSDP gradient sync].
   void set_requires_gradient_sync(bool on) { sync_ = on; }
   bool requires_gradient_sync() const { return sync_; }
-  // Called by backward (FSDPAllGatherBackward): the whole gradients of the last unshard().
-  std::vector<Tensor> reduce_gradients(std::vector<Tensor> grads);
+  // The memory of one unshard()'s whole tensors (Note [FSDP resharding]).
+  struct Gathered {
+    std::vector<intrusive_ptr<Storage>> storages;
+    ScalarType dtype = kFloat32;
+    bool resident = false;
+  };
+  // Called by backward (FSDPAllGatherBackward) with the whole gradients of `g`'s parameters;
+  // frees g.
+  std::vector<Tensor> reduce_gradients(std::vector<Tensor> grads, Gathered& g);
 
  private:
   FSDPParamGroup(const DeviceMesh& mesh, MixedPrecisionPolicy mp);
   void plan();
-  void gather_into(const std::vector<Tensor>& full);
+  void gather_into(Gathered& g);
+  void free(Gathered& g);
 
   DeviceMesh mesh_;
   ProcessGroupPtr pg_;
@@ -120,7 +138,7 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   std::vector<int64_t> chunk_rows_, row_numel_, seg_offset_;
   int64_t seg_numel_ = 0;  // S
   std::vector<Tensor> full_;
-  bool resident_ = false;
+  std::shared_ptr<Gathered> current_;
   bool sync_ = true;
   std::vector<Tensor> acc_;  // Note [FSDP gradient sync]
 };

@@ -116,12 +116,7 @@ class FSDPModule:
         elif st.reshard_after_forward and not root:
             # The root keeps its parameters: backward needs them first (as in PyTorch).
             st.group.reshard()
-            group = st.group
-
-            def regather(grad):
-                group.pre_backward()
-            for t in outs:
-                t.register_hook(regather)
+            st.group.register_pre_backward_hooks(outs)  # gathers them again for backward
         return out
 
     def _fsdp_modules(self, recurse):
@@ -138,6 +133,27 @@ class FSDPModule:
     def set_reshard_after_forward(self, reshard_after_forward, *, recurse=True):
         for m in self._fsdp_modules(recurse):
             m.__dict__["_fsdp_state"].reshard_after_forward = bool(reshard_after_forward)
+
+    def to_empty(self, *, device="cpu", recurse=True):
+        """Meta-device init: gives every shard still on the meta device (a model built with
+        device="meta", then fully_shard-ed) uninitialised CPU memory, only this rank's shard of
+        each parameter, and buffers on meta empty CPU tensors. Initialise the shards afterwards
+        (kiln.nn.init functions on the DTensor parameters, or copy into p.to_local())."""
+        if str(device) != "cpu":
+            raise NotImplementedError(f"FSDPModule.to_empty: only device='cpu' is supported, got "
+                                      f"{device!r}")
+        for m in self._fsdp_modules(recurse):
+            st = m.__dict__["_fsdp_state"]
+            st.group.materialize()
+            st.sharded = list(st.group.sharded_params)
+            for s in st.sharded:
+                s.__class__ = Parameter
+            st.put(st.sharded)
+        for m in self.modules():
+            for name, b in m._buffers.items():
+                if b is not None and str(b.device) == "meta":
+                    m._buffers[name] = _C.empty(list(b.shape), dtype=b.dtype, device="cpu")
+        return self
 
     def unshard(self):
         """Gathers the whole parameters into the module (outside forward; no autograd link)."""
