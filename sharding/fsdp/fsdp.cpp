@@ -2,7 +2,9 @@
 // Note [FSDP resharding] and Note [FSDP gradient sync].
 #include "kiln/dist/fsdp.h"
 
+#include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
@@ -31,7 +33,7 @@ class FSDPAllGatherBackward final : public autograd::Node {
   std::shared_ptr<FSDPParamGroup::Gathered> gathered_;  // storages only: no cycle
 };
 
-DimVector contiguous_strides(IntArrayRef shape) {
+DimVector fsdp_strides(IntArrayRef shape) {
   DimVector s(shape.size(), 1);
   for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
     s[i] = s[i + 1] * std::max<int64_t>(shape[i + 1], 1);
@@ -46,14 +48,12 @@ FSDPParamGroup::FSDPParamGroup(const DeviceMesh& mesh, MixedPrecisionPolicy mp)
     : mesh_(mesh), mp_(mp) {
   KILN_CHECK(mesh_.defined(), Value, "fully_shard: the device mesh is undefined");
   KILN_CHECK(mesh_.ndim() == 1, Value,
-             "fully_shard: the mesh must be 1-d (FSDP shards over one "
-             "mesh dim; pass mesh[\"dp\"] of a larger mesh), got ",
+             "fully_shard: the mesh must be 1-d (FSDP shards over one mesh dim; pass mesh[\"dp\"] "
+             "of a larger mesh), got ",
              mesh_.str());
   KILN_CHECK(!mesh_.coordinate().empty(), Value, "fully_shard: this rank is not in ", mesh_.str());
   KILN_CHECK(mesh_.device_type() == "cpu", NotImplemented,
-             "fully_shard: only CPU meshes are "
-             "supported so far, got ",
-             mesh_.str());
+             "fully_shard: only CPU meshes are supported so far, got ", mesh_.str());
   pg_ = mesh_.group(0);
 }
 
@@ -75,8 +75,7 @@ std::shared_ptr<FSDPParamGroup> FSDPParamGroup::create(const std::vector<Tensor>
     KILN_CHECK(!is_dtensor(p), Value, "fully_shard: parameter '", name, "' is already a DTensor ",
                "(on ", DTensor(p).device_mesh().str(), "); FSDP shards plain parameters");
     KILN_CHECK(p.dim() >= 1, Value, "fully_shard: parameter '", name,
-               "' is 0-d; FSDP shards "
-               "along dim 0");
+               "' is 0-d; FSDP shards along dim 0");
     KILN_CHECK(p.device() == kCPU || p.device().type() == DeviceType::Meta, Value,
                "fully_shard: parameter '", name, "' is on ", p.device(), ", the mesh is ",
                mesh.str());
@@ -89,7 +88,7 @@ std::shared_ptr<FSDPParamGroup> FSDPParamGroup::create(const std::vector<Tensor>
                   : empty_on(local_shape(p.sizes(), mesh, {Shard(0)}), p.dtype(), p.device());
     }
     DTensorSpec spec{
-        mesh, {Shard(0)}, DimVector(p.sizes()), contiguous_strides(p.sizes()), p.dtype()};
+        mesh, {Shard(0)}, DimVector(p.sizes()), fsdp_strides(p.sizes()), p.dtype()};
     Tensor d = detail::make_dtensor(std::move(local), std::move(spec));
     if (p.requires_grad()) d.requires_grad_(true);
     g->sharded_.push_back(std::move(d));
@@ -145,8 +144,8 @@ void FSDPParamGroup::plan() {
     seg_offset_.push_back(seg_numel_);
     seg_numel_ += chunk_rows_.back() * row;
     KILN_CHECK(mp_.param_dtype || !dtype || *dtype == s.dtype, Value,
-               "fully_shard: the "
-               "parameters of one FSDP group must share a dtype (one flat all-gather), but '",
+               "fully_shard: the parameters of one FSDP group must share a dtype (one flat "
+               "all-gather), but '",
                names_[i], "' is ", s.dtype, " and others ", *dtype,
                "; set mp_policy.param_dtype or shard them separately");
     dtype = s.dtype;
@@ -164,8 +163,7 @@ void FSDPParamGroup::gather_into(Gathered& g) {
     Tensor local = detail::local_of(sharded_[i]);
     KILN_CHECK(local.device() == kCPU, Value, "FSDP: the shard of parameter '", names_[i],
                "' is on ", local.device(),
-               " (a meta parameter must be initialised on the CPU "
-               "before the first forward)");
+               " (a meta parameter must be initialised on the CPU before the first forward)");
     local = local.to(dt).contiguous();
     if (local.numel())
       std::memcpy(bytes_of(send) + seg_offset_[i] * es, bytes_of(local), local.numel() * es);
@@ -270,9 +268,9 @@ std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
   const ScalarType rd = g[0].dtype();
   const size_t es = element_size(rd);
   for (const Tensor& t : g)
-    KILN_CHECK(t.dtype() == rd, Value,
-               "FSDP: gradients of one group must share the reduce dtype; "
-               "set mp_policy.reduce_dtype");
+    KILN_CHECK(
+        t.dtype() == rd, Value,
+        "FSDP: gradients of one group must share the reduce dtype; set mp_policy.reduce_dtype");
   Tensor send = zeros({n * seg_numel_}, rd);
   for (size_t i = 0; i < g.size(); ++i) {
     const int64_t rows = g[i].size(0);

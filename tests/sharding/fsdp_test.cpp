@@ -127,7 +127,7 @@ KILN_RANK_SCENARIO(fsdp_param_group) {
   loss.backward();
   // The mean over the ranks of each rank's gradient: x summed over its rows, per rank.
   Tensor xs = zeros({3});
-  for (int q = 0; q < world(); ++q) xs = xs + random({2, 3}, kFloat32, -1, 1, 20 + q).sum(0);
+  for (int q = 0; q < world(); ++q) xs = xs + random({2, 3}, kFloat32, -1, 1, 20 + q).sum(std::vector<int64_t>{0});
   Tensor want_w = (xs / static_cast<double>(world())).unsqueeze(0).expand({5, 3}).contiguous();
   expect_close(DTensor(group->sharded_params()[0].grad()).full_tensor(), want_w);
   expect_close(DTensor(group->sharded_params()[1].grad()).full_tensor(), full_like(b, 2.0));
