@@ -16,7 +16,7 @@ import kiln
 KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
 
 COMMON = textwrap.dedent("""
-    import copy, sys, warnings
+    import copy, os, sys, warnings
     import kiln, kiln.distributed as dist, kiln.nn as nn
     import kiln.nn.functional as F
     from kiln.distributed.device_mesh import init_device_mesh
@@ -71,7 +71,7 @@ COMMON = textwrap.dedent("""
             fully_shard(b, mesh=mesh, **kw)
         return fully_shard(model, mesh=mesh, **kw)
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
     r, n = dist.get_rank(), dist.get_world_size()
 """)
 

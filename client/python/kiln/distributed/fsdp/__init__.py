@@ -176,9 +176,11 @@ def _fsdp_class(cls):
 
 
 def _default_mesh():
-    from kiln.distributed import get_world_size
+    import os
+    from kiln.distributed import get_world_size, is_initialized
     from kiln.distributed.device_mesh import init_device_mesh
-    return init_device_mesh("cpu", (get_world_size(),))
+    n = get_world_size() if is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    return init_device_mesh("cpu", (n,))
 
 
 def fully_shard(module, mesh=None, *, reshard_after_forward=True, mp_policy=MixedPrecisionPolicy(),
