@@ -120,7 +120,13 @@ TRAIN = COMMON + textwrap.dedent("""
             assert rel(p.grad.full_tensor(), q.grad) < 1e-5, (step, k, rel(p.grad.full_tensor(), q.grad))
         fopt.step()
     for (k, p), q in zip(model.named_parameters(), ref.parameters()):
-        e = rel(p.full_tensor(), q.detach())
+        got, want = p.full_tensor(), q.detach()
+        if k.endswith("in_proj_bias") and opt_name == "adamw":
+            # The key bias's true gradient is zero (softmax ignores a per-query constant): its
+            # float-rounding residue, which differs with the summation order, is what Adam's
+            # g / sqrt(v) steps on. Compare the query and value biases.
+            got, want = kiln.cat([got[:8], got[16:]]), kiln.cat([want[:8], want[16:]])
+        e = rel(got, want)
         assert e < 1e-5, (k, e)
     print(f"rank {r} ok")
 """)
@@ -221,3 +227,9 @@ def test_fsdp_keep_unsharded_after_forward(tmp_path):
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_fsdp_features(tmp_path, nproc):
     run(tmp_path, "features", FEATURES, nproc)
+
+
+@pytest.mark.parametrize("kind,nproc,opt", [("mlp", 2, "adamw"), ("gpt", 3, "adamw"),
+                                            ("mlp", 3, "sgdm")])
+def test_fsdp_stateful_optimizers(tmp_path, kind, nproc, opt):
+    run(tmp_path, "train", TRAIN, nproc, kind, opt, "10", "1")
