@@ -30,6 +30,11 @@ void Storage::resize(size_t nbytes) {
   }
   KILN_CHECK(device_.is_cpu() || nbytes <= nbytes_, NotImplemented,
              "resizing a ", device_.str(), " storage to a larger size");
+  if (nbytes == 0) {  // releases the memory (FSDP frees gathered parameters this way)
+    data_ = DataPtr();
+    nbytes_ = 0;
+    return;
+  }
   if (nbytes <= nbytes_) {
     nbytes_ = nbytes;
     return;

@@ -18,6 +18,7 @@
 
 #include "kiln/dist/ddp.h"
 #include "kiln/dist/dtensor.h"
+#include "kiln/dist/fsdp.h"
 #include "kiln/dist/process_group.h"
 #include "python_args.h"
 
@@ -98,6 +99,39 @@ void bind_dtensor(nb::module_& m) {
   m.def("_dtensor_placements", [](const Tensor& t) { return as_dtensor(t).placements(); });
   m.def("_dtensor_mesh", [](const Tensor& t) { return as_dtensor(t).device_mesh(); });
   m.def("_dtensor_fallback_ops", &fallback_ops);
+}
+
+std::optional<ScalarType> opt_dtype_of(nb::handle dtype, const char* what) {
+  if (dtype.is_none()) return std::nullopt;
+  ScalarType st = kFloat32;
+  KILN_CHECK(dtype_from_object(dtype.ptr(), st), Type, "MixedPrecisionPolicy: ", what,
+             " must be a kiln dtype or None");
+  return st;
+}
+
+// FSDP's parameter groups (kiln/dist/fsdp.h); kiln/distributed/fsdp/ builds fully_shard on them.
+void bind_fsdp(nb::module_& m) {
+  nb::class_<FSDPParamGroup>(m, "_FSDPParamGroup")
+      .def_static(
+          "create",
+          [](const std::vector<Tensor>& params, const DeviceMesh& mesh, nb::handle param_dtype,
+             nb::handle reduce_dtype, std::vector<std::string> names) {
+            MixedPrecisionPolicy mp{opt_dtype_of(param_dtype, "param_dtype"),
+                                    opt_dtype_of(reduce_dtype, "reduce_dtype")};
+            return FSDPParamGroup::create(params, mesh, mp, std::move(names));
+          },
+          nb::arg("params"), nb::arg("mesh"), nb::arg("param_dtype").none(),
+          nb::arg("reduce_dtype").none(), nb::arg("names"))
+      .def_prop_ro("sharded_params", &FSDPParamGroup::sharded_params)
+      .def_prop_ro("unsharded_params", &FSDPParamGroup::unsharded_params)
+      .def_prop_ro("is_unsharded", &FSDPParamGroup::is_unsharded)
+      .def("unshard", &FSDPParamGroup::unshard, Release())
+      .def("reshard", &FSDPParamGroup::reshard)
+      .def("materialize", &FSDPParamGroup::materialize)
+      .def("pre_backward", &FSDPParamGroup::pre_backward, Release())
+      .def("register_pre_backward_hooks", &FSDPParamGroup::register_pre_backward_hooks)
+      .def_prop_rw("requires_gradient_sync", &FSDPParamGroup::requires_gradient_sync,
+                   &FSDPParamGroup::set_requires_gradient_sync);
 }
 
 }  // namespace
@@ -186,6 +220,7 @@ void bind_dist(nb::module_& m) {
         nb::arg("src") = 0, Release());
 
   bind_dtensor(m);
+  bind_fsdp(m);
 
   nb::class_<Reducer>(m, "_DdpReducer")
       .def(nb::init<const std::vector<std::pair<std::string, Tensor>>&, ProcessGroupPtr, double, bool>(),

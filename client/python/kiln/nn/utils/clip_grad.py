@@ -14,16 +14,20 @@ def _grads(parameters):
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
     """Scales the gradients so that their joint norm is at most max_norm; returns the total norm
-    (before clipping) as a 0-d tensor."""
+    (before clipping) as a 0-d tensor. DTensor gradients (FSDP's) count whole: their norms are
+    reduced over their meshes, so every rank gets the same total and scale."""
     grads = _grads(parameters)
     if not grads:
         return _C.zeros([])
     norm_type = float(norm_type)
+
+    def whole(t):  # a DTensor gradient's norm (FSDP's shards) is reduced over its mesh
+        return t.full_tensor() if _C._is_dtensor(t) else t
     with no_grad():
         if norm_type == math.inf:
-            total = _C.stack([g.abs().max() for g in grads]).max()
+            total = _C.stack([whole(g.abs().max()) for g in grads]).max()
         else:
-            total = _C.stack([_C.norm(g, norm_type) for g in grads]).norm(norm_type)
+            total = _C.stack([whole(_C.norm(g, norm_type)) for g in grads]).norm(norm_type)
         if error_if_nonfinite and not math.isfinite(total.item()):
             raise RuntimeError(f"The total norm of order {norm_type} for gradients from "
                                "`parameters` is non-finite, so it cannot be clipped.")

@@ -1,0 +1,377 @@
+// FSDP's parameter groups and FullyShardedModule (kiln/dist/fsdp.h): Note [FSDP flat all-gather],
+// Note [FSDP resharding] and Note [FSDP gradient sync].
+#include "kiln/dist/fsdp.h"
+
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/autograd/node.h"
+#include "kiln/kiln.h"
+
+namespace kiln::dist {
+
+namespace {
+
+// The node whose outputs are the whole parameters of one unshard() (Note [FSDP resharding]).
+class FSDPAllGatherBackward final : public autograd::Node {
+ public:
+  FSDPAllGatherBackward(std::weak_ptr<FSDPParamGroup> group,
+                        std::shared_ptr<FSDPParamGroup::Gathered> gathered)
+      : group_(std::move(group)), gathered_(std::move(gathered)) {}
+  const char* name() const override { return "FSDPAllGatherBackward"; }
+  autograd::variable_list apply(autograd::variable_list&& grads) override {
+    std::shared_ptr<FSDPParamGroup> g = group_.lock();
+    KILN_CHECK(g != nullptr, Runtime,
+               "FSDP: backward reached parameters whose FSDP group (module) no longer exists");
+    return g->reduce_gradients(std::move(grads), *gathered_);
+  }
+
+ private:
+  std::weak_ptr<FSDPParamGroup> group_;
+  std::shared_ptr<FSDPParamGroup::Gathered> gathered_;  // storages only: no cycle
+};
+
+DimVector fsdp_strides(IntArrayRef shape) {
+  DimVector s(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
+    s[i] = s[i + 1] * std::max<int64_t>(shape[i + 1], 1);
+  return s;
+}
+
+char* bytes_of(const Tensor& t) { return static_cast<char*>(t.impl()->raw_data()); }
+
+}  // namespace
+
+FSDPParamGroup::FSDPParamGroup(const DeviceMesh& mesh, MixedPrecisionPolicy mp)
+    : mesh_(mesh), mp_(mp) {
+  KILN_CHECK(mesh_.defined(), Value, "fully_shard: the device mesh is undefined");
+  KILN_CHECK(mesh_.ndim() == 1, Value,
+             "fully_shard: the mesh must be 1-d (FSDP shards over one mesh dim; pass mesh[\"dp\"] "
+             "of a larger mesh), got ",
+             mesh_.str());
+  KILN_CHECK(!mesh_.coordinate().empty(), Value, "fully_shard: this rank is not in ", mesh_.str());
+  KILN_CHECK(mesh_.device_type() == "cpu", NotImplemented,
+             "fully_shard: only CPU meshes are supported so far, got ", mesh_.str());
+  pg_ = mesh_.group(0);
+}
+
+FSDPParamGroup::~FSDPParamGroup() = default;
+
+std::shared_ptr<FSDPParamGroup> FSDPParamGroup::create(const std::vector<Tensor>& params,
+                                                       const DeviceMesh& mesh,
+                                                       MixedPrecisionPolicy mp,
+                                                       std::vector<std::string> names) {
+  std::shared_ptr<FSDPParamGroup> g(new FSDPParamGroup(mesh, mp));
+  g->names_ = std::move(names);
+  for (size_t i = g->names_.size(); i < params.size(); ++i)
+    g->names_.push_back("param" + std::to_string(i));
+  const int64_t n = mesh.size(0), r = mesh.local_rank(0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
+    const std::string& name = g->names_[i];
+    KILN_CHECK(p.defined(), Value, "fully_shard: parameter '", name, "' is undefined");
+    KILN_CHECK(!is_dtensor(p), Value, "fully_shard: parameter '", name, "' is already a DTensor ",
+               "(on ", DTensor(p).device_mesh().str(), "); FSDP shards plain parameters");
+    KILN_CHECK(p.dim() >= 1, Value, "fully_shard: parameter '", name,
+               "' is 0-d; FSDP shards along dim 0");
+    KILN_CHECK(p.device() == kCPU || p.device().type() == DeviceType::Meta, Value,
+               "fully_shard: parameter '", name, "' is on ", p.device(), ", the mesh is ",
+               mesh.str());
+    auto [off, len] = chunk_of(p.size(0), n, r);
+    Tensor local;
+    {
+      autograd::NoGradGuard no_grad;
+      local = p.device() == kCPU
+                  ? p.detach().narrow(0, off, len).clone()
+                  : empty_on(local_shape(p.sizes(), mesh, {Shard(0)}), p.dtype(), p.device());
+    }
+    DTensorSpec spec{
+        mesh, {Shard(0)}, DimVector(p.sizes()), fsdp_strides(p.sizes()), p.dtype()};
+    Tensor d = detail::make_dtensor(std::move(local), std::move(spec));
+    if (p.requires_grad()) d.requires_grad_(true);
+    g->sharded_.push_back(std::move(d));
+  }
+  g->plan();
+  return g;
+}
+
+std::shared_ptr<FSDPParamGroup> FSDPParamGroup::from_sharded(const std::vector<Tensor>& sharded,
+                                                             const DeviceMesh& mesh,
+                                                             MixedPrecisionPolicy mp,
+                                                             std::vector<std::string> names) {
+  std::shared_ptr<FSDPParamGroup> g(new FSDPParamGroup(mesh, mp));
+  g->names_ = std::move(names);
+  for (size_t i = g->names_.size(); i < sharded.size(); ++i)
+    g->names_.push_back("param" + std::to_string(i));
+  for (size_t i = 0; i < sharded.size(); ++i) {
+    const Tensor& p = sharded[i];
+    KILN_CHECK(is_dtensor(p), Value, "FSDP: parameter '", g->names_[i], "' is not a DTensor");
+    const DTensorSpec& s = detail::spec_of(p);
+    KILN_CHECK(s.mesh == mesh, Value, "FSDP: parameter '", g->names_[i], "' is on ", s.mesh.str(),
+               ", not on the FSDP mesh ", mesh.str());
+    KILN_CHECK(s.placements.size() == 1 && s.placements[0].is_shard(0), Value, "FSDP: parameter '",
+               g->names_[i], "' is placed ", placements_str(s.placements), ", not [Shard(0)]");
+    g->sharded_.push_back(p);
+  }
+  g->plan();
+  return g;
+}
+
+void FSDPParamGroup::materialize() {
+  for (Tensor& p : sharded_) {
+    const Tensor& local = detail::local_of(p);
+    if (local.device().type() != DeviceType::Meta) continue;
+    Tensor d =
+        detail::make_dtensor(empty_on(local.sizes(), local.dtype(), kCPU), detail::spec_of(p));
+    if (p.requires_grad()) d.requires_grad_(true);
+    p = std::move(d);
+  }
+}
+
+void FSDPParamGroup::plan() {
+  const int64_t n = mesh_.size(0);
+  seg_numel_ = 0;
+  std::optional<ScalarType> dtype;
+  for (size_t i = 0; i < sharded_.size(); ++i) {
+    const DTensorSpec& s = detail::spec_of(sharded_[i]);
+    const int64_t rows = s.shape[0];
+    int64_t row = 1;
+    for (size_t d = 1; d < s.shape.size(); ++d) row *= s.shape[d];
+    chunk_rows_.push_back((rows + n - 1) / n);
+    row_numel_.push_back(row);
+    seg_offset_.push_back(seg_numel_);
+    seg_numel_ += chunk_rows_.back() * row;
+    KILN_CHECK(mp_.param_dtype || !dtype || *dtype == s.dtype, Value,
+               "fully_shard: the parameters of one FSDP group must share a dtype (one flat "
+               "all-gather), but '",
+               names_[i], "' is ", s.dtype, " and others ", *dtype,
+               "; set mp_policy.param_dtype or shard them separately");
+    dtype = s.dtype;
+  }
+}
+
+void FSDPParamGroup::gather_into(Gathered& g) {
+  if (sharded_.empty()) return;
+  const int64_t n = mesh_.size(0);
+  const ScalarType dt = g.dtype;
+  const size_t es = element_size(dt);
+  autograd::NoGradGuard no_grad;
+  Tensor send = zeros({seg_numel_}, dt);
+  for (size_t i = 0; i < sharded_.size(); ++i) {
+    Tensor local = detail::local_of(sharded_[i]);
+    KILN_CHECK(local.device() == kCPU, Value, "FSDP: the shard of parameter '", names_[i],
+               "' is on ", local.device(),
+               " (a meta parameter must be initialised on the CPU before the first forward)");
+    local = local.to(dt).contiguous();
+    if (local.numel())
+      std::memcpy(bytes_of(send) + seg_offset_[i] * es, bytes_of(local), local.numel() * es);
+  }
+  Tensor recv = empty({n * seg_numel_}, dt);
+  pg_->all_gather_into_tensor(recv, send)->wait();
+  for (size_t i = 0; i < sharded_.size(); ++i) {
+    const int64_t rows = detail::spec_of(sharded_[i]).shape[0];
+    char* dst = static_cast<char*>(g.storages[i]->data());
+    for (int64_t q = 0; q < n; ++q) {
+      auto [off, len] = chunk_of(rows, n, q);
+      if (len == 0) continue;
+      std::memcpy(dst + off * row_numel_[i] * es,
+                  bytes_of(recv) + (q * seg_numel_ + seg_offset_[i]) * es,
+                  len * row_numel_[i] * es);
+    }
+  }
+  g.resident = true;
+}
+
+void FSDPParamGroup::free(Gathered& g) {
+  for (const auto& st : g.storages) st->resize(0);  // releases the memory
+  g.resident = false;
+}
+
+std::vector<Tensor> FSDPParamGroup::unshard() {
+  auto g = std::make_shared<Gathered>();
+  g->dtype =
+      sharded_.empty() ? kFloat32 : mp_.param_dtype.value_or(detail::spec_of(sharded_[0]).dtype);
+  std::vector<Tensor> full;
+  full.reserve(sharded_.size());
+  for (const Tensor& p : sharded_) {
+    full.push_back(empty(detail::spec_of(p).shape, g->dtype));
+    g->storages.push_back(full.back().impl()->storage());
+  }
+  gather_into(*g);
+  bool needs_grad = false;
+  for (const Tensor& p : sharded_) needs_grad = needs_grad || p.requires_grad();
+  if (autograd::GradMode::is_enabled() && needs_grad) {
+    auto node = std::make_shared<FSDPAllGatherBackward>(weak_from_this(), g);
+    for (const Tensor& p : sharded_) autograd::collect_edge(*node, p);
+    for (const Tensor& f : full) autograd::set_history(f, node);
+  }
+  full_ = full;
+  current_ = std::move(g);
+  return full;
+}
+
+void FSDPParamGroup::reshard() {
+  if (current_) free(*current_);
+}
+
+void FSDPParamGroup::pre_backward() {
+  if (!current_ || current_->resident) return;
+  for (size_t i = 0; i < full_.size(); ++i)
+    current_->storages[i]->resize(full_[i].numel() * full_[i].element_size());
+  gather_into(*current_);
+}
+
+void FSDPParamGroup::register_pre_backward_hooks(const std::vector<Tensor>& outputs) {
+  if (!current_) return;
+  std::weak_ptr<FSDPParamGroup> self = weak_from_this();
+  std::shared_ptr<Gathered> g = current_;
+  std::vector<size_t> nbytes;
+  for (const Tensor& f : full_) nbytes.push_back(f.numel() * f.element_size());
+  for (const Tensor& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    autograd::register_hook(out, [self, g, nbytes](const Tensor&) {
+      auto group = self.lock();
+      if (group && !g->resident) {
+        for (size_t i = 0; i < nbytes.size(); ++i) g->storages[i]->resize(nbytes[i]);
+        group->gather_into(*g);
+      }
+      return Tensor();
+    });
+  }
+}
+
+std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
+                                                     Gathered& gathered) {
+  KILN_CHECK(grads.size() == sharded_.size(), Runtime, "FSDP: backward got ", grads.size(),
+             " gradients for ", sharded_.size(), " parameters");
+  const int64_t n = mesh_.size(0), r = mesh_.local_rank(0);
+  autograd::NoGradGuard no_grad;
+  std::vector<Tensor> g(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const DTensorSpec& s = detail::spec_of(sharded_[i]);
+    const ScalarType rd = mp_.reduce_dtype.value_or(mp_.param_dtype.value_or(s.dtype));
+    g[i] = grads[i].defined() ? grads[i].to(rd).contiguous() : zeros(s.shape, rd);
+    if (!acc_.empty()) g[i] = (g[i] + acc_[i].to(rd)).contiguous();
+  }
+  free(gathered);
+  std::vector<Tensor> out(grads.size());
+  if (!sync_) {        // Note [FSDP gradient sync]
+    if (acc_.empty())  // g may alias the engine's gradients; a sum with acc_ is new
+      for (Tensor& t : g) t = t.clone();
+    acc_ = std::move(g);
+    return out;
+  }
+  acc_.clear();
+  if (sharded_.empty()) return out;
+  const ScalarType rd = g[0].dtype();
+  const size_t es = element_size(rd);
+  for (const Tensor& t : g)
+    KILN_CHECK(
+        t.dtype() == rd, Value,
+        "FSDP: gradients of one group must share the reduce dtype; set mp_policy.reduce_dtype");
+  Tensor send = zeros({n * seg_numel_}, rd);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const int64_t rows = g[i].size(0);
+    for (int64_t q = 0; q < n; ++q) {
+      auto [off, len] = chunk_of(rows, n, q);
+      if (len == 0) continue;
+      std::memcpy(bytes_of(send) + (q * seg_numel_ + seg_offset_[i]) * es,
+                  bytes_of(g[i]) + off * row_numel_[i] * es, len * row_numel_[i] * es);
+    }
+  }
+  Tensor recv = empty({seg_numel_}, rd);
+  pg_->reduce_scatter_tensor(recv, send, ReduceOp::Avg)->wait();
+  for (size_t i = 0; i < g.size(); ++i) {
+    const DTensorSpec& s = detail::spec_of(sharded_[i]);
+    const int64_t len = chunk_of(s.shape[0], n, r).second;
+    Tensor local = recv.narrow(0, seg_offset_[i], len * row_numel_[i])
+                       .view(local_shape(s.shape, mesh_, s.placements))
+                       .to(s.dtype)
+                       .clone();
+    out[i] = detail::make_dtensor(std::move(local), s);
+  }
+  return out;
+}
+
+// ---- FullyShardedModule --------------------------------------------------------------------
+
+namespace {
+
+// (owner, name, dotted name) of `m`'s parameters, not descending into FullyShardedModules.
+void collect_slots(nn::Module& m, const std::string& prefix,
+                   std::vector<std::tuple<nn::Module*, std::string, std::string>>& out,
+                   std::vector<const TensorImpl*>& seen) {
+  for (auto& [name, p] : m.named_parameters(false)) {
+    if (std::find(seen.begin(), seen.end(), p.impl()) != seen.end()) continue;
+    seen.push_back(p.impl());
+    out.emplace_back(&m, name, prefix + name);
+  }
+  for (auto& [name, child] : m.named_children()) {
+    if (!child || dynamic_cast<FullyShardedModule*>(child.get())) continue;
+    collect_slots(*child, prefix + name + ".", out, seen);
+  }
+}
+
+}  // namespace
+
+FullyShardedModule::FullyShardedModule(nn::ModulePtr module, DeviceMesh mesh, FSDPOptions options)
+    : nn::Module("FullyShardedModule"), module_(std::move(module)), options_(options) {
+  KILN_CHECK(module_ != nullptr, Value, "fully_shard: module is null");
+  if (!mesh.defined()) mesh = init_device_mesh("cpu", {default_group()->size()});
+  std::vector<std::tuple<nn::Module*, std::string, std::string>> slots;
+  std::vector<const TensorImpl*> seen;
+  collect_slots(*module_, "", slots, seen);
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  for (auto& [owner, name, dotted] : slots) {
+    params.push_back(owner->param(name));
+    names.push_back(dotted);
+    slots_.push_back({owner, name});
+  }
+  group_ = FSDPParamGroup::create(params, mesh, options.mp_policy, names);
+  for (size_t i = 0; i < slots_.size(); ++i)
+    slots_[i].owner->param(slots_[i].name) = group_->sharded_params()[i];
+  register_module("module", module_);
+}
+
+Tensor FullyShardedModule::forward(const Tensor& input) {
+  std::vector<Tensor> full = group_->unshard();
+  auto restore = [this] {
+    for (size_t i = 0; i < slots_.size(); ++i)
+      slots_[i].owner->param(slots_[i].name) = group_->sharded_params()[i];
+  };
+  for (size_t i = 0; i < slots_.size(); ++i) slots_[i].owner->param(slots_[i].name) = full[i];
+  Tensor x = input;
+  if (options_.mp_policy.param_dtype && is_floating(x.dtype()))
+    x = x.to(*options_.mp_policy.param_dtype);
+  Tensor out;
+  try {
+    out = module_->forward(x);
+  } catch (...) {
+    restore();
+    group_->reshard();
+    throw;
+  }
+  restore();
+  const bool graph = autograd::GradMode::is_enabled() && out.defined() && out.requires_grad();
+  if (!graph || options_.reshard_after_forward) group_->reshard();
+  if (graph && options_.reshard_after_forward) group_->register_pre_backward_hooks({out});
+  return out;
+}
+
+void FullyShardedModule::set_requires_gradient_sync(bool on, bool recurse) {
+  group_->set_requires_gradient_sync(on);
+  if (!recurse) return;
+  for (const nn::ModulePtr& m : module_->modules())
+    if (auto* f = dynamic_cast<FullyShardedModule*>(m.get()); f && f != this)
+      f->group_->set_requires_gradient_sync(on);
+}
+
+std::shared_ptr<FullyShardedModule> fully_shard(nn::ModulePtr module, DeviceMesh mesh,
+                                                FSDPOptions options) {
+  return std::make_shared<FullyShardedModule>(std::move(module), std::move(mesh), options);
+}
+
+}  // namespace kiln::dist

@@ -1,0 +1,186 @@
+// kiln/dist/fsdp.h: the communication core of FSDP (PyTorch's FSDP2, fully_shard): a group of
+// parameters sharded Shard(0) over a 1-d DeviceMesh, gathered whole for forward and backward with
+// one flat all-gather, their gradients reduce-scattered (averaged) back onto the shards.
+//
+//   auto mesh = kiln::dist::init_device_mesh("cpu", {2});
+//   auto group = kiln::dist::FSDPParamGroup::create({w, b}, mesh);  // w, b: the same on every rank
+//   group->sharded_params();        // {DTensor Shard(0), ...}: leaves, give these to the optimizer
+//   auto full = group->unshard();   // {w, b} whole, plain tensors; autograd links them to the
+//   shards Tensor loss = kiln::linear(x, full[0], full[1]).sum();   // x: this rank's part of the
+//   batch group->reshard();               // frees the whole tensors (reshard_after_forward)
+//   group->pre_backward();          // gathers them again (a hook on the module's output calls it)
+//   loss.backward();                // shards' .grad: the mean over the ranks, Shard(0)
+//   opt.step();                     // steps on the shards
+//
+// The Python kiln.distributed.fsdp.fully_shard and the C++ fully_shard (below) drive it from a
+// module's forward.
+//
+// Note [FSDP flat all-gather]: every parameter is split along dim 0 as torch.chunk splits it
+// (Note [Placements]): c = ceil(rows / N) rows per rank, the last ranks possibly fewer or none.
+// A rank's send buffer holds, parameter after parameter, its c rows of each (padded with zeros
+// where it has fewer), so every rank sends the same number S of elements and one
+// all_gather_into_tensor of N * S gathers the whole group; each parameter is then copied out of
+// the N segments into its own whole tensor. The gradients go the same way backwards: the whole
+// gradients are copied into N segments of S (padding zeroed) and one reduce_scatter_tensor (avg)
+// leaves each rank its segment, the mean over the ranks of its shards' gradients.
+//
+// Note [FSDP resharding]: unshard() makes new whole tensors, the outputs of one autograd node
+// (FSDPAllGatherBackward) whose inputs are the sharded parameters. Ops of the forward save those
+// tensors for their backward. reshard() frees their memory (their storage is resized to zero
+// bytes, which releases it) without touching the tensors, and pre_backward() refills the same
+// storage with a new all-gather, so the saved tensors see the whole values again in backward
+// (the version counter is not bumped: the values are the same). Reading a whole tensor while it
+// is resharded is an error of the caller. When the node runs in backward (every whole tensor's
+// gradient has arrived), it reduce-scatters and reshards: after backward only the shards remain.
+//
+// Note [FSDP gradient sync]: with set_requires_gradient_sync(false), backward reduces nothing:
+// each rank adds its whole gradients into a buffer of its own (in the reduce dtype), and the
+// shards get no gradient. The next backward with sync on adds the buffer to its gradients before
+// the reduce-scatter, so the shards' .grad is the mean over the ranks of the summed micro-batch
+// gradients, as if every micro-batch had been reduced (gradient accumulation).
+//
+// Mixed precision (MixedPrecisionPolicy): param_dtype gathers the shards cast to that dtype (the
+// whole parameters, forward and backward compute in it); reduce_dtype casts the whole gradients
+// before the reduce-scatter (default: param_dtype). The shards, their gradients and optimizer
+// states keep the parameters' own dtype.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/dist/dtensor.h"
+#include "kiln/nn/module.h"
+
+namespace kiln::dist {
+
+struct MixedPrecisionPolicy {
+  std::optional<ScalarType> param_dtype;
+  std::optional<ScalarType> reduce_dtype;
+};
+
+class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
+ public:
+  // `params`: whole tensors, the same on every rank (or meta tensors: the shards are then meta,
+  // to be initialised by the caller), each at least 1-d and on `mesh`'s device type. `names`
+  // name them in errors (default "param0", ...). ValueError when the mesh is not 1-d, this rank
+  // is not in it, or a parameter is a DTensor, 0-d, or on another device.
+  static std::shared_ptr<FSDPParamGroup> create(const std::vector<Tensor>& params,
+                                                const DeviceMesh& mesh,
+                                                MixedPrecisionPolicy mp = {},
+                                                std::vector<std::string> names = {});
+  // Adopts shards that already exist (DTensors, Shard(0) on `mesh`, as sharded_params() gives),
+  // e.g. after a caller replaced a module's parameters by them. ValueError naming the parameter
+  // when one is not such a DTensor.
+  static std::shared_ptr<FSDPParamGroup> from_sharded(const std::vector<Tensor>& sharded,
+                                                      const DeviceMesh& mesh,
+                                                      MixedPrecisionPolicy mp = {},
+                                                      std::vector<std::string> names = {});
+
+  ~FSDPParamGroup();
+  FSDPParamGroup(const FSDPParamGroup&) = delete;
+  FSDPParamGroup& operator=(const FSDPParamGroup&) = delete;
+
+  const DeviceMesh& mesh() const { return mesh_; }
+  const MixedPrecisionPolicy& mp_policy() const { return mp_; }
+  // The Shard(0) DTensor leaves (requires_grad as the given parameters).
+  const std::vector<Tensor>& sharded_params() const { return sharded_; }
+
+  // Meta-device init: replaces each shard on the meta device by a new, uninitialised CPU
+  // DTensor leaf (same spec and requires_grad); sharded_params() then returns the new leaves, for
+  // the caller to put into its module and initialise. Shards already on the CPU stay.
+  void materialize();
+
+  // Gathers the whole parameters (one all-gather, Note [FSDP flat all-gather]) into new tensors
+  // of param_dtype; under grad mode, their gradients flow back to the shards
+  // (Note [FSDP resharding]).
+  std::vector<Tensor> unshard();
+  // Frees the whole tensors of the last unshard() (no-op when already freed or none).
+  void reshard();
+  // Gathers into the whole tensors of the last unshard() again when reshard() freed them.
+  void pre_backward();
+  // Hooks on `outputs` (those that require grad) that gather the whole tensors of the last
+  // unshard() again when the first of their gradients arrives, before the module's backward
+  // (reshard_after_forward). Each unshard() keeps its own tensors, so a module run twice before
+  // one backward is gathered correctly for each run.
+  void register_pre_backward_hooks(const std::vector<Tensor>& outputs);
+  // Whether the last unshard()'s whole tensors hold their values now.
+  bool is_unsharded() const { return current_ && current_->resident; }
+  // The last unshard()'s whole tensors (empty before the first).
+  const std::vector<Tensor>& unsharded_params() const { return full_; }
+
+  // Note [FSDP gradient sync].
+  void set_requires_gradient_sync(bool on) { sync_ = on; }
+  bool requires_gradient_sync() const { return sync_; }
+  // The memory of one unshard()'s whole tensors (Note [FSDP resharding]).
+  struct Gathered {
+    std::vector<intrusive_ptr<Storage>> storages;
+    ScalarType dtype = kFloat32;
+    bool resident = false;
+  };
+  // Called by backward (FSDPAllGatherBackward) with the whole gradients of `g`'s parameters;
+  // frees g.
+  std::vector<Tensor> reduce_gradients(std::vector<Tensor> grads, Gathered& g);
+
+ private:
+  FSDPParamGroup(const DeviceMesh& mesh, MixedPrecisionPolicy mp);
+  void plan();
+  void gather_into(Gathered& g);
+  void free(Gathered& g);
+
+  DeviceMesh mesh_;
+  ProcessGroupPtr pg_;
+  MixedPrecisionPolicy mp_;
+  std::vector<std::string> names_;
+  std::vector<Tensor> sharded_;
+  // Per parameter: rows per rank (c), elements per row, offset in a rank's segment.
+  std::vector<int64_t> chunk_rows_, row_numel_, seg_offset_;
+  int64_t seg_numel_ = 0;  // S
+  std::vector<Tensor> full_;
+  std::shared_ptr<Gathered> current_;
+  bool sync_ = true;
+  std::vector<Tensor> acc_;  // Note [FSDP gradient sync]
+};
+using FSDPParamGroupPtr = std::shared_ptr<FSDPParamGroup>;
+
+// C++ modules have no forward hooks, so C++ FSDP wraps: FullyShardedModule holds `module`, whose
+// parameters (those not already inside a FullyShardedModule below it) it replaced by Shard(0)
+// DTensors on `mesh`; its forward gathers them into the module's parameter slots, runs the
+// module, puts the shards back (reshard_after_forward: frees the whole tensors and registers a
+// hook on the output that gathers them again for backward). Apply it per block, then to the root:
+//
+//   for (auto& [name, block] : blocks->named_children())
+//     blocks->replace_module(name, kiln::dist::fully_shard(block, mesh));
+//   auto model = kiln::dist::fully_shard(net, mesh, {.reshard_after_forward = false});
+//   kiln::optim::SGD opt(model->parameters(), {.lr = 0.1});   // DTensor shards
+//
+// As DDP, it is registered as child "module": state-dict keys gain a "module." prefix.
+struct FSDPOptions {
+  bool reshard_after_forward = true;
+  MixedPrecisionPolicy mp_policy;
+};
+
+class FullyShardedModule : public nn::Module {
+ public:
+  FullyShardedModule(nn::ModulePtr module, DeviceMesh mesh, FSDPOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  const nn::ModulePtr& module() const { return module_; }
+  const FSDPParamGroupPtr& param_group() const { return group_; }
+  void set_requires_gradient_sync(bool on, bool recurse = true);
+
+ private:
+  struct Slot {
+    nn::Module* owner;
+    std::string name;
+  };
+  nn::ModulePtr module_;
+  FSDPOptions options_;
+  FSDPParamGroupPtr group_;
+  std::vector<Slot> slots_;
+};
+
+std::shared_ptr<FullyShardedModule> fully_shard(nn::ModulePtr module, DeviceMesh mesh = {},
+                                                FSDPOptions options = {});
+
+}  // namespace kiln::dist

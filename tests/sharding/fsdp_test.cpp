@@ -1,0 +1,149 @@
+// FSDP (kiln/dist/fsdp.h) across processes (tests/sharding/harness.h): an MLP whose blocks and
+// root are fully_shard-ed trains on 2 and 3 ranks (uneven shards) exactly as single-process
+// training on the full batch does; the parameters are Shard(0) DTensors holding about 1/N of
+// the model; the gathered parameters are freed after backward; gradient accumulation with
+// set_requires_gradient_sync(false); FSDPParamGroup directly; bad input.
+#include "kiln/dist/fsdp.h"
+
+#include "harness.h"
+#include "kiln/kiln.h"
+#include "kiln/nn/nn.h"
+#include "kiln/optim/optim.h"
+#include "test_util.h"
+
+namespace kiln::testing {
+namespace {
+
+using dist::DeviceMesh;
+using dist::DTensor;
+using dist::FSDPParamGroup;
+using dist::Shard;
+
+std::shared_ptr<nn::Sequential> mlp(uint64_t seed) {
+  manual_seed(seed);
+  return std::make_shared<nn::Sequential>(
+      std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(7, 13), std::make_shared<nn::Tanh>(),
+                                 std::make_shared<nn::Linear>(13, 5)});
+}
+
+// The model with each Linear and then the whole fully_shard-ed.
+std::shared_ptr<dist::FullyShardedModule> sharded_mlp(uint64_t seed, const DeviceMesh& mesh) {
+  auto net = mlp(seed);
+  for (const char* name : {"0", "2"})
+    net->replace_module(name, dist::fully_shard(net->child(name), mesh));
+  return dist::fully_shard(net, mesh);
+}
+
+Tensor rows(const Tensor& t, int64_t per_rank) {
+  return t.narrow(0, rank() * per_rank, per_rank).contiguous();
+}
+
+void expect_matches(const std::shared_ptr<dist::FullyShardedModule>& model,
+                    const std::shared_ptr<nn::Sequential>& ref, bool grads) {
+  auto got = model->parameters();
+  auto want = ref->parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(dist::is_dtensor(got[i]));
+    EXPECT_EQ(DTensor(got[i]).placements(), dist::Placements{Shard(0)});
+    if (grads) {
+      ASSERT_TRUE(got[i].grad().defined()) << "parameter " << i;
+      EXPECT_EQ(DTensor(got[i].grad()).placements(), dist::Placements{Shard(0)});
+      expect_close(DTensor(got[i].grad()).full_tensor(), want[i].grad(), 1e-5, 1e-7);
+    } else {
+      expect_close(DTensor(got[i]).full_tensor(), want[i].detach(), 1e-5, 1e-7);
+    }
+  }
+}
+
+KILN_RANK_SCENARIO(fsdp_mlp_training) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
+  auto ref = mlp(3);
+  auto model = sharded_mlp(3, mesh);
+  // About 1/N of the parameters on each rank.
+  int64_t local = 0, whole = 0;
+  for (const Tensor& p : model->parameters()) local += DTensor(p).to_local().numel();
+  for (const Tensor& p : ref->parameters()) whole += p.numel();
+  EXPECT_LE(local, whole / world() + 13 + 5 + 7);
+  optim::SGD ropt(ref->parameters(), {.lr = 0.1});
+  optim::SGD fopt(model->parameters(), {.lr = 0.1});
+  const int64_t per = 4;
+  for (int step = 0; step < 6; ++step) {
+    Tensor x = random({per * world(), 7}, kFloat32, -1, 1, 10 + step);
+    Tensor y = random({per * world(), 5}, kFloat32, -1, 1, 50 + step);
+    ropt.zero_grad();
+    mse_loss(ref->forward(x), y).backward();
+    ropt.step();
+    fopt.zero_grad();
+    mse_loss(model->forward(rows(x, per)), rows(y, per)).backward();
+    expect_matches(model, ref, true);
+    // After backward only the shards remain: the blocks' gathered parameters are freed.
+    auto block = std::dynamic_pointer_cast<dist::FullyShardedModule>(
+        std::static_pointer_cast<nn::Sequential>(model->module())->child("0"));
+    ASSERT_TRUE(block);
+    EXPECT_FALSE(block->param_group()->is_unsharded());
+    for (const Tensor& f : block->param_group()->unsharded_params())
+      EXPECT_EQ(f.impl()->storage()->nbytes(), 0u);
+    fopt.step();
+  }
+  expect_matches(model, ref, false);
+}
+TEST(Fsdp, MlpTrainingTwoRanks) { expect_all_pass(run_ranks("fsdp_mlp_training", 2)); }
+TEST(Fsdp, MlpTrainingThreeRanksUneven) { expect_all_pass(run_ranks("fsdp_mlp_training", 3)); }
+
+KILN_RANK_SCENARIO(fsdp_accumulation) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
+  auto ref = mlp(4);
+  auto model = sharded_mlp(4, mesh);
+  const int64_t per = 3;
+  Tensor x1 = random({per * world(), 7}, kFloat32, -1, 1, 1);
+  Tensor y1 = random({per * world(), 5}, kFloat32, -1, 1, 2);
+  Tensor x2 = random({per * world(), 7}, kFloat32, -1, 1, 3);
+  Tensor y2 = random({per * world(), 5}, kFloat32, -1, 1, 4);
+  model->set_requires_gradient_sync(false);
+  mse_loss(model->forward(rows(x1, per)), rows(y1, per)).backward();
+  for (const Tensor& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+  model->set_requires_gradient_sync(true);
+  mse_loss(model->forward(rows(x2, per)), rows(y2, per)).backward();
+  (mse_loss(ref->forward(x1), y1) + mse_loss(ref->forward(x2), y2)).backward();
+  expect_matches(model, ref, true);
+}
+TEST(Fsdp, GradientAccumulation) { expect_all_pass(run_ranks("fsdp_accumulation", 3)); }
+
+KILN_RANK_SCENARIO(fsdp_param_group) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
+  Tensor w = random({5, 3}, kFloat32, -1, 1, 7), b = random({5}, kFloat32, -1, 1, 8);
+  auto group = FSDPParamGroup::create({w.clone().requires_grad_(), b.clone().requires_grad_()},
+                                      mesh, {}, {"w", "b"});
+  Tensor x = random({2, 3}, kFloat32, -1, 1, 20 + rank());  // each rank's own batch
+  auto full = group->unshard();
+  expect_close(full[0], w);
+  expect_close(full[1], b);
+  Tensor loss = linear(x, full[0], full[1]).sum();
+  group->reshard();
+  EXPECT_EQ(full[0].impl()->storage()->nbytes(), 0u);
+  group->pre_backward();
+  expect_close(full[0], w);
+  loss.backward();
+  // The mean over the ranks of each rank's gradient: x summed over its rows, per rank.
+  Tensor xs = zeros({3});
+  for (int q = 0; q < world(); ++q) xs = xs + random({2, 3}, kFloat32, -1, 1, 20 + q).sum(std::vector<int64_t>{0});
+  Tensor want_w = (xs / static_cast<double>(world())).unsqueeze(0).expand({5, 3}).contiguous();
+  expect_close(DTensor(group->sharded_params()[0].grad()).full_tensor(), want_w);
+  expect_close(DTensor(group->sharded_params()[1].grad()).full_tensor(), full_like(b, 2.0));
+  // Bad input.
+  Tensor d = group->sharded_params()[0];
+  expect_error(ErrorKind::Value, "parameter 'd' is already a DTensor",
+               [&] { FSDPParamGroup::create({d}, mesh, {}, {"d"}); });
+  expect_error(ErrorKind::Value, "parameter 's' is 0-d",
+               [&] { FSDPParamGroup::create({ones({})}, mesh, {}, {"s"}); });
+  expect_error(ErrorKind::Value, "the device mesh is undefined",
+               [&] { FSDPParamGroup::create({w}, DeviceMesh()); });
+  expect_error(ErrorKind::Value, "must share a dtype", [&] {
+    FSDPParamGroup::create({w, ones({2}, kFloat64)}, mesh);
+  });
+}
+TEST(Fsdp, ParamGroup) { expect_all_pass(run_ranks("fsdp_param_group", 2)); }
+
+}  // namespace
+}  // namespace kiln::testing
