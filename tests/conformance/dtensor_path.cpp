@@ -106,7 +106,7 @@ void watch(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
   const int64_t before = dist::dispatch_stats().replicated;
   st.inner(op, ks, stack);
   const bool replicated = dist::dispatch_stats().replicated != before;
-  if (!sharded_input || !dist::has_sharding_rule(info.sharding)) return;
+  if (!sharded_input || info.is_out || !dist::has_sharding_rule(info.sharding)) return;
   RuleCount& rc = st.rules[info.sharding];
   if (replicated) {
     rc.declined_ops.insert(op.name());
@@ -300,12 +300,13 @@ std::string check(const Case& c, const Stack& sample, const std::vector<Slot>& s
                   const Combo& combo) {
   State& st = state();
   const OpInfo& info = c.op().info();
-  Stack s = testing::clone_stack(sample);
+  Stack s = testing::clone_stack(sample), args;
   std::string error;
   st.exercised.clear();
   try {
     for (size_t k = 0; k < slots.size(); ++k)
       put(s, slots[k], dist::distribute_tensor(get(s, slots[k]), st.mesh, combo[k]));
+    args = s;  // the call leaves its results on `s`
     manual_seed(c.seed);
     c.op().call_boxed(s);
   } catch (const std::exception& e) {
@@ -318,7 +319,7 @@ std::string check(const Case& c, const Stack& sample, const std::vector<Slot>& s
   try {
     for (const Tensor& t : testing::outputs_of(s)) got.push_back(gathered(t));
     for (const Slot& slot : slots)
-      if (info.args[slot.arg].is_mutable) mutated.emplace_back(slot, gathered(get(s, slot)));
+      if (info.args[slot.arg].is_mutable) mutated.emplace_back(slot, gathered(get(args, slot)));
   } catch (const std::exception& e) {
     error = std::string("gathering the results raised: ") + e.what();
   }
