@@ -358,6 +358,10 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
   }
   if (!rule || dec->replicate_path) {
     if (!rule && info.sharding != ShardingRule::Replicate) note_fallback(op);
+    {
+      std::lock_guard<std::mutex> lock(g_cache_mu);
+      ++g_stats.replicated;
+    }
     for (IValue& v : replicate_path(op, std::move(args), *mesh)) stack.push_back(std::move(v));
     return;
   }
@@ -430,5 +434,7 @@ DispatchStats dispatch_stats() {
   std::lock_guard<std::mutex> lock(g_cache_mu);
   return g_stats;
 }
+
+bool has_sharding_rule(ShardingRule rule) { return rule_of(rule) != nullptr; }
 
 }  // namespace kiln::dist

@@ -318,6 +318,11 @@ Matrix run(const Options& opt) {
 
     auto it = registry.find(row.name);
     const std::vector<Stack> samples = it == registry.end() ? std::vector<Stack>{} : it->second();
+    // Options::one_dtype_per_sample: the samples that have a float32 version run in it alone.
+    std::vector<bool> in_float32(samples.size());
+    if (opt.one_dtype_per_sample)
+      for (size_t si = 0; si < samples.size(); ++si)
+        in_float32[si] = testing::sample_in_dtype(samples[si], kFloat32, op.info()).has_value();
     for (int d = 0; d < kMatrixDtypes; ++d) {
       bool any_claim = false;
       for (size_t col = 0; col < m.paths.size(); ++col)
@@ -329,6 +334,7 @@ Matrix run(const Options& opt) {
       std::vector<std::pair<std::string, Stack>> cases;
       bool promoted = false;
       for (size_t si = 0; si < samples.size(); ++si) {
+        if (opt.one_dtype_per_sample && dtypes[d] != kFloat32 && in_float32[si]) continue;
         std::optional<Stack> s = testing::sample_in_dtype(samples[si], dtypes[d], op.info());
         if (!s) continue;
         if (op.info().is_inplace) {
@@ -339,10 +345,11 @@ Matrix run(const Options& opt) {
           }
         }
         cases.emplace_back("sample " + std::to_string(si), *s);
+        if (!opt.non_contiguous) continue;
         if (std::optional<Stack> nc = testing::non_contiguous_variant(*s))
           cases.emplace_back("sample " + std::to_string(si) + " (non-contiguous)", *nc);
       }
-      if (cases.empty() && promoted) {
+      if (cases.empty() && (promoted || opt.one_dtype_per_sample)) {
         for (size_t col = 0; col < m.paths.size(); ++col) tally[col][d].claimed = false;
         continue;
       }
@@ -391,7 +398,7 @@ Matrix run(const Options& opt) {
           if (!m.unavailable[col].empty()) continue;
           // Each path gets a copy of its own: in-place ops and generators change what they run on.
           const Stack own = testing::clone_stack(*sample);
-          const Case c{row, own, dtypes[d], static_cast<int>(si), cpu_in, cpu_out, seed};
+          const Case c{row, own, dtypes[d], static_cast<int>(si), cpu_in, cpu_out, seed, where};
           Outcome o;
           try {
             o = ps[col - 1]->run(c);

@@ -69,6 +69,11 @@ struct Matrix {
 struct Options {
   std::vector<std::string> paths;  // path names to run; empty: every registered path
   std::string op;                  // only this op (empty: every op)
+  // Each sample in one dtype only: float32 when it has floating data, else its own (Note [Sample
+  // dtypes]); the cells of a dtype left without samples are not claimed. The DTensor path runs
+  // so (Note [DTensor conformance]).
+  bool one_dtype_per_sample = false;
+  bool non_contiguous = true;  // also run each sample with its floating tensors non-contiguous
 };
 
 Matrix run(const Options& opt = {});

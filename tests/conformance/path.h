@@ -59,6 +59,8 @@ struct Case {
   const Stack& cpu_in;   // the copy of `sample` eager CPU ran on (mutated by in-place ops)
   const Stack& cpu_out;  // the stack after the CPU call: its outputs
   uint64_t seed;         // random ops: the seed CPU ran under (manual_seed) before the call
+  std::string where;     // "sample 2" or "sample 2 (non-contiguous)": the index among the op's
+                         // written samples
 
   const OperatorHandle& op() const { return *row.op; }
   bool random() const { return row.op->info().is_random; }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kiln/dist/device_mesh.h"
+#include "kiln/generated/op_enums.h"
 
 namespace kiln::dist {
 
@@ -116,8 +117,15 @@ void clear_fallback_ops();  // for tests
 struct DispatchStats {
   int64_t hits = 0;
   int64_t misses = 0;
+  // Calls that took the replicate path: no rule, rule "replicate", a rule that could not shard the
+  // call, or an out= variant.
+  int64_t replicated = 0;
 };
 DispatchStats dispatch_stats();
+
+// Whether the DTensor key implements `rule` (sharding/dtensor/rules.h); the ops of a rule it does
+// not implement take the replicate path and are listed by fallback_ops().
+bool has_sharding_rule(ShardingRule rule);
 
 // Below autograd (the DTensor key's kernels and the differentiable wrappers use these).
 namespace detail {
