@@ -380,10 +380,27 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     }
   }
   for (const auto& [i, v] : dec->local_args) locals[i] = v;
+  // A written argument that the rule redistributed is written in its new placements: remember
+  // that tensor (the call consumes `locals`) to bring the result back into its own shards.
+  std::vector<std::pair<size_t, Tensor>> moved;
+  for (size_t j = 0; j < tensors.size(); ++j) {
+    const Arg& a = tensors[j];
+    if (!a.spec || !info.args[a.index].is_mutable || dec->targets[j].empty() ||
+        dec->targets[j] == a.spec->placements)
+      continue;
+    moved.emplace_back(j, a.elem < 0 ? locals[a.index].to_tensor()
+                                     : locals[a.index].to_tensor_list()[a.elem]);
+  }
   if (dec->local_call) {
     dec->local_call(op, locals);
   } else {
     op.call_boxed(locals);
+  }
+  for (const auto& [j, written] : moved) {
+    DTensorSpec spec = *tensors[j].spec;
+    spec.placements = dec->targets[j];
+    detail::local_of(*tensors[j].tensor)
+        .copy_(detail::redistribute_local(written, spec, tensors[j].spec->placements));
   }
   if (info.is_inplace) {
     if (info.num_returns > 0) stack.push_back(args[0]);

@@ -237,8 +237,9 @@ DTensor distribute_tensor(const Tensor& t, const DeviceMesh& mesh, Placements pl
   DTensorSpec spec{mesh, Placements(mesh.ndim(), Replicate()), DimVector(t.sizes()),
                    contiguous_strides(t.sizes()), t.dtype()};
   // A replicated DTensor over `t`, redistributed to `placements` (pieces and partial values
-  // come from Replicate without communication).
-  Tensor replicated = FromLocal::apply(t, spec);
+  // come from Replicate without communication). The local is made contiguous, as the spec says:
+  // a rule reads the spec's strides (a view of a transposed `t` must not view its storage).
+  Tensor replicated = FromLocal::apply(t.contiguous(), spec);
   return DTensor(replicated).redistribute(mesh, std::move(placements));
 }
 

@@ -7,7 +7,9 @@ namespace kiln::dist::rules {
 // k, the parameter self[k] from grads[k] and the k-th state of every other list, element by
 // element. So each parameter's shard is updated where it lies: every DTensor at index k takes
 // the placements of self[k] (a Partial gradient is reduce-scattered or all-reduced into them; the
-// state made by zeros_like already has them), and the local call updates the shards in place.
+// state made by zeros_like already has them), and the local call updates the shards in place;
+// state placed otherwise is redistributed and written back (Note [DTensor dispatch]). A DTensor
+// step counter is replicated: every element of the parameter reads it.
 // Plain tensors may sit beside DTensors (a tensor-parallel model's replicated norms, the
 // one-element step counters): at an index whose parameter is plain every tensor must be plain,
 // and a plain step counter is allowed beside a DTensor parameter. A Partial parameter cannot be
@@ -44,7 +46,7 @@ Decision decide_optimizer(const RuleCall& call) {
     }
     for (const Placement& pl : p.spec->placements)
       if (pl.is_partial()) return replicate();
-    d.targets[j] = p.spec->placements;
+    d.targets[j] = step ? Placements(p.spec->placements.size(), Replicate()) : p.spec->placements;
   }
   return d;
 }

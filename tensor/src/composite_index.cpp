@@ -72,10 +72,11 @@ Tensor pad(const Tensor& self, IntArrayRef pad, std::string_view mode, std::opti
   return out;
 }
 
-// scatter.value: `value` (cast to self's dtype) as a 0-d tensor expanded to index's shape, the
-// source of a scatter.
+// scatter.value: `value` (cast to self's dtype) in index's shape, the source of a scatter. It is
+// made by full_like(index) so that it follows index through the dispatcher: a DTensor index gives
+// a DTensor source placed like it (a plain full() would mix a plain tensor into a DTensor call).
 static Tensor value_source(const Tensor& self, const Tensor& index, const Scalar& value) {
-  return kiln::full({}, value, self.dtype(), self.device()).expand(index.sizes());
+  return kiln::full_like(index, value, self.dtype(), self.device());
 }
 
 Tensor scatter_value(const Tensor& self, int64_t dim, const Tensor& index, const Scalar& value) {

@@ -201,7 +201,7 @@ KILN_RANK_SCENARIO(replicate_path) {
   DTensor ri = distribute_tensor(idx, mesh, {Replicate()});
   expect_placed(x.index_select(1, ri), {Replicate()}, a.index_select(1, idx));
   expect_placed(x.index_select(1, ri), {Replicate()}, a.index_select(1, idx));
-  Tensor gi = arange(0, 5, 1, kInt64).remainder(4).unsqueeze(1);  // (5, 1)
+  Tensor gi = arange(0, 5, 1, kInt64).remainder(scalar_to_tensor(4)).unsqueeze(1);  // (5, 1)
   expect_placed(x.gather(1, distribute_tensor(gi, mesh, {Shard(0)})), {Replicate()},
                 a.gather(1, gi));
   EXPECT_EQ(dist::fallback_ops(), (std::vector<std::string>{"gather", "index_select"}));
