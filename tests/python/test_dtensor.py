@@ -76,8 +76,13 @@ TWO_RANKS = COMMON + textwrap.dedent("""
     close(kiln.softmax(y, 1).full_tensor(), kiln.softmax(b, 1))
     assert not {"sum", "mean", "softmax"} & set(fallback_ops())
     # the replicate path: warned once, listed
-    close(kiln.cat([x, x]).full_tensor(), kiln.cat([a, a]))
-    assert "cat" in fallback_ops()
+    idx = kiln.tensor([0, 2])
+    close(x.index_select(1, distribute_tensor(idx, mesh, [Replicate()])).full_tensor(),
+          a.index_select(1, idx))
+    assert "index_select" in fallback_ops()
+    c = kiln.cat([x, x], 1)  # the cat rule: a shard of another dim stays
+    assert c.placements == (Shard(0),) and "cat" not in fallback_ops()
+    close(c.full_tensor(), kiln.cat([a, a], 1))
     for bad, kind, needle in [
             (lambda: x + a, RuntimeError, "got a mix of DTensors and a plain tensor"),
             (lambda: distribute_tensor(a, mesh, [Shard(2)]), IndexError, "out of range"),
