@@ -68,9 +68,10 @@ int main(int argc, char** argv) {
         KILN_FAIL(Value, "kiln plan: unknown option '", a, "' (see kiln plan --help)");
       }
     }
+    const std::string plan = kiln::dist::plan_fsdp_tp(o).str();  // checks the options first
     std::cout << o.model.name << " on dp " << o.dp << " x tp " << o.tp << ", rank " << o.rank
               << ", batch " << o.batch << " x seq " << o.seq << "\n"
-              << kiln::dist::plan_fsdp_tp(o).str();
+              << plan;
     return 0;
   } catch (const kiln::Error& e) {
     std::cerr << e.what() << "\n";
