@@ -25,6 +25,7 @@
 #include "kiln/autograd/engine.h"
 #include "kiln/dist/ddp.h"
 #include "kiln/dist/dtensor.h"
+#include "kiln/dist/fsdp.h"
 #include "kiln/dist/process_group.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/nn.h"
@@ -355,8 +356,9 @@ int distributed_rank(bool quick) {
 
 // One rank of "sharded" (KILN_BENCH_RANK=sharded), as torch_reference.py's _sharded_worker: the
 // per-op time of `a + b` on two DTensors sharded on dim 0 of a 1-d mesh (4 float32 per rank),
-// after 20 warm-up calls: sharding propagation (cached after the first call) and dispatch.
-// fsdp_train (its other half there) waits for FSDP.
+// after 20 warm-up calls: sharding propagation (cached after the first call) and dispatch; then
+// FSDP training of gpt_train's GPT, each block and then the whole model fully_shard-ed (the
+// defaults, reshard_after_forward on), AdamW(3e-4), batch 8 per rank, one thread per rank.
 int sharded_rank(bool quick) {
   dist::DeviceMesh mesh = dist::init_device_mesh("cpu", {2});
   Tensor a = dist::distribute_tensor(ones({2, 4}), mesh, {dist::Shard(0)});
@@ -368,6 +370,19 @@ int sharded_rank(bool quick) {
   const double us =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / n * 1e6;
   if (mesh.group(0)->rank() == 0) emit("dtensor", "add_sharded_2ranks", us, "us/op", "kiln-cpp");
+  manual_seed(0);
+  auto gpt = std::make_shared<GPT>();
+  for (const auto& [name, block] : gpt->blocks->named_children())
+    gpt->blocks->replace_module(name, dist::fully_shard(block, mesh));
+  auto model = dist::fully_shard(gpt, mesh);
+  optim::AdamW opt(model->parameters(), {.lr = 3e-4});
+  const int64_t B = 8, T = 128;
+  Tensor x = randint(0, 256, {B, T}), y = randint(0, 256, {B, T});
+  auto loss = [](const Tensor& logits, const Tensor& t) {
+    return cross_entropy(logits.view({-1, 256}), t.view({-1}));
+  };
+  const double ms = train_ms(*model, opt, x, y, loss, quick ? 2 : 5);
+  if (mesh.group(0)->rank() == 0) emit("fsdp_train", "gpt_step_2ranks_b8", ms, "ms/step", "kiln-cpp");
   dist::destroy_process_group();
   return 0;
 }

@@ -5,7 +5,15 @@ float rounding) for the same arguments.
 
     PYTHONPATH=build/python .venv/bin/python examples/chargpt.py [--data DIR] [--steps N]
         [--eval-every K] [--ckpt DIR [--resume]] [--prompt TEXT] [--temperature T] [--top-k K]
-        [--sample-bytes N] [--seed S]
+        [--sample-bytes N] [--seed S] [--fsdp N | --tp M] [--print-losses]
+    build/bin/kiln run --nproc 4 .venv/bin/python examples/chargpt.py --fsdp 4
+
+--fsdp N trains on N ranks (`kiln run --nproc N`), every block and then the whole model
+fully_shard-ed, each rank taking BATCH / N rows of each batch; --tp M shards every block's
+attention and MLP over M ranks (qkv and fc column-wise, proj and out row-wise), every rank taking
+the whole batch. Either trains the same model on the same batches as one process does, so the
+losses match it to float rounding (--print-losses prints every step's loss in full). Combining
+them (2-D FSDP x TP) is not supported yet.
 
 The files of DIR (default /usr/share/games/fortunes; *.dat and *.u8 skipped) are concatenated as
 bytes in sorted order; the first 90% train, the rest validate. Each step draws 16 random windows
@@ -172,12 +180,49 @@ def parse_args(argv):
     ap.add_argument("--top-k", type=int, default=40)
     ap.add_argument("--sample-bytes", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--fsdp", type=int, default=1, help="FSDP ranks (under kiln run)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (under kiln run)")
+    ap.add_argument("--print-losses", action="store_true", help="print every step's loss")
     args = ap.parse_args(argv)
+    if args.fsdp < 1 or args.tp < 1:
+        ap.error("--fsdp and --tp must be >= 1")
+    if args.fsdp > 1 and args.tp > 1:
+        ap.error("--fsdp with --tp (2-D FSDP x TP) is not supported yet; use one of them")
+    if BATCH % args.fsdp:
+        ap.error(f"--fsdp {args.fsdp} must divide the batch of {BATCH}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.fsdp * args.tp > 1 and world != args.fsdp * args.tp:
+        ap.error(f"--fsdp {args.fsdp} --tp {args.tp} needs {args.fsdp * args.tp} ranks: run it "
+                 f"as `kiln run --nproc {args.fsdp * args.tp} ...` (WORLD_SIZE is {world})")
+    if args.fsdp * args.tp > 1 and args.ckpt:
+        ap.error("--ckpt with --fsdp or --tp (sharded checkpoints) is not supported yet")
     if args.steps < 1 or args.eval_every < 1 or args.temperature <= 0 or args.top_k < 1:
         ap.error("--steps, --eval-every and --top-k must be >= 1, --temperature > 0")
     if args.resume and not args.ckpt:
         ap.error("--resume needs --ckpt DIR")
     return args
+
+
+def parallelize(model, fsdp, tp):
+    """Shards `model` over fsdp (or tp) ranks; returns this rank's (rank, rows of each batch)."""
+    from kiln.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (fsdp * tp,))
+    rank = mesh.get_local_rank()
+    if fsdp > 1:
+        from kiln.distributed.fsdp import fully_shard
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        per = BATCH // fsdp
+        return rank, slice(rank * per, (rank + 1) * per)
+    from kiln.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                  parallelize_module)
+    # qkv's output stays a DTensor: its q, k, v split cuts across the column shards.
+    parallelize_module(model, mesh, {"blocks.*.qkv": ColwiseParallel(use_local_output=False),
+                                     "blocks.*.proj": RowwiseParallel(),
+                                     "blocks.*.fc": ColwiseParallel(),
+                                     "blocks.*.out": RowwiseParallel()})
+    return rank, slice(0, BATCH)
 
 
 def main(argv):
@@ -198,6 +243,13 @@ def main(argv):
     kiln.manual_seed(args.seed)
     model = GPT(block=block)
     n_params = sum(p.numel() for p in model.parameters())
+    rank, rows = 0, slice(0, BATCH)
+    if args.fsdp * args.tp > 1:
+        import warnings
+        warnings.simplefilter("ignore")  # DTensor's replicate-path warnings (attention)
+        rank, rows = parallelize(model, args.fsdp, args.tp)
+        if rank:  # one rank prints
+            sys.stdout = open(os.devnull, "w")
     opt = kiln.optim.AdamW(decay_groups(model, WEIGHT_DECAY), lr=LR)
     # Linear warm-up from LR / 10, then cosine annealing down to MIN_LR at the last step.
     sched = SequentialLR(opt, [LinearLR(opt, start_factor=0.1, total_iters=WARMUP),
@@ -211,20 +263,29 @@ def main(argv):
     elif args.resume:
         print(f"chargpt: no checkpoint in {args.ckpt} yet; starting from step 0")
     print(f"chargpt: GPT 4 layers, 4 heads, width 256, context {block}: {n_params / 1e6:.2f}M "
-          f"parameters; batch {BATCH}, AdamW lr {LR:g}, {args.steps} steps", flush=True)
+          f"parameters; batch {BATCH}, AdamW lr {LR:g}, {args.steps} steps"
+          + (f"; FSDP on {args.fsdp} ranks" if args.fsdp > 1 else "")
+          + (f"; tensor parallel on {args.tp} ranks" if args.tp > 1 else ""), flush=True)
 
     start = last = time.perf_counter()
     loss_sum, losses, val_loss = 0.0, 0, math.nan
     while step < args.steps:
         x, y = get_batch(train, block, batch_gen)
         opt.zero_grad()
-        loss = lm_loss(model, x, y)
+        loss = lm_loss(model, x[rows], y[rows])
         loss.backward()
         opt.step()
         sched.step()
-        loss_sum += loss.item()
+        value = loss.item()
+        if args.fsdp > 1:  # this rank's rows: the batch's loss is the mean over the ranks
+            t = kiln.tensor([value], dtype=kiln.float64)
+            kiln.distributed.all_reduce(t)
+            value = t.item() / args.fsdp
+        loss_sum += value
         losses += 1
         step += 1
+        if args.print_losses:
+            print(f"step {step} loss {value!r}", flush=True)
         if step % args.eval_every and step != args.steps:
             continue
         ms = (time.perf_counter() - last) / losses * 1e3

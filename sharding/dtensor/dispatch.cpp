@@ -21,10 +21,12 @@ namespace kiln::dist {
 //    a hash lookup, the redistributions and the local op.
 //  - Rule "creation" on a DTensor (ones_like and the other composite *_like rows, whose
 //    decompositions would make plain tensors): the op runs on self's shard and the result keeps
-//    self's placements, Partial becoming Replicate. A composite row also runs its decomposition
-//    at the Autograd key, above this one, so *_like of a DTensor that requires grad (and .to(),
-//    which decomposes through empty_like) still makes a plain tensor there; the engine's
-//    implicit gradient of a DTensor loss is made below Autograd for that reason.
+//    self's placements, Partial becoming Replicate. A composite row would also run its
+//    decomposition at the Autograd key, above this one, so *_like of a DTensor that requires
+//    grad (and clone, contiguous, reshape and .to(), which decompose through empty_like) would
+//    make a plain tensor there: this library gives these rows an Autograd kernel that
+//    redispatches below it. They are not differentiable (their values do not depend on self's),
+//    so skipping autograd is right for plain tensors too.
 //  - The composite rows of rule "matmul" (matmul, linear) also take this kernel over their
 //    decompositions at the DTensor key, so that their rule sees the whole op (Note [Matmul
 //    sharding]); under autograd they decompose above it as every composite row does.
@@ -430,11 +432,19 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
 
 }  // namespace
 
+// The Autograd kernel of the *_like rows (Note [DTensor dispatch]).
+void like_below_autograd(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
+  op.redispatch_boxed(ks & DispatchKeySet::below(DispatchKey::Autograd), stack);
+}
+
 KILN_LIBRARY(DTensor, m) {
   m.fallback(&dtensor_kernel);
-  for (OperatorHandle* op : Dispatcher::get().ops())
+  for (OperatorHandle* op : Dispatcher::get().ops()) {
+    if (is_like_op(*op))
+      Dispatcher::get().register_kernel(*op, DispatchKey::Autograd, nullptr, &like_below_autograd);
     if (is_like_op(*op) || is_ruled_composite(*op))
       Dispatcher::get().register_kernel(*op, m.key(), nullptr, &dtensor_kernel);
+  }
 }
 
 std::vector<std::string> fallback_ops() {

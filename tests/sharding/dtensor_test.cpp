@@ -279,6 +279,22 @@ KILN_RANK_SCENARIO(dtensor_autograd) {
   s.requires_grad_();
   (s.full_tensor() * b).sum().backward();
   expect_placed(s.grad(), {Shard(1)}, b);
+  // *_like, clone and reshape of a DTensor that requires grad stay DTensors (the *_like rows
+  // skip the Autograd key, Note [DTensor dispatch]); reshape of a transposed one copies.
+  DTensor r = distribute_tensor(a, mesh, {Shard(0)});
+  r.requires_grad_();
+  Tensor z = zeros_like(r);
+  ASSERT_TRUE(dist::is_dtensor(z));
+  EXPECT_FALSE(z.requires_grad());
+  expect_placed(z, {Shard(0)}, zeros_like(a));
+  Tensor c = r.clone();
+  ASSERT_TRUE(dist::is_dtensor(c));
+  EXPECT_TRUE(c.requires_grad());
+  Tensor flat = r.transpose(0, 1).reshape({20});
+  ASSERT_TRUE(dist::is_dtensor(flat));
+  expect_close(DTensor(flat).full_tensor(), a.t().reshape({20}));
+  (flat * distribute_tensor(arange(0, 20, 1, kFloat32), mesh, {Replicate()})).sum().backward();
+  expect_close(DTensor(r.grad()).full_tensor(), arange(0, 20, 1, kFloat32).view({4, 5}).t());
 }
 
 TEST(DTensor, Autograd) { expect_all_pass(run_ranks("dtensor_autograd", 2)); }

@@ -2,8 +2,16 @@
 // root are fully_shard-ed trains on 2 and 3 ranks (uneven shards) exactly as single-process
 // training on the full batch does; the parameters are Shard(0) DTensors holding about 1/N of
 // the model; the gathered parameters are freed after backward; gradient accumulation with
-// set_requires_gradient_sync(false); FSDPParamGroup directly; bad input.
+// set_requires_gradient_sync(false); FSDPParamGroup directly; bad input; per-rank memory by the
+// allocator's statistics; a rank killed mid-step.
 #include "kiln/dist/fsdp.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "kiln/allocator.h"
 
 #include "harness.h"
 #include "kiln/kiln.h"
@@ -144,6 +152,74 @@ KILN_RANK_SCENARIO(fsdp_param_group) {
   });
 }
 TEST(Fsdp, ParamGroup) { expect_all_pass(run_ranks("fsdp_param_group", 2)); }
+
+// Per-rank memory after AdamW steps, by the CPU allocator's statistics: the shards, their
+// gradients and both Adam moments must be at most 1/N + 5% of what one process would hold (4
+// float32 copies of the model). Every shard has a power-of-two size, so the allocator's size
+// classes round nothing; the gathered parameters are freed after each backward. The peak (the
+// whole model is built on every rank first, then sharded) is printed.
+KILN_RANK_SCENARIO(fsdp_memory) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
+  const size_t base = cpu_allocator()->stats().in_use_bytes;
+  manual_seed(5);
+  auto net = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(256, 512), std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::Linear>(512, 256)});
+  int64_t whole = 0;
+  for (const Tensor& p : net->parameters()) whole += p.numel();
+  for (const char* name : {"0", "2"})
+    net->replace_module(name, dist::fully_shard(net->child(name), mesh));
+  auto model = dist::fully_shard(net, mesh);
+  optim::AdamW opt(model->parameters(), {.lr = 1e-3});
+  const size_t params_only = cpu_allocator()->stats().in_use_bytes - base;
+  std::printf("rank %d: shards alone %zu bytes (%.4f of the unsharded parameters)\n", rank(),
+              params_only, params_only / (4.0 * static_cast<double>(whole)));
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = random({4, 256}, kFloat32, -1, 1, 30 + rank());
+    opt.zero_grad(false);  // keep the gradients: they are part of the state measured
+    Tensor out = model->forward(x);
+    (out * out).mean().backward();
+    opt.step();
+  }
+  // The comm thread lets go of a finished collective's buffers (the last reduce-scatter's, about
+  // the whole model) when it takes the next one: a barrier flushes them, leaving the state.
+  mesh.group(0)->barrier()->wait();
+  const AllocatorStats st = cpu_allocator()->stats();
+  const double used = static_cast<double>(st.in_use_bytes - base);
+  const double unsharded = 4.0 * 4.0 * static_cast<double>(whole);
+  std::printf("rank %d: %.0f bytes of parameters, gradients and AdamW state; %.4f of the "
+              "unsharded %.0f (bound %.4f); allocator peak %zu bytes\n",
+              rank(), used, used / unsharded, unsharded, 1.0 / world() + 0.05,
+              st.peak_in_use_bytes - base);
+  EXPECT_LE(used, unsharded * (1.0 / world() + 0.05));
+  EXPECT_GE(used, unsharded / world() * 0.95);  // the state really is there
+}
+TEST(Fsdp, MemoryPerRankTwoRanks) { expect_all_pass(run_ranks("fsdp_memory", 2)); }
+TEST(Fsdp, MemoryPerRankFourRanks) { expect_all_pass(run_ranks("fsdp_memory", 4)); }
+
+// Rank 1 of 3 dies after the first step; the others' next forward (its all-gather) raises within
+// the communication timeout instead of hanging.
+KILN_RANK_SCENARIO(fsdp_killed_rank) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
+  auto model = sharded_mlp(6, mesh);
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  Tensor x = random({2, 7}, kFloat32, -1, 1, 40 + rank());
+  model->forward(x).sum().backward();
+  opt.step();
+  if (rank() == 1) raise(SIGKILL);
+  const auto start = std::chrono::steady_clock::now();
+  expect_error(ErrorKind::Runtime, "never reached", [&] {
+    model->forward(x).sum().backward();
+  });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(s, 3.0 + 1.5) << "the timeout is 3 s";
+}
+TEST(Fsdp, KilledRankRaisesOnOthers) {
+  auto res = run_ranks("fsdp_killed_rank", 3, std::chrono::seconds(30),
+                       {{"KILN_COMM_TIMEOUT_S", "3"}});
+  EXPECT_EQ(res[1].signal, SIGKILL) << res[1].output;
+  for (int r : {0, 2}) EXPECT_EQ(res[r].exit_code, 0) << "rank " << r << ":\n" << res[r].output;
+}
 
 }  // namespace
 }  // namespace kiln::testing

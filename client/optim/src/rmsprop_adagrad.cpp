@@ -57,7 +57,7 @@ void RMSprop::step() {
       std::map<std::string, Tensor>& s = state(p);
       if (s.empty()) {
         s["step"] = zeros({}, kFloat32, p.device());
-        s["square_avg"] = zeros_like(p.detach());
+        s["square_avg"] = zeros_like(p);
       }
       advance(s.at("step"));
       Tensor g = effective_grad(p, grads[i], o);
@@ -66,7 +66,7 @@ void RMSprop::step() {
       sq += g * g * (1 - alpha);
       Tensor avg;
       if (o.at("centered") != 0) {
-        if (!s.count("grad_avg")) s["grad_avg"] = zeros_like(p.detach());
+        if (!s.count("grad_avg")) s["grad_avg"] = zeros_like(p);
         Tensor& ga = s.at("grad_avg");
         ga += (g - ga) * (1 - alpha);
         avg = sqrt(sq - ga * ga) + o.at("eps");
@@ -74,7 +74,7 @@ void RMSprop::step() {
         avg = sqrt(sq) + o.at("eps");
       }
       if (momentum > 0) {
-        if (!s.count("momentum_buffer")) s["momentum_buffer"] = zeros_like(p.detach());
+        if (!s.count("momentum_buffer")) s["momentum_buffer"] = zeros_like(p);
         Tensor& buf = s.at("momentum_buffer");
         buf *= momentum;
         buf += g / avg;

@@ -1,7 +1,5 @@
 // SGD, Adam and AdamW (kiln/optim/optimizers.h) on the fused multi-tensor ops: one call per
-// param group (two for SGD when some momentum buffers are new), under no_grad. State is made
-// from p.detach(): a composite *_like on a tensor that requires grad decomposes at the Autograd
-// key into a plain factory, so a DTensor parameter would get plain state.
+// param group (two for SGD when some momentum buffers are new), under no_grad.
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/kiln.h"
 #include "kiln/optim/optimizers.h"
@@ -58,7 +56,7 @@ void SGD::step() {
         old_p.push_back(params[i]), old_g.push_back(grads[i]), old_b.push_back(it->second);
         continue;
       }
-      Tensor buf = zeros_like(params[i].detach());
+      Tensor buf = zeros_like(params[i]);
       s["momentum_buffer"] = buf;
       new_p.push_back(params[i]), new_g.push_back(grads[i]), new_b.push_back(buf);
     }
@@ -102,10 +100,10 @@ void Adam::step() {
       std::map<std::string, Tensor>& s = state(p);
       if (s.empty()) {
         s["step"] = zeros({}, kFloat32, p.device());
-        s["exp_avg"] = zeros_like(p.detach());
-        s["exp_avg_sq"] = zeros_like(p.detach());
+        s["exp_avg"] = zeros_like(p);
+        s["exp_avg_sq"] = zeros_like(p);
       }
-      if (amsgrad && !s.count("max_exp_avg_sq")) s["max_exp_avg_sq"] = zeros_like(p.detach());
+      if (amsgrad && !s.count("max_exp_avg_sq")) s["max_exp_avg_sq"] = zeros_like(p);
       steps.push_back(s.at("step"));
       m.push_back(s.at("exp_avg"));
       v.push_back(s.at("exp_avg_sq"));

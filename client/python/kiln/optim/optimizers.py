@@ -1,7 +1,6 @@
 """SGD, Adam, AdamW (one fused multi-tensor op call per param group and step), RMSprop and
 Adagrad (PyTorch's single-tensor update rules over table ops). States are made *_like the
-detached parameter: for a DTensor parameter (FSDP's shards) that makes DTensor states, where the
-*_like of a tensor that requires grad would make a plain one (Note [DTensor dispatch])."""
+parameter, so a DTensor parameter (FSDP's shards) gets DTensor states."""
 from kiln import _C
 from kiln.autograd.grad_mode import no_grad
 from kiln.optim.optimizer import Optimizer
@@ -43,7 +42,7 @@ class SGD(Optimizer):
                     buf = s.get("momentum_buffer")
                     side = old if buf is not None else new
                     if buf is None:
-                        buf = s["momentum_buffer"] = _C.zeros_like(p.detach())
+                        buf = s["momentum_buffer"] = _C.zeros_like(p)
                     side[0].append(p), side[1].append(gr), side[2].append(buf)
                 for (ps, gs, bs), first in ((old, False), (new, True)):
                     if ps:
@@ -80,14 +79,14 @@ class Adam(Optimizer):
                     s = self.state.get(p)
                     if not s:
                         s = self.state[p] = {"step": _C.zeros([], dtype=_C.float32, device=p.device),
-                                             "exp_avg": _C.zeros_like(p.detach()),
-                                             "exp_avg_sq": _C.zeros_like(p.detach())}
+                                             "exp_avg": _C.zeros_like(p),
+                                             "exp_avg_sq": _C.zeros_like(p)}
                     steps.append(s["step"])
                     m.append(s["exp_avg"])
                     v.append(s["exp_avg_sq"])
                     if amsgrad:
                         if "max_exp_avg_sq" not in s:
-                            s["max_exp_avg_sq"] = _C.zeros_like(p.detach())
+                            s["max_exp_avg_sq"] = _C.zeros_like(p)
                         vmax.append(s["max_exp_avg_sq"])
                 beta1, beta2 = g["betas"]
                 fused(params, grads, m, v, vmax, steps, lr=g["lr"], beta1=beta1, beta2=beta2,
@@ -129,11 +128,11 @@ class RMSprop(Optimizer):
                     s = self.state.get(p)
                     if not s:
                         s = self.state[p] = {"step": _C.zeros([], dtype=_C.float32, device=p.device),
-                                             "square_avg": _C.zeros_like(p.detach())}
+                                             "square_avg": _C.zeros_like(p)}
                         if momentum > 0:
-                            s["momentum_buffer"] = _C.zeros_like(p.detach())
+                            s["momentum_buffer"] = _C.zeros_like(p)
                         if g["centered"]:
-                            s["grad_avg"] = _C.zeros_like(p.detach())
+                            s["grad_avg"] = _C.zeros_like(p)
                     s["step"].add_(1)
                     grad = _effective_grad(p, grad, g)
                     sq = s["square_avg"].mul_(alpha)
@@ -169,7 +168,7 @@ class Adagrad(Optimizer):
         g = self.param_groups[-1]
         for p in g["params"]:
             self.state[p] = {"step": _C.zeros([], dtype=_C.float32, device=p.device),
-                             "sum": _C.full_like(p.detach(), g["initial_accumulator_value"])}
+                             "sum": _C.full_like(p, g["initial_accumulator_value"])}
 
     def step(self, closure=None):
         loss = self._closure(closure)
