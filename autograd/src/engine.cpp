@@ -209,7 +209,7 @@ void execute_nodes(GraphTask& task, const std::vector<Edge>& roots,
       for (size_t i = 0; i < buf.size(); ++i) {
         const InputMetadata& m = node->input_metadata(i);
         if (!buf[i].defined()) {  // a multi-output node: the unused outputs get zeros
-          buf[i] = kiln::zeros(IntArrayRef(m.sizes), m.dtype, m.device);
+          buf[i] = m.zeros ? Tensor(m.zeros()) : kiln::zeros(IntArrayRef(m.sizes), m.dtype, m.device);
         } else {
           buf[i] = checked_grad(std::move(buf[i]), m, *node, i);
         }

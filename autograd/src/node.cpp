@@ -129,7 +129,9 @@ Node::~Node() {
 }
 
 uint32_t Node::add_input_metadata(const Tensor& t) {
-  input_metadata_.push_back(InputMetadata{DimVector(t.sizes()), t.dtype(), t.device()});
+  const BackendHandle* h = t.impl()->backend_handle();
+  input_metadata_.push_back(InputMetadata{DimVector(t.sizes()), t.dtype(), t.device(),
+                                          h ? h->zeros_maker() : nullptr});
   return static_cast<uint32_t>(input_metadata_.size() - 1);
 }
 

@@ -69,6 +69,17 @@ struct DTensorHandle final : BackendHandle {
   intrusive_ptr<TensorImpl> detached(const TensorImpl&) const override {
     return detail::make_dtensor(local.detach(), spec).impl_ptr();
   }
+  // Zeros placed as this DTensor (Partial as Replicate), contiguous.
+  std::function<intrusive_ptr<TensorImpl>()> zeros_maker() const override {
+    DTensorSpec s = spec;
+    for (Placement& p : s.placements)
+      if (p.is_partial()) p = Replicate();
+    s.stride = contiguous_strides(IntArrayRef(s.shape));
+    return [s, device = local.device()] {
+      Tensor z = zeros(local_shape(IntArrayRef(s.shape), s.mesh, s.placements), s.dtype, device);
+      return detail::make_dtensor(std::move(z), s).impl_ptr();
+    };
+  }
 };
 
 const DTensorHandle* handle_of(const Tensor& t) {

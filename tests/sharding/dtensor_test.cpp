@@ -295,6 +295,15 @@ KILN_RANK_SCENARIO(dtensor_autograd) {
   expect_close(DTensor(flat).full_tensor(), a.t().reshape({20}));
   (flat * distribute_tensor(arange(0, 20, 1, kFloat32), mesh, {Replicate()})).sum().backward();
   expect_close(DTensor(r.grad()).full_tensor(), arange(0, 20, 1, kFloat32).view({4, 5}).t());
+  // A multi-output node's unused DTensor output (attention's logsumexp) gets a DTensor of zeros
+  // as its gradient (BackendHandle::zeros_maker), not a plain tensor.
+  Tensor q0 = random({2, 2, 3, 4}, kFloat32, -1, 1, 9);
+  DTensor q = distribute_tensor(q0, mesh, {Shard(1)});
+  q.requires_grad_();
+  scaled_dot_product_attention(q, q, q, 0.0, true).sum().backward();
+  Tensor q1 = q0.clone().requires_grad_(true);
+  scaled_dot_product_attention(q1, q1, q1, 0.0, true).sum().backward();
+  expect_close(DTensor(q.grad()).full_tensor(), q1.grad(), 1e-5, 1e-6);
 }
 
 TEST(DTensor, Autograd) { expect_all_pass(run_ranks("dtensor_autograd", 2)); }

@@ -10,6 +10,7 @@
 // `remote_handle` slot lets the Remote backend attach its value id without a subclass.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "kiln/array_ref.h"
@@ -47,6 +48,11 @@ struct BackendHandle {
   // Tensor::requires_grad() of a tensor without autograd state of its own (a wrapper answers
   // for the value autograd records instead of it).
   virtual bool requires_grad() const { return false; }
+  // Makes the zero gradient autograd gives an output of a multi-output node that nothing used,
+  // for an output carrying this handle (a DTensor's must be a DTensor); nullptr: plain zeros of
+  // the output's sizes, dtype and device. Called when the node is recorded, so it must not keep
+  // the tensor's values alive.
+  virtual std::function<intrusive_ptr<TensorImpl>()> zeros_maker() const { return nullptr; }
 };
 
 class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {

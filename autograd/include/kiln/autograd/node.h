@@ -37,6 +37,7 @@ struct InputMetadata {
   DimVector sizes;
   ScalarType dtype = kFloat32;
   Device device = kCPU;
+  std::function<intrusive_ptr<TensorImpl>()> zeros;  // BackendHandle::zeros_maker; may be null
 };
 
 // ---- Hooks (Note [Hook order] in engine.h) ------------------------------------------------------
