@@ -27,6 +27,7 @@
 #include "kiln/dist/dtensor.h"
 #include "kiln/dist/fsdp.h"
 #include "kiln/dist/process_group.h"
+#include "kiln/dist/tensor_parallel.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/nn.h"
 #include "kiln/optim/optim.h"
@@ -271,19 +272,27 @@ class Block : public nn::Module {
   }
   Tensor forward(const Tensor& x) override {
     int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-    std::vector<Tensor> qkv_ = qkv->forward(ln1->forward(x)).split(C, 2);
+    std::vector<Tensor> qkv_ = call("qkv", *qkv, ln1->forward(x)).split(C, 2);
     for (Tensor& t : qkv_) t = t.view({B, T, h_, C / h_}).transpose(1, 2);
     Tensor att = matmul(qkv_[0], qkv_[1].transpose(-2, -1)) / std::sqrt(double(C / h_));
     Tensor mask = eq(ones({T, T}).tril(), zeros({}));
+    if (tp) mask = dist::distribute_tensor(mask, tp_mesh, {dist::Replicate()});
     att = softmax(att.masked_fill(mask, -INFINITY), -1);
     Tensor y = matmul(att, qkv_[2]).transpose(1, 2).reshape({B, T, C});
-    Tensor x1 = x + proj->forward(y);
-    return x1 + out->forward(gelu(fc->forward(ln2->forward(x1))));
+    Tensor x1 = x + call("proj", *proj, y);
+    return x1 + call("out", *out, gelu(call("fc", *fc, ln2->forward(x1))));
   }
   std::shared_ptr<nn::LayerNorm> ln1, ln2;
   std::shared_ptr<nn::Linear> qkv, proj, fc, out;
+  // Tensor parallel (sharded_rank): the Linears are called through the plan, under `prefix`.
+  const dist::TensorParallel* tp = nullptr;
+  std::string prefix;
+  dist::DeviceMesh tp_mesh;
 
  private:
+  Tensor call(const char* name, nn::Linear& m, const Tensor& t) {
+    return tp ? tp->forward(prefix + name, t) : m.forward(t);
+  }
   int64_t h_;
 };
 
@@ -383,6 +392,29 @@ int sharded_rank(bool quick) {
   };
   const double ms = train_ms(*model, opt, x, y, loss, quick ? 2 : 5);
   if (mesh.group(0)->rank() == 0) emit("fsdp_train", "gpt_step_2ranks_b8", ms, "ms/step", "kiln-cpp");
+  // Tensor parallel (no PyTorch row): every block's qkv and fc Colwise, proj and out Rowwise, each
+  // rank the whole batch of 16 (the work of gpt_train's step, split by columns, not by rows).
+  manual_seed(0);
+  auto tpgpt = std::make_shared<GPT>();
+  dist::ParallelizePlan plan;
+  for (const auto& [name, block] : tpgpt->blocks->named_children()) {
+    const std::string b = "blocks." + name + ".";
+    plan.push_back({b + "qkv", dist::ColwiseParallel(std::nullopt, std::nullopt, false)});
+    plan.push_back({b + "proj", dist::RowwiseParallel()});
+    plan.push_back({b + "fc", dist::ColwiseParallel()});
+    plan.push_back({b + "out", dist::RowwiseParallel()});
+  }
+  const dist::TensorParallel par = dist::parallelize_module(*tpgpt, mesh, plan);
+  for (const auto& [name, block] : tpgpt->blocks->named_children()) {
+    auto& blk = static_cast<Block&>(*block);
+    blk.tp = &par;
+    blk.prefix = "blocks." + name + ".";
+    blk.tp_mesh = mesh;
+  }
+  optim::AdamW tp_opt(tpgpt->parameters(), {.lr = 3e-4});
+  Tensor tx = randint(0, 256, {2 * B, T}), ty = randint(0, 256, {2 * B, T});
+  const double tp_ms = train_ms(*tpgpt, tp_opt, tx, ty, loss, quick ? 2 : 5);
+  if (mesh.group(0)->rank() == 0) emit("tp_train", "gpt_step_2ranks_b16", tp_ms, "ms/step", "kiln-cpp");
   dist::destroy_process_group();
   return 0;
 }
