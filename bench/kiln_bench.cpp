@@ -2,7 +2,8 @@
 // references the issue names: oneDNN's dnnl_sgemm called directly ("onednn-direct") and plain
 // OpenMP loops ("openmp-loop"). One JSON object per line.
 //
-//   kiln_bench [--only dispatch,gemm,elementwise,reduction,autograd,kernels,mlp,cnn,gpt,distributed,
+//   kiln_bench [--only
+//   dispatch,gemm,elementwise,reduction,autograd,kernels,mlp,cnn,gpt,distributed,
 //                      sharded] [--quick]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -52,8 +53,10 @@ __attribute__((noinline)) float omp_sum(const float* __restrict x, int64_t n, in
 
 void emit(const char* workload, const std::string& metric, double value, const char* unit,
           const char* impl) {
-  std::printf("{\"workload\": \"%s\", \"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"impl\": \"%s\"}\n",
-              workload, metric.c_str(), value, unit, impl);
+  std::printf(
+      "{\"workload\": \"%s\", \"metric\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"impl\": "
+      "\"%s\"}\n",
+      workload, metric.c_str(), value, unit, impl);
   std::fflush(stdout);
 }
 
@@ -72,8 +75,8 @@ double best_time(const std::function<void()>& fn, int repeat = 5, int inner = 1)
 
 // Best times of `a` and `b`, alternating them in each repetition so that drift in the
 // machine's speed (turbo, neighbours) falls on both sides alike.
-std::pair<double, double> best_time_pair(const std::function<void()>& a, const std::function<void()>& b,
-                                         int repeat = 7) {
+std::pair<double, double> best_time_pair(const std::function<void()>& a,
+                                         const std::function<void()>& b, int repeat = 7) {
   double ta = 1e30, tb = 1e30;
   a();
   b();
@@ -88,29 +91,36 @@ void w_dispatch(bool quick) {
   int n = quick ? 20000 : 200000;
   Tensor a = ones({1}), b = ones({1});
   Tensor c;
-  double t = best_time([&] {
-    for (int i = 0; i < n; ++i) c = a + b;
-  }, 3);
+  double t = best_time(
+      [&] {
+        for (int i = 0; i < n; ++i) c = a + b;
+      },
+      3);
   emit("dispatch", "add_1elem", t / n * 1e9, "ns/op", "kiln-cpp");
   a.requires_grad_(true);
-  double tg = best_time([&] {
-    for (int i = 0; i < n; ++i) c = a * b;
-  }, 3);
+  double tg = best_time(
+      [&] {
+        for (int i = 0; i < n; ++i) c = a * b;
+      },
+      3);
   emit("dispatch", "mul_1elem_requires_grad", tg / n * 1e9, "ns/op", "kiln-cpp");
 }
 
 void w_autograd(bool) {
   Tensor x = ones({1}).requires_grad_(true);
-  double t = best_time([&] {
-    Tensor y = x;
-    for (int i = 0; i < 1000; ++i) y = y * 1.0001;
-    y.backward();
-  }, 3);
+  double t = best_time(
+      [&] {
+        Tensor y = x;
+        for (int i = 0; i < 1000; ++i) y = y * 1.0001;
+        y.backward();
+      },
+      3);
   emit("autograd", "backward_chain_1000_tiny", t * 1e3, "ms", "kiln-cpp");
 }
 
 void w_gemm(bool quick) {
-  std::vector<int64_t> sizes = quick ? std::vector<int64_t>{512, 1024} : std::vector<int64_t>{512, 1024, 2048};
+  std::vector<int64_t> sizes =
+      quick ? std::vector<int64_t>{512, 1024} : std::vector<int64_t>{512, 1024, 2048};
   for (int64_t n : sizes) {
     manual_seed(0);
     Tensor A = randn({n, n}), B = randn({n, n});
@@ -120,8 +130,9 @@ void w_gemm(bool quick) {
     const float* a = A.data_ptr<float>();
     const float* bb = B.data_ptr<float>();
     float* d = D.data_ptr<float>();
-    auto [t, td] = best_time_pair([&] { C = mm(A, B); },
-                                  [&] { dnnl_sgemm('N', 'N', n, n, n, 1.0f, a, n, bb, n, 0.0f, d, n); });
+    auto [t, td] =
+        best_time_pair([&] { C = mm(A, B); },
+                       [&] { dnnl_sgemm('N', 'N', n, n, n, 1.0f, a, n, bb, n, 0.0f, d, n); });
     emit("gemm", "sgemm_" + std::to_string(n), flops / t / 1e9, "GFLOP/s", "kiln-cpp");
     emit("gemm", "sgemm_" + std::to_string(n), flops / td / 1e9, "GFLOP/s", "onednn-direct");
   }
@@ -195,10 +206,12 @@ void w_attention(bool quick) {
     manual_seed(0);
     Tensor q = randn({8, 8, T, 64}).requires_grad_(), k = randn({8, 8, T, 64}).requires_grad_();
     Tensor v = randn({8, 8, T, 64}).requires_grad_(), g = randn({8, 8, T, 64});
-    double t = best_time([&] {
-      Tensor out = scaled_dot_product_attention(q, k, v, 0.0, true);
-      autograd::grad({out}, {q, k, v}, {g});
-    }, quick ? 2 : 5);
+    double t = best_time(
+        [&] {
+          Tensor out = scaled_dot_product_attention(q, k, v, 0.0, true);
+          autograd::grad({out}, {q, k, v}, {g});
+        },
+        quick ? 2 : 5);
     emit("kernels", "attention_fwd_bwd_b8_h8_t" + std::to_string(T) + "_d64", t * 1e3, "ms",
          "kiln-cpp");
   }
@@ -240,14 +253,16 @@ void w_mlp(bool quick) {
   auto m = mlp();
   optim::AdamW opt(m->parameters(), {.lr = 1e-3});
   Tensor x = randn({512, 784}), y = randint(0, 10, {512});
-  emit("mlp_train", "step_b512", train_ms(*m, opt, x, y, ce, quick ? 5 : 20), "ms/step", "kiln-cpp");
+  emit("mlp_train", "step_b512", train_ms(*m, opt, x, y, ce, quick ? 5 : 20), "ms/step",
+       "kiln-cpp");
 }
 
 // conv(3->32)-ReLU-maxpool2-conv(32->64)-ReLU-maxpool2-flatten-linear(4096->10), SGD momentum 0.9.
 void w_cnn(bool quick) {
   manual_seed(0);
   auto conv = [](int64_t in, int64_t out) {
-    return std::make_shared<nn::Conv2d>(in, out, std::vector<int64_t>{3}, nn::ConvArgs{.padding = {1}});
+    return std::make_shared<nn::Conv2d>(in, out, std::vector<int64_t>{3},
+                                        nn::ConvArgs{.padding = {1}});
   };
   auto pool = [] { return std::make_shared<nn::MaxPool2d>(std::vector<int64_t>{2}); };
   nn::Sequential m({conv(3, 32), std::make_shared<nn::ReLU>(), pool(), conv(32, 64),
@@ -334,7 +349,8 @@ void w_gpt(bool quick) {
   emit("gpt_train", "tokens_per_s", B * T / ms * 1e3, "tokens/s", "kiln-cpp");
 }
 
-// ---- distributed: ranks are this program re-executed (never forked after UCX starts) ---------------
+// ---- distributed: ranks are this program re-executed (never forked after UCX starts)
+// ---------------
 
 // One rank of "distributed" (KILN_BENCH_RANK=distributed): as torch_reference.py's _dist_worker,
 // the best of 5 (3 quick) timings of a 2^24-float sum all_reduce, each after a barrier; then DDP
@@ -349,9 +365,11 @@ int distributed_rank(bool quick) {
     pg->barrier()->wait();
     auto t0 = std::chrono::steady_clock::now();
     pg->all_reduce(x)->wait();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  if (pg->rank() == 0) emit("allreduce", "ucx_2ranks_64MiB_algbw", 4.0 * n / best / 1e9, "GB/s", "kiln-cpp");
+  if (pg->rank() == 0)
+    emit("allreduce", "ucx_2ranks_64MiB_algbw", 4.0 * n / best / 1e9, "GB/s", "kiln-cpp");
   manual_seed(0);
   auto ddp = std::make_shared<dist::DistributedDataParallel>(mlp());
   optim::AdamW opt(ddp->parameters(), {.lr = 1e-3});
@@ -390,8 +408,15 @@ int sharded_rank(bool quick) {
   auto loss = [](const Tensor& logits, const Tensor& t) {
     return cross_entropy(logits.view({-1, 256}), t.view({-1}));
   };
+  dist::fsdp_gather_stats(/*reset=*/true);
   const double ms = train_ms(*model, opt, x, y, loss, quick ? 2 : 5);
-  if (mesh.group(0)->rank() == 0) emit("fsdp_train", "gpt_step_2ranks_b8", ms, "ms/step", "kiln-cpp");
+  const dist::FSDPGatherStats gs = dist::fsdp_gather_stats();
+  if (mesh.group(0)->rank() == 0) {
+    emit("fsdp_train", "gpt_step_2ranks_b8", ms, "ms/step", "kiln-cpp");
+    // Note [FSDP prefetch]: the share of all-gather time (issue to completion) that rank 0's
+    // compute thread did not spend waiting.
+    emit("fsdp_train", "allgather_hidden_fraction", gs.hidden_fraction(), "fraction", "kiln-cpp");
+  }
   // Tensor parallel (no PyTorch row): every block's qkv and fc Colwise, proj and out Rowwise, each
   // rank the whole batch of 16 (the work of gpt_train's step, split by columns, not by rows).
   manual_seed(0);
@@ -414,7 +439,8 @@ int sharded_rank(bool quick) {
   optim::AdamW tp_opt(tpgpt->parameters(), {.lr = 3e-4});
   Tensor tx = randint(0, 256, {2 * B, T}), ty = randint(0, 256, {2 * B, T});
   const double tp_ms = train_ms(*tpgpt, tp_opt, tx, ty, loss, quick ? 2 : 5);
-  if (mesh.group(0)->rank() == 0) emit("tp_train", "gpt_step_2ranks_b16", tp_ms, "ms/step", "kiln-cpp");
+  if (mesh.group(0)->rank() == 0)
+    emit("tp_train", "gpt_step_2ranks_b16", tp_ms, "ms/step", "kiln-cpp");
   dist::destroy_process_group();
   return 0;
 }
@@ -434,10 +460,14 @@ void spawn_ranks(const std::string& mode, bool quick) {
   sched_setaffinity(0, sizeof all, &all);
   std::vector<pid_t> pids;
   for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> env = {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
-                                    "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+    std::vector<std::string> env = {"RANK=" + std::to_string(r),
+                                    "LOCAL_RANK=" + std::to_string(r),
+                                    "WORLD_SIZE=2",
+                                    "LOCAL_WORLD_SIZE=2",
+                                    "MASTER_ADDR=127.0.0.1",
                                     "MASTER_PORT=" + std::to_string(store.port()),
-                                    "KILN_AGENT_STORE=1", "OMP_NUM_THREADS=1",
+                                    "KILN_AGENT_STORE=1",
+                                    "OMP_NUM_THREADS=1",
                                     "KILN_BENCH_RANK=" + mode};
     env.push_back("OMP_PLACES={" + std::to_string(r % ncpu) + "}");
     for (char** e = environ; *e; ++e) env.push_back(*e);
@@ -447,7 +477,8 @@ void spawn_ranks(const std::string& mode, bool quick) {
     std::string exe = "/proc/self/exe", q = quick ? "--quick" : "";
     char* argv[] = {exe.data(), quick ? q.data() : nullptr, nullptr};
     pid_t pid = -1;
-    if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()) == 0) pids.push_back(pid);
+    if (posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv, envp.data()) == 0)
+      pids.push_back(pid);
   }
   sched_setaffinity(0, sizeof bound, &bound);
   for (pid_t pid : pids) waitpid(pid, nullptr, 0);

@@ -56,6 +56,11 @@ bool Work::is_completed() {
   return done_;
 }
 
+std::chrono::steady_clock::time_point Work::finish_time() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_at_;
+}
+
 void Work::wait(std::optional<Milliseconds> timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!timeout)
@@ -69,6 +74,7 @@ void Work::finish(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
+    finished_at_ = std::chrono::steady_clock::now();
     error_ = std::move(error);
   }
   cv_.notify_all();

@@ -46,8 +46,9 @@ std::vector<int> aligned(IntArrayRef sizes, IntArrayRef out, int64_t first) {
   std::vector<int> l;
   for (size_t d = 0; d < sizes.size(); ++d) {
     const int64_t o = first + static_cast<int64_t>(d);
-    l.push_back(o >= 0 && (sizes[d] == out[o] || out[o] == 0 && sizes[d] == 0) ? static_cast<int>(o)
-                                                                               : kNone);
+    l.push_back(o >= 0 && (sizes[d] == out[o] || (out[o] == 0 && sizes[d] == 0))
+                    ? static_cast<int>(o)
+                    : kNone);
   }
   return l;
 }

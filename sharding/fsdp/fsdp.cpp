@@ -1,9 +1,12 @@
 // FSDP's parameter groups and FullyShardedModule (kiln/dist/fsdp.h): Note [FSDP flat all-gather],
-// Note [FSDP resharding] and Note [FSDP gradient sync].
+// Note [FSDP resharding], Note [FSDP gradient sync] and Note [FSDP prefetch].
 #include "kiln/dist/fsdp.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <tuple>
 
 #include "kiln/autograd/grad_mode.h"
@@ -87,8 +90,7 @@ std::shared_ptr<FSDPParamGroup> FSDPParamGroup::create(const std::vector<Tensor>
                   ? p.detach().narrow(0, off, len).clone()
                   : empty_on(local_shape(p.sizes(), mesh, {Shard(0)}), p.dtype(), p.device());
     }
-    DTensorSpec spec{
-        mesh, {Shard(0)}, DimVector(p.sizes()), fsdp_strides(p.sizes()), p.dtype()};
+    DTensorSpec spec{mesh, {Shard(0)}, DimVector(p.sizes()), fsdp_strides(p.sizes()), p.dtype()};
     Tensor d = detail::make_dtensor(std::move(local), std::move(spec));
     if (p.requires_grad()) d.requires_grad_(true);
     g->sharded_.push_back(std::move(d));
@@ -152,13 +154,74 @@ void FSDPParamGroup::plan() {
   }
 }
 
-void FSDPParamGroup::gather_into(Gathered& g) {
-  if (sharded_.empty()) return;
-  const int64_t n = mesh_.size(0);
+// ---- Gathering (Note [FSDP flat all-gather], Note [FSDP prefetch]) ---------------------------
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::mutex stats_mu;
+FSDPGatherStats stats;
+
+// The root forward now running on this thread (0: none), and the group unsharded last in it.
+thread_local uint64_t t_epoch = 0;
+thread_local std::weak_ptr<FSDPParamGroup> t_last;
+std::atomic<uint64_t> next_epoch{1};
+
+}  // namespace
+
+struct FSDPParamGroup::Pending {
+  Tensor send, recv;
+  WorkPtr work;
+  Clock::time_point issued;
+  bool ahead = false;
+  ~Pending() {  // an unused prefetch: the buffers must outlive the collective
+    if (work) try {
+        work->wait();
+      } catch (...) {  // the error reaches whoever waits on the next collective
+      }
+  }
+};
+
+FSDPGatherStats fsdp_gather_stats(bool reset) {
+  std::lock_guard<std::mutex> lock(stats_mu);
+  FSDPGatherStats s = stats;
+  if (reset) stats = {};
+  return s;
+}
+
+void FSDPParamGroup::begin_root_forward() {
+  t_epoch = next_epoch.fetch_add(1);
+  t_last.reset();
+}
+
+void FSDPParamGroup::end_root_forward() {
+  t_epoch = 0;
+  t_last.reset();
+}
+
+std::shared_ptr<FSDPParamGroup::Gathered> FSDPParamGroup::make_gathered(
+    std::vector<Tensor>& full) const {
+  auto g = std::make_shared<Gathered>();
+  g->dtype =
+      sharded_.empty() ? kFloat32 : mp_.param_dtype.value_or(detail::spec_of(sharded_[0]).dtype);
+  g->epoch = t_epoch;
+  full.clear();
+  for (const Tensor& p : sharded_) {
+    full.push_back(empty(detail::spec_of(p).shape, g->dtype));
+    g->storages.push_back(full.back().impl()->storage());
+    g->nbytes.push_back(full.back().numel() * full.back().element_size());
+  }
+  return g;
+}
+
+void FSDPParamGroup::start_gather(Gathered& g, bool ahead) {
+  if (g.pending || g.resident || sharded_.empty()) return;
   const ScalarType dt = g.dtype;
   const size_t es = element_size(dt);
   autograd::NoGradGuard no_grad;
-  Tensor send = zeros({seg_numel_}, dt);
+  auto p = std::make_shared<Pending>();
+  p->send = zeros({seg_numel_}, dt);
   for (size_t i = 0; i < sharded_.size(); ++i) {
     Tensor local = detail::local_of(sharded_[i]);
     KILN_CHECK(local.device() == kCPU, Value, "FSDP: the shard of parameter '", names_[i],
@@ -166,40 +229,91 @@ void FSDPParamGroup::gather_into(Gathered& g) {
                " (a meta parameter must be initialised on the CPU before the first forward)");
     local = local.to(dt).contiguous();
     if (local.numel())
-      std::memcpy(bytes_of(send) + seg_offset_[i] * es, bytes_of(local), local.numel() * es);
+      std::memcpy(bytes_of(p->send) + seg_offset_[i] * es, bytes_of(local), local.numel() * es);
   }
-  Tensor recv = empty({n * seg_numel_}, dt);
-  pg_->all_gather_into_tensor(recv, send)->wait();
-  for (size_t i = 0; i < sharded_.size(); ++i) {
-    const int64_t rows = detail::spec_of(sharded_[i]).shape[0];
-    char* dst = static_cast<char*>(g.storages[i]->data());
-    for (int64_t q = 0; q < n; ++q) {
-      auto [off, len] = chunk_of(rows, n, q);
-      if (len == 0) continue;
-      std::memcpy(dst + off * row_numel_[i] * es,
-                  bytes_of(recv) + (q * seg_numel_ + seg_offset_[i]) * es,
-                  len * row_numel_[i] * es);
+  p->recv = empty({mesh_.size(0) * seg_numel_}, dt);
+  p->issued = Clock::now();
+  p->ahead = ahead;
+  p->work = pg_->all_gather_into_tensor(p->recv, p->send);
+  g.pending = std::move(p);
+}
+
+void FSDPParamGroup::finish_gather(Gathered& g) {
+  if (g.resident) return;
+  start_gather(g);
+  if (std::shared_ptr<Pending> p = std::move(g.pending)) {
+    const Clock::time_point t0 = Clock::now();
+    p->work->wait();
+    const Clock::time_point t1 = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(stats_mu);
+      stats.count += 1;
+      stats.prefetched += p->ahead;
+      stats.total_s +=
+          std::chrono::duration<double>(std::max(p->work->finish_time(), p->issued) - p->issued)
+              .count();
+      stats.waited_s += std::chrono::duration<double>(t1 - t0).count();
+    }
+    const int64_t n = mesh_.size(0);
+    const size_t es = element_size(g.dtype);
+    for (size_t i = 0; i < sharded_.size(); ++i) {
+      if (g.storages[i]->nbytes() != g.nbytes[i]) g.storages[i]->resize(g.nbytes[i]);
+      const int64_t rows = detail::spec_of(sharded_[i]).shape[0];
+      char* dst = static_cast<char*>(g.storages[i]->data());
+      for (int64_t q = 0; q < n; ++q) {
+        auto [off, len] = chunk_of(rows, n, q);
+        if (len == 0) continue;
+        std::memcpy(dst + off * row_numel_[i] * es,
+                    bytes_of(p->recv) + (q * seg_numel_ + seg_offset_[i]) * es,
+                    len * row_numel_[i] * es);
+      }
     }
   }
   g.resident = true;
 }
 
+void FSDPParamGroup::regather(Gathered& g) {
+  finish_gather(g);
+  std::shared_ptr<FSDPParamGroup> prev = prev_.lock();
+  if (g.epoch == 0 || !prev || !prev->current_) return;
+  Gathered& pg = *prev->current_;
+  if (pg.epoch == g.epoch && !pg.resident) prev->start_gather(pg, /*ahead=*/true);
+}
+
 void FSDPParamGroup::free(Gathered& g) {
+  g.pending.reset();                                // waits for an all-gather still in flight
   for (const auto& st : g.storages) st->resize(0);  // releases the memory
   g.resident = false;
 }
 
 std::vector<Tensor> FSDPParamGroup::unshard() {
-  auto g = std::make_shared<Gathered>();
-  g->dtype =
-      sharded_.empty() ? kFloat32 : mp_.param_dtype.value_or(detail::spec_of(sharded_[0]).dtype);
   std::vector<Tensor> full;
-  full.reserve(sharded_.size());
-  for (const Tensor& p : sharded_) {
-    full.push_back(empty(detail::spec_of(p).shape, g->dtype));
-    g->storages.push_back(full.back().impl()->storage());
+  std::shared_ptr<Gathered> g;
+  if (prefetched_ && t_epoch != 0 && prefetched_->epoch == t_epoch) {
+    g = std::move(prefetched_);
+    full = std::move(prefetched_full_);
+  } else {
+    g = make_gathered(full);
   }
-  gather_into(*g);
+  prefetched_.reset();  // a stale one waits for its all-gather here
+  prefetched_full_.clear();
+  start_gather(*g);
+  // Note [FSDP prefetch]: record the order, and start the next group's all-gather.
+  std::shared_ptr<FSDPParamGroup> self = shared_from_this();
+  prev_.reset();
+  if (t_epoch != 0) {
+    if (std::shared_ptr<FSDPParamGroup> last = t_last.lock(); last && last != self) {
+      last->next_ = self;
+      prev_ = last;
+    }
+    t_last = self;
+    std::shared_ptr<FSDPParamGroup> next = next_.lock();
+    if (next && next != self && !next->prefetched_) {
+      next->prefetched_ = next->make_gathered(next->prefetched_full_);
+      next->start_gather(*next->prefetched_, /*ahead=*/true);
+    }
+  }
+  finish_gather(*g);
   bool needs_grad = false;
   for (const Tensor& p : sharded_) needs_grad = needs_grad || p.requires_grad();
   if (autograd::GradMode::is_enabled() && needs_grad) {
@@ -217,26 +331,17 @@ void FSDPParamGroup::reshard() {
 }
 
 void FSDPParamGroup::pre_backward() {
-  if (!current_ || current_->resident) return;
-  for (size_t i = 0; i < full_.size(); ++i)
-    current_->storages[i]->resize(full_[i].numel() * full_[i].element_size());
-  gather_into(*current_);
+  if (current_) regather(*current_);
 }
 
 void FSDPParamGroup::register_pre_backward_hooks(const std::vector<Tensor>& outputs) {
   if (!current_) return;
   std::weak_ptr<FSDPParamGroup> self = weak_from_this();
   std::shared_ptr<Gathered> g = current_;
-  std::vector<size_t> nbytes;
-  for (const Tensor& f : full_) nbytes.push_back(f.numel() * f.element_size());
   for (const Tensor& out : outputs) {
     if (!out.defined() || !out.requires_grad()) continue;
-    autograd::register_hook(out, [self, g, nbytes](const Tensor&) {
-      auto group = self.lock();
-      if (group && !g->resident) {
-        for (size_t i = 0; i < nbytes.size(); ++i) g->storages[i]->resize(nbytes[i]);
-        group->gather_into(*g);
-      }
+    autograd::register_hook(out, [self, g](const Tensor&) {
+      if (auto group = self.lock()) group->regather(*g);
       return Tensor();
     });
   }
@@ -336,7 +441,20 @@ FullyShardedModule::FullyShardedModule(nn::ModulePtr module, DeviceMesh mesh, FS
   register_module("module", module_);
 }
 
+namespace {
+thread_local int t_forward_depth = 0;  // FullyShardedModule forwards running on this thread
+}
+
 Tensor FullyShardedModule::forward(const Tensor& input) {
+  // The outermost one is the root (Note [FSDP prefetch]).
+  struct Depth {
+    Depth() {
+      if (t_forward_depth++ == 0) FSDPParamGroup::begin_root_forward();
+    }
+    ~Depth() {
+      if (--t_forward_depth == 0) FSDPParamGroup::end_root_forward();
+    }
+  } depth;
   std::vector<Tensor> full = group_->unshard();
   auto restore = [this] {
     for (size_t i = 0; i < slots_.size(); ++i)

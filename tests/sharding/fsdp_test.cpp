@@ -3,7 +3,7 @@
 // training on the full batch does; the parameters are Shard(0) DTensors holding about 1/N of
 // the model; the gathered parameters are freed after backward; gradient accumulation with
 // set_requires_gradient_sync(false); FSDPParamGroup directly; bad input; per-rank memory by the
-// allocator's statistics; a rank killed mid-step.
+// allocator's statistics; a rank killed mid-step; prefetch counts.
 #include "kiln/dist/fsdp.h"
 
 #include <signal.h>
@@ -11,9 +11,8 @@
 #include <chrono>
 #include <cstdio>
 
-#include "kiln/allocator.h"
-
 #include "harness.h"
+#include "kiln/allocator.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/nn.h"
 #include "kiln/optim/optim.h"
@@ -76,6 +75,7 @@ KILN_RANK_SCENARIO(fsdp_mlp_training) {
   optim::SGD ropt(ref->parameters(), {.lr = 0.1});
   optim::SGD fopt(model->parameters(), {.lr = 0.1});
   const int64_t per = 4;
+  dist::fsdp_gather_stats(/*reset=*/true);
   for (int step = 0; step < 6; ++step) {
     Tensor x = random({per * world(), 7}, kFloat32, -1, 1, 10 + step);
     Tensor y = random({per * world(), 5}, kFloat32, -1, 1, 50 + step);
@@ -94,6 +94,15 @@ KILN_RANK_SCENARIO(fsdp_mlp_training) {
       EXPECT_EQ(f.impl()->storage()->nbytes(), 0u);
     fopt.step();
   }
+  // Note [FSDP prefetch]: each step gathers blocks 0 and 2 for forward and again for backward
+  // (the root holds no parameter of its own). The first forward records the order; from then on
+  // forward prefetches blocks 0 and 2, and every backward prefetches block 0 (the parity above
+  // shows that no stale prefetch is used).
+  const dist::FSDPGatherStats gs = dist::fsdp_gather_stats();
+  EXPECT_EQ(gs.count, 6 * 4);
+  EXPECT_EQ(gs.prefetched, 1 + 5 * 3);
+  EXPECT_GE(gs.hidden_fraction(), 0.0);
+  EXPECT_LE(gs.hidden_fraction(), 1.0);
   expect_matches(model, ref, false);
 }
 TEST(Fsdp, MlpTrainingTwoRanks) { expect_all_pass(run_ranks("fsdp_mlp_training", 2)); }
@@ -135,7 +144,8 @@ KILN_RANK_SCENARIO(fsdp_param_group) {
   loss.backward();
   // The mean over the ranks of each rank's gradient: x summed over its rows, per rank.
   Tensor xs = zeros({3});
-  for (int q = 0; q < world(); ++q) xs = xs + random({2, 3}, kFloat32, -1, 1, 20 + q).sum(std::vector<int64_t>{0});
+  for (int q = 0; q < world(); ++q)
+    xs = xs + random({2, 3}, kFloat32, -1, 1, 20 + q).sum(std::vector<int64_t>{0});
   Tensor want_w = (xs / static_cast<double>(world())).unsqueeze(0).expand({5, 3}).contiguous();
   expect_close(DTensor(group->sharded_params()[0].grad()).full_tensor(), want_w);
   expect_close(DTensor(group->sharded_params()[1].grad()).full_tensor(), full_like(b, 2.0));
@@ -187,10 +197,10 @@ KILN_RANK_SCENARIO(fsdp_memory) {
   const AllocatorStats st = cpu_allocator()->stats();
   const double used = static_cast<double>(st.in_use_bytes - base);
   const double unsharded = 4.0 * 4.0 * static_cast<double>(whole);
-  std::printf("rank %d: %.0f bytes of parameters, gradients and AdamW state; %.4f of the "
-              "unsharded %.0f (bound %.4f); allocator peak %zu bytes\n",
-              rank(), used, used / unsharded, unsharded, 1.0 / world() + 0.05,
-              st.peak_in_use_bytes - base);
+  std::printf(
+      "rank %d: %.0f bytes of parameters, gradients and AdamW state; %.4f of the "
+      "unsharded %.0f (bound %.4f); allocator peak %zu bytes\n",
+      rank(), used, used / unsharded, unsharded, 1.0 / world() + 0.05, st.peak_in_use_bytes - base);
   EXPECT_LE(used, unsharded * (1.0 / world() + 0.05));
   EXPECT_GE(used, unsharded / world() * 0.95);  // the state really is there
 }
@@ -208,15 +218,13 @@ KILN_RANK_SCENARIO(fsdp_killed_rank) {
   opt.step();
   if (rank() == 1) raise(SIGKILL);
   const auto start = std::chrono::steady_clock::now();
-  expect_error(ErrorKind::Runtime, "never reached", [&] {
-    model->forward(x).sum().backward();
-  });
+  expect_error(ErrorKind::Runtime, "never reached", [&] { model->forward(x).sum().backward(); });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(s, 3.0 + 1.5) << "the timeout is 3 s";
 }
 TEST(Fsdp, KilledRankRaisesOnOthers) {
-  auto res = run_ranks("fsdp_killed_rank", 3, std::chrono::seconds(30),
-                       {{"KILN_COMM_TIMEOUT_S", "3"}});
+  auto res =
+      run_ranks("fsdp_killed_rank", 3, std::chrono::seconds(30), {{"KILN_COMM_TIMEOUT_S", "3"}});
   EXPECT_EQ(res[1].signal, SIGKILL) << res[1].output;
   for (int r : {0, 2}) EXPECT_EQ(res[r].exit_code, 0) << "rank " << r << ":\n" << res[r].output;
 }

@@ -39,7 +39,8 @@ DTensor as_dtensor(const Tensor& t) { return DTensor(t); }
 void bind_dtensor(nb::module_& m) {
   nb::class_<Placement>(m, "_Placement")
       .def_prop_ro("dim", [](const Placement& p) { return p.dim; })
-      .def_prop_ro("reduce_op", [](const Placement& p) { return std::string(reduce_op_name(p.reduce)); })
+      .def_prop_ro("reduce_op",
+                   [](const Placement& p) { return std::string(reduce_op_name(p.reduce)); })
       .def(
           "is_shard",
           [](const Placement& p, std::optional<int64_t> dim) {
@@ -93,9 +94,10 @@ void bind_dtensor(nb::module_& m) {
       nb::arg("stride").none());
   m.def("_dtensor_to_local", [](const Tensor& t) { return as_dtensor(t).to_local(); });
   m.def("_dtensor_full_tensor", [](const Tensor& t) { return as_dtensor(t).full_tensor(); });
-  m.def("_dtensor_redistribute", [](const Tensor& t, const DeviceMesh& mesh, Placements p) -> Tensor {
-    return as_dtensor(t).redistribute(mesh, std::move(p));
-  });
+  m.def("_dtensor_redistribute",
+        [](const Tensor& t, const DeviceMesh& mesh, Placements p) -> Tensor {
+          return as_dtensor(t).redistribute(mesh, std::move(p));
+        });
   m.def("_dtensor_placements", [](const Tensor& t) { return as_dtensor(t).placements(); });
   m.def("_dtensor_mesh", [](const Tensor& t) { return as_dtensor(t).device_mesh(); });
   m.def("_dtensor_fallback_ops", &fallback_ops);
@@ -126,10 +128,12 @@ void bind_fsdp(nb::module_& m) {
       .def_prop_ro("unsharded_params", &FSDPParamGroup::unsharded_params)
       .def_prop_ro("is_unsharded", &FSDPParamGroup::is_unsharded)
       .def("unshard", &FSDPParamGroup::unshard, Release())
-      .def("reshard", &FSDPParamGroup::reshard)
+      .def("reshard", &FSDPParamGroup::reshard, Release())
       .def("materialize", &FSDPParamGroup::materialize)
       .def("pre_backward", &FSDPParamGroup::pre_backward, Release())
       .def("register_pre_backward_hooks", &FSDPParamGroup::register_pre_backward_hooks)
+      .def_static("begin_root_forward", &FSDPParamGroup::begin_root_forward)
+      .def_static("end_root_forward", &FSDPParamGroup::end_root_forward)
       .def_prop_rw("requires_gradient_sync", &FSDPParamGroup::requires_gradient_sync,
                    &FSDPParamGroup::set_requires_gradient_sync);
 }
@@ -155,17 +159,21 @@ void bind_dist(nb::module_& m) {
           },
           nb::arg("host_name"), nb::arg("port"), nb::arg("is_master") = false,
           nb::arg("timeout") = 300.0, Release())
-      .def("set", [](TCPStore& s, const std::string& k, nb::bytes v) { s.set(k, std::string(v.c_str(), v.size())); })
-      .def("get", [](TCPStore& s, const std::string& k) {
-        std::string v;
-        {
-          nb::gil_scoped_release r;
-          v = s.get(k);
-        }
-        return nb::bytes(v.data(), v.size());
-      })
+      .def("set", [](TCPStore& s, const std::string& k,
+                     nb::bytes v) { s.set(k, std::string(v.c_str(), v.size())); })
+      .def("get",
+           [](TCPStore& s, const std::string& k) {
+             std::string v;
+             {
+               nb::gil_scoped_release r;
+               v = s.get(k);
+             }
+             return nb::bytes(v.data(), v.size());
+           })
       .def("add", &TCPStore::add, Release())
-      .def("wait", [](TCPStore& s, const std::vector<std::string>& keys) { s.wait(keys); }, Release())
+      .def(
+          "wait", [](TCPStore& s, const std::vector<std::string>& keys) { s.wait(keys); },
+          Release())
       .def("check", &TCPStore::check)
       .def("delete_key", &TCPStore::delete_key)
       .def_prop_ro("host", &TCPStore::host)
@@ -176,14 +184,14 @@ void bind_dist(nb::module_& m) {
       .def("size", &ProcessGroup::size)
       .def_prop_ro("name", &ProcessGroup::name)
       .def_prop_ro("ranks", &ProcessGroup::ranks)
-      .def("all_reduce", [](ProcessGroup& g, Tensor& t, const std::string& op) {
-        return g.all_reduce(t, parse_reduce_op(op));
-      })
+      .def("all_reduce", [](ProcessGroup& g, Tensor& t,
+                            const std::string& op) { return g.all_reduce(t, parse_reduce_op(op)); })
       .def("broadcast", &ProcessGroup::broadcast)
       .def("all_gather_into_tensor", &ProcessGroup::all_gather_into_tensor)
-      .def("reduce_scatter_tensor", [](ProcessGroup& g, Tensor& out, const Tensor& in, const std::string& op) {
-        return g.reduce_scatter_tensor(out, in, parse_reduce_op(op));
-      })
+      .def("reduce_scatter_tensor",
+           [](ProcessGroup& g, Tensor& out, const Tensor& in, const std::string& op) {
+             return g.reduce_scatter_tensor(out, in, parse_reduce_op(op));
+           })
       .def("all_to_all_single", &ProcessGroup::all_to_all_single)
       .def("send", &ProcessGroup::send)
       .def("recv", &ProcessGroup::recv)
@@ -223,7 +231,8 @@ void bind_dist(nb::module_& m) {
   bind_fsdp(m);
 
   nb::class_<Reducer>(m, "_DdpReducer")
-      .def(nb::init<const std::vector<std::pair<std::string, Tensor>>&, ProcessGroupPtr, double, bool>(),
+      .def(nb::init<const std::vector<std::pair<std::string, Tensor>>&, ProcessGroupPtr, double,
+                    bool>(),
            nb::arg("params"), nb::arg("group"), nb::arg("bucket_cap_mb") = 25.0,
            nb::arg("find_unused_parameters") = false)
       .def_prop_rw("sync", &Reducer::sync, &Reducer::set_sync)

@@ -39,6 +39,19 @@
 // the reduce-scatter, so the shards' .grad is the mean over the ranks of the summed micro-batch
 // gradients, as if every micro-batch had been reduced (gradient accumulation).
 //
+// Note [FSDP prefetch]: between begin_root_forward() and end_root_forward() (the root module's
+// forward: C++ FullyShardedModule and Python fully_shard call them), every unshard() records the
+// group unsharded before it. Forward: a group's unshard() starts the all-gather of the group that
+// followed it in the last root forward, so that gather runs on the comm thread while this module
+// computes; that group's unshard() then only waits for it. Backward runs the groups in reverse:
+// the hook that gathers a group again starts the all-gather of the group that preceded it in
+// forward. A prefetch is used only within the root forward (the epoch) that started it: the
+// optimizer changes the shards between steps, so a later unshard() waits for a stale one and
+// gathers afresh. Every rank runs the same program, so every rank issues the same collectives
+// in the same order. The cost, as in PyTorch: two groups' whole parameters live at once.
+// fsdp_gather_stats() sums, over all-gathers, the time from issue to completion and the time the
+// caller blocked waiting; 1 - waited / total is the fraction hidden behind compute.
+//
 // Mixed precision (MixedPrecisionPolicy): param_dtype gathers the shards cast to that dtype (the
 // whole parameters, forward and backward compute in it); reduce_dtype casts the whole gradients
 // before the reduce-scatter (default: param_dtype). The shards, their gradients and optimizer
@@ -113,11 +126,19 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   // Note [FSDP gradient sync].
   void set_requires_gradient_sync(bool on) { sync_ = on; }
   bool requires_gradient_sync() const { return sync_; }
+  // Note [FSDP prefetch]: the root module's forward calls these around itself.
+  static void begin_root_forward();
+  static void end_root_forward();
+
+  struct Pending;  // an all-gather in flight
   // The memory of one unshard()'s whole tensors (Note [FSDP resharding]).
   struct Gathered {
     std::vector<intrusive_ptr<Storage>> storages;
+    std::vector<size_t> nbytes;  // each storage's size when resident
     ScalarType dtype = kFloat32;
     bool resident = false;
+    std::shared_ptr<Pending> pending;  // an all-gather into these storages, in flight
+    uint64_t epoch = 0;                // the root forward it belongs to (Note [FSDP prefetch])
   };
   // Called by backward (FSDPAllGatherBackward) with the whole gradients of `g`'s parameters;
   // frees g.
@@ -126,7 +147,13 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
  private:
   FSDPParamGroup(const DeviceMesh& mesh, MixedPrecisionPolicy mp);
   void plan();
-  void gather_into(Gathered& g);
+  // A new Gathered with whole tensors `full` (uninitialised) of this group's parameters.
+  std::shared_ptr<Gathered> make_gathered(std::vector<Tensor>& full) const;
+  // Issues the all-gather (no-op when one is in flight); `ahead`: by a prefetch.
+  void start_gather(Gathered& g, bool ahead = false);
+  void finish_gather(Gathered& g);  // waits for it (starting it if needed) and fills g
+  // Fills g again for backward, then prefetches the group that preceded this one in forward.
+  void regather(Gathered& g);
   void free(Gathered& g);
 
   DeviceMesh mesh_;
@@ -139,10 +166,26 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   int64_t seg_numel_ = 0;  // S
   std::vector<Tensor> full_;
   std::shared_ptr<Gathered> current_;
+  // Note [FSDP prefetch]: the groups unsharded after and before this one in the last root
+  // forward, and the gather prefetched for this group's next unshard() (with its tensors).
+  std::weak_ptr<FSDPParamGroup> next_, prev_;
+  std::shared_ptr<Gathered> prefetched_;
+  std::vector<Tensor> prefetched_full_;
   bool sync_ = true;
   std::vector<Tensor> acc_;  // Note [FSDP gradient sync]
 };
 using FSDPParamGroupPtr = std::shared_ptr<FSDPParamGroup>;
+
+// Sums over this process's FSDP all-gathers (Note [FSDP prefetch]); `reset` zeroes them after
+// reading.
+struct FSDPGatherStats {
+  int64_t count = 0;
+  int64_t prefetched = 0;  // of them, started ahead by a prefetch
+  double total_s = 0;      // issue to completion
+  double waited_s = 0;     // the caller blocked in wait
+  double hidden_fraction() const { return total_s > 0 ? 1.0 - waited_s / total_s : 0.0; }
+};
+FSDPGatherStats fsdp_gather_stats(bool reset = false);
 
 // C++ modules have no forward hooks, so C++ FSDP wraps: FullyShardedModule holds `module`, whose
 // parameters (those not already inside a FullyShardedModule below it) it replaced by Shard(0)

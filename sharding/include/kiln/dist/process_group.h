@@ -43,6 +43,8 @@ class Work {
   // `timeout` passes first. Without one the wait is still bounded: the collective itself fails
   // within the group's timeout of starting.
   void wait(std::optional<Milliseconds> timeout = std::nullopt);
+  // When the collective finished (steady clock); meaningful once is_completed().
+  std::chrono::steady_clock::time_point finish_time();
 
   // For the comm thread.
   explicit Work(std::string what) : what_(std::move(what)) {}
@@ -52,6 +54,7 @@ class Work {
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::chrono::steady_clock::time_point finished_at_;
   std::exception_ptr error_;
   std::string what_;
 };

@@ -90,7 +90,14 @@ class FSDPModule:
         st = self.__dict__["_fsdp_state"]
         mp = st.mp_policy
         root = _forward_depth[0] == 0
-        full = st.group.unshard()
+        if root:  # Note [FSDP prefetch] (kiln/dist/fsdp.h)
+            _C._FSDPParamGroup.begin_root_forward()
+        try:
+            full = st.group.unshard()
+        except BaseException:
+            if root:
+                _C._FSDPParamGroup.end_root_forward()
+            raise
         st.put(full)
         _forward_depth[0] += 1
         try:
@@ -108,6 +115,8 @@ class FSDPModule:
             raise
         finally:
             _forward_depth[0] -= 1
+            if root:
+                _C._FSDPParamGroup.end_root_forward()
         st.put(st.sharded)
         outs = []
         _map_tensors(out, lambda t: outs.append(t) if t.requires_grad else None)
