@@ -4,9 +4,6 @@
 // DevicePool per device, each with its own mutex, a map from pointer to Block for every live
 // cudaMalloc, a free set ordered by (stream, size, address), and a FIFO of (event, block) for
 // freed blocks still in use on other streams.
-#include "kiln/cuda/allocator.h"
-#include "kiln/cuda/device.h"
-
 #include <algorithm>
 #include <deque>
 #include <map>
@@ -16,12 +13,14 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kiln/cuda/allocator.h"
+#include "kiln/cuda/device.h"
 #include "kiln/tensor.h"
 
 namespace kiln::cuda {
 namespace {
 
-constexpr size_t kSmallSize = size_t{1} << 20;   // requests <= 1 MiB are "small"
+constexpr size_t kSmallSize = size_t{1} << 20;  // requests <= 1 MiB are "small"
 constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeRound = size_t{2} << 20;  // 2 MiB granules
 
@@ -34,10 +33,10 @@ size_t round_size(size_t n) {
 struct Block {
   void* ptr;
   size_t size;
-  cudaStream_t stream;                      // the stream it was allocated on
+  cudaStream_t stream;  // the stream it was allocated on
   bool allocated = false;
-  int pending_events = 0;                   // events to wait for before reuse
-  std::unordered_set<cudaStream_t> uses;    // other streams it was used on (record_stream)
+  int pending_events = 0;                 // events to wait for before reuse
+  std::unordered_set<cudaStream_t> uses;  // other streams it was used on (record_stream)
 };
 
 struct BlockLess {
@@ -163,8 +162,8 @@ class DevicePool {
       KILN_FAIL(Runtime, "CUDA out of memory: tried to allocate ", nbytes, " bytes (",
                 format_bytes(size), " rounded) on cuda:", device_, "; the device has ",
                 format_bytes(total), " in total and ", format_bytes(free_mem), " free; Kiln holds ",
-                format_bytes(stats_.in_use_bytes), " in use and ", format_bytes(stats_.cached_bytes),
-                " cached");
+                format_bytes(stats_.in_use_bytes), " in use and ",
+                format_bytes(stats_.cached_bytes), " cached");
     }
     KILN_CUDA_CHECK(err);
     auto owned = std::make_unique<Block>(Block{p, size, stream});
@@ -254,6 +253,10 @@ class CudaCachingAllocator final : public Allocator {
       sum.num_cache_hits += s.num_cache_hits;
     }
     return sum;
+  }
+
+  void reset_peak_stats() override {
+    for (auto& p : pools_) p->reset_peak();
   }
 
   void empty_cache() override {

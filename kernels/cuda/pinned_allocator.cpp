@@ -7,8 +7,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "kiln/cuda/pinned.h"
 #include "kiln/cuda/device.h"
+#include "kiln/cuda/pinned.h"
 
 namespace kiln::cuda {
 namespace {
@@ -67,6 +67,11 @@ class PinnedAllocator final : public Allocator {
   AllocatorStats stats() const override {
     std::lock_guard<std::mutex> g(mu_);
     return stats_;
+  }
+
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> g(mu_);
+    stats_.peak_in_use_bytes = stats_.in_use_bytes;
   }
 
   void empty_cache() override {
@@ -164,7 +169,8 @@ Allocator* pinned_allocator() { return PinnedAllocator::instance(); }
 
 Tensor pinned_empty(IntArrayRef sizes, ScalarType dtype) {
   PinnedAllocator* a = PinnedAllocator::instance();
-  KILN_CHECK(a != nullptr, Runtime, "pinned_empty: pinned memory needs a CUDA device, and none is present");
+  KILN_CHECK(a != nullptr, Runtime,
+             "pinned_empty: pinned memory needs a CUDA device, and none is present");
   size_t nbytes = static_cast<size_t>(numel_of(sizes)) * element_size(dtype);
   DataPtr p = nbytes ? a->allocate(nbytes) : DataPtr();
   auto storage = Storage::wrap(std::move(p), nbytes);

@@ -112,6 +112,8 @@ rules::Rule rule_of(ShardingRule r) {
       return &rules::decide_matmul;
     case ShardingRule::Embedding:
       return &rules::decide_embedding;
+    case ShardingRule::Index:
+      return &rules::decide_index;
     default:
       return nullptr;
   }

@@ -9,6 +9,7 @@
 //   view.cpp        Note [View sharding] (the view and cat rules)
 //   matmul.cpp      Note [Matmul sharding]
 //   embedding.cpp   Note [Embedding sharding]
+//   index.cpp       Note [Index sharding]
 #pragma once
 
 #include <functional>
@@ -72,6 +73,7 @@ Decision decide_view(const RuleCall& call);
 Decision decide_cat(const RuleCall& call);
 Decision decide_matmul(const RuleCall& call);
 Decision decide_embedding(const RuleCall& call);
+Decision decide_index(const RuleCall& call);
 
 inline Decision replicate() {
   Decision d;

@@ -83,6 +83,11 @@ class CpuCachingAllocator final : public Allocator {
     return stats_;
   }
 
+  void reset_peak_stats() override {
+    std::lock_guard<SpinLock> g(mu_);
+    stats_.peak_in_use_bytes = stats_.in_use_bytes;
+  }
+
   void empty_cache() override {
     std::lock_guard<SpinLock> g(mu_);
     auto drain = [&](size_t size, std::vector<void*>& list) {

@@ -193,20 +193,18 @@ void record_warning(const std::string& msg) { g_warnings.push_back(msg); }
 
 KILN_RANK_SCENARIO(replicate_path) {
   DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
-  Tensor a = random({5, 4}, kFloat32, -2, 2, 1), b = random({4, 3}, kFloat32, -2, 2, 2);
+  Tensor a = random({5, 4}, kFloat32, -2, 2, 1);
   set_warning_handler(&record_warning);
   dist::clear_fallback_ops();
-  DTensor x = distribute_tensor(a, mesh, {Shard(0)});
-  Tensor idx = arange(0, 4, 2, kInt64);  // {0, 2}
-  DTensor ri = distribute_tensor(idx, mesh, {Replicate()});
-  expect_placed(x.index_select(1, ri), {Replicate()}, a.index_select(1, idx));
-  expect_placed(x.index_select(1, ri), {Replicate()}, a.index_select(1, idx));
-  Tensor gi = arange(0, 5, 1, kInt64).remainder(scalar_to_tensor(4)).unsqueeze(1);  // (5, 1)
-  expect_placed(x.gather(1, distribute_tensor(gi, mesh, {Shard(0)})), {Replicate()},
-                a.gather(1, gi));
-  EXPECT_EQ(dist::fallback_ops(), (std::vector<std::string>{"gather", "index_select"}));
-  ASSERT_EQ(g_warnings.size(), 2u);  // once per op
-  EXPECT_NE(g_warnings[0].find("index_select has no sharding rule yet (its rule is 'index')"),
+  // bernoulli (rule "random", not implemented yet) of probabilities 0 and 1: the same on every
+  // rank whatever each rank's generator draws.
+  Tensor p = gt(a, zeros({})).to(kFloat32);
+  DTensor x = distribute_tensor(p, mesh, {Shard(0)});
+  expect_placed(bernoulli(x), {Replicate()}, p);
+  expect_placed(bernoulli(x), {Replicate()}, p);
+  EXPECT_EQ(dist::fallback_ops(), (std::vector<std::string>{"bernoulli"}));
+  ASSERT_EQ(g_warnings.size(), 1u);  // once per op
+  EXPECT_NE(g_warnings[0].find("bernoulli has no sharding rule yet (its rule is 'random')"),
             std::string::npos)
       << g_warnings[0];
   // Rule "replicate" takes the same path without a warning; in place writes the shards back.
@@ -214,11 +212,57 @@ KILN_RANK_SCENARIO(replicate_path) {
   Tensor u = t.tril_();
   EXPECT_TRUE(u.is_same(t));
   expect_placed(t, {Shard(1)}, a.tril());
-  EXPECT_EQ(g_warnings.size(), 2u);
+  EXPECT_EQ(g_warnings.size(), 1u);
   set_warning_handler(nullptr);
 }
 
 TEST(DTensor, ReplicatePath) { expect_all_pass(run_ranks("replicate_path", 2)); }
+
+// Note [Index sharding]: index_select, gather and the scatter rows run on the shards (uneven on 3
+// ranks: 5 rows); positions along the indexed dim are never rewritten.
+KILN_RANK_SCENARIO(index_rule) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
+  dist::clear_fallback_ops();
+  auto D = [&](const Tensor& t, Placements p) { return distribute_tensor(t, mesh, std::move(p)); };
+  Tensor a = random({5, 4}, kFloat32, -2, 2, 1), src = random({5, 4}, kFloat32, -2, 2, 2);
+  Tensor idx = from_vector<int64_t>({3, 0, 3, 1, 2}, {5});
+  Tensor gi =
+      from_vector<int64_t>({1, 0, 3, 3, 2, 1, 0, 0, 2, 2, 1, 3, 0, 1, 2, 3, 3, 2, 1, 0}, {5, 4});
+  // index_select: rows stay split; split positions give a split result; Partial passes.
+  expect_placed(D(a, {Shard(0)}).index_select(1, D(idx, {Replicate()})), {Shard(0)},
+                a.index_select(1, idx));
+  expect_placed(D(a, {Replicate()}).index_select(0, D(idx, {Shard(0)})), {Shard(0)},
+                a.index_select(0, idx));
+  DTensor part(D(a, {Shard(0)}).sum({0}, true));  // Partial(sum), (1, 4)
+  ASSERT_TRUE(part.placements()[0].is_partial());
+  expect_placed(part.index_select(1, D(idx, {Replicate()})), {dist::Partial()},
+                a.sum({0}, true).index_select(1, idx));
+  // gather: self and index split alike along another dim; index split along dim.
+  expect_placed(D(a, {Shard(0)}).gather(1, D(gi, {Shard(0)})), {Shard(0)}, a.gather(1, gi));
+  expect_placed(D(a, {Replicate()}).gather(0, D(gi, {Shard(0)})), {Shard(0)}, a.gather(0, gi));
+  // A smaller index along the split dim cannot line up: the rule replicates (no warning).
+  Tensor small = gi.narrow(0, 0, 3).contiguous();
+  expect_placed(D(a, {Shard(0)}).gather(1, D(small, {Shard(0)})), {Replicate()},
+                a.gather(1, small));
+  // scatter rows: everything split alike along another dim.
+  expect_placed(D(a, {Shard(0)}).scatter(1, D(gi, {Shard(0)}), D(src, {Shard(0)})), {Shard(0)},
+                a.scatter(1, gi, src));
+  expect_placed(D(a, {Shard(0)}).scatter_add(1, D(gi, {Shard(0)}), D(src, {Shard(0)})), {Shard(0)},
+                a.scatter_add(1, gi, src));
+  expect_placed(D(a, {Shard(0)}).scatter(1, D(gi, {Shard(0)}), 7.0), {Shard(0)},
+                a.scatter(1, gi, 7.0));
+  DTensor w = D(a.clone(), {Shard(0)});
+  Tensor r = w.scatter_(1, D(gi, {Shard(0)}), -1.0);
+  EXPECT_TRUE(r.is_same(w));
+  expect_placed(w, {Shard(0)}, a.scatter(1, gi, -1.0));
+  for (const std::string& op : dist::fallback_ops())
+    ADD_FAILURE() << op << " took the replicate path with a warning";
+  // A bad dim is the local op's error.
+  expect_error(ErrorKind::Index, "out of range",
+               [&] { (void)D(a, {Shard(0)}).index_select(5, D(idx, {Replicate()})); });
+}
+TEST(DTensor, IndexRule) { expect_all_pass(run_ranks("index_rule", 2)); }
+TEST(DTensor, IndexRuleThreeRanks) { expect_all_pass(run_ranks("index_rule", 3)); }
 
 KILN_RANK_SCENARIO(dtensor_errors) {
   DeviceMesh mesh = dist::init_device_mesh("cpu", {2});

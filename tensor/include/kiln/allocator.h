@@ -57,6 +57,8 @@ class Allocator {
   virtual ~Allocator() = default;
   virtual DataPtr allocate(size_t nbytes) = 0;
   virtual AllocatorStats stats() const = 0;
+  // Sets peak_in_use_bytes to the current in_use_bytes (to measure the peak of one phase).
+  virtual void reset_peak_stats() = 0;
   virtual void empty_cache() {}
 };
 
