@@ -186,8 +186,7 @@ Parallel parallelize(const std::shared_ptr<chargpt::GPT>& gpt, int64_t fsdp, int
 // Python's repr of a float: the shortest text that reads back as the same double.
 std::string float_repr(double v) {
   char buf[32];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), v);
-  return std::string(buf, end);
+  return std::string(buf, std::to_chars(buf, buf + sizeof(buf), v).ptr);
 }
 
 // The plain fortune files of `dir` (regular files, not *.dat or *.u8), concatenated in sorted
