@@ -2,6 +2,14 @@
 // `fortunes` package, then samples from it. Run it with scripts/chargpt, or by hand:
 //   build/bin/chargpt [--data DIR] [--steps N] [--eval-every K] [--ckpt DIR [--resume]]
 //                     [--prompt TEXT] [--temperature T] [--top-k K] [--sample-bytes N] [--seed S]
+//                     [--fsdp N | --tp M] [--print-losses]
+//   build/bin/kiln run --nproc 4 build/bin/chargpt --fsdp 4
+// --fsdp N trains on N ranks (`kiln run --nproc N`), every block and then the whole model
+// fully_shard-ed, each rank taking kBatch / N rows of each batch; --tp M shards every block's
+// attention and MLP over M ranks (qkv and fc column-wise, proj and out row-wise), every rank
+// taking the whole batch. Either trains the same model on the same batches as one process does,
+// so the losses match it to float rounding (--print-losses prints every step's loss in full).
+// Combining them (2-D FSDP x TP) is not supported yet. As examples/chargpt.py does, rank 0 prints.
 // The files of DIR (default /usr/share/games/fortunes; *.dat and *.u8 skipped) are concatenated
 // as bytes in sorted order; the first 90% train, the rest validate. Each step draws 16 random
 // windows of 128 bytes (seeded). Every K steps it prints the mean training loss since the last
@@ -11,6 +19,7 @@
 // if the final validation loss is not below 2.5 nats per byte.
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +34,9 @@
 
 #include "gpt.h"
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/dist/device_mesh.h"
+#include "kiln/dist/fsdp.h"
+#include "kiln/dist/tensor_parallel.h"
 #include "kiln/nn/checkpoint.h"
 
 using namespace kiln;
@@ -44,6 +56,9 @@ struct Args {
   int64_t top_k = 40;
   int64_t sample_bytes = 300;
   uint64_t seed = 1337;
+  int64_t fsdp = 1;  // FSDP ranks (under kiln run)
+  int64_t tp = 1;    // tensor-parallel ranks (under kiln run)
+  bool print_losses = false;
 };
 
 constexpr int64_t kBatch = 16;
@@ -51,23 +66,39 @@ constexpr int64_t kEvalBatches = 16;
 constexpr double kLr = 1e-3, kMinLr = 1e-4, kWeightDecay = 0.1;
 constexpr int64_t kWarmup = 50;
 
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "chargpt: %s\n", msg.c_str());
+  std::exit(2);
+}
+
 Args parse_args(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string flag = argv[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "chargpt: %s needs a value\n", flag.c_str());
-        std::exit(2);
-      }
+      if (i + 1 >= argc) usage_error(flag + " needs a value");
       return argv[++i];
+    };
+    // A whole-string number, else exit 2 naming the flag (not std::stoll's uncaught exception).
+    auto number = [&](auto parse) {
+      std::string v = value();
+      size_t used = 0;
+      try {
+        auto n = parse(v, &used);
+        if (used == v.size()) return n;
+      } catch (const std::exception&) {
+      }
+      usage_error(flag + " expects a number, got '" + v + "'");
+    };
+    auto integer = [&] {
+      return number([](const std::string& v, size_t* used) { return std::stoll(v, used); });
     };
     if (flag == "--data")
       a.data = value();
     else if (flag == "--steps")
-      a.steps = std::stoll(value());
+      a.steps = integer();
     else if (flag == "--eval-every")
-      a.eval_every = std::stoll(value());
+      a.eval_every = integer();
     else if (flag == "--ckpt")
       a.ckpt = value();
     else if (flag == "--resume")
@@ -75,30 +106,87 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--prompt")
       a.prompt = value();
     else if (flag == "--temperature")
-      a.temperature = std::stod(value());
+      a.temperature = number([](const std::string& v, size_t* used) { return std::stod(v, used); });
     else if (flag == "--top-k")
-      a.top_k = std::stoll(value());
+      a.top_k = integer();
     else if (flag == "--sample-bytes")
-      a.sample_bytes = std::stoll(value());
+      a.sample_bytes = integer();
     else if (flag == "--seed")
-      a.seed = std::stoull(value());
-    else {
-      std::fprintf(stderr,
-                   "chargpt: unknown argument %s (see the top of examples/chargpt/chargpt.cpp)\n",
-                   flag.c_str());
-      std::exit(2);
-    }
+      a.seed = number([](const std::string& v, size_t* used) { return std::stoull(v, used); });
+    else if (flag == "--fsdp")
+      a.fsdp = integer();
+    else if (flag == "--tp")
+      a.tp = integer();
+    else if (flag == "--print-losses")
+      a.print_losses = true;
+    else
+      usage_error("unknown argument " + flag + " (see the top of examples/chargpt/chargpt.cpp)");
   }
-  if (a.steps < 1 || a.eval_every < 1 || a.temperature <= 0 || a.top_k < 1) {
-    std::fprintf(stderr,
-                 "chargpt: --steps, --eval-every and --top-k must be >= 1, --temperature > 0\n");
-    std::exit(2);
-  }
-  if (a.resume && a.ckpt.empty()) {
-    std::fprintf(stderr, "chargpt: --resume needs --ckpt DIR\n");
-    std::exit(2);
-  }
+  // The checks and messages of examples/chargpt.py's parse_args.
+  if (a.fsdp < 1 || a.tp < 1) usage_error("--fsdp and --tp must be >= 1");
+  if (a.fsdp > 1 && a.tp > 1)
+    usage_error("--fsdp with --tp (2-D FSDP x TP) is not supported yet; use one of them");
+  if (kBatch % a.fsdp != 0)
+    usage_error("--fsdp " + std::to_string(a.fsdp) + " must divide the batch of " +
+                std::to_string(kBatch));
+  const char* world_env = std::getenv("WORLD_SIZE");
+  const int64_t world = world_env ? std::atoll(world_env) : 1, ranks = a.fsdp * a.tp;
+  if (ranks > 1 && world != ranks)
+    usage_error("--fsdp " + std::to_string(a.fsdp) + " --tp " + std::to_string(a.tp) + " needs " +
+                std::to_string(ranks) + " ranks: run it as `kiln run --nproc " +
+                std::to_string(ranks) + " ...` (WORLD_SIZE is " + std::to_string(world) + ")");
+  if (ranks > 1 && !a.ckpt.empty())
+    usage_error("--ckpt with --fsdp or --tp (sharded checkpoints) is not supported yet");
+  if (a.steps < 1 || a.eval_every < 1 || a.temperature <= 0 || a.top_k < 1)
+    usage_error("--steps, --eval-every and --top-k must be >= 1, --temperature > 0");
+  if (a.resume && a.ckpt.empty()) usage_error("--resume needs --ckpt DIR");
   return a;
+}
+
+// Shards `gpt` over args.fsdp (or args.tp) ranks, as examples/chargpt.py's parallelize() does.
+// Returns the module that training, evaluation and sampling call (the FSDP root, or `gpt` whose
+// blocks now call their linears through the tensor-parallel plan), this rank, the first row of
+// each batch it takes, and the process group the ranks share.
+struct Parallel {
+  nn::ModulePtr model;
+  int64_t rank = 0;
+  int64_t row0 = 0;
+  dist::ProcessGroupPtr group;
+};
+
+Parallel parallelize(const std::shared_ptr<chargpt::GPT>& gpt, int64_t fsdp, int64_t tp) {
+  dist::DeviceMesh mesh = dist::init_device_mesh("cpu", {fsdp * tp});
+  Parallel p{gpt, mesh.local_rank(0), 0, mesh.group(0)};
+  if (fsdp > 1) {
+    for (const auto& [name, block] : gpt->blocks->named_children())
+      gpt->blocks->replace_module(name, dist::fully_shard(block, mesh));
+    p.model = dist::fully_shard(gpt, mesh);
+    p.row0 = p.rank * (kBatch / fsdp);
+    return p;
+  }
+  using dist::ColwiseParallel, dist::RowwiseParallel;
+  // qkv's output stays a DTensor: its q, k, v split cuts across the column shards.
+  auto plan = std::make_shared<dist::TensorParallel>(
+      dist::parallelize_module(*gpt, mesh,
+                               {{"blocks.*.qkv", ColwiseParallel(std::nullopt, std::nullopt,
+                                                                 /*use_local_output=*/false)},
+                                {"blocks.*.proj", RowwiseParallel()},
+                                {"blocks.*.fc", ColwiseParallel()},
+                                {"blocks.*.out", RowwiseParallel()}}));
+  for (const auto& [name, child] : gpt->blocks->named_children()) {
+    std::string prefix = "blocks." + name + ".";
+    std::dynamic_pointer_cast<chargpt::Block>(child)->call_linear =
+        [plan, prefix](std::string_view linear, const Tensor& x) {
+          return plan->forward(prefix + std::string(linear), x);
+        };
+  }
+  return p;
+}
+
+// Python's repr of a float: the shortest text that reads back as the same double.
+std::string float_repr(double v) {
+  char buf[32];
+  return std::string(buf, std::to_chars(buf, buf + sizeof(buf), v).ptr);
 }
 
 // The plain fortune files of `dir` (regular files, not *.dat or *.u8), concatenated in sorted
@@ -134,18 +222,18 @@ std::pair<Tensor, Tensor> get_batch(const std::string& text, int64_t block, Gene
   return {x, y};
 }
 
-Tensor lm_loss(chargpt::GPT& model, const Tensor& x, const Tensor& y) {
+Tensor lm_loss(nn::Module& model, const Tensor& x, const Tensor& y) {
   Tensor logits = model.forward(x);
   return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
 }
 
 // The mean loss over kEvalBatches batches of `text`, always the same ones (a fixed seed).
-double evaluate(chargpt::GPT& model, const std::string& text) {
+double evaluate(nn::Module& model, int64_t block, const std::string& text) {
   autograd::NoGradGuard no_grad;
   Generator gen(0);
   double sum = 0;
   for (int64_t i = 0; i < kEvalBatches; ++i) {
-    auto [x, y] = get_batch(text, model.config.block, gen);
+    auto [x, y] = get_batch(text, block, gen);
     sum += lm_loss(model, x, y).item<float>();
   }
   return sum / kEvalBatches;
@@ -189,8 +277,8 @@ int64_t load(const std::string& dir, chargpt::GPT& model, optim::AdamW& opt,
 
 // Continues `prompt` by `n` bytes, each drawn from the top_k most likely next bytes at
 // `temperature`; prints the printable ones as they come.
-void sample(chargpt::GPT& model, const std::string& prompt, int64_t n, double temperature,
-            int64_t top_k, uint64_t seed) {
+void sample(nn::Module& model, const chargpt::GPTConfig& config, const std::string& prompt,
+            int64_t n, double temperature, int64_t top_k, uint64_t seed) {
   autograd::NoGradGuard no_grad;
   model.eval();
   std::mt19937_64 rng(seed);
@@ -202,7 +290,7 @@ void sample(chargpt::GPT& model, const std::string& prompt, int64_t n, double te
       std::putchar(static_cast<int>(c));
   };
   std::for_each(ctx.begin(), ctx.end(), put);
-  const int64_t V = model.config.vocab, block = model.config.block;
+  const int64_t V = config.vocab, block = config.block;
   for (int64_t i = 0; i < n; ++i) {
     int64_t T = std::min<int64_t>(ctx.size(), block);
     Tensor idx = empty({1, T}, kInt64);
@@ -252,9 +340,19 @@ int main(int argc, char** argv) {
               train.size(), val.size());
 
   manual_seed(args.seed);
-  chargpt::GPT model(config);
+  auto gpt = std::make_shared<chargpt::GPT>(config);
   int64_t n_params = 0;
-  for (const Tensor& p : model.parameters()) n_params += p.numel();
+  for (const Tensor& p : gpt->parameters()) n_params += p.numel();
+  // What training, evaluation and sampling call: `gpt`, or under --fsdp its FSDP root.
+  Parallel par{gpt};
+  if (args.fsdp * args.tp > 1) {
+    // DTensor's replicate-path warnings (attention), as examples/chargpt.py ignores them.
+    set_warning_handler([](const std::string&) {});
+    par = parallelize(gpt, args.fsdp, args.tp);
+    if (par.rank != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;  // one rank prints
+  }
+  nn::Module& model = *par.model;
+  const int64_t rows = kBatch / args.fsdp;  // this rank's rows of each batch, from par.row0
   optim::AdamW opt(chargpt::decay_groups(model, kWeightDecay), {.lr = kLr});
   // Linear warm-up from kLr / 10, then cosine annealing down to kMinLr at the last step.
   optim::SequentialLR sched(
@@ -268,7 +366,7 @@ int main(int argc, char** argv) {
   Generator batch_gen(args.seed);
   int64_t step = 0;
   if (args.resume && nn::has_checkpoint(args.ckpt)) {
-    step = load(args.ckpt, model, opt, sched, batch_gen);
+    step = load(args.ckpt, *gpt, opt, sched, batch_gen);
     std::printf("chargpt: resumed from %s at step %lld\n", args.ckpt.c_str(),
                 static_cast<long long>(step));
   } else if (args.resume) {
@@ -276,10 +374,13 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "chargpt: GPT %lld layers, %lld heads, width %lld, context %lld: %.2fM parameters; "
-      "batch %lld, AdamW lr %g, %lld steps\n",
+      "batch %lld, AdamW lr %g, %lld steps%s%s\n",
       static_cast<long long>(config.layers), static_cast<long long>(config.heads),
       static_cast<long long>(config.width), static_cast<long long>(config.block), n_params / 1e6,
-      static_cast<long long>(kBatch), kLr, static_cast<long long>(args.steps));
+      static_cast<long long>(kBatch), kLr, static_cast<long long>(args.steps),
+      args.fsdp > 1 ? ("; FSDP on " + std::to_string(args.fsdp) + " ranks").c_str() : "",
+      args.tp > 1 ? ("; tensor parallel on " + std::to_string(args.tp) + " ranks").c_str() : "");
+  std::fflush(stdout);
 
   using clock = std::chrono::steady_clock;
   auto start = clock::now(), last = start;
@@ -287,34 +388,47 @@ int main(int argc, char** argv) {
   int64_t losses = 0;
   double val_loss = NAN;
   while (step < args.steps) {
+    // Every rank draws the whole batch (the same generator stream as one process) and takes its
+    // rows of it.
     auto [x, y] = get_batch(train, config.block, batch_gen);
     opt.zero_grad();
-    Tensor loss = lm_loss(model, x, y);
+    Tensor loss = lm_loss(model, x.narrow(0, par.row0, rows), y.narrow(0, par.row0, rows));
     loss.backward();
     opt.step();
     sched.step();
-    loss_sum += loss.item<float>();
+    double value = loss.item<float>();
+    if (args.fsdp > 1) {  // this rank's rows: the batch's loss is the mean over the ranks
+      Tensor t = full({1}, value, kFloat64);
+      par.group->all_reduce(t)->wait();
+      value = t.item<double>() / static_cast<double>(args.fsdp);
+    }
+    loss_sum += value;
     ++losses;
     ++step;
+    if (args.print_losses) {
+      std::printf("step %lld loss %s\n", static_cast<long long>(step), float_repr(value).c_str());
+      std::fflush(stdout);
+    }
     if (step % args.eval_every != 0 && step != args.steps) continue;
     double ms = std::chrono::duration<double, std::milli>(clock::now() - last).count() / losses;
-    val_loss = evaluate(model, val);
+    val_loss = evaluate(model, config.block, val);
     std::printf("step %lld train loss %.4f val loss %.4f (%.0f ms/step, lr %.2e)\n",
                 static_cast<long long>(step), loss_sum / losses, val_loss, ms,
                 sched.get_last_lr()[0]);
     std::fflush(stdout);
-    if (!args.ckpt.empty()) save(args.ckpt, step, model, opt, sched, batch_gen);
+    if (!args.ckpt.empty()) save(args.ckpt, step, *gpt, opt, sched, batch_gen);
     loss_sum = 0;
     losses = 0;
     last = clock::now();
   }
-  if (std::isnan(val_loss)) val_loss = evaluate(model, val);
+  if (std::isnan(val_loss)) val_loss = evaluate(model, config.block, val);
   double seconds = std::chrono::duration<double>(clock::now() - start).count();
   std::printf("chargpt: validation loss %.4f after %lld steps (%.0f s; ln 256 = %.4f)\n", val_loss,
               static_cast<long long>(step), seconds, std::log(256.0));
   std::printf("--- sample (temperature %g, top-k %lld) ---\n", args.temperature,
               static_cast<long long>(args.top_k));
-  sample(model, args.prompt, args.sample_bytes, args.temperature, args.top_k, args.seed);
+  sample(model, config, args.prompt, args.sample_bytes, args.temperature, args.top_k, args.seed);
+  std::fflush(stdout);
   if (args.steps >= 400 && val_loss >= 2.5) {
     std::printf("chargpt: FAILED, validation loss not below 2.5\n");
     return 1;

@@ -9,11 +9,17 @@
 //   kiln::Tensor logits = model.forward(idx);                 // (B, T, 256)
 //   chargpt::GPT reference_like({.fused_attention = false});  // written-out attention
 //   auto groups = chargpt::decay_groups(model, 0.1);          // for optim::AdamW
+//
+// A block calls its linear children (qkv, proj, fc, out) through Block::call_linear when it is
+// set: chargpt.cpp's --tp routes them through kiln::dist::TensorParallel::forward (C++ modules
+// have no forward hooks; See Note [C++ tensor parallel] in kiln/dist/tensor_parallel.h).
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/kiln.h"
@@ -49,7 +55,7 @@ class Block : public kiln::nn::Module {
   // x: (B, T, C) -> (B, T, C)
   kiln::Tensor forward(const kiln::Tensor& x) override {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads_;
-    std::vector<kiln::Tensor> qkv_parts = qkv->forward(ln1->forward(x)).split(C, 2);
+    std::vector<kiln::Tensor> qkv_parts = linear("qkv", *qkv, ln1->forward(x)).split(C, 2);
     // (B, T, C) -> (B, H, T, D)
     for (kiln::Tensor& t : qkv_parts) t = t.reshape({B, T, heads_, D}).transpose(1, 2);
     const kiln::Tensor &q = qkv_parts[0], &k = qkv_parts[1], &v = qkv_parts[2];
@@ -61,14 +67,20 @@ class Block : public kiln::nn::Module {
       att = att.masked_fill(future_mask(T), -INFINITY).softmax(-1);
       y = kiln::matmul(att, v);
     }
-    kiln::Tensor h = x + proj->forward(y.transpose(1, 2).reshape({B, T, C}));
-    return h + out->forward(kiln::gelu(fc->forward(ln2->forward(h))));
+    kiln::Tensor h = x + linear("proj", *proj, y.transpose(1, 2).reshape({B, T, C}));
+    return h + linear("out", *out, kiln::gelu(linear("fc", *fc, ln2->forward(h))));
   }
 
   std::shared_ptr<kiln::nn::LayerNorm> ln1, ln2;
   std::shared_ptr<kiln::nn::Linear> qkv, proj, fc, out;
+  // When set, forward calls call_linear("qkv", x) where it would call qkv->forward(x) (and so for
+  // "proj", "fc" and "out").
+  std::function<kiln::Tensor(std::string_view child, const kiln::Tensor& x)> call_linear;
 
  private:
+  kiln::Tensor linear(std::string_view name, kiln::nn::Linear& child, const kiln::Tensor& x) {
+    return call_linear ? call_linear(name, x) : child.forward(x);
+  }
   // (T, T) bool, true above the diagonal (the keys a query may not see); cached per T.
   const kiln::Tensor& future_mask(int64_t T) {
     if (!mask_.defined() || mask_.size(0) != T) mask_ = kiln::ones({T, T}).tril() == 0;
