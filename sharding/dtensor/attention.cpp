@@ -72,7 +72,9 @@ Decision decide_attention(const RuleCall& call) {
       if (s[batch] != qs[batch]) return replicate();
   }
   Decision dec;
-  const bool forward = info.num_returns == 2;
+  const bool forward = arg_named(info, "grad_out") < 0;
+  KILN_ASSERT(info.num_returns == (forward ? 2 : 3), call.op.name(),
+              ": an attention row with an unexpected number of results");
   if (forward) {
     DimVector out = qs;
     out[n - 1] = args[v].spec->shape[n - 1];
