@@ -1,6 +1,7 @@
 // The DTensor key's kernel: one boxed fallback that checks the arguments, picks placements by the
 // row's sharding rule (cached per op and input specs), runs the op on the local shards and wraps
 // the results (Note [DTensor dispatch]).
+#include <bit>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -17,8 +18,10 @@ namespace kiln::dist {
 //    local call, and each result's placements, shape and strides. The decision is cached per
 //    (op; each tensor's shape and placements; the integer, bool, int-list, dtype and string
 //    arguments and whether each is given; the mesh's shape and this rank's coordinate). Float and
-//    Scalar values are not in the key, so a rule must not depend on them. A repeated call costs
-//    a hash lookup, the redistributions and the local op.
+//    Scalar values are not in the key (an optimizer's lr changes every step), so a rule must not
+//    depend on them; rule "attention" does (dropout_p, Note [Attention sharding]), so its rows
+//    key on their float values too. A repeated call costs a hash lookup, the redistributions and
+//    the local op.
 //  - Rule "creation" on a DTensor (ones_like and the other composite *_like rows, whose
 //    decompositions would make plain tensors): the op runs on self's shard and the result keeps
 //    self's placements, Partial becoming Replicate. A composite row would also run its
@@ -114,6 +117,8 @@ rules::Rule rule_of(ShardingRule r) {
       return &rules::decide_embedding;
     case ShardingRule::Index:
       return &rules::decide_index;
+    case ShardingRule::Attention:
+      return &rules::decide_attention;
     default:
       return nullptr;
   }
@@ -151,6 +156,8 @@ void key_tensor(std::vector<int64_t>& key, const Arg& a) {
 std::vector<int64_t> cache_key(const OperatorHandle& op, const Stack& args,
                                const std::vector<Arg>& tensors, const DeviceMesh& mesh) {
   std::vector<int64_t> key{reinterpret_cast<int64_t>(&op)};
+  // Rule "attention" decides on dropout_p (See Note [Attention sharding]).
+  const bool key_floats = op.info().sharding == ShardingRule::Attention;
   for (int64_t s : mesh.shape()) key.push_back(s);
   for (int64_t c : mesh.coordinate()) key.push_back(c);
   size_t t = 0;
@@ -165,6 +172,8 @@ std::vector<int64_t> cache_key(const OperatorHandle& op, const Stack& args,
       key.push_back(v.get<int64_t>());
     } else if (v.is<bool>()) {
       key.push_back(v.get<bool>());
+    } else if (v.is<double>() && key_floats) {
+      key.push_back(std::bit_cast<int64_t>(v.get<double>()));
     } else if (v.is<ScalarType>()) {
       key.push_back(static_cast<int64_t>(v.get<ScalarType>()));
     } else if (v.is<std::vector<int64_t>>()) {

@@ -10,6 +10,7 @@
 //   matmul.cpp      Note [Matmul sharding]
 //   embedding.cpp   Note [Embedding sharding]
 //   index.cpp       Note [Index sharding]
+//   attention.cpp   Note [Attention sharding]
 #pragma once
 
 #include <functional>
@@ -40,7 +41,8 @@ struct OutSpec {
 
 // What a rule decides. It depends only on what the cache key holds (Note [DTensor dispatch]):
 // the op, the tensors' shapes and placements, the integer, bool, int-list, dtype and string
-// arguments (not float or Scalar values), the mesh's shape and this rank's coordinate.
+// arguments (not float or Scalar values, except for rule "attention"), the mesh's shape and this
+// rank's coordinate.
 struct Decision {
   std::vector<Placements> targets;  // per Arg: its placements for the local call (empty: plain)
   std::vector<OutSpec> outs;        // per tensor result, tensor-list results flattened, in order
@@ -74,6 +76,7 @@ Decision decide_cat(const RuleCall& call);
 Decision decide_matmul(const RuleCall& call);
 Decision decide_embedding(const RuleCall& call);
 Decision decide_index(const RuleCall& call);
+Decision decide_attention(const RuleCall& call);
 
 inline Decision replicate() {
   Decision d;
