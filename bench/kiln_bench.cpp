@@ -413,7 +413,7 @@ int sharded_rank(bool quick) {
   const dist::FSDPGatherStats gs = dist::fsdp_gather_stats();
   if (mesh.group(0)->rank() == 0) {
     emit("fsdp_train", "gpt_step_2ranks_b8", ms, "ms/step", "kiln-cpp");
-    // Note [FSDP prefetch]: the share of all-gather time (issue to completion) that rank 0's
+    // See Note [FSDP prefetch]. The share of all-gather time (issue to completion) that rank 0's
     // compute thread did not spend waiting.
     emit("fsdp_train", "allgather_hidden_fraction", gs.hidden_fraction(), "fraction", "kiln-cpp");
   }

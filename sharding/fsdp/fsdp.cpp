@@ -298,7 +298,7 @@ std::vector<Tensor> FSDPParamGroup::unshard() {
   prefetched_.reset();  // a stale one waits for its all-gather here
   prefetched_full_.clear();
   start_gather(*g);
-  // Note [FSDP prefetch]: record the order, and start the next group's all-gather.
+  // Record the order and start the next group's all-gather (See Note [FSDP prefetch]).
   std::shared_ptr<FSDPParamGroup> self = shared_from_this();
   prev_.reset();
   if (t_epoch != 0) {

@@ -218,7 +218,7 @@ KILN_RANK_SCENARIO(replicate_path) {
 
 TEST(DTensor, ReplicatePath) { expect_all_pass(run_ranks("replicate_path", 2)); }
 
-// Note [Index sharding]: index_select, gather and the scatter rows run on the shards (uneven on 3
+// See Note [Index sharding]. index_select, gather and the scatter rows run on the shards (uneven on 3
 // ranks: 5 rows); positions along the indexed dim are never rewritten.
 KILN_RANK_SCENARIO(index_rule) {
   DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});

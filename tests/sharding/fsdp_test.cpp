@@ -94,7 +94,7 @@ KILN_RANK_SCENARIO(fsdp_mlp_training) {
       EXPECT_EQ(f.impl()->storage()->nbytes(), 0u);
     fopt.step();
   }
-  // Note [FSDP prefetch]: each step gathers blocks 0 and 2 for forward and again for backward
+  // See Note [FSDP prefetch]. Each step gathers blocks 0 and 2 for forward and again for backward
   // (the root holds no parameter of its own). The first forward records the order; from then on
   // forward prefetches blocks 0 and 2, and every backward prefetches block 0 (the parity above
   // shows that no stale prefetch is used).

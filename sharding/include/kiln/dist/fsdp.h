@@ -126,7 +126,7 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   // Note [FSDP gradient sync].
   void set_requires_gradient_sync(bool on) { sync_ = on; }
   bool requires_gradient_sync() const { return sync_; }
-  // Note [FSDP prefetch]: the root module's forward calls these around itself.
+  // The root module's forward calls these around itself (See Note [FSDP prefetch]).
   static void begin_root_forward();
   static void end_root_forward();
 
@@ -166,7 +166,7 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   int64_t seg_numel_ = 0;  // S
   std::vector<Tensor> full_;
   std::shared_ptr<Gathered> current_;
-  // Note [FSDP prefetch]: the groups unsharded after and before this one in the last root
+  // See Note [FSDP prefetch]. The groups unsharded after and before this one in the last root
   // forward, and the gather prefetched for this group's next unshard() (with its tensors).
   std::weak_ptr<FSDPParamGroup> next_, prev_;
   std::shared_ptr<Gathered> prefetched_;
