@@ -21,16 +21,6 @@ namespace kiln::dist::rules {
 // Batch dims that differ between the tensors are a shape error: the replicate path's local op
 // reports it.
 
-namespace {
-
-int arg_named(const OpInfo& info, std::string_view name) {
-  for (int i = 0; i < info.num_args; ++i)
-    if (name == info.args[i].name) return i;
-  return -1;
-}
-
-}  // namespace
-
 Decision decide_attention(const RuleCall& call) {
   // _fused_attention(query, key, value, dropout_p, is_causal, scale, seed, offset) -> (output,
   // logsumexp); _fused_attention_backward(grad_out, grad_logsumexp, query, key, value, output,

@@ -47,6 +47,12 @@ namespace kiln::dist {
 
 namespace rules {
 
+int arg_named(const OpInfo& info, std::string_view name) {
+  for (int i = 0; i < info.num_args; ++i)
+    if (name == info.args[i].name) return i;
+  return -1;
+}
+
 int64_t move_cost(const Placement& from, const Placement& to, int64_t numel) {
   if (from == to) return 0;
   if (from.is_shard()) return numel;                                // all-gather (then local)

@@ -46,12 +46,6 @@ Combine combine_of(std::string_view name) {
   return Combine::None;
 }
 
-int arg_named(const OpInfo& info, std::string_view name) {
-  for (int i = 0; i < info.num_args; ++i)
-    if (name == info.args[i].name) return i;
-  return -1;
-}
-
 // The reduced dims of `self` (of `ndim` dims) as a mask; every dim where `dim` is absent, None or
 // empty.
 std::vector<bool> reduced_mask(const char* op, const Stack& args, int dim_arg, int64_t ndim) {

@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,9 @@ Decision decide_matmul(const RuleCall& call);
 Decision decide_embedding(const RuleCall& call);
 Decision decide_index(const RuleCall& call);
 Decision decide_attention(const RuleCall& call);
+
+// The index of the op's argument called `name`, or -1.
+int arg_named(const OpInfo& info, std::string_view name);
 
 inline Decision replicate() {
   Decision d;

@@ -66,10 +66,7 @@ Decision decide_softmax(const RuleCall& call) {
   for (const Arg& a : args)
     if (!a.spec) return replicate();
   const int64_t ndim = args[0].rank;
-  int dim_arg = -1;
-  const OpInfo& info = call.op.info();
-  for (int i = 0; i < info.num_args; ++i)
-    if (std::string_view(info.args[i].name) == "dim") dim_arg = i;
+  const int dim_arg = arg_named(call.op.info(), "dim");
   KILN_ASSERT(dim_arg >= 0, call.op.name(), ": a softmax row without a dim argument");
   std::vector<bool> free(ndim, true);
   if (ndim > 0)
@@ -94,9 +91,7 @@ Decision decide_norm(const RuleCall& call) {
   for (const Arg& a : args)
     if (!a.spec) return replicate();
   const OpInfo& info = call.op.info();
-  int shape_arg = -1;
-  for (int i = 0; i < info.num_args; ++i)
-    if (std::string_view(info.args[i].name) == "normalized_shape") shape_arg = i;
+  const int shape_arg = arg_named(info, "normalized_shape");
   KILN_ASSERT(shape_arg >= 0, call.op.name(), ": a norm row without normalized_shape");
   const int input = tensor_named(call, "input"), grad = tensor_named(call, "grad");
   KILN_ASSERT(input >= 0, call.op.name(), ": a norm row without input");
