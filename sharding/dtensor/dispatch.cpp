@@ -407,8 +407,8 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     if (!a.spec || !info.args[a.index].is_mutable || dec->targets[j].empty() ||
         dec->targets[j] == a.spec->placements)
       continue;
-    moved.emplace_back(j, a.elem < 0 ? locals[a.index].to_tensor()
-                                     : locals[a.index].to_tensor_list()[a.elem]);
+    moved.emplace_back(
+        j, a.elem < 0 ? locals[a.index].to_tensor() : locals[a.index].to_tensor_list()[a.elem]);
   }
   if (dec->local_call) {
     dec->local_call(op, locals);
