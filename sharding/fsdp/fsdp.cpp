@@ -244,15 +244,15 @@ void FSDPParamGroup::finish_gather(Gathered& g) {
   if (std::shared_ptr<Pending> p = std::move(g.pending)) {
     const Clock::time_point t0 = Clock::now();
     p->work->wait();
-    const Clock::time_point t1 = Clock::now();
+    // Waited: the part of the collective's run after the caller began to wait (not the thread's
+    // wake-up after it), so waited <= total for every gather.
+    const Clock::time_point done = std::max(p->work->finish_time(), p->issued);
     {
       std::lock_guard<std::mutex> lock(stats_mu);
       stats.count += 1;
       stats.prefetched += p->ahead;
-      stats.total_s +=
-          std::chrono::duration<double>(std::max(p->work->finish_time(), p->issued) - p->issued)
-              .count();
-      stats.waited_s += std::chrono::duration<double>(t1 - t0).count();
+      stats.total_s += std::chrono::duration<double>(done - p->issued).count();
+      stats.waited_s += std::chrono::duration<double>(std::max(done, t0) - t0).count();
     }
     const int64_t n = mesh_.size(0);
     const size_t es = element_size(g.dtype);

@@ -49,8 +49,8 @@
 // optimizer changes the shards between steps, so a later unshard() waits for a stale one and
 // gathers afresh. Every rank runs the same program, so every rank issues the same collectives
 // in the same order. The cost, as in PyTorch: two groups' whole parameters live at once.
-// fsdp_gather_stats() sums, over all-gathers, the time from issue to completion and the time the
-// caller blocked waiting; 1 - waited / total is the fraction hidden behind compute.
+// fsdp_gather_stats() sums, over all-gathers, the time from issue to completion and the part of
+// it after the caller began to wait; 1 - waited / total is the fraction hidden behind compute.
 //
 // Mixed precision (MixedPrecisionPolicy): param_dtype gathers the shards cast to that dtype (the
 // whole parameters, forward and backward compute in it); reduce_dtype casts the whole gradients
@@ -182,7 +182,7 @@ struct FSDPGatherStats {
   int64_t count = 0;
   int64_t prefetched = 0;  // of them, started ahead by a prefetch
   double total_s = 0;      // issue to completion
-  double waited_s = 0;     // the caller blocked in wait
+  double waited_s = 0;     // of that, the part after the caller began to wait
   double hidden_fraction() const { return total_s > 0 ? 1.0 - waited_s / total_s : 0.0; }
 };
 FSDPGatherStats fsdp_gather_stats(bool reset = false);
