@@ -80,6 +80,10 @@ struct DTensorHandle final : BackendHandle {
       return detail::make_dtensor(std::move(z), s).impl_ptr();
     };
   }
+  intrusive_ptr<TensorImpl> whole_value() const override {
+    return detail::redistribute_local(local, spec, Placements(spec.placements.size(), Replicate()))
+        .impl_ptr();
+  }
 };
 
 const DTensorHandle* handle_of(const Tensor& t) {

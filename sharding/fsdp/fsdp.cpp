@@ -75,47 +75,44 @@ std::shared_ptr<FSDPParamGroup> FSDPParamGroup::create(const std::vector<Tensor>
     const Tensor& p = params[i];
     const std::string& name = g->names_[i];
     KILN_CHECK(p.defined(), Value, "fully_shard: parameter '", name, "' is undefined");
-    KILN_CHECK(!is_dtensor(p), Value, "fully_shard: parameter '", name, "' is already a DTensor ",
-               "(on ", DTensor(p).device_mesh().str(), "); FSDP shards plain parameters");
     KILN_CHECK(p.dim() >= 1, Value, "fully_shard: parameter '", name,
                "' is 0-d; FSDP shards along dim 0");
-    KILN_CHECK(p.device() == kCPU || p.device().type() == DeviceType::Meta, Value,
-               "fully_shard: parameter '", name, "' is on ", p.device(), ", the mesh is ",
+    // What FSDP gathers: the parameter, or its tensor-parallel shard (Note [FSDP over TP]).
+    std::optional<DTensorSpec> tp;
+    Tensor whole = p.detach();
+    DTensorSpec spec{mesh, {Shard(0)}, DimVector(p.sizes()), fsdp_strides(p.sizes()), p.dtype()};
+    if (is_dtensor(p)) {
+      tp = detail::spec_of(p);
+      whole = detail::local_of(p);
+      KILN_CHECK(tp->mesh != mesh, Value, "fully_shard: parameter '", name,
+                 "' is already a DTensor on the FSDP mesh ", mesh.str());
+      KILN_CHECK(tp->mesh.ndim() == 1, Value, "fully_shard: parameter '", name,
+                 "' is a DTensor on the ", tp->mesh.ndim(), "-d mesh ", tp->mesh.str(),
+                 "; FSDP shards DTensors of a 1-d (tensor-parallel) mesh only");
+      KILN_CHECK(!tp->placements[0].is_partial(), Value, "fully_shard: parameter '", name, "' is ",
+                 placements_str(tp->placements), "; FSDP cannot shard a Partial value");
+      spec.mesh = concat_meshes(tp->mesh, mesh);
+      spec.placements = {tp->placements[0], Shard(0)};
+      tp->dtype = p.dtype();
+    }
+    KILN_CHECK(whole.device() == kCPU || whole.device().type() == DeviceType::Meta, Value,
+               "fully_shard: parameter '", name, "' is on ", whole.device(), ", the mesh is ",
                mesh.str());
-    auto [off, len] = chunk_of(p.size(0), n, r);
+    auto [off, len] = chunk_of(whole.size(0), n, r);
     Tensor local;
     {
       autograd::NoGradGuard no_grad;
-      local = p.device() == kCPU
-                  ? p.detach().narrow(0, off, len).clone()
-                  : empty_on(local_shape(p.sizes(), mesh, {Shard(0)}), p.dtype(), p.device());
+      local = whole.device() == kCPU ? whole.narrow(0, off, len).clone()
+                                     : empty_on(local_shape(whole.sizes(), mesh, {Shard(0)}),
+                                                whole.dtype(), whole.device());
     }
-    DTensorSpec spec{mesh, {Shard(0)}, DimVector(p.sizes()), fsdp_strides(p.sizes()), p.dtype()};
+    KILN_ASSERT(DimVector(local.sizes()) == local_shape(spec.shape, spec.mesh, spec.placements),
+                "fully_shard: the shard of '", name, "' does not have its placements' shape");
+    g->full_shape_.emplace_back(whole.sizes());
+    g->tp_.push_back(std::move(tp));
     Tensor d = detail::make_dtensor(std::move(local), std::move(spec));
     if (p.requires_grad()) d.requires_grad_(true);
     g->sharded_.push_back(std::move(d));
-  }
-  g->plan();
-  return g;
-}
-
-std::shared_ptr<FSDPParamGroup> FSDPParamGroup::from_sharded(const std::vector<Tensor>& sharded,
-                                                             const DeviceMesh& mesh,
-                                                             MixedPrecisionPolicy mp,
-                                                             std::vector<std::string> names) {
-  std::shared_ptr<FSDPParamGroup> g(new FSDPParamGroup(mesh, mp));
-  g->names_ = std::move(names);
-  for (size_t i = g->names_.size(); i < sharded.size(); ++i)
-    g->names_.push_back("param" + std::to_string(i));
-  for (size_t i = 0; i < sharded.size(); ++i) {
-    const Tensor& p = sharded[i];
-    KILN_CHECK(is_dtensor(p), Value, "FSDP: parameter '", g->names_[i], "' is not a DTensor");
-    const DTensorSpec& s = detail::spec_of(p);
-    KILN_CHECK(s.mesh == mesh, Value, "FSDP: parameter '", g->names_[i], "' is on ", s.mesh.str(),
-               ", not on the FSDP mesh ", mesh.str());
-    KILN_CHECK(s.placements.size() == 1 && s.placements[0].is_shard(0), Value, "FSDP: parameter '",
-               g->names_[i], "' is placed ", placements_str(s.placements), ", not [Shard(0)]");
-    g->sharded_.push_back(p);
   }
   g->plan();
   return g;
@@ -138,9 +135,10 @@ void FSDPParamGroup::plan() {
   std::optional<ScalarType> dtype;
   for (size_t i = 0; i < sharded_.size(); ++i) {
     const DTensorSpec& s = detail::spec_of(sharded_[i]);
-    const int64_t rows = s.shape[0];
+    const DimVector& shape = full_shape_[i];
+    const int64_t rows = shape[0];
     int64_t row = 1;
-    for (size_t d = 1; d < s.shape.size(); ++d) row *= s.shape[d];
+    for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
     chunk_rows_.push_back((rows + n - 1) / n);
     row_numel_.push_back(row);
     seg_offset_.push_back(seg_numel_);
@@ -207,10 +205,17 @@ std::shared_ptr<FSDPParamGroup::Gathered> FSDPParamGroup::make_gathered(
       sharded_.empty() ? kFloat32 : mp_.param_dtype.value_or(detail::spec_of(sharded_[0]).dtype);
   g->epoch = t_epoch;
   full.clear();
-  for (const Tensor& p : sharded_) {
-    full.push_back(empty(detail::spec_of(p).shape, g->dtype));
-    g->storages.push_back(full.back().impl()->storage());
-    g->nbytes.push_back(full.back().numel() * full.back().element_size());
+  for (size_t i = 0; i < sharded_.size(); ++i) {
+    Tensor local = empty(full_shape_[i], g->dtype);
+    g->storages.push_back(local.impl()->storage());
+    g->nbytes.push_back(local.numel() * local.element_size());
+    if (!tp_[i]) {
+      full.push_back(std::move(local));
+      continue;
+    }
+    DTensorSpec spec = *tp_[i];
+    spec.dtype = g->dtype;
+    full.push_back(detail::make_dtensor(std::move(local), std::move(spec)));
   }
   return g;
 }
@@ -258,7 +263,7 @@ void FSDPParamGroup::finish_gather(Gathered& g) {
     const size_t es = element_size(g.dtype);
     for (size_t i = 0; i < sharded_.size(); ++i) {
       if (g.storages[i]->nbytes() != g.nbytes[i]) g.storages[i]->resize(g.nbytes[i]);
-      const int64_t rows = detail::spec_of(sharded_[i]).shape[0];
+      const int64_t rows = full_shape_[i][0];
       char* dst = static_cast<char*>(g.storages[i]->data());
       for (int64_t q = 0; q < n; ++q) {
         auto [off, len] = chunk_of(rows, n, q);
@@ -357,7 +362,15 @@ std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
   for (size_t i = 0; i < grads.size(); ++i) {
     const DTensorSpec& s = detail::spec_of(sharded_[i]);
     const ScalarType rd = mp_.reduce_dtype.value_or(mp_.param_dtype.value_or(s.dtype));
-    g[i] = grads[i].defined() ? grads[i].to(rd).contiguous() : zeros(s.shape, rd);
+    Tensor grad = grads[i];
+    if (grad.defined() && tp_[i]) {  // its TP placement (a Partial gradient is reduced over tp)
+      KILN_CHECK(is_dtensor(grad) && detail::spec_of(grad).mesh == tp_[i]->mesh, Runtime,
+                 "FSDP: the gradient of parameter '", names_[i], "' is not a DTensor on ",
+                 tp_[i]->mesh.str());
+      grad = detail::redistribute_local(detail::local_of(grad), detail::spec_of(grad),
+                                        tp_[i]->placements);
+    }
+    g[i] = grad.defined() ? grad.to(rd).contiguous() : zeros(full_shape_[i], rd);
     if (!acc_.empty()) g[i] = (g[i] + acc_[i].to(rd)).contiguous();
   }
   free(gathered);
@@ -390,9 +403,9 @@ std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
   pg_->reduce_scatter_tensor(recv, send, ReduceOp::Avg)->wait();
   for (size_t i = 0; i < g.size(); ++i) {
     const DTensorSpec& s = detail::spec_of(sharded_[i]);
-    const int64_t len = chunk_of(s.shape[0], n, r).second;
+    const int64_t len = chunk_of(full_shape_[i][0], n, r).second;
     Tensor local = recv.narrow(0, seg_offset_[i], len * row_numel_[i])
-                       .view(local_shape(s.shape, mesh_, s.placements))
+                       .view(local_shape(s.shape, s.mesh, s.placements))
                        .to(s.dtype)
                        .clone();
     out[i] = detail::make_dtensor(std::move(local), s);

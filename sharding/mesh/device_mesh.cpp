@@ -198,6 +198,8 @@ DeviceMesh DeviceMesh::flatten(std::string name) const {
   if (ndim() == 1 && (s.names.empty() || s.names[0] == name)) return *this;
   std::vector<int64_t> dims;
   for (const auto& rd : s.root_dims) dims.insert(dims.end(), rd.begin(), rd.end());
+  KILN_CHECK(std::is_sorted(dims.begin(), dims.end()), Value, "DeviceMesh.flatten: ", str(),
+             " orders its dims unlike its root mesh (concat_meshes), so it cannot be flattened");
   RootState& root = *s.root;
   {
     std::lock_guard<std::mutex> lock(root.mu);
@@ -296,6 +298,58 @@ DeviceMesh init_device_mesh(std::string_view device_type, const std::vector<int6
     m->root_dims.push_back({d});
     m->groups.push_back(make_groups(blocks(*root, {d})));
   }
+  return DeviceMesh(std::move(m));
+}
+
+DeviceMesh concat_meshes(const DeviceMesh& outer, const DeviceMesh& inner) {
+  KILN_CHECK(outer.defined() && inner.defined(), Value, "concat_meshes: a mesh is undefined");
+  const MeshState &a = *outer.state_, &b = *inner.state_;
+  KILN_CHECK(a.root == b.root, Value, "concat_meshes: ", outer.str(), " and ", inner.str(),
+             " come from different root meshes");
+  std::vector<int64_t> me_a = outer.coordinate(), me_b = inner.coordinate();
+  KILN_CHECK(!me_a.empty() && !me_b.empty(), Value, "concat_meshes: rank ", world_rank(),
+             " is not in both ", outer.str(), " and ", inner.str());
+  std::vector<bool> used(a.root->shape.size(), false);
+  for (const MeshState* m : {&a, &b})
+    for (const auto& rd : m->root_dims)
+      for (int64_t d : rd) {
+        KILN_CHECK(!used[d], Value, "concat_meshes: ", outer.str(), " and ", inner.str(),
+                   " share a dim of their root mesh");
+        used[d] = true;
+      }
+  auto m = std::make_shared<MeshState>();
+  m->device_type = a.device_type;
+  m->root = a.root;
+  for (const MeshState* x : {&a, &b}) {
+    m->shape.insert(m->shape.end(), x->shape.begin(), x->shape.end());
+    m->names.insert(m->names.end(), x->names.begin(), x->names.end());
+    m->groups.insert(m->groups.end(), x->groups.begin(), x->groups.end());
+    m->root_dims.insert(m->root_dims.end(), x->root_dims.begin(), x->root_dims.end());
+  }
+  if (a.names.empty() != b.names.empty()) m->names.clear();
+  // The rank at (i, j): this rank's root coordinate with outer's root dims taken from outer's
+  // rank i and inner's from inner's rank j (both meshes pass through this rank).
+  const RootState& root = *a.root;
+  auto root_coord = [&](int rank) {
+    auto it = std::find(root.ranks.begin(), root.ranks.end(), rank);
+    return unravel(it - root.ranks.begin(), root.shape);
+  };
+  const std::vector<int64_t> mine = root_coord(world_rank());
+  auto dims_of = [](const MeshState& x) {
+    std::vector<int64_t> ds;
+    for (const auto& rd : x.root_dims) ds.insert(ds.end(), rd.begin(), rd.end());
+    return ds;
+  };
+  const std::vector<int64_t> da = dims_of(a), db = dims_of(b);
+  for (int ra : a.ranks)
+    for (int rb : b.ranks) {
+      std::vector<int64_t> c = mine, ca = root_coord(ra), cb = root_coord(rb);
+      for (int64_t d : da) c[d] = ca[d];
+      for (int64_t d : db) c[d] = cb[d];
+      int64_t index = 0;
+      for (size_t d = 0; d < c.size(); ++d) index = index * root.shape[d] + c[d];
+      m->ranks.push_back(root.ranks[index]);
+    }
   return DeviceMesh(std::move(m));
 }
 

@@ -56,6 +56,19 @@ KILN_RANK_SCENARIO(mesh_2x2) {
   EXPECT_EQ(dp.ranks(), mesh.group("dp")->ranks());
   EXPECT_EQ(rank_sum(dp.group(0)), (r % 2) * 2 + 2);
 
+  // (tp, dp): the transposed mesh, with the same groups; concat of (dp, tp) is the mesh itself.
+  DeviceMesh tp_dp = concat_meshes(mesh["tp"], mesh["dp"]);
+  EXPECT_EQ(tp_dp.str(), "DeviceMesh('cpu', [[0, 2], [1, 3]], mesh_dim_names=('tp', 'dp'))");
+  EXPECT_EQ(tp_dp.coordinate(), (std::vector<int64_t>{r % 2, r / 2}));
+  EXPECT_EQ(tp_dp.group("tp"), mesh.group("tp"));
+  EXPECT_EQ(tp_dp.group("dp"), mesh.group("dp"));
+  EXPECT_TRUE(concat_meshes(mesh["dp"], mesh["tp"]) == mesh);
+  expect_error(ErrorKind::Value, "orders its dims unlike its root mesh", [&] { tp_dp.flatten(); });
+  expect_error(ErrorKind::Value, "share a dim of their root mesh",
+               [&] { concat_meshes(mesh["tp"], mesh); });
+  expect_error(ErrorKind::Value, "come from different root meshes",
+               [&] { concat_meshes(mesh["tp"], init_device_mesh("cpu", {4})); });
+
   expect_error(ErrorKind::Value, "no mesh dim named 'pp' (the mesh's dims: ('dp', 'tp'))",
                [&] { mesh["pp"]; });
   expect_error(ErrorKind::Value, "must be distinct and in the mesh's order", [&] {

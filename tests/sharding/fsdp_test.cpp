@@ -13,6 +13,7 @@
 
 #include "harness.h"
 #include "kiln/allocator.h"
+#include "kiln/dist/tensor_parallel.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/nn.h"
 #include "kiln/optim/optim.h"
@@ -151,7 +152,7 @@ KILN_RANK_SCENARIO(fsdp_param_group) {
   expect_close(DTensor(group->sharded_params()[1].grad()).full_tensor(), full_like(b, 2.0));
   // Bad input.
   Tensor d = group->sharded_params()[0];
-  expect_error(ErrorKind::Value, "parameter 'd' is already a DTensor",
+  expect_error(ErrorKind::Value, "parameter 'd' is already a DTensor on the FSDP mesh",
                [&] { FSDPParamGroup::create({d}, mesh, {}, {"d"}); });
   expect_error(ErrorKind::Value, "parameter 's' is 0-d",
                [&] { FSDPParamGroup::create({ones({})}, mesh, {}, {"s"}); });
@@ -162,6 +163,87 @@ KILN_RANK_SCENARIO(fsdp_param_group) {
   });
 }
 TEST(Fsdp, ParamGroup) { expect_all_pass(run_ranks("fsdp_param_group", 2)); }
+
+// Note [FSDP over TP]: an MLP tensor-parallel over mesh["tp"] (fc1 Colwise, fc2 Rowwise) and
+// then fully_shard-ed over mesh["dp"] of a 2x2 mesh trains as one process does on the whole
+// batch. Shapes make both splits uneven: fc1's 10 rows are 5 per tp rank, then 3 + 2 over dp.
+// The LayerNorm is not tensor-parallel, so its parameters stay 1-d Shard(0) over dp.
+struct TpMlp : nn::Module {
+  TpMlp() : Module("TpMlp") {
+    manual_seed(5);
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(6, 10));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(10, 7));
+    norm = register_module("norm", std::make_shared<nn::LayerNorm>(std::vector<int64_t>{7}));
+  }
+  Tensor forward(const Tensor& x) override {
+    auto call = [&](const char* name, const Tensor& in) {
+      return par ? par->forward(name, in) : child(name)->forward(in);
+    };
+    return norm->forward(call("fc2", tanh(call("fc1", x))));
+  }
+  std::shared_ptr<nn::Linear> fc1, fc2;
+  std::shared_ptr<nn::LayerNorm> norm;
+  std::shared_ptr<dist::TensorParallel> par;
+};
+
+KILN_RANK_SCENARIO(fsdp_tp_2d) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  auto ref = std::make_shared<TpMlp>();
+  auto net = std::make_shared<TpMlp>();
+  net->par = std::make_shared<dist::TensorParallel>(dist::parallelize_module(
+      *net, mesh["tp"], {{"fc1", dist::ColwiseParallel()}, {"fc2", dist::RowwiseParallel()}}));
+  auto model = dist::fully_shard(net, mesh["dp"]);
+  const DeviceMesh tp_dp = dist::concat_meshes(mesh["tp"], mesh["dp"]);
+  auto params = model->named_parameters();
+  ASSERT_EQ(params.size(), 6u);
+  const std::vector<dist::Placements> want = {{Shard(0), Shard(0)}, {Shard(0), Shard(0)},
+                                              {Shard(1), Shard(0)}, {dist::Replicate(), Shard(0)},
+                                              {Shard(0)},           {Shard(0)}};
+  for (size_t i = 0; i < params.size(); ++i) {
+    SCOPED_TRACE(params[i].first);
+    EXPECT_EQ(DTensor(params[i].second).placements(), want[i]);
+    EXPECT_TRUE(DTensor(params[i].second).device_mesh() == (i < 4 ? tp_dp : mesh["dp"]));
+  }
+  // fc1.weight: 10 rows, 5 per tp rank, then 3 + 2 over dp.
+  const int64_t dp = mesh.local_rank(0);
+  EXPECT_EQ(DTensor(params[0].second).to_local().sizes(), IntArrayRef({dp == 0 ? 3 : 2, 6}));
+  expect_close(DTensor(params[0].second).full_tensor(), ref->fc1->weight.detach());
+
+  optim::AdamW ropt(ref->parameters(), {.lr = 0.01});
+  optim::AdamW fopt(model->parameters(), {.lr = 0.01});
+  const int64_t per = 3;
+  for (int step = 0; step < 4; ++step) {
+    Tensor x = random({per * 2, 6}, kFloat32, -1, 1, 10 + step);
+    Tensor y = random({per * 2, 7}, kFloat32, -1, 1, 50 + step);
+    ropt.zero_grad();
+    mse_loss(ref->forward(x), y).backward();
+    fopt.zero_grad();
+    // Each dp rank takes its rows; the two tp ranks of a dp rank take the same rows.
+    Tensor out = model->forward(x.narrow(0, dp * per, per).contiguous());
+    EXPECT_FALSE(dist::is_dtensor(out));
+    mse_loss(out, y.narrow(0, dp * per, per).contiguous()).backward();
+    auto got = model->parameters(), exp = ref->parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE(params[i].first + " at step " + std::to_string(step));
+      ASSERT_TRUE(got[i].grad().defined());
+      EXPECT_EQ(DTensor(got[i].grad()).placements(), want[i]);
+      expect_close(DTensor(got[i].grad()).full_tensor(), exp[i].grad(), 1e-5, 1e-7);
+    }
+    Tensor norm = optim::clip_grad_norm_(got, 1e9);
+    Tensor ref_norm = optim::clip_grad_norm_(exp, 1e9);
+    expect_close(dist::is_dtensor(norm) ? DTensor(norm).full_tensor() : norm, ref_norm, 1e-5, 1e-7);
+    ropt.step();
+    fopt.step();
+  }
+  auto got = model->parameters(), exp = ref->parameters();
+  for (size_t i = 0; i < got.size(); ++i)
+    expect_close(DTensor(got[i]).full_tensor(), exp[i].detach(), 1e-5, 1e-7);
+  // A tp DTensor with a Partial placement cannot be sharded again.
+  Tensor partial = dist::distribute_tensor(ones({4, 2}), mesh["tp"], {dist::Partial()});
+  expect_error(ErrorKind::Value, "FSDP cannot shard a Partial value",
+               [&] { FSDPParamGroup::create({partial}, mesh["dp"], {}, {"p"}); });
+}
+TEST(Fsdp, TensorParallel2x2) { expect_all_pass(run_ranks("fsdp_tp_2d", 4)); }
 
 // Per-rank memory after AdamW steps, by the CPU allocator's statistics: the shards, their
 // gradients and both Adam moments must be at most 1/N + 5% of what one process would hold (4

@@ -26,7 +26,14 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   std::vector<Tensor> grads = grads_of(params);
   if (grads.empty()) return zeros({});
   std::vector<Tensor> norms;
-  for (const Tensor& g : grads) norms.push_back(norm(g, norm_type));
+  // A DTensor gradient's norm counts whole, as a plain value: gradients on several meshes (2-D
+  // FSDP's (tp, dp) and dp parameters) then stack, and every rank gets the same total.
+  for (const Tensor& g : grads) {
+    Tensor n = norm(g, norm_type);
+    const BackendHandle* h = n.impl()->backend_handle();
+    intrusive_ptr<TensorImpl> whole = h ? h->whole_value() : nullptr;
+    norms.push_back(whole ? Tensor(std::move(whole)) : std::move(n));
+  }
   const ScalarType dt = result_type(norms);
   for (Tensor& n : norms) n = n.to(dt);
   Tensor total = norm(stack(norms), norm_type);

@@ -53,6 +53,10 @@ struct BackendHandle {
   // the output's sizes, dtype and device. Called when the node is recorded, so it must not keep
   // the tensor's values alive.
   virtual std::function<intrusive_ptr<TensorImpl>()> zeros_maker() const { return nullptr; }
+  // The whole value as a plain tensor, for code below the wrapper's layer that must combine
+  // values of several wrappers (a DTensor's full tensor, gathered over its mesh: a collective,
+  // so every rank of the mesh calls it); nullptr: no such value.
+  virtual intrusive_ptr<TensorImpl> whole_value() const { return nullptr; }
 };
 
 class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {

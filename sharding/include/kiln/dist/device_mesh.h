@@ -68,6 +68,7 @@ class DeviceMesh {
   std::string str() const;
 
  private:
+  friend DeviceMesh concat_meshes(const DeviceMesh& outer, const DeviceMesh& inner);
   const MeshState& state() const;
   std::shared_ptr<const MeshState> state_;
 };
@@ -80,5 +81,12 @@ std::ostream& operator<<(std::ostream& os, const DeviceMesh& mesh);
 // the names are not one per dim, empty or repeated, or the device type is unknown.
 DeviceMesh init_device_mesh(std::string_view device_type, const std::vector<int64_t>& shape,
                             const std::vector<std::string>& dim_names = {});
+
+// The mesh whose dims are `outer`'s followed by `inner`'s, through this rank: both sliced from
+// the same root mesh (or flattened from it), over disjoint root dims, each reusing its groups.
+// Unlike submesh(), the order need not be the root's: 2-D FSDP over a tensor-parallel model
+// places its parameters on (tp, dp) (See Note [FSDP over TP]). Such a mesh cannot be flattened.
+// ValueError when the meshes come from different roots, share a root dim, or miss this rank.
+DeviceMesh concat_meshes(const DeviceMesh& outer, const DeviceMesh& inner);
 
 }  // namespace kiln::dist

@@ -52,6 +52,19 @@
 // fsdp_gather_stats() sums, over all-gathers, the time from issue to completion and the part of
 // it after the caller began to wait; 1 - waited / total is the fraction hidden behind compute.
 //
+// Note [FSDP over TP]: 2-D FSDP × TP (a mesh ("dp", "tp")): parallelize_module over mesh["tp"]
+// first, then fully_shard over mesh["dp"]. A parameter that is then a DTensor on the tp mesh
+// (placement Shard(d) or Replicate) is sharded again: FSDP splits its local shard along dim 0
+// over dp, and gathering over dp gives back that local shard, which unshard() returns as the
+// same tensor-parallel DTensor, so the module's tensor-parallel forward runs unchanged. Its
+// gradient arrives as a tp DTensor; it is redistributed to the parameter's tp placement (a
+// Partial gradient is all-reduced over tp) before the dp reduce-scatter. The sharded parameter
+// is a DTensor on the (tp, dp) mesh (concat_meshes: the tp dim first), placed [tp placement,
+// Shard(0)]: tp splits first and dp splits each piece again (Note [Placements]), which is exactly
+// this layout. (PyTorch keeps the mesh as (dp, tp) and marks dp's split as _StridedShard; the
+// transposed mesh says the same with the ordinary placements, so redistribute, full_tensor and
+// the rules need nothing new.) Parameters that are not DTensors stay 1-d, Shard(0) over dp.
+//
 // Mixed precision (MixedPrecisionPolicy): param_dtype gathers the shards cast to that dtype (the
 // whole parameters, forward and backward compute in it); reduce_dtype casts the whole gradients
 // before the reduce-scatter (default: param_dtype). The shards, their gradients and optimizer
@@ -76,20 +89,14 @@ struct MixedPrecisionPolicy {
 class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
  public:
   // `params`: whole tensors, the same on every rank (or meta tensors: the shards are then meta,
-  // to be initialised by the caller), each at least 1-d and on `mesh`'s device type. `names`
-  // name them in errors (default "param0", ...). ValueError when the mesh is not 1-d, this rank
-  // is not in it, or a parameter is a DTensor, 0-d, or on another device.
+  // to be initialised by the caller), each at least 1-d and on `mesh`'s device type; or DTensors
+  // of a tensor-parallel mesh from the same root mesh (Note [FSDP over TP]). `names` name them
+  // in errors (default "param0", ...). ValueError when the mesh is not 1-d, this rank is not in
+  // it, or a parameter is 0-d, on another device, or a DTensor FSDP cannot shard again.
   static std::shared_ptr<FSDPParamGroup> create(const std::vector<Tensor>& params,
                                                 const DeviceMesh& mesh,
                                                 MixedPrecisionPolicy mp = {},
                                                 std::vector<std::string> names = {});
-  // Adopts shards that already exist (DTensors, Shard(0) on `mesh`, as sharded_params() gives),
-  // e.g. after a caller replaced a module's parameters by them. ValueError naming the parameter
-  // when one is not such a DTensor.
-  static std::shared_ptr<FSDPParamGroup> from_sharded(const std::vector<Tensor>& sharded,
-                                                      const DeviceMesh& mesh,
-                                                      MixedPrecisionPolicy mp = {},
-                                                      std::vector<std::string> names = {});
 
   ~FSDPParamGroup();
   FSDPParamGroup(const FSDPParamGroup&) = delete;
@@ -97,7 +104,8 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
 
   const DeviceMesh& mesh() const { return mesh_; }
   const MixedPrecisionPolicy& mp_policy() const { return mp_; }
-  // The Shard(0) DTensor leaves (requires_grad as the given parameters).
+  // The Shard(0) DTensor leaves (requires_grad as the given parameters; Note [FSDP over TP] for
+  // those of tensor-parallel parameters).
   const std::vector<Tensor>& sharded_params() const { return sharded_; }
 
   // Meta-device init: replaces each shard on the meta device by a new, uninitialised CPU
@@ -161,7 +169,11 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   MixedPrecisionPolicy mp_;
   std::vector<std::string> names_;
   std::vector<Tensor> sharded_;
-  // Per parameter: rows per rank (c), elements per row, offset in a rank's segment.
+  // Per parameter: the spec of its unsharded DTensor, for a tensor-parallel one (Note [FSDP over
+  // TP]); the shape FSDP gathers (the whole parameter or its TP shard); rows per rank (c),
+  // elements per row, offset in a rank's segment.
+  std::vector<std::optional<DTensorSpec>> tp_;
+  std::vector<DimVector> full_shape_;
   std::vector<int64_t> chunk_rows_, row_numel_, seg_offset_;
   int64_t seg_numel_ = 0;  // S
   std::vector<Tensor> full_;
