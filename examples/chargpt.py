@@ -5,15 +5,16 @@ float rounding) for the same arguments.
 
     PYTHONPATH=build/python .venv/bin/python examples/chargpt.py [--data DIR] [--steps N]
         [--eval-every K] [--ckpt DIR [--resume]] [--prompt TEXT] [--temperature T] [--top-k K]
-        [--sample-bytes N] [--seed S] [--fsdp N | --tp M] [--print-losses]
+        [--sample-bytes N] [--seed S] [--fsdp N] [--tp M] [--print-losses]
     build/bin/kiln run --nproc 4 .venv/bin/python examples/chargpt.py --fsdp 4
 
 --fsdp N trains on N ranks (`kiln run --nproc N`), every block and then the whole model
 fully_shard-ed, each rank taking BATCH / N rows of each batch; --tp M shards every block's
 attention and MLP over M ranks (qkv and fc column-wise, proj and out row-wise), every rank taking
 the whole batch. Either trains the same model on the same batches as one process does, so the
-losses match it to float rounding (--print-losses prints every step's loss in full). Combining
-them (2-D FSDP x TP) is not supported yet.
+losses match it to float rounding (--print-losses prints every step's loss in full). Both
+together (`kiln run --nproc 4 ... --fsdp 2 --tp 2`) train 2-D: tensor parallel inside each pair of
+ranks, FSDP across the pairs.
 
 The files of DIR (default /usr/share/games/fortunes; *.dat and *.u8 skipped) are concatenated as
 bytes in sorted order; the first 90% train, the rest validate. Each step draws 16 random windows
@@ -186,8 +187,6 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     if args.fsdp < 1 or args.tp < 1:
         ap.error("--fsdp and --tp must be >= 1")
-    if args.fsdp > 1 and args.tp > 1:
-        ap.error("--fsdp with --tp (2-D FSDP x TP) is not supported yet; use one of them")
     if BATCH % args.fsdp:
         ap.error(f"--fsdp {args.fsdp} must divide the batch of {BATCH}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -204,25 +203,29 @@ def parse_args(argv):
 
 
 def parallelize(model, fsdp, tp):
-    """Shards `model` over fsdp (or tp) ranks; returns this rank's (rank, rows of each batch)."""
+    """Shards `model` over a (dp, tp) mesh of fsdp x tp ranks: tensor parallel over "tp" first,
+    then every block and the whole model fully_shard-ed over "dp" (2-D FSDP x TP). Returns this
+    rank, the rows of each batch it takes and the process group of the ranks that take different
+    rows."""
+    from kiln.distributed import get_rank
     from kiln.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cpu", (fsdp * tp,))
-    rank = mesh.get_local_rank()
+    mesh = init_device_mesh("cpu", (fsdp, tp), mesh_dim_names=("dp", "tp"))
+    if tp > 1:
+        from kiln.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                      parallelize_module)
+        # qkv's output stays a DTensor: its q, k, v split cuts across the column shards.
+        parallelize_module(model, mesh["tp"],
+                           {"blocks.*.qkv": ColwiseParallel(use_local_output=False),
+                            "blocks.*.proj": RowwiseParallel(),
+                            "blocks.*.fc": ColwiseParallel(),
+                            "blocks.*.out": RowwiseParallel()})
     if fsdp > 1:
         from kiln.distributed.fsdp import fully_shard
         for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        per = BATCH // fsdp
-        return rank, slice(rank * per, (rank + 1) * per)
-    from kiln.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                  parallelize_module)
-    # qkv's output stays a DTensor: its q, k, v split cuts across the column shards.
-    parallelize_module(model, mesh, {"blocks.*.qkv": ColwiseParallel(use_local_output=False),
-                                     "blocks.*.proj": RowwiseParallel(),
-                                     "blocks.*.fc": ColwiseParallel(),
-                                     "blocks.*.out": RowwiseParallel()})
-    return rank, slice(0, BATCH)
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    per, dp_rank = BATCH // fsdp, mesh.get_local_rank("dp")
+    return get_rank(), slice(dp_rank * per, (dp_rank + 1) * per), mesh.get_group("dp")
 
 
 def main(argv):
@@ -243,11 +246,11 @@ def main(argv):
     kiln.manual_seed(args.seed)
     model = GPT(block=block)
     n_params = sum(p.numel() for p in model.parameters())
-    rank, rows = 0, slice(0, BATCH)
+    rank, rows, dp_group = 0, slice(0, BATCH), None
     if args.fsdp * args.tp > 1:
         import warnings
         warnings.simplefilter("ignore")  # DTensor's replicate-path warnings (attention)
-        rank, rows = parallelize(model, args.fsdp, args.tp)
+        rank, rows, dp_group = parallelize(model, args.fsdp, args.tp)
         if rank:  # one rank prints
             sys.stdout = open(os.devnull, "w")
     opt = kiln.optim.AdamW(decay_groups(model, WEIGHT_DECAY), lr=LR)
@@ -279,7 +282,7 @@ def main(argv):
         value = loss.item()
         if args.fsdp > 1:  # this rank's rows: the batch's loss is the mean over the ranks
             t = kiln.tensor([value], dtype=kiln.float64)
-            kiln.distributed.all_reduce(t)
+            kiln.distributed.all_reduce(t, group=dp_group)
             value = t.item() / args.fsdp
         loss_sum += value
         losses += 1

@@ -2,14 +2,16 @@
 // `fortunes` package, then samples from it. Run it with scripts/chargpt, or by hand:
 //   build/bin/chargpt [--data DIR] [--steps N] [--eval-every K] [--ckpt DIR [--resume]]
 //                     [--prompt TEXT] [--temperature T] [--top-k K] [--sample-bytes N] [--seed S]
-//                     [--fsdp N | --tp M] [--print-losses]
+//                     [--fsdp N] [--tp M] [--print-losses]
 //   build/bin/kiln run --nproc 4 build/bin/chargpt --fsdp 4
 // --fsdp N trains on N ranks (`kiln run --nproc N`), every block and then the whole model
 // fully_shard-ed, each rank taking kBatch / N rows of each batch; --tp M shards every block's
 // attention and MLP over M ranks (qkv and fc column-wise, proj and out row-wise), every rank
 // taking the whole batch. Either trains the same model on the same batches as one process does,
 // so the losses match it to float rounding (--print-losses prints every step's loss in full).
-// Combining them (2-D FSDP x TP) is not supported yet. As examples/chargpt.py does, rank 0 prints.
+// Both together (`kiln run --nproc 4 build/bin/chargpt --fsdp 2 --tp 2`) train 2-D: tensor
+// parallel inside each pair of ranks, FSDP across the pairs. As examples/chargpt.py does, rank 0
+// prints.
 // The files of DIR (default /usr/share/games/fortunes; *.dat and *.u8 skipped) are concatenated
 // as bytes in sorted order; the first 90% train, the rest validate. Each step draws 16 random
 // windows of 128 bytes (seeded). Every K steps it prints the mean training loss since the last
@@ -124,8 +126,6 @@ Args parse_args(int argc, char** argv) {
   }
   // The checks and messages of examples/chargpt.py's parse_args.
   if (a.fsdp < 1 || a.tp < 1) usage_error("--fsdp and --tp must be >= 1");
-  if (a.fsdp > 1 && a.tp > 1)
-    usage_error("--fsdp with --tp (2-D FSDP x TP) is not supported yet; use one of them");
   if (kBatch % a.fsdp != 0)
     usage_error("--fsdp " + std::to_string(a.fsdp) + " must divide the batch of " +
                 std::to_string(kBatch));
@@ -143,42 +143,46 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-// Shards `gpt` over args.fsdp (or args.tp) ranks, as examples/chargpt.py's parallelize() does.
-// Returns the module that training, evaluation and sampling call (the FSDP root, or `gpt` whose
-// blocks now call their linears through the tensor-parallel plan), this rank, the first row of
-// each batch it takes, and the process group the ranks share.
+// Shards `gpt` over a (dp, tp) mesh of args.fsdp x args.tp ranks, as examples/chargpt.py's
+// parallelize() does: tensor parallel over "tp" first, then every block and the whole model
+// fully_shard-ed over "dp" (2-D FSDP x TP: See Note [FSDP over TP]). Returns the module that
+// training, evaluation and sampling call (the FSDP root, or `gpt` whose blocks call their linears
+// through the tensor-parallel plan), this rank, the first row of each batch it takes, and the
+// process group of the ranks that take different rows ("dp").
 struct Parallel {
   nn::ModulePtr model;
   int64_t rank = 0;
   int64_t row0 = 0;
-  dist::ProcessGroupPtr group;
+  dist::ProcessGroupPtr dp_group;
 };
 
 Parallel parallelize(const std::shared_ptr<chargpt::GPT>& gpt, int64_t fsdp, int64_t tp) {
-  dist::DeviceMesh mesh = dist::init_device_mesh("cpu", {fsdp * tp});
-  Parallel p{gpt, mesh.local_rank(0), 0, mesh.group(0)};
-  if (fsdp > 1) {
-    for (const auto& [name, block] : gpt->blocks->named_children())
-      gpt->blocks->replace_module(name, dist::fully_shard(block, mesh));
-    p.model = dist::fully_shard(gpt, mesh);
-    p.row0 = p.rank * (kBatch / fsdp);
-    return p;
+  dist::DeviceMesh mesh = dist::init_device_mesh("cpu", {fsdp, tp}, {"dp", "tp"});
+  const int64_t dp_rank = mesh.local_rank(0);
+  Parallel p{gpt, dp_rank * tp + mesh.local_rank(1), dp_rank * (kBatch / fsdp), mesh.group(0)};
+  if (tp > 1) {
+    using dist::ColwiseParallel, dist::RowwiseParallel;
+    // qkv's output stays a DTensor: its q, k, v split cuts across the column shards.
+    auto plan = std::make_shared<dist::TensorParallel>(dist::parallelize_module(
+        *gpt, mesh["tp"],
+        {{"blocks.*.qkv",
+          ColwiseParallel(std::nullopt, std::nullopt, /*use_local_output=*/false)},
+         {"blocks.*.proj", RowwiseParallel()},
+         {"blocks.*.fc", ColwiseParallel()},
+         {"blocks.*.out", RowwiseParallel()}}));
+    for (const auto& [name, child] : gpt->blocks->named_children()) {
+      std::string prefix = "blocks." + name + ".";
+      std::dynamic_pointer_cast<chargpt::Block>(child)->call_linear =
+          [plan, prefix](std::string_view linear, const Tensor& x) {
+            return plan->forward(prefix + std::string(linear), x);
+          };
+    }
   }
-  using dist::ColwiseParallel, dist::RowwiseParallel;
-  // qkv's output stays a DTensor: its q, k, v split cuts across the column shards.
-  auto plan = std::make_shared<dist::TensorParallel>(
-      dist::parallelize_module(*gpt, mesh,
-                               {{"blocks.*.qkv", ColwiseParallel(std::nullopt, std::nullopt,
-                                                                 /*use_local_output=*/false)},
-                                {"blocks.*.proj", RowwiseParallel()},
-                                {"blocks.*.fc", ColwiseParallel()},
-                                {"blocks.*.out", RowwiseParallel()}}));
-  for (const auto& [name, child] : gpt->blocks->named_children()) {
-    std::string prefix = "blocks." + name + ".";
-    std::dynamic_pointer_cast<chargpt::Block>(child)->call_linear =
-        [plan, prefix](std::string_view linear, const Tensor& x) {
-          return plan->forward(prefix + std::string(linear), x);
-        };
+  if (fsdp > 1) {
+    dist::DeviceMesh dp = mesh["dp"];
+    for (const auto& [name, block] : gpt->blocks->named_children())
+      gpt->blocks->replace_module(name, dist::fully_shard(block, dp));
+    p.model = dist::fully_shard(gpt, dp);
   }
   return p;
 }
@@ -399,7 +403,7 @@ int main(int argc, char** argv) {
     double value = loss.item<float>();
     if (args.fsdp > 1) {  // this rank's rows: the batch's loss is the mean over the ranks
       Tensor t = full({1}, value, kFloat64);
-      par.group->all_reduce(t)->wait();
+      par.dp_group->all_reduce(t)->wait();
       value = t.item<double>() / static_cast<double>(args.fsdp);
     }
     loss_sum += value;

@@ -154,8 +154,9 @@ int64_t code(const Placement& p) {
 void key_tensor(std::vector<int64_t>& key, const Arg& a) {
   key.push_back(a.spec ? -2 - a.rank : -1);
   for (int64_t s : a.tensor->sizes()) key.push_back(s);
-  if (a.spec)
-    for (const Placement& p : a.spec->placements) key.push_back(code(p));
+  if (!a.spec) return;
+  key.push_back(static_cast<int64_t>(a.spec->placements.size()));
+  for (const Placement& p : a.spec->placements) key.push_back(code(p));
 }
 
 // The cache key of a call (See Note [DTensor dispatch]).
@@ -338,7 +339,7 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     const DTensorSpec& s = detail::spec_of(t);
     if (mesh == nullptr) {
       mesh = &s.mesh;
-    } else {
+    } else if (info.sharding != ShardingRule::Optimizer) {  // it checks per parameter
       KILN_CHECK(*mesh == s.mesh, Value, op.name(),
                  ": DTensor arguments are on different device meshes: ", mesh->str(), " and ",
                  s.mesh.str());

@@ -12,8 +12,10 @@ namespace kiln::dist::rules {
 // step counter is replicated: every element of the parameter reads it.
 // Plain tensors may sit beside DTensors (a tensor-parallel model's replicated norms, the
 // one-element step counters): at an index whose parameter is plain every tensor must be plain,
-// and a plain step counter is allowed beside a DTensor parameter. A Partial parameter cannot be
-// updated shard by shard, so the call takes the replicate path.
+// and a plain step counter is allowed beside a DTensor parameter. The parameters may lie on
+// different meshes (FSDP over tensor parallel: 2-d parameters beside FSDP-only ones), but every
+// DTensor at index k lies on the mesh of self[k]. A Partial parameter cannot be updated shard by
+// shard, so the call takes the replicate path, which needs one mesh for the whole call.
 Decision decide_optimizer(const RuleCall& call) {
   const std::vector<Arg>& args = call.tensors;
   Decision d;
@@ -44,8 +46,18 @@ Decision decide_optimizer(const RuleCall& call) {
                  "; convert it with distribute_tensor or DTensor.from_local");
       continue;
     }
-    for (const Placement& pl : p.spec->placements)
-      if (pl.is_partial()) return replicate();
+    KILN_CHECK(a.spec->mesh == p.spec->mesh, Value, call.op.name(), ": parameter ", a.elem,
+               " is on ", p.spec->mesh.str(), " but its '", call.op.info().args[a.index].name,
+               "' is on ", a.spec->mesh.str(), "; redistribute it onto the parameter's mesh");
+    for (const Placement& pl : p.spec->placements) {
+      if (!pl.is_partial()) continue;
+      for (const Arg* q : params)
+        KILN_CHECK(!q->spec || q->spec->mesh == p.spec->mesh, Value, call.op.name(),
+                   ": parameter ", a.elem, " is Partial, which updates on the replicate path of "
+                   "one mesh, but the parameters lie on ", p.spec->mesh.str(), " and ",
+                   q->spec->mesh.str(), "; redistribute the Partial parameter first");
+      return replicate();
+    }
     d.targets[j] = step ? Placements(p.spec->placements.size(), Replicate()) : p.spec->placements;
   }
   return d;

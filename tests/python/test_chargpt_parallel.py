@@ -1,5 +1,6 @@
 """The example trainers, examples/chargpt.py and build/bin/chargpt (examples/chargpt/chargpt.cpp),
-under `kiln run` with --fsdp 4 and with --tp 2 train the chargpt GPT as one process does: over 20
+under `kiln run` with --fsdp 4, with --tp 2 and with both (--fsdp 2 --tp 2: 2-D FSDP x TP) train
+the chargpt GPT as one process does: over 20
 steps every step's loss (the mean over the whole batch of 16) matches the single-process run of
 the same program to 1e-5 relative, in float32. The ranks differ from one process only in the
 order of float sums (reduce-scatter and all-reduce, and each rank's share of the batch), so the
@@ -72,8 +73,13 @@ def test_tp_two_ranks(program, single):
     expect_parity(run(program, 2, "--tp", "2"), single)
 
 
+@needs_data
+def test_fsdp_tp_two_by_two(program, single):
+    expect_parity(run(program, 4, "--fsdp", "2", "--tp", "2"), single)
+
+
 def test_bad_flags(program):
-    for extra, needle in [(["--fsdp", "2", "--tp", "2"], "not supported yet"),
+    for extra, needle in [(["--fsdp", "2", "--tp", "2"], "needs 4 ranks"),
                           (["--fsdp", "3"], "must divide the batch of 16"),
                           (["--tp", "0"], "must be >= 1"),
                           (["--fsdp", "2"], "needs 2 ranks")]:

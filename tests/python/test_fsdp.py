@@ -2,7 +2,7 @@
 under FSDP on 2 and 3 ranks (uneven shards) against single-process training on the full batch,
 sharded parameters and state dicts, per-rank parameter memory, gradient accumulation with
 set_requires_gradient_sync(False), clip_grad_norm_ over the sharded gradients, mixed precision,
-and the errors."""
+the errors, and FSDP over tensor parallel on a 2x2 mesh."""
 import os
 import subprocess
 import sys
@@ -199,6 +199,48 @@ FEATURES = COMMON + textwrap.dedent("""
     print(f"rank {r} ok")
 """)
 
+# 2-D FSDP x TP (Note [FSDP over TP]): the MLP's first linear column-wise and second row-wise
+# over "tp", then fully_shard over "dp", each "dp" rank taking its rows of the batch; AdamW and
+# clip_grad_norm_ against one process on the whole batch.
+TWO_D = COMMON + textwrap.dedent("""
+    from kiln.distributed.tensor import Replicate
+    from kiln.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                  parallelize_module)
+    mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp = mesh2.get_local_rank("dp")
+    kiln.manual_seed(0)
+    ref = MLP()
+    model = copy.deepcopy(ref)
+    parallelize_module(model, mesh2["tp"], {"blocks.0.0": ColwiseParallel(),
+                                            "blocks.1.0": RowwiseParallel()})
+    shard(model, mesh2["dp"])
+    w1, b2, head = model.blocks[0][0].weight, model.blocks[1][0].bias, model.head.weight
+    assert w1.placements == (Shard(0), Shard(0)), w1.placements
+    assert w1.device_mesh.mesh_dim_names == ("tp", "dp"), w1.device_mesh
+    assert model.blocks[1][0].weight.placements == (Shard(1), Shard(0))
+    assert b2.placements == (Replicate(), Shard(0)) and head.placements == (Shard(0),)
+    assert w1.to_local().shape[0] in (3, 4)   # 13 rows: 7 and 6 over tp, then 4 and 3 over dp
+    ropt = kiln.optim.AdamW(ref.parameters(), lr=0.01, weight_decay=0.1)
+    fopt = kiln.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    for step in range(5):
+        x, y = data("mlp", step, 8)
+        ropt.zero_grad()
+        loss_of("mlp", ref(x), y).backward()
+        rn = kiln.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        ropt.step()
+        fopt.zero_grad()
+        loss_of("mlp", model(x[dp * 4:(dp + 1) * 4]), y[dp * 4:(dp + 1) * 4]).backward()
+        fn = kiln.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        assert abs(float(fn) - float(rn)) < 1e-5 * float(rn), (step, float(fn), float(rn))
+        for (k, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert p.grad.placements == p.placements, k
+            assert rel(p.grad.full_tensor(), q.grad) < 1e-5, (step, k)
+        fopt.step()
+    for (k, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert rel(p.full_tensor(), q.detach()) < 1e-5, k
+    print(f"rank {r} ok")
+""")
+
 
 def run(tmp_path, name, script, nproc, *args):
     if not KILN_CLI.exists():
@@ -233,3 +275,7 @@ def test_fsdp_features(tmp_path, nproc):
                                             ("mlp", 3, "sgdm")])
 def test_fsdp_stateful_optimizers(tmp_path, kind, nproc, opt):
     run(tmp_path, "train", TRAIN, nproc, kind, opt, "10", "1")
+
+
+def test_fsdp_over_tensor_parallel(tmp_path):
+    run(tmp_path, "two_d", TWO_D, 4)

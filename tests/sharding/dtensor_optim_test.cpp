@@ -1,7 +1,8 @@
 // The fused optimizer rows on DTensors (Note [Optimizer sharding]): SGD with momentum and AdamW
 // step each shard where it lies, beside plain parameters, with Shard, Replicate and Partial
 // gradients, on 1-d meshes of 2 and 3 ranks (uneven shards) and a 2x2 mesh; every step is
-// checked against the same optimizer on the unsharded tensors.
+// checked against the same optimizer on the unsharded tensors; one call may hold parameters on
+// two meshes.
 #include <algorithm>
 
 #include "harness.h"
@@ -86,6 +87,41 @@ KILN_RANK_SCENARIO(optim_2x2) {
             {{Shard(0), Shard(1)}, {Partial(), Replicate()}});
 }
 TEST(DTensorOptim, TwoByTwo) { expect_all_pass(run_ranks("optim_2x2", 4)); }
+
+// Parameters on two meshes in one fused call (FSDP over tensor parallel, Note [FSDP over TP]):
+// a 2-d parameter beside one on the "tp" sub-mesh and a plain one.
+KILN_RANK_SCENARIO(optim_two_meshes) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  DeviceMesh tp = mesh["tp"];
+  manual_seed(3);
+  const Tensor w0 = randn({4, 3}), v0 = randn({5}), b0 = randn({2});
+  Tensor w_ref = w0.clone().requires_grad_(true), v_ref = v0.clone().requires_grad_(true);
+  Tensor b_ref = b0.clone().requires_grad_(true);
+  Tensor w = Tensor(distribute_tensor(w0, mesh, {Shard(1), Shard(0)})).requires_grad_(true);
+  Tensor v = Tensor(distribute_tensor(v0, tp, {Shard(0)})).requires_grad_(true);
+  Tensor b = b0.clone().requires_grad_(true);
+  optim::AdamW ref({w_ref, v_ref, b_ref}, {.lr = 0.05});
+  optim::AdamW opt({w, v, b}, {.lr = 0.05});
+  for (int s = 0; s < 3; ++s) {
+    const Tensor gw = randn({4, 3}), gv = randn({5}), gb = randn({2});
+    w_ref.set_grad(gw);
+    v_ref.set_grad(gv);
+    b_ref.set_grad(gb);
+    ref.step();
+    w.set_grad(distribute_tensor(gw, mesh, {Replicate(), Shard(0)}));
+    v.set_grad(distribute_tensor(gv, tp, {Shard(0)}));
+    b.set_grad(gb);
+    opt.step();
+    expect_close(DTensor(w).full_tensor(), w_ref.detach(), "2-d step " + std::to_string(s));
+    expect_close(DTensor(v).full_tensor(), v_ref.detach(), "tp step " + std::to_string(s));
+    expect_close(b.detach(), b_ref.detach(), "plain step " + std::to_string(s));
+  }
+  EXPECT_EQ(DTensor(w).placements(), (Placements{Shard(1), Shard(0)}));
+  // A gradient on another mesh than its parameter's.
+  w.set_grad(distribute_tensor(randn({4, 3}), tp, {Shard(0)}));
+  expect_error(ErrorKind::Value, "but its 'grads' is on DeviceMesh", [&] { opt.step(); });
+}
+TEST(DTensorOptim, TwoMeshes) { expect_all_pass(run_ranks("optim_two_meshes", 4)); }
 
 KILN_RANK_SCENARIO(optim_errors) {
   DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
