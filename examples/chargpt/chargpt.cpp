@@ -165,8 +165,7 @@ Parallel parallelize(const std::shared_ptr<chargpt::GPT>& gpt, int64_t fsdp, int
     // qkv's output stays a DTensor: its q, k, v split cuts across the column shards.
     auto plan = std::make_shared<dist::TensorParallel>(dist::parallelize_module(
         *gpt, mesh["tp"],
-        {{"blocks.*.qkv",
-          ColwiseParallel(std::nullopt, std::nullopt, /*use_local_output=*/false)},
+        {{"blocks.*.qkv", ColwiseParallel(std::nullopt, std::nullopt, /*use_local_output=*/false)},
          {"blocks.*.proj", RowwiseParallel()},
          {"blocks.*.fc", ColwiseParallel()},
          {"blocks.*.out", RowwiseParallel()}}));

@@ -52,10 +52,12 @@ Decision decide_optimizer(const RuleCall& call) {
     for (const Placement& pl : p.spec->placements) {
       if (!pl.is_partial()) continue;
       for (const Arg* q : params)
-        KILN_CHECK(!q->spec || q->spec->mesh == p.spec->mesh, Value, call.op.name(),
-                   ": parameter ", a.elem, " is Partial, which updates on the replicate path of "
-                   "one mesh, but the parameters lie on ", p.spec->mesh.str(), " and ",
-                   q->spec->mesh.str(), "; redistribute the Partial parameter first");
+        KILN_CHECK(!q->spec || q->spec->mesh == p.spec->mesh, Value, call.op.name(), ": parameter ",
+                   a.elem,
+                   " is Partial, which updates on the replicate path of "
+                   "one mesh, but the parameters lie on ",
+                   p.spec->mesh.str(), " and ", q->spec->mesh.str(),
+                   "; redistribute the Partial parameter first");
       return replicate();
     }
     d.targets[j] = step ? Placements(p.spec->placements.size(), Replicate()) : p.spec->placements;

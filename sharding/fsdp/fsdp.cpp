@@ -91,7 +91,15 @@ std::shared_ptr<FSDPParamGroup> FSDPParamGroup::create(const std::vector<Tensor>
                  "; FSDP shards DTensors of a 1-d (tensor-parallel) mesh only");
       KILN_CHECK(!tp->placements[0].is_partial(), Value, "fully_shard: parameter '", name, "' is ",
                  placements_str(tp->placements), "; FSDP cannot shard a Partial value");
-      spec.mesh = concat_meshes(tp->mesh, mesh);
+      try {
+        spec.mesh = concat_meshes(tp->mesh, mesh);
+      } catch (const Error& e) {
+        KILN_FAIL(Value, "fully_shard: parameter '", name, "' is already a DTensor on ",
+                  tp->mesh.str(), ", which FSDP cannot shard again over ", mesh.str(), " (",
+                  e.what(),
+                  "); for FSDP over tensor parallel take both meshes from one "
+                  "init_device_mesh: mesh[\"tp\"] and mesh[\"dp\"]");
+      }
       spec.placements = {tp->placements[0], Shard(0)};
       tp->dtype = p.dtype();
     }

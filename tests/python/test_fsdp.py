@@ -190,7 +190,8 @@ FEATURES = COMMON + textwrap.dedent("""
     lin = nn.Linear(4, 4)
     other = init_device_mesh("cpu", (n,), mesh_dim_names=("other",))
     lin.weight = nn.Parameter(distribute_tensor(kiln.randn(4, 4), other, [Shard(0)]))
-    expect(lambda: fully_shard(lin, mesh=mesh), ValueError, "parameter 'weight' is already a DTensor")
+    expect(lambda: fully_shard(lin, mesh=mesh), ValueError,
+           "parameter 'weight' is already a DTensor on DeviceMesh('cpu', ")
     expect(lambda: fully_shard(nn.Linear(2, 2), mesh=mesh, offload_policy=CPUOffloadPolicy()),
            NotImplementedError, "CPUOffloadPolicy")
     if n == 4:

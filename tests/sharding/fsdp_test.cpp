@@ -154,6 +154,12 @@ KILN_RANK_SCENARIO(fsdp_param_group) {
   Tensor d = group->sharded_params()[0];
   expect_error(ErrorKind::Value, "parameter 'd' is already a DTensor on the FSDP mesh",
                [&] { FSDPParamGroup::create({d}, mesh, {}, {"d"}); });
+  DeviceMesh other = dist::init_device_mesh("cpu", {world()}, {"other"});
+  Tensor o = dist::distribute_tensor(ones({4, 2}), other, {Shard(0)});
+  expect_error(ErrorKind::Value,
+               "parameter 'o' is already a DTensor on DeviceMesh('cpu', [0, 1], "
+               "mesh_dim_names=('other')), which FSDP cannot shard again over",
+               [&] { FSDPParamGroup::create({o}, mesh, {}, {"o"}); });
   expect_error(ErrorKind::Value, "parameter 's' is 0-d",
                [&] { FSDPParamGroup::create({ones({})}, mesh, {}, {"s"}); });
   expect_error(ErrorKind::Value, "the device mesh is undefined",
@@ -164,7 +170,7 @@ KILN_RANK_SCENARIO(fsdp_param_group) {
 }
 TEST(Fsdp, ParamGroup) { expect_all_pass(run_ranks("fsdp_param_group", 2)); }
 
-// Note [FSDP over TP]: an MLP tensor-parallel over mesh["tp"] (fc1 Colwise, fc2 Rowwise) and
+// See Note [FSDP over TP]. An MLP tensor-parallel over mesh["tp"] (fc1 Colwise, fc2 Rowwise) and
 // then fully_shard-ed over mesh["dp"] of a 2x2 mesh trains as one process does on the whole
 // batch. Shapes make both splits uneven: fc1's 10 rows are 5 per tp rank, then 3 + 2 over dp.
 // The LayerNorm is not tensor-parallel, so its parameters stay 1-d Shard(0) over dp.
