@@ -25,8 +25,7 @@ namespace kiln::dist::rules {
 // (vocab_parallel_cross_entropy, Note [Vocab-parallel cross entropy]). The weight is read for
 // every class, so it is always Replicate. The loss is not linear in input or weight, so a Partial
 // one is reduced first: the weight all-reduced to Replicate, the input reduce-scattered onto the
-// batch Shard (half the cost of an all-reduce, so it wins unless the target's placement costs
-// more to follow).
+// batch Shard (half the cost of an all-reduce to Replicate).
 // cross_entropy_indices_backward(grad (N,), input, target, weight?, ...) -> grad_input (N, C):
 // the same candidates, grad sharded like the target and grad_input like the input. It is linear
 // in grad, so grad may also stay Partial(sum) or Partial(avg) with the other tensors Replicate,
@@ -63,12 +62,15 @@ Decision decide_loss(const RuleCall& call) {
   }
   KILN_ASSERT(input && target, call.op.name(), ": a loss row without input or target");
   const int64_t ndim = input->rank;
-  // A shape error: the local op reports it.
-  if (ndim < 2 || target->rank != ndim - 1) return replicate();
   int grad = -1;
   for (size_t j = 0; j < args.size(); ++j)
     if (roles[j] == Role::Grad) grad = static_cast<int>(j);
-  if (grad >= 0 && args[grad].rank != target->rank) return replicate();
+  // A shape error (the local op reports it, with the global shapes on this path).
+  if (ndim < 2) return replicate();
+  DimVector samples = input->spec->shape;
+  samples.erase(1);
+  if (target->spec->shape != samples) return replicate();
+  if (grad >= 0 && args[grad].spec->shape != samples) return replicate();
   Decision dec;
   dec.outs.resize(1);
   dec.outs[0].shape = backward ? input->spec->shape : target->spec->shape;
