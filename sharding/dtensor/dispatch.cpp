@@ -125,6 +125,8 @@ rules::Rule rule_of(ShardingRule r) {
       return &rules::decide_index;
     case ShardingRule::Attention:
       return &rules::decide_attention;
+    case ShardingRule::Loss:
+      return &rules::decide_loss;
     default:
       return nullptr;
   }

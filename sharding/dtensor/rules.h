@@ -11,6 +11,7 @@
 //   embedding.cpp   Note [Embedding sharding]
 //   index.cpp       Note [Index sharding]
 //   attention.cpp   Note [Attention sharding]
+//   loss.cpp        Note [Loss sharding]
 #pragma once
 
 #include <functional>
@@ -78,6 +79,7 @@ Decision decide_matmul(const RuleCall& call);
 Decision decide_embedding(const RuleCall& call);
 Decision decide_index(const RuleCall& call);
 Decision decide_attention(const RuleCall& call);
+Decision decide_loss(const RuleCall& call);
 
 // The index of the op's argument called `name`, or -1.
 int arg_named(const OpInfo& info, std::string_view name);
