@@ -2,7 +2,7 @@
 // `fortunes` package, then samples from it. Run it with scripts/chargpt, or by hand:
 //   build/bin/chargpt [--data DIR] [--steps N] [--eval-every K] [--ckpt DIR [--resume]]
 //                     [--prompt TEXT] [--temperature T] [--top-k K] [--sample-bytes N] [--seed S]
-//                     [--fsdp N] [--tp M] [--print-losses]
+//                     [--fsdp N [--bf16]] [--tp M] [--print-losses]
 //   build/bin/kiln run --nproc 4 build/bin/chargpt --fsdp 4
 // --fsdp N trains on N ranks (`kiln run --nproc N`), every block and then the whole model
 // fully_shard-ed, each rank taking kBatch / N rows of each batch; --tp M shards every block's
@@ -10,8 +10,10 @@
 // taking the whole batch. Either trains the same model on the same batches as one process does,
 // so the losses match it to float rounding (--print-losses prints every step's loss in full).
 // Both together (`kiln run --nproc 4 build/bin/chargpt --fsdp 2 --tp 2`) train 2-D: tensor
-// parallel inside each pair of ranks, FSDP across the pairs. As examples/chargpt.py does, rank 0
-// prints.
+// parallel inside each pair of ranks, FSDP across the pairs. --bf16 (with --fsdp) is FSDP's mixed
+// precision: parameters gathered and computed in bfloat16, gradients reduced in float32, float32
+// shards and optimizer; its losses follow the float32 run to about 1e-3. As examples/chargpt.py
+// does, rank 0 prints.
 // The files of DIR (default /usr/share/games/fortunes; *.dat and *.u8 skipped) are concatenated
 // as bytes in sorted order; the first 90% train, the rest validate. Each step draws 16 random
 // windows of 128 bytes (seeded). Every K steps it prints the mean training loss since the last
@@ -58,8 +60,9 @@ struct Args {
   int64_t top_k = 40;
   int64_t sample_bytes = 300;
   uint64_t seed = 1337;
-  int64_t fsdp = 1;  // FSDP ranks (under kiln run)
-  int64_t tp = 1;    // tensor-parallel ranks (under kiln run)
+  int64_t fsdp = 1;   // FSDP ranks (under kiln run)
+  int64_t tp = 1;     // tensor-parallel ranks (under kiln run)
+  bool bf16 = false;  // with --fsdp: compute in bfloat16, reduce gradients in float32
   bool print_losses = false;
 };
 
@@ -119,6 +122,8 @@ Args parse_args(int argc, char** argv) {
       a.fsdp = integer();
     else if (flag == "--tp")
       a.tp = integer();
+    else if (flag == "--bf16")
+      a.bf16 = true;
     else if (flag == "--print-losses")
       a.print_losses = true;
     else
@@ -126,6 +131,8 @@ Args parse_args(int argc, char** argv) {
   }
   // The checks and messages of examples/chargpt.py's parse_args.
   if (a.fsdp < 1 || a.tp < 1) usage_error("--fsdp and --tp must be >= 1");
+  if (a.bf16 && a.fsdp == 1)
+    usage_error("--bf16 is FSDP's mixed precision: it needs --fsdp N with N > 1");
   if (kBatch % a.fsdp != 0)
     usage_error("--fsdp " + std::to_string(a.fsdp) + " must divide the batch of " +
                 std::to_string(kBatch));
@@ -148,7 +155,7 @@ Args parse_args(int argc, char** argv) {
 // fully_shard-ed over "dp" (2-D FSDP x TP: See Note [FSDP over TP]). Returns the module that
 // training, evaluation and sampling call (the FSDP root, or `gpt` whose blocks call their linears
 // through the tensor-parallel plan), this rank, the first row of each batch it takes, and the
-// process group of the ranks that take different rows ("dp").
+// process group of the ranks that take different rows ("dp"). bf16: FSDP's mixed precision.
 struct Parallel {
   nn::ModulePtr model;
   int64_t rank = 0;
@@ -156,7 +163,8 @@ struct Parallel {
   dist::ProcessGroupPtr dp_group;
 };
 
-Parallel parallelize(const std::shared_ptr<chargpt::GPT>& gpt, int64_t fsdp, int64_t tp) {
+Parallel parallelize(const std::shared_ptr<chargpt::GPT>& gpt, int64_t fsdp, int64_t tp,
+                     bool bf16) {
   dist::DeviceMesh mesh = dist::init_device_mesh("cpu", {fsdp, tp}, {"dp", "tp"});
   const int64_t dp_rank = mesh.local_rank(0);
   Parallel p{gpt, dp_rank * tp + mesh.local_rank(1), dp_rank * (kBatch / fsdp), mesh.group(0)};
@@ -179,9 +187,11 @@ Parallel parallelize(const std::shared_ptr<chargpt::GPT>& gpt, int64_t fsdp, int
   }
   if (fsdp > 1) {
     dist::DeviceMesh dp = mesh["dp"];
+    dist::FSDPOptions options;
+    if (bf16) options.mp_policy = {.param_dtype = kBFloat16, .reduce_dtype = kFloat32};
     for (const auto& [name, block] : gpt->blocks->named_children())
-      gpt->blocks->replace_module(name, dist::fully_shard(block, dp));
-    p.model = dist::fully_shard(gpt, dp);
+      gpt->blocks->replace_module(name, dist::fully_shard(block, dp, options));
+    p.model = dist::fully_shard(gpt, dp, options);
   }
   return p;
 }
@@ -226,7 +236,7 @@ std::pair<Tensor, Tensor> get_batch(const std::string& text, int64_t block, Gene
 }
 
 Tensor lm_loss(nn::Module& model, const Tensor& x, const Tensor& y) {
-  Tensor logits = model.forward(x);
+  Tensor logits = model.forward(x).to(kFloat32);  // bfloat16 under --bf16: the loss in float32
   return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
 }
 
@@ -351,7 +361,7 @@ int main(int argc, char** argv) {
   if (args.fsdp * args.tp > 1) {
     // DTensor's replicate-path warnings (attention), as examples/chargpt.py ignores them.
     set_warning_handler([](const std::string&) {});
-    par = parallelize(gpt, args.fsdp, args.tp);
+    par = parallelize(gpt, args.fsdp, args.tp, args.bf16);
     if (par.rank != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;  // one rank prints
   }
   nn::Module& model = *par.model;
@@ -377,12 +387,13 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "chargpt: GPT %lld layers, %lld heads, width %lld, context %lld: %.2fM parameters; "
-      "batch %lld, AdamW lr %g, %lld steps%s%s\n",
+      "batch %lld, AdamW lr %g, %lld steps%s%s%s\n",
       static_cast<long long>(config.layers), static_cast<long long>(config.heads),
       static_cast<long long>(config.width), static_cast<long long>(config.block), n_params / 1e6,
       static_cast<long long>(kBatch), kLr, static_cast<long long>(args.steps),
       args.fsdp > 1 ? ("; FSDP on " + std::to_string(args.fsdp) + " ranks").c_str() : "",
-      args.tp > 1 ? ("; tensor parallel on " + std::to_string(args.tp) + " ranks").c_str() : "");
+      args.tp > 1 ? ("; tensor parallel on " + std::to_string(args.tp) + " ranks").c_str() : "",
+      args.bf16 ? "; bfloat16 compute" : "");
   std::fflush(stdout);
 
   using clock = std::chrono::steady_clock;
