@@ -381,6 +381,27 @@ int distributed_rank(bool quick) {
   return 0;
 }
 
+// Makes `gpt` tensor parallel over the 1-d `mesh`: every block's qkv and fc Colwise, proj and out
+// Rowwise, its Linears called through the returned plan.
+std::shared_ptr<dist::TensorParallel> tensor_parallel(GPT& gpt, const dist::DeviceMesh& mesh) {
+  dist::ParallelizePlan plan;
+  for (const auto& [name, block] : gpt.blocks->named_children()) {
+    const std::string b = "blocks." + name + ".";
+    plan.push_back({b + "qkv", dist::ColwiseParallel(std::nullopt, std::nullopt, false)});
+    plan.push_back({b + "proj", dist::RowwiseParallel()});
+    plan.push_back({b + "fc", dist::ColwiseParallel()});
+    plan.push_back({b + "out", dist::RowwiseParallel()});
+  }
+  auto par = std::make_shared<dist::TensorParallel>(dist::parallelize_module(gpt, mesh, plan));
+  for (const auto& [name, block] : gpt.blocks->named_children()) {
+    auto& blk = static_cast<Block&>(*block);
+    blk.tp = par.get();
+    blk.prefix = "blocks." + name + ".";
+    blk.tp_mesh = mesh;
+  }
+  return par;
+}
+
 // One rank of "sharded" (KILN_BENCH_RANK=sharded), as torch_reference.py's _sharded_worker: the
 // per-op time of `a + b` on two DTensors sharded on dim 0 of a 1-d mesh (4 float32 per rank),
 // after 20 warm-up calls: sharding propagation (cached after the first call) and dispatch; then
@@ -417,25 +438,11 @@ int sharded_rank(bool quick) {
     // compute thread did not spend waiting.
     emit("fsdp_train", "allgather_hidden_fraction", gs.hidden_fraction(), "fraction", "kiln-cpp");
   }
-  // Tensor parallel (no PyTorch row): every block's qkv and fc Colwise, proj and out Rowwise, each
-  // rank the whole batch of 16 (the work of gpt_train's step, split by columns, not by rows).
+  // Tensor parallel (no PyTorch row): each rank the whole batch of 16 (the work of gpt_train's
+  // step, split by columns, not by rows).
   manual_seed(0);
   auto tpgpt = std::make_shared<GPT>();
-  dist::ParallelizePlan plan;
-  for (const auto& [name, block] : tpgpt->blocks->named_children()) {
-    const std::string b = "blocks." + name + ".";
-    plan.push_back({b + "qkv", dist::ColwiseParallel(std::nullopt, std::nullopt, false)});
-    plan.push_back({b + "proj", dist::RowwiseParallel()});
-    plan.push_back({b + "fc", dist::ColwiseParallel()});
-    plan.push_back({b + "out", dist::RowwiseParallel()});
-  }
-  const dist::TensorParallel par = dist::parallelize_module(*tpgpt, mesh, plan);
-  for (const auto& [name, block] : tpgpt->blocks->named_children()) {
-    auto& blk = static_cast<Block&>(*block);
-    blk.tp = &par;
-    blk.prefix = "blocks." + name + ".";
-    blk.tp_mesh = mesh;
-  }
+  const auto par = tensor_parallel(*tpgpt, mesh);
   optim::AdamW tp_opt(tpgpt->parameters(), {.lr = 3e-4});
   Tensor tx = randint(0, 256, {2 * B, T}), ty = randint(0, 256, {2 * B, T});
   const double tp_ms = train_ms(*tpgpt, tp_opt, tx, ty, loss, quick ? 2 : 5);
@@ -445,12 +452,39 @@ int sharded_rank(bool quick) {
   return 0;
 }
 
+// One of the 4 ranks of "sharded2d" (no PyTorch row): gpt_train's GPT on a 2x2 ("dp", "tp") mesh,
+// tensor parallel over "tp" as in tp_train, then each block and the whole model fully_shard-ed
+// over "dp" (Note [FSDP over TP]); each "dp" pair takes 8 rows of the batch of 16, so one step
+// does gpt_train's work. On a machine with fewer than 4 cores the ranks share cores.
+int sharded2d_rank(bool quick) {
+  dist::DeviceMesh mesh = dist::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  manual_seed(0);
+  auto gpt = std::make_shared<GPT>();
+  const auto par = tensor_parallel(*gpt, mesh["tp"]);
+  const dist::DeviceMesh dp = mesh["dp"];
+  for (const auto& [name, block] : gpt->blocks->named_children())
+    gpt->blocks->replace_module(name, dist::fully_shard(block, dp));
+  auto model = dist::fully_shard(gpt, dp);
+  optim::AdamW opt(model->parameters(), {.lr = 3e-4});
+  const int64_t B = 8, T = 128;
+  Tensor x = randint(0, 256, {B, T}), y = randint(0, 256, {B, T});
+  auto loss = [](const Tensor& logits, const Tensor& t) {
+    return cross_entropy(logits.view({-1, 256}), t.view({-1}));
+  };
+  const double ms = train_ms(*model, opt, x, y, loss, quick ? 2 : 5);
+  if (mesh.coordinate() == std::vector<int64_t>{0, 0})
+    emit("fsdp_tp_train", "gpt_step_4ranks_2x2_b16", ms, "ms/step", "kiln-cpp");
+  dist::destroy_process_group();
+  return 0;
+}
+
 // A spawned rank inherits this thread's CPU affinity, and with OMP_PROC_BIND set (scripts/bench
 // sets it) OpenMP has bound this thread to a single core, which would put both ranks, and their
 // comm threads, on that core. The ranks are spawned with every CPU allowed, each rank's OpenMP
 // thread on its own core (OMP_PLACES).
-// `mode` is what the ranks run: "distributed" (distributed_rank) or "sharded" (sharded_rank).
-void spawn_ranks(const std::string& mode, bool quick) {
+// `mode` is what the `world` ranks run: "distributed" (distributed_rank), "sharded"
+// (sharded_rank) or "sharded2d" (sharded2d_rank).
+void spawn_ranks(const std::string& mode, bool quick, int world = 2) {
   dist::TCPStore store("127.0.0.1", 0, /*is_server=*/true);
   const int ncpu = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
   cpu_set_t bound, all;
@@ -459,11 +493,11 @@ void spawn_ranks(const std::string& mode, bool quick) {
   for (int c = 0; c < ncpu && c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
   sched_setaffinity(0, sizeof all, &all);
   std::vector<pid_t> pids;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < world; ++r) {
     std::vector<std::string> env = {"RANK=" + std::to_string(r),
                                     "LOCAL_RANK=" + std::to_string(r),
-                                    "WORLD_SIZE=2",
-                                    "LOCAL_WORLD_SIZE=2",
+                                    "WORLD_SIZE=" + std::to_string(world),
+                                    "LOCAL_WORLD_SIZE=" + std::to_string(world),
                                     "MASTER_ADDR=127.0.0.1",
                                     "MASTER_PORT=" + std::to_string(store.port()),
                                     "KILN_AGENT_STORE=1",
@@ -501,8 +535,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (const char* mode = std::getenv("KILN_BENCH_RANK"))
-    return std::string(mode) == "sharded" ? sharded_rank(quick) : distributed_rank(quick);
+  if (const char* env = std::getenv("KILN_BENCH_RANK")) {
+    const std::string mode = env;
+    if (mode == "sharded") return sharded_rank(quick);
+    if (mode == "sharded2d") return sharded2d_rank(quick);
+    return distributed_rank(quick);
+  }
   auto want = [&](const char* name) { return only.empty() || only.count(name); };
   if (want("dispatch")) w_dispatch(quick);
   if (want("gemm")) w_gemm(quick);
@@ -517,5 +555,6 @@ int main(int argc, char** argv) {
   if (want("gpt")) w_gpt(quick);
   if (want("distributed")) spawn_ranks("distributed", quick);
   if (want("sharded")) spawn_ranks("sharded", quick);
+  if (want("sharded")) spawn_ranks("sharded2d", quick, 4);
   return 0;
 }
