@@ -12,8 +12,11 @@ namespace kiln::dist {
 
 // Note [DTensor dispatch]: every op reaches the DTensor key through one boxed fallback.
 //  - Arguments: every tensor must be a DTensor, except 0-d plain tensors (scalars and wrapped
-//    numbers), which count as replicated: anything else is a RuntimeError, as in PyTorch. All
-//    DTensors must be on one mesh (ValueError naming the op and both meshes).
+//    numbers), which count as replicated: anything else is a RuntimeError, as in PyTorch. Two
+//    rules take more plain tensors (plain_allowed): the optimizer's, and the norms' weight and
+//    bias when they need no gradient (the ones and zeros layer_norm makes when it has none). All
+//    DTensors must be on one mesh (ValueError naming the op and both meshes), except in the
+//    optimizer rule, which checks that per parameter (Note [Optimizer sharding]).
 //  - The row's rule (rules.h; one file per rule) decides the placements the inputs take for the
 //    local call, and each result's placements, shape and strides. The decision is cached per
 //    (op; each tensor's shape and placements; the integer, bool, int-list, dtype and string
@@ -322,6 +325,16 @@ Tensor like_op(const OperatorHandle& op, Stack args) {
             "DTensor.from_local); only 0-d tensors and scalars may be mixed in");
 }
 
+// The plain tensors that rules take beside DTensors (Note [DTensor dispatch]): the optimizer
+// rule checks its own (Note [Optimizer sharding]); the norm rule takes a weight or bias that needs
+// no gradient as replicated (Note [Softmax sharding]).
+bool plain_allowed(const OpInfo& info, int i, const Tensor& t) {
+  if (info.sharding == ShardingRule::Optimizer) return true;
+  const std::string_view name = info.args[i].name;
+  return info.sharding == ShardingRule::Norm && (name == "weight" || name == "bias") &&
+         !t.requires_grad();
+}
+
 void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
   const OpInfo& info = op.info();
   const int n = info.num_args;
@@ -333,8 +346,7 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
   auto visit = [&](int i, int elem, const Tensor& t) {
     if (!t.defined()) return;
     if (!is_dtensor(t)) {
-      // The optimizer rule checks its plain tensors itself (Note [Optimizer sharding]).
-      if (t.dim() != 0 && info.sharding != ShardingRule::Optimizer) mixed_error(op, i, t);
+      if (t.dim() != 0 && !plain_allowed(info, i, t)) mixed_error(op, i, t);
       tensors.push_back(Arg{i, elem, &t, nullptr, 0});
       return;
     }

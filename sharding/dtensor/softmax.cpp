@@ -14,7 +14,9 @@ namespace kiln::dist::rules {
 // Each mesh dim is decided on its own, by choose(), among Replicate() (listed first, so an
 // unsharded call stays unsharded) and Shard(d) for every dim d outside the slice (taking a piece
 // of a Replicate input costs nothing; a Partial input is reduce-scattered there, half the cost
-// of an all-reduce). The parameters (weight, bias) are always Replicate.
+// of an all-reduce). The parameters (weight, bias) are always Replicate; a plain weight or bias
+// that needs no gradient (the ones and zeros of layer_norm and rms_norm without weight or bias)
+// is taken as replicated, as it is: every rank holds the whole of it.
 // The backward rows (softmax_backward_data, log_softmax_backward_data, _layer_norm_backward,
 // _rms_norm_backward) shard grad and the forward's input or output alike. They are linear in
 // grad, so grad may also stay Partial(sum) or Partial(avg) with the other tensors Replicate,
@@ -88,8 +90,6 @@ Decision decide_norm(const RuleCall& call) {
   // -> y; _layer_norm_backward(grad, input, weight, normalized_shape, eps) -> (grad_input,
   // grad_weight, grad_bias), _rms_norm_backward -> (grad_input, grad_weight).
   const std::vector<Arg>& args = call.tensors;
-  for (const Arg& a : args)
-    if (!a.spec) return replicate();
   const OpInfo& info = call.op.info();
   const int shape_arg = arg_named(info, "normalized_shape");
   KILN_ASSERT(shape_arg >= 0, call.op.name(), ": a norm row without normalized_shape");
@@ -105,7 +105,7 @@ Decision decide_norm(const RuleCall& call) {
   for (size_t j = 0; j < args.size(); ++j) {
     std::string_view n = info.args[args[j].index].name;
     is_data[j] = n == "input" || n == "grad";
-    if (is_data[j] && args[j].rank != ndim) return replicate();
+    if (is_data[j] && (!args[j].spec || args[j].rank != ndim)) return replicate();
   }
   Decision dec;
   dec.outs.resize(info.num_returns);

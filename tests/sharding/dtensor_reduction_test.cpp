@@ -341,12 +341,22 @@ void check_rowwise(const DeviceMesh& mesh, const std::vector<Placements>& placem
     SCOPED_TRACE("norms from " + dist::placements_str(p));
     expect_placed(kiln::layer_norm(x, {6}, dw, db), rowwise(p, {false, false, true}),
                   kiln::layer_norm(g, {6}, w, b));
-    // The composite makes plain ones/zeros for an absent weight or bias: pass both.
     expect_placed(kiln::layer_norm(x, {4, 6}, dw2, db2), rowwise(p, {false, true, true}),
                   kiln::layer_norm(g, {4, 6}, w2, b2));
+    // Without weight or bias: the composite's plain ones and zeros count as replicated.
+    expect_placed(kiln::layer_norm(x, {6}), rowwise(p, {false, false, true}),
+                  kiln::layer_norm(g, {6}));
+    expect_placed(kiln::layer_norm(x, {6}, dw), rowwise(p, {false, false, true}),
+                  kiln::layer_norm(g, {6}, w));
+    expect_placed(kiln::rms_norm(x, {4, 6}), rowwise(p, {false, true, true}),
+                  kiln::rms_norm(g, {4, 6}));
     expect_placed(kiln::rms_norm(x, {6}, dw), rowwise(p, {false, false, true}),
                   kiln::rms_norm(g, {6}, w));
   }
+  // A plain weight that needs a gradient is still refused: its gradient would be a DTensor.
+  Tensor wg = w.clone().requires_grad_(true);
+  expect_error(ErrorKind::Runtime, "got a mix of DTensors and a plain tensor (argument 'weight'",
+               [&] { kiln::layer_norm(distribute_tensor(g, mesh, placements[0]), {6}, wg); });
   // The backward rows: grad and the forward's output or input sharded alike.
   Tensor grad = random({5, 4, 6}, kFloat32, -1, 1, 35), y = kiln::softmax(g, 1);
   auto D = [&](const Tensor& t, Placements p) { return distribute_tensor(t, mesh, std::move(p)); };
@@ -425,6 +435,10 @@ KILN_RANK_SCENARIO(reduction_autograd) {
          [](const Tensor& x, const Tensor& c, const Tensor& w, const Tensor& b) {
            return (kiln::layer_norm(x, {4}, w, b) * c).sum() +
                   (kiln::rms_norm(x, {4}, w) * c).sum();
+         }},
+        {"norms without weight",
+         [](const Tensor& x, const Tensor& c, const Tensor&, const Tensor&) {
+           return (kiln::layer_norm(x, {4}) * c).sum() + (kiln::rms_norm(x, {4}) * c).sum();
          }},
     };
     for (const auto& [name, f] : fs) {
