@@ -6,6 +6,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "kiln/autograd/grad_mode.h"
 #include "rules.h"
 
 namespace kiln::dist {
@@ -325,6 +326,57 @@ Tensor like_op(const OperatorHandle& op, Stack args) {
             "DTensor.from_local); only 0-d tensors and scalars may be mixed in");
 }
 
+// Note [DTensor views]: a view op on a DTensor gives a real view of the local shard when its rule
+// keeps the input's placements (ViewKind::Local: writing into it writes the DTensor), and a view
+// of a gathered or moved copy otherwise (ViewKind::Copy: the replicate path, or a rule that had to
+// redistribute the input; a view of a Copy view is a Copy too). A write into a Copy view would
+// not reach the DTensor, and autograd cannot see that a write into a Local view changes its base
+// (a DTensor has no storage, so it is never an autograd view of its base: no CopySlices, Note
+// [CopySlices]); either would give silently wrong values or gradients, so both are refused with a
+// NotImplementedError naming the way out: a write into a Local view is fine when no tensor of the
+// call needs a gradient or grad mode is off (initialisation, optimizer-style updates).
+
+void mark_views(const IValue& v, detail::ViewKind kind) {
+  if (v.is_tensor()) {
+    if (is_dtensor(v.to_tensor())) detail::set_view_kind(v.to_tensor(), kind);
+  } else if (v.is_tensor_list()) {
+    for (const Tensor& t : v.to_tensor_list())
+      if (is_dtensor(t)) detail::set_view_kind(t, kind);
+  }
+}
+
+detail::ViewKind view_kind_of(const std::vector<Arg>& tensors, const Decision& dec) {
+  for (size_t j = 0; j < tensors.size(); ++j) {
+    const Arg& a = tensors[j];
+    if (!a.spec) continue;
+    if (detail::view_kind(*a.tensor) == detail::ViewKind::Copy) return detail::ViewKind::Copy;
+    if (!dec.targets[j].empty() && dec.targets[j] != a.spec->placements)
+      return detail::ViewKind::Copy;
+  }
+  return detail::ViewKind::Local;
+}
+
+void check_view_writes(const OperatorHandle& op, const std::vector<Arg>& tensors) {
+  const OpInfo& info = op.info();
+  for (const Arg& w : tensors) {
+    if (!w.spec || !info.args[w.index].is_mutable) continue;
+    const detail::ViewKind kind = detail::view_kind(*w.tensor);
+    KILN_CHECK(kind != detail::ViewKind::Copy, NotImplemented, op.name(),
+               ": writes into a view of a DTensor (shape ", w.tensor->sizes(), ", ",
+               placements_str(w.spec->placements),
+               ") that views a gathered copy of its shards, so the write would not reach the "
+               "DTensor; redistribute the DTensor so that the dims the view cuts are not sharded, "
+               "then take the view and write");
+    if (kind != detail::ViewKind::Local || !autograd::GradMode::is_enabled()) continue;
+    for (const Arg& a : tensors)
+      KILN_CHECK(!a.tensor->requires_grad(), NotImplemented, op.name(),
+                 ": an in-place write into a view of a DTensor (shape ", w.tensor->sizes(),
+                 ") while autograd records it is not supported yet: the DTensor it views would "
+                 "not see the write in its gradient; write into the DTensor itself (e.g. "
+                 "index_put_ or masked_fill_ on it), clone the view first, or write under no_grad");
+  }
+}
+
 // The plain tensors that rules take beside DTensors (Note [DTensor dispatch]): the optimizer
 // rule checks its own (Note [Optimizer sharding]); the norm rule takes a weight or bias that needs
 // no gradient as replicated (Note [Softmax sharding]).
@@ -369,6 +421,7 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     }
   }
   KILN_ASSERT(mesh != nullptr, op.name(), ": DTensor kernel without a DTensor argument");
+  check_view_writes(op, tensors);
   if (is_like_op(op) && is_dtensor(args[0].to_tensor())) {
     stack.push_back(like_op(op, std::move(args)));
     return;
@@ -396,7 +449,10 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
       std::lock_guard<std::mutex> lock(g_cache_mu);
       ++g_stats.replicated;
     }
-    for (IValue& v : replicate_path(op, std::move(args), *mesh)) stack.push_back(std::move(v));
+    for (IValue& v : replicate_path(op, std::move(args), *mesh)) {
+      if (info.is_view) mark_views(v, detail::ViewKind::Copy);
+      stack.push_back(std::move(v));
+    }
     return;
   }
   Stack locals = args;
@@ -451,14 +507,14 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
   };
   for (IValue& v : locals) {
     if (v.is_tensor()) {
-      stack.push_back(wrap(v.to_tensor()));
+      v = wrap(v.to_tensor());
     } else if (v.is_tensor_list()) {
       std::vector<Tensor> l = v.to_tensor_list();
       for (Tensor& t : l) t = wrap(t);
-      stack.push_back(std::move(l));
-    } else {
-      stack.push_back(std::move(v));
+      v = std::move(l);
     }
+    if (info.is_view) mark_views(v, view_kind_of(tensors, *dec));
+    stack.push_back(std::move(v));
   }
 }
 

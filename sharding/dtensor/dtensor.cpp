@@ -65,6 +65,7 @@ namespace {
 struct DTensorHandle final : BackendHandle {
   Tensor local;
   DTensorSpec spec;
+  mutable detail::ViewKind view = detail::ViewKind::None;  // set once, by the view op's kernel
   DTensorHandle(Tensor l, DTensorSpec s) : local(std::move(l)), spec(std::move(s)) {}
   intrusive_ptr<TensorImpl> detached(const TensorImpl&) const override {
     return detail::make_dtensor(local.detach(), spec).impl_ptr();
@@ -119,6 +120,8 @@ Tensor detail::make_dtensor(Tensor local, DTensorSpec spec) {
 
 const Tensor& detail::local_of(const Tensor& t) { return need_handle(t).local; }
 const DTensorSpec& detail::spec_of(const Tensor& t) { return need_handle(t).spec; }
+detail::ViewKind detail::view_kind(const Tensor& t) { return need_handle(t).view; }
+void detail::set_view_kind(const Tensor& t, ViewKind kind) { need_handle(t).view = kind; }
 
 Placements detail::check_placements(const char* what, const DeviceMesh& mesh, Placements p,
                                     int64_t ndim) {

@@ -1,11 +1,13 @@
 // Views and cat of DTensors across processes (tests/sharding/harness.h; Note [View sharding]):
 // every view op and cat on 1-d meshes of 2 and 3 ranks (3 gives uneven shards) and on a 2x2
 // mesh, each against the unsharded op: the gathered values, the result's placements (no gather
-// where none is needed), its global strides, writes through views reaching the DTensor, no op
-// on the replicate path, and autograd through views with the gradients' placements.
+// where none is needed), its global strides, writes through views reaching the DTensor (and the
+// refused ones: Note [DTensor views]), no op on the replicate path, and autograd through views
+// with the gradients' placements.
 #include <gtest/gtest.h>
 
 #include "harness.h"
+#include "kiln/autograd/grad_mode.h"
 #include "kiln/dist/dtensor.h"
 #include "kiln/kiln.h"
 #include "test_util.h"
@@ -274,6 +276,37 @@ KILN_RANK_SCENARIO(view_autograd) {
 }
 
 TEST(DTensorView, Autograd) { expect_all_pass(run_ranks("view_autograd", 2)); }
+
+// See Note [DTensor views]. Writes through views that would be lost are refused, those that reach the
+// DTensor are allowed.
+KILN_RANK_SCENARIO(view_writes) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
+  Tensor a = random({4, 6}, kFloat32, -2, 2, 5);
+  // A view of the local shard (slicing the unsharded dim of a Shard(0) DTensor) under autograd:
+  // the base would not see the write in its gradient.
+  DTensor x = distribute_tensor(a, mesh, {Shard(0)});
+  x.requires_grad_();
+  Tensor y = x * 1.0;
+  expect_error(ErrorKind::NotImplemented, "mul_: an in-place write into a view of a DTensor",
+               [&] { y.narrow(1, 1, 2).mul_(full({}, 3.0)); });
+  // The same write without autograd reaches the DTensor (distribute_tensor's shards view the
+  // tensor distributed: a copy keeps `a`).
+  DTensor z = distribute_tensor(a.clone(), mesh, {Shard(0)});
+  {
+    autograd::NoGradGuard no_grad;
+    z.narrow(1, 1, 2).mul_(full({}, 3.0));
+  }
+  Tensor want = a.clone();
+  want.narrow(1, 1, 2).mul_(full({}, 3.0));
+  expect_close(z.full_tensor(), want);
+  // A view that cuts the sharded dim views a gathered copy: the write would be lost.
+  DTensor s = distribute_tensor(a, mesh, {Shard(1)});
+  autograd::NoGradGuard no_grad;
+  expect_error(ErrorKind::NotImplemented, "views a gathered copy of its shards",
+               [&] { s.narrow(1, 1, 2).fill_(0.0); });
+  expect_close(s.full_tensor(), a);
+}
+TEST(DTensorView, WritesThroughViews) { expect_all_pass(run_ranks("view_writes", 2)); }
 TEST(DTensorView, AutogradThreeRanks) { expect_all_pass(run_ranks("view_autograd", 3)); }
 
 }  // namespace

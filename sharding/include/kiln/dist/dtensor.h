@@ -135,6 +135,10 @@ const Tensor& local_of(const Tensor& dtensor);
 const DTensorSpec& spec_of(const Tensor& dtensor);
 // `local`, placed by spec.placements, placed by `to` instead (Note [Redistribute]).
 Tensor redistribute_local(const Tensor& local, const DTensorSpec& spec, const Placements& to);
+// What a DTensor made by a view op views (Note [DTensor views] in sharding/dtensor/dispatch.cpp).
+enum class ViewKind : uint8_t { None, Local, Copy };
+ViewKind view_kind(const Tensor& dtensor);
+void set_view_kind(const Tensor& dtensor, ViewKind kind);
 // Checks that `placements` fit `mesh` and a tensor of `ndim` dims; normalizes negative dims.
 Placements check_placements(const char* what, const DeviceMesh& mesh, Placements placements,
                             int64_t ndim);
