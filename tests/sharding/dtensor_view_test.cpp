@@ -277,8 +277,8 @@ KILN_RANK_SCENARIO(view_autograd) {
 
 TEST(DTensorView, Autograd) { expect_all_pass(run_ranks("view_autograd", 2)); }
 
-// See Note [DTensor views]. Writes through views that would be lost are refused, those that reach the
-// DTensor are allowed.
+// See Note [DTensor views]. Writes through views that would be lost are refused, those that reach
+// the DTensor are allowed.
 KILN_RANK_SCENARIO(view_writes) {
   DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
   Tensor a = random({4, 6}, kFloat32, -2, 2, 5);
