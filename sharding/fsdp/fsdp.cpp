@@ -348,8 +348,8 @@ void FSDPParamGroup::keep_pieces(Gathered& g) {
     shape[0] = len;
     Tensor piece = empty(shape, g.dtype);
     if (piece.numel())
-      std::memcpy(bytes_of(piece), static_cast<char*>(g.storages[i]->data()) +
-                                       off * row_numel_[i] * es,
+      std::memcpy(bytes_of(piece),
+                  static_cast<char*>(g.storages[i]->data()) + off * row_numel_[i] * es,
                   piece.numel() * es);
     kept.push_back(std::move(piece));
   }

@@ -152,8 +152,7 @@ ProcessGroupPtr DeviceMesh::block_group(int64_t dim, int64_t k) const {
              " is not a positive divisor of the size ", n, " of mesh dim ", dim, " of ", str());
   if (k == n) return group(dim);
   const MeshState& s = state();
-  KILN_CHECK(!coordinate().empty(), Value, "DeviceMesh: rank ", world_rank(), " is not in ",
-             str());
+  KILN_CHECK(!coordinate().empty(), Value, "DeviceMesh: rank ", world_rank(), " is not in ", str());
   RootState& root = *s.root;
   std::lock_guard<std::mutex> lock(root.mu);
   auto [it, fresh] = root.block_groups.try_emplace({s.root_dims[dim], k});

@@ -192,7 +192,8 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   };
   Layout layout(int64_t n) const;
   // Copies parameter i's rows between a whole tensor and the n segments of a flat buffer.
-  void copy_rows(const Layout& l, size_t i, char* whole, char* flat, size_t es, bool to_whole) const;
+  void copy_rows(const Layout& l, size_t i, char* whole, char* flat, size_t es,
+                 bool to_whole) const;
   void plan();
   // A new Gathered with whole tensors `full` (uninitialised) of this group's parameters.
   std::shared_ptr<Gathered> make_gathered(std::vector<Tensor>& full) const;
@@ -235,10 +236,10 @@ using FSDPParamGroupPtr = std::shared_ptr<FSDPParamGroup>;
 // reading.
 struct FSDPGatherStats {
   int64_t count = 0;
-  int64_t prefetched = 0;  // of them, started ahead by a prefetch
+  int64_t prefetched = 0;    // of them, started ahead by a prefetch
   int64_t post_forward = 0;  // of them, over k ranks (Note [FSDP reshard to k ranks])
-  double total_s = 0;      // issue to completion
-  double waited_s = 0;     // of that, the part after the caller began to wait
+  double total_s = 0;        // issue to completion
+  double waited_s = 0;       // of that, the part after the caller began to wait
   double hidden_fraction() const { return total_s > 0 ? 1.0 - waited_s / total_s : 0.0; }
 };
 FSDPGatherStats fsdp_gather_stats(bool reset = false);
