@@ -274,6 +274,8 @@ void FSDPParamGroup::start_gather(Gathered& g, bool ahead) {
   // From the shards over the mesh, or from the pieces kept over k ranks (Note [FSDP reshard to k
   // ranks]), which the send buffer then replaces.
   const bool post = !g.kept.empty();
+  KILN_CHECK(!post || g.kept_k == post_size_, Runtime, "FSDP: reshard_after_forward changed from ",
+             g.kept_k, " to ", post_size_, " between a forward and its backward");
   auto p = std::make_shared<Pending>();
   p->layout = post ? &post_layout_ : &layout_;
   p->send = zeros({p->layout->seg_numel}, dt);
@@ -355,6 +357,7 @@ void FSDPParamGroup::keep_pieces(Gathered& g) {
   }
   free(g);
   g.kept = std::move(kept);
+  g.kept_k = post_size_;
 }
 
 std::vector<Tensor> FSDPParamGroup::unshard() {

@@ -177,6 +177,7 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
     // This rank's rows of each whole tensor, kept over a group of k (Note [FSDP reshard to k
     // ranks]); empty otherwise.
     std::vector<Tensor> kept;
+    int64_t kept_k = 0;
   };
   // Called by backward (FSDPAllGatherBackward) with the whole gradients of `g`'s parameters;
   // frees g.
@@ -217,7 +218,7 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   std::vector<int64_t> row_numel_;
   Layout layout_;  // over the mesh
   // reshard_after_forward (Note [FSDP reshard to k ranks]): k, the k-rank group, its layout.
-  int64_t post_size_ = 1;
+  int64_t post_size_ = 0;  // the constructor sets N
   ProcessGroupPtr post_pg_;
   Layout post_layout_;
   std::vector<Tensor> full_;
