@@ -14,10 +14,10 @@ its gradient reduce-scattered (averaged over the mesh: data parallel) onto the s
 
 The gathering and reducing is C++'s (kiln::dist::FSDPParamGroup, kiln/dist/fsdp.h: Note [FSDP
 flat all-gather], Note [FSDP resharding], Note [FSDP reshard to k ranks], Note [FSDP gradient
-sync]); this module hooks it into
-the Python module system: fully_shard changes the module's class to FSDP<Class> (a subclass of
-FSDPModule and the original class, as in PyTorch), whose __call__ puts the whole parameters into
-the module (and its submodules) for the forward and the shards back after it.
+sync]); this module hooks it into the Python module system: fully_shard changes the module's class
+to FSDP<Class> (a subclass of FSDPModule and the original class, as in PyTorch), whose __call__
+puts the whole parameters into the module (and its submodules) for the forward and the shards
+back after it.
 """
 import operator
 import warnings
