@@ -1,5 +1,6 @@
 // FSDP's parameter groups and FullyShardedModule (kiln/dist/fsdp.h): Note [FSDP flat all-gather],
-// Note [FSDP resharding], Note [FSDP gradient sync] and Note [FSDP prefetch].
+// Note [FSDP resharding], Note [FSDP reshard to k ranks], Note [FSDP gradient sync] and Note [FSDP
+// prefetch].
 #include "kiln/dist/fsdp.h"
 
 #include <algorithm>
@@ -58,6 +59,7 @@ FSDPParamGroup::FSDPParamGroup(const DeviceMesh& mesh, MixedPrecisionPolicy mp)
   KILN_CHECK(mesh_.device_type() == "cpu", NotImplemented,
              "fully_shard: only CPU meshes are supported so far, got ", mesh_.str());
   pg_ = mesh_.group(0);
+  post_size_ = mesh_.size(0);
 }
 
 FSDPParamGroup::~FSDPParamGroup() = default;
@@ -137,20 +139,38 @@ void FSDPParamGroup::materialize() {
   }
 }
 
+FSDPParamGroup::Layout FSDPParamGroup::layout(int64_t n) const {
+  Layout l;
+  l.n = n;
+  for (size_t i = 0; i < sharded_.size(); ++i) {
+    l.chunk_rows.push_back((full_shape_[i][0] + n - 1) / n);
+    l.seg_offset.push_back(l.seg_numel);
+    l.seg_numel += l.chunk_rows.back() * row_numel_[i];
+  }
+  return l;
+}
+
+void FSDPParamGroup::copy_rows(const Layout& l, size_t i, char* whole, char* flat, size_t es,
+                               bool to_whole) const {
+  const int64_t rows = full_shape_[i][0];
+  for (int64_t q = 0; q < l.n; ++q) {
+    auto [off, len] = chunk_of(rows, l.n, q);
+    if (len == 0) continue;
+    char* w = whole + off * row_numel_[i] * es;
+    char* f = flat + (q * l.seg_numel + l.seg_offset[i]) * es;
+    const size_t bytes = len * row_numel_[i] * es;
+    to_whole ? std::memcpy(w, f, bytes) : std::memcpy(f, w, bytes);
+  }
+}
+
 void FSDPParamGroup::plan() {
-  const int64_t n = mesh_.size(0);
-  seg_numel_ = 0;
   std::optional<ScalarType> dtype;
   for (size_t i = 0; i < sharded_.size(); ++i) {
     const DTensorSpec& s = detail::spec_of(sharded_[i]);
     const DimVector& shape = full_shape_[i];
-    const int64_t rows = shape[0];
     int64_t row = 1;
     for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
-    chunk_rows_.push_back((rows + n - 1) / n);
     row_numel_.push_back(row);
-    seg_offset_.push_back(seg_numel_);
-    seg_numel_ += chunk_rows_.back() * row;
     KILN_CHECK(mp_.param_dtype || !dtype || *dtype == s.dtype, Value,
                "fully_shard: the parameters of one FSDP group must share a dtype (one flat "
                "all-gather), but '",
@@ -158,6 +178,23 @@ void FSDPParamGroup::plan() {
                "; set mp_policy.param_dtype or shard them separately");
     dtype = s.dtype;
   }
+  layout_ = layout(mesh_.size(0));
+}
+
+void FSDPParamGroup::set_reshard_after_forward(std::variant<bool, int64_t> value) {
+  const int64_t n = mesh_.size(0);
+  if (const bool* on = std::get_if<bool>(&value)) {
+    post_size_ = *on ? n : 1;
+    post_pg_ = nullptr;
+    return;
+  }
+  const int64_t k = std::get<int64_t>(value);
+  KILN_CHECK(k >= 1 && k <= n && n % k == 0, Value, "fully_shard: reshard_after_forward=", k,
+             " must be a divisor of the FSDP mesh size ", n,
+             " (the size of the groups the parameters stay sharded over after forward)");
+  post_size_ = k;
+  post_pg_ = k > 1 && k < n ? mesh_.block_group(0, k) : nullptr;
+  post_layout_ = layout(k);
 }
 
 // ---- Gathering (Note [FSDP flat all-gather], Note [FSDP prefetch]) ---------------------------
@@ -178,6 +215,7 @@ std::atomic<uint64_t> next_epoch{1};
 
 struct FSDPParamGroup::Pending {
   Tensor send, recv;
+  const Layout* layout = nullptr;  // the group's layout_ or post_layout_
   WorkPtr work;
   Clock::time_point issued;
   bool ahead = false;
@@ -233,21 +271,29 @@ void FSDPParamGroup::start_gather(Gathered& g, bool ahead) {
   const ScalarType dt = g.dtype;
   const size_t es = element_size(dt);
   autograd::NoGradGuard no_grad;
+  // From the shards over the mesh, or from the pieces kept over k ranks (Note [FSDP reshard to k
+  // ranks]), which the send buffer then replaces.
+  const bool post = !g.kept.empty();
+  KILN_CHECK(!post || g.kept_k == post_size_, Runtime, "FSDP: reshard_after_forward changed from ",
+             g.kept_k, " to ", post_size_, " between a forward and its backward");
   auto p = std::make_shared<Pending>();
-  p->send = zeros({seg_numel_}, dt);
+  p->layout = post ? &post_layout_ : &layout_;
+  p->send = zeros({p->layout->seg_numel}, dt);
   for (size_t i = 0; i < sharded_.size(); ++i) {
-    Tensor local = detail::local_of(sharded_[i]);
+    Tensor local = post ? g.kept[i] : detail::local_of(sharded_[i]);
     KILN_CHECK(local.device() == kCPU, Value, "FSDP: the shard of parameter '", names_[i],
                "' is on ", local.device(),
                " (a meta parameter must be initialised on the CPU before the first forward)");
     local = local.to(dt).contiguous();
     if (local.numel())
-      std::memcpy(bytes_of(p->send) + seg_offset_[i] * es, bytes_of(local), local.numel() * es);
+      std::memcpy(bytes_of(p->send) + p->layout->seg_offset[i] * es, bytes_of(local),
+                  local.numel() * es);
   }
-  p->recv = empty({mesh_.size(0) * seg_numel_}, dt);
+  g.kept.clear();
+  p->recv = empty({p->layout->n * p->layout->seg_numel}, dt);
   p->issued = Clock::now();
   p->ahead = ahead;
-  p->work = pg_->all_gather_into_tensor(p->recv, p->send);
+  p->work = (post ? post_pg_ : pg_)->all_gather_into_tensor(p->recv, p->send);
   g.pending = std::move(p);
 }
 
@@ -264,22 +310,15 @@ void FSDPParamGroup::finish_gather(Gathered& g) {
       std::lock_guard<std::mutex> lock(stats_mu);
       stats.count += 1;
       stats.prefetched += p->ahead;
+      stats.post_forward += p->layout == &post_layout_;
       stats.total_s += std::chrono::duration<double>(done - p->issued).count();
       stats.waited_s += std::chrono::duration<double>(std::max(done, t0) - t0).count();
     }
-    const int64_t n = mesh_.size(0);
     const size_t es = element_size(g.dtype);
     for (size_t i = 0; i < sharded_.size(); ++i) {
       if (g.storages[i]->nbytes() != g.nbytes[i]) g.storages[i]->resize(g.nbytes[i]);
-      const int64_t rows = full_shape_[i][0];
-      char* dst = static_cast<char*>(g.storages[i]->data());
-      for (int64_t q = 0; q < n; ++q) {
-        auto [off, len] = chunk_of(rows, n, q);
-        if (len == 0) continue;
-        std::memcpy(dst + off * row_numel_[i] * es,
-                    bytes_of(p->recv) + (q * seg_numel_ + seg_offset_[i]) * es,
-                    len * row_numel_[i] * es);
-      }
+      copy_rows(*p->layout, i, static_cast<char*>(g.storages[i]->data()), bytes_of(p->recv), es,
+                /*to_whole=*/true);
     }
   }
   g.resident = true;
@@ -296,7 +335,29 @@ void FSDPParamGroup::regather(Gathered& g) {
 void FSDPParamGroup::free(Gathered& g) {
   g.pending.reset();                                // waits for an all-gather still in flight
   for (const auto& st : g.storages) st->resize(0);  // releases the memory
+  g.kept.clear();
   g.resident = false;
+}
+
+void FSDPParamGroup::keep_pieces(Gathered& g) {
+  if (!g.resident) return free(g);
+  const int64_t j = post_pg_->rank();  // this rank's place in its k ranks
+  const size_t es = element_size(g.dtype);
+  std::vector<Tensor> kept;
+  for (size_t i = 0; i < sharded_.size(); ++i) {
+    auto [off, len] = chunk_of(full_shape_[i][0], post_size_, j);
+    DimVector shape = full_shape_[i];
+    shape[0] = len;
+    Tensor piece = empty(shape, g.dtype);
+    if (piece.numel())
+      std::memcpy(bytes_of(piece),
+                  static_cast<char*>(g.storages[i]->data()) + off * row_numel_[i] * es,
+                  piece.numel() * es);
+    kept.push_back(std::move(piece));
+  }
+  free(g);
+  g.kept = std::move(kept);
+  g.kept_k = post_size_;
 }
 
 std::vector<Tensor> FSDPParamGroup::unshard() {
@@ -343,6 +404,12 @@ void FSDPParamGroup::reshard() {
   if (current_) free(*current_);
 }
 
+void FSDPParamGroup::post_forward_reshard() {
+  if (!current_ || post_size_ == 1) return;
+  if (post_pg_) return keep_pieces(*current_);
+  free(*current_);
+}
+
 void FSDPParamGroup::pre_backward() {
   if (current_) regather(*current_);
 }
@@ -364,7 +431,7 @@ std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
                                                      Gathered& gathered) {
   KILN_CHECK(grads.size() == sharded_.size(), Runtime, "FSDP: backward got ", grads.size(),
              " gradients for ", sharded_.size(), " parameters");
-  const int64_t n = mesh_.size(0), r = mesh_.local_rank(0);
+  const int64_t r = mesh_.local_rank(0);
   autograd::NoGradGuard no_grad;
   std::vector<Tensor> g(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -397,22 +464,15 @@ std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
     KILN_CHECK(
         t.dtype() == rd, Value,
         "FSDP: gradients of one group must share the reduce dtype; set mp_policy.reduce_dtype");
-  Tensor send = zeros({n * seg_numel_}, rd);
-  for (size_t i = 0; i < g.size(); ++i) {
-    const int64_t rows = g[i].size(0);
-    for (int64_t q = 0; q < n; ++q) {
-      auto [off, len] = chunk_of(rows, n, q);
-      if (len == 0) continue;
-      std::memcpy(bytes_of(send) + (q * seg_numel_ + seg_offset_[i]) * es,
-                  bytes_of(g[i]) + off * row_numel_[i] * es, len * row_numel_[i] * es);
-    }
-  }
-  Tensor recv = empty({seg_numel_}, rd);
+  Tensor send = zeros({layout_.n * layout_.seg_numel}, rd);
+  for (size_t i = 0; i < g.size(); ++i)
+    copy_rows(layout_, i, bytes_of(g[i]), bytes_of(send), es, /*to_whole=*/false);
+  Tensor recv = empty({layout_.seg_numel}, rd);
   pg_->reduce_scatter_tensor(recv, send, ReduceOp::Avg)->wait();
   for (size_t i = 0; i < g.size(); ++i) {
     const DTensorSpec& s = detail::spec_of(sharded_[i]);
-    const int64_t len = chunk_of(full_shape_[i][0], n, r).second;
-    Tensor local = recv.narrow(0, seg_offset_[i], len * row_numel_[i])
+    const int64_t len = chunk_of(full_shape_[i][0], layout_.n, r).second;
+    Tensor local = recv.narrow(0, layout_.seg_offset[i], len * row_numel_[i])
                        .view(local_shape(s.shape, s.mesh, s.placements))
                        .to(s.dtype)
                        .clone();
@@ -457,6 +517,7 @@ FullyShardedModule::FullyShardedModule(nn::ModulePtr module, DeviceMesh mesh, FS
     slots_.push_back({owner, name});
   }
   group_ = FSDPParamGroup::create(params, mesh, options.mp_policy, names);
+  group_->set_reshard_after_forward(options.reshard_after_forward);
   for (size_t i = 0; i < slots_.size(); ++i)
     slots_[i].owner->param(slots_[i].name) = group_->sharded_params()[i];
   register_module("module", module_);
@@ -495,8 +556,12 @@ Tensor FullyShardedModule::forward(const Tensor& input) {
   }
   restore();
   const bool graph = autograd::GradMode::is_enabled() && out.defined() && out.requires_grad();
-  if (!graph || options_.reshard_after_forward) group_->reshard();
-  if (graph && options_.reshard_after_forward) group_->register_pre_backward_hooks({out});
+  if (!graph) {
+    group_->reshard();
+  } else if (group_->reshard_after_forward_size() != 1) {
+    group_->post_forward_reshard();
+    group_->register_pre_backward_hooks({out});
+  }
   return out;
 }
 

@@ -25,6 +25,8 @@ struct RootState {
   std::vector<int> ranks;  // row-major
   std::mutex mu;
   std::map<std::string, FlatEntry, std::less<>> flattened;
+  // block_group()'s: this rank's group of k consecutive ranks, by (root dims, k).
+  std::map<std::pair<std::vector<int64_t>, int64_t>, ProcessGroupPtr> block_groups;
 };
 
 std::string join(const std::vector<std::string>& names, const char* sep) {
@@ -141,6 +143,27 @@ ProcessGroupPtr DeviceMesh::group(int64_t dim) const {
 
 ProcessGroupPtr DeviceMesh::group(std::string_view dim_name) const {
   return group(dim_index(dim_name));
+}
+
+ProcessGroupPtr DeviceMesh::block_group(int64_t dim, int64_t k) const {
+  const int64_t n = size(dim);  // range check
+  if (dim < 0) dim += ndim();
+  KILN_CHECK(k > 0 && n % k == 0, Value, "DeviceMesh.block_group: ", k,
+             " is not a positive divisor of the size ", n, " of mesh dim ", dim, " of ", str());
+  if (k == n) return group(dim);
+  const MeshState& s = state();
+  KILN_CHECK(!coordinate().empty(), Value, "DeviceMesh: rank ", world_rank(), " is not in ", str());
+  RootState& root = *s.root;
+  std::lock_guard<std::mutex> lock(root.mu);
+  auto [it, fresh] = root.block_groups.try_emplace({s.root_dims[dim], k});
+  if (!fresh) return it->second;
+  // Every block of the root along the dim's root dims, in the same order on every rank, cut into
+  // runs of k (See Note [Mesh groups]).
+  std::vector<std::vector<int>> runs;
+  for (const std::vector<int>& b : blocks(root, s.root_dims[dim]))
+    for (size_t i = 0; i < b.size(); i += k) runs.emplace_back(b.begin() + i, b.begin() + i + k);
+  it->second = make_groups(runs);
+  return it->second;
 }
 
 DeviceMesh DeviceMesh::submesh(const std::vector<std::string>& names) const {

@@ -3,13 +3,14 @@
 // training on the full batch does; the parameters are Shard(0) DTensors holding about 1/N of
 // the model; the gathered parameters are freed after backward; gradient accumulation with
 // set_requires_gradient_sync(false); FSDPParamGroup directly; bad input; per-rank memory by the
-// allocator's statistics; a rank killed mid-step; prefetch counts.
+// allocator's statistics; a rank killed mid-step; prefetch counts; reshard_after_forward=k.
 #include "kiln/dist/fsdp.h"
 
 #include <signal.h>
 
 #include <chrono>
 #include <cstdio>
+#include <variant>
 
 #include "harness.h"
 #include "kiln/allocator.h"
@@ -251,6 +252,50 @@ KILN_RANK_SCENARIO(fsdp_tp_2d) {
 }
 TEST(Fsdp, TensorParallel2x2) { expect_all_pass(run_ranks("fsdp_tp_2d", 4)); }
 
+// FSDP over TP with reshard_after_forward=2 (Note [FSDP reshard to k ranks]): a 4x2 ("dp", "tp")
+// mesh, the whole TpMlp one group that keeps the halves of its TP-local tensors over pairs of dp
+// ranks; fc1's 5 TP-local rows are 3 + 2 over a pair, fc2's 7 are 4 + 3.
+KILN_RANK_SCENARIO(fsdp_tp_reshard_to_k) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {4, 2}, {"dp", "tp"});
+  auto ref = std::make_shared<TpMlp>();
+  auto net = std::make_shared<TpMlp>();
+  net->par = std::make_shared<dist::TensorParallel>(dist::parallelize_module(
+      *net, mesh["tp"], {{"fc1", dist::ColwiseParallel()}, {"fc2", dist::RowwiseParallel()}}));
+  auto model = dist::fully_shard(net, mesh["dp"], {.reshard_after_forward = 2});
+  const dist::ProcessGroupPtr& pair = model->param_group()->post_forward_group();
+  ASSERT_TRUE(pair);
+  const int first = rank() / 4 * 4 + rank() % 2;  // dp pairs {0, 1}, {2, 3} within a tp column
+  EXPECT_EQ(pair->ranks(), std::vector<int>({first, first + 2}));
+  optim::AdamW ropt(ref->parameters(), {.lr = 0.01});
+  optim::AdamW fopt(model->parameters(), {.lr = 0.01});
+  const int64_t per = 2, dp = mesh.local_rank(0);
+  for (int step = 0; step < 3; ++step) {
+    Tensor x = random({per * 4, 6}, kFloat32, -1, 1, 10 + step);
+    Tensor y = random({per * 4, 7}, kFloat32, -1, 1, 50 + step);
+    ropt.zero_grad();
+    mse_loss(ref->forward(x), y).backward();
+    fopt.zero_grad();
+    dist::fsdp_gather_stats(/*reset=*/true);
+    Tensor out = model->forward(x.narrow(0, dp * per, per).contiguous());
+    for (const Tensor& f : model->param_group()->unsharded_params()) {
+      const Tensor& local = dist::is_dtensor(f) ? dist::detail::local_of(f) : f;
+      EXPECT_EQ(local.impl()->storage()->nbytes(), 0u);
+    }
+    mse_loss(out, y.narrow(0, dp * per, per).contiguous()).backward();
+    const dist::FSDPGatherStats st = dist::fsdp_gather_stats();
+    EXPECT_EQ(st.count, 2);
+    EXPECT_EQ(st.post_forward, 1);
+    auto got = model->parameters(), exp = ref->parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE("parameter " + std::to_string(i) + " at step " + std::to_string(step));
+      expect_close(DTensor(got[i].grad()).full_tensor(), exp[i].grad(), 1e-5, 1e-7);
+    }
+    ropt.step();
+    fopt.step();
+  }
+}
+TEST(Fsdp, TensorParallel4x2ReshardToTwo) { expect_all_pass(run_ranks("fsdp_tp_reshard_to_k", 8)); }
+
 // Per-rank memory after AdamW steps, by the CPU allocator's statistics: the shards, their
 // gradients and both Adam moments must be at most 1/N + 5% of what one process would hold (4
 // float32 copies of the model). Every shard has a power-of-two size, so the allocator's size
@@ -307,6 +352,161 @@ KILN_RANK_SCENARIO(fsdp_memory) {
 }
 TEST(Fsdp, MemoryPerRankTwoRanks) { expect_all_pass(run_ranks("fsdp_memory", 2)); }
 TEST(Fsdp, MemoryPerRankFourRanks) { expect_all_pass(run_ranks("fsdp_memory", 4)); }
+
+// See Note [FSDP reshard to k ranks]. Three fully_shard-ed Linears of uneven shapes (13, 9 and 5
+// rows over 4 ranks and over 2), the root keeping its (no) parameters: reshard_after_forward=2
+// trains exactly as True does, and as one process on the whole batch; between forward and
+// backward each block holds only its 1/2 pieces; backward gathers over this rank's pair of ranks.
+std::shared_ptr<nn::Sequential> mlp3(uint64_t seed) {
+  manual_seed(seed);
+  return std::make_shared<nn::Sequential>(
+      std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(7, 13), std::make_shared<nn::Tanh>(),
+                                 std::make_shared<nn::Linear>(13, 9), std::make_shared<nn::Tanh>(),
+                                 std::make_shared<nn::Linear>(9, 5)});
+}
+
+std::shared_ptr<dist::FullyShardedModule> sharded_mlp3(std::shared_ptr<nn::Sequential> net,
+                                                       const DeviceMesh& mesh,
+                                                       dist::FSDPOptions options) {
+  for (const char* name : {"0", "2", "4"})
+    net->replace_module(name, dist::fully_shard(net->child(name), mesh, options));
+  return dist::fully_shard(net, mesh, {.reshard_after_forward = false});
+}
+
+std::vector<FSDPParamGroup*> block_groups(const std::shared_ptr<dist::FullyShardedModule>& m) {
+  std::vector<FSDPParamGroup*> out;
+  auto seq = std::static_pointer_cast<nn::Sequential>(m->module());
+  for (const char* name : {"0", "2", "4"})
+    out.push_back(
+        std::dynamic_pointer_cast<dist::FullyShardedModule>(seq->child(name))->param_group().get());
+  return out;
+}
+
+KILN_RANK_SCENARIO(fsdp_reshard_to_k) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
+  const dist::FSDPOptions by_two{.reshard_after_forward = 2};
+  ASSERT_TRUE(std::holds_alternative<int64_t>(by_two.reshard_after_forward));
+  auto ref = mlp3(8);
+  auto model_k = sharded_mlp3(mlp3(8), mesh, by_two);
+  auto model_t = sharded_mlp3(mlp3(8), mesh, {});
+  for (FSDPParamGroup* g : block_groups(model_k)) {
+    EXPECT_EQ(g->reshard_after_forward_size(), 2);
+    ASSERT_TRUE(g->post_forward_group());
+    const int first = rank() / 2 * 2;  // ranks [0, 2) and [2, 4)
+    EXPECT_EQ(g->post_forward_group()->ranks(), std::vector<int>({first, first + 1}));
+  }
+  optim::AdamW ropt(ref->parameters(), {.lr = 0.01, .weight_decay = 0.1});
+  optim::AdamW kopt(model_k->parameters(), {.lr = 0.01, .weight_decay = 0.1});
+  optim::AdamW topt(model_t->parameters(), {.lr = 0.01, .weight_decay = 0.1});
+  const int64_t per = 3;
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    Tensor x = random({per * world(), 7}, kFloat32, -1, 1, 60 + step);
+    Tensor y = random({per * world(), 5}, kFloat32, -1, 1, 70 + step);
+    ropt.zero_grad();
+    mse_loss(ref->forward(x), y).backward();
+    ropt.step();
+    topt.zero_grad();
+    dist::fsdp_gather_stats(/*reset=*/true);
+    mse_loss(model_t->forward(rows(x, per)), rows(y, per)).backward();
+    const dist::FSDPGatherStats st = dist::fsdp_gather_stats(/*reset=*/true);
+    kopt.zero_grad();
+    Tensor loss = mse_loss(model_k->forward(rows(x, per)), rows(y, per));
+    // Between forward and backward: no whole parameter, and 1/2 of each (this rank's rows of its
+    // pair: chunk_of over 2) kept.
+    const std::vector<FSDPParamGroup*> groups = block_groups(model_k);
+    for (FSDPParamGroup* g : groups) {
+      EXPECT_FALSE(g->is_unsharded());
+      const std::vector<Tensor>& full = g->unsharded_params();
+      ASSERT_EQ(full.size(), 2u);
+      for (const Tensor& f : full) EXPECT_EQ(f.impl()->storage()->nbytes(), 0u);
+    }
+    loss.backward();
+    const dist::FSDPGatherStats sk = dist::fsdp_gather_stats(/*reset=*/true);
+    // Forward gathers 3 groups over the mesh, backward 3 over the pairs; prefetch works alike.
+    EXPECT_EQ(sk.count, 6);
+    EXPECT_EQ(sk.post_forward, 3);
+    EXPECT_EQ(st.post_forward, 0);
+    EXPECT_EQ(sk.count, st.count);
+    EXPECT_EQ(sk.prefetched, st.prefetched);
+    // Forward prefetches blocks 0, 2 and 4 once the first step has recorded the order; backward
+    // prefetches 2 and 0.
+    EXPECT_EQ(sk.prefetched, (step > 0 ? 3 : 0) + 2);
+    auto gk = model_k->parameters(), gt = model_t->parameters(), want = ref->parameters();
+    ASSERT_EQ(gk.size(), want.size());
+    for (size_t i = 0; i < gk.size(); ++i) {
+      SCOPED_TRACE("parameter " + std::to_string(i));
+      EXPECT_EQ(DTensor(gk[i].grad()).placements(), dist::Placements{Shard(0)});
+      expect_close(DTensor(gk[i].grad()).to_local(), DTensor(gt[i].grad()).to_local(), 1e-6, 0);
+      expect_close(DTensor(gk[i].grad()).full_tensor(), want[i].grad(), 1e-5, 1e-7);
+    }
+    for (FSDPParamGroup* g : groups)
+      for (const Tensor& f : g->unsharded_params()) EXPECT_EQ(f.impl()->storage()->nbytes(), 0u);
+    kopt.step();
+    topt.step();
+  }
+  auto gk = model_k->parameters(), want = ref->parameters();
+  for (size_t i = 0; i < gk.size(); ++i)
+    expect_close(DTensor(gk[i]).full_tensor(), want[i].detach(), 1e-5, 1e-7);
+  // k == N is True, k == 1 is False (as in PyTorch); other ints must divide N.
+  auto group = FSDPParamGroup::create({ones({6, 2})}, mesh, {}, {"w"});
+  group->set_reshard_after_forward(int64_t{4});
+  EXPECT_EQ(group->reshard_after_forward_size(), 4);
+  EXPECT_FALSE(group->post_forward_group());
+  group->set_reshard_after_forward(int64_t{1});
+  EXPECT_EQ(group->reshard_after_forward_size(), 1);
+  group->set_reshard_after_forward(true);
+  EXPECT_EQ(group->reshard_after_forward_size(), 4);
+  for (int64_t k : {3, 0, -2, 8})
+    expect_error(
+        ErrorKind::Value,
+        "reshard_after_forward=" + std::to_string(k) + " must be a divisor of the FSDP mesh size 4",
+        [&] { group->set_reshard_after_forward(k); });
+  expect_error(ErrorKind::Value, "reshard_after_forward=3 must be a divisor", [&] {
+    dist::fully_shard(std::make_shared<nn::Linear>(2, 2), mesh, {.reshard_after_forward = 3});
+  });
+}
+TEST(Fsdp, ReshardAfterForwardToTwoOfFourRanks) {
+  expect_all_pass(run_ranks("fsdp_reshard_to_k", 4));
+}
+
+// Per-rank memory between forward and backward, by the allocator's statistics (as fsdp_memory):
+// with reshard_after_forward=2 on 4 ranks, the two blocks hold 1/2 of their whole parameters
+// (power-of-two pieces, so the allocator rounds nothing); True holds none, False all. The 4-row
+// activations are small.
+KILN_RANK_SCENARIO(fsdp_reshard_memory) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
+  for (std::variant<bool, int64_t> how :
+       std::vector<std::variant<bool, int64_t>>{true, int64_t{2}, false}) {
+    manual_seed(5);
+    auto net = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+        std::make_shared<nn::Linear>(256, 512), std::make_shared<nn::Tanh>(),
+        std::make_shared<nn::Linear>(512, 256)});
+    double whole = 0;
+    for (const Tensor& p : net->parameters()) whole += 4.0 * p.numel();
+    for (const char* name : {"0", "2"})
+      net->replace_module(
+          name, dist::fully_shard(net->child(name), mesh, {.reshard_after_forward = how}));
+    auto model = dist::fully_shard(net, mesh, {.reshard_after_forward = false});
+    Tensor x = random({4, 256}, kFloat32, -1, 1, 30 + rank());
+    mesh.group(0)->barrier()->wait();  // flushes the comm thread's buffers (See fsdp_memory)
+    const double before = static_cast<double>(cpu_allocator()->stats().in_use_bytes);
+    Tensor out = model->forward(x);
+    mesh.group(0)->barrier()->wait();
+    const double held = static_cast<double>(cpu_allocator()->stats().in_use_bytes) - before;
+    const double kept = how.index() == 1 ? whole / 2 : std::get<bool>(how) ? 0.0 : whole;
+    std::printf("rank %d: reshard_after_forward=%s: %.0f bytes held after forward (whole %.0f)\n",
+                rank(),
+                how.index() == 1      ? "2"
+                : std::get<bool>(how) ? "true"
+                                      : "false",
+                held, whole);
+    EXPECT_GE(held, kept);
+    EXPECT_LE(held, kept + 0.03 * whole);
+    (out * out).mean().backward();
+  }
+}
+TEST(Fsdp, ReshardAfterForwardMemory) { expect_all_pass(run_ranks("fsdp_reshard_memory", 4)); }
 
 // Rank 1 of 3 dies after the first step; the others' next forward (its all-gather) raises within
 // the communication timeout instead of hanging.

@@ -129,6 +129,15 @@ void bind_fsdp(nb::module_& m) {
       .def_prop_ro("is_unsharded", &FSDPParamGroup::is_unsharded)
       .def("unshard", &FSDPParamGroup::unshard, Release())
       .def("reshard", &FSDPParamGroup::reshard, Release())
+      // bool before int: Python's True is an int too.
+      .def(
+          "set_reshard_after_forward",
+          [](FSDPParamGroup& g, bool on) { g.set_reshard_after_forward(on); }, Release())
+      .def(
+          "set_reshard_after_forward",
+          [](FSDPParamGroup& g, int64_t k) { g.set_reshard_after_forward(k); }, Release())
+      .def_prop_ro("reshard_after_forward_size", &FSDPParamGroup::reshard_after_forward_size)
+      .def("post_forward_reshard", &FSDPParamGroup::post_forward_reshard, Release())
       .def("materialize", &FSDPParamGroup::materialize)
       .def("pre_backward", &FSDPParamGroup::pre_backward, Release())
       .def("register_pre_backward_hooks", &FSDPParamGroup::register_pre_backward_hooks)
@@ -136,6 +145,19 @@ void bind_fsdp(nb::module_& m) {
       .def_static("end_root_forward", &FSDPParamGroup::end_root_forward)
       .def_prop_rw("requires_gradient_sync", &FSDPParamGroup::requires_gradient_sync,
                    &FSDPParamGroup::set_requires_gradient_sync);
+  m.def(
+      "_fsdp_gather_stats",
+      [](bool reset) {
+        FSDPGatherStats st = fsdp_gather_stats(reset);
+        nb::dict d;
+        d["count"] = st.count;
+        d["prefetched"] = st.prefetched;
+        d["post_forward"] = st.post_forward;
+        d["total_s"] = st.total_s;
+        d["waited_s"] = st.waited_s;
+        return d;
+      },
+      nb::arg("reset") = false);
 }
 
 }  // namespace

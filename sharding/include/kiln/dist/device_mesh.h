@@ -12,8 +12,9 @@
 // member of along each mesh dim. A sub-mesh (mesh["tp"], mesh.submesh({...})) reuses its
 // parent's groups and creates none. flatten() creates one group per block of the root mesh that
 // the flattened dims span (all ranks again), once per name: the flattened mesh is remembered by
-// the root, so flattening again, or root[name], returns it without new groups. A mesh whose
-// ranks are the whole world uses the default group along a dim that spans it.
+// the root, so flattening again, or root[name], returns it without new groups. block_group()
+// likewise creates the groups of k consecutive ranks of every such block, once per (dims, k). A
+// mesh whose ranks are the whole world uses the default group along a dim that spans it.
 #pragma once
 
 #include <memory>
@@ -52,6 +53,11 @@ class DeviceMesh {
   ProcessGroupPtr group(std::string_view dim_name) const;
   // The index of a named dim (ValueError naming the mesh's dims otherwise).
   int64_t dim_index(std::string_view name) const;
+  // The process group of the `k` consecutive ranks along mesh dim `dim` that hold this rank: the
+  // dim's ranks split into blocks [0, k), [k, 2k), ... (FSDP's reshard_after_forward=k). Made once
+  // per root mesh, root dims and k, by every world rank (See Note [Mesh groups]); k == size(dim)
+  // is group(dim). ValueError unless k is positive and divides size(dim).
+  ProcessGroupPtr block_group(int64_t dim, int64_t k) const;
 
   // The 1-d sub-mesh along `name` through this rank (PyTorch's mesh["tp"]).
   DeviceMesh operator[](std::string_view name) const { return submesh({std::string(name)}); }

@@ -33,6 +33,18 @@
 // is resharded is an error of the caller. When the node runs in backward (every whole tensor's
 // gradient has arrived), it reduce-scatters and reshards: after backward only the shards remain.
 //
+// Note [FSDP reshard to k ranks]: reshard_after_forward=k (PyTorch's int form): after forward a
+// rank keeps, of each whole parameter, the rows of its place j in its group of k consecutive
+// ranks of the mesh (ranks [0, k), [k, 2k), ...: DeviceMesh::block_group), split over k as
+// torch.chunk splits them, and frees the rest; backward's gather runs over those k ranks only
+// (e.g. within a node), with the same flat layout as the main all-gather for n = k (Note [FSDP
+// flat all-gather]), and its send buffer takes the kept pieces' place. Memory between forward and
+// backward: about 1/k of the whole parameters instead of 1/N (True) or all (False). k must divide
+// the mesh size N; k == N is True and k == 1 is False, as in PyTorch. The pieces are copies of
+// the forward's whole parameters, so backward sees the same values as with True; gradients are
+// reduce-scattered over the whole mesh as always. Prefetch (Note [FSDP prefetch]) starts these
+// smaller gathers ahead in backward as it does the main ones.
+//
 // Note [FSDP gradient sync]: with set_requires_gradient_sync(false), backward reduces nothing:
 // each rank adds its whole gradients into a buffer of its own (in the reduce dtype), and the
 // shards get no gradient. The next backward with sync on adds the buffer to its gradients before
@@ -74,6 +86,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "kiln/dist/dtensor.h"
@@ -119,6 +132,20 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   std::vector<Tensor> unshard();
   // Frees the whole tensors of the last unshard() (no-op when already freed or none).
   void reshard();
+  // What post_forward_reshard() does: reshard_after_forward as in PyTorch: true frees the whole
+  // tensors (the default), false keeps them, an int k keeps this rank's 1/k of them (Note [FSDP
+  // reshard to k ranks]). k == N is true, k == 1 false; ValueError naming k and the mesh size N
+  // unless k is positive and divides N. The first use of a k creates its groups (collective:
+  // every world rank calls it, in the same order, as for fully_shard).
+  void set_reshard_after_forward(std::variant<bool, int64_t> value);
+  // The size of the groups the parameters stay sharded over after forward: N (true), 1 (false)
+  // or k.
+  int64_t reshard_after_forward_size() const { return post_size_; }
+  // The group of the k ranks that gather in backward (null unless 1 < k < N).
+  const ProcessGroupPtr& post_forward_group() const { return post_pg_; }
+  // After forward: reshard() (true), nothing (false), or keep this rank's 1/k pieces and free the
+  // whole tensors (k); pre_backward() and the hooks gather them again.
+  void post_forward_reshard();
   // Gathers into the whole tensors of the last unshard() again when reshard() freed them.
   void pre_backward();
   // Hooks on `outputs` (those that require grad) that gather the whole tensors of the last
@@ -147,6 +174,10 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
     bool resident = false;
     std::shared_ptr<Pending> pending;  // an all-gather into these storages, in flight
     uint64_t epoch = 0;                // the root forward it belongs to (Note [FSDP prefetch])
+    // This rank's rows of each whole tensor, kept over a group of k (Note [FSDP reshard to k
+    // ranks]); empty otherwise.
+    std::vector<Tensor> kept;
+    int64_t kept_k = 0;
   };
   // Called by backward (FSDPAllGatherBackward) with the whole gradients of `g`'s parameters;
   // frees g.
@@ -154,6 +185,16 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
 
  private:
   FSDPParamGroup(const DeviceMesh& mesh, MixedPrecisionPolicy mp);
+  // Where each parameter's rows go in a flat buffer of n segments (Note [FSDP flat all-gather]).
+  struct Layout {
+    int64_t n = 1;
+    std::vector<int64_t> chunk_rows, seg_offset;  // per parameter: rows per rank (c), offset
+    int64_t seg_numel = 0;                        // S
+  };
+  Layout layout(int64_t n) const;
+  // Copies parameter i's rows between a whole tensor and the n segments of a flat buffer.
+  void copy_rows(const Layout& l, size_t i, char* whole, char* flat, size_t es,
+                 bool to_whole) const;
   void plan();
   // A new Gathered with whole tensors `full` (uninitialised) of this group's parameters.
   std::shared_ptr<Gathered> make_gathered(std::vector<Tensor>& full) const;
@@ -163,6 +204,7 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   // Fills g again for backward, then prefetches the group that preceded this one in forward.
   void regather(Gathered& g);
   void free(Gathered& g);
+  void keep_pieces(Gathered& g);  // Note [FSDP reshard to k ranks]
 
   DeviceMesh mesh_;
   ProcessGroupPtr pg_;
@@ -170,12 +212,15 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   std::vector<std::string> names_;
   std::vector<Tensor> sharded_;
   // Per parameter: the spec of its unsharded DTensor, for a tensor-parallel one (Note [FSDP over
-  // TP]); the shape FSDP gathers (the whole parameter or its TP shard); rows per rank (c),
-  // elements per row, offset in a rank's segment.
+  // TP]); the shape FSDP gathers (the whole parameter or its TP shard); elements per row.
   std::vector<std::optional<DTensorSpec>> tp_;
   std::vector<DimVector> full_shape_;
-  std::vector<int64_t> chunk_rows_, row_numel_, seg_offset_;
-  int64_t seg_numel_ = 0;  // S
+  std::vector<int64_t> row_numel_;
+  Layout layout_;  // over the mesh
+  // reshard_after_forward (Note [FSDP reshard to k ranks]): k, the k-rank group, its layout.
+  int64_t post_size_ = 0;  // the constructor sets N
+  ProcessGroupPtr post_pg_;
+  Layout post_layout_;
   std::vector<Tensor> full_;
   std::shared_ptr<Gathered> current_;
   // See Note [FSDP prefetch]. The groups unsharded after and before this one in the last root
@@ -192,9 +237,10 @@ using FSDPParamGroupPtr = std::shared_ptr<FSDPParamGroup>;
 // reading.
 struct FSDPGatherStats {
   int64_t count = 0;
-  int64_t prefetched = 0;  // of them, started ahead by a prefetch
-  double total_s = 0;      // issue to completion
-  double waited_s = 0;     // of that, the part after the caller began to wait
+  int64_t prefetched = 0;    // of them, started ahead by a prefetch
+  int64_t post_forward = 0;  // of them, over k ranks (Note [FSDP reshard to k ranks])
+  double total_s = 0;        // issue to completion
+  double waited_s = 0;       // of that, the part after the caller began to wait
   double hidden_fraction() const { return total_s > 0 ? 1.0 - waited_s / total_s : 0.0; }
 };
 FSDPGatherStats fsdp_gather_stats(bool reset = false);
@@ -202,8 +248,9 @@ FSDPGatherStats fsdp_gather_stats(bool reset = false);
 // C++ modules have no forward hooks, so C++ FSDP wraps: FullyShardedModule holds `module`, whose
 // parameters (those not already inside a FullyShardedModule below it) it replaced by Shard(0)
 // DTensors on `mesh`; its forward gathers them into the module's parameter slots, runs the
-// module, puts the shards back (reshard_after_forward: frees the whole tensors and registers a
-// hook on the output that gathers them again for backward). Apply it per block, then to the root:
+// module, puts the shards back (reshard_after_forward: frees the whole tensors, or keeps 1/k of
+// them, and registers a hook on the output that gathers them again for backward). Apply it per
+// block, then to the root:
 //
 //   for (auto& [name, block] : blocks->named_children())
 //     blocks->replace_module(name, kiln::dist::fully_shard(block, mesh));
@@ -212,7 +259,8 @@ FSDPGatherStats fsdp_gather_stats(bool reset = false);
 //
 // As DDP, it is registered as child "module": state-dict keys gain a "module." prefix.
 struct FSDPOptions {
-  bool reshard_after_forward = true;
+  // true, false or an int k (FSDPParamGroup::set_reshard_after_forward).
+  std::variant<bool, int64_t> reshard_after_forward = true;
   MixedPrecisionPolicy mp_policy;
 };
 

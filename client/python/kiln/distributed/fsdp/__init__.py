@@ -13,11 +13,14 @@ its gradient reduce-scattered (averaged over the mesh: data parallel) onto the s
     model.state_dict()                      # sharded DTensors, no communication
 
 The gathering and reducing is C++'s (kiln::dist::FSDPParamGroup, kiln/dist/fsdp.h: Note [FSDP
-flat all-gather], Note [FSDP resharding], Note [FSDP gradient sync]); this module hooks it into
-the Python module system: fully_shard changes the module's class to FSDP<Class> (a subclass of
-FSDPModule and the original class, as in PyTorch), whose __call__ puts the whole parameters into
-the module (and its submodules) for the forward and the shards back after it.
+flat all-gather], Note [FSDP resharding], Note [FSDP reshard to k ranks], Note [FSDP gradient
+sync]); this module hooks it into the Python module system: fully_shard changes the module's class
+to FSDP<Class> (a subclass of FSDPModule and the original class, as in PyTorch), whose __call__
+puts the whole parameters into the module (and its submodules) for the forward and the shards
+back after it.
 """
+import operator
+import warnings
 from dataclasses import dataclass
 
 from kiln import _C
@@ -124,7 +127,7 @@ class FSDPModule:
             st.group.reshard()
         elif st.reshard_after_forward and not root:
             # The root keeps its parameters: backward needs them first (as in PyTorch).
-            st.group.reshard()
+            st.group.post_forward_reshard()  # frees them, or keeps 1/k (an int k)
             st.group.register_pre_backward_hooks(outs)  # gathers them again for backward
         return out
 
@@ -140,8 +143,11 @@ class FSDPModule:
             m.__dict__["_fsdp_state"].group.requires_gradient_sync = bool(requires_gradient_sync)
 
     def set_reshard_after_forward(self, reshard_after_forward, *, recurse=True):
+        """True, False or an int k (see fully_shard). Collective for an int: call it on every
+        rank, in the same order."""
         for m in self._fsdp_modules(recurse):
-            m.__dict__["_fsdp_state"].reshard_after_forward = bool(reshard_after_forward)
+            st = m.__dict__["_fsdp_state"]
+            st.reshard_after_forward = _set_reshard(st.group, st.mesh, reshard_after_forward)
 
     def to_empty(self, *, device="cpu", recurse=True):
         """Meta-device init: gives every shard still on the meta device (a model built with
@@ -178,6 +184,28 @@ class FSDPModule:
         st.group.reshard()
 
 
+def _set_reshard(group, mesh, value):
+    """Checks reshard_after_forward, gives it to the group (which checks that an int divides the
+    mesh size) and returns it as the module keeps it: a bool, or an int k with 1 < k < N."""
+    if not isinstance(value, bool):
+        try:
+            value = operator.index(value)  # an int (numpy's too), not a float
+        except TypeError:
+            raise TypeError(f"fully_shard: reshard_after_forward must be a bool or an int (the "
+                            f"size of the groups to reshard to after forward, a divisor of the "
+                            f"mesh size {mesh.size()}), got {type(value).__name__} "
+                            f"{value!r}") from None
+        if value == 1:
+            warnings.warn("fully_shard: reshard_after_forward=1 (an int) keeps the whole "
+                          "parameters after forward, as reshard_after_forward=False does; "
+                          "pass True to free them", stacklevel=3)
+    group.set_reshard_after_forward(value)
+    k = group.reshard_after_forward_size
+    if isinstance(value, bool) or k in (1, mesh.size()):
+        return k != 1
+    return k
+
+
 def _fsdp_class(cls):
     if cls not in _classes:
         _classes[cls] = type("FSDP" + cls.__name__, (FSDPModule, cls), {})
@@ -200,7 +228,10 @@ def fully_shard(module, mesh=None, *, reshard_after_forward=True, mp_policy=Mixe
     are fine); the module's parameters() and state_dict() then give DTensors.
 
     reshard_after_forward: free the gathered parameters after forward and gather them again for
-    backward (saves memory; the root module always keeps them, backward needs them first)."""
+    backward (saves memory; the root module always keeps them, backward needs them first). An int
+    k (a divisor of the mesh size N, as in PyTorch) keeps 1/k of each parameter, sharded over
+    groups of k consecutive ranks, so that backward gathers over k ranks only (e.g. within a
+    node); k == N is True, k == 1 False. Collective like the rest of fully_shard."""
     from kiln.distributed.device_mesh import DeviceMesh
     if not isinstance(module, Module):
         raise TypeError(f"fully_shard: expected a kiln.nn.Module, got {type(module).__name__}")
@@ -213,9 +244,6 @@ def fully_shard(module, mesh=None, *, reshard_after_forward=True, mp_policy=Mixe
     if mesh.ndim != 1:
         raise ValueError(f"fully_shard: the mesh must be 1-d (FSDP shards over one mesh dim; pass "
                          f"mesh['dp'] of a larger mesh), got {mesh}")
-    if not isinstance(reshard_after_forward, bool):
-        raise NotImplementedError("fully_shard: reshard_after_forward must be True or False "
-                                  "(resharding to a smaller mesh, an int, is not supported yet)")
     if not isinstance(mp_policy, MixedPrecisionPolicy):
         raise TypeError("fully_shard: mp_policy must be a MixedPrecisionPolicy")
     if isinstance(offload_policy, CPUOffloadPolicy):
@@ -238,6 +266,7 @@ def fully_shard(module, mesh=None, *, reshard_after_forward=True, mp_policy=Mixe
     walk(module, "")
     group = _C._FSDPParamGroup.create(params, mesh._c, mp_policy.param_dtype,
                                       mp_policy.reduce_dtype, names)
+    reshard_after_forward = _set_reshard(group, mesh, reshard_after_forward)
     sharded = list(group.sharded_params)
     for (owner, name), s in zip(slots, sharded):
         s.__class__ = Parameter  # the group's own DTensor: its .grad is where backward writes
