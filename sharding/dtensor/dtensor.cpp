@@ -258,7 +258,15 @@ DTensor distribute_tensor(const Tensor& t, const DeviceMesh& mesh, Placements pl
   // come from Replicate without communication). The local is made contiguous, as the spec says:
   // a rule reads the spec's strides (a view of a transposed `t` must not view its storage).
   Tensor replicated = FromLocal::apply(t.contiguous(), spec);
-  return DTensor(replicated).redistribute(mesh, std::move(placements));
+  bool shard = false, partial = false;
+  for (const Placement& p : placements) {
+    shard = shard || p.is_shard();
+    partial = partial || p.is_partial();
+  }
+  Tensor out = DTensor(replicated).redistribute(mesh, std::move(placements));
+  // A Shard's piece is a narrow of `t`: copy it (clone keeps Shard and Replicate placements; it
+  // would reduce a Partial, whose rank 0 keeps viewing `t`).
+  return shard && !partial ? DTensor(out.clone()) : DTensor(out);
 }
 
 }  // namespace kiln::dist

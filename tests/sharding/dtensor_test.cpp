@@ -155,8 +155,8 @@ KILN_RANK_SCENARIO(pointwise_1d) {
   z.fill_(1.5);  // not linear: replicated, filled, written back as Partial
   expect_placed(z, {Partial()}, full({5, 4}, 1.5));
   // The decision is cached per (op, input specs).
-  const auto before = dist::dispatch_stats();
   Tensor l = D(a, {Shard(0)}), r = D(b, {Shard(0)});
+  const auto before = dist::dispatch_stats();
   for (int i = 0; i < 3; ++i) (void)(l + r);
   const auto after = dist::dispatch_stats();
   EXPECT_EQ(after.misses, before.misses);  // add on these specs was decided above
@@ -218,8 +218,8 @@ KILN_RANK_SCENARIO(replicate_path) {
 
 TEST(DTensor, ReplicatePath) { expect_all_pass(run_ranks("replicate_path", 2)); }
 
-// See Note [Index sharding]. index_select, gather and the scatter rows run on the shards (uneven on 3
-// ranks: 5 rows); positions along the indexed dim are never rewritten.
+// See Note [Index sharding]. index_select, gather and the scatter rows run on the shards (uneven on
+// 3 ranks: 5 rows); positions along the indexed dim are never rewritten.
 KILN_RANK_SCENARIO(index_rule) {
   DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
   dist::clear_fallback_ops();

@@ -106,6 +106,8 @@ bool is_dtensor(const Tensor& t);
 // Splits `t` (the same global tensor on every rank) by `placements` on `mesh` and keeps this
 // rank's piece. Fewer placements than mesh dims are padded with Replicate(). Partial(op): rank 0
 // of that mesh dim keeps the values and the others hold zeros for sum (avg, max, min: the values).
+// As in PyTorch, a sharded DTensor's local tensor is a copy (writing into the DTensor leaves `t`
+// as is), and an all-Replicate one's is `t` itself (made contiguous).
 DTensor distribute_tensor(const Tensor& t, const DeviceMesh& mesh, Placements placements);
 
 // The ops that took the replicate-compute-reshard path (no sharding rule), sorted by name
