@@ -1,6 +1,7 @@
 """kiln.distributed.device_mesh and kiln.distributed.tensor under `kiln run`: a 2x2 mesh on four
 ranks (sub-meshes, flattening, redistribute on both dims), and on two ranks DTensor ops against
-the unsharded tensors, placements, from_local, autograd, the replicate path and the errors."""
+the unsharded tensors, placements, from_local, autograd, the replicate path, writes through
+views and the errors."""
 import os
 import subprocess
 import sys
@@ -88,7 +89,22 @@ TWO_RANKS = COMMON + textwrap.dedent("""
     c = kiln.cat([x, x], 1)  # the cat rule: a shard of another dim stays
     assert c.placements == (Shard(0),) and "cat" not in fallback_ops()
     close(c.full_tensor(), kiln.cat([a, a], 1))
+    # a sharded DTensor owns its shard: writing into it leaves the distributed tensor as it was
+    a0 = a.clone()
+    with kiln.no_grad():
+        x.narrow(1, 0, 2).mul_(0.0)   # a view of the local shard: the write reaches x
+    close(x.full_tensor()[:, 2:], a[:, 2:])
+    assert float(x.full_tensor()[:, :2].abs().max()) == 0.0
+    close(a, a0)
+    # writes through DTensor views that would be lost are refused (Note [DTensor views])
+    def write_under_autograd():
+        h = w * 1.0
+        h[:, 1:3].mul_(3.0)
+    y2 = distribute_tensor(b, mesh, [Shard(1)])
     for bad, kind, needle in [
+            (write_under_autograd, NotImplementedError, "an in-place write into a view of a DTensor"),
+            (lambda: y2.narrow(1, 0, 3).fill_(0.0), NotImplementedError,
+             "views a gathered copy of its shards"),
             (lambda: x + a, RuntimeError, "got a mix of DTensors and a plain tensor"),
             (lambda: distribute_tensor(a, mesh, [Shard(2)]), IndexError, "out of range"),
             (lambda: x + distribute_tensor(a, init_device_mesh("cpu", (2,), mesh_dim_names=("m",)), [Shard(0)]),
