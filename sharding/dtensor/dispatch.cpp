@@ -129,6 +129,8 @@ rules::Rule rule_of(ShardingRule r) {
       return &rules::decide_index;
     case ShardingRule::Attention:
       return &rules::decide_attention;
+    case ShardingRule::Random:
+      return &rules::decide_random;
     case ShardingRule::Loss:
       return &rules::decide_loss;
     default:

@@ -12,6 +12,7 @@
 //   index.cpp       Note [Index sharding]
 //   attention.cpp   Note [Attention sharding]
 //   loss.cpp        Note [Loss sharding]
+//   random.cpp      Note [Random sharding]
 #pragma once
 
 #include <functional>
@@ -80,6 +81,7 @@ Decision decide_embedding(const RuleCall& call);
 Decision decide_index(const RuleCall& call);
 Decision decide_attention(const RuleCall& call);
 Decision decide_loss(const RuleCall& call);
+Decision decide_random(const RuleCall& call);
 
 // The index of the op's argument called `name`, or -1.
 int arg_named(const OpInfo& info, std::string_view name);

@@ -81,11 +81,19 @@ TWO_RANKS = COMMON + textwrap.dedent("""
     s = x.index_select(1, distribute_tensor(idx, mesh, [Replicate()]))
     assert s.placements == (Shard(0),) and "index_select" not in fallback_ops()
     close(s.full_tensor(), a.index_select(1, idx))
-    # the replicate path (bernoulli's rule "random" is not there yet): warned once, listed;
-    # probabilities 0 and 1 give the same values on every rank
-    p = (a > 0).to(kiln.float32)
-    close(distribute_tensor(p, mesh, [Shard(0)]).bernoulli().full_tensor(), p)
-    assert "bernoulli" in fallback_ops()
+    # random ops draw on the shards what one process draws (Note [Random sharding])
+    pr = kiln.rand(5, 4)
+    kiln.manual_seed(3)
+    want = pr.bernoulli()
+    kiln.manual_seed(3)
+    got = distribute_tensor(pr, mesh, [Shard(0)]).bernoulli()
+    assert got.placements == (Shard(0),)
+    assert (got.full_tensor() == want).all().item()
+    # the replicate path (an out= variant: no rule takes them yet): warned once, listed
+    o = distribute_tensor(kiln.zeros(5, 4), mesh, [Shard(0)])
+    kiln.mul(x, x, out=o)
+    close(o.full_tensor(), a * a)
+    assert "mul.out" in fallback_ops() and "bernoulli" not in fallback_ops()
     c = kiln.cat([x, x], 1)  # the cat rule: a shard of another dim stays
     assert c.placements == (Shard(0),) and "cat" not in fallback_ops()
     close(c.full_tensor(), kiln.cat([a, a], 1))

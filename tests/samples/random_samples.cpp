@@ -21,13 +21,19 @@ KILN_OP_SAMPLES("randint", randint_s) {
            {int64_t{-5}, int64_t{5}, Sizes{4}, Generator(1), kInt8, kNone}};
 }
 KILN_OP_SAMPLES("normal_", normal_s) {
-  return S{{random({2, 3}), 1.0, 2.0, kNone}, {non_contiguous(random({3, 2}, kFloat64)), 0.0, 1.0, Generator(3)}};
+  return S{{random({2, 3}), 1.0, 2.0, kNone},
+           {non_contiguous(random({3, 2}, kFloat64)), 0.0, 1.0, Generator(3)}};
 }
 KILN_OP_SAMPLES("uniform_", uniform_s) {
-  return S{{random({4}), -1.0, 1.0, kNone}, {non_contiguous(random({2, 2}, kFloat16)), 0.0, 1.0, Generator(3)}};
+  return S{{random({4}), -1.0, 1.0, kNone},
+           {non_contiguous(random({2, 2}, kFloat16)), 0.0, 1.0, Generator(3)}};
 }
+// (6, 4): the DTensor rule's pieces line up with counter blocks on 2 and 3 ranks (Note [Random
+// sharding]).
 KILN_OP_SAMPLES("bernoulli", bernoulli_s) {
-  return S{{random({2, 3}, kFloat32, 0, 1), kNone}, {non_contiguous(random({3, 2}, kFloat64, 0, 1)), Generator(5)}};
+  return S{{random({2, 3}, kFloat32, 0, 1), kNone},
+           {non_contiguous(random({3, 2}, kFloat64, 0, 1)), Generator(5)},
+           {random({6, 4}, kFloat32, 0, 1), Generator(9)}};
 }
 KILN_OP_SAMPLES("randperm", randperm_s) {
   return S{{int64_t{6}, kNone, kNone, kNone}, {int64_t{0}, Generator(2), kInt32, kNone}};

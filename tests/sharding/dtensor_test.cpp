@@ -196,15 +196,16 @@ KILN_RANK_SCENARIO(replicate_path) {
   Tensor a = random({5, 4}, kFloat32, -2, 2, 1);
   set_warning_handler(&record_warning);
   dist::clear_fallback_ops();
-  // bernoulli (rule "random", not implemented yet) of probabilities 0 and 1: the same on every
-  // rank whatever each rank's generator draws.
-  Tensor p = gt(a, zeros({})).to(kFloat32);
-  DTensor x = distribute_tensor(p, mesh, {Shard(0)});
-  expect_placed(bernoulli(x), {Replicate()}, p);
-  expect_placed(bernoulli(x), {Replicate()}, p);
-  EXPECT_EQ(dist::fallback_ops(), (std::vector<std::string>{"bernoulli"}));
+  // An out= variant (no rule takes them yet): replicated, computed, written back into `out`'s
+  // shards, warned about once and listed.
+  DTensor x = distribute_tensor(a, mesh, {Shard(0)});
+  DTensor out = distribute_tensor(zeros({5, 4}), mesh, {Shard(0)});
+  mul_out(out, x, x);
+  expect_placed(out, {Shard(0)}, a * a);
+  mul_out(out, x, x);
+  EXPECT_EQ(dist::fallback_ops(), (std::vector<std::string>{"mul.out"}));
   ASSERT_EQ(g_warnings.size(), 1u);  // once per op
-  EXPECT_NE(g_warnings[0].find("bernoulli has no sharding rule yet (its rule is 'random')"),
+  EXPECT_NE(g_warnings[0].find("mul.out has no sharding rule yet (its rule is 'pointwise')"),
             std::string::npos)
       << g_warnings[0];
   // Rule "replicate" takes the same path without a warning; in place writes the shards back.
@@ -217,6 +218,59 @@ KILN_RANK_SCENARIO(replicate_path) {
 }
 
 TEST(DTensor, ReplicatePath) { expect_all_pass(run_ranks("replicate_path", 2)); }
+
+// See Note [Random sharding]. bernoulli, normal_ and uniform_ on DTensors give bit for bit the
+// unsharded op's values from the same generator state, which advances as the unsharded op's does:
+// on the shards where they line up with counter blocks, on the replicate path otherwise.
+void check_random(const DeviceMesh& mesh, const Placements& placements, IntArrayRef shape,
+                  bool sharded) {
+  SCOPED_TRACE(dist::placements_str(placements) + " of " + std::to_string(shape[0]) + " rows");
+  for (ScalarType dtype : {kFloat32, kFloat64}) {
+    const Tensor p = random(shape, dtype, 0, 1, 3);
+    Generator g1(42), g2(42);
+    const auto stats = dist::dispatch_stats();
+    Tensor got = bernoulli(distribute_tensor(p, mesh, placements), g2);
+    Tensor want = bernoulli(p, g1);
+    EXPECT_EQ(DTensor(got).placements(),
+              sharded ? placements : Placements(placements.size(), Replicate()));
+    expect_close(DTensor(got).full_tensor(), want, 0, 0);
+    DTensor n = distribute_tensor(zeros(shape, dtype), mesh, placements);
+    normal_(n, 1.0, 2.0, g2);
+    expect_close(n.full_tensor(), normal_(zeros(shape, dtype), 1.0, 2.0, g1), 0, 0);
+    DTensor u = distribute_tensor(zeros(shape, dtype), mesh, placements);
+    uniform_(u, -1.0, 3.0, g2);
+    expect_close(u.full_tensor(), uniform_(zeros(shape, dtype), -1.0, 3.0, g1), 0, 0);
+    EXPECT_EQ(g1.get_state().offset, g2.get_state().offset);
+    EXPECT_EQ(dist::dispatch_stats().replicated > stats.replicated, !sharded);
+  }
+  // The default generator, as the unsharded op uses it.
+  manual_seed(7);
+  Tensor got = bernoulli(distribute_tensor(full(shape, 0.5), mesh, placements));
+  manual_seed(7);
+  expect_close(DTensor(got).full_tensor(), bernoulli(full(shape, 0.5)), 0, 0);
+}
+
+KILN_RANK_SCENARIO(random_1d) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
+  dist::clear_fallback_ops();
+  check_random(mesh, {Shard(0)}, {12, 4}, true);    // pieces start at multiples of 4 elements
+  check_random(mesh, {Replicate()}, {5, 3}, true);  // every rank draws the whole tensor
+  check_random(mesh, {Shard(0)}, {5, 3}, false);    // rank 1 starts at element 9 (or 6)
+  check_random(mesh, {Shard(1)}, {4, 6}, false);    // not row-major pieces
+  check_random(mesh, {Shard(0)}, {2, 4}, true);     // 3 ranks: rows 1, 1 and an empty piece
+  EXPECT_TRUE(dist::fallback_ops().empty()) << dist::fallback_ops()[0];
+}
+TEST(DTensor, RandomTwoRanks) { expect_all_pass(run_ranks("random_1d", 2)); }
+TEST(DTensor, RandomThreeRanksUneven) { expect_all_pass(run_ranks("random_1d", 3)); }
+
+KILN_RANK_SCENARIO(random_2x2) {
+  DeviceMesh mesh = dist::init_device_mesh("cpu", {2, 2});
+  check_random(mesh, {Shard(0), Shard(0)}, {8, 2}, true);  // nested pieces of 2 rows
+  check_random(mesh, {Replicate(), Shard(0)}, {8, 2}, true);
+  check_random(mesh, {Shard(0), Replicate()}, {3, 4}, true);  // rows 2 + 1
+  check_random(mesh, {Partial(), Replicate()}, {4, 4}, false);
+}
+TEST(DTensor, Random2x2) { expect_all_pass(run_ranks("random_2x2", 4)); }
 
 // See Note [Index sharding]. index_select, gather and the scatter rows run on the shards (uneven on
 // 3 ranks: 5 rows); positions along the indexed dim are never rewritten.

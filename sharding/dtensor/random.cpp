@@ -1,0 +1,83 @@
+// The random sharding rule: bernoulli, normal_ and uniform_ on DTensors (Note [Random sharding]).
+#include "rules.h"
+
+namespace kiln::dist::rules {
+
+// Note [Random sharding]: element i of a random op depends only on (seed, offset, i) (Note
+// [Counter-based RNG] in kiln/generator.h), i its row-major index in the whole tensor. A rank
+// whose shard is the global elements [g0, g0 + numel) in that order (only Shard(0), on any mesh
+// dims, the others Replicate) draws exactly its part of the unsharded result by running the op on
+// its shard from counter offset + g0 / p, p the elements per counter of the op's width, when p
+// divides g0: the counter blocks (and normal's Box-Muller pairs inside them) line up. The rule
+// reserves the whole tensor's counters from the caller's generator, as the unsharded op does, and
+// runs the local op on a generator of the same seed at this rank's first counter; a replicated
+// rank draws the whole tensor from the same counters. So a sharded DTensor gets bit for bit the
+// values of the unsharded op on every rank, the generator advances as it would, and nothing is
+// gathered. The decision must be the same on every rank (the replicate path gathers): p must
+// divide the first element of every rank's piece, so the rule checks all of them. Any other
+// call (a Shard of another dim, a Partial, a misaligned piece, a device other than the CPU)
+// takes the replicate path, which is exact too when every rank's generator is in the same state
+// (the same manual_seed), and slow.
+
+namespace {
+
+// The first row of the piece of `rows` rows at `coord`, nested over the mesh dims that shard dim 0
+// (Note [Placements]); -1 for an empty piece.
+int64_t first_row(const Placements& placements, const std::vector<int64_t>& shape,
+                  const std::vector<int64_t>& coord, int64_t rows) {
+  int64_t lo = 0, len = rows;
+  for (size_t i = 0; i < placements.size(); ++i) {
+    if (!placements[i].is_shard()) continue;
+    auto [off, n] = chunk_of(len, shape[i], coord[i]);
+    lo += off;
+    len = n;
+  }
+  return len == 0 ? -1 : lo;
+}
+
+}  // namespace
+
+Decision decide_random(const RuleCall& call) {
+  const std::vector<Arg>& args = call.tensors;
+  if (args.size() != 1 || !args[0].spec || args[0].elem >= 0) return replicate();
+  const DTensorSpec& spec = *args[0].spec;
+  const Tensor& self = *args[0].tensor;
+  if (self.dim() == 0 || detail::local_of(self).device() != kCPU) return replicate();
+  for (const Placement& p : spec.placements)
+    if (p.is_partial() || (p.is_shard() && p.dim != 0)) return replicate();
+  const std::string name(call.op.name());
+  const int gen = arg_named(call.op.info(), "generator");
+  KILN_ASSERT(gen >= 0, name, ": a random row without a generator argument");
+  // The decision cache does not key on the dtype: align for the widest counter block (4
+  // elements, float32 and narrower; float64's 2 divide it) and size the draw at call time.
+  const int64_t per = random_elems_per_counter(RandomWidth::k32);
+  const int64_t row = self.numel() / std::max<int64_t>(spec.shape[0], 1);
+  // Every rank's first element, by walking all mesh coordinates.
+  const std::vector<int64_t>& mesh_shape = call.mesh.shape();
+  std::vector<int64_t> coord(mesh_shape.size(), 0);
+  while (true) {
+    const int64_t lo = first_row(spec.placements, mesh_shape, coord, spec.shape[0]);
+    if (lo > 0 && (lo * row) % per != 0) return replicate();
+    size_t d = mesh_shape.size();
+    while (d > 0 && ++coord[d - 1] == mesh_shape[d - 1]) coord[--d] = 0;
+    if (d == 0) break;
+  }
+  const int64_t lo = first_row(spec.placements, mesh_shape, call.mesh.coordinate(), spec.shape[0]);
+  const int64_t first_elem = std::max<int64_t>(lo, 0) * row, numel = self.numel();
+  Decision dec;
+  dec.targets.push_back(spec.placements);
+  dec.outs.push_back(OutSpec{spec.placements, spec.shape, {}});
+  dec.local_call = [gen, name, first_elem, numel](const OperatorHandle& op, Stack& s) {
+    const ScalarType dtype = s[0].to_tensor().dtype();
+    const uint64_t skip = first_elem / random_elems_per_counter(random_op_width(name, dtype));
+    Generator caller = s[gen].is_none() ? default_generator() : s[gen].get<Generator>();
+    const auto [seed, first] = caller.reserve(random_op_counters(name, numel, dtype));
+    Generator mine(seed);
+    mine.set_state({seed, first + skip});
+    s[gen] = IValue(std::move(mine));
+    op.call_boxed(s);
+  };
+  return dec;
+}
+
+}  // namespace kiln::dist::rules
