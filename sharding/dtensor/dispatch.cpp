@@ -171,13 +171,19 @@ void key_tensor(std::vector<int64_t>& key, const Arg& a) {
 std::vector<int64_t> cache_key(const OperatorHandle& op, const Stack& args,
                                const std::vector<Arg>& tensors, const DeviceMesh& mesh) {
   std::vector<int64_t> key{reinterpret_cast<int64_t>(&op)};
-  // Rule "attention" decides on dropout_p (See Note [Attention sharding]).
+  // Rule "attention" decides on dropout_p (See Note [Attention sharding]); rule "random" reads
+  // dropout_seeded's seed and offset at call time (See Note [Random sharding]), which change on
+  // every call.
   const bool key_floats = op.info().sharding == ShardingRule::Attention;
+  const bool random = op.info().sharding == ShardingRule::Random;
   for (int64_t s : mesh.shape()) key.push_back(s);
   for (int64_t c : mesh.coordinate()) key.push_back(c);
   size_t t = 0;
-  for (const IValue& v : args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const IValue& v = args[i];
     key.push_back(-100 - static_cast<int64_t>(v.variant().index()));
+    const std::string_view name = op.info().args[i].name;
+    if (random && (name == "seed" || name == "offset")) continue;
     if (v.is_tensor()) {
       if (v.to_tensor().defined()) key_tensor(key, tensors[t++]);
     } else if (v.is_tensor_list()) {

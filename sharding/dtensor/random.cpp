@@ -1,4 +1,5 @@
-// The random sharding rule: bernoulli, normal_ and uniform_ on DTensors (Note [Random sharding]).
+// The random sharding rule: bernoulli, normal_, uniform_ and dropout_seeded on DTensors (Note
+// [Random sharding]).
 #include "rules.h"
 
 namespace kiln::dist::rules {
@@ -13,7 +14,11 @@ namespace kiln::dist::rules {
 // runs the local op on a generator of the same seed at this rank's first counter; a replicated
 // rank draws the whole tensor from the same counters. So a sharded DTensor gets bit for bit the
 // values of the unsharded op on every rank, the generator advances as it would, and nothing is
-// gathered. The decision must be the same on every rank (the replicate path gathers): p must
+// gathered. dropout_seeded (what dropout calls, after reserving the whole tensor's counters)
+// takes its seed and offset as arguments: the rule adds this rank's first counter to the offset
+// (the decision cache leaves both out of its key), and its backward, dropout_seeded of the
+// gradient, placed like the result, draws the same mask. The decision must be the same on every
+// rank (the replicate path gathers): p must
 // divide the first element of every rank's piece, so the rule checks all of them. Any other
 // call (a Shard of another dim, a Partial, a misaligned piece, a device other than the CPU)
 // takes the replicate path, which is exact too when every rank's generator is in the same state
@@ -43,11 +48,15 @@ Decision decide_random(const RuleCall& call) {
   const DTensorSpec& spec = *args[0].spec;
   const Tensor& self = *args[0].tensor;
   if (self.dim() == 0 || detail::local_of(self).device() != kCPU) return replicate();
-  for (const Placement& p : spec.placements)
-    if (p.is_partial() || (p.is_shard() && p.dim != 0)) return replicate();
   const std::string name(call.op.name());
-  const int gen = arg_named(call.op.info(), "generator");
-  KILN_ASSERT(gen >= 0, name, ": a random row without a generator argument");
+  // dropout_seeded is linear in its input for a given mask, so a Partial input passes when every
+  // rank along that mesh dim draws the same mask, which it does: the first element depends on
+  // the Shard(0) mesh dims only.
+  const bool dropout = name == "dropout_seeded";
+  for (const Placement& p : spec.placements)
+    if ((p.is_partial() && !dropout) || (p.is_shard() && p.dim != 0)) return replicate();
+  const int gen = arg_named(call.op.info(), dropout ? "offset" : "generator");
+  KILN_ASSERT(gen >= 0, name, ": a random row without a generator or offset argument");
   // The decision cache does not key on the dtype: align for the widest counter block (4
   // elements, float32 and narrower; float64's 2 divide it) and size the draw at call time.
   const int64_t per = random_elems_per_counter(RandomWidth::k32);
@@ -67,6 +76,13 @@ Decision decide_random(const RuleCall& call) {
   Decision dec;
   dec.targets.push_back(spec.placements);
   dec.outs.push_back(OutSpec{spec.placements, spec.shape, {}});
+  if (dropout) {  // the composite dropout reserved the whole tensor's counters (k32)
+    dec.local_call = [gen, first_elem, per](const OperatorHandle& op, Stack& s) {
+      s[gen] = IValue(s[gen].get<int64_t>() + first_elem / per);
+      op.call_boxed(s);
+    };
+    return dec;
+  }
   dec.local_call = [gen, name, first_elem, numel](const OperatorHandle& op, Stack& s) {
     const ScalarType dtype = s[0].to_tensor().dtype();
     const uint64_t skip = first_elem / random_elems_per_counter(random_op_width(name, dtype));

@@ -219,9 +219,9 @@ KILN_RANK_SCENARIO(replicate_path) {
 
 TEST(DTensor, ReplicatePath) { expect_all_pass(run_ranks("replicate_path", 2)); }
 
-// See Note [Random sharding]. bernoulli, normal_ and uniform_ on DTensors give bit for bit the
-// unsharded op's values from the same generator state, which advances as the unsharded op's does:
-// on the shards where they line up with counter blocks, on the replicate path otherwise.
+// See Note [Random sharding]. bernoulli, normal_, uniform_ and dropout on DTensors give bit for bit
+// the unsharded op's values from the same generator state, which advances as the unsharded op's
+// does: on the shards where they line up with counter blocks, on the replicate path otherwise.
 void check_random(const DeviceMesh& mesh, const Placements& placements, IntArrayRef shape,
                   bool sharded) {
   SCOPED_TRACE(dist::placements_str(placements) + " of " + std::to_string(shape[0]) + " rows");
@@ -250,6 +250,30 @@ void check_random(const DeviceMesh& mesh, const Placements& placements, IntArray
   expect_close(DTensor(got).full_tensor(), bernoulli(full(shape, 0.5)), 0, 0);
 }
 
+// dropout (dropout_seeded), forward and backward, against one process from the same generator;
+// the decision is cached although every call has a new offset.
+void check_dropout(const DeviceMesh& mesh, const Placements& placements, IntArrayRef shape,
+                   bool sharded) {
+  SCOPED_TRACE("dropout " + dist::placements_str(placements));
+  Generator g1(11), g2(11);
+  const Tensor x0 = random(shape, kFloat32, -1, 1, 4);
+  const auto stats = dist::dispatch_stats();
+  for (int step = 0; step < 3; ++step) {
+    Tensor xr = x0.clone().requires_grad_(true);
+    Tensor yr = dropout(xr, 0.3, true, g1);
+    (yr * yr).sum().backward();
+    DTensor xd = distribute_tensor(x0, mesh, placements);
+    xd.requires_grad_(true);
+    Tensor yd = dropout(xd, 0.3, true, g2);
+    (yd * yd).sum().backward();
+    if (sharded) EXPECT_EQ(DTensor(yd).placements(), placements);
+    expect_close(DTensor(yd).full_tensor(), yr, 0, 0);
+    expect_close(DTensor(xd.grad()).full_tensor(), xr.grad());
+  }
+  EXPECT_EQ(dist::dispatch_stats().replicated > stats.replicated, !sharded);
+  if (sharded) EXPECT_LE(dist::dispatch_stats().misses - stats.misses, 12);  // not one per call
+}
+
 KILN_RANK_SCENARIO(random_1d) {
   DeviceMesh mesh = dist::init_device_mesh("cpu", {world()});
   dist::clear_fallback_ops();
@@ -258,6 +282,9 @@ KILN_RANK_SCENARIO(random_1d) {
   check_random(mesh, {Shard(0)}, {5, 3}, false);    // rank 1 starts at element 9 (or 6)
   check_random(mesh, {Shard(1)}, {4, 6}, false);    // not row-major pieces
   check_random(mesh, {Shard(0)}, {2, 4}, true);     // 3 ranks: rows 1, 1 and an empty piece
+  check_dropout(mesh, {Shard(0)}, {12, 4}, true);
+  check_dropout(mesh, {Partial()}, {5, 3}, true);  // linear in its input, one mask
+  check_dropout(mesh, {Shard(0)}, {5, 3}, false);
   EXPECT_TRUE(dist::fallback_ops().empty()) << dist::fallback_ops()[0];
 }
 TEST(DTensor, RandomTwoRanks) { expect_all_pass(run_ranks("random_1d", 2)); }
@@ -269,6 +296,8 @@ KILN_RANK_SCENARIO(random_2x2) {
   check_random(mesh, {Replicate(), Shard(0)}, {8, 2}, true);
   check_random(mesh, {Shard(0), Replicate()}, {3, 4}, true);  // rows 2 + 1
   check_random(mesh, {Partial(), Replicate()}, {4, 4}, false);
+  check_dropout(mesh, {Shard(0), Shard(0)}, {8, 2}, true);
+  check_dropout(mesh, {Partial(), Shard(0)}, {8, 2}, true);
 }
 TEST(DTensor, Random2x2) { expect_all_pass(run_ranks("random_2x2", 4)); }
 
