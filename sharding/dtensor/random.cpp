@@ -53,6 +53,8 @@ Decision decide_random(const RuleCall& call) {
   // rank along that mesh dim draws the same mask, which it does: the first element depends on
   // the Shard(0) mesh dims only.
   const bool dropout = name == "dropout_seeded";
+  // dropout's result keeps a strided input's layout; the rule's results are contiguous.
+  if (dropout && spec.stride != contiguous_strides(IntArrayRef(spec.shape))) return replicate();
   for (const Placement& p : spec.placements)
     if ((p.is_partial() && !dropout) || (p.is_shard() && p.dim != 0)) return replicate();
   const int gen = arg_named(call.op.info(), dropout ? "offset" : "generator");

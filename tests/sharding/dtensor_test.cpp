@@ -285,6 +285,12 @@ KILN_RANK_SCENARIO(random_1d) {
   check_dropout(mesh, {Shard(0)}, {12, 4}, true);
   check_dropout(mesh, {Partial()}, {5, 3}, true);  // linear in its input, one mask
   check_dropout(mesh, {Shard(0)}, {5, 3}, false);
+  // A transposed DTensor: dropout keeps a strided layout, so it takes the replicate path.
+  Generator g1(3), g2(3);
+  const Tensor a = random({4, 6}, kFloat32, -1, 1, 8);
+  const Tensor want = dropout(a.t(), 0.5, true, g1);
+  Tensor got = dropout(Tensor(distribute_tensor(a, mesh, {Replicate()})).t(), 0.5, true, g2);
+  expect_close(DTensor(got).full_tensor(), want, 0, 0);
   EXPECT_TRUE(dist::fallback_ops().empty()) << dist::fallback_ops()[0];
 }
 TEST(DTensor, RandomTwoRanks) { expect_all_pass(run_ranks("random_1d", 2)); }
