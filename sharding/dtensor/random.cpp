@@ -22,7 +22,9 @@ namespace kiln::dist::rules {
 // divide the first element of every rank's piece, so the rule checks all of them. Any other
 // call (a Shard of another dim, a Partial, a misaligned piece, a device other than the CPU)
 // takes the replicate path, which is exact too when every rank's generator is in the same state
-// (the same manual_seed), and slow.
+// (the same manual_seed), and slow. On the rule's path every rank checks that the states agree
+// (two small all-reduces per mesh dim) and raises a RuntimeError otherwise: replicas drawn from
+// different states would silently differ.
 
 namespace {
 
@@ -38,6 +40,27 @@ int64_t first_row(const Placements& placements, const std::vector<int64_t>& shap
     len = n;
   }
   return len == 0 ? -1 : lo;
+}
+
+// Every rank of the mesh must draw from the same generator state: the MAX and MIN of (seed,
+// offset) over every mesh dim agree only then. RuntimeError on every rank otherwise.
+void check_same_state(const DeviceMesh& mesh, std::string_view op, uint64_t seed, uint64_t offset) {
+  Tensor hi = empty({2}, kInt64);
+  auto* v = static_cast<int64_t*>(hi.impl()->raw_data());
+  v[0] = static_cast<int64_t>(seed);
+  v[1] = static_cast<int64_t>(offset);
+  Tensor lo = hi.clone();
+  for (int64_t i = 0; i < mesh.ndim(); ++i) {
+    mesh.group(i)->all_reduce(hi, ReduceOp::Max)->wait();
+    mesh.group(i)->all_reduce(lo, ReduceOp::Min)->wait();
+  }
+  const auto* h = static_cast<const int64_t*>(hi.impl()->raw_data());
+  const auto* l = static_cast<const int64_t*>(lo.impl()->raw_data());
+  KILN_CHECK(h[0] == l[0] && h[1] == l[1], Runtime, op,
+             ": the ranks' random generators are in different states (this rank: seed ", seed,
+             ", offset ", offset,
+             "); a random op on a DTensor draws one tensor for the whole mesh, "
+             "so seed every rank alike (manual_seed with the same seed on every rank)");
 }
 
 }  // namespace
@@ -79,17 +102,24 @@ Decision decide_random(const RuleCall& call) {
   dec.targets.push_back(spec.placements);
   dec.outs.push_back(OutSpec{spec.placements, spec.shape, {}});
   if (dropout) {  // the composite dropout reserved the whole tensor's counters (k32)
-    dec.local_call = [gen, first_elem, per](const OperatorHandle& op, Stack& s) {
-      s[gen] = IValue(s[gen].get<int64_t>() + first_elem / per);
+    const int seed_arg = arg_named(call.op.info(), "seed");
+    dec.local_call = [gen, seed_arg, first_elem, per, mesh = call.mesh](const OperatorHandle& op,
+                                                                        Stack& s) {
+      const int64_t offset = s[gen].get<int64_t>();
+      check_same_state(mesh, op.name(), static_cast<uint64_t>(s[seed_arg].get<int64_t>()),
+                       static_cast<uint64_t>(offset));
+      s[gen] = IValue(offset + first_elem / per);
       op.call_boxed(s);
     };
     return dec;
   }
-  dec.local_call = [gen, name, first_elem, numel](const OperatorHandle& op, Stack& s) {
+  dec.local_call = [gen, name, first_elem, numel, mesh = call.mesh](const OperatorHandle& op,
+                                                                    Stack& s) {
     const ScalarType dtype = s[0].to_tensor().dtype();
     const uint64_t skip = first_elem / random_elems_per_counter(random_op_width(name, dtype));
     Generator caller = s[gen].is_none() ? default_generator() : s[gen].get<Generator>();
     const auto [seed, first] = caller.reserve(random_op_counters(name, numel, dtype));
+    check_same_state(mesh, op.name(), seed, first);
     Generator mine(seed);
     mine.set_state({seed, first + skip});
     s[gen] = IValue(std::move(mine));

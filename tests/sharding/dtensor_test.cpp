@@ -291,6 +291,15 @@ KILN_RANK_SCENARIO(random_1d) {
   const Tensor want = dropout(a.t(), 0.5, true, g1);
   Tensor got = dropout(Tensor(distribute_tensor(a, mesh, {Replicate()})).t(), 0.5, true, g2);
   expect_close(DTensor(got).full_tensor(), want, 0, 0);
+  // Ranks whose generators differ would draw replicas that differ: every rank raises.
+  DTensor r = distribute_tensor(zeros({8, 4}), mesh, {Replicate()});
+  Generator own(100 + rank());
+  expect_error(ErrorKind::Runtime, "the ranks' random generators are in different states",
+               [&] { normal_(r, 0.0, 1.0, own); });
+  manual_seed(100 + rank());
+  expect_error(ErrorKind::Runtime, "the ranks' random generators are in different states", [&] {
+    dropout(distribute_tensor(ones({8, 4}), mesh, {Shard(0)}), 0.5, true);
+  });
   EXPECT_TRUE(dist::fallback_ops().empty()) << dist::fallback_ops()[0];
 }
 TEST(DTensor, RandomTwoRanks) { expect_all_pass(run_ranks("random_1d", 2)); }
