@@ -238,6 +238,10 @@ double train_ms(nn::Module& model, optim::Optimizer& opt, const Tensor& x, const
 }
 
 Tensor ce(const Tensor& logits, const Tensor& y) { return cross_entropy(logits, y); }
+// The GPT's loss: (B, T, 256) logits against (B, T) bytes.
+Tensor gpt_loss(const Tensor& logits, const Tensor& y) {
+  return cross_entropy(logits.view({-1, 256}), y.view({-1}));
+}
 
 // torch_reference.py's mlp(): 784-1024-1024-10 with ReLUs.
 std::shared_ptr<nn::Sequential> mlp() {
@@ -341,10 +345,7 @@ void w_gpt(bool quick) {
   optim::AdamW opt(m.parameters(), {.lr = 3e-4});
   const int64_t B = 16, T = 128;
   Tensor x = randint(0, 256, {B, T}), y = randint(0, 256, {B, T});
-  auto loss = [](const Tensor& logits, const Tensor& t) {
-    return cross_entropy(logits.view({-1, 256}), t.view({-1}));
-  };
-  double ms = train_ms(m, opt, x, y, loss, quick ? 3 : 10);
+  double ms = train_ms(m, opt, x, y, gpt_loss, quick ? 3 : 10);
   emit("gpt_train", "step_b16_t128", ms, "ms/step", "kiln-cpp");
   emit("gpt_train", "tokens_per_s", B * T / ms * 1e3, "tokens/s", "kiln-cpp");
 }
@@ -426,11 +427,8 @@ int sharded_rank(bool quick) {
   optim::AdamW opt(model->parameters(), {.lr = 3e-4});
   const int64_t B = 8, T = 128;
   Tensor x = randint(0, 256, {B, T}), y = randint(0, 256, {B, T});
-  auto loss = [](const Tensor& logits, const Tensor& t) {
-    return cross_entropy(logits.view({-1, 256}), t.view({-1}));
-  };
   dist::fsdp_gather_stats(/*reset=*/true);
-  const double ms = train_ms(*model, opt, x, y, loss, quick ? 2 : 5);
+  const double ms = train_ms(*model, opt, x, y, gpt_loss, quick ? 2 : 5);
   const dist::FSDPGatherStats gs = dist::fsdp_gather_stats();
   if (mesh.group(0)->rank() == 0) {
     emit("fsdp_train", "gpt_step_2ranks_b8", ms, "ms/step", "kiln-cpp");
@@ -445,7 +443,7 @@ int sharded_rank(bool quick) {
   const auto par = tensor_parallel(*tpgpt, mesh);
   optim::AdamW tp_opt(tpgpt->parameters(), {.lr = 3e-4});
   Tensor tx = randint(0, 256, {2 * B, T}), ty = randint(0, 256, {2 * B, T});
-  const double tp_ms = train_ms(*tpgpt, tp_opt, tx, ty, loss, quick ? 2 : 5);
+  const double tp_ms = train_ms(*tpgpt, tp_opt, tx, ty, gpt_loss, quick ? 2 : 5);
   if (mesh.group(0)->rank() == 0)
     emit("tp_train", "gpt_step_2ranks_b16", tp_ms, "ms/step", "kiln-cpp");
   dist::destroy_process_group();
@@ -468,10 +466,7 @@ int sharded2d_rank(bool quick) {
   optim::AdamW opt(model->parameters(), {.lr = 3e-4});
   const int64_t B = 8, T = 128;
   Tensor x = randint(0, 256, {B, T}), y = randint(0, 256, {B, T});
-  auto loss = [](const Tensor& logits, const Tensor& t) {
-    return cross_entropy(logits.view({-1, 256}), t.view({-1}));
-  };
-  const double ms = train_ms(*model, opt, x, y, loss, quick ? 2 : 5);
+  const double ms = train_ms(*model, opt, x, y, gpt_loss, quick ? 2 : 5);
   if (mesh.coordinate() == std::vector<int64_t>{0, 0})
     emit("fsdp_tp_train", "gpt_step_4ranks_2x2_b16", ms, "ms/step", "kiln-cpp");
   dist::destroy_process_group();

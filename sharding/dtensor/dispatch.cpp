@@ -513,6 +513,7 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
                        o.stride.empty() ? contiguous_strides(IntArrayRef(o.shape)) : o.stride,
                        r.dtype()});
   };
+  const detail::ViewKind view = info.is_view ? view_kind_of(tensors, *dec) : detail::ViewKind::None;
   for (IValue& v : locals) {
     if (v.is_tensor()) {
       v = wrap(v.to_tensor());
@@ -521,7 +522,7 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
       for (Tensor& t : l) t = wrap(t);
       v = std::move(l);
     }
-    if (info.is_view) mark_views(v, view_kind_of(tensors, *dec));
+    if (info.is_view) mark_views(v, view);
     stack.push_back(std::move(v));
   }
 }

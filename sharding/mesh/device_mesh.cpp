@@ -93,6 +93,17 @@ struct MeshState {
   std::shared_ptr<RootState> root;
 };
 
+namespace {
+
+// The root dims a mesh spans, in its dims' order.
+std::vector<int64_t> flat_root_dims(const MeshState& m) {
+  std::vector<int64_t> dims;
+  for (const auto& rd : m.root_dims) dims.insert(dims.end(), rd.begin(), rd.end());
+  return dims;
+}
+
+}  // namespace
+
 const MeshState& DeviceMesh::state() const {
   KILN_CHECK(state_ != nullptr, Value, "DeviceMesh: the mesh is undefined");
   return *state_;
@@ -219,8 +230,7 @@ DeviceMesh DeviceMesh::flatten(std::string name) const {
   if (name.empty()) name = join(s.names, "_");
   KILN_CHECK(!name.empty(), Value, "DeviceMesh.flatten: an unnamed mesh needs a name");
   if (ndim() == 1 && (s.names.empty() || s.names[0] == name)) return *this;
-  std::vector<int64_t> dims;
-  for (const auto& rd : s.root_dims) dims.insert(dims.end(), rd.begin(), rd.end());
+  const std::vector<int64_t> dims = flat_root_dims(s);
   KILN_CHECK(std::is_sorted(dims.begin(), dims.end()), Value, "DeviceMesh.flatten: ", str(),
              " orders its dims unlike its root mesh (concat_meshes), so it cannot be flattened");
   RootState& root = *s.root;
@@ -332,14 +342,11 @@ DeviceMesh concat_meshes(const DeviceMesh& outer, const DeviceMesh& inner) {
   std::vector<int64_t> me_a = outer.coordinate(), me_b = inner.coordinate();
   KILN_CHECK(!me_a.empty() && !me_b.empty(), Value, "concat_meshes: rank ", world_rank(),
              " is not in both ", outer.str(), " and ", inner.str());
-  std::vector<bool> used(a.root->shape.size(), false);
-  for (const MeshState* m : {&a, &b})
-    for (const auto& rd : m->root_dims)
-      for (int64_t d : rd) {
-        KILN_CHECK(!used[d], Value, "concat_meshes: ", outer.str(), " and ", inner.str(),
-                   " share a dim of their root mesh");
-        used[d] = true;
-      }
+  const std::vector<int64_t> da = flat_root_dims(a), db = flat_root_dims(b);
+  for (int64_t d : db)
+    KILN_CHECK(std::find(da.begin(), da.end(), d) == da.end(), Value,
+               "concat_meshes: ", outer.str(), " and ", inner.str(),
+               " share a dim of their root mesh");
   auto m = std::make_shared<MeshState>();
   m->device_type = a.device_type;
   m->root = a.root;
@@ -358,12 +365,6 @@ DeviceMesh concat_meshes(const DeviceMesh& outer, const DeviceMesh& inner) {
     return unravel(it - root.ranks.begin(), root.shape);
   };
   const std::vector<int64_t> mine = root_coord(world_rank());
-  auto dims_of = [](const MeshState& x) {
-    std::vector<int64_t> ds;
-    for (const auto& rd : x.root_dims) ds.insert(ds.end(), rd.begin(), rd.end());
-    return ds;
-  };
-  const std::vector<int64_t> da = dims_of(a), db = dims_of(b);
   for (int ra : a.ranks)
     for (int rb : b.ranks) {
       std::vector<int64_t> c = mine, ca = root_coord(ra), cb = root_coord(rb);

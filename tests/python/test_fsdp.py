@@ -28,6 +28,14 @@ COMMON = textwrap.dedent("""
     def rel(a, b):
         return ((a - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
 
+    def expect(fn, kind, needle):
+        try:
+            fn()
+        except kind as e:
+            assert needle in str(e), str(e)
+        else:
+            raise AssertionError(f"expected {kind.__name__}")
+
     class MLP(nn.Module):
         def __init__(self, device=None):
             super().__init__()
@@ -178,13 +186,6 @@ FEATURES = COMMON + textwrap.dedent("""
     for (k, p), q in zip(meta.named_parameters(), ref.parameters()):
         assert rel(p.grad.full_tensor(), q.grad) < 1e-5, (k, rel(p.grad.full_tensor(), q.grad))
     # errors
-    def expect(fn, kind, needle):
-        try:
-            fn()
-        except kind as e:
-            assert needle in str(e), str(e)
-        else:
-            raise AssertionError(f"expected {kind.__name__}")
     expect(lambda: fully_shard(model, mesh=mesh), ValueError, "already fully sharded")
     expect(lambda: fully_shard(nn.Linear(2, 2), mesh="cpu"), TypeError, "mesh must be a DeviceMesh")
     lin = nn.Linear(4, 4)
@@ -286,13 +287,6 @@ RESHARD_K = COMMON + textwrap.dedent("""
             got, want = kiln.cat([got[:8], got[16:]]), kiln.cat([want[:8], want[16:]])
         assert rel(got, want) < 1e-5, k
 
-    def expect(fn, kind, needle):
-        try:
-            fn()
-        except kind as e:
-            assert needle in str(e), str(e)
-        else:
-            raise AssertionError(f"expected {kind.__name__}")
     for k in (3, 0, -2, 8):
         expect(lambda: fully_shard(nn.Linear(2, 2), mesh=mesh, reshard_after_forward=k),
                ValueError, f"reshard_after_forward={k} must be a divisor of the FSDP mesh size 4")
