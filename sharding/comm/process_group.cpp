@@ -207,6 +207,7 @@ ProcessGroup::~ProcessGroup() = default;
 int ProcessGroup::rank() const { return impl_->rank; }
 int ProcessGroup::size() const { return impl_->size(); }
 const std::string& ProcessGroup::name() const { return impl_->name; }
+bool ProcessGroup::fake() const { return impl_->fake; }
 Milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
 const std::vector<int>& ProcessGroup::ranks() const { return impl_->ranks; }
 std::string ProcessGroup::dump_recent() const { return impl_->dump(); }

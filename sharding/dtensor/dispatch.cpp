@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/dist/remote.h"
 #include "rules.h"
 
 namespace kiln::dist {
@@ -429,6 +430,9 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     }
   }
   KILN_ASSERT(mesh != nullptr, op.name(), ": DTensor kernel without a DTensor argument");
+  for (const Arg& a : tensors)  // shards on a gang: the workers run this kernel (Note [Remote DTensor])
+    if (a.spec && detail::local_of(*a.tensor).device().type() == DeviceType::Remote)
+      return detail::remote_hooks().run_op(op, args, stack);
   check_view_writes(op, tensors);
   if (is_like_op(op) && is_dtensor(args[0].to_tensor())) {
     stack.push_back(like_op(op, std::move(args)));
@@ -528,6 +532,10 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
 }
 
 }  // namespace
+
+void detail::run_dtensor_kernel(const OperatorHandle& op, Stack& stack) {
+  dtensor_kernel(op, DispatchKeySet(), stack);
+}
 
 // The Autograd kernel of the *_like rows (Note [DTensor dispatch]).
 void like_below_autograd(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {

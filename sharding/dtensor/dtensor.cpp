@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "kiln/autograd/function.h"
+#include "kiln/dist/remote.h"
 #include "kiln/kiln.h"
 
 namespace kiln::dist {
@@ -72,6 +73,8 @@ struct DTensorHandle final : BackendHandle {
   }
   // Zeros placed as this DTensor (Partial as Replicate), contiguous.
   std::function<intrusive_ptr<TensorImpl>()> zeros_maker() const override {
+    if (local.device().type() == DeviceType::Remote)  // each worker's shape: zeros_like there
+      return [t = detail::make_dtensor(local, spec)] { return zeros_like(t).impl_ptr(); };
     DTensorSpec s = spec;
     for (Placement& p : s.placements)
       if (p.is_partial()) p = Replicate();
@@ -101,6 +104,18 @@ const DTensorHandle& need_handle(const Tensor& t) {
 }  // namespace
 
 bool is_dtensor(const Tensor& t) { return handle_of(t) != nullptr; }
+
+namespace {
+detail::RemoteHooks g_remote_hooks;
+}
+
+void detail::set_remote_hooks(const RemoteHooks& hooks) { g_remote_hooks = hooks; }
+
+const detail::RemoteHooks& detail::remote_hooks() {
+  KILN_CHECK(g_remote_hooks.run_op != nullptr, Runtime,
+             "remote DTensors need the client's Remote backend, which this program does not link");
+  return g_remote_hooks;
+}
 
 Tensor detail::make_dtensor(Tensor local, DTensorSpec spec) {
   // Sized to the global geometry, which addresses nothing (Note [Data-less tensors]).
@@ -211,6 +226,10 @@ DTensor DTensor::from_local(const Tensor& local, const DeviceMesh& mesh, Placeme
                             std::optional<DimVector> shape, std::optional<DimVector> stride) {
   local.check_defined("DTensor.from_local: the local tensor");
   KILN_CHECK(!is_dtensor(local), Value, "DTensor.from_local: the local tensor is a DTensor");
+  KILN_CHECK(mesh.defined(), Value, "DTensor.from_local: the device mesh is undefined");
+  if (mesh.device_type().starts_with("remote") && local.device() != Device(mesh.device_type()))
+    return from_local(local.to(std::nullopt, Device(mesh.device_type())), mesh,
+                      std::move(placements), std::move(shape), std::move(stride));
   placements =
       detail::check_placements("DTensor.from_local", mesh, std::move(placements), local.dim());
   DTensorSpec spec{mesh, placements, {}, {}, local.dtype()};
@@ -251,6 +270,10 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, Placements placements) con
 DTensor distribute_tensor(const Tensor& t, const DeviceMesh& mesh, Placements placements) {
   t.check_defined("distribute_tensor: the tensor");
   KILN_CHECK(!is_dtensor(t), Value, "distribute_tensor: the tensor is a DTensor already");
+  KILN_CHECK(mesh.defined(), Value, "distribute_tensor: the device mesh is undefined");
+  if (mesh.device_type().starts_with("remote") && t.device() != Device(mesh.device_type()))
+    return distribute_tensor(t.to(std::nullopt, Device(mesh.device_type())), mesh,
+                             std::move(placements));  // every worker gets all of `t`
   placements = detail::check_placements("distribute_tensor", mesh, std::move(placements), t.dim());
   DTensorSpec spec{mesh, Placements(mesh.ndim(), Replicate()), DimVector(t.sizes()),
                    contiguous_strides(t.sizes()), t.dtype()};

@@ -70,7 +70,10 @@ Decision decide_random(const RuleCall& call) {
   if (args.size() != 1 || !args[0].spec || args[0].elem >= 0) return replicate();
   const DTensorSpec& spec = *args[0].spec;
   const Tensor& self = *args[0].tensor;
-  if (self.dim() == 0 || detail::local_of(self).device() != kCPU) return replicate();
+  // CPU shards, or the meta shards of a remote DTensor's shadow, which decides as the workers'
+  // CPU shards do (See Note [Remote DTensor]).
+  const Device where = detail::local_of(self).device();
+  if (self.dim() == 0 || (where != kCPU && where != kMeta)) return replicate();
   const std::string name(call.op.name());
   // dropout_seeded is linear in its input for a given mask, so a Partial input passes when every
   // rank along that mesh dim draws the same mask, which it does: the first element depends on

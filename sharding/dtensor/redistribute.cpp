@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kiln/dist/dtensor.h"
+#include "kiln/dist/remote.h"
 #include "kiln/kiln.h"
 
 namespace kiln::dist {
@@ -139,6 +140,8 @@ Tensor detail::redistribute_local(const Tensor& local, const DTensorSpec& spec,
                                   const Placements& to) {
   const Placements& from = spec.placements;
   if (from == to) return local;
+  if (local.device().type() == DeviceType::Remote)  // See Note [Remote DTensor]
+    return detail::remote_hooks().redistribute(local, spec, to);
   Step s{spec.mesh, spec.mesh.coordinate()};
   KILN_CHECK(!s.coord.empty(), Value, "redistribute: this rank is not in ", spec.mesh.str());
   const int64_t ndim = static_cast<int64_t>(from.size());

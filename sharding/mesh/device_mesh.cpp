@@ -2,7 +2,10 @@
 // the per-dim process groups (See Note [Mesh groups]).
 #include "kiln/dist/device_mesh.h"
 
+#include "kiln/dist/remote.h"
+
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -20,6 +23,7 @@ struct FlatEntry {
 };
 
 struct RootState {
+  int64_t id = 0;  // See DeviceMesh::root_id()
   std::string device_type;
   std::vector<int64_t> shape;
   std::vector<int> ranks;  // row-major
@@ -110,6 +114,10 @@ const MeshState& DeviceMesh::state() const {
 }
 
 const std::string& DeviceMesh::device_type() const { return state().device_type; }
+int64_t DeviceMesh::root_id() const { return state().root->id; }
+const std::vector<std::vector<int64_t>>& DeviceMesh::root_dims() const {
+  return state().root_dims;
+}
 int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(state().shape.size()); }
 const std::vector<int64_t>& DeviceMesh::shape() const { return state().shape; }
 const std::vector<std::string>& DeviceMesh::dim_names() const { return state().names; }
@@ -285,9 +293,9 @@ std::ostream& operator<<(std::ostream& os, const DeviceMesh& mesh) { return os <
 
 DeviceMesh init_device_mesh(std::string_view device_type, const std::vector<int64_t>& shape,
                             const std::vector<std::string>& dim_names) {
-  KILN_CHECK(device_type == "cpu" || device_type == "cuda", Value,
-             "init_device_mesh: unknown device type '", device_type,
-             "' (expected 'cpu' or 'cuda')");
+  KILN_CHECK(device_type == "cpu" || device_type == "cuda" || device_type.starts_with("remote"),
+             Value, "init_device_mesh: unknown device type '", device_type,
+             "' (expected 'cpu', 'cuda', or 'remote:N' for the gang of a kiln.connect session)");
 #ifndef KILN_HAVE_NCCL
   KILN_CHECK(device_type != "cuda", Value,
              "init_device_mesh('cuda'): this build has no NCCL backend (it needs CUDA and NCCL)");
@@ -306,18 +314,26 @@ DeviceMesh init_device_mesh(std::string_view device_type, const std::vector<int6
                "init_device_mesh: mesh dim name '", dim_names[i], "' is repeated in ",
                quoted(dim_names));
   }
+  if (device_type.starts_with("remote")) return detail::remote_hooks().init_mesh(device_type, shape, dim_names);
   if (!is_initialized()) {
     InitOptions o;
     o.backend = device_type == "cuda" ? "nccl" : "ucx";
     init_process_group(o);
   }
+  return detail::make_root_mesh(std::string(device_type), shape, dim_names);
+}
+
+DeviceMesh detail::make_root_mesh(std::string device_type, const std::vector<int64_t>& shape,
+                                  const std::vector<std::string>& dim_names) {
+  static std::atomic<int64_t> next_root{1};
   const int world = default_group()->size();
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
   KILN_CHECK(n == world, Value, "init_device_mesh: mesh shape ", IntArrayRef(shape), " has ", n,
              " ranks but the world size is ", world);
   auto root = std::make_shared<RootState>();
-  root->device_type = std::string(device_type);
+  root->id = next_root++;
+  root->device_type = std::move(device_type);
   root->shape = shape;
   root->ranks.resize(world);
   std::iota(root->ranks.begin(), root->ranks.end(), 0);
@@ -375,6 +391,56 @@ DeviceMesh concat_meshes(const DeviceMesh& outer, const DeviceMesh& inner) {
       m->ranks.push_back(root.ranks[index]);
     }
   return DeviceMesh(std::move(m));
+}
+
+DeviceMesh mesh_on_root(const DeviceMesh& root, const std::vector<std::string>& names,
+                        const std::vector<std::vector<int64_t>>& root_dims) {
+  const MeshState& r = root.state();
+  KILN_CHECK(r.root_dims.size() == r.shape.size() && r.ranks == r.root->ranks, Value,
+             "mesh_on_root: ", root.str(), " is not a root mesh");
+  KILN_CHECK(!root_dims.empty() && (names.empty() || names.size() == root_dims.size()), Value,
+             "mesh_on_root: ", root_dims.size(), " mesh dims with ", names.size(), " names");
+  const int64_t n = static_cast<int64_t>(r.shape.size());
+  DeviceMesh out;
+  for (size_t d = 0; d < root_dims.size(); ++d) {
+    const std::vector<int64_t>& rd = root_dims[d];
+    KILN_CHECK(!rd.empty() && std::is_sorted(rd.begin(), rd.end()) &&
+                   std::adjacent_find(rd.begin(), rd.end()) == rd.end() && rd.front() >= 0 &&
+                   rd.back() < n,
+               Value, "mesh_on_root: mesh dim ", d, " spans root dims ", IntArrayRef(rd),
+               ", not distinct increasing dims of ", root.str());
+    const std::string name = names.empty() ? "" : names[d];
+    auto m = std::make_shared<MeshState>();
+    m->device_type = r.device_type;
+    m->root = r.root;
+    m->names = names.empty() ? std::vector<std::string>{} : std::vector<std::string>{name};
+    m->root_dims = {rd};
+    ProcessGroupPtr group;
+    std::vector<std::vector<int>> bs = blocks(*r.root, rd);
+    if (rd.size() == 1) {
+      group = r.groups[rd[0]];
+    } else {  // a flattened dim, made once per name as flatten() does (See Note [Mesh groups])
+      KILN_CHECK(!name.empty(), Value, "mesh_on_root: a flattened mesh dim needs a name");
+      std::lock_guard<std::mutex> lock(r.root->mu);
+      auto it = r.root->flattened.find(name);
+      if (it == r.root->flattened.end()) {
+        FlatEntry e{rd, {}, make_groups(bs)};
+        for (auto& b : bs)
+          if (std::find(b.begin(), b.end(), world_rank()) != b.end()) e.ranks = b;
+        it = r.root->flattened.emplace(name, std::move(e)).first;
+      }
+      KILN_CHECK(it->second.root_dims == rd, Value, "mesh_on_root: the name '", name,
+                 "' is taken by another flattened mesh");
+      group = it->second.group;
+    }
+    for (auto& b : bs)
+      if (std::find(b.begin(), b.end(), world_rank()) != b.end()) m->ranks = b;
+    m->shape = {static_cast<int64_t>(m->ranks.size())};
+    m->groups = {group};
+    DeviceMesh dim_mesh(std::move(m));
+    out = out.defined() ? concat_meshes(out, dim_mesh) : dim_mesh;
+  }
+  return out;
 }
 
 }  // namespace kiln::dist

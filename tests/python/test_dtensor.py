@@ -21,13 +21,33 @@ COMMON = textwrap.dedent("""
                                          fallback_ops)
 
     def close(a, b):
+        a, b = a.to("cpu"), b.to("cpu")  # a remote run's results are read from rank 0
         assert a.shape == b.shape and (a - b).abs().max().item() < 1e-5, (a.tolist(), b.tolist())
 
+""")
+
+# How a script lays its mesh: over the ranks of `kiln run` (embedded), or over the gang of a
+# kiln.connect session (remote: one client records for every worker). The scripts are the same
+# otherwise, except that a value that differs per rank comes from rank_values.
+EMBEDDED = textwrap.dedent("""
+    DEVICE = "cpu"
+    def rank_values(fn):  # this rank's fn(rank)
+        return fn(dist.get_rank())
     kiln.manual_seed(0)
 """)
 
-MESH_2X2 = COMMON + textwrap.dedent("""
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+REMOTE = textwrap.dedent("""
+    import sys
+    session = kiln.connect(sys.argv[1], workers=int(sys.argv[2]), wait_ms=20000)
+    DEVICE = str(session.device)
+    def rank_values(fn):  # fn(r) on rank r: one scatter from the client
+        n = session.world_size
+        return session.scatter(kiln.stack([fn(r) for r in range(n)])).squeeze(0)
+    kiln.manual_seed(0)
+""")
+
+MESH_2X2 = textwrap.dedent("""
+    mesh = init_device_mesh(DEVICE, (2, 2), mesh_dim_names=("dp", "tp"))
     r = dist.get_rank()
     assert mesh.shape == (2, 2) and mesh.mesh_dim_names == ("dp", "tp") and mesh.mesh == [[0, 1], [2, 3]]
     assert mesh.get_coordinate() == [r // 2, r % 2] and mesh.get_local_rank("tp") == r % 2
@@ -48,8 +68,8 @@ MESH_2X2 = COMMON + textwrap.dedent("""
     print(f"rank {r} ok")
 """)
 
-TWO_RANKS = COMMON + textwrap.dedent("""
-    mesh = init_device_mesh("cpu", (2,))
+TWO_RANKS = textwrap.dedent("""
+    mesh = init_device_mesh(DEVICE, (2,))
     a, b, row = kiln.randn(5, 4), kiln.randn(5, 4), kiln.randn(4)
     x, y = distribute_tensor(a, mesh, [Shard(0)]), distribute_tensor(b, mesh, [Shard(1)])
     assert isinstance(x, DTensor) and not isinstance(a, DTensor)
@@ -58,7 +78,7 @@ TWO_RANKS = COMMON + textwrap.dedent("""
     z = x * y + distribute_tensor(row, mesh, [Replicate()]) * 2.0
     assert z.placements == (Shard(0),) and z.device_mesh == mesh
     close(z.full_tensor(), a * b + row * 2.0)
-    p = DTensor.from_local(kiln.full((5, 4), dist.get_rank() + 1.0), mesh, [Partial()])
+    p = DTensor.from_local(rank_values(lambda r: kiln.full((5, 4), r + 1.0)), mesh, [Partial()])
     assert (p * 2.0).placements == (Partial(),)
     close((p * 2.0).full_tensor(), kiln.full((5, 4), 6.0))
     # autograd: the gradient of x * x keeps x's placements
@@ -88,7 +108,7 @@ TWO_RANKS = COMMON + textwrap.dedent("""
     kiln.manual_seed(3)
     got = distribute_tensor(pr, mesh, [Shard(0)]).bernoulli()
     assert got.placements == (Shard(0),)
-    assert (got.full_tensor() == want).all().item()
+    assert (got.full_tensor().to("cpu") == want).all().item()
     # the replicate path (an out= variant: no rule takes them yet): warned once, listed
     o = distribute_tensor(kiln.zeros(5, 4), mesh, [Shard(0)])
     kiln.mul(x, x, out=o)
@@ -115,7 +135,7 @@ TWO_RANKS = COMMON + textwrap.dedent("""
              "views a gathered copy of its shards"),
             (lambda: x + a, RuntimeError, "got a mix of DTensors and a plain tensor"),
             (lambda: distribute_tensor(a, mesh, [Shard(2)]), IndexError, "out of range"),
-            (lambda: x + distribute_tensor(a, init_device_mesh("cpu", (2,), mesh_dim_names=("m",)), [Shard(0)]),
+            (lambda: x + distribute_tensor(a, init_device_mesh(DEVICE, (2,), mesh_dim_names=("m",)), [Shard(0)]),
              ValueError, "different device meshes")]:
         try:
             bad()
@@ -130,7 +150,7 @@ def run(tmp_path, name, script, nproc):
     if not KILN_CLI.exists():
         pytest.skip(f"{KILN_CLI} is not built")
     path = tmp_path / f"{name}.py"
-    path.write_text(script)
+    path.write_text(COMMON + EMBEDDED + script)
     env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
     r = subprocess.run([str(KILN_CLI), "run", "--nproc", str(nproc), "--timeout", "120",
                         sys.executable, str(path)], capture_output=True, text=True, env=env,
@@ -146,3 +166,43 @@ def test_mesh_2x2_on_four_ranks(tmp_path):
 
 def test_dtensor_on_two_ranks(tmp_path):
     run(tmp_path, "dtensor", TWO_RANKS, 2)
+
+
+# ---- The same scripts on a coordinator's gang (Note [Remote DTensor]) ------------------------
+
+def gang_of(tmp_path, n):
+    """A kiln-coordinator and n registered kiln-workers; returns (processes, address)."""
+    from test_remote_worker import COORDINATOR, WORKER, start_daemon, start_worker
+    if not (os.access(COORDINATOR, os.X_OK) and os.access(WORKER, os.X_OK)):
+        pytest.skip("kiln-coordinator or kiln-worker is not built")
+    c, address = start_daemon(tmp_path, "coordinator",
+                              [COORDINATOR, "--state", str(tmp_path / "state.db")])
+    procs = [c]
+    for r in range(n):
+        procs.append(start_worker(tmp_path, f"g{r}", ["--coordinator", address])[0])
+    return procs, address
+
+
+def run_remote(tmp_path, name, script, n):
+    """One client process records `script` for a gang of n workers."""
+    from test_remote_worker import stop
+    procs, address = gang_of(tmp_path, n)
+    try:
+        path = tmp_path / f"{name}.py"
+        path.write_text(COMMON + REMOTE + script)
+        env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
+        r = subprocess.run([sys.executable, str(path), address, str(n)], capture_output=True,
+                           text=True, env=env, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "rank 0 ok" in r.stdout, r.stdout + r.stderr
+    finally:
+        for p in reversed(procs):
+            stop(p)
+
+
+def test_mesh_2x2_on_a_gang_of_four(tmp_path):
+    run_remote(tmp_path, "mesh", MESH_2X2, 4)
+
+
+def test_dtensor_on_a_gang_of_two(tmp_path):
+    run_remote(tmp_path, "dtensor", TWO_RANKS, 2)

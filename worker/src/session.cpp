@@ -15,6 +15,8 @@
 #include <absl/strings/str_cat.h>
 
 #include "kiln/dispatcher.h"
+#include "kiln/dist/process_group.h"
+#include "kiln/dist/remote.h"
 #include "kiln/error.h"
 #include "kiln/generator.h"
 #include "kiln/storage.h"
@@ -102,6 +104,11 @@ struct Session::State {
   absl::flat_hash_map<int64_t, PendingCreate> pending;
   std::atomic<uint64_t> in_use{0};
   std::atomic<uint64_t> instructions{0};
+  // Device meshes by the client's root id (MeshCreate; a failed one keeps its error), and the
+  // meshes instructions named, by their serialized MeshRef (Note [Remote DTensor]).
+  absl::flat_hash_map<int64_t, dist::DeviceMesh> roots;
+  absl::flat_hash_map<int64_t, ErrorPtr> failed_roots;
+  absl::flat_hash_map<std::string, dist::DeviceMesh> meshes;
   ErrorPtr first_failure;  // since the last Sync
   Stack stack;             // reused by every instruction
   std::vector<Tensor> results;
@@ -195,6 +202,92 @@ uint64_t Session::instructions_run() const {
   return state_->instructions.load(std::memory_order_relaxed);
 }
 
+// ---- DTensors (Note [Remote DTensor] in kiln/dist/remote.h) -------------------------------------
+
+static dist::DeviceMesh mesh_of(State& s, const proto::MeshRef& ref) {
+  std::string key = ref.SerializeAsString();
+  auto it = s.meshes.find(key);
+  if (it != s.meshes.end()) return it->second;
+  auto failed = s.failed_roots.find(ref.root());
+  if (failed != s.failed_roots.end())
+    KILN_FAIL(Value, "device mesh ", ref.root(), " could not be made: ",
+              failed->second->message());
+  auto root = s.roots.find(ref.root());
+  KILN_CHECK(root != s.roots.end(), Value, "unknown device mesh ", ref.root(),
+             " (no MeshCreate named it)");
+  std::vector<std::string> names(ref.names().begin(), ref.names().end());
+  std::vector<std::vector<int64_t>> dims;
+  for (const proto::IntList& l : ref.root_dims()) dims.emplace_back(l.values().begin(), l.values().end());
+  dist::DeviceMesh m = dist::mesh_on_root(root->second, names, dims);
+  return s.meshes.emplace(std::move(key), m).first->second;
+}
+
+static dist::Placements decode_placements(
+    const google::protobuf::RepeatedPtrField<proto::PlacementSpec>& ps) {
+  dist::Placements out;
+  for (const proto::PlacementSpec& p : ps) {
+    KILN_CHECK(p.kind() >= 0 && p.kind() <= 2, Value, "placement kind ", p.kind(),
+               " (expected 0 Shard, 1 Replicate, 2 Partial)");
+    if (p.kind() == 0) out.push_back(dist::Shard(p.dim()));
+    if (p.kind() == 1) out.push_back(dist::Replicate());
+    if (p.kind() == 2) {
+      KILN_CHECK(p.reduce() >= 0 && p.reduce() <= static_cast<int32_t>(dist::ReduceOp::Product), Value,
+                 "placement reduce op ", p.reduce(), " is out of range");
+      out.push_back(dist::Partial(static_cast<dist::ReduceOp>(p.reduce())));
+    }
+  }
+  return out;
+}
+
+// The spec of a DTensor whose shard on this worker is `local`; ValueError when they disagree.
+static dist::DTensorSpec decode_spec(State& s, const proto::DTensorSpec& p, const Tensor& local) {
+  dist::DTensorSpec spec;
+  spec.mesh = mesh_of(s, p.mesh());
+  spec.shape = DimVector(IntArrayRef(p.shape().data(), p.shape().size()));
+  spec.stride = DimVector(IntArrayRef(p.stride().data(), p.stride().size()));
+  KILN_CHECK(spec.shape.size() == spec.stride.size(), Value, "DTensor spec: shape ",
+             IntArrayRef(spec.shape), " and stride ", IntArrayRef(spec.stride), " differ in rank");
+  for (int64_t d : spec.shape) KILN_CHECK(d >= 0, Value, "DTensor spec: negative size in ", IntArrayRef(spec.shape));
+  KILN_CHECK(p.placements_size() == spec.mesh.ndim(), Value, "DTensor spec: ", p.placements_size(),
+             " placements for a mesh of ", spec.mesh.ndim(), " dims");
+  spec.placements = dist::detail::check_placements("DTensor spec", spec.mesh,
+                                                   decode_placements(p.placements()),
+                                                   static_cast<int64_t>(spec.shape.size()));
+  spec.dtype = local.dtype();
+  const DimVector expect = dist::local_shape(IntArrayRef(spec.shape), spec.mesh, spec.placements);
+  KILN_CHECK(IntArrayRef(expect) == local.sizes(), Value, "rank ", dist::default_group()->rank(),
+             " holds a shard of shape ", local.sizes(), " but ",
+             dist::placements_str(spec.placements), " of global shape ", IntArrayRef(spec.shape),
+             " give it ", IntArrayRef(expect));
+  return spec;
+}
+
+// Wraps the DTensor arguments of `in` around this worker's shards on the stack.
+static void wrap_dtensors(State& s, const proto::Instruction& in, Stack& st) {
+  for (const proto::DTensorArg& d : in.dtensor_args()) {
+    KILN_CHECK(d.arg() >= 0 && d.arg() < static_cast<int>(st.size()), Value, in.op(),
+               ": DTensor argument ", d.arg(), " is out of range");
+    IValue& v = st[d.arg()];
+    if (d.elem() < 0) {
+      KILN_CHECK(v.is_tensor() && v.to_tensor().defined(), Value, in.op(), ": DTensor argument ",
+                 d.arg(), " is not a tensor");
+      Tensor t = v.to_tensor();
+      v = dist::detail::make_dtensor(t, decode_spec(s, d.spec(), t));
+    } else {
+      KILN_CHECK(v.is_tensor_list() && d.elem() < static_cast<int>(v.to_tensor_list().size()),
+                 Value, in.op(), ": DTensor argument ", d.arg(), "[", d.elem(),
+                 "] is not an element of a tensor list");
+      std::vector<Tensor> l = v.to_tensor_list();
+      l[d.elem()] = dist::detail::make_dtensor(l[d.elem()], decode_spec(s, d.spec(), l[d.elem()]));
+      v = std::move(l);
+    }
+  }
+}
+
+static Tensor shard_of(const Tensor& t) {
+  return dist::is_dtensor(t) ? dist::detail::local_of(t) : t;
+}
+
 // Ends the stream (StreamError) when an output id is taken: a new id may not shadow a live value
 // except where the op writes that very argument in place and returns it (add_'s self, add.out's
 // out): the result aliases it and is rebound.
@@ -276,8 +369,10 @@ static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instru
     g.set_state({in.rng().seed(), in.rng().offset()});
     st[e->generator_arg] = IValue(std::move(g));
   }
+  const bool dtensor = in.dtensor_args_size() > 0;
+  if (dtensor) wrap_dtensors(s, in, st);
   const uint64_t limit = opt.memory_limit_bytes;
-  if (limit) {  // refuse before allocating what cannot fit
+  if (limit && !dtensor) {  // refuse before allocating what cannot fit (a DTensor's: after)
     uint64_t need = 0;
     for (const TensorSpec& spec : e->op->run_meta(st)) {
       if (spec.alias_of >= 0) continue;
@@ -295,9 +390,9 @@ static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instru
   std::vector<Tensor>& out = s.results;
   out.clear();
   for (IValue& v : st) {
-    if (v.is_tensor()) out.push_back(v.to_tensor());
+    if (v.is_tensor()) out.push_back(shard_of(v.to_tensor()));
     else if (v.is_tensor_list())
-      for (const Tensor& t : v.to_tensor_list()) out.push_back(t);
+      for (const Tensor& t : v.to_tensor_list()) out.push_back(shard_of(t));
   }
   KILN_CHECK(out.size() == static_cast<size_t>(in.outputs_size()), Value, in.op(), ": returned ",
              out.size(), " tensors but the instruction names ", in.outputs_size(), " output ids");
@@ -402,6 +497,52 @@ static void run_create(State& s, const SessionOptions& opt, const proto::Create&
   }
 }
 
+static void run_mesh(State& s, const SessionOptions& opt, const proto::MeshCreate& m) {
+  if (s.roots.contains(m.root()) || s.failed_roots.contains(m.root()))
+    throw StreamError{absl::StrCat("MeshCreate: device mesh ", m.root(), " exists already")};
+  try {
+    KILN_CHECK(dist::is_initialized(), Runtime,
+               "init_device_mesh: this worker has no process group: a device mesh needs a gang "
+               "of workers from a coordinator (kiln.connect(COORDINATOR, workers=N)), not "
+               "embedded workers or a single worker");
+    std::vector<std::string> names(m.names().begin(), m.names().end());
+    s.roots.emplace(m.root(), dist::init_device_mesh(opt.device.is_cuda() ? "cuda" : "cpu",
+                                                     {m.shape().begin(), m.shape().end()}, names));
+  } catch (const Error& x) {
+    ErrorPtr err = make_error(code_of(x), kind_name(x.kind()), x.what(), 0, "init_device_mesh");
+    s.failed_roots.emplace(m.root(), err);
+    fail(s, err);
+  }
+}
+
+static void run_redistribute(State& s, const proto::Redistribute& r) {
+  const int64_t id = r.output();
+  if (id <= 0 || s.values.contains(id) || s.pending.contains(id))
+    throw StreamError{absl::StrCat("redistribute (seq ", r.seq(), "): output id ", id,
+                                   " is not > 0 or is already in use")};
+  ErrorPtr err;
+  try {
+    auto it = s.values.find(r.input());
+    KILN_CHECK(it != s.values.end(), Value, "redistribute: ", missing_value(s, r.input()));
+    if (it->second.error) {
+      err = it->second.error;
+    } else {
+      const Tensor& local = it->second.t;
+      dist::DTensorSpec spec = decode_spec(s, r.from(), local);
+      dist::Placements to = dist::detail::check_placements(
+          "redistribute", spec.mesh, decode_placements(r.to()), static_cast<int64_t>(spec.shape.size()));
+      bind(s, id, dist::detail::redistribute_local(local, spec, to), nullptr);
+      return;
+    }
+  } catch (const Error& x) {
+    err = make_error(code_of(x), kind_name(x.kind()), x.what(), r.seq(), "redistribute");
+  } catch (const std::exception& x) {
+    err = make_error("INTERNAL", "runtime", x.what(), r.seq(), "redistribute");
+  }
+  bind(s, id, Tensor(), err);
+  fail(s, err);
+}
+
 static void run_fetch(State& s, const proto::Fetch& f,
                       const std::function<void(proto::WorkerMessage&&)>& reply) {
   auto it = s.values.find(f.id());
@@ -433,8 +574,10 @@ static void run_fetch(State& s, const proto::Fetch& f,
 absl::Status Session::run(const proto::Batch& batch,
                           const std::function<void(proto::WorkerMessage&&)>& reply) {
   State& s = *state_;
-  // The client recorded autograd, autocast, vmap and tracing already: run the kernels only.
-  ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends());
+  // The client recorded autograd, autocast, vmap and tracing already: run the kernels only, and
+  // the DTensor key, which only the DTensors of a DTensor instruction have (Note [Remote DTensor]).
+  ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends() -
+                                DispatchKeySet(DispatchKey::DTensor));
   int i = 0;
   try {
     for (; i < batch.commands_size(); ++i) {
@@ -443,6 +586,8 @@ absl::Status Session::run(const proto::Batch& batch,
         case proto::Command::kOp: run_instruction(s, options_, c.op()); break;
         case proto::Command::kCreate: run_create(s, options_, c.create()); break;
         case proto::Command::kFetch: run_fetch(s, c.fetch(), reply); break;
+        case proto::Command::kMesh: run_mesh(s, options_, c.mesh()); break;
+        case proto::Command::kRedistribute: run_redistribute(s, c.redistribute()); break;
         case proto::Command::kFree:
           for (int64_t id : c.free().ids()) forget(s, id);
           break;

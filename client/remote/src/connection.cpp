@@ -20,9 +20,11 @@ void Connection::check_open() const {
              ") belongs to a closed session");
 }
 
-proto::Instruction* Connection::add_instruction() {
+proto::Instruction* Connection::add_instruction() { return add_command()->mutable_op(); }
+
+proto::Command* Connection::add_command() {
   queue_frees_locked();
-  return pending_.add_commands()->mutable_op();
+  return pending_.add_commands();
 }
 
 void Connection::queue_frees_locked() {

@@ -67,6 +67,12 @@ class DeviceMesh {
   // mesh._flatten(). Every rank of the root mesh must call it (See Note [Mesh groups]).
   DeviceMesh flatten(std::string name = "") const;
 
+  // Where the mesh lies in the mesh init_device_mesh made (its root): the root's id, unique in
+  // this process, and per mesh dim the root dims it spans (several for a flattened dim). A
+  // worker rebuilds a client's mesh from them (Note [Remote DTensor] in kiln/dist/remote.h).
+  int64_t root_id() const;
+  const std::vector<std::vector<int64_t>>& root_dims() const;
+
   // Same device type, shape, ranks and dim names.
   bool operator==(const DeviceMesh& o) const;
   bool operator!=(const DeviceMesh& o) const { return !(*this == o); }
@@ -75,6 +81,8 @@ class DeviceMesh {
 
  private:
   friend DeviceMesh concat_meshes(const DeviceMesh& outer, const DeviceMesh& inner);
+  friend DeviceMesh mesh_on_root(const DeviceMesh& root, const std::vector<std::string>& names,
+                                 const std::vector<std::vector<int64_t>>& root_dims);
   const MeshState& state() const;
   std::shared_ptr<const MeshState> state_;
 };

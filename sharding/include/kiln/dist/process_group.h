@@ -67,6 +67,7 @@ class ProcessGroup {
   int rank() const;
   int size() const;
   const std::string& name() const;
+  bool fake() const;  // backend "fake" (Note [Fake process group])
   Milliseconds timeout() const;
   // The world ranks of the members, in group-rank order.
   const std::vector<int>& ranks() const;

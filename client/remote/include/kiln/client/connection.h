@@ -55,6 +55,7 @@ class Connection {
   // Keeps `site` as the call site of op `seq` (Note [Call sites]).
   void note_call_site(uint64_t seq, std::string site);
   proto::Instruction* add_instruction();
+  proto::Command* add_command();  // a control command (MeshCreate, Redistribute)
   // Uploads a tensor with data (any device, any layout) as value `id`.
   void add_create(int64_t id, const Tensor& t);
   // Flushes when the batch is full.

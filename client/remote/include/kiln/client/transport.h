@@ -34,6 +34,8 @@ class Transport {
   // A name for messages ("127.0.0.1:5000", "in-process worker 'w0'").
   virtual const std::string& name() const = 0;
   virtual void close() = 0;
+  // The number of workers that run each batch (a gang's size).
+  virtual int world_size() const { return 1; }
 };
 
 // The embedded path: runs batches on a kiln::worker::Session in this process.
@@ -68,7 +70,7 @@ class GangTransport final : public Transport {
   void send(proto::Batch&& batch) override;
   proto::WorkerMessage receive() override;
   void send_to(int rank, proto::Batch&& batch) { ranks_.at(rank)->send(std::move(batch)); }
-  int world_size() const { return static_cast<int>(ranks_.size()); }
+  int world_size() const override { return static_cast<int>(ranks_.size()); }
   const std::string& worker_device() const override { return ranks_[0]->worker_device(); }
   const std::string& name() const override { return name_; }
   void close() override;
