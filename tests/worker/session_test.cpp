@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "kiln/dist/process_group.h"
 #include "kiln/worker/codec.h"
 #include "test_util.h"
 
@@ -307,6 +308,59 @@ TEST(WorkerSession, StreamEndingErrors) {
   dtype.create(5, ones({2}));
   dtype.b.mutable_commands(0)->mutable_create()->mutable_data()->set_dtype("float128");
   expect_end(dtype, "unknown dtype 'float128'");
+}
+
+// Note [Remote DTensor]: a worker without a gang refuses meshes, and DTensor commands that name
+// an unknown or failed mesh, or bad ids, get errors naming them (the gang itself is tested in
+// tests/python/test_dtensor.py).
+TEST(WorkerSession, DTensorCommandsWithoutAGangNameTheProblem) {
+  if (dist::is_initialized()) GTEST_SKIP() << "a process group exists in this process";
+  Session s({});
+  BatchBuilder bb;
+  bb.create(1, ones({4, 2}));
+  proto::MeshCreate& m = *bb.b.add_commands()->mutable_mesh();
+  m.set_root(7);
+  m.add_shape(2);
+  auto dtensor_arg = [](proto::Instruction& in, int64_t root) {
+    proto::DTensorArg& d = *in.add_dtensor_args();
+    d.set_arg(0);
+    d.set_elem(-1);
+    d.mutable_spec()->mutable_mesh()->set_root(root);
+    d.mutable_spec()->mutable_mesh()->add_root_dims()->add_values(0);
+    d.mutable_spec()->add_placements()->set_kind(1);
+    for (int64_t v : {4, 2}) d.mutable_spec()->add_shape(v);
+    for (int64_t v : {2, 1}) d.mutable_spec()->add_stride(v);
+  };
+  dtensor_arg(bb.op("relu", {V(1)}, {2}), 7);
+  dtensor_arg(bb.op("relu", {V(1)}, {3}), 8);
+  proto::Redistribute& r = *bb.b.add_commands()->mutable_redistribute();
+  r.set_seq(9);
+  r.set_input(42);
+  r.set_output(4);
+  bb.sync(1);
+  Replies rep = run(s, bb);
+  ASSERT_TRUE(rep.status.ok()) << rep.status;
+  const proto::SyncReply* sync = sync_reply(rep);
+  ASSERT_NE(sync, nullptr);
+  EXPECT_NE(sync->error().message().find("this worker has no process group"), std::string::npos)
+      << sync->error().message();
+  expect_poisoned(s,
+                  {{2, "device mesh 7 could not be made: init_device_mesh: this worker has no "
+                       "process group"},
+                   {3, "unknown device mesh 8 (no MeshCreate named it)"},
+                   {4, "redistribute: unknown value id 42"}},
+                  "INVALID_ARGUMENT");
+
+  BatchBuilder again;
+  *again.b.add_commands()->mutable_mesh() = m;
+  Replies twice = run(s, again);
+  EXPECT_NE(twice.status.message().find("MeshCreate: device mesh 7 exists already"),
+            std::string::npos)
+      << twice.status;
+  BatchBuilder zero;
+  zero.b.add_commands()->mutable_redistribute()->set_input(1);
+  Replies z = run(s, zero);
+  EXPECT_NE(z.status.message().find("output id 0 is not > 0"), std::string::npos) << z.status;
 }
 
 TEST(WorkerSession, LargeValuesTravelInPiecesBothWays) {
