@@ -56,8 +56,10 @@ FSDPParamGroup::FSDPParamGroup(const DeviceMesh& mesh, MixedPrecisionPolicy mp)
              "of a larger mesh), got ",
              mesh_.str());
   KILN_CHECK(!mesh_.coordinate().empty(), Value, "fully_shard: this rank is not in ", mesh_.str());
-  KILN_CHECK(mesh_.device_type() == "cpu", NotImplemented,
-             "fully_shard: only CPU meshes are supported so far, got ", mesh_.str());
+  remote_ = mesh_.device_type().starts_with("remote");
+  KILN_CHECK(mesh_.device_type() == "cpu" || remote_, NotImplemented,
+             "fully_shard: only CPU meshes and a gang's (remote) meshes are supported so far, got ",
+             mesh_.str());
   pg_ = mesh_.group(0);
   post_size_ = mesh_.size(0);
 }
@@ -105,6 +107,29 @@ std::shared_ptr<FSDPParamGroup> FSDPParamGroup::create(const std::vector<Tensor>
       spec.placements = {tp->placements[0], Shard(0)};
       tp->dtype = p.dtype();
     }
+    if (g->remote_) {  // each worker keeps its piece (Note [FSDP on a gang])
+      g->full_shape_.emplace_back(whole.sizes());
+      g->tp_.push_back(tp);
+      Tensor d;
+      if (whole.is_meta()) {  // meta-device init: materialize() gives the workers their pieces
+        spec.stride = contiguous_strides(IntArrayRef(spec.shape));
+        d = detail::make_dtensor(
+            empty_on(local_shape(spec.shape, spec.mesh, spec.placements), whole.dtype(), kMeta),
+            spec);
+      } else {
+        autograd::NoGradGuard no_grad;
+        DTensorSpec rep = spec;
+        rep.placements.back() = Replicate();
+        if (!tp) whole = whole.to(std::nullopt, Device(mesh.device_type())).contiguous();
+        rep.stride = contiguous_strides(IntArrayRef(rep.shape));
+        spec.stride = rep.stride;
+        rep.dtype = spec.dtype = whole.dtype();
+        d = detail::make_dtensor(detail::redistribute_local(whole, rep, spec.placements), spec);
+      }
+      if (p.requires_grad()) d.requires_grad_(true);
+      g->sharded_.push_back(std::move(d));
+      continue;
+    }
     KILN_CHECK(whole.device() == kCPU || whole.device().type() == DeviceType::Meta, Value,
                "fully_shard: parameter '", name, "' is on ", whole.device(), ", the mesh is ",
                mesh.str());
@@ -124,7 +149,7 @@ std::shared_ptr<FSDPParamGroup> FSDPParamGroup::create(const std::vector<Tensor>
     if (p.requires_grad()) d.requires_grad_(true);
     g->sharded_.push_back(std::move(d));
   }
-  g->plan();
+  if (!g->remote_) g->plan();
   return g;
 }
 
@@ -132,8 +157,18 @@ void FSDPParamGroup::materialize() {
   for (Tensor& p : sharded_) {
     const Tensor& local = detail::local_of(p);
     if (local.device().type() != DeviceType::Meta) continue;
-    Tensor d =
-        detail::make_dtensor(empty_on(local.sizes(), local.dtype(), kCPU), detail::spec_of(p));
+    const DTensorSpec& spec = detail::spec_of(p);
+    Tensor mine;
+    if (remote_) {  // each worker's piece of a whole that takes no memory (a scalar, expanded)
+      autograd::NoGradGuard no_grad;
+      Tensor whole = zeros({}, local.dtype(), Device(mesh_.device_type())).expand(spec.shape);
+      DTensorSpec rep = spec;
+      rep.placements.back() = Replicate();
+      mine = detail::redistribute_local(whole, rep, spec.placements).contiguous();
+    } else {
+      mine = empty_on(local.sizes(), local.dtype(), kCPU);
+    }
+    Tensor d = detail::make_dtensor(std::move(mine), spec);
     if (p.requires_grad()) d.requires_grad_(true);
     p = std::move(d);
   }
@@ -193,6 +228,7 @@ void FSDPParamGroup::set_reshard_after_forward(std::variant<bool, int64_t> value
              " must be a divisor of the FSDP mesh size ", n,
              " (the size of the groups the parameters stay sharded over after forward)");
   post_size_ = k;
+  if (remote_) return;  // no resharding on a gang (Note [FSDP on a gang])
   post_pg_ = k > 1 && k < n ? mesh_.block_group(0, k) : nullptr;
   post_layout_ = layout(k);
 }
@@ -361,6 +397,7 @@ void FSDPParamGroup::keep_pieces(Gathered& g) {
 }
 
 std::vector<Tensor> FSDPParamGroup::unshard() {
+  if (remote_) return unshard_remote();
   std::vector<Tensor> full;
   std::shared_ptr<Gathered> g;
   if (prefetched_ && t_epoch != 0 && prefetched_->epoch == t_epoch) {
@@ -477,6 +514,99 @@ std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
                        .to(s.dtype)
                        .clone();
     out[i] = detail::make_dtensor(std::move(local), s);
+  }
+  return out;
+}
+
+// ---- On a gang ----------------------------------------------------------------------------
+
+// Note [FSDP on a gang]: when the mesh is a gang's (Note [Remote DTensor]), the workers hold the
+// shards and the client records; the flat buffers of Note [FSDP flat all-gather], filled byte by
+// byte on the comm thread, cannot be recorded. So each parameter goes on its own, with DTensor
+// redistributions that every worker runs on its own pieces, uneven ones included:
+//  - create: the parameter (or its tensor-parallel shard) is sent whole to every worker and each
+//    keeps its Shard(0) piece (Replicate -> Shard: no communication);
+//  - unshard(): Shard(0) -> Replicate along the FSDP mesh dim (an all-gather per parameter), cast
+//    to param_dtype first; the whole tensors are the outputs of one autograd node, as on CPU;
+//  - backward: each whole gradient (brought to its TP placement first) is cast to the reduce dtype
+//    and taken as Partial(avg) along the FSDP mesh dim, then redistributed to Shard(0): a
+//    reduce-scatter that leaves each worker the mean of its rows (Note [FSDP gradient sync]
+//    works the same, with the sums kept on the workers).
+// The workers run the instructions in order, so there is no prefetch; reshard() and
+// reshard_after_forward change nothing on a gang: the whole tensors live until backward has used
+// them, as with reshard_after_forward=False.
+
+class FSDPRemoteGatherBackward final : public autograd::Node {
+ public:
+  explicit FSDPRemoteGatherBackward(std::weak_ptr<FSDPParamGroup> group)
+      : group_(std::move(group)) {}
+  const char* name() const override { return "FSDPRemoteGatherBackward"; }
+  autograd::variable_list apply(autograd::variable_list&& grads) override {
+    std::shared_ptr<FSDPParamGroup> g = group_.lock();
+    KILN_CHECK(g != nullptr, Runtime,
+               "FSDP: backward reached parameters whose FSDP group (module) no longer exists");
+    return g->reduce_remote(std::move(grads));
+  }
+
+ private:
+  std::weak_ptr<FSDPParamGroup> group_;
+};
+
+std::vector<Tensor> FSDPParamGroup::unshard_remote() {
+  std::vector<Tensor> full;
+  {
+    autograd::NoGradGuard no_grad;
+    for (size_t i = 0; i < sharded_.size(); ++i) {
+      DTensorSpec spec = detail::spec_of(sharded_[i]);
+      Tensor src = detail::local_of(sharded_[i]);
+      if (mp_.param_dtype) src = src.to(*mp_.param_dtype);
+      spec.dtype = src.dtype();
+      Placements whole = spec.placements;
+      whole.back() = Replicate();
+      Tensor w = detail::redistribute_local(src, spec, whole);
+      if (tp_[i]) {
+        DTensorSpec t = *tp_[i];
+        t.dtype = w.dtype();
+        w = detail::make_dtensor(std::move(w), std::move(t));
+      }
+      full.push_back(std::move(w));
+    }
+  }
+  bool needs_grad = false;
+  for (const Tensor& p : sharded_) needs_grad = needs_grad || p.requires_grad();
+  if (autograd::GradMode::is_enabled() && needs_grad) {
+    auto node = std::make_shared<FSDPRemoteGatherBackward>(weak_from_this());
+    for (const Tensor& p : sharded_) autograd::collect_edge(*node, p);
+    for (const Tensor& f : full) autograd::set_history(f, node);
+  }
+  full_ = full;
+  return full;
+}
+
+std::vector<Tensor> FSDPParamGroup::reduce_remote(std::vector<Tensor> grads) {
+  KILN_CHECK(grads.size() == sharded_.size(), Runtime, "FSDP: backward got ", grads.size(),
+             " gradients for ", sharded_.size(), " parameters");
+  autograd::NoGradGuard no_grad;
+  acc_.resize(sharded_.size());
+  std::vector<Tensor> out(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) continue;  // no gradient reached this parameter
+    const DTensorSpec& spec = detail::spec_of(sharded_[i]);
+    Tensor g = grads[i];
+    if (tp_[i])  // its TP placement (a Partial gradient is reduced over tp)
+      g = detail::redistribute_local(detail::local_of(g), detail::spec_of(g), tp_[i]->placements);
+    g = g.to(mp_.reduce_dtype.value_or(mp_.param_dtype.value_or(spec.dtype)));
+    if (acc_[i].defined()) g = g + acc_[i].to(g.dtype());
+    if (!sync_) {  // Note [FSDP gradient sync]: kept on the workers
+      acc_[i] = g.is_same(grads[i]) ? g.clone() : g;
+      continue;
+    }
+    acc_[i] = Tensor();
+    DTensorSpec partial = spec;
+    partial.placements.back() = Partial(ReduceOp::Avg);
+    partial.dtype = g.dtype();
+    Tensor mine = detail::redistribute_local(g.contiguous(), partial, spec.placements);
+    out[i] = detail::make_dtensor(mine.to(spec.dtype), spec);
   }
   return out;
 }

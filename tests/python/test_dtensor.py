@@ -37,8 +37,9 @@ EMBEDDED = textwrap.dedent("""
 """)
 
 REMOTE = textwrap.dedent("""
-    import sys
-    session = kiln.connect(sys.argv[1], workers=int(sys.argv[2]), wait_ms=20000)
+    import os
+    session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=int(os.environ["KILN_TEST_WORKERS"]),
+                           wait_ms=20000)
     DEVICE = str(session.device)
     def rank_values(fn):  # fn(r) on rank r: one scatter from the client
         n = session.world_size
@@ -183,16 +184,17 @@ def gang_of(tmp_path, n):
     return procs, address
 
 
-def run_remote(tmp_path, name, script, n):
-    """One client process records `script` for a gang of n workers."""
+def run_remote(tmp_path, name, script, n, *args):
+    """One client process runs `script` (it connects with REMOTE's prologue), recording for a gang
+    of n workers."""
     from test_remote_worker import stop
     procs, address = gang_of(tmp_path, n)
     try:
         path = tmp_path / f"{name}.py"
-        path.write_text(COMMON + REMOTE + script)
-        env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
-        r = subprocess.run([sys.executable, str(path), address, str(n)], capture_output=True,
-                           text=True, env=env, timeout=180)
+        path.write_text(script)
+        env = dict(os.environ, KILN_TEST_GANG=address, KILN_TEST_WORKERS=str(n))
+        r = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True,
+                           env=env, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "rank 0 ok" in r.stdout, r.stdout + r.stderr
     finally:
@@ -201,8 +203,8 @@ def run_remote(tmp_path, name, script, n):
 
 
 def test_mesh_2x2_on_a_gang_of_four(tmp_path):
-    run_remote(tmp_path, "mesh", MESH_2X2, 4)
+    run_remote(tmp_path, "mesh", COMMON + REMOTE + MESH_2X2, 4)
 
 
 def test_dtensor_on_a_gang_of_two(tmp_path):
-    run_remote(tmp_path, "dtensor", TWO_RANKS, 2)
+    run_remote(tmp_path, "dtensor", COMMON + REMOTE + TWO_RANKS, 2)

@@ -15,6 +15,19 @@ import kiln
 
 KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
 
+# How a script lays its mesh: over the ranks of `kiln run` (embedded), or over the gang of a
+# kiln.connect session (remote: one client records for every worker, Note [Remote DTensor]).
+EMBEDDED = textwrap.dedent("""
+    import os
+    DEVICE, WORLD = "cpu", int(os.environ["WORLD_SIZE"])
+""")
+REMOTE = textwrap.dedent("""
+    import os, kiln
+    WORLD = int(os.environ["KILN_TEST_WORKERS"])
+    session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=WORLD, wait_ms=20000)
+    DEVICE = str(session.device)
+""")
+
 COMMON = textwrap.dedent("""
     import copy, os, sys, warnings
     import kiln, kiln.distributed as dist, kiln.nn as nn
@@ -26,6 +39,7 @@ COMMON = textwrap.dedent("""
     warnings.simplefilter("ignore")   # DTensor's replicate-path warnings
 
     def rel(a, b):
+        a, b = a.to("cpu"), b.to("cpu")  # a remote run's values are read from rank 0
         return ((a - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
 
     def expect(fn, kind, needle):
@@ -74,12 +88,15 @@ COMMON = textwrap.dedent("""
             return F.mse_loss(out, y)
         return F.cross_entropy(out.reshape(-1, 11), y.reshape(-1))
 
+    def rows(t, mesh=None, placements=None):  # this rank's rows (a gang's workers: their own)
+        return distribute_tensor(t, mesh or MESH, placements or [Shard(0)]).to_local()
+
     def shard(model, mesh, **kw):
         for b in model.blocks:
             fully_shard(b, mesh=mesh, **kw)
         return fully_shard(model, mesh=mesh, **kw)
 
-    mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
+    mesh = MESH = init_device_mesh(DEVICE, (WORLD,))
     r, n = dist.get_rank(), dist.get_world_size()
 """)
 
@@ -119,7 +136,7 @@ TRAIN = COMMON + textwrap.dedent("""
         loss_of(kind, ref(x), y).backward()
         ropt.step()
         fopt.zero_grad()
-        xs, ys = x[r * 6:(r + 1) * 6], y[r * 6:(r + 1) * 6]   # this rank's slice
+        xs, ys = rows(x), rows(y)
         loss_of(kind, model(xs), ys).backward()
         for b in model.blocks:   # after backward only the shards remain
             assert not b._fsdp_state.group.is_unsharded
@@ -146,13 +163,12 @@ FEATURES = COMMON + textwrap.dedent("""
     batch = 4 * n
     x1, y1 = data("mlp", 1, batch)
     x2, y2 = data("mlp", 2, batch)
-    sl = slice(r * 4, (r + 1) * 4)
     # gradient accumulation: no reduction, then one synced backward
     model.set_requires_gradient_sync(False)
-    loss_of("mlp", model(x1[sl]), y1[sl]).backward()
+    loss_of("mlp", model(rows(x1)), rows(y1)).backward()
     assert all(p.grad is None for p in model.parameters())
     model.set_requires_gradient_sync(True)
-    loss_of("mlp", model(x2[sl]), y2[sl]).backward()
+    loss_of("mlp", model(rows(x2)), rows(y2)).backward()
     (loss_of("mlp", ref(x1), y1) + loss_of("mlp", ref(x2), y2)).backward()
     for (k, p), q in zip(model.named_parameters(), ref.parameters()):
         assert rel(p.grad.full_tensor(), q.grad) < 1e-5, (k, rel(p.grad.full_tensor(), q.grad))
@@ -167,9 +183,9 @@ FEATURES = COMMON + textwrap.dedent("""
                mp_policy=MixedPrecisionPolicy(param_dtype=kiln.bfloat16, reduce_dtype=kiln.float32))
     ref.zero_grad()
     loss_of("mlp", ref(x1), y1).backward()
-    out = mp(x1[sl])
+    out = mp(rows(x1))
     assert out.dtype == kiln.bfloat16
-    loss_of("mlp", out.float(), y1[sl]).backward()
+    loss_of("mlp", out.float(), rows(y1)).backward()
     for (k, p), q in zip(mp.named_parameters(), ref.parameters()):
         assert p.dtype == kiln.float32 and p.grad.dtype == kiln.float32
         # bf16 keeps 8 bits of mantissa: a few 1e-2 relative over two layers
@@ -177,12 +193,12 @@ FEATURES = COMMON + textwrap.dedent("""
     # meta-device init: built on meta, sharded, then only this rank's shards get memory
     meta = shard(MLP(device="meta"), mesh)
     assert all(str(p.to_local().device) == "meta" for p in meta.parameters())
-    meta.to_empty(device="cpu")
+    meta.to_empty(device=DEVICE)
     with kiln.no_grad():
         for p, q in zip(meta.parameters(), ref.parameters()):
-            assert isinstance(p, nn.Parameter) and str(p.to_local().device) == "cpu"
+            assert isinstance(p, nn.Parameter) and str(p.to_local().device) == DEVICE
             p.to_local().copy_(distribute_tensor(q.detach(), mesh, [Shard(0)]).to_local())
-    loss_of("mlp", meta(x1[sl]), y1[sl]).backward()
+    loss_of("mlp", meta(rows(x1)), rows(y1)).backward()
     for (k, p), q in zip(meta.named_parameters(), ref.parameters()):
         assert rel(p.grad.full_tensor(), q.grad) < 1e-5, (k, rel(p.grad.full_tensor(), q.grad))
     # errors
@@ -208,7 +224,7 @@ TWO_D = COMMON + textwrap.dedent("""
     from kiln.distributed.tensor import Replicate
     from kiln.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                   parallelize_module)
-    mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh2 = init_device_mesh(DEVICE, (2, 2), mesh_dim_names=("dp", "tp"))
     dp = mesh2.get_local_rank("dp")
     kiln.manual_seed(0)
     ref = MLP()
@@ -231,7 +247,8 @@ TWO_D = COMMON + textwrap.dedent("""
         rn = kiln.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
         ropt.step()
         fopt.zero_grad()
-        loss_of("mlp", model(x[dp * 4:(dp + 1) * 4]), y[dp * 4:(dp + 1) * 4]).backward()
+        xs, ys = (rows(t, mesh2, [Shard(0), Replicate()]) for t in (x, y))
+        loss_of("mlp", model(xs), ys).backward()
         fn = kiln.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         assert abs(float(fn) - float(rn)) < 1e-5 * float(rn), (step, float(fn), float(rn))
         for (k, p), q in zip(model.named_parameters(), ref.parameters()):
@@ -312,7 +329,7 @@ def run(tmp_path, name, script, nproc, *args):
     if not KILN_CLI.exists():
         pytest.skip(f"{KILN_CLI} is not built")
     path = tmp_path / f"{name}.py"
-    path.write_text(script)
+    path.write_text(EMBEDDED + script)
     env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
     r = subprocess.run([str(KILN_CLI), "run", "--nproc", str(nproc), "--timeout", "120",
                         sys.executable, str(path), *args], capture_output=True, text=True,
@@ -350,3 +367,21 @@ def test_fsdp_over_tensor_parallel(tmp_path):
 @pytest.mark.parametrize("kind,opt", [("mlp", "adamw"), ("gpt", "sgd")])
 def test_fsdp_reshard_after_forward_int(tmp_path, kind, opt):
     run(tmp_path, "reshard_k", RESHARD_K, 4, kind, opt)
+
+
+# ---- The same scripts on a coordinator's gang (Note [FSDP on a gang]) ------------------------
+
+@pytest.mark.parametrize("kind,opt", [("mlp", "sgd"), ("gpt", "adamw")])
+def test_fsdp_training_on_a_gang(tmp_path, kind, opt):
+    from test_dtensor import run_remote
+    run_remote(tmp_path, "train", REMOTE + TRAIN, 2, kind, opt, "6", "1")
+
+
+def test_fsdp_features_on_a_gang(tmp_path):
+    from test_dtensor import run_remote
+    run_remote(tmp_path, "features", REMOTE + FEATURES, 2)
+
+
+def test_fsdp_over_tensor_parallel_on_a_gang(tmp_path):
+    from test_dtensor import run_remote
+    run_remote(tmp_path, "two_d", REMOTE + TWO_D, 4)

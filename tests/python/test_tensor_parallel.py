@@ -15,6 +15,16 @@ import kiln.nn as nn
 
 KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
 
+# How a script lays its mesh: over the ranks of `kiln run` (embedded), or over the gang of a
+# kiln.connect session (remote: one client records for every worker, Note [Remote DTensor]).
+EMBEDDED = 'DEVICE = "cpu"\n'
+REMOTE = textwrap.dedent("""
+    import os, kiln
+    session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=int(os.environ["KILN_TEST_WORKERS"]),
+                           wait_ms=20000)
+    DEVICE = str(session.device)
+""")
+
 COMMON = textwrap.dedent("""
     import kiln, kiln.distributed as dist
     import kiln.nn as nn
@@ -26,8 +36,8 @@ COMMON = textwrap.dedent("""
                                                   SequenceParallel, loss_parallel,
                                                   parallelize_module)
 
-    def full(t):
-        return t.full_tensor() if isinstance(t, DTensor) else t
+    def full(t):  # on CPU: a remote run's results are read from rank 0
+        return (t.full_tensor() if isinstance(t, DTensor) else t).to("cpu")
 
     def close(a, b, what=""):
         a, b = full(a), full(b)
@@ -57,7 +67,7 @@ COMMON = textwrap.dedent("""
         kiln.manual_seed(1)
         return make(), ref
 
-    mesh = init_device_mesh("cpu", (2,))
+    mesh = init_device_mesh(DEVICE, (2,))
     rank = dist.get_rank()
     kiln.manual_seed(0)
 """)
@@ -348,8 +358,8 @@ LOSS = COMMON + textwrap.dedent("""
 """)
 
 
-MESH_2X2 = COMMON.replace('mesh = init_device_mesh("cpu", (2,))',
-                          'mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))'
+MESH_2X2 = COMMON.replace('mesh = init_device_mesh(DEVICE, (2,))',
+                          'mesh2 = init_device_mesh(DEVICE, (2, 2), mesh_dim_names=("dp", "tp"))'
                           ) + textwrap.dedent("""
     # ---- TP along "tp" of a (dp, tp) mesh: each dp row runs its own batch ---------------------
     tp_mesh = mesh2["tp"]
@@ -393,7 +403,7 @@ def run(tmp_path, name, script, nproc=2):
     if not KILN_CLI.exists():
         pytest.skip(f"{KILN_CLI} is not built")
     path = tmp_path / f"{name}.py"
-    path.write_text(script)
+    path.write_text(EMBEDDED + script)
     env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
     r = subprocess.run([str(KILN_CLI), "run", "--nproc", str(nproc), "--timeout", "240",
                         sys.executable, str(path)], capture_output=True, text=True, env=env,

@@ -37,17 +37,33 @@ std::optional<proto::Error> GangTransport::check_ranks(uint64_t request) {
   return first;
 }
 
+namespace {
+
+// Rank 0's reply carries another rank's error when it has none of its own; when it has one, the
+// other's is appended: a collective that timed out on rank 0 was often left by a rank that failed
+// first, and that rank's error names the cause.
+template <typename Reply>
+void merge(Reply& reply, const proto::Error& other) {
+  if (!reply.has_error()) {
+    *reply.mutable_error() = other;
+  } else if (reply.error().message() != other.message()) {
+    reply.mutable_error()->set_message(reply.error().message() + "; and " + other.message());
+  }
+}
+
+}  // namespace
+
 proto::WorkerMessage GangTransport::receive() {
   proto::WorkerMessage m = ranks_[0]->receive();
   if (m.has_fetch() && checked_fetch_ != m.fetch().request()) {  // its first piece
     checked_fetch_ = m.fetch().request();
     std::optional<proto::Error> e = check_ranks(m.fetch().request());  // always read: in step
-    if (!m.fetch().has_error() && e) *m.mutable_fetch()->mutable_error() = *e;
+    if (e) merge(*m.mutable_fetch(), *e);
     return m;
   }
   if (!m.has_sync()) return m;
   std::optional<proto::Error> e = check_ranks(m.sync().request());
-  if (!m.sync().has_error() && e) *m.mutable_sync()->mutable_error() = *e;
+  if (e) merge(*m.mutable_sync(), *e);
   return m;
 }
 

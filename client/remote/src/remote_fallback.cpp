@@ -7,6 +7,7 @@
 #include "kiln/client/connection.h"
 #include "kiln/dispatcher.h"
 #include "kiln/generated/ops/copy.h"
+#include "kiln/generated/ops.h"
 #include "kiln/generator.h"
 #include "kiln/worker/codec.h"
 #include "record.h"
@@ -147,7 +148,36 @@ void remote_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& s) {
   }
 }
 
-KILN_LIBRARY(Remote, m) { m.fallback(&remote_fallback); }
+// A *_like row (See below): recorded, unless its result goes to a device with data (x.to("cpu")
+// goes through empty_like(x, device="cpu")), which the row makes here from x's geometry.
+void remote_like(const OperatorHandle& op, DispatchKeySet ks, Stack& s) {
+  const OpInfo& info = op.info();
+  const size_t base = s.size() - info.num_args;
+  for (int i = 0; i < info.num_args; ++i) {
+    const IValue& v = s[base + i];
+    if (std::string_view(info.args[i].name) != "device" || !v.is<Device>() ||
+        v.get<Device>().type() == DeviceType::Remote)
+      continue;
+    const Tensor self = s[base].to_tensor();
+    s[base] = empty_strided(self.sizes(), self.strides(), self.dtype(), kMeta);
+    return op.call_boxed(s);
+  }
+  remote_fallback(op, ks, s);
+}
+
+// The *_like rows are composite, but Remote records them as themselves: their decomposition
+// would write this client's sizes into the program, and on a gang a shard's sizes can differ from
+// worker to worker (Note [Remote DTensor]); so .to(), clone and contiguous, which decompose
+// through empty_like, make each worker's tensor in its own shape.
+KILN_LIBRARY(Remote, m) {
+  m.fallback(&remote_fallback);
+  for (OperatorHandle* op : Dispatcher::get().ops()) {
+    const OpInfo& info = op->info();
+    if (info.sharding == ShardingRule::Creation && info.kind == OpKind::Composite &&
+        info.num_args > 0 && info.args[0].arg_type == ArgType::Tensor)
+      Dispatcher::get().register_kernel(*op, m.key(), nullptr, &remote_like);
+  }
+}
 
 }  // namespace
 }  // namespace kiln::client

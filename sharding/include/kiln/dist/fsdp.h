@@ -205,6 +205,11 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   void regather(Gathered& g);
   void free(Gathered& g);
   void keep_pieces(Gathered& g);  // Note [FSDP reshard to k ranks]
+  // A gang's group (Note [FSDP on a gang]): unshard() and backward by DTensor redistributions.
+  std::vector<Tensor> unshard_remote();
+  friend class FSDPRemoteGatherBackward;
+  std::vector<Tensor> reduce_remote(std::vector<Tensor> grads);
+  bool remote_ = false;
 
   DeviceMesh mesh_;
   ProcessGroupPtr pg_;

@@ -151,12 +151,17 @@ class FSDPModule:
 
     def to_empty(self, *, device="cpu", recurse=True):
         """Meta-device init: gives every shard still on the meta device (a model built with
-        device="meta", then fully_shard-ed) uninitialised CPU memory, only this rank's shard of
+        device="meta", then fully_shard-ed) memory on the mesh's device (CPU; on a gang's
+        "remote:N" mesh, zeros on each worker), only this rank's shard of
         each parameter, and buffers on meta empty CPU tensors. Initialise the shards afterwards
         (kiln.nn.init functions on the DTensor parameters, or copy into p.to_local())."""
-        if str(device) != "cpu":
-            raise NotImplementedError(f"FSDPModule.to_empty: only device='cpu' is supported, got "
-                                      f"{device!r}")
+        device = str(device)
+        for m in self._fsdp_modules(recurse):
+            mesh_device = m.__dict__["_fsdp_state"].mesh.device_type
+            if device != ("cpu" if mesh_device == "cpu" else mesh_device):
+                raise NotImplementedError(
+                    f"FSDPModule.to_empty: the shards live on the mesh's device, "
+                    f"{'cpu' if mesh_device == 'cpu' else mesh_device!r}; got device={device!r}")
         for m in self._fsdp_modules(recurse):
             st = m.__dict__["_fsdp_state"]
             st.group.materialize()
@@ -167,7 +172,7 @@ class FSDPModule:
         for m in self.modules():
             for name, b in m._buffers.items():
                 if b is not None and str(b.device) == "meta":
-                    m._buffers[name] = _C.empty(list(b.shape), dtype=b.dtype, device="cpu")
+                    m._buffers[name] = _C.empty(list(b.shape), dtype=b.dtype, device=device)
         return self
 
     def unshard(self):
