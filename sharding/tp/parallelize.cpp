@@ -81,7 +81,7 @@ void shard_param(nn::Module& m, const std::string& where, const std::string& nam
   KILN_CHECK(!is_dtensor(slot), Value, "parallelize_module: ", where, ".", name,
              " is already a DTensor; a module can be parallelized once");
   Tensor full = slot.detach();
-  if (src) {
+  if (src && !mesh.device_type().starts_with("remote")) {  // a gang's: one value already
     full = full.contiguous().clone();
     mesh.group(0)->broadcast(full, *src)->wait();
   }

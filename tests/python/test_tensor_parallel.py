@@ -61,11 +61,11 @@ COMMON = textwrap.dedent("""
                   {"params": [p for p in ps if not isinstance(p, DTensor)]}]
         return kiln.optim.SGD([g for g in groups if g["params"]], lr=lr)
 
-    def twins(make):
+    def twins(make):  # the model to parallelize (on the mesh's device), and the reference
         kiln.manual_seed(1)
         ref = make()
         kiln.manual_seed(1)
-        return make(), ref
+        return make().to(DEVICE), ref
 
     mesh = init_device_mesh(DEVICE, (2,))
     rank = dist.get_rank()
@@ -99,7 +99,7 @@ MODULES = COMMON + textwrap.dedent("""
         assert not isinstance(y, DTensor)  # use_local_output: RowwiseParallel's Replicate local
         close(y, y_ref, "mlp output")
         c = kiln.randn(4, 8)
-        (y * c).sum().backward()
+        (y * c.to(y.device)).sum().backward()
         (y_ref * c).sum().backward()
         close(xt.grad, xr.grad, "input grad")
         grads_equal(tp, ref)
@@ -260,7 +260,7 @@ LOSS = COMMON + textwrap.dedent("""
                 assert isinstance(loss, DTensor) and loss.placements == (Replicate(),), what
                 close(loss, ref, "loss " + what)
                 c = kiln.randn(6) if reduction == "none" else kiln.tensor(1.5)
-                (loss.full_tensor() * c).sum().backward()
+                (loss.full_tensor() * c.to(DEVICE)).sum().backward()
                 (ref * c).sum().backward()
                 assert d.grad.placements == (Shard(1),), (what, d.grad.placements)
                 close(d.grad, r.grad, "logits grad " + what)
@@ -283,7 +283,7 @@ LOSS = COMMON + textwrap.dedent("""
                 close(lp, lp_ref, "log_softmax " + what)
                 close(loss, ref, "loss " + what)
                 c = kiln.randn(6) if reduction == "none" else kiln.tensor(0.7)
-                (loss.full_tensor() * c).sum().backward()
+                (loss.full_tensor() * c.to(DEVICE)).sum().backward()
                 (ref * c).sum().backward()
                 close(d.grad, r.grad, "logits grad " + what)
     # A 1-d input (one sample), and a Replicate() DTensor target.
@@ -448,3 +448,12 @@ def test_forward_hooks():
     with pytest.raises(RuntimeError, match="forward pre-hook must return None or a tuple"):
         lin.register_forward_pre_hook(lambda m, a, k: 5, with_kwargs=True)
         lin(x)
+
+
+# ---- The same scripts on a coordinator's gang (Note [Remote DTensor]) ------------------------
+# SEQUENCE is left out: its inputs are each rank's own slices, which a gang's one client has not.
+
+@pytest.mark.parametrize("name,n", [("MODULES", 2), ("LOSS", 2), ("MESH_2X2", 4)])
+def test_tp_on_a_gang(tmp_path, name, n):
+    from test_dtensor import run_remote
+    run_remote(tmp_path, name.lower(), REMOTE + globals()[name], n)

@@ -11,7 +11,7 @@ import math
 
 from kiln import _C
 from kiln.autograd.function import Function
-from kiln.distributed.tensor import DTensor, Replicate
+from kiln.distributed.tensor import DTensor, Replicate, distribute_tensor
 from kiln.nn import functional as F
 
 __all__ = ["loss_parallel"]
@@ -138,6 +138,8 @@ def _loss_args(what, input, target, weight, reduction, ignore_index):
     if bad.any().item():
         raise IndexError(f"{what}: target {target[bad][0].item()} is out of bounds for "
                          f"{vocab} classes")
+    if _on_gang(mesh):  # no local shapes here: Note [Loss parallel on a gang]
+        return mesh, mdim, None, vocab, target, weight, None
     offset, _ = _shard_of(vocab, mesh.size(mdim), mesh.get_local_rank(mdim))
     local = input.to_local()
     x = local.reshape([1, -1]) if input.ndim == 1 else local
@@ -160,6 +162,9 @@ def _cross_entropy(input, target, weight, reduction, ignore_index, label_smoothi
                                   "in Kiln yet")
     mesh, mdim, offset, vocab, target, weight, x = _loss_args(what, input, target, weight,
                                                               reduction, ignore_index)
+    if _on_gang(mesh):
+        return _gang_nll_loss(_gang_log_softmax(input, None), target, weight, reduction,
+                              ignore_index, float(label_smoothing))
     loss = _VocabParallelCrossEntropy.apply(x, target, weight, mesh.get_group(mdim), offset,
                                             vocab, reduction, ignore_index, float(label_smoothing))
     return _replicated_loss(loss, input, reduction, mesh)
@@ -233,6 +238,8 @@ def _log_softmax(input, dim, dtype):
     if dim not in (input.ndim - 1, -1):
         raise ValueError(f"{what}: expected dim to be the class dim ({input.ndim - 1} or -1), the "
                          f"sharded one, got {dim}")
+    if _on_gang(mesh):
+        return _gang_log_softmax(input, dtype)
     local = input.to_local()
     if dtype is not None:
         local = local.to(dtype)
@@ -246,9 +253,58 @@ def _nll_loss(input, target, weight, reduction, ignore_index):
     what = "nll_loss under loss_parallel()"
     mesh, mdim, offset, _, target, weight, x = _loss_args(what, input, target, weight,
                                                            reduction, ignore_index)
+    if _on_gang(mesh):
+        return _gang_nll_loss(input, target, weight, reduction, ignore_index, 0.0)
     loss = _VocabParallelNllLoss.apply(x, target, weight, mesh.get_group(mdim), offset,
                                        reduction, ignore_index)
     return _replicated_loss(loss, input, reduction, mesh)
+
+
+# Note [Loss parallel on a gang]: on a gang's mesh (Note [Remote DTensor] in kiln/dist/remote.h)
+# one client records for every worker, so the local computations above, which take this rank's
+# class offset and call the process group themselves, cannot be recorded. There the same losses
+# are composed of DTensor ops that every worker runs on its own classes: the row maximum and the
+# sum of exp are reductions of the class dim (Partial, then one all-reduce of O(N) values each),
+# and the target's log-probability is a sum over the classes against a one-hot of the target
+# (times its weight) distributed like the logits, so no rank needs to know where its classes
+# start. Autograd through these ops gives the same gradients, placed like the logits. The
+# one-hot costs one (N, C) tensor of the logits' dtype, split over the ranks like them.
+
+def _on_gang(mesh):
+    return mesh.device_type.startswith("remote")
+
+
+def _gang_log_softmax(input, dtype):
+    x = input if dtype is None else input.to(dtype)
+    rep = [Replicate()] * x.device_mesh.ndim
+    m = x.detach().amax([-1], keepdim=True).redistribute(x.device_mesh, rep)
+    m = _C.where(m == -math.inf, _C.zeros_like(m), m)  # a row of -inf: 0, not nan
+    z = x - m
+    return z - z.exp().sum([-1], keepdim=True).redistribute(x.device_mesh, rep).log()
+
+
+def _gang_nll_loss(logp, target, weight, reduction, ignore_index, eps):
+    """The loss of log-probabilities `logp` (a class-sharded DTensor) against flat int64 class
+    indices `target`, as _VocabParallelCrossEntropy computes it (eps: label smoothing)."""
+    mesh, vocab = logp.device_mesh, logp.shape[-1]
+    rep = [Replicate()] * mesh.ndim
+    x = logp.reshape([1, vocab]) if logp.ndim == 1 else logp
+    valid = target != ignore_index
+    safe = _C.where(valid, target, _C.zeros_like(target))
+    v = valid.to(logp.dtype)
+    w = v if weight is None else weight.to(target.device)[safe].to(logp.dtype) * v
+    onehot = (safe.unsqueeze(1) == _C.arange(0, vocab, device=target.device)).to(logp.dtype)
+    pick = distribute_tensor(onehot * w.unsqueeze(1), mesh, list(logp.placements))
+    loss = -(x * pick).sum([-1])  # Partial along the class mesh dim
+    if eps > 0:
+        smooth = distribute_tensor(v.unsqueeze(1).expand([x.shape[0], vocab]) / vocab, mesh,
+                                   list(logp.placements))
+        loss = loss * (1 - eps) - (x * smooth).sum([-1]) * eps
+    loss = loss.redistribute(mesh, rep)
+    if reduction == "none":
+        return loss.reshape([]) if logp.ndim == 1 else loss
+    total = loss.sum()
+    return total / w.sum() if reduction == "mean" else total
 
 
 class _LossParallelOps:

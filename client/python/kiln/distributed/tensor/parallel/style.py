@@ -53,7 +53,8 @@ def _distribute_param(module, name, mesh, placement, src_data_rank):
         raise ValueError(f"{type(module).__name__}.{name} is already a DTensor (placements "
                          f"{p.placements}); a module can be parallelized once")
     full = p.detach()
-    if src_data_rank is not None:
+    # On a gang the one client's value is every worker's already (Note [Remote DTensor]).
+    if src_data_rank is not None and not mesh.device_type.startswith("remote"):
         full = full.contiguous().clone()
         mesh.get_group().broadcast(full, src_data_rank).wait()
     module._parameters[name] = _as_parameter(distribute_tensor(full, mesh, [placement]),
