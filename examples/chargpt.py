@@ -40,6 +40,7 @@ import kiln.nn.functional as F
 from kiln.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 
 BATCH = 16
+DEVICE = "cpu"  # where the model lives: a gang's "remote:N" with --remote or under kiln submit
 EVAL_BATCHES = 16
 LR, MIN_LR, WEIGHT_DECAY, WARMUP = 1e-3, 1e-4, 0.1, 50
 
@@ -79,7 +80,7 @@ class GPT(nn.Module):
         T = idx.shape[1]
         if T > self.block:
             raise ValueError(f"GPT: sequence length {T} exceeds the context of {self.block}")
-        x = self.tok(idx) + self.pos(kiln.arange(T))
+        x = self.tok(idx) + self.pos(kiln.arange(T, device=idx.device))
         return self.head(self.ln(self.blocks(x)))
 
 
@@ -109,8 +110,8 @@ def get_batch(text, block, gen):
 
 
 def lm_loss(model, x, y):
-    logits = model(x).float()  # bfloat16 under --bf16: the loss is taken in float32
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    logits = model(x.to(DEVICE)).float()  # bfloat16 under --bf16: the loss is taken in float32
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.to(DEVICE).reshape(-1))
 
 
 @kiln.no_grad()
@@ -160,7 +161,7 @@ def sample(model, prompt, n, temperature, top_k, seed):
     for c in ctx:
         put(c)
     for _ in range(n):
-        idx = kiln.tensor([ctx[-model.block:]])
+        idx = kiln.tensor([ctx[-model.block:]]).to(DEVICE)
         logits = model(idx)[0, -1].numpy().astype(np.float64)  # (vocab)
         top = np.argsort(-logits, kind="stable")[:min(top_k, model.vocab)]
         p = np.exp((logits[top] - logits[top[0]]) / temperature)
@@ -188,6 +189,8 @@ def parse_args(argv):
     ap.add_argument("--bf16", action="store_true",
                     help="with --fsdp: compute in bfloat16, reduce gradients in float32")
     ap.add_argument("--print-losses", action="store_true", help="print every step's loss")
+    ap.add_argument("--remote", default="",
+                    help="a coordinator: train on a gang of fsdp x tp of its workers")
     args = ap.parse_args(argv)
     if args.fsdp < 1 or args.tp < 1:
         ap.error("--fsdp and --tp must be >= 1")
@@ -196,11 +199,14 @@ def parse_args(argv):
     if BATCH % args.fsdp:
         ap.error(f"--fsdp {args.fsdp} must divide the batch of {BATCH}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if args.fsdp * args.tp > 1 and world != args.fsdp * args.tp:
+    remote = args.remote or os.environ.get("KILN_JOB_ID")
+    if remote and world > 1:
+        ap.error("--remote (or kiln submit) drives a gang from one process: not under kiln run")
+    if not remote and args.fsdp * args.tp > 1 and world != args.fsdp * args.tp:
         ap.error(f"--fsdp {args.fsdp} --tp {args.tp} needs {args.fsdp * args.tp} ranks: run it "
                  f"as `kiln run --nproc {args.fsdp * args.tp} ...` (WORLD_SIZE is {world})")
-    if args.fsdp * args.tp > 1 and args.ckpt:
-        ap.error("--ckpt with --fsdp or --tp (sharded checkpoints) is not supported yet")
+    if (args.fsdp * args.tp > 1 or remote) and args.ckpt:
+        ap.error("--ckpt with --fsdp, --tp or --remote (sharded checkpoints) is not supported yet")
     if args.steps < 1 or args.eval_every < 1 or args.temperature <= 0 or args.top_k < 1:
         ap.error("--steps, --eval-every and --top-k must be >= 1, --temperature > 0")
     if args.resume and not args.ckpt:
@@ -210,13 +216,13 @@ def parse_args(argv):
 
 def parallelize(model, fsdp, tp, bf16=False):
     """Shards `model` over a (dp, tp) mesh of fsdp x tp ranks: tensor parallel over "tp" first,
-    then every block and the whole model fully_shard-ed over "dp" (2-D FSDP x TP). Returns this
-    rank, the rows of each batch it takes and the process group of the ranks that take different
-    rows. bf16: FSDP gathers the parameters in bfloat16 (forward and backward compute in it) and
-    reduces the gradients in float32; the shards and the optimizer stay float32."""
-    from kiln.distributed import get_rank
+    then every block and the whole model fully_shard-ed over "dp" (2-D FSDP x TP). The mesh is laid
+    over the ranks of `kiln run`, or over the workers of the session's gang (DEVICE "remote:N":
+    this one process records the program every worker runs). Returns the mesh. bf16: FSDP gathers
+    the parameters in bfloat16 (forward and backward compute in it) and reduces the gradients in
+    float32; the shards and the optimizer stay float32."""
     from kiln.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cpu", (fsdp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(DEVICE, (fsdp, tp), mesh_dim_names=("dp", "tp"))
     if tp > 1:
         from kiln.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                       parallelize_module)
@@ -234,8 +240,25 @@ def parallelize(model, fsdp, tp, bf16=False):
         for block in model.blocks:
             fully_shard(block, mesh=mesh["dp"], mp_policy=mp)
         fully_shard(model, mesh=mesh["dp"], mp_policy=mp)
-    per, dp_rank = BATCH // fsdp, mesh.get_local_rank("dp")
-    return get_rank(), slice(dp_rank * per, (dp_rank + 1) * per), mesh.get_group("dp")
+    return mesh
+
+
+def my_rows(t, mesh):
+    """This rank's rows of a batch: rows [r * B / dp, (r + 1) * B / dp) for dp rank r (each
+    worker keeps its own on a gang)."""
+    if mesh is None:
+        return t
+    from kiln.distributed.tensor import Replicate, Shard, distribute_tensor
+    return distribute_tensor(t, mesh, [Shard(0), Replicate()]).to_local()
+
+
+def dp_mean(loss, mesh):
+    """The mean over the dp ranks of each one's loss (the whole batch's loss)."""
+    if mesh is None or mesh.size(0) == 1:
+        return loss.item()
+    from kiln.distributed.tensor import DTensor, Partial
+    return DTensor.from_local(loss.detach().reshape([1]), mesh["dp"],
+                              [Partial("avg")]).full_tensor().item()
 
 
 def main(argv):
@@ -253,15 +276,22 @@ def main(argv):
     train, val = text[:n_train], text[n_train:]
     print(f"chargpt: {files} files, {len(text)} bytes: {len(train)} train / {len(val)} validation")
 
+    global DEVICE
+    session = None
+    if args.remote or os.environ.get("KILN_JOB_ID"):  # a job's driver trains on the job's gang
+        session = kiln.connect(args.remote or None, workers=args.fsdp * args.tp, wait_ms=60000)
+        DEVICE = str(session.device)
+        print(f"chargpt: recording for a gang of {session.world_size} workers ({DEVICE})")
     kiln.manual_seed(args.seed)
     model = GPT(block=block)
     n_params = sum(p.numel() for p in model.parameters())
-    rank, rows, dp_group = 0, slice(0, BATCH), None
+    model.to(DEVICE)
+    mesh = None
     if args.fsdp * args.tp > 1:
         import warnings
         warnings.simplefilter("ignore")  # DTensor's replicate-path warnings (attention)
-        rank, rows, dp_group = parallelize(model, args.fsdp, args.tp, args.bf16)
-        if rank:  # one rank prints
+        mesh = parallelize(model, args.fsdp, args.tp, args.bf16)
+        if session is None and kiln.distributed.get_rank():  # one rank prints
             sys.stdout = open(os.devnull, "w")
     opt = kiln.optim.AdamW(decay_groups(model, WEIGHT_DECAY), lr=LR)
     # Linear warm-up from LR / 10, then cosine annealing down to MIN_LR at the last step.
@@ -286,15 +316,11 @@ def main(argv):
     while step < args.steps:
         x, y = get_batch(train, block, batch_gen)
         opt.zero_grad()
-        loss = lm_loss(model, x[rows], y[rows])
+        loss = lm_loss(model, my_rows(x, mesh), my_rows(y, mesh))
         loss.backward()
         opt.step()
         sched.step()
-        value = loss.item()
-        if args.fsdp > 1:  # this rank's rows: the batch's loss is the mean over the ranks
-            t = kiln.tensor([value], dtype=kiln.float64)
-            kiln.distributed.all_reduce(t, group=dp_group)
-            value = t.item() / args.fsdp
+        value = dp_mean(loss, mesh)  # this rank's rows: the batch's loss is the mean over dp
         loss_sum += value
         losses += 1
         step += 1

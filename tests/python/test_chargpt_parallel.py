@@ -117,3 +117,35 @@ def test_bad_flags_cpp():
     r = subprocess.run([str(CHARGPT), "--tp", "2", "--ckpt", "/tmp/x"], capture_output=True,
                        text=True, env={**NO_WORLD, "WORLD_SIZE": "2"})
     assert r.returncode == 2 and "--ckpt with --fsdp or --tp" in r.stderr, r.stderr
+
+
+# ---- On a coordinator's gang: one process records for every worker (Note [Remote DTensor]) ---
+
+def run_on_gang(tmp_path, program, n, *extra, submit=False):
+    """The program with --remote COORDINATOR on a gang of n workers (or, with submit, as the
+    driver of `kiln submit --workers n`); its losses."""
+    from test_dtensor import gang_of
+    from test_remote_worker import stop
+    procs, address = gang_of(tmp_path, n)
+    try:
+        cmd = [*program, *ARGS, *extra]
+        cmd = ([str(KILN_CLI), "submit", "--coordinator", address, "--workers", str(n), "--", *cmd]
+               if submit else [*cmd, "--remote", address])
+        r = subprocess.run(cmd, capture_output=True, text=True, env=NO_WORLD, timeout=900)
+    finally:
+        for p in reversed(procs):
+            stop(p)
+    assert r.returncode == 0, r.stdout + r.stderr
+    losses = [float(m[1]) for m in re.finditer(r"^step \d+ loss (\S+)$", r.stdout, re.M)]
+    assert len(losses) == STEPS, r.stdout + r.stderr
+    return losses
+
+
+@needs_data
+def test_fsdp_tp_two_by_two_on_a_gang(program, single, tmp_path):
+    expect_parity(run_on_gang(tmp_path, program, 4, "--fsdp", "2", "--tp", "2"), single)
+
+
+@needs_data
+def test_kiln_submit_fsdp_on_a_gang(program, single, tmp_path):
+    expect_parity(run_on_gang(tmp_path, program, 2, "--fsdp", "2", submit=True), single)

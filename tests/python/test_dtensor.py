@@ -179,8 +179,10 @@ def gang_of(tmp_path, n):
     c, address = start_daemon(tmp_path, "coordinator",
                               [COORDINATOR, "--state", str(tmp_path / "state.db")])
     procs = [c]
+    # Workers that share this machine share its cores, as `kiln run`'s ranks do.
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // n)))
     for r in range(n):
-        procs.append(start_worker(tmp_path, f"g{r}", ["--coordinator", address])[0])
+        procs.append(start_worker(tmp_path, f"g{r}", ["--coordinator", address], env)[0])
     return procs, address
 
 

@@ -24,15 +24,15 @@ pytestmark = pytest.mark.skipif(not os.access(WORKER, os.X_OK),
                                 reason=f"kiln-worker not built ({WORKER})")
 
 
-def start_worker(tmp_path, name="w", extra=()):
+def start_worker(tmp_path, name="w", extra=(), env=None):
     """A kiln-worker on a free loopback port; returns (process, "127.0.0.1:PORT")."""
-    return start_daemon(tmp_path, name, [WORKER, "--worker-id", name, *extra])
+    return start_daemon(tmp_path, name, [WORKER, "--worker-id", name, *extra], env)
 
 
-def start_daemon(tmp_path, name, argv):
+def start_daemon(tmp_path, name, argv, env=None):
     port_file = tmp_path / f"{name}.port"
     p = subprocess.Popen([*argv, "--listen", "127.0.0.1:0", "--port-file", str(port_file)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if port_file.exists() and port_file.read_text().strip():
