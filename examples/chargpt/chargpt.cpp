@@ -2,8 +2,9 @@
 // `fortunes` package, then samples from it. Run it with scripts/chargpt, or by hand:
 //   build/bin/chargpt [--data DIR] [--steps N] [--eval-every K] [--ckpt DIR [--resume]]
 //                     [--prompt TEXT] [--temperature T] [--top-k K] [--sample-bytes N] [--seed S]
-//                     [--fsdp N [--bf16]] [--tp M] [--print-losses]
+//                     [--fsdp N [--bf16]] [--tp M] [--print-losses] [--remote COORDINATOR]
 //   build/bin/kiln run --nproc 4 build/bin/chargpt --fsdp 4
+//   build/bin/chargpt --fsdp 2 --tp 2 --remote COORDINATOR   # or: kiln submit --workers 4 -- ...
 // --fsdp N trains on N ranks (`kiln run --nproc N`), every block and then the whole model
 // fully_shard-ed, each rank taking kBatch / N rows of each batch; --tp M shards every block's
 // attention and MLP over M ranks (qkv and fc column-wise, proj and out row-wise), every rank
@@ -13,7 +14,9 @@
 // parallel inside each pair of ranks, FSDP across the pairs. --bf16 (with --fsdp) is FSDP's mixed
 // precision: parameters gathered and computed in bfloat16, gradients reduced in float32, float32
 // shards and optimizer; its losses follow the float32 run to about 1e-3. As examples/chargpt.py
-// does, rank 0 prints.
+// does, rank 0 prints. With --remote (or as the driver of `kiln submit --workers N`) this one
+// process records the program for a gang of fsdp x tp workers, which run it on their shards (Note
+// [Remote DTensor] in kiln/dist/remote.h), with the same losses.
 // The files of DIR (default /usr/share/games/fortunes; *.dat and *.u8 skipped) are concatenated
 // as bytes in sorted order; the first 90% train, the rest validate. Each step draws 16 random
 // windows of 128 bytes (seeded). Every K steps it prints the mean training loss since the last
@@ -38,6 +41,7 @@
 
 #include "gpt.h"
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/client/session.h"
 #include "kiln/dist/device_mesh.h"
 #include "kiln/dist/fsdp.h"
 #include "kiln/dist/tensor_parallel.h"
@@ -64,6 +68,7 @@ struct Args {
   int64_t tp = 1;     // tensor-parallel ranks (under kiln run)
   bool bf16 = false;  // with --fsdp: compute in bfloat16, reduce gradients in float32
   bool print_losses = false;
+  std::string remote;  // a coordinator: train on a gang of fsdp x tp of its workers
 };
 
 constexpr int64_t kBatch = 16;
@@ -126,6 +131,8 @@ Args parse_args(int argc, char** argv) {
       a.bf16 = true;
     else if (flag == "--print-losses")
       a.print_losses = true;
+    else if (flag == "--remote")
+      a.remote = value();
     else
       usage_error("unknown argument " + flag + " (see the top of examples/chargpt/chargpt.cpp)");
   }
@@ -138,12 +145,15 @@ Args parse_args(int argc, char** argv) {
                 std::to_string(kBatch));
   const char* world_env = std::getenv("WORLD_SIZE");
   const int64_t world = world_env ? std::atoll(world_env) : 1, ranks = a.fsdp * a.tp;
-  if (ranks > 1 && world != ranks)
+  const bool remote = !a.remote.empty() || std::getenv("KILN_JOB_ID");
+  if (remote && world > 1)
+    usage_error("--remote (or kiln submit) drives a gang from one process: not under kiln run");
+  if (!remote && ranks > 1 && world != ranks)
     usage_error("--fsdp " + std::to_string(a.fsdp) + " --tp " + std::to_string(a.tp) + " needs " +
                 std::to_string(ranks) + " ranks: run it as `kiln run --nproc " +
                 std::to_string(ranks) + " ...` (WORLD_SIZE is " + std::to_string(world) + ")");
-  if (ranks > 1 && !a.ckpt.empty())
-    usage_error("--ckpt with --fsdp or --tp (sharded checkpoints) is not supported yet");
+  if ((ranks > 1 || remote) && !a.ckpt.empty())
+    usage_error("--ckpt with --fsdp, --tp or --remote (sharded checkpoints) is not supported yet");
   if (a.steps < 1 || a.eval_every < 1 || a.temperature <= 0 || a.top_k < 1)
     usage_error("--steps, --eval-every and --top-k must be >= 1, --temperature > 0");
   if (a.resume && a.ckpt.empty()) usage_error("--resume needs --ckpt DIR");
@@ -152,22 +162,20 @@ Args parse_args(int argc, char** argv) {
 
 // Shards `gpt` over a (dp, tp) mesh of args.fsdp x args.tp ranks, as examples/chargpt.py's
 // parallelize() does: tensor parallel over "tp" first, then every block and the whole model
-// fully_shard-ed over "dp" (2-D FSDP x TP: See Note [FSDP over TP]). Returns the module that
-// training, evaluation and sampling call (the FSDP root, or `gpt` whose blocks call their linears
-// through the tensor-parallel plan), this rank, the first row of each batch it takes, and the
-// process group of the ranks that take different rows ("dp"). bf16: FSDP's mixed precision.
+// fully_shard-ed over "dp" (2-D FSDP x TP: See Note [FSDP over TP]). The mesh is laid over the
+// ranks of `kiln run`, or over a gang's workers when `device` is its remote device. Returns the
+// module that training, evaluation and sampling call (the FSDP root, or `gpt` whose blocks call
+// their linears through the tensor-parallel plan) and the mesh. bf16: FSDP's mixed precision.
 struct Parallel {
   nn::ModulePtr model;
-  int64_t rank = 0;
-  int64_t row0 = 0;
-  dist::ProcessGroupPtr dp_group;
+  dist::DeviceMesh mesh;  // undefined: one process
 };
 
-Parallel parallelize(const std::shared_ptr<chargpt::GPT>& gpt, int64_t fsdp, int64_t tp,
-                     bool bf16) {
-  dist::DeviceMesh mesh = dist::init_device_mesh("cpu", {fsdp, tp}, {"dp", "tp"});
-  const int64_t dp_rank = mesh.local_rank(0);
-  Parallel p{gpt, dp_rank * tp + mesh.local_rank(1), dp_rank * (kBatch / fsdp), mesh.group(0)};
+Parallel parallelize(const std::shared_ptr<chargpt::GPT>& gpt, int64_t fsdp, int64_t tp, bool bf16,
+                     Device device) {
+  dist::DeviceMesh mesh = dist::init_device_mesh(
+      device.type() == DeviceType::Remote ? device.str() : "cpu", {fsdp, tp}, {"dp", "tp"});
+  Parallel p{gpt, mesh};
   if (tp > 1) {
     using dist::ColwiseParallel, dist::RowwiseParallel;
     // qkv's output stays a DTensor: its q, k, v split cuts across the column shards.
@@ -194,6 +202,22 @@ Parallel parallelize(const std::shared_ptr<chargpt::GPT>& gpt, int64_t fsdp, int
     p.model = dist::fully_shard(gpt, dp, options);
   }
   return p;
+}
+
+// This rank's rows of a batch, [r * B / dp, (r + 1) * B / dp) for dp rank r (each worker keeps its
+// own on a gang).
+Tensor my_rows(const Tensor& t, const dist::DeviceMesh& mesh) {
+  if (!mesh.defined()) return t;
+  return dist::distribute_tensor(t, mesh, {dist::Shard(0), dist::Replicate()}).to_local();
+}
+
+// The mean over the dp ranks of each one's loss (the whole batch's loss).
+double dp_mean(const Tensor& loss, const dist::DeviceMesh& mesh) {
+  if (!mesh.defined() || mesh.size(0) == 1) return loss.item<float>();
+  return dist::DTensor::from_local(loss.detach().reshape({1}), mesh["dp"],
+                                   {dist::Partial(dist::ReduceOp::Avg)})
+      .full_tensor()
+      .item<float>();
 }
 
 // Python's repr of a float: the shortest text that reads back as the same double.
@@ -235,9 +259,13 @@ std::pair<Tensor, Tensor> get_batch(const std::string& text, int64_t block, Gene
   return {x, y};
 }
 
+Device g_device = kCPU;  // where the model lives: a gang's remote device with --remote
+
 Tensor lm_loss(nn::Module& model, const Tensor& x, const Tensor& y) {
-  Tensor logits = model.forward(x).to(kFloat32);  // bfloat16 under --bf16: the loss in float32
-  return cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+  // bfloat16 under --bf16: the loss is taken in float32
+  Tensor logits = model.forward(x.to(std::nullopt, g_device)).to(kFloat32);
+  return cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                       y.to(std::nullopt, g_device).reshape({-1}));
 }
 
 // The mean loss over kEvalBatches batches of `text`, always the same ones (a fixed seed).
@@ -309,7 +337,11 @@ void sample(nn::Module& model, const chargpt::GPTConfig& config, const std::stri
     Tensor idx = empty({1, T}, kInt64);
     std::copy(ctx.end() - T, ctx.end(), idx.data_ptr<int64_t>());
     // logits of the last position: (1, T, V) -> (V)
-    Tensor logits = model.forward(idx).select(1, T - 1).reshape({V}).contiguous();
+    Tensor logits = model.forward(idx.to(std::nullopt, g_device))
+                        .select(1, T - 1)
+                        .reshape({V})
+                        .to(std::nullopt, kCPU)
+                        .contiguous();
     const float* l = logits.data_ptr<float>();
     std::vector<int64_t> order(V);
     for (int64_t v = 0; v < V; ++v) order[v] = v;
@@ -352,20 +384,31 @@ int main(int argc, char** argv) {
   std::printf("chargpt: %d files, %zu bytes: %zu train / %zu validation\n", files, text.size(),
               train.size(), val.size());
 
+  client::Session session;
+  const bool remote = !args.remote.empty() || std::getenv("KILN_JOB_ID");
+  if (remote) {  // a job's driver trains on the job's gang
+    session = client::connect(args.remote,
+                              {.workers = static_cast<int>(args.fsdp * args.tp), .wait_ms = 60000});
+    g_device = session.device();
+    std::printf("chargpt: recording for a gang of %d workers (%s)\n", session.world_size(),
+                g_device.str().c_str());
+  }
   manual_seed(args.seed);
   auto gpt = std::make_shared<chargpt::GPT>(config);
   int64_t n_params = 0;
   for (const Tensor& p : gpt->parameters()) n_params += p.numel();
+  gpt->to(g_device);
   // What training, evaluation and sampling call: `gpt`, or under --fsdp its FSDP root.
   Parallel par{gpt};
   if (args.fsdp * args.tp > 1) {
     // DTensor's replicate-path warnings (attention), as examples/chargpt.py ignores them.
     set_warning_handler([](const std::string&) {});
-    par = parallelize(gpt, args.fsdp, args.tp, args.bf16);
-    if (par.rank != 0 && !std::freopen("/dev/null", "w", stdout)) return 1;  // one rank prints
+    par = parallelize(gpt, args.fsdp, args.tp, args.bf16, g_device);
+    // One rank prints.
+    if (!remote && dist::default_group()->rank() != 0 && !std::freopen("/dev/null", "w", stdout))
+      return 1;
   }
   nn::Module& model = *par.model;
-  const int64_t rows = kBatch / args.fsdp;  // this rank's rows of each batch, from par.row0
   optim::AdamW opt(chargpt::decay_groups(model, kWeightDecay), {.lr = kLr});
   // Linear warm-up from kLr / 10, then cosine annealing down to kMinLr at the last step.
   optim::SequentialLR sched(
@@ -406,16 +449,12 @@ int main(int argc, char** argv) {
     // rows of it.
     auto [x, y] = get_batch(train, config.block, batch_gen);
     opt.zero_grad();
-    Tensor loss = lm_loss(model, x.narrow(0, par.row0, rows), y.narrow(0, par.row0, rows));
+    Tensor loss = lm_loss(model, my_rows(x, par.mesh), my_rows(y, par.mesh));
     loss.backward();
     opt.step();
     sched.step();
-    double value = loss.item<float>();
-    if (args.fsdp > 1) {  // this rank's rows: the batch's loss is the mean over the ranks
-      Tensor t = full({1}, value, kFloat64);
-      par.dp_group->all_reduce(t)->wait();
-      value = t.item<double>() / static_cast<double>(args.fsdp);
-    }
+    // This rank's rows: the batch's loss is the mean over the dp ranks.
+    double value = dp_mean(loss, par.mesh);
     loss_sum += value;
     ++losses;
     ++step;
