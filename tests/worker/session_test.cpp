@@ -310,7 +310,7 @@ TEST(WorkerSession, StreamEndingErrors) {
   expect_end(dtype, "unknown dtype 'float128'");
 }
 
-// Note [Remote DTensor]: a worker without a gang refuses meshes, and DTensor commands that name
+// See Note [Remote DTensor]. A worker without a gang refuses meshes, and DTensor commands that name
 // an unknown or failed mesh, or bad ids, get errors naming them (the gang itself is tested in
 // tests/python/test_dtensor.py).
 TEST(WorkerSession, DTensorCommandsWithoutAGangNameTheProblem) {
