@@ -110,7 +110,8 @@ class GPT : public kiln::nn::Module {
     const int64_t T = idx.size(1);
     KILN_CHECK(T <= config.block, Value, "GPT: sequence length ", T, " exceeds the context of ",
                config.block);
-    kiln::Tensor x = tok->forward(idx) + pos->forward(kiln::arange(0, T, 1, kiln::kInt64, idx.device()));
+    kiln::Tensor x =
+        tok->forward(idx) + pos->forward(kiln::arange(0, T, 1, kiln::kInt64, idx.device()));
     return head->forward(ln->forward(blocks->forward(x)));
   }
 

@@ -430,7 +430,8 @@ void dtensor_kernel(const OperatorHandle& op, DispatchKeySet, Stack& stack) {
     }
   }
   KILN_ASSERT(mesh != nullptr, op.name(), ": DTensor kernel without a DTensor argument");
-  for (const Arg& a : tensors)  // shards on a gang: the workers run this kernel (Note [Remote DTensor])
+  for (const Arg& a :
+       tensors)  // shards on a gang: the workers run this kernel (Note [Remote DTensor])
     if (a.spec && detail::local_of(*a.tensor).device().type() == DeviceType::Remote)
       return detail::remote_hooks().run_op(op, args, stack);
   check_view_writes(op, tensors);

@@ -47,9 +47,11 @@ std::pair<int64_t, int64_t> chunk_of(int64_t size, int64_t n, int64_t index) {
   return {off, std::min(c, size - off)};
 }
 
-DimVector local_shape(IntArrayRef shape, const DeviceMesh& mesh, const Placements& placements) {
-  std::vector<int64_t> coord = mesh.coordinate();
-  KILN_CHECK(!coord.empty(), Value, "DTensor: this rank is not in ", mesh.str());
+namespace {
+
+// The local shape at mesh coordinate `coord` (See Note [Placements]).
+DimVector local_shape_at(IntArrayRef shape, const DeviceMesh& mesh, const Placements& placements,
+                         const std::vector<int64_t>& coord) {
   DimVector s(shape);
   for (size_t i = 0; i < placements.size(); ++i)
     if (placements[i].is_shard()) {
@@ -57,6 +59,14 @@ DimVector local_shape(IntArrayRef shape, const DeviceMesh& mesh, const Placement
       n = chunk_of(n, mesh.size(static_cast<int64_t>(i)), coord[i]).second;
     }
   return s;
+}
+
+}  // namespace
+
+DimVector local_shape(IntArrayRef shape, const DeviceMesh& mesh, const Placements& placements) {
+  std::vector<int64_t> coord = mesh.coordinate();
+  KILN_CHECK(!coord.empty(), Value, "DTensor: this rank is not in ", mesh.str());
+  return local_shape_at(shape, mesh, placements, coord);
 }
 
 // ---- The wrapper -------------------------------------------------------------------------------
@@ -227,9 +237,29 @@ DTensor DTensor::from_local(const Tensor& local, const DeviceMesh& mesh, Placeme
   local.check_defined("DTensor.from_local: the local tensor");
   KILN_CHECK(!is_dtensor(local), Value, "DTensor.from_local: the local tensor is a DTensor");
   KILN_CHECK(mesh.defined(), Value, "DTensor.from_local: the device mesh is undefined");
-  if (mesh.device_type().starts_with("remote") && local.device() != Device(mesh.device_type()))
+  if (mesh.device_type().starts_with("remote") && local.device() != Device(mesh.device_type())) {
+    // Every worker gets this one tensor: its shape must be every rank's (See Note [Remote
+    // DTensor]); checked here, before a worker finds out alone and leaves the others waiting.
+    if (shape) {
+      Placements p = detail::check_placements("DTensor.from_local", mesh, placements, local.dim());
+      std::vector<int64_t> coord(mesh.ndim(), 0);
+      for (int64_t r = 0; r < mesh.size(); ++r) {
+        for (int64_t d = mesh.ndim() - 1, q = r; d >= 0; --d) {
+          coord[d] = q % mesh.size(d);
+          q /= mesh.size(d);
+        }
+        DimVector want = local_shape_at(IntArrayRef(*shape), mesh, p, coord);
+        KILN_CHECK(IntArrayRef(want) == local.sizes(), Value, "DTensor.from_local on ",
+                   mesh.str(), ": the local tensor of shape ", local.sizes(),
+                   " goes to every worker from this one process, but placements ",
+                   placements_str(p), " of global shape ", IntArrayRef(*shape), " give rank ",
+                   mesh.ranks()[r], " the shape ", IntArrayRef(want),
+                   "; make uneven shards on the workers (distribute_tensor)");
+      }
+    }
     return from_local(local.to(std::nullopt, Device(mesh.device_type())), mesh,
                       std::move(placements), std::move(shape), std::move(stride));
+  }
   placements =
       detail::check_placements("DTensor.from_local", mesh, std::move(placements), local.dim());
   DTensorSpec spec{mesh, placements, {}, {}, local.dtype()};

@@ -2,14 +2,14 @@
 // the per-dim process groups (See Note [Mesh groups]).
 #include "kiln/dist/device_mesh.h"
 
-#include "kiln/dist/remote.h"
-
 #include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <sstream>
+
+#include "kiln/dist/remote.h"
 
 namespace kiln::dist {
 
@@ -115,9 +115,7 @@ const MeshState& DeviceMesh::state() const {
 
 const std::string& DeviceMesh::device_type() const { return state().device_type; }
 int64_t DeviceMesh::root_id() const { return state().root->id; }
-const std::vector<std::vector<int64_t>>& DeviceMesh::root_dims() const {
-  return state().root_dims;
-}
+const std::vector<std::vector<int64_t>>& DeviceMesh::root_dims() const { return state().root_dims; }
 int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(state().shape.size()); }
 const std::vector<int64_t>& DeviceMesh::shape() const { return state().shape; }
 const std::vector<std::string>& DeviceMesh::dim_names() const { return state().names; }
@@ -314,7 +312,8 @@ DeviceMesh init_device_mesh(std::string_view device_type, const std::vector<int6
                "init_device_mesh: mesh dim name '", dim_names[i], "' is repeated in ",
                quoted(dim_names));
   }
-  if (device_type.starts_with("remote")) return detail::remote_hooks().init_mesh(device_type, shape, dim_names);
+  if (device_type.starts_with("remote"))
+    return detail::remote_hooks().init_mesh(device_type, shape, dim_names);
   if (!is_initialized()) {
     InitOptions o;
     o.backend = device_type == "cuda" ? "nccl" : "ucx";

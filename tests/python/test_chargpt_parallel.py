@@ -100,6 +100,10 @@ def test_bad_flags(program):
                           (["--fsdp", "2"], "needs 2 ranks")]:
         r = subprocess.run([*program, *extra], capture_output=True, text=True, env=NO_WORLD)
         assert r.returncode == 2 and needle in r.stderr, (extra, r.returncode, r.stderr)
+    # A gang is driven by one process, not by every rank of kiln run.
+    r = subprocess.run([*program, "--fsdp", "2", "--remote", "127.0.0.1:1"], capture_output=True,
+                       text=True, env={**NO_WORLD, "WORLD_SIZE": "2"})
+    assert r.returncode == 2 and "drives a gang from one process" in r.stderr, r.stderr
 
 
 def test_bad_flags_cpp():
@@ -116,7 +120,7 @@ def test_bad_flags_cpp():
     # --ckpt is refused with sharding (the rank count is right here, so that check is reached).
     r = subprocess.run([str(CHARGPT), "--tp", "2", "--ckpt", "/tmp/x"], capture_output=True,
                        text=True, env={**NO_WORLD, "WORLD_SIZE": "2"})
-    assert r.returncode == 2 and "--ckpt with --fsdp or --tp" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--ckpt with --fsdp, --tp or --remote" in r.stderr, r.stderr
 
 
 # ---- On a coordinator's gang: one process records for every worker (Note [Remote DTensor]) ---

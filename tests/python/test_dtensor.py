@@ -180,7 +180,9 @@ def gang_of(tmp_path, n):
                               [COORDINATOR, "--state", str(tmp_path / "state.db")])
     procs = [c]
     # Workers that share this machine share its cores, as `kiln run`'s ranks do.
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // n)))
+    # A failure on one worker leaves the others in their next collective: bound that wait.
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // n)),
+               KILN_COMM_TIMEOUT_S="20")
     for r in range(n):
         procs.append(start_worker(tmp_path, f"g{r}", ["--coordinator", address], env)[0])
     return procs, address
@@ -210,3 +212,31 @@ def test_mesh_2x2_on_a_gang_of_four(tmp_path):
 
 def test_dtensor_on_a_gang_of_two(tmp_path):
     run_remote(tmp_path, "dtensor", COMMON + REMOTE + TWO_RANKS, 2)
+
+
+GANG_ERRORS = textwrap.dedent("""
+    def expect(fn, kind, needle):
+        try:
+            fn()
+        except kind as e:
+            assert needle in str(e), str(e)
+        else:
+            raise AssertionError(f"expected {kind.__name__} with {needle!r}")
+
+    expect(lambda: init_device_mesh(DEVICE, (3,)), ValueError,
+           "mesh shape [3] has 3 ranks but the session on remote:0 has 2 workers")
+    mesh = init_device_mesh(DEVICE, (2,))
+    expect(lambda: init_device_mesh("remote:7", (2,)), ValueError, "remote:7")
+    # One tensor from the client cannot be every rank's uneven shard: refused before it is sent.
+    expect(lambda: DTensor.from_local(kiln.ones(3, 4), mesh, [Shard(0)], shape=(5, 4)), ValueError,
+           "the local tensor of shape [3, 4] goes to every worker from this one process, but "
+           "placements [Shard(0)] of global shape [5, 4] give rank 1 the shape [2, 4]")
+    # The session goes on: later ops that do not read the bad value work.
+    x = distribute_tensor(kiln.arange(10.0).reshape(5, 2), mesh, [Shard(0)])
+    close((x + 1).full_tensor(), kiln.arange(10.0).reshape(5, 2) + 1)
+    print("rank 0 ok")
+""")
+
+
+def test_gang_errors_name_the_problem(tmp_path):
+    run_remote(tmp_path, "errors", COMMON + REMOTE + GANG_ERRORS, 2)

@@ -345,8 +345,9 @@ TEST(WorkerSession, DTensorCommandsWithoutAGangNameTheProblem) {
   EXPECT_NE(sync->error().message().find("this worker has no process group"), std::string::npos)
       << sync->error().message();
   expect_poisoned(s,
-                  {{2, "device mesh 7 could not be made: init_device_mesh: this worker has no "
-                       "process group"},
+                  {{2,
+                    "device mesh 7 could not be made: init_device_mesh: this worker has no "
+                    "process group"},
                    {3, "unknown device mesh 8 (no MeshCreate named it)"},
                    {4, "redistribute: unknown value id 42"}},
                   "INVALID_ARGUMENT");

@@ -5,14 +5,14 @@
 // failure, so a one-element op costs little more than the kernel and the dispatcher.
 #include "kiln/worker/session.h"
 
+#include <absl/container/flat_hash_map.h>
+#include <absl/strings/str_cat.h>
+
 #include <atomic>
 #include <memory>
 #include <new>
 #include <string>
 #include <vector>
-
-#include <absl/container/flat_hash_map.h>
-#include <absl/strings/str_cat.h>
 
 #include "kiln/dispatcher.h"
 #include "kiln/dist/process_group.h"
@@ -210,14 +210,14 @@ static dist::DeviceMesh mesh_of(State& s, const proto::MeshRef& ref) {
   if (it != s.meshes.end()) return it->second;
   auto failed = s.failed_roots.find(ref.root());
   if (failed != s.failed_roots.end())
-    KILN_FAIL(Value, "device mesh ", ref.root(), " could not be made: ",
-              failed->second->message());
+    KILN_FAIL(Value, "device mesh ", ref.root(), " could not be made: ", failed->second->message());
   auto root = s.roots.find(ref.root());
   KILN_CHECK(root != s.roots.end(), Value, "unknown device mesh ", ref.root(),
              " (no MeshCreate named it)");
   std::vector<std::string> names(ref.names().begin(), ref.names().end());
   std::vector<std::vector<int64_t>> dims;
-  for (const proto::IntList& l : ref.root_dims()) dims.emplace_back(l.values().begin(), l.values().end());
+  for (const proto::IntList& l : ref.root_dims())
+    dims.emplace_back(l.values().begin(), l.values().end());
   dist::DeviceMesh m = dist::mesh_on_root(root->second, names, dims);
   return s.meshes.emplace(std::move(key), m).first->second;
 }
@@ -231,8 +231,8 @@ static dist::Placements decode_placements(
     if (p.kind() == 0) out.push_back(dist::Shard(p.dim()));
     if (p.kind() == 1) out.push_back(dist::Replicate());
     if (p.kind() == 2) {
-      KILN_CHECK(p.reduce() >= 0 && p.reduce() <= static_cast<int32_t>(dist::ReduceOp::Product), Value,
-                 "placement reduce op ", p.reduce(), " is out of range");
+      KILN_CHECK(p.reduce() >= 0 && p.reduce() <= static_cast<int32_t>(dist::ReduceOp::Product),
+                 Value, "placement reduce op ", p.reduce(), " is out of range");
       out.push_back(dist::Partial(static_cast<dist::ReduceOp>(p.reduce())));
     }
   }
@@ -247,12 +247,13 @@ static dist::DTensorSpec decode_spec(State& s, const proto::DTensorSpec& p, cons
   spec.stride = DimVector(IntArrayRef(p.stride().data(), p.stride().size()));
   KILN_CHECK(spec.shape.size() == spec.stride.size(), Value, "DTensor spec: shape ",
              IntArrayRef(spec.shape), " and stride ", IntArrayRef(spec.stride), " differ in rank");
-  for (int64_t d : spec.shape) KILN_CHECK(d >= 0, Value, "DTensor spec: negative size in ", IntArrayRef(spec.shape));
+  for (int64_t d : spec.shape)
+    KILN_CHECK(d >= 0, Value, "DTensor spec: negative size in ", IntArrayRef(spec.shape));
   KILN_CHECK(p.placements_size() == spec.mesh.ndim(), Value, "DTensor spec: ", p.placements_size(),
              " placements for a mesh of ", spec.mesh.ndim(), " dims");
-  spec.placements = dist::detail::check_placements("DTensor spec", spec.mesh,
-                                                   decode_placements(p.placements()),
-                                                   static_cast<int64_t>(spec.shape.size()));
+  spec.placements =
+      dist::detail::check_placements("DTensor spec", spec.mesh, decode_placements(p.placements()),
+                                     static_cast<int64_t>(spec.shape.size()));
   spec.dtype = local.dtype();
   const DimVector expect = dist::local_shape(IntArrayRef(spec.shape), spec.mesh, spec.placements);
   KILN_CHECK(IntArrayRef(expect) == local.sizes(), Value, "rank ", dist::default_group()->rank(),
@@ -390,7 +391,8 @@ static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instru
   std::vector<Tensor>& out = s.results;
   out.clear();
   for (IValue& v : st) {
-    if (v.is_tensor()) out.push_back(shard_of(v.to_tensor()));
+    if (v.is_tensor())
+      out.push_back(shard_of(v.to_tensor()));
     else if (v.is_tensor_list())
       for (const Tensor& t : v.to_tensor_list()) out.push_back(shard_of(t));
   }
@@ -529,8 +531,9 @@ static void run_redistribute(State& s, const proto::Redistribute& r) {
     } else {
       const Tensor& local = it->second.t;
       dist::DTensorSpec spec = decode_spec(s, r.from(), local);
-      dist::Placements to = dist::detail::check_placements(
-          "redistribute", spec.mesh, decode_placements(r.to()), static_cast<int64_t>(spec.shape.size()));
+      dist::Placements to =
+          dist::detail::check_placements("redistribute", spec.mesh, decode_placements(r.to()),
+                                         static_cast<int64_t>(spec.shape.size()));
       bind(s, id, dist::detail::redistribute_local(local, spec, to), nullptr);
       return;
     }
@@ -586,8 +589,12 @@ absl::Status Session::run(const proto::Batch& batch,
         case proto::Command::kOp: run_instruction(s, options_, c.op()); break;
         case proto::Command::kCreate: run_create(s, options_, c.create()); break;
         case proto::Command::kFetch: run_fetch(s, c.fetch(), reply); break;
-        case proto::Command::kMesh: run_mesh(s, options_, c.mesh()); break;
-        case proto::Command::kRedistribute: run_redistribute(s, c.redistribute()); break;
+        case proto::Command::kMesh:
+          run_mesh(s, options_, c.mesh());
+          break;
+        case proto::Command::kRedistribute:
+          run_redistribute(s, c.redistribute());
+          break;
         case proto::Command::kFree:
           for (int64_t id : c.free().ids()) forget(s, id);
           break;

@@ -59,8 +59,8 @@ DeviceMesh init_mesh(std::string_view device_type, const std::vector<int64_t>& s
     o.world_size = n;
     init_process_group(o);
   }
-  KILN_CHECK(default_group()->fake() && default_group()->size() == n, Value,
-             "init_device_mesh('", device_type, "'): this process already has a process group of ",
+  KILN_CHECK(default_group()->fake() && default_group()->size() == n, Value, "init_device_mesh('",
+             device_type, "'): this process already has a process group of ",
              default_group()->size(), " ranks ('", default_group()->name(),
              "'); a client that records for a gang of ", n,
              " workers must not be a rank itself, nor drive gangs of different sizes");

@@ -6,8 +6,8 @@
 
 #include "kiln/client/connection.h"
 #include "kiln/dispatcher.h"
-#include "kiln/generated/ops/copy.h"
 #include "kiln/generated/ops.h"
+#include "kiln/generated/ops/copy.h"
 #include "kiln/generator.h"
 #include "kiln/worker/codec.h"
 #include "record.h"

@@ -41,7 +41,8 @@ namespace kiln::dist {
 // The mesh over `root`'s dims `root_dims` (per mesh dim, increasing root dims: several for a
 // flattened dim, named by `names`), through this rank, as the client made it from its root with
 // sub-meshes, flatten() and concat_meshes. Creates the groups a flattened dim needs, once per name
-// (every rank must call it: See Note [Mesh groups]). ValueError for a description that does not fit.
+// (every rank must call it: See Note [Mesh groups]). ValueError for a description that does not
+// fit.
 DeviceMesh mesh_on_root(const DeviceMesh& root, const std::vector<std::string>& names,
                         const std::vector<std::vector<int64_t>>& root_dims);
 
