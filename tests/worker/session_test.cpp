@@ -364,6 +364,70 @@ TEST(WorkerSession, DTensorCommandsWithoutAGangNameTheProblem) {
   EXPECT_NE(z.status.message().find("output id 0 is not > 0"), std::string::npos) << z.status;
 }
 
+// The DTensor path on a one-rank world (no store, no transport): instructions run at the
+// DTensor key, results are checked against the client's specs, and bad specs are named.
+TEST(WorkerSession, DTensorInstructionsRunOnTheShardsAndCheckTheirSpecs) {
+  if (dist::is_initialized()) GTEST_SKIP() << "a process group exists in this process";
+  dist::InitOptions o;
+  o.init_method = "";
+  o.rank = 0;
+  o.world_size = 1;
+  dist::init_process_group(o);
+  {
+    Session s({});
+    auto spec = [](int kind, std::vector<int64_t> shape) {
+      proto::DTensorSpec p;
+      p.mutable_mesh()->set_root(1);
+      p.mutable_mesh()->add_root_dims()->add_values(0);
+      p.add_placements()->set_kind(kind);
+      DimVector st = contiguous_strides(IntArrayRef(shape));
+      for (int64_t v : shape) p.add_shape(v);
+      for (int64_t v : st) p.add_stride(v);
+      return p;
+    };
+    auto dtensor_op = [&](BatchBuilder& bb, int64_t out, proto::DTensorSpec in,
+                          proto::DTensorSpec result) {
+      proto::Instruction& ins = bb.op("neg", {V(1)}, {out});
+      proto::DTensorArg& d = *ins.add_dtensor_args();
+      d.set_arg(0);
+      d.set_elem(-1);
+      *d.mutable_spec() = std::move(in);
+      *ins.add_results() = std::move(result);
+    };
+    BatchBuilder bb;
+    proto::MeshCreate& m = *bb.b.add_commands()->mutable_mesh();
+    m.set_root(1);
+    m.add_shape(1);
+    m.add_names("dp");
+    bb.create(1, arange(0, 8, 1, kFloat32).reshape({4, 2}));
+    dtensor_op(bb, 2, spec(0, {4, 2}), spec(0, {4, 2}));  // Shard(0) -> Shard(0): fine
+    dtensor_op(bb, 3, spec(0, {4, 2}), spec(1, {4, 2}));  // the client expected Replicate
+    dtensor_op(bb, 4, spec(1, {5, 2}), spec(1, {5, 2}));  // not this rank's shape
+    dtensor_op(bb, 5, spec(7, {4, 2}), spec(7, {4, 2}));  // no such placement
+    proto::Redistribute& r = *bb.b.add_commands()->mutable_redistribute();
+    r.set_seq(9);
+    r.set_input(2);
+    r.set_output(6);
+    *r.mutable_from() = spec(0, {4, 2});
+    r.add_to()->set_kind(2);  // Partial(sum): rank 0 of one keeps the values
+    Replies rep = run(s, bb);
+    ASSERT_TRUE(rep.status.ok()) << rep.status;
+    Tensor want = arange(0, 8, 1, kFloat32).reshape({4, 2}).neg();
+    EXPECT_TRUE(bit_equal(fetch(s, 2), want));
+    EXPECT_TRUE(bit_equal(fetch(s, 6), want));
+    expect_poisoned(s,
+                    {{3, "neg: this worker's DTensor dispatch gave result 0 [Shard(0)] of shape "
+                         "[4, 2], the client's [Replicate()] of shape [4, 2]"}},
+                    "INTERNAL");
+    expect_poisoned(s,
+                    {{4, "rank 0 holds a shard of shape [4, 2] but [Replicate()] of global shape "
+                         "[5, 2] give it [5, 2]"},
+                     {5, "placement kind 7 (expected 0 Shard, 1 Replicate, 2 Partial)"}},
+                    "INVALID_ARGUMENT");
+  }
+  dist::destroy_process_group();
+}
+
 TEST(WorkerSession, LargeValuesTravelInPiecesBothWays) {
   Session s({});
   Tensor t = testing::random({5 * 256, 1024}, kFloat32);  // 5 MiB

@@ -285,8 +285,20 @@ static void wrap_dtensors(State& s, const proto::Instruction& in, Stack& st) {
   }
 }
 
-static Tensor shard_of(const Tensor& t) {
-  return dist::is_dtensor(t) ? dist::detail::local_of(t) : t;
+// Result `k` of a DTensor instruction against the client's spec of it: the same placements and
+// global shape, or the client's program would go on from a DTensor that is not what it thinks.
+static void check_result(const proto::Instruction& in, int k, const Tensor& t) {
+  KILN_CHECK(k < in.results_size(), Runtime, in.op(), ": the client sent ", in.results_size(),
+             " DTensor result specs, the op returned more DTensors");
+  const proto::DTensorSpec& want = in.results(k);
+  const dist::DTensorSpec& got = dist::detail::spec_of(t);
+  const dist::Placements p = decode_placements(want.placements());
+  const IntArrayRef shape(want.shape().data(), want.shape().size());
+  KILN_CHECK(p == got.placements && shape == IntArrayRef(got.shape), Runtime, in.op(),
+             ": this worker's DTensor dispatch gave result ", k, " ",
+             dist::placements_str(got.placements), " of shape ", IntArrayRef(got.shape),
+             ", the client's ", dist::placements_str(p), " of shape ", shape,
+             " (a worker and its client disagree on a sharding rule: are they the same build?)");
 }
 
 // Ends the stream (StreamError) when an output id is taken: a new id may not shadow a live value
@@ -390,11 +402,17 @@ static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instru
   e->op->call_boxed(st);
   std::vector<Tensor>& out = s.results;
   out.clear();
+  int checked = 0;  // of in.results(), the client's specs of the DTensor results
+  auto shard = [&](const Tensor& t) {
+    if (!dtensor || !dist::is_dtensor(t)) return t;
+    check_result(in, checked++, t);
+    return dist::detail::local_of(t);
+  };
   for (IValue& v : st) {
     if (v.is_tensor())
-      out.push_back(shard_of(v.to_tensor()));
+      out.push_back(shard(v.to_tensor()));
     else if (v.is_tensor_list())
-      for (const Tensor& t : v.to_tensor_list()) out.push_back(shard_of(t));
+      for (const Tensor& t : v.to_tensor_list()) out.push_back(shard(t));
   }
   KILN_CHECK(out.size() == static_cast<size_t>(in.outputs_size()), Value, in.op(), ": returned ",
              out.size(), " tensors but the instruction names ", in.outputs_size(), " output ids");

@@ -166,6 +166,7 @@ void run_op(const OperatorHandle& op, Stack& args, Stack& out) {
     // rebound on the workers. Any other gets a new id.
     auto result = [&](const Tensor& r) -> Tensor {
       if (!r.defined()) return r;
+      if (is_dtensor(r)) encode_spec(dd::spec_of(r), ins.add_results());
       for (int i = 0; i < n; ++i)
         if (info.args[i].is_mutable && shadow[i].is_tensor() && shadow[i].to_tensor().is_same(r)) {
           const Tensor& orig = args[i].to_tensor();
