@@ -42,7 +42,7 @@ std::string DTensorSpec::str() const {
 }
 
 std::pair<int64_t, int64_t> chunk_of(int64_t size, int64_t n, int64_t index) {
-  const int64_t c = (size + n - 1) / n;
+  const int64_t c = size / n + (size % n != 0);  // ceil, without overflow at INT64_MAX
   const int64_t off = std::min(index * c, size);
   return {off, std::min(c, size - off)};
 }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
 
 #include "kiln/dist/process_group.h"
 #include "kiln/worker/codec.h"
@@ -404,6 +405,8 @@ TEST(WorkerSession, DTensorInstructionsRunOnTheShardsAndCheckTheirSpecs) {
     dtensor_op(bb, 3, spec(0, {4, 2}), spec(1, {4, 2}));  // the client expected Replicate
     dtensor_op(bb, 4, spec(1, {5, 2}), spec(1, {5, 2}));  // not this rank's shape
     dtensor_op(bb, 5, spec(7, {4, 2}), spec(7, {4, 2}));  // no such placement
+    constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+    dtensor_op(bb, 7, spec(0, {kHuge, 2}), spec(0, {kHuge, 2}));  // more than int64 counts
     proto::Redistribute& r = *bb.b.add_commands()->mutable_redistribute();
     r.set_seq(9);
     r.set_input(2);
@@ -422,7 +425,8 @@ TEST(WorkerSession, DTensorInstructionsRunOnTheShardsAndCheckTheirSpecs) {
     expect_poisoned(s,
                     {{4, "rank 0 holds a shard of shape [4, 2] but [Replicate()] of global shape "
                          "[5, 2] give it [5, 2]"},
-                     {5, "placement kind 7 (expected 0 Shard, 1 Replicate, 2 Partial)"}},
+                     {5, "placement kind 7 (expected 0 Shard, 1 Replicate, 2 Partial)"},
+                     {7, "spans more elements than int64 counts"}},
                     "INVALID_ARGUMENT");
   }
   dist::destroy_process_group();

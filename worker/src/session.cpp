@@ -247,8 +247,19 @@ static dist::DTensorSpec decode_spec(State& s, const proto::DTensorSpec& p, cons
   spec.stride = DimVector(IntArrayRef(p.stride().data(), p.stride().size()));
   KILN_CHECK(spec.shape.size() == spec.stride.size(), Value, "DTensor spec: shape ",
              IntArrayRef(spec.shape), " and stride ", IntArrayRef(spec.stride), " differ in rank");
-  for (int64_t d : spec.shape)
-    KILN_CHECK(d >= 0, Value, "DTensor spec: negative size in ", IntArrayRef(spec.shape));
+  // Sizes and strides a client sent: none negative, and the bytes they span fit in int64.
+  int64_t extent = 1;
+  for (size_t d = 0; d < spec.shape.size(); ++d) {
+    const int64_t n = spec.shape[d], st = spec.stride[d];
+    KILN_CHECK(n >= 0 && st >= 0, Value, "DTensor spec: negative size or stride in shape ",
+               IntArrayRef(spec.shape), ", stride ", IntArrayRef(spec.stride));
+    int64_t span = 0;
+    KILN_CHECK(n == 0 || (!__builtin_mul_overflow(n - 1, st, &span) &&
+                          !__builtin_add_overflow(extent, span, &extent) &&
+                          !__builtin_mul_overflow(extent, int64_t{16}, &span)),
+               Value, "DTensor spec: shape ", IntArrayRef(spec.shape), " with stride ",
+               IntArrayRef(spec.stride), " spans more elements than int64 counts");
+  }
   KILN_CHECK(p.placements_size() == spec.mesh.ndim(), Value, "DTensor spec: ", p.placements_size(),
              " placements for a mesh of ", spec.mesh.ndim(), " dims");
   spec.placements =
