@@ -141,7 +141,7 @@ Tensor detail::redistribute_local(const Tensor& local, const DTensorSpec& spec,
   const Placements& from = spec.placements;
   if (from == to) return local;
   if (local.device().type() == DeviceType::Remote)  // See Note [Remote DTensor]
-    return detail::remote_hooks().redistribute(local, spec, to);
+    return detail::remote_hooks().redistribute(local, spec, to, Tensor());
   Step s{spec.mesh, spec.mesh.coordinate()};
   KILN_CHECK(!s.coord.empty(), Value, "redistribute: this rank is not in ", spec.mesh.str());
   const int64_t ndim = static_cast<int64_t>(from.size());

@@ -12,6 +12,7 @@
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
+#include "kiln/dist/remote.h"
 #include "kiln/kiln.h"
 
 namespace kiln::dist {
@@ -438,20 +439,38 @@ std::vector<Tensor> FSDPParamGroup::unshard() {
 }
 
 void FSDPParamGroup::reshard() {
+  if (remote_) {  // no backward will come: nothing needs them again
+    release_remote();
+    remote_whole_.clear();
+    return;
+  }
   if (current_) free(*current_);
 }
 
 void FSDPParamGroup::post_forward_reshard() {
+  if (remote_ && post_size_ != 1) return release_remote();
   if (!current_ || post_size_ == 1) return;
   if (post_pg_) return keep_pieces(*current_);
   free(*current_);
 }
 
 void FSDPParamGroup::pre_backward() {
+  if (remote_) return regather_remote();
   if (current_) regather(*current_);
 }
 
 void FSDPParamGroup::register_pre_backward_hooks(const std::vector<Tensor>& outputs) {
+  if (remote_) {
+    std::weak_ptr<FSDPParamGroup> self = weak_from_this();
+    for (const Tensor& out : outputs) {
+      if (!out.defined() || !out.requires_grad()) continue;
+      autograd::register_hook(out, [self](const Tensor&) {
+        if (auto group = self.lock()) group->regather_remote();
+        return Tensor();
+      });
+    }
+    return;
+  }
   if (!current_) return;
   std::weak_ptr<FSDPParamGroup> self = weak_from_this();
   std::shared_ptr<Gathered> g = current_;
@@ -532,9 +551,11 @@ std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
 //    and taken as Partial(avg) along the FSDP mesh dim, then redistributed to Shard(0): a
 //    reduce-scatter that leaves each worker the mean of its rows (Note [FSDP gradient sync]
 //    works the same, with the sums kept on the workers).
-// The workers run the instructions in order, so there is no prefetch; reshard() and
-// reshard_after_forward change nothing on a gang: the whole tensors live until backward has used
-// them, as with reshard_after_forward=False.
+// Resharding after forward (reshard_after_forward=True, or any k > 1: a gang reshards fully) is
+// a Release of the whole tensors' memory on the workers, which keep the values' ids and shapes;
+// a hook on the module's outputs refills them before backward with a redistribute `into` them,
+// so the tensors autograd saved see their values again (as Note [FSDP resharding] does with
+// storages). The workers run the instructions in order, so there is no prefetch.
 
 class FSDPRemoteGatherBackward final : public autograd::Node {
  public:
@@ -554,6 +575,7 @@ class FSDPRemoteGatherBackward final : public autograd::Node {
 
 std::vector<Tensor> FSDPParamGroup::unshard_remote() {
   std::vector<Tensor> full;
+  remote_whole_.clear();
   {
     autograd::NoGradGuard no_grad;
     for (size_t i = 0; i < sharded_.size(); ++i) {
@@ -564,6 +586,7 @@ std::vector<Tensor> FSDPParamGroup::unshard_remote() {
       Placements whole = spec.placements;
       whole.back() = Replicate();
       Tensor w = detail::redistribute_local(src, spec, whole);
+      remote_whole_.push_back({src, spec, whole, w});
       if (tp_[i]) {
         DTensorSpec t = *tp_[i];
         t.dtype = w.dtype();
@@ -580,13 +603,31 @@ std::vector<Tensor> FSDPParamGroup::unshard_remote() {
     for (const Tensor& f : full) autograd::set_history(f, node);
   }
   full_ = full;
+  remote_resident_ = true;
   return full;
+}
+
+void FSDPParamGroup::release_remote() {
+  if (!remote_resident_) return;
+  std::vector<Tensor> locals;
+  for (const RemoteWhole& w : remote_whole_) locals.push_back(w.local);
+  detail::remote_hooks().release(locals);
+  remote_resident_ = false;
+}
+
+void FSDPParamGroup::regather_remote() {
+  if (remote_resident_ || remote_whole_.empty()) return;
+  for (const RemoteWhole& w : remote_whole_)
+    detail::remote_hooks().redistribute(w.src, w.spec, w.whole, w.local);
+  remote_resident_ = true;
 }
 
 std::vector<Tensor> FSDPParamGroup::reduce_remote(std::vector<Tensor> grads) {
   KILN_CHECK(grads.size() == sharded_.size(), Runtime, "FSDP: backward got ", grads.size(),
              " gradients for ", sharded_.size(), " parameters");
   autograd::NoGradGuard no_grad;
+  remote_whole_.clear();  // backward is done with them: the workers free them with the graph
+  remote_resident_ = false;
   acc_.resize(sharded_.size());
   std::vector<Tensor> out(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {

@@ -422,6 +422,26 @@ TEST(WorkerSession, DTensorInstructionsRunOnTheShardsAndCheckTheirSpecs) {
                     {{3, "neg: this worker's DTensor dispatch gave result 0 [Shard(0)] of shape "
                          "[4, 2], the client's [Replicate()] of shape [4, 2]"}},
                     "INTERNAL");
+    // FSDP's reshard on a gang: Release frees the memory and keeps the value; reading it is an
+    // error until a redistribute `into` it refills it.
+    const uint64_t before = s.memory_in_use_bytes();
+    BatchBuilder rel;
+    rel.b.add_commands()->mutable_release()->add_ids(6);
+    rel.op("neg", {V(6)}, {8});
+    ASSERT_TRUE(run(s, rel).status.ok());
+    EXPECT_EQ(s.memory_in_use_bytes(), before - 32);
+    expect_poisoned(s, {{8, "value id 6 was released (FSDP resharded it after forward)"}},
+                    "INVALID_ARGUMENT");
+    proto::Error e;
+    EXPECT_FALSE(fetch(s, 6, &e).defined());
+    EXPECT_NE(e.message().find("was released"), std::string::npos) << e.message();
+    BatchBuilder back;
+    proto::Redistribute& into = *back.b.add_commands()->mutable_redistribute();
+    into = r;
+    into.set_into(true);
+    ASSERT_TRUE(run(s, back).status.ok());
+    EXPECT_EQ(s.memory_in_use_bytes(), before);
+    EXPECT_TRUE(bit_equal(fetch(s, 6), want));
     expect_poisoned(s,
                     {{4, "rank 0 holds a shard of shape [4, 2] but [Replicate()] of global shape "
                          "[5, 2] give it [5, 2]"},

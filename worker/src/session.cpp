@@ -109,6 +109,8 @@ struct Session::State {
   absl::flat_hash_map<int64_t, dist::DeviceMesh> roots;
   absl::flat_hash_map<int64_t, ErrorPtr> failed_roots;
   absl::flat_hash_map<std::string, dist::DeviceMesh> meshes;
+  // Storages a Release emptied, with the bytes to give back (Note [FSDP on a gang]).
+  absl::flat_hash_map<const Storage*, uint64_t> released;
   ErrorPtr first_failure;  // since the last Sync
   Stack stack;             // reused by every instruction
   std::vector<Tensor> results;
@@ -131,6 +133,7 @@ void drop_ref(State& s, const Tensor& t) {
   auto it = s.storages.find(t.impl()->storage().get());
   if (it == s.storages.end() || --it->second.refs > 0) return;
   s.in_use.fetch_sub(it->second.bytes, std::memory_order_relaxed);
+  s.released.erase(it->first);  // the address may come back for a new storage
   s.storages.erase(it);
 }
 
@@ -312,6 +315,13 @@ static void check_result(const proto::Instruction& in, int k, const Tensor& t) {
              " (a worker and its client disagree on a sharding rule: are they the same build?)");
 }
 
+// ValueError when `t`'s memory was Released and not refilled.
+static void check_resident(const State& s, const std::string& what, int64_t id, const Tensor& t) {
+  if (s.released.empty() || !t.defined()) return;
+  KILN_CHECK(!s.released.contains(t.impl()->storage().get()), Value, what, ": value id ", id,
+             " was released (FSDP resharded it after forward) and not gathered again");
+}
+
 // Ends the stream (StreamError) when an output id is taken: a new id may not shadow a live value
 // except where the op writes that very argument in place and returns it (add_'s self, add.out's
 // out): the result aliases it and is rebound.
@@ -361,6 +371,7 @@ static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instru
       case proto::Argument::kValue: {
         const State::Value& v = value(a.value());
         if (v.error) return v.error;
+        check_resident(s, in.op(), a.value(), v.t);
         st.emplace_back(v.t);
         break;
       }
@@ -370,6 +381,7 @@ static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instru
         for (int64_t id : a.values().ids()) {
           const State::Value& v = value(id);
           if (v.error) return v.error;
+          check_resident(s, in.op(), id, v.t);
           ts.push_back(v.t);
         }
         st.emplace_back(std::move(ts));
@@ -546,9 +558,52 @@ static void run_mesh(State& s, const SessionOptions& opt, const proto::MeshCreat
   }
 }
 
-static void run_redistribute(State& s, const proto::Redistribute& r) {
+static void run_release(State& s, const proto::Release& r) {
+  for (int64_t id : r.ids()) {
+    auto it = s.values.find(id);
+    if (it == s.values.end() || it->second.error || !it->second.t.defined()) continue;
+    const auto& st = it->second.t.impl()->storage();
+    if (s.released.contains(st.get())) continue;
+    auto use = s.storages.find(st.get());
+    if (use != s.storages.end()) {  // the table's count follows the memory
+      s.in_use.fetch_sub(use->second.bytes, std::memory_order_relaxed);
+      use->second.bytes = 0;
+    }
+    s.released.emplace(st.get(), st->nbytes());
+    st->resize(0);
+  }
+}
+
+// A Redistribute `into` a Released value: its memory back, and the result copied in.
+static void refill(State& s, const SessionOptions& opt, int64_t id, const Tensor& result) {
+  auto it = s.values.find(id);
+  KILN_CHECK(it != s.values.end() && !it->second.error && it->second.t.defined(), Value,
+             "redistribute into value id ", id, ": no such value");
+  const Tensor& out = it->second.t;
+  const auto& st = out.impl()->storage();
+  auto rel = s.released.find(st.get());
+  KILN_CHECK(rel != s.released.end(), Value, "redistribute into value id ", id,
+             ": the value was not released");
+  KILN_CHECK(out.sizes() == result.sizes() && out.dtype() == result.dtype(), Value,
+             "redistribute into value id ", id, " of shape ", out.sizes(), ": the result has shape ",
+             result.sizes());
+  const uint64_t bytes = rel->second, used = s.in_use.load(std::memory_order_relaxed);
+  if (opt.memory_limit_bytes && used + bytes > opt.memory_limit_bytes)
+    KILN_FAIL(Runtime, memory_message(opt.memory_limit_bytes, "redistribute", bytes, used),
+              " (out of memory)");
+  st->resize(bytes);
+  s.released.erase(rel);
+  auto use = s.storages.find(st.get());
+  if (use != s.storages.end()) {
+    use->second.bytes = bytes;
+    s.in_use.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  out.copy_(result);
+}
+
+static void run_redistribute(State& s, const SessionOptions& opt, const proto::Redistribute& r) {
   const int64_t id = r.output();
-  if (id <= 0 || s.values.contains(id) || s.pending.contains(id))
+  if (id <= 0 || (!r.into() && (s.values.contains(id) || s.pending.contains(id))))
     throw StreamError{absl::StrCat("redistribute (seq ", r.seq(), "): output id ", id,
                                    " is not > 0 or is already in use")};
   ErrorPtr err;
@@ -559,11 +614,16 @@ static void run_redistribute(State& s, const proto::Redistribute& r) {
       err = it->second.error;
     } else {
       const Tensor& local = it->second.t;
+      check_resident(s, "redistribute", r.input(), local);
       dist::DTensorSpec spec = decode_spec(s, r.from(), local);
       dist::Placements to =
           dist::detail::check_placements("redistribute", spec.mesh, decode_placements(r.to()),
                                          static_cast<int64_t>(spec.shape.size()));
-      bind(s, id, dist::detail::redistribute_local(local, spec, to), nullptr);
+      Tensor result = dist::detail::redistribute_local(local, spec, to);
+      if (r.into())
+        refill(s, opt, id, result);
+      else
+        bind(s, id, std::move(result), nullptr);
       return;
     }
   } catch (const Error& x) {
@@ -586,6 +646,7 @@ static void run_fetch(State& s, const proto::Fetch& f,
     err = it->second.error;
   } else {
     try {
+      check_resident(s, "fetch", f.id(), it->second.t);
       for (proto::TensorData& piece : encode_tensor(it->second.t)) {
         proto::WorkerMessage m;
         m.mutable_fetch()->set_request(f.request());
@@ -622,7 +683,10 @@ absl::Status Session::run(const proto::Batch& batch,
           run_mesh(s, options_, c.mesh());
           break;
         case proto::Command::kRedistribute:
-          run_redistribute(s, c.redistribute());
+          run_redistribute(s, options_, c.redistribute());
+          break;
+        case proto::Command::kRelease:
+          run_release(s, c.release());
           break;
         case proto::Command::kFree:
           for (int64_t id : c.free().ids()) forget(s, id);

@@ -203,26 +203,42 @@ void run_op(const OperatorHandle& op, Stack& args, Stack& out) {
   for (IValue& v : results) out.push_back(std::move(v));
 }
 
-Tensor redistribute(const Tensor& local, const DTensorSpec& spec, const Placements& to) {
+Tensor redistribute(const Tensor& local, const DTensorSpec& spec, const Placements& to,
+                    const Tensor& into) {
   std::shared_ptr<Connection> conn = connection_for(local.device());
   const DimVector shape = local_shape(IntArrayRef(spec.shape), spec.mesh, to);
   std::lock_guard<std::mutex> lock(conn->mutex());
   conn->check_open();
-  const int64_t id = conn->new_id();
+  const int64_t id = into.defined() ? remote_value(into, "redistribute").id : conn->new_id();
   proto::Redistribute* r = conn->add_command()->mutable_redistribute();
   r->set_seq(conn->new_seq());
   r->set_input(remote_value(local, "redistribute").id);
   r->set_output(id);
+  r->set_into(into.defined());
   encode_spec(spec, r->mutable_from());
   encode_placements(to, r->mutable_to());
+  if (into.defined()) {
+    conn->maybe_flush();
+    return into;
+  }
   Tensor out = make_remote_tensor(conn, id, local.dtype(), IntArrayRef(shape),
                                   IntArrayRef(contiguous_strides(IntArrayRef(shape))), 0);
   conn->maybe_flush();
   return out;
 }
 
+void release(const std::vector<Tensor>& values) {
+  if (values.empty()) return;
+  std::shared_ptr<Connection> conn = connection_for(values[0].device());
+  std::lock_guard<std::mutex> lock(conn->mutex());
+  conn->check_open();
+  proto::Release* r = conn->add_command()->mutable_release();
+  for (const Tensor& v : values) r->add_ids(remote_value(v, "release").id);
+  conn->maybe_flush();
+}
+
 const bool g_registered = [] {
-  dd::set_remote_hooks({&init_mesh, &run_op, &redistribute});
+  dd::set_remote_hooks({&init_mesh, &run_op, &redistribute, &release});
   return true;
 }();
 

@@ -57,9 +57,12 @@ struct RemoteHooks {
   // An op at the DTensor key whose DTensors have remote shards: `args` in schema order; pushes
   // the results onto `out`.
   void (*run_op)(const OperatorHandle& op, Stack& args, Stack& out) = nullptr;
-  // redistribute_local of a remote shard.
-  Tensor (*redistribute)(const Tensor& local, const DTensorSpec& spec,
-                         const Placements& to) = nullptr;
+  // redistribute_local of a remote shard; with `into` defined (a released remote value of the
+  // result's shape), the result refills it and is returned.
+  Tensor (*redistribute)(const Tensor& local, const DTensorSpec& spec, const Placements& to,
+                         const Tensor& into) = nullptr;
+  // Frees the workers' memory of remote values, keeping them for a redistribute `into` them.
+  void (*release)(const std::vector<Tensor>& values) = nullptr;
 };
 void set_remote_hooks(const RemoteHooks& hooks);
 // The hooks; RuntimeError when no Remote backend is linked.
