@@ -87,6 +87,8 @@ class DeviceMesh:
 
 def init_device_mesh(device_type, mesh_shape, *, mesh_dim_names=None):
     """A mesh of `mesh_shape` over ranks 0..N-1, row-major. Initialises the default process group
-    from the launch environment when none exists ("cpu": UCX; "cuda": NCCL where built)."""
-    return DeviceMesh(_C._init_device_mesh(device_type, list(mesh_shape),
+    from the launch environment when none exists ("cpu": UCX; "cuda": NCCL where built). A
+    kiln.connect session's device ("remote:N", or the session's .device itself) lays the mesh
+    over the session's gang of workers (Note [Remote DTensor] in kiln/dist/remote.h)."""
+    return DeviceMesh(_C._init_device_mesh(str(device_type), list(mesh_shape),
                                            list(mesh_dim_names or [])))
