@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "kiln/autograd/function.h"
+#include "kiln/autograd/grad_mode.h"
 #include "kiln/dist/remote.h"
 #include "kiln/kiln.h"
 
@@ -83,15 +84,12 @@ struct DTensorHandle final : BackendHandle {
   }
   // Zeros placed as this DTensor (Partial as Replicate), contiguous.
   std::function<intrusive_ptr<TensorImpl>()> zeros_maker() const override {
-    if (local.device().type() == DeviceType::Remote)  // each worker's shape: zeros_like there
-      return [t = detail::make_dtensor(local, spec)] { return zeros_like(t).impl_ptr(); };
     DTensorSpec s = spec;
     for (Placement& p : s.placements)
       if (p.is_partial()) p = Replicate();
     s.stride = contiguous_strides(IntArrayRef(s.shape));
     return [s, device = local.device()] {
-      Tensor z = zeros(local_shape(IntArrayRef(s.shape), s.mesh, s.placements), s.dtype, device);
-      return detail::make_dtensor(std::move(z), s).impl_ptr();
+      return detail::make_dtensor(detail::zeros_shard(s, device), s).impl_ptr();
     };
   }
   intrusive_ptr<TensorImpl> whole_value() const override {
@@ -147,6 +145,22 @@ const Tensor& detail::local_of(const Tensor& t) { return need_handle(t).local; }
 const DTensorSpec& detail::spec_of(const Tensor& t) { return need_handle(t).spec; }
 detail::ViewKind detail::view_kind(const Tensor& t) { return need_handle(t).view; }
 void detail::set_view_kind(const Tensor& t, ViewKind kind) { need_handle(t).view = kind; }
+
+Tensor detail::zeros_shard(const DTensorSpec& spec, Device device) {
+  Placements p = spec.placements;
+  for (Placement& pl : p)
+    if (pl.is_partial()) pl = Replicate();
+  if (device.type() != DeviceType::Remote)
+    return zeros(local_shape(IntArrayRef(spec.shape), spec.mesh, p), spec.dtype, device);
+  // A plain op that takes sizes would record rank 0's; a scalar expanded to the whole shape is
+  // the same everywhere, and its redistribution leaves each worker its own piece.
+  autograd::NoGradGuard no_grad;
+  DTensorSpec whole = spec;
+  whole.placements.assign(p.size(), Replicate());
+  whole.stride = DimVector(spec.shape.size(), 0);
+  Tensor z = zeros({}, spec.dtype, device).expand(IntArrayRef(spec.shape));
+  return redistribute_local(z, whole, p).contiguous();
+}
 
 Placements detail::check_placements(const char* what, const DeviceMesh& mesh, Placements p,
                                     int64_t ndim) {

@@ -49,6 +49,43 @@ char* bytes_of(const Tensor& t) { return static_cast<char*>(t.impl()->raw_data()
 
 }  // namespace
 
+// What one unshard() on a gang gathered, per parameter: the shard it gathered from (cast), its
+// spec and the whole placements, and the whole tensor's shard on the workers (the local of a TP
+// DTensor). Its hooks and its backward node hold it, so each call of a module refills and frees
+// its own (as Gathered does on CPU).
+struct FSDPParamGroup::RemoteGathered {
+  struct Whole {
+    Tensor src;
+    DTensorSpec spec;
+    Placements whole;
+    Tensor local;
+  };
+  std::vector<Whole> wholes;
+  bool resident = false;
+
+  // Frees the workers' memory of the whole tensors, keeping them to refill.
+  void release() {
+    if (!resident) return;
+    std::vector<Tensor> locals;
+    for (const Whole& w : wholes)
+      if (w.local.numel() > 0) locals.push_back(w.local);  // an empty one may alias its shard
+    detail::remote_hooks().release(locals);
+    resident = false;
+  }
+  // Refills them (before backward).
+  void regather() {
+    if (resident) return;
+    for (const Whole& w : wholes)
+      if (w.local.numel() > 0) detail::remote_hooks().redistribute(w.src, w.spec, w.whole, w.local);
+    resident = true;
+  }
+};
+
+bool FSDPParamGroup::is_unsharded() const {
+  return remote_ ? remote_current_ && remote_current_->resident : current_ && current_->resident;
+}
+
+
 FSDPParamGroup::FSDPParamGroup(const DeviceMesh& mesh, MixedPrecisionPolicy mp)
     : mesh_(mesh), mp_(mp) {
   KILN_CHECK(mesh_.defined(), Value, "fully_shard: the device mesh is undefined");
@@ -159,16 +196,9 @@ void FSDPParamGroup::materialize() {
     const Tensor& local = detail::local_of(p);
     if (local.device().type() != DeviceType::Meta) continue;
     const DTensorSpec& spec = detail::spec_of(p);
-    Tensor mine;
-    if (remote_) {  // each worker's piece of a whole that takes no memory (a scalar, expanded)
-      autograd::NoGradGuard no_grad;
-      Tensor whole = zeros({}, local.dtype(), Device(mesh_.device_type())).expand(spec.shape);
-      DTensorSpec rep = spec;
-      rep.placements.back() = Replicate();
-      mine = detail::redistribute_local(whole, rep, spec.placements).contiguous();
-    } else {
-      mine = empty_on(local.sizes(), local.dtype(), kCPU);
-    }
+    // On a gang, zeros that each worker makes in its own shape.
+    Tensor mine = remote_ ? detail::zeros_shard(spec, Device(mesh_.device_type()))
+                          : empty_on(local.sizes(), local.dtype(), kCPU);
     Tensor d = detail::make_dtensor(std::move(mine), spec);
     if (p.requires_grad()) d.requires_grad_(true);
     p = std::move(d);
@@ -440,32 +470,40 @@ std::vector<Tensor> FSDPParamGroup::unshard() {
 
 void FSDPParamGroup::reshard() {
   if (remote_) {  // no backward will come: nothing needs them again
-    release_remote();
-    remote_whole_.clear();
+    if (remote_current_) remote_current_->release();
+    remote_current_.reset();
+    full_.clear();
     return;
   }
   if (current_) free(*current_);
 }
 
 void FSDPParamGroup::post_forward_reshard() {
-  if (remote_ && post_size_ != 1) return release_remote();
+  if (remote_) {
+    if (remote_current_ && post_size_ != 1) remote_current_->release();
+    return;
+  }
   if (!current_ || post_size_ == 1) return;
   if (post_pg_) return keep_pieces(*current_);
   free(*current_);
 }
 
 void FSDPParamGroup::pre_backward() {
-  if (remote_) return regather_remote();
+  if (remote_) {
+    if (remote_current_) remote_current_->regather();
+    return;
+  }
   if (current_) regather(*current_);
 }
 
 void FSDPParamGroup::register_pre_backward_hooks(const std::vector<Tensor>& outputs) {
   if (remote_) {
-    std::weak_ptr<FSDPParamGroup> self = weak_from_this();
+    std::shared_ptr<RemoteGathered> g = remote_current_;
+    if (!g) return;
     for (const Tensor& out : outputs) {
       if (!out.defined() || !out.requires_grad()) continue;
-      autograd::register_hook(out, [self](const Tensor&) {
-        if (auto group = self.lock()) group->regather_remote();
+      autograd::register_hook(out, [g](const Tensor&) {
+        g->regather();
         return Tensor();
       });
     }
@@ -559,23 +597,25 @@ std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
 
 class FSDPRemoteGatherBackward final : public autograd::Node {
  public:
-  explicit FSDPRemoteGatherBackward(std::weak_ptr<FSDPParamGroup> group)
-      : group_(std::move(group)) {}
+  FSDPRemoteGatherBackward(std::weak_ptr<FSDPParamGroup> group,
+                           std::shared_ptr<FSDPParamGroup::RemoteGathered> gathered)
+      : group_(std::move(group)), gathered_(std::move(gathered)) {}
   const char* name() const override { return "FSDPRemoteGatherBackward"; }
   autograd::variable_list apply(autograd::variable_list&& grads) override {
     std::shared_ptr<FSDPParamGroup> g = group_.lock();
     KILN_CHECK(g != nullptr, Runtime,
                "FSDP: backward reached parameters whose FSDP group (module) no longer exists");
-    return g->reduce_remote(std::move(grads));
+    return g->reduce_remote(std::move(grads), *gathered_);
   }
 
  private:
   std::weak_ptr<FSDPParamGroup> group_;
+  std::shared_ptr<FSDPParamGroup::RemoteGathered> gathered_;
 };
 
 std::vector<Tensor> FSDPParamGroup::unshard_remote() {
   std::vector<Tensor> full;
-  remote_whole_.clear();
+  auto g = std::make_shared<RemoteGathered>();
   {
     autograd::NoGradGuard no_grad;
     for (size_t i = 0; i < sharded_.size(); ++i) {
@@ -586,7 +626,7 @@ std::vector<Tensor> FSDPParamGroup::unshard_remote() {
       Placements whole = spec.placements;
       whole.back() = Replicate();
       Tensor w = detail::redistribute_local(src, spec, whole);
-      remote_whole_.push_back({src, spec, whole, w});
+      g->wholes.push_back({src, spec, whole, w});
       if (tp_[i]) {
         DTensorSpec t = *tp_[i];
         t.dtype = w.dtype();
@@ -595,51 +635,47 @@ std::vector<Tensor> FSDPParamGroup::unshard_remote() {
       full.push_back(std::move(w));
     }
   }
+  g->resident = true;
   bool needs_grad = false;
   for (const Tensor& p : sharded_) needs_grad = needs_grad || p.requires_grad();
   if (autograd::GradMode::is_enabled() && needs_grad) {
-    auto node = std::make_shared<FSDPRemoteGatherBackward>(weak_from_this());
+    auto node = std::make_shared<FSDPRemoteGatherBackward>(weak_from_this(), g);
     for (const Tensor& p : sharded_) autograd::collect_edge(*node, p);
     for (const Tensor& f : full) autograd::set_history(f, node);
   }
   full_ = full;
-  remote_resident_ = true;
+  remote_current_ = std::move(g);
   return full;
 }
 
-void FSDPParamGroup::release_remote() {
-  if (!remote_resident_) return;
-  std::vector<Tensor> locals;
-  for (const RemoteWhole& w : remote_whole_) locals.push_back(w.local);
-  detail::remote_hooks().release(locals);
-  remote_resident_ = false;
-}
-
-void FSDPParamGroup::regather_remote() {
-  if (remote_resident_ || remote_whole_.empty()) return;
-  for (const RemoteWhole& w : remote_whole_)
-    detail::remote_hooks().redistribute(w.src, w.spec, w.whole, w.local);
-  remote_resident_ = true;
-}
-
-std::vector<Tensor> FSDPParamGroup::reduce_remote(std::vector<Tensor> grads) {
+std::vector<Tensor> FSDPParamGroup::reduce_remote(std::vector<Tensor> grads,
+                                                  RemoteGathered& gathered) {
   KILN_CHECK(grads.size() == sharded_.size(), Runtime, "FSDP: backward got ", grads.size(),
              " gradients for ", sharded_.size(), " parameters");
   autograd::NoGradGuard no_grad;
-  remote_whole_.clear();  // backward is done with them: the workers free them with the graph
-  remote_resident_ = false;
   acc_.resize(sharded_.size());
   std::vector<Tensor> out(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
-    if (!grads[i].defined()) continue;  // no gradient reached this parameter
     const DTensorSpec& spec = detail::spec_of(sharded_[i]);
-    Tensor g = grads[i];
-    if (tp_[i])  // its TP placement (a Partial gradient is reduced over tp)
-      g = detail::redistribute_local(detail::local_of(g), detail::spec_of(g), tp_[i]->placements);
-    g = g.to(mp_.reduce_dtype.value_or(mp_.param_dtype.value_or(spec.dtype)));
-    if (acc_[i].defined()) g = g + acc_[i].to(g.dtype());
-    if (!sync_) {  // Note [FSDP gradient sync]: kept on the workers
-      acc_[i] = g.is_same(grads[i]) ? g.clone() : g;
+    const RemoteGathered::Whole& w = gathered.wholes[i];
+    const ScalarType rd = mp_.reduce_dtype.value_or(mp_.param_dtype.value_or(spec.dtype));
+    Tensor g;
+    if (!grads[i].defined()) {  // zeros, as on CPU: every parameter gets its (reduced) gradient
+      DTensorSpec z = w.spec;
+      z.placements = w.whole;
+      z.dtype = rd;
+      g = detail::zeros_shard(z, w.src.device());
+    } else if (tp_[i]) {  // its TP placement (a Partial gradient is reduced over tp)
+      g = detail::redistribute_local(detail::local_of(grads[i]), detail::spec_of(grads[i]),
+                                     tp_[i]->placements);
+    } else {
+      g = grads[i];
+    }
+    g = g.to(rd);
+    const bool had = acc_[i].defined();
+    if (had) g = g + acc_[i].to(rd);
+    if (!sync_) {  // Note [FSDP gradient sync]: kept on the workers, never the engine's tensor
+      acc_[i] = had ? g : g.clone();
       continue;
     }
     acc_[i] = Tensor();
@@ -649,6 +685,11 @@ std::vector<Tensor> FSDPParamGroup::reduce_remote(std::vector<Tensor> grads) {
     Tensor mine = detail::redistribute_local(g.contiguous(), partial, spec.placements);
     out[i] = detail::make_dtensor(mine.to(spec.dtype), spec);
   }
+  // Backward is done with the whole tensors: drop this group's handles (the engine drops the
+  // graph's), so the workers free them.
+  gathered.wholes.clear();
+  gathered.resident = false;
+  if (remote_current_.get() == &gathered) full_.clear();
   return out;
 }
 

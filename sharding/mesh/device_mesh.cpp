@@ -327,7 +327,9 @@ DeviceMesh detail::make_root_mesh(std::string device_type, const std::vector<int
   static std::atomic<int64_t> next_root{1};
   const int world = default_group()->size();
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape)
+    KILN_CHECK(s > 0 && !__builtin_mul_overflow(n, s, &n), Value, "init_device_mesh: mesh shape ",
+               IntArrayRef(shape), " has more ranks than int64 counts");
   KILN_CHECK(n == world, Value, "init_device_mesh: mesh shape ", IntArrayRef(shape), " has ", n,
              " ranks but the world size is ", world);
   auto root = std::make_shared<RootState>();

@@ -442,6 +442,26 @@ TEST(WorkerSession, DTensorInstructionsRunOnTheShardsAndCheckTheirSpecs) {
     ASSERT_TRUE(run(s, back).status.ok());
     EXPECT_EQ(s.memory_in_use_bytes(), before);
     EXPECT_TRUE(bit_equal(fetch(s, 6), want));
+    // A DTensor argument named twice, and a refill of a value that does not exist (no stray
+    // id is left for it).
+    BatchBuilder odd;
+    proto::Instruction& twice = odd.op("neg", {V(1)}, {9});
+    for (int k = 0; k < 2; ++k) {
+      proto::DTensorArg& d = *twice.add_dtensor_args();
+      d.set_elem(-1);
+      *d.mutable_spec() = spec(0, {4, 2});
+    }
+    proto::Redistribute& stray = *odd.b.add_commands()->mutable_redistribute();
+    stray = r;
+    stray.set_output(77);
+    stray.set_into(true);
+    odd.sync(3);
+    const int64_t values = s.num_values();
+    Replies o = run(s, odd);
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(s.num_values(), values + 1);  // id 9 (poisoned), not 77
+    expect_poisoned(s, {{9, "neg: DTensor argument 0 is not a tensor, or is named twice"}},
+                    "INVALID_ARGUMENT");
     expect_poisoned(s,
                     {{4, "rank 0 holds a shard of shape [4, 2] but [Replicate()] of global shape "
                          "[5, 2] give it [5, 2]"},

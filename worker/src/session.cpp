@@ -263,6 +263,10 @@ static dist::DTensorSpec decode_spec(State& s, const proto::DTensorSpec& p, cons
                Value, "DTensor spec: shape ", IntArrayRef(spec.shape), " with stride ",
                IntArrayRef(spec.stride), " spans more elements than int64 counts");
   }
+  int64_t numel = 1;
+  for (int64_t n : spec.shape)
+    KILN_CHECK(!__builtin_mul_overflow(numel, n, &numel), Value, "DTensor spec: shape ",
+               IntArrayRef(spec.shape), " has more elements than int64 counts");
   KILN_CHECK(p.placements_size() == spec.mesh.ndim(), Value, "DTensor spec: ", p.placements_size(),
              " placements for a mesh of ", spec.mesh.ndim(), " dims");
   spec.placements =
@@ -284,14 +288,17 @@ static void wrap_dtensors(State& s, const proto::Instruction& in, Stack& st) {
                ": DTensor argument ", d.arg(), " is out of range");
     IValue& v = st[d.arg()];
     if (d.elem() < 0) {
-      KILN_CHECK(v.is_tensor() && v.to_tensor().defined(), Value, in.op(), ": DTensor argument ",
-                 d.arg(), " is not a tensor");
+      KILN_CHECK(v.is_tensor() && v.to_tensor().defined() && !dist::is_dtensor(v.to_tensor()),
+                 Value, in.op(), ": DTensor argument ", d.arg(),
+                 " is not a tensor, or is named twice");
       Tensor t = v.to_tensor();
       v = dist::detail::make_dtensor(t, decode_spec(s, d.spec(), t));
     } else {
-      KILN_CHECK(v.is_tensor_list() && d.elem() < static_cast<int>(v.to_tensor_list().size()),
+      KILN_CHECK(v.is_tensor_list() && d.elem() < static_cast<int>(v.to_tensor_list().size()) &&
+                     v.to_tensor_list()[d.elem()].defined() &&
+                     !dist::is_dtensor(v.to_tensor_list()[d.elem()]),
                  Value, in.op(), ": DTensor argument ", d.arg(), "[", d.elem(),
-                 "] is not an element of a tensor list");
+                 "] is not a tensor of a tensor list, or is named twice");
       std::vector<Tensor> l = v.to_tensor_list();
       l[d.elem()] = dist::detail::make_dtensor(l[d.elem()], decode_spec(s, d.spec(), l[d.elem()]));
       v = std::move(l);
@@ -358,6 +365,9 @@ static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instru
   KILN_CHECK(info.returns_list || in.outputs_size() == info.num_returns, Value, in.op(),
              ": returns ", info.num_returns, " tensors but the instruction names ",
              in.outputs_size(), " output ids");
+  // Every worker makes the groups a new mesh needs here, poisoned inputs or not: group creation
+  // is collective (See Note [Mesh groups]).
+  for (const proto::DTensorArg& d : in.dtensor_args()) mesh_of(s, d.spec().mesh());
   Stack& st = s.stack;
   st.clear();
   auto value = [&](int64_t id) -> const State::Value& {
@@ -555,6 +565,10 @@ static void run_mesh(State& s, const SessionOptions& opt, const proto::MeshCreat
     ErrorPtr err = make_error(code_of(x), kind_name(x.kind()), x.what(), 0, "init_device_mesh");
     s.failed_roots.emplace(m.root(), err);
     fail(s, err);
+  } catch (const std::exception& x) {
+    ErrorPtr err = make_error("INTERNAL", "runtime", x.what(), 0, "init_device_mesh");
+    s.failed_roots.emplace(m.root(), err);
+    fail(s, err);
   }
 }
 
@@ -620,18 +634,27 @@ static void run_redistribute(State& s, const SessionOptions& opt, const proto::R
           dist::detail::check_placements("redistribute", spec.mesh, decode_placements(r.to()),
                                          static_cast<int64_t>(spec.shape.size()));
       Tensor result = dist::detail::redistribute_local(local, spec, to);
-      if (r.into())
+      if (r.into()) {
         refill(s, opt, id, result);
-      else
+        return;
+      }
+      const uint64_t need = result.impl()->storage()->nbytes(),
+                     used = s.in_use.load(std::memory_order_relaxed);
+      if (!opt.memory_limit_bytes || used + need <= opt.memory_limit_bytes ||
+          s.storages.contains(result.impl()->storage().get())) {
         bind(s, id, std::move(result), nullptr);
-      return;
+        return;
+      }
+      err = make_error("RESOURCE_EXHAUSTED", "runtime",
+                       memory_message(opt.memory_limit_bytes, "redistribute", need, used),
+                       r.seq(), "redistribute");
     }
   } catch (const Error& x) {
     err = make_error(code_of(x), kind_name(x.kind()), x.what(), r.seq(), "redistribute");
   } catch (const std::exception& x) {
     err = make_error("INTERNAL", "runtime", x.what(), r.seq(), "redistribute");
   }
-  bind(s, id, Tensor(), err);
+  if (!r.into() || s.values.contains(id)) bind(s, id, Tensor(), err);  // no stray id for `into`
   fail(s, err);
 }
 

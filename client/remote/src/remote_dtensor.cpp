@@ -47,7 +47,10 @@ DeviceMesh init_mesh(std::string_view device_type, const std::vector<int64_t>& s
   std::shared_ptr<Connection> conn = connection_for(dev);
   const int n = conn->transport().world_size();
   int64_t ranks = 1;
-  for (int64_t s : shape) ranks *= s;
+  for (int64_t s : shape)
+    KILN_CHECK(s > 0 && !__builtin_mul_overflow(ranks, s, &ranks), Value,
+               "init_device_mesh: mesh sizes must be positive and their product fit in int64, got ",
+               IntArrayRef(shape));
   KILN_CHECK(ranks == n, Value, "init_device_mesh: mesh shape ", IntArrayRef(shape), " has ", ranks,
              " ranks but the session on ", dev, " has ", n, " workers");
   // The client plays rank 0 of a fake world of the gang's size (See Note [Remote DTensor]).
@@ -97,7 +100,10 @@ void run_op(const OperatorHandle& op, Stack& args, Stack& out) {
       if (t.requires_grad()) d.requires_grad_();  // the kernel's checks read it
       return d;
     }
-    return is_remote(t) ? meta_like(t) : t;
+    if (!is_remote(t)) return t;
+    Tensor m = meta_like(t);
+    if (t.requires_grad()) m.requires_grad_();  // the kernel's checks read it (plain_allowed)
+    return m;
   };
   Stack shadow = args;
   for (IValue& v : shadow) {
@@ -165,7 +171,10 @@ void run_op(const OperatorHandle& op, Stack& args, Stack& out) {
     // A result that is an argument's shadow (in-place, out=) is that argument: its shards are
     // rebound on the workers. Any other gets a new id.
     auto result = [&](const Tensor& r) -> Tensor {
-      if (!r.defined()) return r;
+      if (!r.defined()) {  // the workers bind their undefined result to it too
+        ins.add_outputs(conn->new_id());
+        return r;
+      }
       if (is_dtensor(r)) encode_spec(dd::spec_of(r), ins.add_results());
       for (int i = 0; i < n; ++i)
         if (info.args[i].is_mutable && shadow[i].is_tensor() && shadow[i].to_tensor().is_same(r)) {

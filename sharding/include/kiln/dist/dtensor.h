@@ -141,6 +141,10 @@ Tensor redistribute_local(const Tensor& local, const DTensorSpec& spec, const Pl
 enum class ViewKind : uint8_t { None, Local, Copy };
 ViewKind view_kind(const Tensor& dtensor);
 void set_view_kind(const Tensor& dtensor, ViewKind kind);
+// This rank's shard of zeros of `spec.shape` placed by `spec.placements` (Partial as Replicate),
+// contiguous, of `spec.dtype`, on `device`. On a gang's mesh each worker makes its own shape
+// from a scalar (See Note [Remote DTensor]).
+Tensor zeros_shard(const DTensorSpec& spec, Device device);
 // Checks that `placements` fit `mesh` and a tensor of `ndim` dims; normalizes negative dims.
 Placements check_placements(const char* what, const DeviceMesh& mesh, Placements placements,
                             int64_t ndim);

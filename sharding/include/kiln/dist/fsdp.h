@@ -154,9 +154,7 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   // one backward is gathered correctly for each run.
   void register_pre_backward_hooks(const std::vector<Tensor>& outputs);
   // Whether the last unshard()'s whole tensors hold their values now.
-  bool is_unsharded() const {
-    return remote_ ? remote_resident_ : current_ && current_->resident;
-  }
+  bool is_unsharded() const;
   // The last unshard()'s whole tensors (empty before the first).
   const std::vector<Tensor>& unsharded_params() const { return full_; }
 
@@ -210,20 +208,10 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   // A gang's group (Note [FSDP on a gang]): unshard() and backward by DTensor redistributions.
   std::vector<Tensor> unshard_remote();
   friend class FSDPRemoteGatherBackward;
-  std::vector<Tensor> reduce_remote(std::vector<Tensor> grads);
-  void release_remote();   // frees the workers' whole parameters, keeping them to refill
-  void regather_remote();  // refills them (before backward)
+  struct RemoteGathered;
+  std::vector<Tensor> reduce_remote(std::vector<Tensor> grads, RemoteGathered& gathered);
   bool remote_ = false;
-  // Per parameter on a gang: what unshard() gathered (the shard, cast; its spec; the whole
-  // placements) and the whole tensor's shard on the workers (the local of a TP DTensor).
-  struct RemoteWhole {
-    Tensor src;
-    DTensorSpec spec;
-    Placements whole;
-    Tensor local;
-  };
-  std::vector<RemoteWhole> remote_whole_;
-  bool remote_resident_ = false;
+  std::shared_ptr<RemoteGathered> remote_current_;  // the last unshard()'s
 
   DeviceMesh mesh_;
   ProcessGroupPtr pg_;

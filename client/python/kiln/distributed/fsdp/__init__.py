@@ -151,17 +151,17 @@ class FSDPModule:
 
     def to_empty(self, *, device="cpu", recurse=True):
         """Meta-device init: gives every shard still on the meta device (a model built with
-        device="meta", then fully_shard-ed) memory on the mesh's device (CPU; on a gang's
-        "remote:N" mesh, zeros on each worker), only this rank's shard of
-        each parameter, and buffers on meta empty CPU tensors. Initialise the shards afterwards
-        (kiln.nn.init functions on the DTensor parameters, or copy into p.to_local())."""
+        device="meta", then fully_shard-ed) memory on the mesh's device, `device` (uninitialised
+        on "cpu"; zeros on each worker of a gang's "remote:N"), only this rank's shard of each
+        parameter, and buffers on meta uninitialised tensors there (on a gang, each worker's may
+        differ). Initialise the shards afterwards (kiln.nn.init functions on the DTensor
+        parameters, or copy into p.to_local())."""
         device = str(device)
         for m in self._fsdp_modules(recurse):
             mesh_device = m.__dict__["_fsdp_state"].mesh.device_type
-            if device != ("cpu" if mesh_device == "cpu" else mesh_device):
-                raise NotImplementedError(
-                    f"FSDPModule.to_empty: the shards live on the mesh's device, "
-                    f"{'cpu' if mesh_device == 'cpu' else mesh_device!r}; got device={device!r}")
+            if device != mesh_device:
+                raise NotImplementedError(f"FSDPModule.to_empty: the shards live on the mesh's "
+                                          f"device, {mesh_device!r}; got device={device!r}")
         for m in self._fsdp_modules(recurse):
             st = m.__dict__["_fsdp_state"]
             st.group.materialize()

@@ -11,7 +11,7 @@ import math
 
 from kiln import _C
 from kiln.autograd.function import Function
-from kiln.distributed.tensor import DTensor, Replicate, distribute_tensor
+from kiln.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 from kiln.nn import functional as F
 
 __all__ = ["loss_parallel"]
@@ -135,7 +135,14 @@ def _loss_args(what, input, target, weight, reduction, ignore_index):
         raise ValueError(f"{what}: weight must have shape ({vocab},), got {tuple(weight.shape)}")
     target = target.to(_C.int64).reshape([-1])
     bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
-    if bad.any().item():
+    if _on_gang(mesh) and str(target.device).startswith("remote"):
+        # Each worker holds its own targets: any worker's bad one counts.
+        anywhere = DTensor.from_local(bad.any().reshape([1]).to(_C.int64), mesh,
+                                      [Partial("max")] * mesh.ndim)
+        if anywhere.full_tensor().item():
+            raise IndexError(f"{what}: a target is out of bounds for {vocab} classes on some "
+                             f"worker of {mesh}")
+    elif bad.any().item():
         raise IndexError(f"{what}: target {target[bad][0].item()} is out of bounds for "
                          f"{vocab} classes")
     if _on_gang(mesh):  # no local shapes here: Note [Loss parallel on a gang]
@@ -266,9 +273,10 @@ def _nll_loss(input, target, weight, reduction, ignore_index):
 # are composed of DTensor ops that every worker runs on its own classes: the row maximum and the
 # sum of exp are reductions of the class dim (Partial, then one all-reduce of O(N) values each),
 # and the target's log-probability is a sum over the classes against a one-hot of the target
-# (times its weight) distributed like the logits, so no rank needs to know where its classes
-# start. Autograd through these ops gives the same gradients, placed like the logits. The
-# one-hot costs one (N, C) tensor of the logits' dtype, split over the ranks like them.
+# (times its weight): the targets, replicated, compared with the class ids, sharded like the
+# logits, so each worker makes its own columns of it and no rank needs to know where its classes
+# start. Autograd through these ops gives the same gradients, placed like the logits. The one-hot
+# costs each worker its (N, C_r) piece, as much as its logits.
 
 def _on_gang(mesh):
     return mesh.device_type.startswith("remote")
@@ -293,13 +301,13 @@ def _gang_nll_loss(logp, target, weight, reduction, ignore_index, eps):
     safe = _C.where(valid, target, _C.zeros_like(target))
     v = valid.to(logp.dtype)
     w = v if weight is None else weight.to(target.device)[safe].to(logp.dtype) * v
-    onehot = (safe.unsqueeze(1) == _C.arange(0, vocab, device=target.device)).to(logp.dtype)
-    pick = distribute_tensor(onehot * w.unsqueeze(1), mesh, list(logp.placements))
+    classes = distribute_tensor(_C.arange(0, vocab).reshape([1, vocab]), mesh, list(x.placements))
+    rows = distribute_tensor(safe.unsqueeze(1), mesh, rep)
+    pick = (rows == classes).to(logp.dtype) * distribute_tensor(w.unsqueeze(1), mesh, rep)
     loss = -(x * pick).sum([-1])  # Partial along the class mesh dim
     if eps > 0:
-        smooth = distribute_tensor(v.unsqueeze(1).expand([x.shape[0], vocab]) / vocab, mesh,
-                                   list(logp.placements))
-        loss = loss * (1 - eps) - (x * smooth).sum([-1]) * eps
+        smooth = x.sum([-1]) * distribute_tensor(v * (eps / vocab), mesh, rep)
+        loss = loss * (1 - eps) - smooth
     loss = loss.redistribute(mesh, rep)
     if reduction == "none":
         return loss.reshape([]) if logp.ndim == 1 else loss
