@@ -85,7 +85,6 @@ bool FSDPParamGroup::is_unsharded() const {
   return remote_ ? remote_current_ && remote_current_->resident : current_ && current_->resident;
 }
 
-
 FSDPParamGroup::FSDPParamGroup(const DeviceMesh& mesh, MixedPrecisionPolicy mp)
     : mesh_(mesh), mp_(mp) {
   KILN_CHECK(mesh_.defined(), Value, "fully_shard: the device mesh is undefined");

@@ -646,8 +646,8 @@ static void run_redistribute(State& s, const SessionOptions& opt, const proto::R
         return;
       }
       err = make_error("RESOURCE_EXHAUSTED", "runtime",
-                       memory_message(opt.memory_limit_bytes, "redistribute", need, used),
-                       r.seq(), "redistribute");
+                       memory_message(opt.memory_limit_bytes, "redistribute", need, used), r.seq(),
+                       "redistribute");
     }
   } catch (const Error& x) {
     err = make_error(code_of(x), kind_name(x.kind()), x.what(), r.seq(), "redistribute");
