@@ -217,6 +217,33 @@ FEATURES = COMMON + textwrap.dedent("""
     print(f"rank {r} ok")
 """)
 
+# A module called twice in one forward: each call's gathered parameters are resharded after it
+# and gathered again for its own backward.
+TWICE = COMMON + textwrap.dedent("""
+    class Twice(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+        def forward(self, x):
+            return self.inner(self.inner(x))
+
+    kiln.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(6, 6), nn.Tanh())
+    model = Twice(copy.deepcopy(ref))
+    fully_shard(model.inner, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for step in range(2):
+        x = kiln.randn(4 * n, 6)
+        ref.zero_grad()
+        model.zero_grad()
+        (ref(ref(x)) ** 2).mean().backward()
+        (model(rows(x)) ** 2).mean().backward()
+        for (k, p), q in zip(model.named_parameters(), ref.parameters()):
+            assert rel(p.grad.full_tensor(), q.grad) < 1e-5, (step, k)
+    print(f"rank {r} ok")
+""")
+
+
 # 2-D FSDP x TP (Note [FSDP over TP]): the MLP's first linear column-wise and second row-wise
 # over "tp", then fully_shard over "dp", each "dp" rank taking its rows of the batch; AdamW and
 # clip_grad_norm_ against one process on the whole batch.
@@ -380,6 +407,15 @@ def test_fsdp_training_on_a_gang(tmp_path, kind, opt):
 def test_fsdp_features_on_a_gang(tmp_path):
     from test_dtensor import run_remote
     run_remote(tmp_path, "features", REMOTE + FEATURES, 2)
+
+
+def test_fsdp_module_called_twice(tmp_path):
+    run(tmp_path, "twice", TWICE, 2)
+
+
+def test_fsdp_module_called_twice_on_a_gang(tmp_path):
+    from test_dtensor import run_remote
+    run_remote(tmp_path, "twice", REMOTE + TWICE, 2)
 
 
 def test_fsdp_over_tensor_parallel_on_a_gang(tmp_path):
