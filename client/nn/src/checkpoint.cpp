@@ -16,21 +16,13 @@
 #include "kiln/error.h"
 
 namespace kiln::nn {
-namespace {
 
 namespace fs = std::filesystem;
-using json = nlohmann::json;
-
-constexpr const char* kManifest = "manifest.json";
-constexpr const char* kFormat = "kiln.checkpoint";
-constexpr int kVersion = 1;
-constexpr const char* kSuffix = ".safetensors";
 
 [[noreturn]] void sys_fail(const std::string& what, const fs::path& p) {
   KILN_FAIL(Runtime, "checkpoint: ", what, " '", p.string(), "' failed: ", std::strerror(errno));
 }
 
-// Flushes a file's (or a directory's entries') data to the disk.
 void fsync_path(const fs::path& p, bool directory) {
   int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
   if (fd < 0) sys_fail("opening", p);
@@ -41,11 +33,19 @@ void fsync_path(const fs::path& p, bool directory) {
   if (rc != 0) sys_fail("fsync of", p);
 }
 
-// Makes a fully written temporary file durable, then gives it its final name.
 void commit_file(const fs::path& tmp, const fs::path& final_path) {
   fsync_path(tmp, false);
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) sys_fail("renaming to", final_path);
 }
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kFormat = "kiln.checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kSuffix = ".safetensors";
 
 void check_group_name(const std::string& name) {
   bool ok = !name.empty() && name.size() <= 128;

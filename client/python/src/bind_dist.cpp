@@ -16,6 +16,7 @@
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/vector.h>
 
+#include "kiln/dist/checkpoint.h"
 #include "kiln/dist/ddp.h"
 #include "kiln/dist/dtensor.h"
 #include "kiln/dist/fsdp.h"
@@ -76,6 +77,29 @@ void bind_dtensor(nb::module_& m) {
         nb::arg("dim_names"), Release());
 
   m.def("_is_dtensor", &is_dtensor);
+  // kiln.distributed.checkpoint: the flattened state dict as (names, tensors).
+  m.def(
+      "_dcp_save",
+      [](const std::vector<std::string>& names, const std::vector<Tensor>& tensors,
+         const std::string& dir, const std::string& extra) {
+        TensorMap state;
+        for (size_t i = 0; i < names.size() && i < tensors.size(); ++i) state[names[i]] = tensors[i];
+        checkpoint::save(state, dir, extra);
+      },
+      Release());
+  m.def(
+      "_dcp_load",
+      [](const std::vector<std::string>& names, const std::vector<Tensor>& tensors,
+         const std::string& dir, bool strict) {
+        TensorMap state;
+        for (size_t i = 0; i < names.size() && i < tensors.size(); ++i) state[names[i]] = tensors[i];
+        checkpoint::LoadResult r;
+        {
+          nb::gil_scoped_release release;
+          r = checkpoint::load(state, dir, strict);
+        }
+        return nb::make_tuple(r.missing_keys, r.unexpected_keys, r.extra);
+      });
   m.def("_distribute_tensor", [](const Tensor& t, const DeviceMesh& mesh, Placements p) -> Tensor {
     return distribute_tensor(t, mesh, std::move(p));
   });

@@ -20,6 +20,7 @@
 // one process saves into it at a time.
 #pragma once
 
+#include <filesystem>
 #include <map>
 #include <string>
 
@@ -44,5 +45,13 @@ Checkpoint load_checkpoint(const std::string& dir);
 
 // Whether `dir` holds a committed checkpoint (a manifest).
 bool has_checkpoint(const std::string& dir);
+
+// The durable-file steps of Note [Atomic checkpoints], for other checkpoint formats
+// (kiln/dist/checkpoint.h). RuntimeError naming the path and the system's error on failure.
+[[noreturn]] void sys_fail(const std::string& what, const std::filesystem::path& p);
+// Flushes a file's (or a directory's entries') data to the disk.
+void fsync_path(const std::filesystem::path& p, bool directory);
+// Makes a fully written temporary file durable, then gives it its final name.
+void commit_file(const std::filesystem::path& tmp, const std::filesystem::path& final_path);
 
 }  // namespace kiln::nn

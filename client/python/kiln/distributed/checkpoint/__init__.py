@@ -1,0 +1,83 @@
+"""kiln.distributed.checkpoint: distributed checkpoints (torch.distributed.checkpoint). Every rank
+writes its own shards; a checkpoint loads into any mesh and any placements, bit for bit.
+
+    import kiln.distributed.checkpoint as dcp
+    state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": 100}
+    dcp.save(state, checkpoint_id="ckpt/step100")      # every rank calls it
+    dcp.load(state, checkpoint_id="ckpt/step100")      # in place: tensors, and the other values
+
+A state dict may nest dicts and lists. Its tensors (DTensors or plain; a key's path joined with
+".") go into the shards; everything else (ints, floats, strings, ...) must be JSON values and is
+stored in the checkpoint's metadata, then put back in place by load(). The format, atomicity and
+resharding are Note [Distributed checkpoint format] in kiln/dist/checkpoint.h.
+"""
+import json
+import os
+from collections import namedtuple
+
+from kiln import _C
+
+__all__ = ["save", "load", "LoadResult"]
+
+LoadResult = namedtuple("LoadResult", ["missing_keys", "unexpected_keys"])
+
+
+def _has_tensor(obj):
+    if isinstance(obj, _C.Tensor):
+        return True
+    if isinstance(obj, dict):
+        return any(_has_tensor(v) for v in obj.values())
+    return isinstance(obj, (list, tuple)) and any(_has_tensor(v) for v in obj)
+
+
+def _leaves(obj, prefix=""):
+    """(path, container, key, value) of every leaf of a nested state: dicts are walked, and lists
+    that hold tensors; any other value is one leaf."""
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+    for k, v in items:
+        path = f"{prefix}{k}"
+        if isinstance(v, dict) or (isinstance(v, list) and _has_tensor(v)):
+            yield from _leaves(v, path + ".")
+        else:
+            yield path, obj, k, v
+
+
+def _split(state):
+    tensors, values = {}, {}
+    for path, _, _, v in _leaves(state):
+        if isinstance(v, _C.Tensor):
+            tensors[path] = v
+        else:
+            values[path] = v
+    return tensors, values
+
+
+def save(state_dict, *, checkpoint_id):
+    """Writes `state_dict` into the directory `checkpoint_id` (every rank calls it; atomic)."""
+    tensors, values = _split(state_dict)
+    try:
+        extra = json.dumps({"values": values})
+    except TypeError as e:
+        raise TypeError(f"checkpoint.save: a value that is not a tensor must be JSON data: {e}") \
+            from None
+    _C._dcp_save(list(tensors), list(tensors.values()), os.fspath(checkpoint_id), extra)
+
+
+def load(state_dict, *, checkpoint_id, strict=True):
+    """Fills `state_dict` in place from `checkpoint_id`, resharding each tensor to its own mesh
+    and placements. strict: missing or unexpected keys are a ValueError; otherwise they are
+    returned (LoadResult)."""
+    tensors, values = _split(state_dict)
+    missing, unexpected, extra = _C._dcp_load(list(tensors), list(tensors.values()),
+                                              os.fspath(checkpoint_id), strict)
+    saved = json.loads(extra).get("values", {})
+    missing += [p for p in values if p not in saved]
+    unexpected += [p for p in saved if p not in values and p not in tensors]
+    if strict and (missing or unexpected):
+        raise ValueError(f"checkpoint.load: '{os.fspath(checkpoint_id)}' does not match the "
+                         f"state: missing keys {sorted(missing)}, unexpected keys "
+                         f"{sorted(unexpected)}")
+    for path, container, key, v in list(_leaves(state_dict)):
+        if not isinstance(v, _C.Tensor) and path in saved:
+            container[key] = saved[path]
+    return LoadResult(sorted(missing), sorted(unexpected))

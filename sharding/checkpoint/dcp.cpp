@@ -1,0 +1,348 @@
+// Distributed checkpoints (kiln/dist/checkpoint.h, See Note [Distributed checkpoint format]).
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/dist/checkpoint.h"
+#include "kiln/dist/dtensor.h"
+#include "kiln/kiln.h"
+#include "kiln/nn/checkpoint.h"
+
+namespace kiln::dist::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kMetadata = ".metadata";
+constexpr const char* kFormat = "kiln.dcp";
+constexpr int kVersion = 1;
+
+int rank() { return is_initialized() ? default_group()->rank() : 0; }
+int world_size() { return is_initialized() ? default_group()->size() : 1; }
+void barrier() {
+  if (is_initialized()) default_group()->barrier()->wait();
+}
+
+// A region of a tensor: global offsets and sizes per dim.
+struct Box {
+  std::vector<int64_t> off, size;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t s : size) n *= s;
+    return n;
+  }
+};
+
+Box whole(IntArrayRef shape) {
+  return {std::vector<int64_t>(shape.size(), 0), std::vector<int64_t>(shape.begin(), shape.end())};
+}
+
+// The region of this rank's shard of a DTensor placed by `p` (no Partial) on spec's mesh: each
+// Shard mesh dim, in order, splits the piece the earlier ones left (See Note [Placements]).
+Box shard_box(const DTensorSpec& s, const Placements& p) {
+  const std::vector<int64_t> coord = s.mesh.coordinate();
+  KILN_CHECK(!coord.empty(), Value, "checkpoint: this rank is not in ", s.mesh.str());
+  Box b = whole(IntArrayRef(s.shape));
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (!p[i].is_shard()) continue;
+    const int64_t d = p[i].dim;
+    auto [off, len] = chunk_of(b.size[d], s.mesh.size(static_cast<int64_t>(i)), coord[i]);
+    b.off[d] += off;
+    b.size[d] = len;
+  }
+  return b;
+}
+
+uint32_t crc_of(const Tensor& contiguous_cpu) {
+  return static_cast<uint32_t>(crc32_z(0,
+                                       static_cast<const Bytef*>(contiguous_cpu.impl()->raw_data()),
+                                       static_cast<size_t>(contiguous_cpu.nbytes())));
+}
+
+std::string rank_file(int r, uint64_t generation, const char* ext) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "__%d.%08llu%s", r, static_cast<unsigned long long>(generation),
+                ext);
+  return buf;
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  KILN_CHECK(in.good(), Value, "checkpoint: cannot read '", p.string(), "'");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    KILN_FAIL(Value, "checkpoint: '", p.string(), "' is not valid JSON: ", e.what());
+  }
+}
+
+void write_json(const fs::path& p, const json& j) {
+  const fs::path tmp = p.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << j.dump();
+    out.flush();
+    if (!out.good()) nn::sys_fail("writing", tmp);
+  }
+  nn::commit_file(tmp, p);
+}
+
+uint64_t committed_generation(const fs::path& dir) {
+  const fs::path m = dir / kMetadata;
+  if (!fs::exists(m)) return 0;
+  try {
+    return read_json(m).at("generation").get<uint64_t>();
+  } catch (const std::exception&) {
+    return 0;  // an unreadable old checkpoint is replaced
+  }
+}
+
+// A DTensor's local shard as saved: Partial mesh dims reduced (every rank takes part), and
+// whether this rank writes it (index 0 of every mesh dim the shard is the same along).
+struct SavedShard {
+  Tensor local;
+  Box box;
+  bool writes = false;
+};
+
+SavedShard saved_shard(const std::string& name, const Tensor& t) {
+  const DTensorSpec& spec = detail::spec_of(t);
+  Tensor local = detail::local_of(t);
+  KILN_CHECK(local.device().type() != DeviceType::Remote, NotImplemented, "checkpoint: '", name,
+             "' is a DTensor on a gang's mesh; distributed checkpoints of remote DTensors are not "
+             "supported yet");
+  Placements p = spec.placements;
+  bool partial = false;
+  for (Placement& pl : p)
+    if (pl.is_partial()) {
+      pl = Replicate();
+      partial = true;
+    }
+  if (partial) local = detail::redistribute_local(local, spec, p);
+  const std::vector<int64_t> coord = spec.mesh.coordinate();
+  bool writes = !coord.empty();
+  for (size_t i = 0; i < p.size() && writes; ++i) writes = p[i].is_shard() || coord[i] == 0;
+  return {local, shard_box(spec, p), writes};
+}
+
+}  // namespace
+
+void save(const TensorMap& state, const std::string& dir, const std::string& extra) {
+  json extra_json;
+  try {
+    extra_json = json::parse(extra);
+  } catch (const json::exception& e) {
+    KILN_FAIL(Value, "checkpoint.save: extra is not valid JSON: ", e.what());
+  }
+  const int r = rank(), n = world_size();
+  const fs::path root(dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  KILN_CHECK(!ec && fs::is_directory(root), Value, "checkpoint.save: cannot create directory '",
+             dir, "': ", ec.message());
+  const uint64_t gen = committed_generation(root) + 1;
+  TensorMap mine;
+  json tensors = json::object(), chunks = json::object();
+  {
+    autograd::NoGradGuard no_grad;
+    for (const auto& [name, t] : state) {
+      t.check_defined(("checkpoint.save: '" + name + "'").c_str());
+      json entry{{"shape", std::vector<int64_t>(t.sizes().begin(), t.sizes().end())},
+                 {"dtype", safetensors_dtype_name(t.dtype())}};
+      Tensor piece;
+      Box box = whole(t.sizes());
+      if (is_dtensor(t)) {
+        SavedShard s = saved_shard(name, t);
+        entry["placements"] = placements_str(detail::spec_of(t).placements);
+        if (s.writes) piece = s.local;
+        box = std::move(s.box);
+      } else if (r == 0) {
+        piece = t;
+      }
+      tensors[name] = std::move(entry);
+      if (!piece.defined()) continue;
+      piece = piece.to(std::nullopt, kCPU).contiguous();
+      chunks[name] = {{"offsets", box.off}, {"sizes", box.size}, {"crc32", crc_of(piece)}};
+      mine[name] = std::move(piece);
+    }
+  }
+  const std::string file = rank_file(r, gen, ".safetensors");
+  const fs::path tmp = root / (file + ".tmp");
+  save_safetensors(tmp.string(), mine);
+  nn::commit_file(tmp, root / file);
+  write_json(
+      root / rank_file(r, gen, ".json"),
+      {{"rank", r}, {"generation", gen}, {"file", file}, {"tensors", tensors}, {"chunks", chunks}});
+  barrier();  // every rank's shards are durable
+  if (r == 0) {
+    json meta{{"format", kFormat}, {"version", kVersion}, {"generation", gen},
+              {"world_size", n},   {"extra", extra_json}, {"tensors", json::object()}};
+    json& all = meta["tensors"];
+    for (const auto& [name, entry] : tensors.items()) {
+      all[name] = entry;
+      all[name]["chunks"] = json::array();
+    }
+    for (int q = 0; q < n; ++q) {
+      const json part = read_json(root / rank_file(q, gen, ".json"));
+      KILN_CHECK(part.at("tensors").size() == tensors.size(), Value, "checkpoint.save: rank ", q,
+                 " saved ", part.at("tensors").size(), " tensors, rank 0 ", tensors.size(),
+                 "; every rank must pass the same names");
+      for (const auto& [name, entry] : part.at("tensors").items()) {
+        KILN_CHECK(
+            all.contains(name) && all[name]["shape"] == entry.at("shape") &&
+                all[name]["dtype"] == entry.at("dtype"),
+            Value, "checkpoint.save: rank ", q, " saved '", name, "' as ", entry.dump(),
+            ", which rank 0 ",
+            all.contains(name) ? "saved as " + all[name].dump() : std::string("did not save"));
+      }
+      for (const auto& [name, c] : part.at("chunks").items()) {
+        json chunk = c;
+        chunk["file"] = part.at("file");
+        all[name]["chunks"].push_back(std::move(chunk));
+      }
+    }
+    for (const auto& [name, entry] : all.items()) {  // each element once
+      int64_t covered = 0, numel = 1;
+      for (int64_t s : entry["shape"].get<std::vector<int64_t>>()) numel *= s;
+      for (const json& c : entry["chunks"]) {
+        int64_t k = 1;
+        for (int64_t s : c["sizes"].get<std::vector<int64_t>>()) k *= s;
+        covered += k;
+      }
+      KILN_CHECK(covered == numel, Value, "checkpoint.save: the ranks' shards of '", name,
+                 "' hold ", covered, " of its ", numel,
+                 " elements; do the ranks disagree on its placements?");
+    }
+    write_json(root / kMetadata, meta);  // the commit point
+    nn::fsync_path(root, true);
+    char keep[32];  // this generation's files: "__<rank>.<gen>.*"
+    std::snprintf(keep, sizeof keep, ".%08llu.", static_cast<unsigned long long>(gen));
+    for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+      const std::string fname = e.path().filename().string();
+      const bool ours = fname.rfind("__", 0) == 0;
+      const bool old = ours && fname.find(keep) == std::string::npos;
+      const bool merged = ours && fname.size() > 5 && fname.ends_with(".json");
+      if (old || merged || fname.ends_with(".tmp")) fs::remove(e.path(), ec);
+    }
+  }
+  barrier();  // no rank returns before the commit
+}
+
+LoadResult load(const TensorMap& state, const std::string& dir, const bool strict) {
+  const fs::path root(dir), mpath = root / kMetadata;
+  KILN_CHECK(fs::exists(mpath), Value, "checkpoint.load: no checkpoint in '", dir, "' (", kMetadata,
+             " is missing)");
+  const json meta = read_json(mpath);
+  LoadResult res;
+  std::map<std::string, SafetensorsData> files;
+  std::set<std::string> verified;  // "file\ntensor" whose CRC-32 was checked
+  try {
+    KILN_CHECK(meta.at("format") == kFormat && meta.at("version") == kVersion, Value,
+               "checkpoint.load: '", mpath.string(),
+               "' is not a kiln distributed checkpoint of "
+               "version ",
+               kVersion);
+    const json& tensors = meta.at("tensors");
+    res.extra = meta.at("extra").dump();
+    for (const auto& [name, t] : state)
+      if (!tensors.contains(name)) res.missing_keys.push_back(name);
+    for (const auto& [name, entry] : tensors.items())
+      if (!state.contains(name)) res.unexpected_keys.push_back(name);
+    if (strict && (!res.missing_keys.empty() || !res.unexpected_keys.empty())) {
+      std::string missing, unexpected;
+      for (const std::string& k : res.missing_keys) missing += (missing.empty() ? "" : ", ") + k;
+      for (const std::string& k : res.unexpected_keys)
+        unexpected += (unexpected.empty() ? "" : ", ") + k;
+      KILN_FAIL(Value, "checkpoint.load: '", dir, "' does not match the state: missing keys [",
+                missing, "], unexpected keys [", unexpected, "]");
+    }
+    autograd::NoGradGuard no_grad;
+    for (const auto& [name, t] : state) {
+      if (!tensors.contains(name)) continue;
+      const json& entry = tensors.at(name);
+      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+      const ScalarType dtype = safetensors_dtype_from_name(entry.at("dtype").get<std::string>());
+      t.check_defined(("checkpoint.load: '" + name + "'").c_str());
+      KILN_CHECK(t.sizes() == IntArrayRef(shape) && t.dtype() == dtype, Value, "checkpoint.load: '",
+                 name, "' is ", scalar_type_name(t.dtype()), " of shape ", t.sizes(), " here but ",
+                 scalar_type_name(dtype), " of shape ", IntArrayRef(shape), " in the checkpoint");
+      Tensor dst = t;
+      Box box = whole(t.sizes());
+      if (is_dtensor(t)) {
+        const DTensorSpec& spec = detail::spec_of(t);
+        for (const Placement& p : spec.placements)
+          KILN_CHECK(!p.is_partial(), Value, "checkpoint.load: '", name, "' is ",
+                     placements_str(spec.placements),
+                     "; load into Shard or Replicate placements (a Partial value is ambiguous)");
+        dst = detail::local_of(t);
+        KILN_CHECK(dst.device().type() != DeviceType::Remote, NotImplemented, "checkpoint.load: '",
+                   name, "' is a DTensor on a gang's mesh; not supported yet");
+        box = shard_box(spec, spec.placements);
+      }
+      int64_t covered = 0;
+      for (const json& c : entry.at("chunks")) {
+        const auto off = c.at("offsets").get<std::vector<int64_t>>();
+        const auto size = c.at("sizes").get<std::vector<int64_t>>();
+        const std::string file = c.at("file").get<std::string>();
+        KILN_CHECK(off.size() == shape.size() && size.size() == shape.size(), Value,
+                   "checkpoint.load: a chunk of '", name, "' has ", off.size(), " offsets and ",
+                   size.size(), " sizes for a tensor of ", shape.size(), " dims");
+        for (size_t k = 0; k < shape.size(); ++k)
+          KILN_CHECK(off[k] >= 0 && size[k] >= 0 && off[k] <= shape[k] - size[k], Value,
+                     "checkpoint.load: a chunk of '", name, "' at ", IntArrayRef(off), " of size ",
+                     IntArrayRef(size), " lies outside its shape ", IntArrayRef(shape));
+        std::vector<int64_t> lo(shape.size()), hi(shape.size());
+        bool overlaps = true;
+        for (size_t k = 0; k < shape.size(); ++k) {
+          lo[k] = std::max(off[k], box.off[k]);
+          hi[k] = std::min(off[k] + size[k], box.off[k] + box.size[k]);
+          overlaps = overlaps && hi[k] > lo[k];
+        }
+        if (!overlaps) continue;
+        KILN_CHECK(file.rfind("__", 0) == 0 && file.find('/') == std::string::npos, Value,
+                   "checkpoint.load: a chunk of '", name, "' names the file '", file,
+                   "', which is not a shard file of the checkpoint");
+        auto it = files.find(file);
+        if (it == files.end())
+          it = files.emplace(file, load_safetensors((root / file).string())).first;
+        auto src_it = it->second.tensors.find(name);
+        KILN_CHECK(src_it != it->second.tensors.end(), Value, "checkpoint.load: '", file,
+                   "' holds no chunk of '", name, "'");
+        const Tensor& src = src_it->second;
+        KILN_CHECK(src.sizes() == IntArrayRef(size) && src.dtype() == dtype, Value,
+                   "checkpoint.load: the chunk of '", name, "' in '", file, "' has shape ",
+                   src.sizes(), ", the metadata says ", IntArrayRef(size));
+        if (verified.insert(file + "\n" + name).second)
+          KILN_CHECK(crc_of(src) == c.at("crc32").get<uint32_t>(), Value, "checkpoint.load: '",
+                     name, "' in '", (root / file).string(),
+                     "' is corrupt: its CRC-32 does not match the one saved");
+        Tensor from = src, into = dst;
+        int64_t n = 1;
+        for (size_t k = 0; k < shape.size(); ++k) {
+          from = from.narrow(static_cast<int64_t>(k), lo[k] - off[k], hi[k] - lo[k]);
+          into = into.narrow(static_cast<int64_t>(k), lo[k] - box.off[k], hi[k] - lo[k]);
+          n *= hi[k] - lo[k];
+        }
+        into.copy_(from);
+        covered += n;
+      }
+      KILN_CHECK(covered == box.numel(), Value, "checkpoint.load: the chunks of '", name, "' in '",
+                 dir, "' cover ", covered, " of the ", box.numel(),
+                 " elements this rank needs; the checkpoint is incomplete");
+      t.impl()->bump_version();
+    }
+  } catch (const json::exception& e) {
+    KILN_FAIL(Value, "checkpoint.load: '", mpath.string(), "' is malformed: ", e.what());
+  }
+  return res;
+}
+
+}  // namespace kiln::dist::checkpoint

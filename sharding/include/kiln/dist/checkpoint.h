@@ -1,0 +1,55 @@
+// kiln/dist/checkpoint.h: distributed checkpoints (PyTorch's torch.distributed.checkpoint): every
+// rank writes its own shards, and a checkpoint loads into any mesh and any placements.
+//
+//   kiln::TensorMap state = model.state_dict_map();          // DTensors and plain tensors
+//   kiln::dist::checkpoint::save(state, "ckpt/step100", R"({"step": 100})");   // every rank
+//   auto r = kiln::dist::checkpoint::load(state, "ckpt/step100");  // fills state in place
+//   r.extra;                                                  // {"step": 100}
+//
+// Note [Distributed checkpoint format]: a checkpoint is a directory.
+//  - Each rank writes "__<rank>.<generation>.safetensors" holding its chunk of each tensor it
+//    owns a piece of, under the tensor's name: a DTensor's local shard (a Partial one reduced
+//    first) when this rank is at index 0 of every mesh dim the tensor is replicated over, so each
+//    element is written once; a plain tensor by rank 0 alone. Beside it, "__<rank>.<gen>.json"
+//    lists each chunk's global offsets and sizes and the CRC-32 of its bytes.
+//  - After a barrier rank 0 merges those lists into ".metadata" (JSON: per tensor its global
+//    shape, dtype and chunks, each with its file, offsets, sizes and CRC-32; and the caller's
+//    `extra` JSON), written to ".metadata.tmp", fsynced and renamed: that rename is the commit
+//    point (as Note [Atomic checkpoints] in kiln/nn/checkpoint.h). Files of other generations
+//    are then removed, and a second barrier returns no rank before the commit.
+//  - Until the rename the previous ".metadata" names the previous generation's files, which the
+//    save leaves alone, so a crash at any moment leaves the old checkpoint or the new one.
+//  - Load reads ".metadata", and for each tensor of `state` the region this rank holds (its
+//    DTensor shard's global offsets and sizes under its own mesh and placements, or the whole
+//    of a plain tensor) is copied out of every saved chunk that overlaps it, whatever mesh saved
+//    them: resharding is the intersection of boxes. Each chunk read is checked against its
+//    CRC-32 (a mismatch names the file and the tensor), and the region must be covered exactly.
+// The directory must be one every rank sees (a shared file system); one save at a time.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kiln/safetensors.h"
+
+namespace kiln::dist::checkpoint {
+
+// Writes `state` (DTensors and plain tensors; the same names on every rank) into `dir`, created
+// if missing; `extra` is a JSON document stored beside it. Collective over the default process
+// group when there is one (every rank calls it), else a one-process save.
+void save(const TensorMap& state, const std::string& dir, const std::string& extra = "{}");
+
+struct LoadResult {
+  std::vector<std::string> missing_keys;  // in `state`, not in the checkpoint (left as they were)
+  std::vector<std::string> unexpected_keys;  // in the checkpoint, not in `state`
+  std::string extra = "{}";                  // what save() was given
+};
+
+// Fills every tensor of `state` in place (a DTensor: its local shard) from the checkpoint in
+// `dir`, resharding as needed (See Note [Distributed checkpoint format]). strict: a missing or
+// unexpected key is a ValueError naming them all; otherwise they are reported. ValueError for a
+// tensor whose global shape or dtype differs from the saved one, a checkpoint that does not cover
+// a tensor, or a chunk whose CRC-32 does not match.
+LoadResult load(const TensorMap& state, const std::string& dir, bool strict = true);
+
+}  // namespace kiln::dist::checkpoint

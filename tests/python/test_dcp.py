@@ -1,0 +1,199 @@
+"""kiln.distributed.checkpoint (Note [Distributed checkpoint format]): a checkpoint saved by 4
+ranks (a 1-d mesh with uneven Shard(0), a Partial value, a 2x2 mesh, plain tensors and non-tensor
+values) loads bit for bit into 2 ranks with other placements, into 3 ranks, and into one process
+without a mesh; a flipped bit names the file and the tensor; missing and unexpected keys; a second
+save replaces the first atomically, and a save killed at any moment leaves a loadable checkpoint."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import kiln
+import kiln.distributed.checkpoint as dcp
+
+KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
+
+# The values every script expects: the same seed everywhere.
+COMMON = textwrap.dedent("""
+    import sys
+    import kiln, kiln.distributed as dist
+    import kiln.distributed.checkpoint as dcp
+    from kiln.distributed.device_mesh import init_device_mesh
+    from kiln.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    kiln.manual_seed(0)
+    W, B, G = kiln.randn(10, 6), kiln.randn(7), kiln.randn(5, 3)
+    P = kiln.full((5,), 10.0)   # the sum over 4 ranks of rank + 1
+
+    def same(a, b, what):
+        a = a.full_tensor() if isinstance(a, DTensor) else a
+        assert a.shape == b.shape and a.dtype == b.dtype and bool((a == b).all()), (what, a, b)
+""")
+
+SAVE = COMMON + textwrap.dedent("""
+    mesh = init_device_mesh("cpu", (4,))
+    mesh2 = init_device_mesh("cpu", (2, 2), mesh_dim_names=("a", "b"))
+    r = dist.get_rank()
+    state = {
+        "model": {"w": distribute_tensor(W, mesh, [Shard(0)]),         # rows 3, 3, 3, 1
+                  "b": distribute_tensor(B, mesh, [Replicate()]),
+                  "g": distribute_tensor(G, mesh2, [Shard(0), Shard(1)])},
+        "p": DTensor.from_local(kiln.full((5,), r + 1.0), mesh, [Partial()]),
+        "count": kiln.tensor(7),
+        "step": int(sys.argv[2]), "sched": {"lr": 0.5, "milestones": [1, 2]},
+    }
+    dcp.save(state, checkpoint_id=sys.argv[1])
+    print(f"rank {r} ok")
+""")
+
+LOAD_TWO = COMMON + textwrap.dedent("""
+    mesh = init_device_mesh("cpu", (2,))
+    r = dist.get_rank()
+    state = {
+        "model": {"w": distribute_tensor(kiln.zeros(10, 6), mesh, [Shard(1)]),
+                  "b": distribute_tensor(kiln.zeros(7), mesh, [Shard(0)]),   # 4 + 3
+                  "g": distribute_tensor(kiln.zeros(5, 3), mesh, [Replicate()])},
+        "p": distribute_tensor(kiln.zeros(5), mesh, [Shard(0)]),
+        "count": kiln.tensor(0),
+        "step": 0, "sched": {"lr": 0.0, "milestones": []},
+    }
+    dcp.load(state, checkpoint_id=sys.argv[1])
+    m = state["model"]
+    assert m["w"].placements == (Shard(1),) and m["w"].to_local().shape == (10, 3)
+    same(m["w"], W, "w"); same(m["b"], B, "b"); same(m["g"], G, "g"); same(state["p"], P, "p")
+    same(state["count"], kiln.tensor(7), "count")
+    assert state["step"] == int(sys.argv[2]) and state["sched"] == {"lr": 0.5, "milestones": [1, 2]}
+    print(f"rank {r} ok")
+""")
+
+LOAD_THREE = COMMON + textwrap.dedent("""
+    mesh = init_device_mesh("cpu", (3,))
+    r = dist.get_rank()
+    w = distribute_tensor(kiln.zeros(10, 6), mesh, [Shard(0)])   # rows 4, 4, 2
+    g = distribute_tensor(kiln.zeros(5, 3), mesh, [Shard(1)])    # one column each
+    state = {"model": {"w": w, "b": kiln.zeros(7), "g": g}, "p": kiln.zeros(5),
+             "count": kiln.tensor(0), "step": 0, "sched": {"lr": 0.0, "milestones": []}}
+    dcp.load(state, checkpoint_id=sys.argv[1])
+    same(w, W, "w"); same(state["model"]["b"], B, "b"); same(g, G, "g"); same(state["p"], P, "p")
+    print(f"rank {r} ok")
+""")
+
+
+def kiln_run(tmp_path, name, script, nproc, *args):
+    if not KILN_CLI.exists():
+        pytest.skip(f"{KILN_CLI} is not built")
+    path = tmp_path / f"{name}.py"
+    path.write_text(script)
+    env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
+    r = subprocess.run([str(KILN_CLI), "run", "--nproc", str(nproc), "--timeout", "120",
+                        sys.executable, str(path), *map(str, args)], capture_output=True,
+                       text=True, env=env, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(nproc):
+        assert f"[rank {rank}] rank {rank} ok" in r.stdout, r.stdout + r.stderr
+
+
+def one_process_state():
+    kiln.manual_seed(0)
+    want = {"w": kiln.randn(10, 6), "b": kiln.randn(7), "g": kiln.randn(5, 3)}
+    state = {"model": {k: kiln.zeros(*v.shape) for k, v in want.items()}, "p": kiln.zeros(5),
+             "count": kiln.tensor(0), "step": 0, "sched": {"lr": 0.0, "milestones": []}}
+    return state, want
+
+
+def test_save_on_four_ranks_load_anywhere(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    kiln_run(tmp_path, "save", SAVE, 4, ckpt, 100)
+    files = sorted(os.listdir(ckpt))
+    assert ".metadata" in files and len([f for f in files if f.endswith(".safetensors")]) == 4
+    kiln_run(tmp_path, "load2", LOAD_TWO, 2, ckpt, 100)
+    kiln_run(tmp_path, "load3", LOAD_THREE, 3, ckpt)
+    # One process, no mesh: plain tensors get the whole values.
+    state, want = one_process_state()
+    assert dcp.load(state, checkpoint_id=ckpt) == ([], [])
+    for k, v in want.items():
+        assert bool((state["model"][k] == v).all()), k
+    assert bool((state["p"] == kiln.full((5,), 10.0)).all()) and int(state["count"]) == 7
+    assert state["step"] == 100 and state["sched"] == {"lr": 0.5, "milestones": [1, 2]}
+    # A second save (generation 2) replaces the first: its files only, and its values.
+    kiln_run(tmp_path, "save_again", SAVE, 4, ckpt, 200)
+    assert len([f for f in os.listdir(ckpt) if f.startswith("__")]) == 4
+    state, _ = one_process_state()
+    dcp.load(state, checkpoint_id=ckpt)
+    assert state["step"] == 200
+
+
+def test_keys_corruption_and_bad_input(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    kiln.manual_seed(0)
+    state = {"w": kiln.randn(4, 3), "b": kiln.randn(3), "step": 3}
+    dcp.save(state, checkpoint_id=ckpt)
+    other = {"w": kiln.zeros(4, 3), "extra": kiln.zeros(2), "step": 0}
+    with pytest.raises(ValueError, match=r"missing keys \[extra\], unexpected keys \[b\]"):
+        dcp.load(other, checkpoint_id=ckpt)
+    res = dcp.load(other, checkpoint_id=ckpt, strict=False)
+    assert res.missing_keys == ["extra"] and res.unexpected_keys == ["b"]
+    assert bool((other["w"] == state["w"]).all()) and other["step"] == 3
+    with pytest.raises(ValueError, match=r"'w' is float32 of shape \[4, 2\] here but float32 of "
+                                         r"shape \[4, 3\] in the checkpoint"):
+        dcp.load({"w": kiln.zeros(4, 2)}, checkpoint_id=ckpt, strict=False)
+    with pytest.raises(ValueError, match="no checkpoint in"):
+        dcp.load(other, checkpoint_id=tmp_path / "nothing")
+    with pytest.raises(TypeError, match="must be JSON data"):
+        dcp.save({"w": state["w"], "bad": object()}, checkpoint_id=tmp_path / "bad")
+    # A flipped bit in a shard: the CRC-32 names the file and the tensor.
+    shard = next(p for p in ckpt.iterdir() if p.suffix == ".safetensors")
+    data = bytearray(shard.read_bytes())
+    n = int.from_bytes(data[:8], "little")
+    begin = json.loads(data[8:8 + n])["b"]["data_offsets"][0]
+    data[8 + n + begin + 1] ^= 0x10   # a bit of b's first element
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"'b' in '.*{shard.name}' is corrupt: its CRC-32"):
+        dcp.load({"b": kiln.zeros(3)}, checkpoint_id=ckpt, strict=False)
+    # A metadata file that lies: refused with its name, not a crash.
+    meta = ckpt / ".metadata"
+    meta.write_text(meta.read_text().replace('"file":"__0', '"file":"../../etc/passwd__0'))
+    with pytest.raises(ValueError, match="is not a shard file of the checkpoint"):
+        dcp.load({"b": kiln.zeros(3)}, checkpoint_id=ckpt, strict=False)
+    meta.write_text("{")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        dcp.load({"b": kiln.zeros(3)}, checkpoint_id=ckpt, strict=False)
+
+
+KILLED_SAVE = textwrap.dedent("""
+    import sys, kiln
+    import kiln.distributed.checkpoint as dcp
+    step = int(sys.argv[2])
+    state = {"w": kiln.full((256, 1024), float(step)), "v": kiln.full((64, 1024), float(step)),
+             "step": step}
+    print("saving", flush=True)
+    dcp.save(state, checkpoint_id=sys.argv[1])
+""")
+
+
+def test_a_killed_save_leaves_the_old_or_the_new_checkpoint(tmp_path):
+    """SIGKILL at a random moment of a save, ten times: load finds one whole generation."""
+    ckpt, script = tmp_path / "ckpt", tmp_path / "save.py"
+    script.write_text(KILLED_SAVE)
+    subprocess.run([sys.executable, str(script), str(ckpt), "1"], check=True, timeout=120)
+    rng = random.Random(0)
+    for trial in range(10):
+        step = trial + 2
+        p = subprocess.Popen([sys.executable, str(script), str(ckpt), str(step)],
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "saving"
+        time.sleep(rng.uniform(0.0, 0.05))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        state = {"w": kiln.zeros(256, 1024), "v": kiln.zeros(64, 1024), "step": 0}
+        dcp.load(state, checkpoint_id=ckpt)
+        s = state["step"]
+        assert s <= step
+        assert bool((state["w"] == float(s)).all()) and bool((state["v"] == float(s)).all()), s
