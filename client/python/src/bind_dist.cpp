@@ -83,23 +83,22 @@ void bind_dtensor(nb::module_& m) {
       [](const std::vector<std::string>& names, const std::vector<Tensor>& tensors,
          const std::string& dir, const std::string& extra) {
         TensorMap state;
-        for (size_t i = 0; i < names.size() && i < tensors.size(); ++i) state[names[i]] = tensors[i];
+        for (size_t i = 0; i < names.size() && i < tensors.size(); ++i)
+          state[names[i]] = tensors[i];
         checkpoint::save(state, dir, extra);
       },
       Release());
-  m.def(
-      "_dcp_load",
-      [](const std::vector<std::string>& names, const std::vector<Tensor>& tensors,
-         const std::string& dir, bool strict) {
-        TensorMap state;
-        for (size_t i = 0; i < names.size() && i < tensors.size(); ++i) state[names[i]] = tensors[i];
-        checkpoint::LoadResult r;
-        {
-          nb::gil_scoped_release release;
-          r = checkpoint::load(state, dir, strict);
-        }
-        return nb::make_tuple(r.missing_keys, r.unexpected_keys, r.extra);
-      });
+  m.def("_dcp_load", [](const std::vector<std::string>& names, const std::vector<Tensor>& tensors,
+                        const std::string& dir, bool strict) {
+    TensorMap state;
+    for (size_t i = 0; i < names.size() && i < tensors.size(); ++i) state[names[i]] = tensors[i];
+    checkpoint::LoadResult r;
+    {
+      nb::gil_scoped_release release;
+      r = checkpoint::load(state, dir, strict);
+    }
+    return nb::make_tuple(r.missing_keys, r.unexpected_keys, r.extra);
+  });
   m.def("_distribute_tensor", [](const Tensor& t, const DeviceMesh& mesh, Placements p) -> Tensor {
     return distribute_tensor(t, mesh, std::move(p));
   });
