@@ -2,12 +2,18 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/dist/checkpoint.h"
@@ -135,105 +141,207 @@ SavedShard saved_shard(const std::string& name, const Tensor& t) {
 
 }  // namespace
 
-void save(const TensorMap& state, const std::string& dir, const std::string& extra) {
-  json extra_json;
+namespace {
+
+// What a save writes, taken from the state at the call (See Note [Distributed checkpoint format]).
+struct Snapshot {
+  fs::path root;
+  int rank = 0, world = 1;
+  uint64_t gen = 0;
+  json extra, tensors = json::object(), chunks = json::object();
+  TensorMap mine;  // this rank's chunks: CPU, contiguous
+};
+
+// An async save's host buffers, by tensor name (the next async save waits for the last one, so
+// they are free again when it copies into them).
+TensorMap& staging() {
+  static TensorMap buffers;
+  return buffers;
+}
+
+// `copy`: the chunks never share memory with `state` (an async save writes them later).
+Snapshot snapshot(const TensorMap& state, const std::string& dir, const std::string& extra,
+                  bool copy) {
+  Snapshot s;
   try {
-    extra_json = json::parse(extra);
+    s.extra = json::parse(extra);
   } catch (const json::exception& e) {
     KILN_FAIL(Value, "checkpoint.save: extra is not valid JSON: ", e.what());
   }
-  const int r = rank(), n = world_size();
-  const fs::path root(dir);
+  s.rank = rank();
+  s.world = world_size();
+  s.root = fs::path(dir);
   std::error_code ec;
-  fs::create_directories(root, ec);
-  KILN_CHECK(!ec && fs::is_directory(root), Value, "checkpoint.save: cannot create directory '",
+  fs::create_directories(s.root, ec);
+  KILN_CHECK(!ec && fs::is_directory(s.root), Value, "checkpoint.save: cannot create directory '",
              dir, "': ", ec.message());
-  const uint64_t gen = committed_generation(root) + 1;
-  TensorMap mine;
-  json tensors = json::object(), chunks = json::object();
+  s.gen = committed_generation(s.root) + 1;
+  autograd::NoGradGuard no_grad;
+  for (const auto& [name, t] : state) {
+    t.check_defined(("checkpoint.save: '" + name + "'").c_str());
+    json entry{{"shape", std::vector<int64_t>(t.sizes().begin(), t.sizes().end())},
+               {"dtype", safetensors_dtype_name(t.dtype())}};
+    Tensor piece;
+    Box box = whole(t.sizes());
+    if (is_dtensor(t)) {
+      SavedShard sh = saved_shard(name, t);
+      entry["placements"] = placements_str(detail::spec_of(t).placements);
+      if (sh.writes) piece = sh.local;
+      box = std::move(sh.box);
+    } else if (s.rank == 0) {
+      piece = t;
+    }
+    s.tensors[name] = std::move(entry);
+    if (!piece.defined()) continue;
+    s.chunks[name] = {{"offsets", box.off}, {"sizes", box.size}};
+    if (!copy) {
+      s.mine[name] = piece.to(std::nullopt, kCPU).contiguous();
+      continue;
+    }
+    // Host buffers kept from the last async save: copying into memory already mapped costs a
+    // fraction of allocating it again (the page faults), which is most of the call's time.
+    Tensor& buf = staging()[name];
+    if (!buf.defined() || buf.sizes() != piece.sizes() || buf.dtype() != piece.dtype())
+      buf = empty(piece.sizes(), piece.dtype(), kCPU);
+    buf.copy_(piece);
+    s.mine[name] = buf;
+  }
+  return s;
+}
+
+// This rank's shard file and its chunk list (with each chunk's CRC-32).
+void write_shards(Snapshot& s) {
+  for (auto& [name, c] : s.chunks.items()) c["crc32"] = crc_of(s.mine.at(name));
+  const std::string file = rank_file(s.rank, s.gen, ".safetensors");
+  const fs::path tmp = s.root / (file + ".tmp");
+  save_safetensors(tmp.string(), s.mine);
+  nn::commit_file(tmp, s.root / file);
+  write_json(s.root / rank_file(s.rank, s.gen, ".json"), {{"rank", s.rank},
+                                                          {"generation", s.gen},
+                                                          {"file", file},
+                                                          {"tensors", s.tensors},
+                                                          {"chunks", s.chunks}});
+}
+
+// Rank 0, once every rank's files are written: merges the chunk lists into the metadata, commits
+// it and removes the other generations' files.
+void commit(const Snapshot& s) {
+  json meta{{"format", kFormat},     {"version", kVersion}, {"generation", s.gen},
+            {"world_size", s.world}, {"extra", s.extra},    {"tensors", json::object()}};
+  json& all = meta["tensors"];
+  for (const auto& [name, entry] : s.tensors.items()) {
+    all[name] = entry;
+    all[name]["chunks"] = json::array();
+  }
+  for (int q = 0; q < s.world; ++q) {
+    const json part = read_json(s.root / rank_file(q, s.gen, ".json"));
+    KILN_CHECK(part.at("tensors").size() == s.tensors.size(), Value, "checkpoint.save: rank ", q,
+               " saved ", part.at("tensors").size(), " tensors, rank 0 ", s.tensors.size(),
+               "; every rank must pass the same names");
+    for (const auto& [name, entry] : part.at("tensors").items()) {
+      KILN_CHECK(all.contains(name) && all[name]["shape"] == entry.at("shape") &&
+                     all[name]["dtype"] == entry.at("dtype"),
+                 Value, "checkpoint.save: rank ", q, " saved '", name, "' as ", entry.dump(),
+                 ", which rank 0 ",
+                 all.contains(name) ? "saved as " + all[name].dump() : std::string("did not save"));
+    }
+    for (const auto& [name, c] : part.at("chunks").items()) {
+      json chunk = c;
+      chunk["file"] = part.at("file");
+      all[name]["chunks"].push_back(std::move(chunk));
+    }
+  }
+  for (const auto& [name, entry] : all.items()) {  // each element once
+    int64_t covered = 0, numel = 1;
+    for (int64_t d : entry["shape"].get<std::vector<int64_t>>()) numel *= d;
+    for (const json& c : entry["chunks"]) {
+      int64_t k = 1;
+      for (int64_t d : c["sizes"].get<std::vector<int64_t>>()) k *= d;
+      covered += k;
+    }
+    KILN_CHECK(covered == numel, Value, "checkpoint.save: the ranks' shards of '", name, "' hold ",
+               covered, " of its ", numel, " elements; do the ranks disagree on its placements?");
+  }
+  write_json(s.root / kMetadata, meta);  // the commit point
+  nn::fsync_path(s.root, true);
+  char keep[32];  // this generation's files: "__<rank>.<gen>.*"
+  std::snprintf(keep, sizeof keep, ".%08llu.", static_cast<unsigned long long>(s.gen));
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(s.root)) {
+    const std::string fname = e.path().filename().string();
+    const bool ours = fname.rfind("__", 0) == 0;
+    const bool old = ours && fname.find(keep) == std::string::npos;
+    const bool merged = ours && fname.ends_with(".json");
+    if (old || merged || fname.ends_with(".tmp")) fs::remove(e.path(), ec);
+  }
+}
+
+// Polls until `ready` or the timeout (KILN_CHECKPOINT_TIMEOUT_S, default 600 s): an async save
+// synchronizes through the files, so that no collective runs beside the caller's.
+void wait_for(const std::function<bool()>& ready, const std::string& what) {
+  const char* env = std::getenv("KILN_CHECKPOINT_TIMEOUT_S");
+  const auto limit = std::chrono::seconds(env ? std::max(1, std::atoi(env)) : 600);
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!ready()) {
+    KILN_CHECK(std::chrono::steady_clock::now() < end, Runtime, "checkpoint.async_save: ", what,
+               " within ", limit.count(), " s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::mutex g_inflight_mu;
+std::shared_future<void> g_inflight;  // this process's async save, if any
+
+void wait_inflight() {
+  std::shared_future<void> f;
   {
-    autograd::NoGradGuard no_grad;
-    for (const auto& [name, t] : state) {
-      t.check_defined(("checkpoint.save: '" + name + "'").c_str());
-      json entry{{"shape", std::vector<int64_t>(t.sizes().begin(), t.sizes().end())},
-                 {"dtype", safetensors_dtype_name(t.dtype())}};
-      Tensor piece;
-      Box box = whole(t.sizes());
-      if (is_dtensor(t)) {
-        SavedShard s = saved_shard(name, t);
-        entry["placements"] = placements_str(detail::spec_of(t).placements);
-        if (s.writes) piece = s.local;
-        box = std::move(s.box);
-      } else if (r == 0) {
-        piece = t;
-      }
-      tensors[name] = std::move(entry);
-      if (!piece.defined()) continue;
-      piece = piece.to(std::nullopt, kCPU).contiguous();
-      chunks[name] = {{"offsets", box.off}, {"sizes", box.size}, {"crc32", crc_of(piece)}};
-      mine[name] = std::move(piece);
-    }
+    std::lock_guard<std::mutex> lock(g_inflight_mu);
+    f = g_inflight;
   }
-  const std::string file = rank_file(r, gen, ".safetensors");
-  const fs::path tmp = root / (file + ".tmp");
-  save_safetensors(tmp.string(), mine);
-  nn::commit_file(tmp, root / file);
-  write_json(
-      root / rank_file(r, gen, ".json"),
-      {{"rank", r}, {"generation", gen}, {"file", file}, {"tensors", tensors}, {"chunks", chunks}});
+  if (f.valid()) f.wait();  // its error is its caller's to see
+}
+
+}  // namespace
+
+void save(const TensorMap& state, const std::string& dir, const std::string& extra) {
+  wait_inflight();
+  Snapshot s = snapshot(state, dir, extra, /*copy=*/false);
+  write_shards(s);
   barrier();  // every rank's shards are durable
-  if (r == 0) {
-    json meta{{"format", kFormat}, {"version", kVersion}, {"generation", gen},
-              {"world_size", n},   {"extra", extra_json}, {"tensors", json::object()}};
-    json& all = meta["tensors"];
-    for (const auto& [name, entry] : tensors.items()) {
-      all[name] = entry;
-      all[name]["chunks"] = json::array();
-    }
-    for (int q = 0; q < n; ++q) {
-      const json part = read_json(root / rank_file(q, gen, ".json"));
-      KILN_CHECK(part.at("tensors").size() == tensors.size(), Value, "checkpoint.save: rank ", q,
-                 " saved ", part.at("tensors").size(), " tensors, rank 0 ", tensors.size(),
-                 "; every rank must pass the same names");
-      for (const auto& [name, entry] : part.at("tensors").items()) {
-        KILN_CHECK(
-            all.contains(name) && all[name]["shape"] == entry.at("shape") &&
-                all[name]["dtype"] == entry.at("dtype"),
-            Value, "checkpoint.save: rank ", q, " saved '", name, "' as ", entry.dump(),
-            ", which rank 0 ",
-            all.contains(name) ? "saved as " + all[name].dump() : std::string("did not save"));
-      }
-      for (const auto& [name, c] : part.at("chunks").items()) {
-        json chunk = c;
-        chunk["file"] = part.at("file");
-        all[name]["chunks"].push_back(std::move(chunk));
-      }
-    }
-    for (const auto& [name, entry] : all.items()) {  // each element once
-      int64_t covered = 0, numel = 1;
-      for (int64_t s : entry["shape"].get<std::vector<int64_t>>()) numel *= s;
-      for (const json& c : entry["chunks"]) {
-        int64_t k = 1;
-        for (int64_t s : c["sizes"].get<std::vector<int64_t>>()) k *= s;
-        covered += k;
-      }
-      KILN_CHECK(covered == numel, Value, "checkpoint.save: the ranks' shards of '", name,
-                 "' hold ", covered, " of its ", numel,
-                 " elements; do the ranks disagree on its placements?");
-    }
-    write_json(root / kMetadata, meta);  // the commit point
-    nn::fsync_path(root, true);
-    char keep[32];  // this generation's files: "__<rank>.<gen>.*"
-    std::snprintf(keep, sizeof keep, ".%08llu.", static_cast<unsigned long long>(gen));
-    for (const fs::directory_entry& e : fs::directory_iterator(root)) {
-      const std::string fname = e.path().filename().string();
-      const bool ours = fname.rfind("__", 0) == 0;
-      const bool old = ours && fname.find(keep) == std::string::npos;
-      const bool merged = ours && fname.size() > 5 && fname.ends_with(".json");
-      if (old || merged || fname.ends_with(".tmp")) fs::remove(e.path(), ec);
-    }
-  }
+  if (s.rank == 0) commit(s);
   barrier();  // no rank returns before the commit
+}
+
+SaveFuture async_save(const TensorMap& state, const std::string& dir, const std::string& extra) {
+  wait_inflight();
+  auto s = std::make_shared<Snapshot>(snapshot(state, dir, extra, /*copy=*/true));
+  std::shared_future<void> f =
+      std::async(std::launch::async, [s] {
+        write_shards(*s);
+        const fs::path meta = s->root / kMetadata;
+        if (s->rank == 0) {
+          for (int q = 0; q < s->world; ++q)
+            wait_for([&] { return fs::exists(s->root / rank_file(q, s->gen, ".json")); },
+                     "rank " + std::to_string(q) + " wrote no shards");
+          commit(*s);
+        } else {
+          wait_for([&] { return committed_generation(s->root) >= s->gen; },
+                   "rank 0 committed no checkpoint");
+        }
+      }).share();
+  {
+    std::lock_guard<std::mutex> lock(g_inflight_mu);
+    g_inflight = f;
+  }
+  return SaveFuture(f);
+}
+
+void SaveFuture::wait() const {
+  if (f_.valid()) f_.get();
+}
+
+bool SaveFuture::done() const {
+  return !f_.valid() || f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
 LoadResult load(const TensorMap& state, const std::string& dir, const bool strict) {

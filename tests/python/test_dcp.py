@@ -86,6 +86,16 @@ LOAD_THREE = COMMON + textwrap.dedent("""
 """)
 
 
+# async_save: the call snapshots; writing into the tensors afterwards does not reach the files.
+SAVE_ASYNC = SAVE.replace("""    dcp.save(state, checkpoint_id=sys.argv[1])""", """
+    f = dcp.async_save(state, checkpoint_id=sys.argv[1])
+    with kiln.no_grad():
+        state["model"]["w"].to_local().zero_()
+        state["count"].zero_()
+    f.result()
+    assert f.done()""")
+
+
 def kiln_run(tmp_path, name, script, nproc, *args):
     if not KILN_CLI.exists():
         pytest.skip(f"{KILN_CLI} is not built")
@@ -128,6 +138,15 @@ def test_save_on_four_ranks_load_anywhere(tmp_path):
     state, _ = one_process_state()
     dcp.load(state, checkpoint_id=ckpt)
     assert state["step"] == 200
+
+
+def test_async_save_snapshots_then_writes(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    kiln_run(tmp_path, "save_async", SAVE_ASYNC, 4, ckpt, 300)
+    state, want = one_process_state()
+    dcp.load(state, checkpoint_id=ckpt)
+    assert bool((state["model"]["w"] == want["w"]).all()) and int(state["count"]) == 7
+    assert state["step"] == 300
 
 
 def test_keys_corruption_and_bad_input(tmp_path):

@@ -88,6 +88,19 @@ void bind_dtensor(nb::module_& m) {
         checkpoint::save(state, dir, extra);
       },
       Release());
+  nb::class_<checkpoint::SaveFuture>(m, "_DcpFuture")
+      .def("wait", &checkpoint::SaveFuture::wait, Release())
+      .def("done", &checkpoint::SaveFuture::done);
+  m.def(
+      "_dcp_async_save",
+      [](const std::vector<std::string>& names, const std::vector<Tensor>& tensors,
+         const std::string& dir, const std::string& extra) {
+        TensorMap state;
+        for (size_t i = 0; i < names.size() && i < tensors.size(); ++i)
+          state[names[i]] = tensors[i];
+        return checkpoint::async_save(state, dir, extra);
+      },
+      Release());
   m.def("_dcp_load", [](const std::vector<std::string>& names, const std::vector<Tensor>& tensors,
                         const std::string& dir, bool strict) {
     TensorMap state;

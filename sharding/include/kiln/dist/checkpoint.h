@@ -27,6 +27,7 @@
 // The directory must be one every rank sees (a shared file system); one save at a time.
 #pragma once
 
+#include <future>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,26 @@ namespace kiln::dist::checkpoint {
 // if missing; `extra` is a JSON document stored beside it. Collective over the default process
 // group when there is one (every rank calls it), else a one-process save.
 void save(const TensorMap& state, const std::string& dir, const std::string& extra = "{}");
+
+// An async save in flight: wait() returns once it is committed (or raises its error); done()
+// asks without waiting. A later save or async_save of this process waits for it first.
+class SaveFuture {
+ public:
+  SaveFuture() = default;
+  explicit SaveFuture(std::shared_future<void> f) : f_(std::move(f)) {}
+  void wait() const;
+  bool done() const;
+
+ private:
+  std::shared_future<void> f_;
+};
+
+// save(), with the writing in the background: the call takes this rank's chunks (a Partial
+// value reduced, collectively, as save() does) and copies them to host memory; a thread writes
+// them and commits. The background work synchronizes the ranks through the files, not through
+// collectives, so training may go on with its own. See Note [Distributed checkpoint format].
+SaveFuture async_save(const TensorMap& state, const std::string& dir,
+                      const std::string& extra = "{}");
 
 struct LoadResult {
   std::vector<std::string> missing_keys;  // in `state`, not in the checkpoint (left as they were)

@@ -17,7 +17,7 @@ from collections import namedtuple
 
 from kiln import _C
 
-__all__ = ["save", "load", "LoadResult"]
+__all__ = ["save", "async_save", "load", "LoadResult", "SaveFuture"]
 
 LoadResult = namedtuple("LoadResult", ["missing_keys", "unexpected_keys"])
 
@@ -52,15 +52,40 @@ def _split(state):
     return tensors, values
 
 
-def save(state_dict, *, checkpoint_id):
-    """Writes `state_dict` into the directory `checkpoint_id` (every rank calls it; atomic)."""
-    tensors, values = _split(state_dict)
+def _extra(values):
     try:
-        extra = json.dumps({"values": values})
+        return json.dumps({"values": values})
     except TypeError as e:
         raise TypeError(f"checkpoint.save: a value that is not a tensor must be JSON data: {e}") \
             from None
-    _C._dcp_save(list(tensors), list(tensors.values()), os.fspath(checkpoint_id), extra)
+
+
+def save(state_dict, *, checkpoint_id):
+    """Writes `state_dict` into the directory `checkpoint_id` (every rank calls it; atomic)."""
+    tensors, values = _split(state_dict)
+    _C._dcp_save(list(tensors), list(tensors.values()), os.fspath(checkpoint_id), _extra(values))
+
+
+class SaveFuture:
+    """An async_save in flight: result() waits for its commit (raising its error), done() asks."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def result(self):
+        self._f.wait()
+
+    def done(self):
+        return self._f.done()
+
+
+def async_save(state_dict, *, checkpoint_id):
+    """save() with the writing in the background: returns once this rank's tensors are copied to
+    host memory (a Partial DTensor reduced first, collectively); the files are written and
+    committed by a thread. A later save or async_save waits for it."""
+    tensors, values = _split(state_dict)
+    return SaveFuture(_C._dcp_async_save(list(tensors), list(tensors.values()),
+                                         os.fspath(checkpoint_id), _extra(values)))
 
 
 def load(state_dict, *, checkpoint_id, strict=True):
