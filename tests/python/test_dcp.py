@@ -270,3 +270,32 @@ def test_fsdp_checkpoint_loads_into_tensor_parallel_and_one_process(tmp_path):
     dcp.load({"model": model.state_dict()}, checkpoint_id=ckpt)
     for (k, p), q in zip(model.named_parameters(), want.parameters()):
         assert bool((p == q).all()), k
+
+
+def test_conversion_to_and_from_one_safetensors_file(tmp_path):
+    """A 4-rank checkpoint as one safetensors file (the safetensors package reads it), and that
+    file split into 3 shards, which loads on 2 ranks with other placements. Only tensors convert:
+    the non-tensor values stay behind (a non-strict load reports them missing)."""
+    ckpt, flat, split = tmp_path / "ckpt", tmp_path / "model.safetensors", tmp_path / "split"
+    kiln_run(tmp_path, "save", SAVE, 4, ckpt, 100)
+    dcp.dcp_to_safetensors(ckpt, flat)
+    from safetensors.numpy import load_file
+    arrays = load_file(str(flat))
+    kiln.manual_seed(0)
+    assert sorted(arrays) == ["count", "model.b", "model.g", "model.w", "p"]
+    assert (arrays["model.w"] == kiln.randn(10, 6).numpy()).all() and (arrays["p"] == 10.0).all()
+    dcp.safetensors_to_dcp(flat, split, shards=3)
+    assert len([f for f in os.listdir(split) if f.endswith(".safetensors")]) == 3
+    tensors_only = (LOAD_TWO.replace("dcp.load(state, checkpoint_id=sys.argv[1])",
+                                     "res = dcp.load(state, checkpoint_id=sys.argv[1], strict=False)\n"
+                                     "assert res.missing_keys == ['sched.lr', 'sched.milestones', "
+                                     "'step'], res")
+                    .replace('assert state["step"] == int(sys.argv[2]) and state["sched"] == '
+                             '{"lr": 0.5, "milestones": [1, 2]}', ""))
+    kiln_run(tmp_path, "load_split", tensors_only, 2, split, 0)
+    with pytest.raises(ValueError, match="shards must be >= 1"):
+        dcp.safetensors_to_dcp(flat, tmp_path / "x", shards=0)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\xff" * 16)
+    with pytest.raises(ValueError, match="is not a safetensors file"):
+        dcp.safetensors_to_dcp(bad, tmp_path / "y")

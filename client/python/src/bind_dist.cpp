@@ -88,6 +88,8 @@ void bind_dtensor(nb::module_& m) {
         checkpoint::save(state, dir, extra);
       },
       Release());
+  m.def("_dcp_to_safetensors", &checkpoint::to_safetensors, Release());
+  m.def("_dcp_from_safetensors", &checkpoint::from_safetensors, Release());
   nb::class_<checkpoint::SaveFuture>(m, "_DcpFuture")
       .def("wait", &checkpoint::SaveFuture::wait, Release())
       .def("done", &checkpoint::SaveFuture::done);

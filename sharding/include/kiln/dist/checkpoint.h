@@ -73,4 +73,11 @@ struct LoadResult {
 // a tensor, or a chunk whose CRC-32 does not match.
 LoadResult load(const TensorMap& state, const std::string& dir, bool strict = true);
 
+// Conversion, one tensor in memory at a time (never the whole model): the checkpoint in `dir` as
+// one safetensors `file` (written atomically; each chunk's CRC-32 checked), and a safetensors
+// `file` as a checkpoint in `dir` whose tensors are split by rows into `shards` files (as
+// `shards` ranks would save them), which load() reshards as any other.
+void to_safetensors(const std::string& dir, const std::string& file);
+void from_safetensors(const std::string& file, const std::string& dir, int shards = 1);
+
 }  // namespace kiln::dist::checkpoint

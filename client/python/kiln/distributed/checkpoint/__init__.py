@@ -17,7 +17,8 @@ from collections import namedtuple
 
 from kiln import _C
 
-__all__ = ["save", "async_save", "load", "LoadResult", "SaveFuture"]
+__all__ = ["save", "async_save", "load", "LoadResult", "SaveFuture", "dcp_to_safetensors",
+           "safetensors_to_dcp"]
 
 LoadResult = namedtuple("LoadResult", ["missing_keys", "unexpected_keys"])
 
@@ -106,3 +107,15 @@ def load(state_dict, *, checkpoint_id, strict=True):
         if not isinstance(v, _C.Tensor) and path in saved:
             container[key] = saved[path]
     return LoadResult(sorted(missing), sorted(unexpected))
+
+
+def dcp_to_safetensors(checkpoint_id, file):
+    """The checkpoint in `checkpoint_id` as one safetensors `file` (its tensors only), assembled a
+    tensor at a time, never the whole model in memory."""
+    _C._dcp_to_safetensors(os.fspath(checkpoint_id), os.fspath(file))
+
+
+def safetensors_to_dcp(file, checkpoint_id, shards=1):
+    """A safetensors `file` as a checkpoint in `checkpoint_id`, each tensor split by rows over
+    `shards` files, read a tensor at a time; load() reshards it to any mesh."""
+    _C._dcp_from_safetensors(os.fspath(file), os.fspath(checkpoint_id), int(shards))
