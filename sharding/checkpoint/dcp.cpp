@@ -221,7 +221,8 @@ void write_shards(Snapshot& s) {
                                                           {"generation", s.gen},
                                                           {"file", file},
                                                           {"tensors", s.tensors},
-                                                          {"chunks", s.chunks}});
+                                                          {"chunks", s.chunks},
+                                                          {"extra", s.extra}});
 }
 
 // After the commit of generation `gen`: the files of other generations, the merged chunk lists
@@ -245,12 +246,14 @@ void commit(const Snapshot& s) {
   json meta{{"format", kFormat},     {"version", kVersion}, {"generation", s.gen},
             {"world_size", s.world}, {"extra", s.extra},    {"tensors", json::object()}};
   json& all = meta["tensors"];
+  meta["rank_extra"] = json::array();  // each rank's own (its RNG state, say)
   for (const auto& [name, entry] : s.tensors.items()) {
     all[name] = entry;
     all[name]["chunks"] = json::array();
   }
   for (int q = 0; q < s.world; ++q) {
     const json part = read_json(s.root / rank_file(q, s.gen, ".json"));
+    meta["rank_extra"].push_back(part.value("extra", json::object()));
     KILN_CHECK(part.at("tensors").size() == s.tensors.size(), Value, "checkpoint.save: rank ", q,
                " saved ", part.at("tensors").size(), " tensors, rank 0 ", s.tensors.size(),
                "; every rank must pass the same names");
@@ -366,7 +369,11 @@ LoadResult load(const TensorMap& state, const std::string& dir, const bool stric
                "version ",
                kVersion);
     const json& tensors = meta.at("tensors");
-    res.extra = meta.at("extra").dump();
+    // This rank's own extra when the checkpoint was saved by as many ranks, else rank 0's.
+    const json& per_rank = meta.contains("rank_extra") ? meta["rank_extra"] : json::array();
+    res.extra = (per_rank.size() == static_cast<size_t>(world_size()) ? per_rank.at(rank())
+                                                                      : meta.at("extra"))
+                    .dump();
     for (const auto& [name, t] : state)
       if (!tensors.contains(name)) res.missing_keys.push_back(name);
     for (const auto& [name, entry] : tensors.items())

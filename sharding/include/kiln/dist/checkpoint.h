@@ -11,10 +11,10 @@
 //    owns a piece of, under the tensor's name: a DTensor's local shard (a Partial one reduced
 //    first) when this rank is at index 0 of every mesh dim the tensor is replicated over, so each
 //    element is written once; a plain tensor by rank 0 alone. Beside it, "__<rank>.<gen>.json"
-//    lists each chunk's global offsets and sizes and the CRC-32 of its bytes.
+//    lists each chunk's global offsets and sizes and the CRC-32 of its bytes, and its `extra`.
 //  - After a barrier rank 0 merges those lists into ".metadata" (JSON: per tensor its global
-//    shape, dtype and chunks, each with its file, offsets, sizes and CRC-32; and the caller's
-//    `extra` JSON), written to ".metadata.tmp", fsynced and renamed: that rename is the commit
+//    shape, dtype and chunks, each with its file, offsets, sizes and CRC-32; rank 0's `extra`
+//    JSON and every rank's), written to ".metadata.tmp", fsynced and renamed: that rename is the commit
 //    point (as Note [Atomic checkpoints] in kiln/nn/checkpoint.h). Files of other generations
 //    are then removed, and a second barrier returns no rank before the commit.
 //  - Until the rename the previous ".metadata" names the previous generation's files, which the
@@ -63,7 +63,8 @@ SaveFuture async_save(const TensorMap& state, const std::string& dir,
 struct LoadResult {
   std::vector<std::string> missing_keys;  // in `state`, not in the checkpoint (left as they were)
   std::vector<std::string> unexpected_keys;  // in the checkpoint, not in `state`
-  std::string extra = "{}";                  // what save() was given
+  // What save() was given: by this rank when as many ranks saved the checkpoint, else by rank 0.
+  std::string extra = "{}";
 };
 
 // Fills every tensor of `state` in place (a DTensor: its local shard) from the checkpoint in

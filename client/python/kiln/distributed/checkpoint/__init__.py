@@ -8,7 +8,9 @@ writes its own shards; a checkpoint loads into any mesh and any placements, bit 
 
 A state dict may nest dicts and lists. Its tensors (DTensors or plain; a key's path joined with
 ".") go into the shards; everything else (ints, floats, strings, ...) must be JSON values and is
-stored in the checkpoint's metadata, then put back in place by load(). The format, atomicity and
+stored in the checkpoint's metadata, each rank's own, then put back in place by load(): a rank
+gets its own values back when as many ranks load as saved (a per-rank RNG state, say), else rank
+0's. The format, atomicity and
 resharding are Note [Distributed checkpoint format] in kiln/dist/checkpoint.h.
 """
 import json
