@@ -212,10 +212,21 @@ Snapshot snapshot(const TensorMap& state, const std::string& dir, const std::str
 
 // This rank's shard file and its chunk list (with each chunk's CRC-32).
 void write_shards(Snapshot& s) {
-  for (auto& [name, c] : s.chunks.items()) c["crc32"] = crc_of(s.mine.at(name));
+  // The CRC-32s on another thread while this one writes: a save then takes about the write.
+  auto crcs = std::async(std::launch::async, [&s] {
+    std::map<std::string, uint32_t> m;
+    for (const auto& [name, t] : s.mine) m[name] = crc_of(t);
+    return m;
+  });
   const std::string file = rank_file(s.rank, s.gen, ".safetensors");
   const fs::path tmp = s.root / (file + ".tmp");
-  save_safetensors(tmp.string(), s.mine);
+  try {
+    save_safetensors(tmp.string(), s.mine);
+  } catch (...) {
+    crcs.wait();  // it reads s.mine
+    throw;
+  }
+  for (const auto& [name, crc] : crcs.get()) s.chunks[name]["crc32"] = crc;
   nn::commit_file(tmp, s.root / file);
   write_json(s.root / rank_file(s.rank, s.gen, ".json"), {{"rank", s.rank},
                                                           {"generation", s.gen},
