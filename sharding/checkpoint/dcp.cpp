@@ -224,6 +224,8 @@ void write_shards(Snapshot& s) {
     save_safetensors(tmp.string(), s.mine);
   } catch (...) {
     crcs.wait();  // it reads s.mine
+    std::error_code ec;
+    fs::remove(tmp, ec);  // a full disk keeps no half file
     throw;
   }
   for (const auto& [name, crc] : crcs.get()) s.chunks[name]["crc32"] = crc;

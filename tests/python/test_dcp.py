@@ -376,3 +376,25 @@ def test_resume_equals_the_uninterrupted_run(tmp_path):
         outs.append(sorted(l for l in r.stdout.splitlines() if " params " in l))
     assert outs[0] == outs[2], (outs[0], outs[2])
     assert outs[0] != outs[1]
+
+
+def test_a_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(tmp_path):
+    """A 1 MiB tmpfs (root only; skipped elsewhere): a save that does not fit raises naming the
+    file and the reason, leaves no half file, and the previous checkpoint still loads."""
+    fs = tmp_path / "small"
+    fs.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                                            str(fs)], capture_output=True).returncode != 0:
+        pytest.skip("needs to mount a small tmpfs (root)")
+    try:
+        ckpt = fs / "ckpt"
+        dcp.save({"w": kiln.full((100, 100), 1.0), "step": 1}, checkpoint_id=ckpt)
+        with pytest.raises(RuntimeError, match="No space left on device"):
+            dcp.save({"w": kiln.full((100, 100), 2.0), "x": kiln.randn(1000, 1000), "step": 2},
+                     checkpoint_id=ckpt)
+        assert not [f for f in os.listdir(ckpt) if f.endswith(".tmp")]
+        state = {"w": kiln.zeros(100, 100), "step": 0}
+        dcp.load(state, checkpoint_id=ckpt)
+        assert bool((state["w"] == 1.0).all()) and state["step"] == 1
+    finally:
+        subprocess.run(["umount", str(fs)], capture_output=True)
