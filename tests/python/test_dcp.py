@@ -198,12 +198,12 @@ KILLED_SAVE = textwrap.dedent("""
 
 
 def test_a_killed_save_leaves_the_old_or_the_new_checkpoint(tmp_path):
-    """SIGKILL at a random moment of a save, ten times: load finds one whole generation."""
+    """SIGKILL at a random moment of a save, 50 times: load finds one whole generation."""
     ckpt, script = tmp_path / "ckpt", tmp_path / "save.py"
     script.write_text(KILLED_SAVE)
     subprocess.run([sys.executable, str(script), str(ckpt), "1"], check=True, timeout=120)
     rng = random.Random(0)
-    for trial in range(10):
+    for trial in range(50):
         step = trial + 2
         p = subprocess.Popen([sys.executable, str(script), str(ckpt), str(step)],
                              stdout=subprocess.PIPE, text=True)
