@@ -13,6 +13,8 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -108,8 +110,35 @@ uint64_t committed_generation(const fs::path& dir) {
   try {
     return read_json(m).at("generation").get<uint64_t>();
   } catch (const std::exception&) {
-    return 0;  // an unreadable old checkpoint is replaced
+    return 0;  // unreadable: next_generation() still goes past its files
   }
+}
+
+// A shard file's name, "__<rank>.<generation>.<safetensors|json>[.tmp]": its generation, or
+// nullopt for any other name (the user's files are never touched).
+std::optional<uint64_t> generation_of(const std::string& name) {
+  if (name.rfind("__", 0) != 0) return std::nullopt;
+  size_t i = 2, j = i;
+  while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+  if (j == i || j >= name.size() || name[j] != '.') return std::nullopt;
+  size_t k = ++j;
+  while (k < name.size() && std::isdigit(static_cast<unsigned char>(name[k]))) ++k;
+  if (k - j < 8 || k - j > 19) return std::nullopt;
+  const std::string rest = name.substr(k);
+  if (rest != ".safetensors" && rest != ".json" && rest != ".safetensors.tmp" &&
+      rest != ".json.tmp")
+    return std::nullopt;
+  return std::stoull(name.substr(j, k - j));
+}
+
+// Past the committed generation and past every shard file's (a dead save's leftovers included),
+// so that a save never writes over a name an earlier one used.
+uint64_t next_generation(const fs::path& dir) {
+  uint64_t g = committed_generation(dir);
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+    if (auto eg = generation_of(e.path().filename().string())) g = std::max(g, *eg);
+  return g + 1;
 }
 
 // A DTensor's local shard as saved: Partial mesh dims reduced (every rank takes part), and
@@ -149,6 +178,7 @@ struct Snapshot {
   fs::path root;
   int rank = 0, world = 1;
   uint64_t gen = 0;
+  int64_t nonce = 0;
   json extra, tensors = json::object(), chunks = json::object();
   TensorMap mine;  // this rank's chunks: CPU, contiguous
 };
@@ -176,7 +206,24 @@ Snapshot snapshot(const TensorMap& state, const std::string& dir, const std::str
   fs::create_directories(s.root, ec);
   KILN_CHECK(!ec && fs::is_directory(s.root), Value, "checkpoint.save: cannot create directory '",
              dir, "': ", ec.message());
-  s.gen = committed_generation(s.root) + 1;
+  // Rank 0 picks the generation, and a nonce that marks this save's chunk lists (an async save
+  // waits for files with it, never a dead save's); every rank takes part (a collective).
+  int64_t pick[2] = {0, 0};
+  if (s.rank == 0) {
+    pick[0] = static_cast<int64_t>(next_generation(s.root));
+    std::random_device rd;
+    pick[1] = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 32) ^ rd());
+  }
+  if (s.world > 1) {
+    Tensor t = empty({2}, kInt64);
+    t.data_ptr<int64_t>()[0] = pick[0];
+    t.data_ptr<int64_t>()[1] = pick[1];
+    default_group()->broadcast(t, 0)->wait();
+    pick[0] = t.data_ptr<int64_t>()[0];
+    pick[1] = t.data_ptr<int64_t>()[1];
+  }
+  s.gen = static_cast<uint64_t>(pick[0]);
+  s.nonce = pick[1];
   autograd::NoGradGuard no_grad;
   for (const auto& [name, t] : state) {
     t.check_defined(("checkpoint.save: '" + name + "'").c_str());
@@ -230,8 +277,10 @@ void write_shards(Snapshot& s) {
   }
   for (const auto& [name, crc] : crcs.get()) s.chunks[name]["crc32"] = crc;
   nn::commit_file(tmp, s.root / file);
+  nn::fsync_path(s.root, true);  // the shard's name is durable before any list names it
   write_json(s.root / rank_file(s.rank, s.gen, ".json"), {{"rank", s.rank},
                                                           {"generation", s.gen},
+                                                          {"nonce", s.nonce},
                                                           {"file", file},
                                                           {"tensors", s.tensors},
                                                           {"chunks", s.chunks},
@@ -241,15 +290,13 @@ void write_shards(Snapshot& s) {
 // After the commit of generation `gen`: the files of other generations, the merged chunk lists
 // and leftover temporary files.
 void remove_other_generations(const fs::path& root, uint64_t gen) {
-  char keep[32];  // this generation's files: "__<rank>.<gen>.*"
-  std::snprintf(keep, sizeof keep, ".%08llu.", static_cast<unsigned long long>(gen));
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
     const std::string fname = e.path().filename().string();
-    const bool ours = fname.rfind("__", 0) == 0;
-    const bool old = ours && fname.find(keep) == std::string::npos;
-    const bool merged = ours && fname.ends_with(".json");
-    if (old || merged || fname.ends_with(".tmp")) fs::remove(e.path(), ec);
+    const std::optional<uint64_t> g = generation_of(fname);
+    // Older generations, and this one's merged lists; a later save's files are its own.
+    if (g && (*g < gen || (*g == gen && !fname.ends_with(".safetensors"))))
+      fs::remove(e.path(), ec);
   }
 }
 
@@ -266,6 +313,8 @@ void commit(const Snapshot& s) {
   }
   for (int q = 0; q < s.world; ++q) {
     const json part = read_json(s.root / rank_file(q, s.gen, ".json"));
+    KILN_CHECK(part.value("nonce", int64_t{0}) == s.nonce, Runtime, "checkpoint.save: rank ", q,
+               "'s chunk list of generation ", s.gen, " belongs to another save");
     meta["rank_extra"].push_back(part.value("extra", json::object()));
     KILN_CHECK(part.at("tensors").size() == s.tensors.size(), Value, "checkpoint.save: rank ", q,
                " saved ", part.at("tensors").size(), " tensors, rank 0 ", s.tensors.size(),
@@ -312,6 +361,17 @@ void wait_for(const std::function<bool()>& ready, const std::string& what) {
   }
 }
 
+// Whether rank q's chunk list of this save (its nonce) is written.
+bool has_list(const Snapshot& s, int q) {
+  const fs::path p = s.root / rank_file(q, s.gen, ".json");
+  if (!fs::exists(p)) return false;
+  try {
+    return read_json(p).value("nonce", int64_t{0}) == s.nonce;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 std::mutex g_inflight_mu;
 std::shared_future<void> g_inflight;  // this process's async save, if any
 
@@ -338,20 +398,19 @@ void save(const TensorMap& state, const std::string& dir, const std::string& ext
 SaveFuture async_save(const TensorMap& state, const std::string& dir, const std::string& extra) {
   wait_inflight();
   auto s = std::make_shared<Snapshot>(snapshot(state, dir, extra, /*copy=*/true));
-  std::shared_future<void> f =
-      std::async(std::launch::async, [s] {
-        write_shards(*s);
-        const fs::path meta = s->root / kMetadata;
-        if (s->rank == 0) {
-          for (int q = 0; q < s->world; ++q)
-            wait_for([&] { return fs::exists(s->root / rank_file(q, s->gen, ".json")); },
-                     "rank " + std::to_string(q) + " wrote no shards");
-          commit(*s);
-        } else {
-          wait_for([&] { return committed_generation(s->root) >= s->gen; },
-                   "rank 0 committed no checkpoint");
-        }
-      }).share();
+  std::shared_future<void> f = std::async(std::launch::async, [s] {
+                                 write_shards(*s);
+                                 const fs::path meta = s->root / kMetadata;
+                                 if (s->rank == 0) {
+                                   for (int q = 0; q < s->world; ++q)
+                                     wait_for([&] { return has_list(*s, q); },
+                                              "rank " + std::to_string(q) + " wrote no shards");
+                                   commit(*s);
+                                 } else {
+                                   wait_for([&] { return committed_generation(s->root) >= s->gen; },
+                                            "rank 0 committed no checkpoint");
+                                 }
+                               }).share();
   {
     std::lock_guard<std::mutex> lock(g_inflight_mu);
     g_inflight = f;
@@ -365,119 +424,6 @@ void SaveFuture::wait() const {
 
 bool SaveFuture::done() const {
   return !f_.valid() || f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-}
-
-LoadResult load(const TensorMap& state, const std::string& dir, const bool strict) {
-  const fs::path root(dir), mpath = root / kMetadata;
-  KILN_CHECK(fs::exists(mpath), Value, "checkpoint.load: no checkpoint in '", dir, "' (", kMetadata,
-             " is missing)");
-  const json meta = read_json(mpath);
-  LoadResult res;
-  std::map<std::string, SafetensorsData> files;
-  std::set<std::string> verified;  // "file\ntensor" whose CRC-32 was checked
-  try {
-    KILN_CHECK(meta.at("format") == kFormat && meta.at("version") == kVersion, Value,
-               "checkpoint.load: '", mpath.string(),
-               "' is not a kiln distributed checkpoint of "
-               "version ",
-               kVersion);
-    const json& tensors = meta.at("tensors");
-    // This rank's own extra when the checkpoint was saved by as many ranks, else rank 0's.
-    const json& per_rank = meta.contains("rank_extra") ? meta["rank_extra"] : json::array();
-    res.extra = (per_rank.size() == static_cast<size_t>(world_size()) ? per_rank.at(rank())
-                                                                      : meta.at("extra"))
-                    .dump();
-    for (const auto& [name, t] : state)
-      if (!tensors.contains(name)) res.missing_keys.push_back(name);
-    for (const auto& [name, entry] : tensors.items())
-      if (!state.contains(name)) res.unexpected_keys.push_back(name);
-    if (strict && (!res.missing_keys.empty() || !res.unexpected_keys.empty())) {
-      std::string missing, unexpected;
-      for (const std::string& k : res.missing_keys) missing += (missing.empty() ? "" : ", ") + k;
-      for (const std::string& k : res.unexpected_keys)
-        unexpected += (unexpected.empty() ? "" : ", ") + k;
-      KILN_FAIL(Value, "checkpoint.load: '", dir, "' does not match the state: missing keys [",
-                missing, "], unexpected keys [", unexpected, "]");
-    }
-    autograd::NoGradGuard no_grad;
-    for (const auto& [name, t] : state) {
-      if (!tensors.contains(name)) continue;
-      const json& entry = tensors.at(name);
-      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
-      const ScalarType dtype = safetensors_dtype_from_name(entry.at("dtype").get<std::string>());
-      t.check_defined(("checkpoint.load: '" + name + "'").c_str());
-      KILN_CHECK(t.sizes() == IntArrayRef(shape) && t.dtype() == dtype, Value, "checkpoint.load: '",
-                 name, "' is ", scalar_type_name(t.dtype()), " of shape ", t.sizes(), " here but ",
-                 scalar_type_name(dtype), " of shape ", IntArrayRef(shape), " in the checkpoint");
-      Tensor dst = t;
-      Box box = whole(t.sizes());
-      if (is_dtensor(t)) {
-        const DTensorSpec& spec = detail::spec_of(t);
-        for (const Placement& p : spec.placements)
-          KILN_CHECK(!p.is_partial(), Value, "checkpoint.load: '", name, "' is ",
-                     placements_str(spec.placements),
-                     "; load into Shard or Replicate placements (a Partial value is ambiguous)");
-        dst = detail::local_of(t);
-        KILN_CHECK(dst.device().type() != DeviceType::Remote, NotImplemented, "checkpoint.load: '",
-                   name, "' is a DTensor on a gang's mesh; not supported yet");
-        box = shard_box(spec, spec.placements);
-      }
-      int64_t covered = 0;
-      for (const json& c : entry.at("chunks")) {
-        const auto off = c.at("offsets").get<std::vector<int64_t>>();
-        const auto size = c.at("sizes").get<std::vector<int64_t>>();
-        const std::string file = c.at("file").get<std::string>();
-        KILN_CHECK(off.size() == shape.size() && size.size() == shape.size(), Value,
-                   "checkpoint.load: a chunk of '", name, "' has ", off.size(), " offsets and ",
-                   size.size(), " sizes for a tensor of ", shape.size(), " dims");
-        for (size_t k = 0; k < shape.size(); ++k)
-          KILN_CHECK(off[k] >= 0 && size[k] >= 0 && off[k] <= shape[k] - size[k], Value,
-                     "checkpoint.load: a chunk of '", name, "' at ", IntArrayRef(off), " of size ",
-                     IntArrayRef(size), " lies outside its shape ", IntArrayRef(shape));
-        std::vector<int64_t> lo(shape.size()), hi(shape.size());
-        bool overlaps = true;
-        for (size_t k = 0; k < shape.size(); ++k) {
-          lo[k] = std::max(off[k], box.off[k]);
-          hi[k] = std::min(off[k] + size[k], box.off[k] + box.size[k]);
-          overlaps = overlaps && hi[k] > lo[k];
-        }
-        if (!overlaps) continue;
-        KILN_CHECK(file.rfind("__", 0) == 0 && file.find('/') == std::string::npos, Value,
-                   "checkpoint.load: a chunk of '", name, "' names the file '", file,
-                   "', which is not a shard file of the checkpoint");
-        auto it = files.find(file);
-        if (it == files.end())
-          it = files.emplace(file, load_safetensors((root / file).string())).first;
-        auto src_it = it->second.tensors.find(name);
-        KILN_CHECK(src_it != it->second.tensors.end(), Value, "checkpoint.load: '", file,
-                   "' holds no chunk of '", name, "'");
-        const Tensor& src = src_it->second;
-        KILN_CHECK(src.sizes() == IntArrayRef(size) && src.dtype() == dtype, Value,
-                   "checkpoint.load: the chunk of '", name, "' in '", file, "' has shape ",
-                   src.sizes(), ", the metadata says ", IntArrayRef(size));
-        if (verified.insert(file + "\n" + name).second)
-          KILN_CHECK(crc_of(src) == c.at("crc32").get<uint32_t>(), Value, "checkpoint.load: '",
-                     name, "' in '", (root / file).string(),
-                     "' is corrupt: its CRC-32 does not match the one saved");
-        Tensor from = src, into = dst;
-        int64_t n = 1;
-        for (size_t k = 0; k < shape.size(); ++k) {
-          from = from.narrow(static_cast<int64_t>(k), lo[k] - off[k], hi[k] - lo[k]);
-          into = into.narrow(static_cast<int64_t>(k), lo[k] - box.off[k], hi[k] - lo[k]);
-          n *= hi[k] - lo[k];
-        }
-        into.copy_(from);
-        covered += n;
-      }
-      KILN_CHECK(covered == box.numel(), Value, "checkpoint.load: the chunks of '", name, "' in '",
-                 dir, "' cover ", covered, " of the ", box.numel(),
-                 " elements this rank needs; the checkpoint is incomplete");
-      t.impl()->bump_version();
-    }
-  } catch (const json::exception& e) {
-    KILN_FAIL(Value, "checkpoint.load: '", mpath.string(), "' is malformed: ", e.what());
-  }
-  return res;
 }
 
 // ---- Conversion to and from one safetensors file, a tensor at a time ---------------------------
@@ -588,7 +534,134 @@ void write_data(std::ofstream& out, const Tensor& t) {
 
 }  // namespace
 
+// Copies into `dst`, the region `box` of tensor `name` (described by `entry`: its `shape`, `dtype`
+// and chunks), every saved chunk that overlaps it, each read alone from its file (kept open in
+// `files`) and checked against its CRC-32; the chunks must cover the region exactly once.
+void fill_region(const std::string& name, const json& entry, const std::vector<int64_t>& shape,
+                 ScalarType dtype, const Tensor& dst, const Box& box, const fs::path& root,
+                 const std::string& dir, std::map<std::string, std::unique_ptr<StFile>>& files) {
+  int64_t covered = 0;
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> seen;  // [lo, hi) boxes
+  for (const json& c : entry.at("chunks")) {
+    const auto off = c.at("offsets").get<std::vector<int64_t>>();
+    const auto size = c.at("sizes").get<std::vector<int64_t>>();
+    const std::string file = c.at("file").get<std::string>();
+    KILN_CHECK(off.size() == shape.size() && size.size() == shape.size(), Value,
+               "checkpoint.load: a chunk of '", name, "' has ", off.size(), " offsets and ",
+               size.size(), " sizes for a tensor of ", shape.size(), " dims");
+    for (size_t k = 0; k < shape.size(); ++k)
+      KILN_CHECK(off[k] >= 0 && size[k] >= 0 && off[k] <= shape[k] - size[k], Value,
+                 "checkpoint.load: a chunk of '", name, "' at ", IntArrayRef(off), " of size ",
+                 IntArrayRef(size), " lies outside its shape ", IntArrayRef(shape));
+    std::vector<int64_t> lo(shape.size()), hi(shape.size());
+    bool overlaps = true;
+    for (size_t k = 0; k < shape.size(); ++k) {
+      lo[k] = std::max(off[k], box.off[k]);
+      hi[k] = std::min(off[k] + size[k], box.off[k] + box.size[k]);
+      overlaps = overlaps && hi[k] > lo[k];
+    }
+    if (!overlaps) continue;
+    KILN_CHECK(file.rfind("__", 0) == 0 && file.find('/') == std::string::npos, Value,
+               "checkpoint.load: a chunk of '", name, "' names the file '", file,
+               "', which is not a shard file of the checkpoint");
+    auto it = files.find(file);
+    if (it == files.end()) it = files.emplace(file, open_safetensors(root / file)).first;
+    const Tensor src = read_entry(*it->second, name);  // this chunk only
+    KILN_CHECK(src.sizes() == IntArrayRef(size) && src.dtype() == dtype, Value,
+               "checkpoint.load: the chunk of '", name, "' in '", file, "' has shape ", src.sizes(),
+               ", the metadata says ", IntArrayRef(size));
+    KILN_CHECK(crc_of(src) == c.at("crc32").get<uint32_t>(), Value, "checkpoint.load: '", name,
+               "' in '", (root / file).string(),
+               "' is corrupt: its CRC-32 does not match the one saved");
+    Tensor from = src, into = dst;
+    int64_t n = 1;
+    for (size_t k = 0; k < shape.size(); ++k) {
+      from = from.narrow(static_cast<int64_t>(k), lo[k] - off[k], hi[k] - lo[k]);
+      into = into.narrow(static_cast<int64_t>(k), lo[k] - box.off[k], hi[k] - lo[k]);
+      n *= hi[k] - lo[k];
+    }
+    into.copy_(from);
+    covered += n;
+    for (const auto& [slo, shi] : seen) {  // no element twice: with the count, exactly once
+      bool meet = true;
+      for (size_t k = 0; k < shape.size(); ++k)
+        meet = meet && std::max(lo[k], slo[k]) < std::min(hi[k], shi[k]);
+      KILN_CHECK(!meet, Value, "checkpoint.load: two chunks of '", name, "' in '", dir,
+                 "' overlap; the checkpoint is inconsistent");
+    }
+    seen.emplace_back(lo, hi);
+  }
+  KILN_CHECK(covered == box.numel(), Value, "checkpoint.load: the chunks of '", name, "' in '", dir,
+             "' cover ", covered, " of the ", box.numel(),
+             " elements this rank needs; the checkpoint is incomplete");
+}
+
+LoadResult load(const TensorMap& state, const std::string& dir, const bool strict) {
+  const fs::path root(dir), mpath = root / kMetadata;
+  KILN_CHECK(fs::exists(mpath), Value, "checkpoint.load: no checkpoint in '", dir, "' (", kMetadata,
+             " is missing)");
+  const json meta = read_json(mpath);
+  wait_inflight();  // this process's async save commits first
+  LoadResult res;
+  std::map<std::string, std::unique_ptr<StFile>> files;  // headers and handles, not data
+  try {
+    KILN_CHECK(meta.at("format") == kFormat && meta.at("version") == kVersion, Value,
+               "checkpoint.load: '", mpath.string(),
+               "' is not a kiln distributed checkpoint of "
+               "version ",
+               kVersion);
+    const json& tensors = meta.at("tensors");
+    // This rank's own extra when the checkpoint was saved by as many ranks, else rank 0's.
+    const json& per_rank = meta.contains("rank_extra") ? meta["rank_extra"] : json::array();
+    res.extra = (per_rank.size() == static_cast<size_t>(world_size()) ? per_rank.at(rank())
+                                                                      : meta.at("extra"))
+                    .dump();
+    for (const auto& [name, t] : state)
+      if (!tensors.contains(name)) res.missing_keys.push_back(name);
+    for (const auto& [name, entry] : tensors.items())
+      if (!state.contains(name)) res.unexpected_keys.push_back(name);
+    if (strict && (!res.missing_keys.empty() || !res.unexpected_keys.empty())) {
+      std::string missing, unexpected;
+      for (const std::string& k : res.missing_keys) missing += (missing.empty() ? "" : ", ") + k;
+      for (const std::string& k : res.unexpected_keys)
+        unexpected += (unexpected.empty() ? "" : ", ") + k;
+      KILN_FAIL(Value, "checkpoint.load: '", dir, "' does not match the state: missing keys [",
+                missing, "], unexpected keys [", unexpected, "]");
+    }
+    autograd::NoGradGuard no_grad;
+    for (const auto& [name, t] : state) {
+      if (!tensors.contains(name)) continue;
+      const json& entry = tensors.at(name);
+      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+      const ScalarType dtype = safetensors_dtype_from_name(entry.at("dtype").get<std::string>());
+      t.check_defined(("checkpoint.load: '" + name + "'").c_str());
+      KILN_CHECK(t.sizes() == IntArrayRef(shape) && t.dtype() == dtype, Value, "checkpoint.load: '",
+                 name, "' is ", scalar_type_name(t.dtype()), " of shape ", t.sizes(), " here but ",
+                 scalar_type_name(dtype), " of shape ", IntArrayRef(shape), " in the checkpoint");
+      Tensor dst = t;
+      Box box = whole(t.sizes());
+      if (is_dtensor(t)) {
+        const DTensorSpec& spec = detail::spec_of(t);
+        for (const Placement& p : spec.placements)
+          KILN_CHECK(!p.is_partial(), Value, "checkpoint.load: '", name, "' is ",
+                     placements_str(spec.placements),
+                     "; load into Shard or Replicate placements (a Partial value is ambiguous)");
+        dst = detail::local_of(t);
+        KILN_CHECK(dst.device().type() != DeviceType::Remote, NotImplemented, "checkpoint.load: '",
+                   name, "' is a DTensor on a gang's mesh; not supported yet");
+        box = shard_box(spec, spec.placements);
+      }
+      fill_region(name, entry, shape, dtype, dst, box, root, dir, files);
+      t.impl()->bump_version();
+    }
+  } catch (const json::exception& e) {
+    KILN_FAIL(Value, "checkpoint.load: '", mpath.string(), "' is malformed: ", e.what());
+  }
+  return res;
+}
+
 void to_safetensors(const std::string& dir, const std::string& file) {
+  wait_inflight();
   const fs::path root(dir), mpath = root / kMetadata;
   KILN_CHECK(fs::exists(mpath), Value, "checkpoint.to_safetensors: no checkpoint in '", dir, "'");
   const json meta = read_json(mpath);
@@ -604,22 +677,8 @@ void to_safetensors(const std::string& dir, const std::string& file) {
     write_header(out, entries);
     for (const StEntry& e : entries) {  // one whole tensor in memory at a time
       Tensor t = empty(IntArrayRef(e.shape), e.dtype, kCPU);
-      for (const json& c : meta.at("tensors").at(e.name).at("chunks")) {
-        const std::string fname = c.at("file").get<std::string>();
-        KILN_CHECK(fname.rfind("__", 0) == 0 && fname.find('/') == std::string::npos, Value,
-                   "checkpoint.to_safetensors: a chunk names the file '", fname,
-                   "', which is not a shard file of the checkpoint");
-        auto it = files.find(fname);
-        if (it == files.end()) it = files.emplace(fname, open_safetensors(root / fname)).first;
-        Tensor chunk = read_entry(*it->second, e.name);
-        KILN_CHECK(crc_of(chunk) == c.at("crc32").get<uint32_t>(), Value, "checkpoint: '", e.name,
-                   "' in '", (root / fname).string(), "' is corrupt: its CRC-32 does not match");
-        const auto off = c.at("offsets").get<std::vector<int64_t>>();
-        Tensor into = t;
-        for (size_t k = 0; k < off.size(); ++k)
-          into = into.narrow(static_cast<int64_t>(k), off[k], chunk.size(static_cast<int64_t>(k)));
-        into.copy_(chunk);
-      }
+      fill_region(e.name, meta.at("tensors").at(e.name), e.shape, e.dtype, t,
+                  whole(IntArrayRef(e.shape)), root, dir, files);
       write_data(out, t);
     }
     out.flush();
@@ -631,6 +690,7 @@ void to_safetensors(const std::string& dir, const std::string& file) {
 }
 
 void from_safetensors(const std::string& file, const std::string& dir, int shards) {
+  wait_inflight();
   KILN_CHECK(shards >= 1, Value, "checkpoint.from_safetensors: shards must be >= 1, got ", shards);
   std::unique_ptr<StFile> src = open_safetensors(file);
   const fs::path root(dir);

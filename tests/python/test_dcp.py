@@ -29,7 +29,7 @@ COMMON = textwrap.dedent("""
     from kiln.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
     kiln.manual_seed(0)
-    W, B, G = kiln.randn(10, 6), kiln.randn(7), kiln.randn(5, 3)
+    W, B, G, H = kiln.randn(10, 6), kiln.randn(7), kiln.randn(5, 3), kiln.randn(7, 2)
     P = kiln.full((5,), 10.0)   # the sum over 4 ranks of rank + 1
 
     def same(a, b, what):
@@ -44,7 +44,9 @@ SAVE = COMMON + textwrap.dedent("""
     state = {
         "model": {"w": distribute_tensor(W, mesh, [Shard(0)]),         # rows 3, 3, 3, 1
                   "b": distribute_tensor(B, mesh, [Replicate()]),
-                  "g": distribute_tensor(G, mesh2, [Shard(0), Shard(1)])},
+                  "g": distribute_tensor(G, mesh2, [Shard(0), Shard(1)]),
+                  "h": distribute_tensor(H, mesh2, [Shard(0), Shard(0)]),   # 7 rows: 3+1, 2+1
+                  "e": distribute_tensor(kiln.zeros(0, 3), mesh, [Shard(0)])},
         "p": DTensor.from_local(kiln.full((5,), r + 1.0), mesh, [Partial()]),
         "count": kiln.tensor(7),
         "step": int(sys.argv[2]), "sched": {"lr": 0.5, "milestones": [1, 2]},
@@ -59,7 +61,9 @@ LOAD_TWO = COMMON + textwrap.dedent("""
     state = {
         "model": {"w": distribute_tensor(kiln.zeros(10, 6), mesh, [Shard(1)]),
                   "b": distribute_tensor(kiln.zeros(7), mesh, [Shard(0)]),   # 4 + 3
-                  "g": distribute_tensor(kiln.zeros(5, 3), mesh, [Replicate()])},
+                  "g": distribute_tensor(kiln.zeros(5, 3), mesh, [Replicate()]),
+                  "h": distribute_tensor(kiln.zeros(7, 2), mesh, [Shard(1)]),
+                  "e": distribute_tensor(kiln.zeros(0, 3), mesh, [Shard(1)])},
         "p": distribute_tensor(kiln.zeros(5), mesh, [Shard(0)]),
         "count": kiln.tensor(0),
         "step": 0, "sched": {"lr": 0.0, "milestones": []},
@@ -68,6 +72,7 @@ LOAD_TWO = COMMON + textwrap.dedent("""
     m = state["model"]
     assert m["w"].placements == (Shard(1),) and m["w"].to_local().shape == (10, 3)
     same(m["w"], W, "w"); same(m["b"], B, "b"); same(m["g"], G, "g"); same(state["p"], P, "p")
+    same(m["h"], H, "h"); same(m["e"], kiln.zeros(0, 3), "e")
     same(state["count"], kiln.tensor(7), "count")
     assert state["step"] == int(sys.argv[2]) and state["sched"] == {"lr": 0.5, "milestones": [1, 2]}
     print(f"rank {r} ok")
@@ -78,10 +83,12 @@ LOAD_THREE = COMMON + textwrap.dedent("""
     r = dist.get_rank()
     w = distribute_tensor(kiln.zeros(10, 6), mesh, [Shard(0)])   # rows 4, 4, 2
     g = distribute_tensor(kiln.zeros(5, 3), mesh, [Shard(1)])    # one column each
-    state = {"model": {"w": w, "b": kiln.zeros(7), "g": g}, "p": kiln.zeros(5),
+    state = {"model": {"w": w, "b": kiln.zeros(7), "g": g, "h": kiln.zeros(7, 2),
+                       "e": kiln.zeros(0, 3)}, "p": kiln.zeros(5),
              "count": kiln.tensor(0), "step": 0, "sched": {"lr": 0.0, "milestones": []}}
     dcp.load(state, checkpoint_id=sys.argv[1])
     same(w, W, "w"); same(state["model"]["b"], B, "b"); same(g, G, "g"); same(state["p"], P, "p")
+    same(state["model"]["h"], H, "h")
     print(f"rank {r} ok")
 """)
 
@@ -112,7 +119,8 @@ def kiln_run(tmp_path, name, script, nproc, *args):
 
 def one_process_state():
     kiln.manual_seed(0)
-    want = {"w": kiln.randn(10, 6), "b": kiln.randn(7), "g": kiln.randn(5, 3)}
+    want = {"w": kiln.randn(10, 6), "b": kiln.randn(7), "g": kiln.randn(5, 3),
+            "h": kiln.randn(7, 2), "e": kiln.zeros(0, 3)}
     state = {"model": {k: kiln.zeros(*v.shape) for k, v in want.items()}, "p": kiln.zeros(5),
              "count": kiln.tensor(0), "step": 0, "sched": {"lr": 0.0, "milestones": []}}
     return state, want
@@ -167,6 +175,10 @@ def test_keys_corruption_and_bad_input(tmp_path):
         dcp.load(other, checkpoint_id=tmp_path / "nothing")
     with pytest.raises(TypeError, match="must be JSON data"):
         dcp.save({"w": state["w"], "bad": object()}, checkpoint_id=tmp_path / "bad")
+    with pytest.raises(TypeError, match="must be JSON data"):
+        dcp.save({"best": float("inf")}, checkpoint_id=tmp_path / "bad")
+    with pytest.raises(ValueError, match="two entries of the state dict have the path 'a.b'"):
+        dcp.save({"a.b": state["w"], "a": {"b": state["b"]}}, checkpoint_id=tmp_path / "bad")
     # A flipped bit in a shard: the CRC-32 names the file and the tensor.
     shard = next(p for p in ckpt.iterdir() if p.suffix == ".safetensors")
     data = bytearray(shard.read_bytes())
@@ -282,7 +294,7 @@ def test_conversion_to_and_from_one_safetensors_file(tmp_path):
     from safetensors.numpy import load_file
     arrays = load_file(str(flat))
     kiln.manual_seed(0)
-    assert sorted(arrays) == ["count", "model.b", "model.g", "model.w", "p"]
+    assert sorted(arrays) == ["count", "model.b", "model.e", "model.g", "model.h", "model.w", "p"]
     assert (arrays["model.w"] == kiln.randn(10, 6).numpy()).all() and (arrays["p"] == 10.0).all()
     dcp.safetensors_to_dcp(flat, split, shards=3)
     assert len([f for f in os.listdir(split) if f.endswith(".safetensors")]) == 3
@@ -398,3 +410,22 @@ def test_a_full_disk_fails_clearly_and_keeps_the_previous_checkpoint(tmp_path):
         assert bool((state["w"] == 1.0).all()) and state["step"] == 1
     finally:
         subprocess.run(["umount", str(fs)], capture_output=True)
+
+
+def test_leftovers_of_a_dead_save_are_never_committed(tmp_path):
+    """A dead save's files (generation 2, another save's nonce) beside a committed generation 1:
+    an async save goes past them and they are removed; a save right after it commits on top."""
+    ckpt = tmp_path / "ckpt"
+    dcp.save({"w": kiln.full((4,), 1.0)}, checkpoint_id=ckpt)
+    (ckpt / "__0.00000002.json").write_text(
+        '{"rank": 0, "generation": 2, "nonce": 5, "file": "__0.00000002.safetensors", '
+        '"tensors": {}, "chunks": {}}')
+    (ckpt / "__0.00000002.safetensors").write_bytes(b"junk")
+    (ckpt / "__notes.tmp").write_text("a user's file")
+    f = dcp.async_save({"w": kiln.full((4,), 2.0)}, checkpoint_id=ckpt)
+    dcp.save({"w": kiln.full((4,), 3.0)}, checkpoint_id=ckpt)  # waits for the async one
+    assert f.done()
+    state = {"w": kiln.zeros(4)}
+    dcp.load(state, checkpoint_id=ckpt)
+    assert bool((state["w"] == 3.0).all())
+    assert sorted(os.listdir(ckpt)) == [".metadata", "__0.00000004.safetensors", "__notes.tmp"]

@@ -7,23 +7,29 @@
 //   r.extra;                                                  // {"step": 100}
 //
 // Note [Distributed checkpoint format]: a checkpoint is a directory.
+//  - Rank 0 picks the generation (past the committed one and past every shard file's name, a
+//    dead save's included) and a random nonce, and broadcasts them.
 //  - Each rank writes "__<rank>.<generation>.safetensors" holding its chunk of each tensor it
 //    owns a piece of, under the tensor's name: a DTensor's local shard (a Partial one reduced
 //    first) when this rank is at index 0 of every mesh dim the tensor is replicated over, so each
-//    element is written once; a plain tensor by rank 0 alone. Beside it, "__<rank>.<gen>.json"
-//    lists each chunk's global offsets and sizes and the CRC-32 of its bytes, and its `extra`.
-//  - After a barrier rank 0 merges those lists into ".metadata" (JSON: per tensor its global
-//    shape, dtype and chunks, each with its file, offsets, sizes and CRC-32; rank 0's `extra`
-//    JSON and every rank's), written to ".metadata.tmp", fsynced and renamed: that rename is the commit
-//    point (as Note [Atomic checkpoints] in kiln/nn/checkpoint.h). Files of other generations
-//    are then removed, and a second barrier returns no rank before the commit.
+//    element is written once; a plain tensor by rank 0 alone. It fsyncs the file and the
+//    directory, then writes "__<rank>.<gen>.json": each chunk's global offsets and sizes and the
+//    CRC-32 of its bytes, its `extra`, and the nonce.
+//  - Once every rank's list is there (a barrier; an async save polls for the lists with its
+//    nonce, so a dead save's are never taken), rank 0 merges them into ".metadata" (JSON: per
+//    tensor its global shape, dtype and chunks, each with its file, offsets, sizes and CRC-32;
+//    rank 0's `extra` JSON and every rank's), written to ".metadata.tmp", fsynced and renamed:
+//    that rename is the commit point (as Note [Atomic checkpoints] in kiln/nn/checkpoint.h).
+//    Shard files of older generations, and this one's lists, are then removed (never a later
+//    generation's: the next save may be writing), and no rank returns before the commit.
 //  - Until the rename the previous ".metadata" names the previous generation's files, which the
 //    save leaves alone, so a crash at any moment leaves the old checkpoint or the new one.
 //  - Load reads ".metadata", and for each tensor of `state` the region this rank holds (its
 //    DTensor shard's global offsets and sizes under its own mesh and placements, or the whole
 //    of a plain tensor) is copied out of every saved chunk that overlaps it, whatever mesh saved
-//    them: resharding is the intersection of boxes. Each chunk read is checked against its
-//    CRC-32 (a mismatch names the file and the tensor), and the region must be covered exactly.
+//    them: resharding is the intersection of boxes. Each chunk is read alone and checked against
+//    its CRC-32 (a mismatch names the file and the tensor), and the chunks must cover the region
+//    exactly once.
 // The directory must be one every rank sees (a shared file system); one save at a time.
 #pragma once
 
@@ -41,7 +47,8 @@ namespace kiln::dist::checkpoint {
 void save(const TensorMap& state, const std::string& dir, const std::string& extra = "{}");
 
 // An async save in flight: wait() returns once it is committed (or raises its error); done()
-// asks without waiting. A later save or async_save of this process waits for it first.
+// asks without waiting. A later save, async_save, load or conversion of this process waits for
+// it first.
 class SaveFuture {
  public:
   SaveFuture() = default;

@@ -48,6 +48,8 @@ def _leaves(obj, prefix=""):
 def _split(state):
     tensors, values = {}, {}
     for path, _, _, v in _leaves(state):
+        if path in tensors or path in values:  # {"a.b": x} beside {"a": {"b": y}}, 0 and "0"
+            raise ValueError(f"checkpoint: two entries of the state dict have the path {path!r}")
         if isinstance(v, _C.Tensor):
             tensors[path] = v
         else:
@@ -57,10 +59,10 @@ def _split(state):
 
 def _extra(values):
     try:
-        return json.dumps({"values": values})
-    except TypeError as e:
-        raise TypeError(f"checkpoint.save: a value that is not a tensor must be JSON data: {e}") \
-            from None
+        return json.dumps({"values": values}, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"checkpoint.save: a value that is not a tensor must be JSON data "
+                        f"(finite numbers, strings, lists, dicts): {e}") from None
 
 
 def save(state_dict, *, checkpoint_id):
