@@ -36,9 +36,6 @@ constexpr int kVersion = 1;
 
 int rank() { return is_initialized() ? default_group()->rank() : 0; }
 int world_size() { return is_initialized() ? default_group()->size() : 1; }
-void barrier() {
-  if (is_initialized()) default_group()->barrier()->wait();
-}
 
 // A region of a tensor: global offsets and sizes per dim.
 struct Box {
@@ -191,29 +188,56 @@ TensorMap& staging() {
 }
 
 // `copy`: the chunks never share memory with `state` (an async save writes them later).
+// Runs `stage` on this rank and lets every rank know whether all of them succeeded (one
+// all-reduce): the rank that failed raises its own error, the others a RuntimeError naming the
+// stage, rather than waiting in the next collective for a rank that will not come.
+void agreed(const char* what, const std::function<void()>& stage) {
+  std::exception_ptr err;
+  try {
+    stage();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  bool all_ok = !err;
+  if (world_size() > 1) {
+    Tensor ok = empty({1}, kInt64);
+    ok.data_ptr<int64_t>()[0] = err ? 0 : 1;
+    default_group()->all_reduce(ok, ReduceOp::Min)->wait();
+    all_ok = ok.data_ptr<int64_t>()[0] == 1;
+  }
+  if (err) std::rethrow_exception(err);
+  KILN_CHECK(all_ok, Runtime, "checkpoint.save: another rank failed while ", what,
+             " (its own error says why); nothing was committed");
+}
+
 Snapshot snapshot(const TensorMap& state, const std::string& dir, const std::string& extra,
                   bool copy) {
   Snapshot s;
-  try {
-    s.extra = json::parse(extra);
-  } catch (const json::exception& e) {
-    KILN_FAIL(Value, "checkpoint.save: extra is not valid JSON: ", e.what());
-  }
-  s.rank = rank();
-  s.world = world_size();
-  s.root = fs::path(dir);
-  std::error_code ec;
-  fs::create_directories(s.root, ec);
-  KILN_CHECK(!ec && fs::is_directory(s.root), Value, "checkpoint.save: cannot create directory '",
-             dir, "': ", ec.message());
-  // Rank 0 picks the generation, and a nonce that marks this save's chunk lists (an async save
-  // waits for files with it, never a dead save's); every rank takes part (a collective).
   int64_t pick[2] = {0, 0};
-  if (s.rank == 0) {
-    pick[0] = static_cast<int64_t>(next_generation(s.root));
-    std::random_device rd;
-    pick[1] = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 32) ^ rd());
-  }
+  // What can fail on one rank alone is checked before any collective (See agreed()).
+  agreed("preparing the save", [&] {
+    try {
+      s.extra = json::parse(extra);
+    } catch (const json::exception& e) {
+      KILN_FAIL(Value, "checkpoint.save: extra is not valid JSON: ", e.what());
+    }
+    for (const auto& [name, t] : state)
+      t.check_defined(("checkpoint.save: '" + name + "'").c_str());
+    s.rank = rank();
+    s.world = world_size();
+    s.root = fs::path(dir);
+    std::error_code ec;
+    fs::create_directories(s.root, ec);
+    KILN_CHECK(!ec && fs::is_directory(s.root), Value, "checkpoint.save: cannot create directory '",
+               dir, "': ", ec.message());
+    // Rank 0 picks the generation, and a nonce that marks this save's chunk lists (an async save
+    // waits for files with it, never a dead save's).
+    if (s.rank == 0) {
+      pick[0] = static_cast<int64_t>(next_generation(s.root));
+      std::random_device rd;
+      pick[1] = static_cast<int64_t>((static_cast<uint64_t>(rd()) << 32) ^ rd());
+    }
+  });
   if (s.world > 1) {
     Tensor t = empty({2}, kInt64);
     t.data_ptr<int64_t>()[0] = pick[0];
@@ -226,7 +250,6 @@ Snapshot snapshot(const TensorMap& state, const std::string& dir, const std::str
   s.nonce = pick[1];
   autograd::NoGradGuard no_grad;
   for (const auto& [name, t] : state) {
-    t.check_defined(("checkpoint.save: '" + name + "'").c_str());
     json entry{{"shape", std::vector<int64_t>(t.sizes().begin(), t.sizes().end())},
                {"dtype", safetensors_dtype_name(t.dtype())}};
     Tensor piece;
@@ -389,10 +412,10 @@ void wait_inflight() {
 void save(const TensorMap& state, const std::string& dir, const std::string& extra) {
   wait_inflight();
   Snapshot s = snapshot(state, dir, extra, /*copy=*/false);
-  write_shards(s);
-  barrier();  // every rank's shards are durable
-  if (s.rank == 0) commit(s);
-  barrier();  // no rank returns before the commit
+  agreed("writing its shards", [&] { write_shards(s); });  // every rank's shards are durable
+  agreed("committing", [&] {                               // and no rank returns before the commit
+    if (s.rank == 0) commit(s);
+  });
 }
 
 SaveFuture async_save(const TensorMap& state, const std::string& dir, const std::string& extra) {

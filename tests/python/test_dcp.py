@@ -429,3 +429,26 @@ def test_leftovers_of_a_dead_save_are_never_committed(tmp_path):
     dcp.load(state, checkpoint_id=ckpt)
     assert bool((state["w"] == 3.0).all())
     assert sorted(os.listdir(ckpt)) == [".metadata", "__0.00000004.safetensors", "__notes.tmp"]
+
+
+# One rank's failure reaches every rank: ranks that pass different names fail the commit on rank 0
+# (naming the names) and the others are told, instead of waiting in a barrier.
+DISAGREE = textwrap.dedent("""
+    import sys
+    import kiln, kiln.distributed as dist
+    import kiln.distributed.checkpoint as dcp
+    dist.init_process_group("ucx")
+    r = dist.get_rank()
+    state = {"w": kiln.ones(3)} if r == 0 else {"v": kiln.ones(3)}
+    try:
+        dcp.save(state, checkpoint_id=sys.argv[1])
+        raise AssertionError("expected an error")
+    except (ValueError, RuntimeError) as e:
+        want = "which rank 0 did not save" if r == 0 else "another rank failed while committing"
+        assert want in str(e), str(e)
+    print(f"rank {r} ok")
+""")
+
+
+def test_a_rank_that_fails_a_save_fails_it_for_every_rank(tmp_path):
+    kiln_run(tmp_path, "disagree", DISAGREE, 2, tmp_path / "ckpt")
