@@ -15,7 +15,8 @@
 //    element is written once; a plain tensor by rank 0 alone. It fsyncs the file and the
 //    directory, then writes "__<rank>.<gen>.json": each chunk's global offsets and sizes and the
 //    CRC-32 of its bytes, its `extra`, and the nonce.
-//  - Once every rank's list is there (a barrier; an async save polls for the lists with its
+//  - Once every rank's list is there (the ranks agree that each stage succeeded by an
+//    all-reduce, so one rank's failure raises on all; an async save polls for the lists with its
 //    nonce, so a dead save's are never taken), rank 0 merges them into ".metadata" (JSON: per
 //    tensor its global shape, dtype and chunks, each with its file, offsets, sizes and CRC-32;
 //    rank 0's `extra` JSON and every rank's), written to ".metadata.tmp", fsynced and renamed:
