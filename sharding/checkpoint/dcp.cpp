@@ -123,7 +123,7 @@ std::optional<uint64_t> generation_of(const std::string& name) {
   if (k - j < 8 || k - j > 19) return std::nullopt;
   const std::string rest = name.substr(k);
   if (rest != ".safetensors" && rest != ".json" && rest != ".safetensors.tmp" &&
-      rest != ".json.tmp")
+      rest != ".json.tmp" && rest != ".error")
     return std::nullopt;
   return std::stoull(name.substr(j, k - j));
 }
@@ -395,6 +395,50 @@ bool has_list(const Snapshot& s, int q) {
   }
 }
 
+// An async save's failure, left where the other ranks look while they wait for it:
+// "__<rank>.<gen>.error" holds the message.
+fs::path error_marker(const Snapshot& s, int r) { return s.root / rank_file(r, s.gen, ".error"); }
+
+// Raises rank r's failure of this save, if it left one.
+void check_marker(const Snapshot& s, int r) {
+  const fs::path p = error_marker(s, r);
+  if (!fs::exists(p)) return;
+  std::ifstream in(p);
+  std::string what((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  KILN_FAIL(Runtime, "checkpoint.async_save: rank ", r, " failed: ", what,
+            "; nothing was committed");
+}
+
+// The background part of an async save (See Note [Distributed checkpoint format]).
+void write_async(Snapshot& s) {
+  try {
+    write_shards(s);
+    if (s.rank == 0) {
+      for (int q = 0; q < s.world; ++q)
+        wait_for(
+            [&] {
+              check_marker(s, q);
+              return has_list(s, q);
+            },
+            "rank " + std::to_string(q) + " wrote no shards");
+      commit(s);
+    } else {
+      wait_for(
+          [&] {
+            check_marker(s, 0);
+            return committed_generation(s.root) >= s.gen;
+          },
+          "rank 0 committed no checkpoint");
+    }
+  } catch (const std::exception& e) {
+    if (!fs::exists(error_marker(s, s.rank))) {  // not a failure another rank reported
+      std::ofstream out(error_marker(s, s.rank), std::ios::trunc);
+      out << e.what();
+    }
+    throw;
+  }
+}
+
 std::mutex g_inflight_mu;
 std::shared_future<void> g_inflight;  // this process's async save, if any
 
@@ -421,19 +465,7 @@ void save(const TensorMap& state, const std::string& dir, const std::string& ext
 SaveFuture async_save(const TensorMap& state, const std::string& dir, const std::string& extra) {
   wait_inflight();
   auto s = std::make_shared<Snapshot>(snapshot(state, dir, extra, /*copy=*/true));
-  std::shared_future<void> f = std::async(std::launch::async, [s] {
-                                 write_shards(*s);
-                                 const fs::path meta = s->root / kMetadata;
-                                 if (s->rank == 0) {
-                                   for (int q = 0; q < s->world; ++q)
-                                     wait_for([&] { return has_list(*s, q); },
-                                              "rank " + std::to_string(q) + " wrote no shards");
-                                   commit(*s);
-                                 } else {
-                                   wait_for([&] { return committed_generation(s->root) >= s->gen; },
-                                            "rank 0 committed no checkpoint");
-                                 }
-                               }).share();
+  std::shared_future<void> f = std::async(std::launch::async, [s] { write_async(*s); }).share();
   {
     std::lock_guard<std::mutex> lock(g_inflight_mu);
     g_inflight = f;

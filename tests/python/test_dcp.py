@@ -452,3 +452,15 @@ DISAGREE = textwrap.dedent("""
 
 def test_a_rank_that_fails_a_save_fails_it_for_every_rank(tmp_path):
     kiln_run(tmp_path, "disagree", DISAGREE, 2, tmp_path / "ckpt")
+
+
+# The same for an async save, whose background part meets the other ranks through the files: rank
+# 0's failed commit leaves a marker that rank 1's wait reads (not its 600 s limit).
+DISAGREE_ASYNC = DISAGREE.replace(
+    "    dcp.save(state, checkpoint_id=sys.argv[1])",
+    "    dcp.async_save(state, checkpoint_id=sys.argv[1]).result()").replace(
+    '"another rank failed while committing"', '"rank 0 failed"')
+
+
+def test_a_rank_that_fails_an_async_save_fails_it_for_every_rank(tmp_path):
+    kiln_run(tmp_path, "disagree_async", DISAGREE_ASYNC, 2, tmp_path / "ckpt")

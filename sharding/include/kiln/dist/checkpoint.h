@@ -17,7 +17,8 @@
 //    CRC-32 of its bytes, its `extra`, and the nonce.
 //  - Once every rank's list is there (the ranks agree that each stage succeeded by an
 //    all-reduce, so one rank's failure raises on all; an async save polls for the lists with its
-//    nonce, so a dead save's are never taken), rank 0 merges them into ".metadata" (JSON: per
+//    nonce, so a dead save's are never taken, and a failed rank leaves "__<rank>.<gen>.error",
+//    which the others' waits raise), rank 0 merges them into ".metadata" (JSON: per
 //    tensor its global shape, dtype and chunks, each with its file, offsets, sizes and CRC-32;
 //    rank 0's `extra` JSON and every rank's), written to ".metadata.tmp", fsynced and renamed:
 //    that rename is the commit point (as Note [Atomic checkpoints] in kiln/nn/checkpoint.h).
