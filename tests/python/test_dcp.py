@@ -163,8 +163,9 @@ def test_keys_corruption_and_bad_input(tmp_path):
     state = {"w": kiln.randn(4, 3), "b": kiln.randn(3), "step": 3}
     dcp.save(state, checkpoint_id=ckpt)
     other = {"w": kiln.zeros(4, 3), "extra": kiln.zeros(2), "step": 0}
-    with pytest.raises(ValueError, match=r"missing keys \[extra\], unexpected keys \[b\]"):
+    with pytest.raises(ValueError, match=r"missing keys \['extra'\], unexpected keys \['b'\]"):
         dcp.load(other, checkpoint_id=ckpt)
+    assert bool((other["w"] == 0).all()) and other["step"] == 0  # a strict failure wrote nothing
     res = dcp.load(other, checkpoint_id=ckpt, strict=False)
     assert res.missing_keys == ["extra"] and res.unexpected_keys == ["b"]
     assert bool((other["w"] == state["w"]).all()) and other["step"] == 3

@@ -98,6 +98,19 @@ def load(state_dict, *, checkpoint_id, strict=True):
     and placements. strict: missing or unexpected keys are a ValueError; otherwise they are
     returned (LoadResult)."""
     tensors, values = _split(state_dict)
+    if strict:  # every key checked before anything is written into the state
+        try:
+            with open(os.path.join(os.fspath(checkpoint_id), ".metadata")) as f:
+                meta = json.load(f)
+            names = set(meta["tensors"]) | set(meta["extra"].get("values", {}))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            names = None  # the C++ side names what is wrong with the checkpoint
+        if names is not None:
+            mine = set(tensors) | set(values)
+            if mine != names:
+                raise ValueError(f"checkpoint.load: '{os.fspath(checkpoint_id)}' does not match "
+                                 f"the state: missing keys {sorted(mine - names)}, unexpected "
+                                 f"keys {sorted(names - mine)}")
     missing, unexpected, extra = _C._dcp_load(list(tensors), list(tensors.values()),
                                               os.fspath(checkpoint_id), strict)
     saved = json.loads(extra).get("values", {})
