@@ -29,6 +29,13 @@ namespace {
 using namespace kiln::dist;
 using Release = nb::call_guard<nb::gil_scoped_release>;
 
+// kiln.distributed.checkpoint's flattened state dict, (names, tensors), as a TensorMap.
+TensorMap state_map(const std::vector<std::string>& names, const std::vector<Tensor>& tensors) {
+  TensorMap state;
+  for (size_t i = 0; i < names.size() && i < tensors.size(); ++i) state[names[i]] = tensors[i];
+  return state;
+}
+
 std::optional<Milliseconds> to_ms(std::optional<double> seconds) {
   if (!seconds) return std::nullopt;
   KILN_CHECK(*seconds > 0, Value, "timeout must be > 0 seconds, got ", *seconds);
@@ -82,10 +89,7 @@ void bind_dtensor(nb::module_& m) {
       "_dcp_save",
       [](const std::vector<std::string>& names, const std::vector<Tensor>& tensors,
          const std::string& dir, const std::string& extra) {
-        TensorMap state;
-        for (size_t i = 0; i < names.size() && i < tensors.size(); ++i)
-          state[names[i]] = tensors[i];
-        checkpoint::save(state, dir, extra);
+        checkpoint::save(state_map(names, tensors), dir, extra);
       },
       Release());
   m.def("_dcp_to_safetensors", &checkpoint::to_safetensors, Release());
@@ -97,16 +101,12 @@ void bind_dtensor(nb::module_& m) {
       "_dcp_async_save",
       [](const std::vector<std::string>& names, const std::vector<Tensor>& tensors,
          const std::string& dir, const std::string& extra) {
-        TensorMap state;
-        for (size_t i = 0; i < names.size() && i < tensors.size(); ++i)
-          state[names[i]] = tensors[i];
-        return checkpoint::async_save(state, dir, extra);
+        return checkpoint::async_save(state_map(names, tensors), dir, extra);
       },
       Release());
   m.def("_dcp_load", [](const std::vector<std::string>& names, const std::vector<Tensor>& tensors,
                         const std::string& dir, bool strict) {
-    TensorMap state;
-    for (size_t i = 0; i < names.size() && i < tensors.size(); ++i) state[names[i]] = tensors[i];
+    const TensorMap state = state_map(names, tensors);
     checkpoint::LoadResult r;
     {
       nb::gil_scoped_release release;
