@@ -25,6 +25,7 @@ struct GraphTask {
   std::unordered_map<Node*, std::vector<Capture>> captures;  // grad(): where inputs' grads arrive
   std::unordered_map<Node*, bool> needed;                     // grad(): nodes worth running
   bool capture_mode = false;
+  DeferredWeightGrad* split = nullptr;  // backward_input(): Note [Split backward]
   bool keep_graph = false;
   variable_list captured;
   std::vector<std::function<void()>> callbacks;  // queue_callback()
@@ -155,6 +156,35 @@ bool compute_needed(GraphTask& task, Node* n) {
   return need;
 }
 
+// backward_input(): the outputs of `node` whose edges lead to no captured input (they lead to
+// parameters), which it leaves for backward_weight().
+std::vector<size_t> skipped_edges(GraphTask& task, const Node& node) {
+  std::vector<size_t> r;
+  for (size_t i = 0; i < node.num_outputs(); ++i) {
+    const Edge& e = node.next_edge(i);
+    if (e.valid() && !task.needed[e.fn.get()] && !task.captures.count(e.fn.get())) r.push_back(i);
+  }
+  return r;
+}
+
+// Applies `node` with the edges in `masked` made invalid for the call (its formulas then skip
+// those gradients: they compute an output only where should_compute_output holds).
+variable_list apply_masked(Node& node, variable_list&& grads, const std::vector<size_t>& masked,
+                           bool hooks) {
+  std::vector<Edge>& edges = node.mutable_next_edges();
+  std::vector<Edge> saved;
+  for (size_t i : masked) saved.push_back(std::exchange(edges[i], Edge()));
+  struct Restore {
+    std::vector<Edge>& edges;
+    const std::vector<size_t>& masked;
+    std::vector<Edge>& saved;
+    ~Restore() {
+      for (size_t k = 0; k < masked.size(); ++k) edges[masked[k]] = std::move(saved[k]);
+    }
+  } restore{edges, masked, saved};
+  return hooks ? call_node(node, std::move(grads)) : node.apply(std::move(grads));
+}
+
 void execute_nodes(GraphTask& task, const std::vector<Edge>& roots,
                    const variable_list& root_grads, bool create_graph) {
   AutoGradMode mode(create_graph);
@@ -214,8 +244,15 @@ void execute_nodes(GraphTask& task, const std::vector<Edge>& roots,
           buf[i] = checked_grad(std::move(buf[i]), m, *node, i);
         }
       }
-      out = call_node(*node, std::move(buf));
-      if (!task.keep_graph) node->release_variables();
+      std::vector<size_t> weight_edges;
+      if (task.split) weight_edges = skipped_edges(task, *node);
+      if (weight_edges.empty()) {
+        out = call_node(*node, std::move(buf));
+        if (!task.keep_graph) node->release_variables();
+      } else {
+        task.split->items.push_back({node, buf, weight_edges});
+        out = apply_masked(*node, std::move(buf), weight_edges, /*hooks=*/true);
+      }
     }
     out.resize(node->num_outputs());
     for (size_t i = 0; i < node->num_outputs(); ++i) {
@@ -332,6 +369,82 @@ variable_list grad(const variable_list& outputs, const variable_list& inputs,
                "desired behavior.");
   }
   return task.captured;
+}
+
+variable_list backward_input(const variable_list& outputs, const variable_list& inputs,
+                             const variable_list& grad_outputs, DeferredWeightGrad& deferred) {
+  KILN_CHECK(deferred.empty(), Value,
+             "backward_input(): `deferred` still holds the weight part of an earlier backward; "
+             "run backward_weight() on it first");
+  KILN_CHECK(!any_batched(outputs) && !any_batched(inputs), NotImplemented,
+             "backward_input() of tensors batched by vmap");
+  std::vector<Edge> edges;
+  variable_list root_grads;
+  prepare_roots(outputs, grad_outputs, edges, root_grads);
+  GraphTask task;
+  task.capture_mode = true;
+  task.split = &deferred;
+  task.captured.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i].check_defined("backward_input(): an input");
+    AutogradMeta* m = meta_of(t);
+    KILN_CHECK(m != nullptr && m->requires_grad(), Runtime, "backward_input(): input ", i,
+               " does not require grad");
+    refresh_grad_fn(t, *m);
+    std::shared_ptr<Node> fn = m->grad_fn_ ? m->grad_fn_ : m->grad_accumulator_.lock();
+    if (fn) task.captures[fn.get()].push_back(Capture{m->grad_fn_ ? m->output_nr_ : 0, i});
+  }
+  // Nothing leads to the inputs (a first pipeline stage): every node is weight work.
+  if (task.captures.empty()) {
+    for (size_t i = 0; i < edges.size(); ++i) {
+      Node* n = edges[i].fn.get();
+      variable_list g(n->num_inputs());
+      g[edges[i].input_nr] = root_grads[i];
+      deferred.items.push_back({edges[i].fn, std::move(g), {}});
+    }
+    return task.captured;
+  }
+  execute(task, edges, root_grads, /*create_graph=*/false);
+  return task.captured;
+}
+
+void backward_weight(DeferredWeightGrad& deferred) {
+  std::vector<Edge> roots;
+  variable_list grads;
+  std::vector<std::shared_ptr<Node>> keep;  // the roots' nodes outlive the kept ones' release
+  for (auto& item : deferred.items) {
+    Node& n = *item.node;
+    if (item.weight_edges.empty()) {  // a whole root (see backward_input): runs as backward()
+      for (size_t i = 0; i < item.grads.size(); ++i)
+        if (item.grads[i].defined()) {
+          roots.push_back(Edge{item.node, static_cast<uint32_t>(i)});
+          grads.push_back(item.grads[i]);
+        }
+      continue;
+    }
+    std::vector<size_t> others;
+    for (size_t i = 0, w = 0; i < n.num_outputs(); ++i) {
+      if (w < item.weight_edges.size() && item.weight_edges[w] == i) ++w;
+      else others.push_back(i);
+    }
+    variable_list out = [&] {
+      AutoGradMode mode(false);
+      return apply_masked(n, std::move(item.grads), others, /*hooks=*/false);
+    }();
+    out.resize(n.num_outputs());
+    for (size_t i : item.weight_edges) {
+      const Edge& e = n.next_edge(i);
+      if (!out[i].defined()) continue;
+      roots.push_back(e);
+      grads.push_back(checked_grad(std::move(out[i]), e.fn->input_metadata(e.input_nr), n, i));
+    }
+    keep.push_back(item.node);
+  }
+  deferred.items.clear();
+  for (auto& n : keep) n->release_variables();
+  if (roots.empty()) return;
+  GraphTask task;
+  execute(task, roots, grads, /*create_graph=*/false);
 }
 
 }  // namespace kiln::autograd

@@ -36,6 +36,29 @@ variable_list grad(const variable_list& outputs, const variable_list& inputs,
                    std::optional<bool> retain_graph = std::nullopt, bool create_graph = false,
                    bool allow_unused = false);
 
+// Note [Split backward]: ZeroBubble pipeline schedules split a stage's backward in two.
+// backward_input() runs only the nodes on paths from `outputs` to `inputs` and returns the
+// inputs' gradients; at each of those nodes it computes only the gradients bound for those
+// paths, and keeps the node and its incoming gradients (and its saved tensors) in `deferred`.
+// backward_weight() later computes, at each kept node, the gradients it skipped (the ones bound
+// for parameters), then runs the rest of the graph from there, accumulating into .grad as
+// backward() does. Together they compute what backward(outputs, grad_outputs) would (with the
+// inputs' gradients returned rather than accumulated), each node's work done once. The kept
+// nodes run without their node hooks in the second half (tensor hooks and AccumulateGrad's
+// hooks run as usual). Saved tensors of nodes not kept are freed by backward_input.
+struct DeferredWeightGrad {
+  struct Item {
+    std::shared_ptr<Node> node;
+    variable_list grads;              // what arrived at the node
+    std::vector<size_t> weight_edges;  // the outputs backward_input skipped
+  };
+  std::vector<Item> items;
+  bool empty() const { return items.empty(); }
+};
+variable_list backward_input(const variable_list& outputs, const variable_list& inputs,
+                             const variable_list& grad_outputs, DeferredWeightGrad& deferred);
+void backward_weight(DeferredWeightGrad& deferred);
+
 // Runs `fn` on this thread once the backward() or grad() now running here has run its last
 // node (PyTorch's Variable._execution_engine.queue_callback); callbacks run in the order queued
 // and may queue more. Called from a hook: DDP waits for its gradient all-reduces this way.
