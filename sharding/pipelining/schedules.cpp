@@ -13,22 +13,6 @@
 namespace kiln::dist::pipelining {
 namespace {
 
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::F: return "F";
-    case Op::B: return "B";
-    case Op::I: return "I";
-    case Op::W: return "W";
-    case Op::SendF: return "SEND_F";
-    case Op::RecvF: return "RECV_F";
-    case Op::SendB: return "SEND_B";
-    case Op::RecvB: return "RECV_B";
-    case Op::Unshard: return "UNSHARD";
-    case Op::Reshard: return "RESHARD";
-  }
-  return "?";
-}
-
 bool is_compute(Op op) { return op == Op::F || op == Op::B || op == Op::I || op == Op::W; }
 
 // The compute order of rank r: GPipe and 1F1B differ only in the warm-up length.
@@ -132,6 +116,22 @@ ActionList with_messages(const ActionList& compute, int p, int n_stages, bool fs
 }
 
 }  // namespace
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::F: return "F";
+    case Op::B: return "B";
+    case Op::I: return "I";
+    case Op::W: return "W";
+    case Op::SendF: return "SEND_F";
+    case Op::RecvF: return "RECV_F";
+    case Op::SendB: return "SEND_B";
+    case Op::RecvB: return "RECV_B";
+    case Op::Unshard: return "UNSHARD";
+    case Op::Reshard: return "RESHARD";
+  }
+  return "?";
+}
 
 std::string to_string(const Action& a) {
   std::string s = std::to_string(a.stage) + op_name(a.op);

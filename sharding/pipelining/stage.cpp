@@ -285,8 +285,6 @@ void ScheduleRunner::forward(int s, int mb, Slot& slot, const std::optional<Tens
   } else if (is_local(s - 1)) {
     for (const Tensor& t : slots_[{s - 1, mb}].outputs) slot.inputs.push_back(t.detach());
   }
-  for (auto& w : slot.recvs) w->wait();
-  slot.recvs.clear();
   if (train && s > 0)
     for (Tensor& t : slot.inputs)
       if (is_floating(t.dtype())) t.requires_grad_();
@@ -312,8 +310,6 @@ void ScheduleRunner::forward(int s, int mb, Slot& slot, const std::optional<Tens
 void ScheduleRunner::backward(Op op, int s, int mb, Slot& slot) {
   PipelineStage& stage = local(s);
   if (!stage.is_last() && is_local(s + 1)) slot.grad_outputs = slots_[{s + 1, mb}].grad_inputs;
-  for (auto& w : slot.recvs) w->wait();
-  slot.recvs.clear();
   if (op == Op::W) {
     autograd::backward_weight(slot.deferred);
     return;
@@ -387,6 +383,11 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
                    a.op == Op::RecvB))
       continue;
     Slot& slot = slots_[{a.stage, a.microbatch}];
+    const bool compute = a.op == Op::F || a.op == Op::B || a.op == Op::I || a.op == Op::W;
+    if (compute) {  // waiting for a message is idle time, not the action's
+      for (auto& w : slot.recvs) w->wait();
+      slot.recvs.clear();
+    }
     const double start = now();
     switch (a.op) {
       case Op::RecvF:
@@ -434,8 +435,7 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
         if (local(a.stage).functions().reshard) local(a.stage).functions().reshard();
         break;
     }
-    if (a.op == Op::F || a.op == Op::B || a.op == Op::I || a.op == Op::W)
-      timeline.push_back({me, a, start, now()});
+    if (compute) timeline.push_back({me, a, start, now()});
   }
   for (auto& w : sends_) w->wait();
   seconds = now();

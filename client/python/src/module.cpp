@@ -20,6 +20,7 @@ void bind_nn(nb::module_& m);                                 // bind_nn.cpp
 void bind_func(nb::module_& m);                               // bind_func.cpp
 void bind_io(nb::module_& m);                                 // bind_io.cpp
 void bind_dist(nb::module_& m);                               // bind_dist.cpp
+void bind_pipelining(nb::module_& m);                         // bind_pipelining.cpp
 void bind_remote(nb::module_& m);                             // bind_remote.cpp
 
 namespace {
@@ -435,6 +436,7 @@ NB_MODULE(_C, m) {
   bind_func(m);
   bind_io(m);
   bind_dist(m);
+  bind_pipelining(m);
   bind_remote(m);
   if (PyModule_AddFunctions(m.ptr(), kOpFunctions) < 0) throw nb::python_error();
   set_warning_handler(&python_warning);

@@ -51,6 +51,7 @@
 namespace kiln::dist::pipelining {
 
 enum class Op { F, B, I, W, SendF, RecvF, SendB, RecvB, Unshard, Reshard };
+const char* op_name(Op op);  // "F", "SEND_F", "UNSHARD", ...
 
 struct Action {
   Op op;

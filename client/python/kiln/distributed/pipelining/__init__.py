@@ -1,0 +1,302 @@
+"""kiln.distributed.pipelining: pipeline parallelism (torch.distributed.pipelining).
+
+    # kiln run --nproc 2 .venv/bin/python train.py
+    import kiln, kiln.distributed as dist, kiln.nn as nn
+    from kiln.distributed.pipelining import pipeline, Schedule1F1B
+    dist.init_process_group()
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+                          nn.Linear(32, 4))
+    pipe = pipeline(model, split_points=["2"])          # stage 0: "0", "1"; stage 1: "2".."4"
+    stage = pipe.build_stage(dist.get_rank())           # or PipelineStage(module, i, n) by hand
+    schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn=nn.functional.mse_loss)
+    losses = []
+    if stage.is_first:
+        schedule.step(x)                                # the whole batch; split in 4
+    else:
+        out = schedule.step(target=y, losses=losses)    # the last stage's rank passes the target
+    print(schedule.format_actions())                    # every rank's action list
+    schedule.export_timeline("pp.json")                 # opens in Perfetto (ui.perfetto.dev)
+
+The schedules, the stages and the runner are C++'s (kiln/dist/pipelining.h: Note [Pipeline
+schedules], Note [Pipeline shapes]); this module makes a stage of a kiln.nn.Module. Stage s runs
+on rank s % p of the pipeline group (p ranks); ScheduleInterleaved1F1B takes the v stages of this
+rank, s = r, r + p, ... Shapes are never written by hand: each stage runs its forward on meta
+tensors first. Each microbatch's loss is divided by n_microbatches before its backward, so the
+gradients are those of the mean loss over the batch.
+"""
+import json
+from collections import OrderedDict
+
+from kiln import _C
+from kiln.autograd.grad_mode import no_grad
+from kiln._C import Tensor
+from kiln.nn.containers import Sequential
+from kiln.nn.module import Module
+
+__all__ = ["PipelineStage", "pipeline", "Pipe", "SplitPoint", "PipelineScheduleSingle",
+           "PipelineScheduleMulti", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
+           "ScheduleZBH1", "schedule_actions", "format_actions", "simulate", "bubble_fraction",
+           "chrome_trace"]
+
+
+def _as_list(out):
+    if isinstance(out, Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)) and all(isinstance(t, Tensor) for t in out):
+        return list(out)
+    raise TypeError(f"a pipeline stage must return a tensor or a tuple of tensors, not "
+                    f"{type(out).__name__}")
+
+
+def _forward_meta(module, inputs):
+    """The module's forward on meta tensors, its parameters and buffers on meta for the call
+    (Note [Pipeline shapes])."""
+    saved = []
+    try:
+        with no_grad():
+            for m in module.modules():
+                for table in (m._parameters, m._buffers):
+                    for name, t in list(table.items()):
+                        if t is None:
+                            continue
+                        saved.append((table, name, t))
+                        table[name] = _C.empty(list(t.shape), dtype=t.dtype, device="meta")
+            return _as_list(module(*inputs))
+    finally:
+        for table, name, t in saved:
+            table[name] = t
+
+
+class PipelineStage:
+    """One stage of a pipeline: `submodule` is stage `stage_index` of `num_stages`, run by this
+    rank of `group` (the world by default), which must be rank stage_index % group size."""
+
+    def __init__(self, submodule, stage_index, num_stages, device=None, group=None):
+        if not isinstance(submodule, Module):
+            raise TypeError(f"PipelineStage: submodule must be a kiln.nn.Module, not "
+                            f"{type(submodule).__name__}")
+        if device is not None and str(device) != "cpu":
+            raise ValueError(f"PipelineStage: device '{device}' is not supported; pipelines run "
+                             "on the CPU (UCX)")
+        self.submod = submodule
+        group = _C._default_group() if group is None else group
+        self._c = _C._PipelineStage(lambda ins: _as_list(submodule(*ins)),
+                                    lambda ins: _forward_meta(submodule, ins), None, None,
+                                    stage_index, num_stages, group)
+        self.group = group
+
+    stage_index = property(lambda self: self._c.stage_index)
+    num_stages = property(lambda self: self._c.num_stages)
+    is_first = property(lambda self: self._c.is_first)
+    is_last = property(lambda self: self._c.is_last)
+
+    def __repr__(self):
+        return f"PipelineStage({self.stage_index} of {self.num_stages})"
+
+
+class _PipelineSchedule:
+    _kind = None
+
+    def __init__(self, stages, n_microbatches, loss_fn=None):
+        stages = list(stages) if isinstance(stages, (list, tuple)) else [stages]
+        for s in stages:
+            if not isinstance(s, PipelineStage):
+                raise TypeError(f"{type(self).__name__}: expected PipelineStage objects, got "
+                                f"{type(s).__name__}")
+        self._stages = stages
+        self._n_microbatches = n_microbatches
+        self._loss_fn = loss_fn
+        self._c = _C._PipelineSchedule([s._c for s in stages], self._kind, n_microbatches,
+                                       loss_fn, False)
+
+    def step(self, *args, target=None, losses=None):
+        """One training step over the batch `args` (stage 0's rank) with `target` (the last
+        stage's rank): forward and backward of every microbatch, the gradients accumulated into
+        .grad (an optimizer steps afterwards). Returns the last stage's output, the microbatches'
+        outputs concatenated, on its rank, None elsewhere; appends each microbatch's loss to
+        `losses` there."""
+        outs, ls = self._c.step(list(args), target, losses is not None)
+        if losses is not None:
+            losses.extend(ls)
+        return outs[0] if outs else None
+
+    def eval(self, *args):
+        """Forward only, microbatch by microbatch: the last stage's output on its rank."""
+        outs = self._c.eval(list(args))
+        return outs[0] if outs else None
+
+    def actions(self):
+        """Every rank's action list (lists of actions: .op, .stage, .microbatch; repr '1F3')."""
+        return self._c.actions()
+
+    def format_actions(self):
+        return _C._pp_format(self._c.actions())
+
+    def last_timeline(self):
+        """This rank's compute actions of the last step: (action, start, end) in seconds."""
+        return [(t.action, t.start, t.end) for t in self._c.last_timeline()]
+
+    def last_step_seconds(self):
+        return self._c.last_step_seconds()
+
+    def export_timeline(self, path, measured=False):
+        """Writes a timeline (Chrome trace JSON: opens in Perfetto or chrome://tracing). By
+        default the schedule simulated with F = I = W = 1 and B = 2; measured=True: this rank's
+        last step as it ran."""
+        timeline = self._c.last_timeline() if measured else _C._pp_simulate(
+            self._c.actions(), 1.0, 2.0, 1.0, 1.0)
+        with open(path, "w") as f:
+            f.write(_C._pp_chrome_trace(timeline))
+
+
+class PipelineScheduleSingle(_PipelineSchedule):
+    """A schedule with one stage per rank."""
+
+    def __init__(self, stage, n_microbatches, loss_fn=None):
+        if isinstance(stage, (list, tuple)):
+            raise TypeError(f"{type(self).__name__} takes one PipelineStage; "
+                            "ScheduleInterleaved1F1B takes several")
+        super().__init__([stage], n_microbatches, loss_fn)
+
+
+class PipelineScheduleMulti(_PipelineSchedule):
+    """A schedule with several stages per rank."""
+
+
+class ScheduleGPipe(PipelineScheduleSingle):
+    """All forwards, then all backwards."""
+    _kind = "gpipe"
+
+
+class Schedule1F1B(PipelineScheduleSingle):
+    """One forward, one backward, after a warm-up of p - r - 1 forwards on rank r."""
+    _kind = "1f1b"
+
+
+class ScheduleZBH1(PipelineScheduleSingle):
+    """ZeroBubble H1: 1F1B with each backward split into its input part (I), which the previous
+    stage waits for, and its weight part (W), put off to fill the bubbles (Note [Split backward]
+    in kiln/autograd/engine.h)."""
+    _kind = "zbh1"
+
+
+class ScheduleInterleaved1F1B(PipelineScheduleMulti):
+    """Megatron's interleaved 1F1B: v stages per rank (rank r runs r, r + p, ...); needs a
+    multiple of p microbatches."""
+    _kind = "interleaved_1f1b"
+
+
+# ---- Action lists without a run -----------------------------------------------------------
+
+_KINDS = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved_1f1b": "interleaved_1f1b",
+          "interleaved1f1b": "interleaved_1f1b", "zbh1": "zbh1", "zb-h1": "zbh1"}
+
+
+def schedule_actions(schedule, pp_size, n_microbatches, stages_per_rank=1, fsdp=False):
+    """Every rank's action list of a schedule ('gpipe', '1f1b', 'interleaved_1f1b', 'zbh1')."""
+    kind = _KINDS.get(str(schedule).lower(), str(schedule))
+    return _C._pp_schedule(kind, pp_size, n_microbatches, stages_per_rank, fsdp)
+
+
+def format_actions(actions):
+    return _C._pp_format(actions)
+
+
+def simulate(actions, f=1.0, b=2.0, i=1.0, w=1.0):
+    """Runs action lists with these costs per action: [(rank, action, start, end)]."""
+    return _C._pp_simulate(actions, f, b, i, w)
+
+
+def bubble_fraction(timeline, pp_size):
+    return _C._pp_bubble_fraction(timeline, pp_size)
+
+
+def chrome_trace(timeline):
+    return json.loads(_C._pp_chrome_trace(timeline))
+
+
+# ---- Splitting a model ----------------------------------------------------------------------
+
+class SplitPoint:
+    BEGINNING = "beginning"  # a new stage starts at this module
+    END = "end"              # a new stage starts after it
+
+
+def _flatten(module, prefix=""):
+    """The chain of a Sequential, nested Sequentials expanded: [(fqn, module)]."""
+    out = []
+    for name, child in module._modules.items():
+        fqn = f"{prefix}{name}"
+        if isinstance(child, Sequential):
+            out.extend(_flatten(child, fqn + "."))
+        else:
+            out.append((fqn, child))
+    return out
+
+
+def _stage_module(items):
+    """A Sequential of a stretch of the chain that keeps the model's names ("blocks.2.fc.weight"
+    stays so in the stage's state_dict): nested Sequentials where the names nest."""
+    root = OrderedDict()
+    for fqn, m in items:
+        *path, leaf = fqn.split(".")
+        d = root
+        for p in path:
+            d = d.setdefault(p, OrderedDict())
+        d[leaf] = m
+
+    def build(d):
+        return Sequential(OrderedDict((k, build(v) if isinstance(v, OrderedDict) else v)
+                                      for k, v in d.items()))
+    return build(root)
+
+
+class Pipe:
+    """A model cut into stages (what pipeline() returns)."""
+
+    def __init__(self, stages):
+        self._stages = stages
+
+    @property
+    def num_stages(self):
+        return len(self._stages)
+
+    def get_stage_module(self, stage_index):
+        return self._stages[stage_index]
+
+    def build_stage(self, stage_index, device=None, group=None):
+        return PipelineStage(self._stages[stage_index], stage_index, self.num_stages, device, group)
+
+
+def pipeline(module, split_points=None, split_spec=None, mb_args=None):
+    """Cuts an nn.Sequential (nested Sequentials count as one chain) into stages. split_points:
+    fully qualified names of the modules that start a new stage; split_spec: PyTorch's form,
+    {fqn: SplitPoint.BEGINNING or SplitPoint.END}. The stages share the model's modules.
+    Each stage keeps the model's names for its parameters. mb_args is accepted for PyTorch's
+    signature; shapes come from the stages themselves.
+    A model whose forward is not a chain (not a Sequential) is split by hand with
+    PipelineStage."""
+    if not isinstance(module, Sequential):
+        raise TypeError(f"pipeline(): {type(module).__name__} is not an nn.Sequential, and Kiln "
+                        "cannot trace an arbitrary forward into stages; build the stages by hand "
+                        "with PipelineStage(submodule, stage_index, num_stages)")
+    chain = _flatten(module)
+    names = [n for n, _ in chain]
+    starts = set()
+    spec = dict(split_spec or {})
+    for p in split_points or []:
+        spec[p] = SplitPoint.BEGINNING
+    for fqn, where in spec.items():
+        if fqn not in names:
+            raise ValueError(f"pipeline(): split point '{fqn}' is not a module of the chain; its "
+                             f"modules are {names}")
+        k = names.index(fqn) + (1 if where == SplitPoint.END else 0)
+        if where not in (SplitPoint.BEGINNING, SplitPoint.END):
+            raise ValueError(f"pipeline(): split point '{fqn}': {where!r} is neither "
+                             "SplitPoint.BEGINNING nor SplitPoint.END")
+        if k == 0 or k == len(names):
+            raise ValueError(f"pipeline(): split point '{fqn}' ({where}) would leave a stage "
+                             "empty")
+        starts.add(k)
+    bounds = [0] + sorted(starts) + [len(chain)]
+    return Pipe([_stage_module(chain[a:b]) for a, b in zip(bounds, bounds[1:])])

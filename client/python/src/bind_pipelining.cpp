@@ -1,0 +1,99 @@
+// kiln._C's pipeline part (kiln/dist/pipelining.h): action lists, their simulation and
+// timelines, stages made of Python functions, and the schedule runner.
+// kiln/distributed/pipelining/__init__.py builds PyTorch's torch.distributed.pipelining on these.
+//
+//   acts = _C._pp_schedule("1f1b", 2, 4, 1, False)        # [[_PipelineAction, ...] per rank]
+//   st = _C._PipelineStage(fwd, fwd_meta, None, None, 0, 2, group)
+//   sc = _C._PipelineSchedule([st], "1f1b", 4, loss_fn, False)
+//   outs, losses = sc.step([x], None, True)
+// The runner calls back into Python (the stage's forward, the loss) with the GIL held.
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "kiln/dist/pipelining.h"
+#include "python_args.h"
+
+namespace kiln::python {
+namespace {
+
+namespace pp = kiln::dist::pipelining;
+using TensorFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+pp::Costs costs(double f, double b, double i, double w) { return {f, b, i, w}; }
+
+}  // namespace
+
+void bind_pipelining(nb::module_& m) {
+  nb::class_<pp::Action>(m, "_PipelineAction")
+      .def_prop_ro("op", [](const pp::Action& a) { return std::string(pp::op_name(a.op)); })
+      .def_ro("stage", &pp::Action::stage)
+      .def_ro("microbatch", &pp::Action::microbatch)
+      .def("__eq__", [](const pp::Action& a, const pp::Action& b) { return a == b; })
+      .def("__repr__", [](const pp::Action& a) { return pp::to_string(a); });
+  nb::class_<pp::TimedAction>(m, "_PipelineTimedAction")
+      .def_ro("rank", &pp::TimedAction::rank)
+      .def_ro("action", &pp::TimedAction::action)
+      .def_ro("start", &pp::TimedAction::start)
+      .def_ro("end", &pp::TimedAction::end);
+  m.def("_pp_schedule", [](const std::string& kind, int pp_size, int n_microbatches,
+                           int stages_per_rank, bool fsdp) {
+    return pp::make_schedule(
+        {pp::parse_schedule_kind(kind), pp_size, n_microbatches, stages_per_rank, fsdp});
+  });
+  m.def("_pp_format", &pp::format_schedule);
+  m.def("_pp_simulate", [](const std::vector<pp::ActionList>& lists, double f, double b, double i,
+                           double w) { return pp::simulate(lists, costs(f, b, i, w)); });
+  m.def("_pp_bubble_fraction", &pp::bubble_fraction);
+  m.def("_pp_chrome_trace", &pp::chrome_trace);
+
+  nb::class_<pp::PipelineStage>(m, "_PipelineStage")
+      .def(
+          "__init__",
+          [](pp::PipelineStage* self, TensorFn forward, TensorFn forward_meta,
+             std::optional<std::function<void()>> unshard,
+             std::optional<std::function<void()>> reshard, int stage_index, int num_stages,
+             std::shared_ptr<dist::ProcessGroup> group) {
+            pp::StageFunctions fns{std::move(forward), std::move(forward_meta),
+                                   unshard.value_or(nullptr), reshard.value_or(nullptr)};
+            new (self) pp::PipelineStage(std::move(fns), stage_index, num_stages, std::move(group));
+          })
+      .def_prop_ro("stage_index", &pp::PipelineStage::stage_index)
+      .def_prop_ro("num_stages", &pp::PipelineStage::num_stages)
+      .def_prop_ro("is_first", &pp::PipelineStage::is_first)
+      .def_prop_ro("is_last", &pp::PipelineStage::is_last);
+
+  nb::class_<pp::Schedule>(m, "_PipelineSchedule")
+      .def(
+          "__init__",
+          [](pp::Schedule* self, std::vector<pp::PipelineStage*> stages, const std::string& kind,
+             int n_microbatches, std::optional<nb::object> loss_fn, bool fsdp) {
+            pp::LossFn fn;
+            if (loss_fn && !loss_fn->is_none()) {
+              nb::object f = *loss_fn;
+              fn = [f](const std::vector<Tensor>& outs, const Tensor& target) {
+                nb::object out = outs.size() == 1 ? nb::cast(outs[0]) : nb::cast(outs);
+                return nb::cast<Tensor>(f(out, target));
+              };
+            }
+            new (self) pp::Schedule(std::move(stages), pp::parse_schedule_kind(kind),
+                                    n_microbatches, std::move(fn), fsdp);
+          },
+          nb::keep_alive<1, 2>())
+      .def("step",
+           [](pp::Schedule& s, const std::vector<Tensor>& inputs, std::optional<Tensor> target,
+              bool want_losses) {
+             std::vector<Tensor> losses;
+             auto outs = s.step(inputs, target, want_losses ? &losses : nullptr);
+             return std::make_pair(outs, losses);
+           })
+      .def("eval", &pp::Schedule::eval)
+      .def("actions", &pp::Schedule::actions)
+      .def("last_timeline", &pp::Schedule::last_timeline)
+      .def("last_step_seconds", &pp::Schedule::last_step_seconds);
+}
+
+}  // namespace kiln::python

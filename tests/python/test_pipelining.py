@@ -1,0 +1,264 @@
+"""kiln.distributed.pipelining under `kiln run`: a small GPT cut by pipeline() and trained through
+every schedule on 2 and 4 ranks against single-process training (losses and gradients within
+1e-5, float32), the measured bubbles of GPipe, 1F1B and ZB-H1 on a uniform stage workload, the
+action lists and timelines, and the errors (a stage that cannot take its input, too few
+microbatches, a model that is not a chain)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import kiln
+import kiln.nn as nn
+from kiln.distributed import pipelining as pp
+
+KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
+
+COMMON = textwrap.dedent("""
+    import math, os, sys
+    import kiln, kiln.distributed as dist, kiln.nn as nn
+    import kiln.nn.functional as F
+    from kiln.distributed import pipelining as pp
+
+    dist.init_process_group()
+    RANK, WORLD = dist.get_rank(), dist.get_world_size()
+
+    def expect(fn, kind, needle):
+        try:
+            fn()
+        except kind as e:
+            assert needle in str(e), str(e)
+        else:
+            raise AssertionError(f"expected {kind.__name__}")
+
+    class Embed(nn.Module):
+        def __init__(self, vocab, block, width):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(block, width)
+        def forward(self, idx):
+            return self.tok(idx) + self.pos(kiln.arange(idx.shape[1], device=idx.device))
+
+    class Block(nn.Module):
+        def __init__(self, width, heads):
+            super().__init__()
+            self.heads = heads
+            self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = (t.reshape(B, T, self.heads, C // self.heads).transpose(1, 2)
+                       for t in self.qkv(self.ln1(x)).split(C, dim=2))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            h = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+            return h + self.out(F.gelu(self.fc(self.ln2(h))))
+
+    def gpt(layers, vocab=32, block=8, width=16, heads=2):
+        # The small GPT as a chain (pipeline() cuts chains): embeddings, blocks, norm, head.
+        kiln.manual_seed(0)
+        return nn.Sequential(Embed(vocab, block, width),
+                             nn.Sequential(*[Block(width, heads) for _ in range(layers)]),
+                             nn.LayerNorm(width), nn.Linear(width, vocab, bias=False))
+
+    def lm_loss(logits, y):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+""")
+
+PARITY = COMMON + textwrap.dedent("""
+    kind, m = sys.argv[1], int(sys.argv[2])
+    v = 2 if kind == "interleaved_1f1b" else 1
+    n_stages = WORLD * v
+    layers = 2 * n_stages - 2          # each middle stage gets 2 blocks
+    ref, model = gpt(layers), gpt(layers)
+    # Stage 0: embeddings + 1 block; last: 1 block + norm + head; the others 2 blocks.
+    cuts = [f"1.{2 * i - 1}" for i in range(1, n_stages)]
+    pipe = pp.pipeline(model, split_points=cuts)
+    assert pipe.num_stages == n_stages
+    stages = [pipe.build_stage(c * WORLD + RANK) for c in range(v)]
+    cls = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B, "zbh1": pp.ScheduleZBH1,
+           "interleaved_1f1b": pp.ScheduleInterleaved1F1B}[kind]
+    schedule = cls(stages if v > 1 else stages[0], n_microbatches=m, loss_fn=lm_loss)
+    ref_opt = kiln.optim.SGD(ref.parameters(), lr=0.1)
+    opt = kiln.optim.SGD([p for s in stages for p in s.submod.parameters()], lr=0.1)
+    names = dict(ref.named_parameters())
+    last = (n_stages - 1) % WORLD == RANK
+    for step in range(3):
+        kiln.manual_seed(10 + step)
+        x = kiln.randint(0, 32, (2 * m, 8))
+        y = kiln.randint(0, 32, (2 * m, 8))
+        ref_opt.zero_grad()
+        want = lm_loss(ref(x), y)
+        want.backward()
+        opt.zero_grad()
+        losses = []
+        if RANK == 0:
+            out = schedule.step(x, target=y if last else None, losses=losses)
+        else:
+            out = schedule.step(target=y if last else None, losses=losses)
+        if last:
+            assert len(losses) == m, losses
+            got = sum(l.item() for l in losses) / m
+            assert abs(got - want.item()) <= 1e-5 * max(1, abs(want.item())), (got, want.item())
+            assert tuple(out.shape) == (2 * m, 8, 32), out.shape
+        else:
+            assert out is None and losses == []
+        for s in stages:
+            for name, p in s.submod.named_parameters():
+                g, w = p.grad, names[name].grad
+                err = ((g - w).abs().max() / w.abs().max().clamp(min=1e-12)).item()
+                assert err <= 1e-5, (kind, step, name, err)
+        ref_opt.step()
+        opt.step()
+    print(f"rank {RANK} ok", flush=True)
+""")
+
+BUBBLE = COMMON + textwrap.dedent("""
+    # A uniform stage: 12 matmuls of 256 x 256 after a learned scale (so every stage, the first
+    # too, computes its input's gradient): F = 12 matmuls, B = 24, I = W = 12.
+    class Uniform(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(kiln.ones(256))
+            self.layers = nn.ModuleList([nn.Linear(256, 256, bias=False) for _ in range(12)])
+        def forward(self, x):
+            h = x * self.scale
+            for layer in self.layers:
+                h = layer(h)
+            return h
+
+    m = int(sys.argv[1])
+    stage = pp.PipelineStage(Uniform(), RANK, WORLD)
+    results = {}
+    for kind, cls in [("gpipe", pp.ScheduleGPipe), ("1f1b", pp.Schedule1F1B),
+                      ("zbh1", pp.ScheduleZBH1)]:
+        schedule = cls(stage, n_microbatches=m, loss_fn=lambda out, y: (out * y).mean())
+        x, y = kiln.randn(64 * m, 256), kiln.randn(64 * m, 256)
+        bubbles = []
+        for step in range(7):
+            dist.barrier()
+            schedule.step(x, target=y) if RANK == 0 else schedule.step(target=y)
+            busy = sum(e - s for _, s, e in schedule.last_timeline())
+            mine = kiln.tensor([1 - busy / schedule.last_step_seconds()])
+            dist.all_reduce(mine, op=dist.ReduceOp.AVG)
+            bubbles.append(mine.item())
+        results[kind] = sorted(bubbles)[len(bubbles) // 2]   # the median step
+    want = (WORLD - 1) / (m + WORLD - 1)
+    if RANK == 0:
+        print("bubbles", results, "formula", want, flush=True)
+    for kind in ("gpipe", "1f1b"):
+        assert abs(results[kind] - want) <= 0.1 * want, (kind, results[kind], want)
+    assert results["zbh1"] < results["1f1b"], results
+    print(f"rank {RANK} ok", flush=True)
+""")
+
+ERRORS = COMMON + textwrap.dedent("""
+    # Stage 0 makes 16 features, stage 1 wants 12: every rank raises, naming the stage.
+    mod = nn.Linear(8, 16) if RANK == 0 else nn.Linear(12, 4)
+    stage = pp.PipelineStage(mod, RANK, 2)
+    sched = pp.Schedule1F1B(stage, n_microbatches=2, loss_fn=F.mse_loss)
+    want = ("pipeline: stage 1 cannot take stage 0's output ([2, 16] float32)" if RANK == 1
+            else "pipeline: stage 1 (rank 1) cannot take its input")
+    expect(lambda: sched.step(kiln.randn(4, 8)) if RANK == 0
+           else sched.step(target=kiln.randn(4, 4)), ValueError, want)
+    # The same stages, fixed, then run: the failed inference left nothing behind.
+    mod = nn.Linear(8, 16) if RANK == 0 else nn.Linear(16, 4)
+    stage = pp.PipelineStage(mod, RANK, 2)
+    sched = pp.Schedule1F1B(stage, n_microbatches=2, loss_fn=F.mse_loss)
+    sched.step(kiln.randn(4, 8)) if RANK == 0 else sched.step(target=kiln.randn(4, 4))
+    # Too few microbatches for the interleaved schedule, and a stage on the wrong rank.
+    stages = [pp.PipelineStage(nn.Linear(4, 4), c * WORLD + RANK, 2 * WORLD) for c in range(2)]
+    expect(lambda: pp.ScheduleInterleaved1F1B(stages, n_microbatches=1), ValueError,
+           f"interleaved_1f1b over {WORLD} ranks needs a multiple of {WORLD} microbatches")
+    expect(lambda: pp.PipelineStage(nn.Linear(4, 4), (RANK + 1) % WORLD, WORLD), ValueError,
+           f"belongs on rank {(RANK + 1) % WORLD}")
+    # The rank of stage 0 must pass inputs; a batch smaller than the microbatch count.
+    stage = pp.PipelineStage(nn.Linear(4, 4), RANK, WORLD)
+    sched = pp.ScheduleGPipe(stage, n_microbatches=3, loss_fn=F.mse_loss)
+    if RANK == 0:
+        expect(lambda: sched.step(), ValueError, "this rank runs stage 0 and must pass the inputs")
+        expect(lambda: sched.step(kiln.randn(2, 4)), ValueError,
+               "of shape [2, 4] cannot be split in 3 microbatches")
+    print(f"rank {RANK} ok", flush=True)
+""")
+
+
+def run(tmp_path, name, script, nproc, *args, env=None):
+    if not KILN_CLI.exists():
+        pytest.skip(f"{KILN_CLI} is not built")
+    path = tmp_path / f"{name}.py"
+    path.write_text(script)
+    env = dict(os.environ, KILN_COMM_TIMEOUT_S="30", **(env or {}))
+    r = subprocess.run([str(KILN_CLI), "run", "--nproc", str(nproc), "--timeout", "150",
+                        sys.executable, str(path), *args], capture_output=True, text=True,
+                       env=env, timeout=200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(nproc):
+        assert f"[rank {rank}] rank {rank} ok" in r.stdout, r.stdout + r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("kind,m", [("gpipe", 3), ("1f1b", 5), ("zbh1", 4),
+                                    ("interleaved_1f1b", 4)])
+def test_every_schedule_matches_single_process(tmp_path, kind, m):
+    run(tmp_path, "parity", PARITY, 2, kind, str(m))
+
+
+@pytest.mark.parametrize("kind,m", [("1f1b", 6), ("zbh1", 4), ("interleaved_1f1b", 4)])
+def test_four_ranks_match_single_process(tmp_path, kind, m):
+    run(tmp_path, "parity", PARITY, 4, kind, str(m))
+
+
+def test_measured_bubbles(tmp_path):
+    out = run(tmp_path, "bubble", BUBBLE, 2, "4", env={"OMP_NUM_THREADS": "1"})
+    print(out)
+
+
+def test_errors(tmp_path):
+    run(tmp_path, "errors", ERRORS, 2)
+
+
+def test_action_lists_and_timelines(tmp_path):
+    acts = pp.schedule_actions("1f1b", 2, 2)
+    assert [repr(a) for a in acts[1]] == ["1RECV_F0", "1F0", "1B0", "1SEND_B0", "1RECV_F1",
+                                          "1F1", "1B1", "1SEND_B1"]
+    assert (acts[0][0].op, acts[0][0].stage, acts[0][0].microbatch) == ("F", 0, 0)
+    assert pp.format_actions(acts).startswith("rank 0: 0F0 0SEND_F0 0F1")
+    for p, m in [(2, 4), (4, 8)]:
+        want = (p - 1) / (m + p - 1)
+        for kind in ("gpipe", "1f1b"):
+            assert abs(pp.bubble_fraction(pp.simulate(pp.schedule_actions(kind, p, m)), p)
+                       - want) < 1e-12
+        zb = pp.bubble_fraction(pp.simulate(pp.schedule_actions("zbh1", p, m)), p)
+        assert zb < want
+    trace = pp.chrome_trace(pp.simulate(pp.schedule_actions("zbh1", 2, 2)))
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert {"0F0", "0I1", "1W1"} <= names
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert tracks == {"rank 0", "rank 1"}
+    with pytest.raises(ValueError, match="the schedules are gpipe, 1f1b, interleaved_1f1b, zbh1"):
+        pp.schedule_actions("pipedream", 2, 2)
+
+
+def test_pipeline_split():
+    kiln.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.Tanh(), nn.Linear(8, 8)),
+                          nn.Linear(8, 2))
+    pipe = pp.pipeline(model, split_points=["1.1"])
+    assert pipe.num_stages == 2
+    assert list(pipe.get_stage_module(1).state_dict()) == ["1.1.weight", "1.1.bias",
+                                                           "2.weight", "2.bias"]
+    x = kiln.randn(3, 4)
+    h = pipe.get_stage_module(1)(pipe.get_stage_module(0)(x))
+    assert (h - model(x)).abs().max().item() == 0
+    same = pp.pipeline(model, split_spec={"1.0": pp.SplitPoint.END})
+    assert list(same.get_stage_module(0).state_dict()) == ["0.weight", "0.bias"]
+    with pytest.raises(ValueError, match="split point 'nope' is not a module of the chain"):
+        pp.pipeline(model, split_points=["nope"])
+    with pytest.raises(ValueError, match="would leave a stage empty"):
+        pp.pipeline(model, split_points=["0"])
+    with pytest.raises(TypeError, match="is not an nn.Sequential"):
+        pp.pipeline(nn.Linear(2, 2), split_points=[])
