@@ -25,6 +25,7 @@ tensors first. Each microbatch's loss is divided by n_microbatches before its ba
 gradients are those of the mean loss over the batch.
 """
 import json
+import weakref
 from collections import OrderedDict
 
 from kiln import _C
@@ -80,8 +81,11 @@ class PipelineStage:
                              "on the CPU (UCX)")
         self.submod = submodule
         group = _C._default_group() if group is None else group
-        self._c = _C._PipelineStage(lambda ins: _as_list(submodule(*ins)),
-                                    lambda ins: _forward_meta(submodule, ins), None, None,
+        # The C++ stage calls back through a weak reference: a Python object it held strongly
+        # could close a cycle the garbage collector cannot see into.
+        me = weakref.ref(self)
+        self._c = _C._PipelineStage(lambda ins: _as_list(me().submod(*ins)),
+                                    lambda ins: _forward_meta(me().submod, ins), None, None,
                                     stage_index, num_stages, group)
         self.group = group
 
@@ -106,8 +110,10 @@ class _PipelineSchedule:
         self._stages = stages
         self._n_microbatches = n_microbatches
         self._loss_fn = loss_fn
+        me = weakref.ref(self)  # See PipelineStage.__init__
         self._c = _C._PipelineSchedule([s._c for s in stages], self._kind, n_microbatches,
-                                       loss_fn, False)
+                                       None if loss_fn is None else
+                                       lambda out, target: me()._loss_fn(out, target), False)
 
     def step(self, *args, target=None, losses=None):
         """One training step over the batch `args` (stage 0's rank) with `target` (the last
