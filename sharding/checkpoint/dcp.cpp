@@ -170,6 +170,37 @@ SavedShard saved_shard(const std::string& name, const Tensor& t) {
 
 namespace {
 
+// The plain (non-DTensor) tensors of `state` this rank writes: those no lower rank holds. Ranks
+// may hold different plain tensors (pipeline stages each hold their own); each rank's names
+// travel as 64-bit hashes in two all-gathers.
+std::set<std::string> plain_writes(const TensorMap& state, int rank, int world) {
+  std::vector<std::pair<int64_t, std::string>> mine;
+  for (const auto& [name, t] : state)
+    if (!is_dtensor(t)) mine.push_back({static_cast<int64_t>(std::hash<std::string>()(name)), name});
+  std::set<std::string> out;
+  if (world == 1) {
+    for (auto& [h, n] : mine) out.insert(n);
+    return out;
+  }
+  auto group = default_group();
+  Tensor count = full({1}, static_cast<int64_t>(mine.size()), kInt64);
+  Tensor counts = empty({world}, kInt64);
+  group->all_gather_into_tensor(counts, count)->wait();
+  int64_t most = 0;
+  for (int q = 0; q < world; ++q) most = std::max(most, counts.data_ptr<int64_t>()[q]);
+  Tensor hashes = zeros({std::max<int64_t>(most, 1)}, kInt64);
+  for (size_t i = 0; i < mine.size(); ++i) hashes.data_ptr<int64_t>()[i] = mine[i].first;
+  Tensor every = empty({world * std::max<int64_t>(most, 1)}, kInt64);
+  group->all_gather_into_tensor(every, hashes)->wait();
+  std::set<int64_t> lower;
+  for (int q = 0; q < rank; ++q)
+    for (int64_t i = 0; i < counts.data_ptr<int64_t>()[q]; ++i)
+      lower.insert(every.data_ptr<int64_t>()[q * std::max<int64_t>(most, 1) + i]);
+  for (auto& [h, n] : mine)
+    if (!lower.count(h)) out.insert(n);
+  return out;
+}
+
 // What a save writes, taken from the state at the call (See Note [Distributed checkpoint format]).
 struct Snapshot {
   fs::path root;
@@ -248,6 +279,7 @@ Snapshot snapshot(const TensorMap& state, const std::string& dir, const std::str
   }
   s.gen = static_cast<uint64_t>(pick[0]);
   s.nonce = pick[1];
+  const std::set<std::string> plain = plain_writes(state, s.rank, s.world);
   autograd::NoGradGuard no_grad;
   for (const auto& [name, t] : state) {
     json entry{{"shape", std::vector<int64_t>(t.sizes().begin(), t.sizes().end())},
@@ -259,7 +291,7 @@ Snapshot snapshot(const TensorMap& state, const std::string& dir, const std::str
       entry["placements"] = placements_str(detail::spec_of(t).placements);
       if (sh.writes) piece = sh.local;
       box = std::move(sh.box);
-    } else if (s.rank == 0) {
+    } else if (plain.count(name)) {
       piece = t;
     }
     s.tensors[name] = std::move(entry);
@@ -330,24 +362,26 @@ void commit(const Snapshot& s) {
             {"world_size", s.world}, {"extra", s.extra},    {"tensors", json::object()}};
   json& all = meta["tensors"];
   meta["rank_extra"] = json::array();  // each rank's own (its RNG state, say)
-  for (const auto& [name, entry] : s.tensors.items()) {
-    all[name] = entry;
-    all[name]["chunks"] = json::array();
-  }
   for (int q = 0; q < s.world; ++q) {
     const json part = read_json(s.root / rank_file(q, s.gen, ".json"));
     KILN_CHECK(part.value("nonce", int64_t{0}) == s.nonce, Runtime, "checkpoint.save: rank ", q,
                "'s chunk list of generation ", s.gen, " belongs to another save");
     meta["rank_extra"].push_back(part.value("extra", json::object()));
-    KILN_CHECK(part.at("tensors").size() == s.tensors.size(), Value, "checkpoint.save: rank ", q,
-               " saved ", part.at("tensors").size(), " tensors, rank 0 ", s.tensors.size(),
-               "; every rank must pass the same names");
+    // The ranks may hold different tensors (pipeline stages); a name two ranks hold must
+    // agree on its shape, dtype and placements.
     for (const auto& [name, entry] : part.at("tensors").items()) {
-      KILN_CHECK(all.contains(name) && all[name]["shape"] == entry.at("shape") &&
-                     all[name]["dtype"] == entry.at("dtype"),
-                 Value, "checkpoint.save: rank ", q, " saved '", name, "' as ", entry.dump(),
-                 ", which rank 0 ",
-                 all.contains(name) ? "saved as " + all[name].dump() : std::string("did not save"));
+      if (!all.contains(name)) {
+        all[name] = entry;
+        all[name]["chunks"] = json::array();
+        all[name]["first_rank"] = q;
+        continue;
+      }
+      json seen = all[name];
+      seen.erase("chunks");
+      const int first = seen["first_rank"].get<int>();
+      seen.erase("first_rank");
+      KILN_CHECK(seen == entry, Value, "checkpoint.save: rank ", q, " saved '", name, "' as ",
+                 entry.dump(), ", which rank ", first, " saved as ", seen.dump());
     }
     for (const auto& [name, c] : part.at("chunks").items()) {
       json chunk = c;
@@ -355,7 +389,8 @@ void commit(const Snapshot& s) {
       all[name]["chunks"].push_back(std::move(chunk));
     }
   }
-  for (const auto& [name, entry] : all.items()) {  // each element once
+  for (auto& [name, entry] : all.items()) {  // each element once
+    entry.erase("first_rank");
     int64_t covered = 0, numel = 1;
     for (int64_t d : entry["shape"].get<std::vector<int64_t>>()) numel *= d;
     for (const json& c : entry["chunks"]) {

@@ -197,7 +197,7 @@ class ScheduleRunner {
   ProcessGroupPtr group_;
   int p_ = 1, n_stages_ = 1;
   std::vector<ActionList> actions_;
-  // Note [Pipeline shapes]: each local stage's input and output metas, for the input shapes
+  // See Note [Pipeline shapes]: each local stage's input and output metas, for the input shapes
   // they were inferred from.
   std::vector<std::vector<int64_t>> inferred_for_;
   std::map<int, std::vector<Tensor>> in_meta_, out_meta_;

@@ -1,4 +1,4 @@
-// Note [Split backward]: backward_input() + backward_weight() against backward(), for a
+// See Note [Split backward]: backward_input() + backward_weight() against backward(), for a
 // two-layer network, a parameter used twice, a stage with no input to differentiate, and misuse.
 #include <gtest/gtest.h>
 

@@ -18,22 +18,10 @@ from kiln.distributed import pipelining as pp
 
 KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
 
-COMMON = textwrap.dedent("""
-    import math, os, sys
-    import kiln, kiln.distributed as dist, kiln.nn as nn
+# The small GPT as a chain (pipeline() cuts chains): embeddings, blocks, norm, head.
+MODEL = textwrap.dedent("""
+    import kiln, kiln.nn as nn
     import kiln.nn.functional as F
-    from kiln.distributed import pipelining as pp
-
-    dist.init_process_group()
-    RANK, WORLD = dist.get_rank(), dist.get_world_size()
-
-    def expect(fn, kind, needle):
-        try:
-            fn()
-        except kind as e:
-            assert needle in str(e), str(e)
-        else:
-            raise AssertionError(f"expected {kind.__name__}")
 
     class Embed(nn.Module):
         def __init__(self, vocab, block, width):
@@ -67,6 +55,24 @@ COMMON = textwrap.dedent("""
     def lm_loss(logits, y):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 """)
+
+COMMON = textwrap.dedent("""
+    import math, os, sys
+    import kiln, kiln.distributed as dist, kiln.nn as nn
+    import kiln.nn.functional as F
+    from kiln.distributed import pipelining as pp
+
+    dist.init_process_group()
+    RANK, WORLD = dist.get_rank(), dist.get_world_size()
+
+    def expect(fn, kind, needle):
+        try:
+            fn()
+        except kind as e:
+            assert needle in str(e), str(e)
+        else:
+            raise AssertionError(f"expected {kind.__name__}")
+""") + MODEL
 
 PARITY = COMMON + textwrap.dedent("""
     kind, m = sys.argv[1], int(sys.argv[2])
@@ -163,6 +169,22 @@ BUBBLE = COMMON + textwrap.dedent("""
     print(f"rank {RANK} ok", flush=True)
 """)
 
+# Each rank saves its stage's state (the model's own names), and one process without a pipeline
+# loads it into the whole model: PP to no PP, bit for bit.
+PP_SAVE = COMMON + textwrap.dedent("""
+    import kiln.distributed.checkpoint as dcp
+    model = gpt(2)
+    with kiln.no_grad():
+        for p in model.parameters():
+            p.add_(kiln.randn(p.shape))      # not the init: the load must bring these
+    pipe = pp.pipeline(model, split_points=["1.1"])
+    stage = pipe.build_stage(RANK)
+    dcp.save({"model": stage.submod.state_dict(), "step": 7}, checkpoint_id=sys.argv[1])
+    if RANK == 0:
+        kiln.save(model.state_dict(), sys.argv[2])   # what the whole model must come back as
+    print(f"rank {RANK} ok", flush=True)
+""")
+
 ERRORS = COMMON + textwrap.dedent("""
     # Stage 0 makes 16 features, stage 1 wants 12: every rank raises, naming the stage.
     mod = nn.Linear(8, 16) if RANK == 0 else nn.Linear(12, 4)
@@ -223,6 +245,23 @@ def test_four_ranks_match_single_process(tmp_path, kind, m):
 def test_measured_bubbles(tmp_path):
     out = run(tmp_path, "bubble", BUBBLE, 2, "4", env={"OMP_NUM_THREADS": "1"})
     print(out)
+
+
+def test_pipeline_checkpoint_loads_without_a_pipeline(tmp_path):
+    import kiln.distributed.checkpoint as dcp
+    ckpt, want = tmp_path / "ckpt", tmp_path / "want.kiln"
+    run(tmp_path, "pp_save", PP_SAVE, 2, str(ckpt), str(want))
+    ns = {}
+    exec(MODEL, ns)
+    kiln.manual_seed(123)
+    model = ns["gpt"](2)
+    state = {"model": model.state_dict(), "step": 0}
+    dcp.load(state, checkpoint_id=ckpt)
+    assert state["step"] == 7
+    saved = kiln.load(want)
+    assert sorted(saved) == sorted(model.state_dict())
+    for name, t in model.state_dict().items():
+        assert bool((t == saved[name]).all()), name
 
 
 def test_errors(tmp_path):
