@@ -424,8 +424,10 @@ void backward_weight(DeferredWeightGrad& deferred) {
     }
     std::vector<size_t> others;
     for (size_t i = 0, w = 0; i < n.num_outputs(); ++i) {
-      if (w < item.weight_edges.size() && item.weight_edges[w] == i) ++w;
-      else others.push_back(i);
+      if (w < item.weight_edges.size() && item.weight_edges[w] == i)
+        ++w;
+      else
+        others.push_back(i);
     }
     variable_list out = [&] {
       AutoGradMode mode(false);

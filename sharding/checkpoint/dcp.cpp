@@ -176,7 +176,8 @@ namespace {
 std::set<std::string> plain_writes(const TensorMap& state, int rank, int world) {
   std::vector<std::pair<int64_t, std::string>> mine;
   for (const auto& [name, t] : state)
-    if (!is_dtensor(t)) mine.push_back({static_cast<int64_t>(std::hash<std::string>()(name)), name});
+    if (!is_dtensor(t))
+      mine.push_back({static_cast<int64_t>(std::hash<std::string>()(name)), name});
   std::set<std::string> out;
   if (world == 1) {
     for (auto& [h, n] : mine) out.insert(n);

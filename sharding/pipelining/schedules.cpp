@@ -119,16 +119,26 @@ ActionList with_messages(const ActionList& compute, int p, int n_stages, bool fs
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::F: return "F";
-    case Op::B: return "B";
-    case Op::I: return "I";
-    case Op::W: return "W";
-    case Op::SendF: return "SEND_F";
-    case Op::RecvF: return "RECV_F";
-    case Op::SendB: return "SEND_B";
-    case Op::RecvB: return "RECV_B";
-    case Op::Unshard: return "UNSHARD";
-    case Op::Reshard: return "RESHARD";
+    case Op::F:
+      return "F";
+    case Op::B:
+      return "B";
+    case Op::I:
+      return "I";
+    case Op::W:
+      return "W";
+    case Op::SendF:
+      return "SEND_F";
+    case Op::RecvF:
+      return "RECV_F";
+    case Op::SendB:
+      return "SEND_B";
+    case Op::RecvB:
+      return "RECV_B";
+    case Op::Unshard:
+      return "UNSHARD";
+    case Op::Reshard:
+      return "RESHARD";
   }
   return "?";
 }
@@ -150,10 +160,14 @@ ScheduleKind parse_schedule_kind(std::string_view name) {
 
 const char* schedule_kind_name(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::GPipe: return "gpipe";
-    case ScheduleKind::OneFOneB: return "1f1b";
-    case ScheduleKind::Interleaved1F1B: return "interleaved_1f1b";
-    case ScheduleKind::ZBH1: return "zbh1";
+    case ScheduleKind::GPipe:
+      return "gpipe";
+    case ScheduleKind::OneFOneB:
+      return "1f1b";
+    case ScheduleKind::Interleaved1F1B:
+      return "interleaved_1f1b";
+    case ScheduleKind::ZBH1:
+      return "zbh1";
   }
   return "?";
 }
@@ -167,8 +181,9 @@ std::vector<ActionList> make_schedule(const ScheduleSpec& spec) {
   if (spec.kind == ScheduleKind::Interleaved1F1B) {
     KILN_CHECK(v >= 2, Value, "interleaved_1f1b needs at least 2 stages per rank, got ", v,
                " (use 1f1b for one)");
-    KILN_CHECK(m >= p && m % p == 0, Value, "interleaved_1f1b over ", p, " ranks needs a multiple of ",
-               p, " microbatches (at least ", p, "), got n_microbatches=", m);
+    KILN_CHECK(m >= p && m % p == 0, Value, "interleaved_1f1b over ", p,
+               " ranks needs a multiple of ", p, " microbatches (at least ", p,
+               "), got n_microbatches=", m);
   } else {
     KILN_CHECK(v == 1, Value, "pipeline schedule ", name, " runs one stage per rank, got ", v,
                " (interleaved_1f1b runs several)");
@@ -238,8 +253,10 @@ std::vector<TimedAction> simulate(const std::vector<ActionList>& actions, const 
         }
         if (a.op == Op::W) need(ended(Op::I, a.stage, a.microbatch));
         if (!dep) break;
-        const double cost = a.op == Op::F ? costs.f : a.op == Op::B ? costs.b
-                          : a.op == Op::I ? costs.i : costs.w;
+        const double cost = a.op == Op::F   ? costs.f
+                            : a.op == Op::B ? costs.b
+                            : a.op == Op::I ? costs.i
+                                            : costs.w;
         const double start = std::max(free_at[r], *dep);
         free_at[r] = start + cost;
         end[{a.op, a.stage, a.microbatch}] = free_at[r];
@@ -251,7 +268,8 @@ std::vector<TimedAction> simulate(const std::vector<ActionList>& actions, const 
   }
   std::ostringstream stuck;
   for (int r = 0; r < p; ++r)
-    if (next[r] < actions[r].size()) stuck << " rank " << r << " at " << to_string(actions[r][next[r]]);
+    if (next[r] < actions[r].size())
+      stuck << " rank " << r << " at " << to_string(actions[r][next[r]]);
   KILN_CHECK(stuck.str().empty(), Runtime, "pipeline schedule deadlocks:", stuck.str(),
              " each wait for an action that never runs");
   return out;
@@ -273,16 +291,18 @@ std::string chrome_trace(const std::vector<TimedAction>& timeline) {
   bool first = true;
   for (const TimedAction& t : timeline) {
     ranks.insert(t.rank);
-    os << (first ? "\n" : ",\n") << "{\"name\": \"" << to_string(t.action)
-       << "\", \"cat\": \"" << op_name(t.action.op) << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": "
-       << t.rank << ", \"ts\": " << t.start * 1e6 << ", \"dur\": " << (t.end - t.start) * 1e6
-       << ", \"args\": {\"stage\": " << t.action.stage << ", \"microbatch\": "
-       << t.action.microbatch << "}}";
+    os << (first ? "\n" : ",\n") << "{\"name\": \"" << to_string(t.action) << "\", \"cat\": \""
+       << op_name(t.action.op) << "\", \"ph\": \"X\", \"pid\": 0, \"tid\": " << t.rank
+       << ", \"ts\": " << t.start * 1e6 << ", \"dur\": " << (t.end - t.start) * 1e6
+       << ", \"args\": {\"stage\": " << t.action.stage
+       << ", \"microbatch\": " << t.action.microbatch << "}}";
     first = false;
   }
   for (int r : ranks)
-    os << (first ? "\n" : ",\n") << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": "
-       << r << ", \"args\": {\"name\": \"rank " << r << "\"}}", first = false;
+    os << (first ? "\n" : ",\n")
+       << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": " << r
+       << ", \"args\": {\"name\": \"rank " << r << "\"}}",
+        first = false;
   os << "\n]}\n";
   return os.str();
 }

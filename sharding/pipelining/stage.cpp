@@ -38,8 +38,8 @@ Tensor encode_shapes(const std::vector<Tensor>* metas) {
   w[1] = static_cast<int64_t>(metas->size());
   for (const Tensor& m : *metas) {
     KILN_CHECK(k + 2 + m.dim() <= kShapeWords, Value,
-               "pipeline: a stage's outputs have too many dimensions to describe (", describe(*metas),
-               ")");
+               "pipeline: a stage's outputs have too many dimensions to describe (",
+               describe(*metas), ")");
     w[k++] = static_cast<int64_t>(m.dtype());
     w[k++] = m.dim();
     for (int64_t d : m.sizes()) w[k++] = d;
@@ -104,42 +104,42 @@ PipelineStage::PipelineStage(StageFunctions fns, int stage_index, int num_stages
 
 PipelineStage::PipelineStage(nn::ModulePtr module, int stage_index, int num_stages,
                              ProcessGroupPtr group)
-    : PipelineStage(
-          StageFunctions{
-              [module](const std::vector<Tensor>& in) {
-                KILN_CHECK(in.size() == 1, Value, "PipelineStage of a ", module->type_name(),
-                           ": its forward takes one tensor, got ", in.size());
-                return std::vector<Tensor>{module->forward(in[0])};
-              },
-              [module](const std::vector<Tensor>& in) {
-                KILN_CHECK(in.size() == 1, Value, "PipelineStage of a ", module->type_name(),
-                           ": its forward takes one tensor, got ", in.size());
-                // The module's own tensors on meta for the call, then back.
-                std::vector<std::pair<Tensor*, Tensor>> swapped;
-                for (auto& m : module->modules()) {
-                  for (auto& [name, t] : m->named_parameters(false)) {
-                    Tensor& slot = m->param(name);
-                    swapped.push_back({&slot, slot});
-                    slot = kiln::empty(t.sizes(), t.dtype(), kMeta);
-                  }
-                  for (auto& [name, t] : m->named_buffers(false)) {
-                    Tensor& slot = m->buffer(name);
-                    swapped.push_back({&slot, slot});
-                    slot = kiln::empty(t.sizes(), t.dtype(), kMeta);
-                  }
-                }
-                struct Restore {
-                  std::vector<std::pair<Tensor*, Tensor>>& s;
-                  ~Restore() {
-                    for (auto& [slot, t] : s) *slot = t;
-                  }
-                } restore{swapped};
-                autograd::NoGradGuard ng;
-                return std::vector<Tensor>{module->forward(in[0])};
-              },
-              {},
-              {}},
-          stage_index, num_stages, std::move(group)) {}
+    : PipelineStage(StageFunctions{[module](const std::vector<Tensor>& in) {
+                                     KILN_CHECK(in.size() == 1, Value, "PipelineStage of a ",
+                                                module->type_name(),
+                                                ": its forward takes one tensor, got ", in.size());
+                                     return std::vector<Tensor>{module->forward(in[0])};
+                                   },
+                                   [module](const std::vector<Tensor>& in) {
+                                     KILN_CHECK(in.size() == 1, Value, "PipelineStage of a ",
+                                                module->type_name(),
+                                                ": its forward takes one tensor, got ", in.size());
+                                     // The module's own tensors on meta for the call, then back.
+                                     std::vector<std::pair<Tensor*, Tensor>> swapped;
+                                     for (auto& m : module->modules()) {
+                                       for (auto& [name, t] : m->named_parameters(false)) {
+                                         Tensor& slot = m->param(name);
+                                         swapped.push_back({&slot, slot});
+                                         slot = kiln::empty(t.sizes(), t.dtype(), kMeta);
+                                       }
+                                       for (auto& [name, t] : m->named_buffers(false)) {
+                                         Tensor& slot = m->buffer(name);
+                                         swapped.push_back({&slot, slot});
+                                         slot = kiln::empty(t.sizes(), t.dtype(), kMeta);
+                                       }
+                                     }
+                                     struct Restore {
+                                       std::vector<std::pair<Tensor*, Tensor>>& s;
+                                       ~Restore() {
+                                         for (auto& [slot, t] : s) *slot = t;
+                                       }
+                                     } restore{swapped};
+                                     autograd::NoGradGuard ng;
+                                     return std::vector<Tensor>{module->forward(in[0])};
+                                   },
+                                   {},
+                                   {}},
+                    stage_index, num_stages, std::move(group)) {}
 
 // ---- The runner ------------------------------------------------------------------------------
 
@@ -156,8 +156,8 @@ class ScheduleRunner {
     for (auto* s : stages_) {
       KILN_CHECK(s->group().get() == group_.get() && s->num_stages() == n_stages_, Value,
                  "pipeline schedule: this rank's stages must share one group and one stage count");
-      KILN_CHECK(by_index_.emplace(s->stage_index(), s).second, Value,
-                 "pipeline schedule: stage ", s->stage_index(), " given twice");
+      KILN_CHECK(by_index_.emplace(s->stage_index(), s).second, Value, "pipeline schedule: stage ",
+                 s->stage_index(), " given twice");
     }
     KILN_CHECK(n_stages_ == p_ * v, Value, "pipeline schedule ", schedule_kind_name(kind), ": ",
                n_stages_, " stages over ", p_, " ranks need ", n_stages_ / std::max(p_, 1),
@@ -252,8 +252,10 @@ void ScheduleRunner::infer_shapes(const std::vector<Tensor>& first_inputs) {
         failed_stage = s;
         std::ostringstream os;
         os << "pipeline: stage " << s;
-        if (s > 0) os << " cannot take stage " << s - 1 << "'s output (" << describe(*in) << ")";
-        else os << " cannot take a microbatch of the inputs (" << describe(*in) << ")";
+        if (s > 0)
+          os << " cannot take stage " << s - 1 << "'s output (" << describe(*in) << ")";
+        else
+          os << " cannot take a microbatch of the inputs (" << describe(*in) << ")";
         os << ": " << e.what();
         error = os.str();
       }
@@ -347,9 +349,12 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
                                         const std::optional<Tensor>& target,
                                         std::vector<Tensor>* losses, bool train) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  auto now = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   if (is_local(0)) {
-    KILN_CHECK(!inputs.empty(), Value, "pipeline step: this rank runs stage 0 and must pass the inputs");
+    KILN_CHECK(!inputs.empty(), Value,
+               "pipeline step: this rank runs stage 0 and must pass the inputs");
     first_mbs_.clear();
     for (int i = 0; i < m_; ++i) first_mbs_.push_back(microbatch(inputs, i, m_, "an input"));
   }
@@ -379,8 +384,8 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
   const int me = group_->rank();
   std::vector<Tensor> outputs_by_mb(m_);
   for (const Action& a : actions_[me]) {
-    if (!train && (a.op == Op::B || a.op == Op::I || a.op == Op::W || a.op == Op::SendB ||
-                   a.op == Op::RecvB))
+    if (!train &&
+        (a.op == Op::B || a.op == Op::I || a.op == Op::W || a.op == Op::SendB || a.op == Op::RecvB))
       continue;
     Slot& slot = slots_[{a.stage, a.microbatch}];
     const bool compute = a.op == Op::F || a.op == Op::B || a.op == Op::I || a.op == Op::W;
@@ -393,7 +398,8 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
       case Op::RecvF:
         for (const Tensor& m : in_meta_.at(a.stage)) {
           slot.inputs.push_back(kiln::empty(m.sizes(), m.dtype()));
-          slot.recvs.push_back(group_->recv(slot.inputs.back(), rank_of(a.stage - 1), fwd_tag(a.stage)));
+          slot.recvs.push_back(
+              group_->recv(slot.inputs.back(), rank_of(a.stage - 1), fwd_tag(a.stage)));
         }
         break;
       case Op::RecvB:
@@ -406,13 +412,15 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
       case Op::SendF:
         for (const Tensor& t : slot.outputs) {
           send_buffers_.push_back(t.detach().contiguous());
-          sends_.push_back(group_->send(send_buffers_.back(), rank_of(a.stage + 1), fwd_tag(a.stage + 1)));
+          sends_.push_back(
+              group_->send(send_buffers_.back(), rank_of(a.stage + 1), fwd_tag(a.stage + 1)));
         }
         break;
       case Op::SendB:
         for (const Tensor& t : slot.grad_inputs) {
           send_buffers_.push_back(t.contiguous());
-          sends_.push_back(group_->send(send_buffers_.back(), rank_of(a.stage - 1), bwd_tag(a.stage - 1)));
+          sends_.push_back(
+              group_->send(send_buffers_.back(), rank_of(a.stage - 1), bwd_tag(a.stage - 1)));
         }
         slot.grad_inputs.clear();
         break;

@@ -60,10 +60,11 @@ TEST(SplitBackward, InputPartSkipsWeightGradients) {
   Tensor x = random({2, 4}, kFloat64, -1, 1, 22).requires_grad_();
   Tensor y = mm(x, w.t());
   std::vector<bool> weight_defined;
-  y.grad_fn()->register_hook([&](const autograd::variable_list& out, const autograd::variable_list&) {
-    weight_defined.push_back(out.size() > 1 && out[1].defined());
-    return autograd::variable_list{};
-  });
+  y.grad_fn()->register_hook(
+      [&](const autograd::variable_list& out, const autograd::variable_list&) {
+        weight_defined.push_back(out.size() > 1 && out[1].defined());
+        return autograd::variable_list{};
+      });
   autograd::DeferredWeightGrad deferred;
   autograd::backward_input({y.sum()}, {x}, {}, deferred);
   ASSERT_EQ(weight_defined.size(), 1u);
@@ -93,14 +94,12 @@ TEST(SplitBackward, Errors) {
   Tensor x = random({3}, kFloat64, -1, 1, 42).requires_grad_();
   autograd::DeferredWeightGrad deferred;
   autograd::backward_input({(x * w).sum()}, {x}, {}, deferred);
-  expect_error(ErrorKind::Value, "run backward_weight() on it first", [&] {
-    autograd::backward_input({(x * w).sum()}, {x}, {}, deferred);
-  });
+  expect_error(ErrorKind::Value, "run backward_weight() on it first",
+               [&] { autograd::backward_input({(x * w).sum()}, {x}, {}, deferred); });
   autograd::backward_weight(deferred);
   Tensor plain = random({3}, kFloat64, -1, 1, 43);
-  expect_error(ErrorKind::Runtime, "input 0 does not require grad", [&] {
-    autograd::backward_input({(x * w).sum()}, {plain}, {}, deferred);
-  });
+  expect_error(ErrorKind::Runtime, "input 0 does not require grad",
+               [&] { autograd::backward_input({(x * w).sum()}, {plain}, {}, deferred); });
   autograd::backward_weight(deferred);  // empty: nothing to do
 }
 

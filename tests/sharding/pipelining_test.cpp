@@ -32,7 +32,8 @@ const ScheduleKind kKinds[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB,
 // every SEND has its RECV on the peer's list, in the same order.
 void check_well_formed(const std::vector<pp::ActionList>& lists, int p, int v, int m, bool split) {
   std::map<std::pair<int, Op>, std::vector<int>> order;  // (stage, op) -> microbatches
-  std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> sent, received;  // link -> (stage, mb)
+  std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> sent,
+      received;  // link -> (stage, mb)
   for (int r = 0; r < p; ++r)
     for (const pp::Action& a : lists[r]) {
       EXPECT_EQ(a.stage % p, r) << pp::to_string(a) << " on rank " << r;
@@ -40,7 +41,8 @@ void check_well_formed(const std::vector<pp::ActionList>& lists, int p, int v, i
       if (a.op == Op::SendF) sent[{r, (a.stage + 1) % p}].push_back({a.stage + 1, a.microbatch});
       if (a.op == Op::RecvF) received[{(a.stage - 1) % p, r}].push_back({a.stage, a.microbatch});
       if (a.op == Op::SendB) sent[{r, (a.stage - 1) % p}].push_back({-a.stage, a.microbatch});
-      if (a.op == Op::RecvB) received[{(a.stage + 1) % p, r}].push_back({-a.stage - 1, a.microbatch});
+      if (a.op == Op::RecvB)
+        received[{(a.stage + 1) % p, r}].push_back({-a.stage - 1, a.microbatch});
     }
   std::vector<int> all(m);
   for (int i = 0; i < m; ++i) all[i] = i;
@@ -84,8 +86,10 @@ TEST(PipelineSchedules, BubblesMatchTheClosedForm) {
         auto t = pp::simulate(pp::make_schedule({kind, p, m}));
         EXPECT_NEAR(pp::bubble_fraction(t, p), want, 1e-12) << pp::schedule_kind_name(kind);
       }
-      const double one_f = pp::bubble_fraction(pp::simulate(pp::make_schedule({ScheduleKind::OneFOneB, p, m})), p);
-      const double zb = pp::bubble_fraction(pp::simulate(pp::make_schedule({ScheduleKind::ZBH1, p, m})), p);
+      const double one_f =
+          pp::bubble_fraction(pp::simulate(pp::make_schedule({ScheduleKind::OneFOneB, p, m})), p);
+      const double zb =
+          pp::bubble_fraction(pp::simulate(pp::make_schedule({ScheduleKind::ZBH1, p, m})), p);
       EXPECT_LT(zb, one_f) << "p=" << p << " m=" << m;
       if (m % p == 0) {
         const double il = pp::bubble_fraction(
@@ -111,21 +115,30 @@ TEST(PipelineSchedules, PrintsAndRendersTimelines) {
 }
 
 TEST(PipelineSchedules, Errors) {
-  expect_error(ErrorKind::Value, "needs a multiple of 4 microbatches (at least 4), got n_microbatches=6",
-               [] { pp::make_schedule({ScheduleKind::Interleaved1F1B, 4, 6, 2}); });
-  expect_error(ErrorKind::Value, "needs a multiple of 4 microbatches (at least 4), got n_microbatches=2",
-               [] { pp::make_schedule({ScheduleKind::Interleaved1F1B, 4, 2, 2}); });
-  expect_error(ErrorKind::Value, "needs at least 2 stages per rank",
-               [] { pp::make_schedule({ScheduleKind::Interleaved1F1B, 2, 4, 1}); });
-  expect_error(ErrorKind::Value, "runs one stage per rank, got 2",
-               [] { pp::make_schedule({ScheduleKind::OneFOneB, 2, 4, 2}); });
-  expect_error(ErrorKind::Value, "n_microbatches must be positive, got 0",
-               [] { pp::make_schedule({ScheduleKind::GPipe, 2, 0}); });
+  expect_error(ErrorKind::Value,
+               "needs a multiple of 4 microbatches (at least 4), got n_microbatches=6", [] {
+                 pp::make_schedule({ScheduleKind::Interleaved1F1B, 4, 6, 2});
+               });
+  expect_error(ErrorKind::Value,
+               "needs a multiple of 4 microbatches (at least 4), got n_microbatches=2", [] {
+                 pp::make_schedule({ScheduleKind::Interleaved1F1B, 4, 2, 2});
+               });
+  expect_error(ErrorKind::Value, "needs at least 2 stages per rank", [] {
+    pp::make_schedule({ScheduleKind::Interleaved1F1B, 2, 4, 1});
+  });
+  expect_error(ErrorKind::Value, "runs one stage per rank, got 2", [] {
+    pp::make_schedule({ScheduleKind::OneFOneB, 2, 4, 2});
+  });
+  expect_error(ErrorKind::Value, "n_microbatches must be positive, got 0", [] {
+    pp::make_schedule({ScheduleKind::GPipe, 2, 0});
+  });
   expect_error(ErrorKind::Value, "the schedules are gpipe, 1f1b, interleaved_1f1b, zbh1",
                [] { pp::parse_schedule_kind("pipedream"); });
   // A backward before its forward, on both ranks: a deadlock, found before anything runs.
-  std::vector<pp::ActionList> bad = {{{Op::B, 0, 0}, {Op::F, 0, 0}}, {{Op::F, 1, 0}, {Op::B, 1, 0}}};
-  expect_error(ErrorKind::Runtime, "deadlocks: rank 0 at 0B0 rank 1 at 1F0", [&] { pp::simulate(bad); });
+  std::vector<pp::ActionList> bad = {{{Op::B, 0, 0}, {Op::F, 0, 0}},
+                                     {{Op::F, 1, 0}, {Op::B, 1, 0}}};
+  expect_error(ErrorKind::Runtime, "deadlocks: rank 0 at 0B0 rank 1 at 1F0",
+               [&] { pp::simulate(bad); });
 }
 
 // ---- Training ----------------------------------------------------------------------------
@@ -143,11 +156,13 @@ std::vector<nn::ModulePtr> make_layers(int layers) {
 
 nn::ModulePtr slice(const std::vector<nn::ModulePtr>& layers, int stage, int n_stages) {
   const size_t per = layers.size() / n_stages;
-  return std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>(
-      layers.begin() + stage * per, layers.begin() + (stage + 1) * per));
+  return std::make_shared<nn::Sequential>(
+      std::vector<nn::ModulePtr>(layers.begin() + stage * per, layers.begin() + (stage + 1) * per));
 }
 
-Tensor mse(const std::vector<Tensor>& out, const Tensor& target) { return mse_loss(out[0], target); }
+Tensor mse(const std::vector<Tensor>& out, const Tensor& target) {
+  return mse_loss(out[0], target);
+}
 
 // Trains 2 steps through `kind` on this process's pipeline group and checks every loss and
 // every local parameter's gradient against single-process training on the whole batch.
@@ -160,7 +175,8 @@ void check_parity(ScheduleKind kind, int v, int m, const dist::ProcessGroupPtr& 
   std::vector<pp::PipelineStage*> mine;
   for (int c = 0; c < v; ++c) {
     const int s = c * p + group->rank();
-    stages.push_back(std::make_unique<pp::PipelineStage>(slice(layers, s, n_stages), s, n_stages, group));
+    stages.push_back(
+        std::make_unique<pp::PipelineStage>(slice(layers, s, n_stages), s, n_stages, group));
     mine.push_back(stages.back().get());
   }
   pp::Schedule schedule(mine, kind, m, mse);
@@ -186,7 +202,8 @@ void check_parity(ScheduleKind kind, int v, int m, const dist::ProcessGroupPtr& 
       const int s = c * p + group->rank();
       auto got = slice(layers, s, n_stages)->parameters();
       auto want = slice(ref_layers, s, n_stages)->parameters();
-      for (size_t i = 0; i < got.size(); ++i) testing::expect_close(got[i].grad(), want[i].grad(), 1e-5, 1e-6);
+      for (size_t i = 0; i < got.size(); ++i)
+        testing::expect_close(got[i].grad(), want[i].grad(), 1e-5, 1e-6);
     }
   }
 }
@@ -217,11 +234,15 @@ KILN_RANK_SCENARIO(pp_mismatch) {
   const char* want = rank() == 1 ? "pipeline: stage 1 cannot take stage 0's output ([2, 6] float32)"
                                  : "pipeline: stage 1 (rank 1) cannot take its input";
   expect_error(ErrorKind::Value, want, [&] {
-    if (rank() == 0) schedule.step({randn({4, 6})});
-    else schedule.step({}, randn({4, 2}));
+    if (rank() == 0)
+      schedule.step({randn({4, 6})});
+    else
+      schedule.step({}, randn({4, 2}));
   });
 }
-TEST(PipelineTraining, StageThatCannotTakeItsInput) { expect_all_pass(run_ranks("pp_mismatch", 2)); }
+TEST(PipelineTraining, StageThatCannotTakeItsInput) {
+  expect_all_pass(run_ranks("pp_mismatch", 2));
+}
 
 // Rank 1 dies after shape inference; rank 0 raises within the group's timeout.
 KILN_RANK_SCENARIO(pp_dead_rank) {
@@ -230,13 +251,16 @@ KILN_RANK_SCENARIO(pp_dead_rank) {
   pp::PipelineStage stage(slice(layers, rank(), 2), rank(), 2, group);
   pp::Schedule schedule({&stage}, ScheduleKind::OneFOneB, 2, mse);
   Tensor x = randn({4, 6}), y = randn({4, 6});
-  if (rank() == 0) schedule.step({x});
-  else schedule.step({}, y);
+  if (rank() == 0)
+    schedule.step({x});
+  else
+    schedule.step({}, y);
   if (rank() == 1) std::_Exit(0);  // the next step never comes
   expect_error(ErrorKind::Runtime, "rank 1", [&] { schedule.step({x}); });
 }
 TEST(PipelineTraining, DeadRankMakesTheOthersRaise) {
-  auto results = run_ranks("pp_dead_rank", 2, std::chrono::seconds(60), {{"KILN_COMM_TIMEOUT_S", "3"}});
+  auto results =
+      run_ranks("pp_dead_rank", 2, std::chrono::seconds(60), {{"KILN_COMM_TIMEOUT_S", "3"}});
   expect_all_pass(results);
 }
 

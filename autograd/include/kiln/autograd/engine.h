@@ -49,7 +49,7 @@ variable_list grad(const variable_list& outputs, const variable_list& inputs,
 struct DeferredWeightGrad {
   struct Item {
     std::shared_ptr<Node> node;
-    variable_list grads;              // what arrived at the node
+    variable_list grads;               // what arrived at the node
     std::vector<size_t> weight_edges;  // the outputs backward_input skipped
   };
   std::vector<Item> items;

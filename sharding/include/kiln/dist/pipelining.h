@@ -70,7 +70,7 @@ const char* schedule_kind_name(ScheduleKind kind);
 
 struct ScheduleSpec {
   ScheduleKind kind = ScheduleKind::OneFOneB;
-  int pp_size = 1;          // ranks of the pipeline group
+  int pp_size = 1;  // ranks of the pipeline group
   int n_microbatches = 1;
   int stages_per_rank = 1;  // v: > 1 only for Interleaved1F1B
   bool fsdp = false;        // bracket each stage's work with UNSHARD and RESHARD
