@@ -312,6 +312,22 @@ void prepare_roots(const variable_list& tensors, const variable_list& grads,
   }
 }
 
+// grad() and backward_input(): the gradients of `inputs` are captured where they arrive (an
+// input's grad_fn slot, or its AccumulateGrad), not accumulated.
+void capture_inputs(GraphTask& task, const variable_list& inputs, const char* what) {
+  task.capture_mode = true;
+  task.captured.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i].check_defined(what);
+    AutogradMeta* m = meta_of(t);
+    KILN_CHECK(m != nullptr && m->requires_grad(), Runtime,
+               "One of the differentiated Tensors (input ", i, ") does not require grad");
+    refresh_grad_fn(t, *m);
+    std::shared_ptr<Node> fn = m->grad_fn_ ? m->grad_fn_ : m->grad_accumulator_.lock();
+    if (fn) task.captures[fn.get()].push_back(Capture{m->grad_fn_ ? m->output_nr_ : 0, i});
+  }
+}
+
 }  // namespace
 
 void queue_callback(std::function<void()> fn) {
@@ -350,17 +366,7 @@ variable_list grad(const variable_list& outputs, const variable_list& inputs,
   prepare_roots(outputs, grad_outputs, edges, root_grads);
   GraphTask task;
   task.keep_graph = retain_graph.value_or(create_graph);
-  task.capture_mode = true;
-  task.captured.resize(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const Tensor& t = inputs[i].check_defined("grad(): an input");
-    AutogradMeta* m = meta_of(t);
-    KILN_CHECK(m != nullptr && m->requires_grad(), Runtime, "One of the differentiated Tensors (input ",
-               i, ") does not require grad");
-    refresh_grad_fn(t, *m);
-    std::shared_ptr<Node> fn = m->grad_fn_ ? m->grad_fn_ : m->grad_accumulator_.lock();
-    if (fn) task.captures[fn.get()].push_back(Capture{m->grad_fn_ ? m->output_nr_ : 0, i});
-  }
+  capture_inputs(task, inputs, "grad(): an input");
   execute(task, edges, root_grads, create_graph);
   for (size_t i = 0; i < inputs.size(); ++i) {
     KILN_CHECK(allow_unused || task.captured[i].defined(), Runtime,
@@ -382,18 +388,8 @@ variable_list backward_input(const variable_list& outputs, const variable_list& 
   variable_list root_grads;
   prepare_roots(outputs, grad_outputs, edges, root_grads);
   GraphTask task;
-  task.capture_mode = true;
   task.split = &deferred;
-  task.captured.resize(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const Tensor& t = inputs[i].check_defined("backward_input(): an input");
-    AutogradMeta* m = meta_of(t);
-    KILN_CHECK(m != nullptr && m->requires_grad(), Runtime, "backward_input(): input ", i,
-               " does not require grad");
-    refresh_grad_fn(t, *m);
-    std::shared_ptr<Node> fn = m->grad_fn_ ? m->grad_fn_ : m->grad_accumulator_.lock();
-    if (fn) task.captures[fn.get()].push_back(Capture{m->grad_fn_ ? m->output_nr_ : 0, i});
-  }
+  capture_inputs(task, inputs, "backward_input(): an input");
   // Nothing leads to the inputs (a first pipeline stage): every node is weight work.
   if (task.captures.empty()) {
     for (size_t i = 0; i < edges.size(); ++i) {

@@ -187,16 +187,16 @@ std::set<std::string> plain_writes(const TensorMap& state, int rank, int world) 
   Tensor count = full({1}, static_cast<int64_t>(mine.size()), kInt64);
   Tensor counts = empty({world}, kInt64);
   group->all_gather_into_tensor(counts, count)->wait();
-  int64_t most = 0;
-  for (int q = 0; q < world; ++q) most = std::max(most, counts.data_ptr<int64_t>()[q]);
-  Tensor hashes = zeros({std::max<int64_t>(most, 1)}, kInt64);
+  const int64_t* listed = counts.data_ptr<int64_t>();  // each rank's number of names
+  const int64_t width = std::max<int64_t>(1, *std::max_element(listed, listed + world));
+  Tensor hashes = zeros({width}, kInt64);
   for (size_t i = 0; i < mine.size(); ++i) hashes.data_ptr<int64_t>()[i] = mine[i].first;
-  Tensor every = empty({world * std::max<int64_t>(most, 1)}, kInt64);
+  Tensor every = empty({world * width}, kInt64);
   group->all_gather_into_tensor(every, hashes)->wait();
   std::set<int64_t> lower;
   for (int q = 0; q < rank; ++q)
-    for (int64_t i = 0; i < counts.data_ptr<int64_t>()[q]; ++i)
-      lower.insert(every.data_ptr<int64_t>()[q * std::max<int64_t>(most, 1) + i]);
+    lower.insert(every.data_ptr<int64_t>() + q * width,
+                 every.data_ptr<int64_t>() + q * width + listed[q]);
   for (auto& [h, n] : mine)
     if (!lower.count(h)) out.insert(n);
   return out;
@@ -363,6 +363,7 @@ void commit(const Snapshot& s) {
             {"world_size", s.world}, {"extra", s.extra},    {"tensors", json::object()}};
   json& all = meta["tensors"];
   meta["rank_extra"] = json::array();  // each rank's own (its RNG state, say)
+  std::map<std::string, int> first_rank;  // the first rank to list each name
   for (int q = 0; q < s.world; ++q) {
     const json part = read_json(s.root / rank_file(q, s.gen, ".json"));
     KILN_CHECK(part.value("nonce", int64_t{0}) == s.nonce, Runtime, "checkpoint.save: rank ", q,
@@ -371,18 +372,16 @@ void commit(const Snapshot& s) {
     // The ranks may hold different tensors (pipeline stages); a name two ranks hold must
     // agree on its shape, dtype and placements.
     for (const auto& [name, entry] : part.at("tensors").items()) {
-      if (!all.contains(name)) {
+      auto [first, fresh] = first_rank.emplace(name, q);
+      if (fresh) {
         all[name] = entry;
         all[name]["chunks"] = json::array();
-        all[name]["first_rank"] = q;
         continue;
       }
       json seen = all[name];
       seen.erase("chunks");
-      const int first = seen["first_rank"].get<int>();
-      seen.erase("first_rank");
       KILN_CHECK(seen == entry, Value, "checkpoint.save: rank ", q, " saved '", name, "' as ",
-                 entry.dump(), ", which rank ", first, " saved as ", seen.dump());
+                 entry.dump(), ", which rank ", first->second, " saved as ", seen.dump());
     }
     for (const auto& [name, c] : part.at("chunks").items()) {
       json chunk = c;
@@ -390,8 +389,7 @@ void commit(const Snapshot& s) {
       all[name]["chunks"].push_back(std::move(chunk));
     }
   }
-  for (auto& [name, entry] : all.items()) {  // each element once
-    entry.erase("first_rank");
+  for (const auto& [name, entry] : all.items()) {  // each element once
     int64_t covered = 0, numel = 1;
     for (int64_t d : entry["shape"].get<std::vector<int64_t>>()) numel *= d;
     for (const json& c : entry["chunks"]) {

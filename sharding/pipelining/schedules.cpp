@@ -13,8 +13,6 @@
 namespace kiln::dist::pipelining {
 namespace {
 
-bool is_compute(Op op) { return op == Op::F || op == Op::B || op == Op::I || op == Op::W; }
-
 // The compute order of rank r: GPipe and 1F1B differ only in the warm-up length.
 ActionList one_stage_per_rank(int r, int p, int m, bool gpipe, bool split) {
   const int warmup = gpipe ? m : std::min(m, p - r - 1);
@@ -142,6 +140,8 @@ const char* op_name(Op op) {
   }
   return "?";
 }
+
+bool is_compute(Op op) { return op == Op::F || op == Op::B || op == Op::I || op == Op::W; }
 
 std::string to_string(const Action& a) {
   std::string s = std::to_string(a.stage) + op_name(a.op);

@@ -83,6 +83,33 @@ std::vector<Tensor> microbatch(const std::vector<Tensor>& ts, int i, int m, cons
   return out;
 }
 
+// A module whose forward takes and returns one tensor, as a stage's functions; on meta, the
+// module's own parameters and buffers are swapped for meta tensors for the call.
+StageFunctions module_functions(nn::ModulePtr module) {
+  auto forward = [module](const std::vector<Tensor>& in) {
+    KILN_CHECK(in.size() == 1, Value, "PipelineStage of a ", module->type_name(),
+               ": its forward takes one tensor, got ", in.size());
+    return std::vector<Tensor>{module->forward(in[0])};
+  };
+  auto forward_meta = [module, forward](const std::vector<Tensor>& in) {
+    std::vector<std::pair<Tensor*, Tensor>> swapped;
+    struct Restore {
+      std::vector<std::pair<Tensor*, Tensor>>& s;
+      ~Restore() {
+        for (auto& [slot, t] : s) *slot = t;
+      }
+    } restore{swapped};
+    for (auto& m : module->modules()) {
+      for (auto& [name, t] : m->named_parameters(false)) swapped.push_back({&m->param(name), t});
+      for (auto& [name, t] : m->named_buffers(false)) swapped.push_back({&m->buffer(name), t});
+    }
+    for (auto& [slot, t] : swapped) *slot = kiln::empty(t.sizes(), t.dtype(), kMeta);
+    autograd::NoGradGuard ng;
+    return forward(in);
+  };
+  return {forward, forward_meta, {}, {}};
+}
+
 }  // namespace
 
 // ---- PipelineStage ---------------------------------------------------------------------------
@@ -104,42 +131,8 @@ PipelineStage::PipelineStage(StageFunctions fns, int stage_index, int num_stages
 
 PipelineStage::PipelineStage(nn::ModulePtr module, int stage_index, int num_stages,
                              ProcessGroupPtr group)
-    : PipelineStage(StageFunctions{[module](const std::vector<Tensor>& in) {
-                                     KILN_CHECK(in.size() == 1, Value, "PipelineStage of a ",
-                                                module->type_name(),
-                                                ": its forward takes one tensor, got ", in.size());
-                                     return std::vector<Tensor>{module->forward(in[0])};
-                                   },
-                                   [module](const std::vector<Tensor>& in) {
-                                     KILN_CHECK(in.size() == 1, Value, "PipelineStage of a ",
-                                                module->type_name(),
-                                                ": its forward takes one tensor, got ", in.size());
-                                     // The module's own tensors on meta for the call, then back.
-                                     std::vector<std::pair<Tensor*, Tensor>> swapped;
-                                     for (auto& m : module->modules()) {
-                                       for (auto& [name, t] : m->named_parameters(false)) {
-                                         Tensor& slot = m->param(name);
-                                         swapped.push_back({&slot, slot});
-                                         slot = kiln::empty(t.sizes(), t.dtype(), kMeta);
-                                       }
-                                       for (auto& [name, t] : m->named_buffers(false)) {
-                                         Tensor& slot = m->buffer(name);
-                                         swapped.push_back({&slot, slot});
-                                         slot = kiln::empty(t.sizes(), t.dtype(), kMeta);
-                                       }
-                                     }
-                                     struct Restore {
-                                       std::vector<std::pair<Tensor*, Tensor>>& s;
-                                       ~Restore() {
-                                         for (auto& [slot, t] : s) *slot = t;
-                                       }
-                                     } restore{swapped};
-                                     autograd::NoGradGuard ng;
-                                     return std::vector<Tensor>{module->forward(in[0])};
-                                   },
-                                   {},
-                                   {}},
-                    stage_index, num_stages, std::move(group)) {}
+    : PipelineStage(module_functions(std::move(module)), stage_index, num_stages,
+                    std::move(group)) {}
 
 // ---- The runner ------------------------------------------------------------------------------
 
@@ -147,13 +140,13 @@ class ScheduleRunner {
  public:
   ScheduleRunner(std::vector<PipelineStage*> stages, ScheduleKind kind, int m, LossFn loss_fn,
                  bool fsdp)
-      : stages_(std::move(stages)), kind_(kind), m_(m), loss_fn_(std::move(loss_fn)) {
-    KILN_CHECK(!stages_.empty(), Value, "pipeline schedule: no stages");
-    group_ = stages_[0]->group();
+      : m_(m), loss_fn_(std::move(loss_fn)) {
+    KILN_CHECK(!stages.empty(), Value, "pipeline schedule: no stages");
+    group_ = stages[0]->group();
     p_ = group_->size();
-    n_stages_ = stages_[0]->num_stages();
-    const int v = static_cast<int>(stages_.size());
-    for (auto* s : stages_) {
+    n_stages_ = stages[0]->num_stages();
+    const int v = static_cast<int>(stages.size());
+    for (auto* s : stages) {
       KILN_CHECK(s->group().get() == group_.get() && s->num_stages() == n_stages_, Value,
                  "pipeline schedule: this rank's stages must share one group and one stage count");
       KILN_CHECK(by_index_.emplace(s->stage_index(), s).second, Value, "pipeline schedule: stage ",
@@ -186,12 +179,10 @@ class ScheduleRunner {
   bool is_local(int s) const { return by_index_.count(s) != 0; }
   int rank_of(int s) const { return s % p_; }
   void infer_shapes(const std::vector<Tensor>& first_inputs);
-  void forward(int s, int mb, Slot& slot, const std::optional<Tensor>& target, bool train);
+  void forward(int s, int mb, Slot& slot, bool train);
   void backward(Op op, int s, int mb, Slot& slot);
 
-  std::vector<PipelineStage*> stages_;
   std::map<int, PipelineStage*> by_index_;
-  ScheduleKind kind_;
   int m_;
   LossFn loss_fn_;
   ProcessGroupPtr group_;
@@ -279,8 +270,7 @@ void ScheduleRunner::infer_shapes(const std::vector<Tensor>& first_inputs) {
   }
 }
 
-void ScheduleRunner::forward(int s, int mb, Slot& slot, const std::optional<Tensor>& target,
-                             bool train) {
+void ScheduleRunner::forward(int s, int mb, Slot& slot, bool train) {
   PipelineStage& stage = local(s);
   if (s == 0) {
     slot.inputs = first_mbs_[mb];
@@ -306,7 +296,6 @@ void ScheduleRunner::forward(int s, int mb, Slot& slot, const std::optional<Tens
                slot.raw_loss.sizes(), "; it must return a scalar");
     slot.loss = slot.raw_loss / static_cast<double>(m_);
   }
-  (void)target;
 }
 
 void ScheduleRunner::backward(Op op, int s, int mb, Slot& slot) {
@@ -388,7 +377,7 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
         (a.op == Op::B || a.op == Op::I || a.op == Op::W || a.op == Op::SendB || a.op == Op::RecvB))
       continue;
     Slot& slot = slots_[{a.stage, a.microbatch}];
-    const bool compute = a.op == Op::F || a.op == Op::B || a.op == Op::I || a.op == Op::W;
+    const bool compute = is_compute(a.op);
     if (compute) {  // waiting for a message is idle time, not the action's
       for (auto& w : slot.recvs) w->wait();
       slot.recvs.clear();
@@ -425,7 +414,7 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
         slot.grad_inputs.clear();
         break;
       case Op::F:
-        forward(a.stage, a.microbatch, slot, target, train);
+        forward(a.stage, a.microbatch, slot, train);
         if (local(a.stage).is_last()) {
           outputs_by_mb[a.microbatch] = slot.outputs.empty() ? Tensor() : slot.outputs[0].detach();
           if (train && losses) losses->push_back(slot.raw_loss.detach());

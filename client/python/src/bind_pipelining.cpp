@@ -23,8 +23,6 @@ namespace {
 namespace pp = kiln::dist::pipelining;
 using TensorFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
 
-pp::Costs costs(double f, double b, double i, double w) { return {f, b, i, w}; }
-
 }  // namespace
 
 void bind_pipelining(nb::module_& m) {
@@ -45,8 +43,10 @@ void bind_pipelining(nb::module_& m) {
         {pp::parse_schedule_kind(kind), pp_size, n_microbatches, stages_per_rank, fsdp});
   });
   m.def("_pp_format", &pp::format_schedule);
-  m.def("_pp_simulate", [](const std::vector<pp::ActionList>& lists, double f, double b, double i,
-                           double w) { return pp::simulate(lists, costs(f, b, i, w)); });
+  m.def("_pp_simulate",
+        [](const std::vector<pp::ActionList>& lists, double f, double b, double i, double w) {
+          return pp::simulate(lists, pp::Costs{f, b, i, w});
+        });
   m.def("_pp_bubble_fraction", &pp::bubble_fraction);
   m.def("_pp_chrome_trace", &pp::chrome_trace);
 

@@ -12,9 +12,11 @@
 //  - Each rank writes "__<rank>.<generation>.safetensors" holding its chunk of each tensor it
 //    owns a piece of, under the tensor's name: a DTensor's local shard (a Partial one reduced
 //    first) when this rank is at index 0 of every mesh dim the tensor is replicated over, so each
-//    element is written once; a plain tensor by rank 0 alone. It fsyncs the file and the
-//    directory, then writes "__<rank>.<gen>.json": each chunk's global offsets and sizes and the
-//    CRC-32 of its bytes, its `extra`, and the nonce.
+//    element is written once; a plain tensor by the lowest rank that holds it (ranks may hold
+//    different ones: a pipeline's stages each save their own; a name that two ranks hold must
+//    agree on its shape, dtype and placements). It fsyncs the file and the directory, then
+//    writes "__<rank>.<gen>.json": each chunk's global offsets and sizes and the CRC-32 of its
+//    bytes, its `extra`, and the nonce.
 //  - Once every rank's list is there (the ranks agree that each stage succeeded by an
 //    all-reduce, so one rank's failure raises on all; an async save polls for the lists with its
 //    nonce, so a dead save's are never taken, and a failed rank leaves "__<rank>.<gen>.error",

@@ -52,6 +52,7 @@ namespace kiln::dist::pipelining {
 
 enum class Op { F, B, I, W, SendF, RecvF, SendB, RecvB, Unshard, Reshard };
 const char* op_name(Op op);  // "F", "SEND_F", "UNSHARD", ...
+bool is_compute(Op op);      // F, B, I or W
 
 struct Action {
   Op op;

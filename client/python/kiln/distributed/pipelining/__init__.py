@@ -107,8 +107,7 @@ class _PipelineSchedule:
             if not isinstance(s, PipelineStage):
                 raise TypeError(f"{type(self).__name__}: expected PipelineStage objects, got "
                                 f"{type(s).__name__}")
-        self._stages = stages
-        self._n_microbatches = n_microbatches
+        self._stages = stages  # the stages' callbacks hold them weakly (See PipelineStage)
         self._loss_fn = loss_fn
         me = weakref.ref(self)  # See PipelineStage.__init__
         self._c = _C._PipelineSchedule([s._c for s in stages], self._kind, n_microbatches,
@@ -136,7 +135,7 @@ class _PipelineSchedule:
         return self._c.actions()
 
     def format_actions(self):
-        return _C._pp_format(self._c.actions())
+        return format_actions(self._c.actions())
 
     def last_timeline(self):
         """This rank's compute actions of the last step: (action, start, end) in seconds."""
@@ -149,8 +148,7 @@ class _PipelineSchedule:
         """Writes a timeline (Chrome trace JSON: opens in Perfetto or chrome://tracing). By
         default the schedule simulated with F = I = W = 1 and B = 2; measured=True: this rank's
         last step as it ran."""
-        timeline = self._c.last_timeline() if measured else _C._pp_simulate(
-            self._c.actions(), 1.0, 2.0, 1.0, 1.0)
+        timeline = self._c.last_timeline() if measured else simulate(self._c.actions())
         with open(path, "w") as f:
             f.write(_C._pp_chrome_trace(timeline))
 
@@ -194,14 +192,9 @@ class ScheduleInterleaved1F1B(PipelineScheduleMulti):
 
 # ---- Action lists without a run -----------------------------------------------------------
 
-_KINDS = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved_1f1b": "interleaved_1f1b",
-          "interleaved1f1b": "interleaved_1f1b", "zbh1": "zbh1", "zb-h1": "zbh1"}
-
-
 def schedule_actions(schedule, pp_size, n_microbatches, stages_per_rank=1, fsdp=False):
     """Every rank's action list of a schedule ('gpipe', '1f1b', 'interleaved_1f1b', 'zbh1')."""
-    kind = _KINDS.get(str(schedule).lower(), str(schedule))
-    return _C._pp_schedule(kind, pp_size, n_microbatches, stages_per_rank, fsdp)
+    return _C._pp_schedule(schedule, pp_size, n_microbatches, stages_per_rank, fsdp)
 
 
 def format_actions(actions):
