@@ -12,29 +12,18 @@ import time
 
 import kiln
 import kiln.distributed as dist
-import kiln.nn as nn
 import kiln.nn.functional as F
 from kiln.distributed import pipelining as pp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from chargpt import Block  # noqa: E402  the example's transformer block
+from chargpt import gpt_chain  # noqa: E402  the example's GPT, as a chain of modules
 
 VOCAB, BLOCK, LAYERS, HEADS, WIDTH, BATCH, MICRO = 256, 128, 4, 4, 256, 16, 8
 
 
-class Embed(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(VOCAB, WIDTH), nn.Embedding(BLOCK, WIDTH)
-
-    def forward(self, idx):
-        return self.tok(idx) + self.pos(kiln.arange(idx.shape[1], device=idx.device))
-
-
 def gpt():
     kiln.manual_seed(0)
-    return nn.Sequential(Embed(), nn.Sequential(*[Block(WIDTH, HEADS) for _ in range(LAYERS)]),
-                         nn.LayerNorm(WIDTH), nn.Linear(WIDTH, VOCAB, bias=False))
+    return gpt_chain(VOCAB, BLOCK, LAYERS, HEADS, WIDTH)
 
 
 def lm_loss(logits, y):

@@ -84,6 +84,25 @@ class GPT(nn.Module):
         return self.head(self.ln(self.blocks(x)))
 
 
+class Embeddings(nn.Module):
+    """Token + learned position embeddings: idx (B, T) int64 -> (B, T, width)."""
+
+    def __init__(self, vocab, block, width):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(block, width)
+
+    def forward(self, idx):
+        return self.tok(idx) + self.pos(kiln.arange(idx.shape[1], device=idx.device))
+
+
+def gpt_chain(vocab=256, block=128, layers=4, heads=4, width=256):
+    """GPT's computation as an nn.Sequential (embeddings, blocks, final LayerNorm, head): the form
+    kiln.distributed.pipelining.pipeline() cuts into stages ("1.2" starts a stage at block 2)."""
+    return nn.Sequential(Embeddings(vocab, block, width),
+                         nn.Sequential(*[Block(width, heads) for _ in range(layers)]),
+                         nn.LayerNorm(width), nn.Linear(width, vocab, bias=False))
+
+
 def decay_groups(model, weight_decay):
     """nanoGPT's AdamW grouping: matrices decay by weight_decay, vectors not at all."""
     params = list(model.parameters())

@@ -11,14 +11,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 import kiln
 import kiln.distributed.checkpoint as dcp
 
-KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
+from kiln_run import KILN_CLI, run_ranks
 
 # The values every script expects: the same seed everywhere.
 COMMON = textwrap.dedent("""
@@ -103,20 +102,6 @@ SAVE_ASYNC = SAVE.replace("""    dcp.save(state, checkpoint_id=sys.argv[1])""", 
     assert f.done()""")
 
 
-def kiln_run(tmp_path, name, script, nproc, *args):
-    if not KILN_CLI.exists():
-        pytest.skip(f"{KILN_CLI} is not built")
-    path = tmp_path / f"{name}.py"
-    path.write_text(script)
-    env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
-    r = subprocess.run([str(KILN_CLI), "run", "--nproc", str(nproc), "--timeout", "120",
-                        sys.executable, str(path), *map(str, args)], capture_output=True,
-                       text=True, env=env, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
-    for rank in range(nproc):
-        assert f"[rank {rank}] rank {rank} ok" in r.stdout, r.stdout + r.stderr
-
-
 def one_process_state():
     kiln.manual_seed(0)
     want = {"w": kiln.randn(10, 6), "b": kiln.randn(7), "g": kiln.randn(5, 3),
@@ -128,11 +113,11 @@ def one_process_state():
 
 def test_save_on_four_ranks_load_anywhere(tmp_path):
     ckpt = tmp_path / "ckpt"
-    kiln_run(tmp_path, "save", SAVE, 4, ckpt, 100)
+    run_ranks(tmp_path, "save", SAVE, 4, ckpt, 100)
     files = sorted(os.listdir(ckpt))
     assert ".metadata" in files and len([f for f in files if f.endswith(".safetensors")]) == 4
-    kiln_run(tmp_path, "load2", LOAD_TWO, 2, ckpt, 100)
-    kiln_run(tmp_path, "load3", LOAD_THREE, 3, ckpt)
+    run_ranks(tmp_path, "load2", LOAD_TWO, 2, ckpt, 100)
+    run_ranks(tmp_path, "load3", LOAD_THREE, 3, ckpt)
     # One process, no mesh: plain tensors get the whole values.
     state, want = one_process_state()
     assert dcp.load(state, checkpoint_id=ckpt) == ([], [])
@@ -141,7 +126,7 @@ def test_save_on_four_ranks_load_anywhere(tmp_path):
     assert bool((state["p"] == kiln.full((5,), 10.0)).all()) and int(state["count"]) == 7
     assert state["step"] == 100 and state["sched"] == {"lr": 0.5, "milestones": [1, 2]}
     # A second save (generation 2) replaces the first: its files only, and its values.
-    kiln_run(tmp_path, "save_again", SAVE, 4, ckpt, 200)
+    run_ranks(tmp_path, "save_again", SAVE, 4, ckpt, 200)
     assert len([f for f in os.listdir(ckpt) if f.startswith("__")]) == 4
     state, _ = one_process_state()
     dcp.load(state, checkpoint_id=ckpt)
@@ -150,7 +135,7 @@ def test_save_on_four_ranks_load_anywhere(tmp_path):
 
 def test_async_save_snapshots_then_writes(tmp_path):
     ckpt = tmp_path / "ckpt"
-    kiln_run(tmp_path, "save_async", SAVE_ASYNC, 4, ckpt, 300)
+    run_ranks(tmp_path, "save_async", SAVE_ASYNC, 4, ckpt, 300)
     state, want = one_process_state()
     dcp.load(state, checkpoint_id=ckpt)
     assert bool((state["model"]["w"] == want["w"]).all()) and int(state["count"]) == 7
@@ -273,8 +258,8 @@ LOAD_TP = MLP + textwrap.dedent("""
 
 def test_fsdp_checkpoint_loads_into_tensor_parallel_and_one_process(tmp_path):
     ckpt = tmp_path / "ckpt"
-    kiln_run(tmp_path, "save_fsdp", SAVE_FSDP, 4, ckpt)
-    kiln_run(tmp_path, "load_tp", LOAD_TP, 2, ckpt)
+    run_ranks(tmp_path, "save_fsdp", SAVE_FSDP, 4, ckpt)
+    run_ranks(tmp_path, "load_tp", LOAD_TP, 2, ckpt)
     import kiln.nn as nn
     kiln.manual_seed(0)
     want = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 5))
@@ -290,7 +275,7 @@ def test_conversion_to_and_from_one_safetensors_file(tmp_path):
     file split into 3 shards, which loads on 2 ranks with other placements. Only tensors convert:
     the non-tensor values stay behind (a non-strict load reports them missing)."""
     ckpt, flat, split = tmp_path / "ckpt", tmp_path / "model.safetensors", tmp_path / "split"
-    kiln_run(tmp_path, "save", SAVE, 4, ckpt, 100)
+    run_ranks(tmp_path, "save", SAVE, 4, ckpt, 100)
     dcp.dcp_to_safetensors(ckpt, flat)
     from safetensors.numpy import load_file
     arrays = load_file(str(flat))
@@ -305,7 +290,7 @@ def test_conversion_to_and_from_one_safetensors_file(tmp_path):
                                      "'step'], res")
                     .replace('assert state["step"] == int(sys.argv[2]) and state["sched"] == '
                              '{"lr": 0.5, "milestones": [1, 2]}', ""))
-    kiln_run(tmp_path, "load_split", tensors_only, 2, split, 0)
+    run_ranks(tmp_path, "load_split", tensors_only, 2, split, 0)
     with pytest.raises(ValueError, match="shards must be >= 1"):
         dcp.safetensors_to_dcp(flat, tmp_path / "x", shards=0)
     bad = tmp_path / "bad.safetensors"
@@ -453,7 +438,7 @@ DISAGREE = textwrap.dedent("""
 
 
 def test_a_rank_that_fails_a_save_fails_it_for_every_rank(tmp_path):
-    kiln_run(tmp_path, "disagree", DISAGREE, 2, tmp_path / "ckpt")
+    run_ranks(tmp_path, "disagree", DISAGREE, 2, tmp_path / "ckpt")
 
 
 # The same for an async save, whose background part meets the other ranks through the files: rank
@@ -465,4 +450,4 @@ DISAGREE_ASYNC = DISAGREE.replace(
 
 
 def test_a_rank_that_fails_an_async_save_fails_it_for_every_rank(tmp_path):
-    kiln_run(tmp_path, "disagree_async", DISAGREE_ASYNC, 2, tmp_path / "ckpt")
+    run_ranks(tmp_path, "disagree_async", DISAGREE_ASYNC, 2, tmp_path / "ckpt")

@@ -6,13 +6,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-import kiln
-
-KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
+from kiln_run import EXPECT, run_ranks
 
 COMMON = textwrap.dedent("""
     import kiln, kiln.distributed as dist
@@ -148,17 +145,7 @@ TWO_RANKS = textwrap.dedent("""
 
 
 def run(tmp_path, name, script, nproc):
-    if not KILN_CLI.exists():
-        pytest.skip(f"{KILN_CLI} is not built")
-    path = tmp_path / f"{name}.py"
-    path.write_text(COMMON + EMBEDDED + script)
-    env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
-    r = subprocess.run([str(KILN_CLI), "run", "--nproc", str(nproc), "--timeout", "120",
-                        sys.executable, str(path)], capture_output=True, text=True, env=env,
-                       timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
-    for rank in range(nproc):
-        assert f"[rank {rank}] rank {rank} ok" in r.stdout, r.stdout + r.stderr
+    run_ranks(tmp_path, name, COMMON + EMBEDDED + script, nproc)
 
 
 def test_mesh_2x2_on_four_ranks(tmp_path):
@@ -214,15 +201,7 @@ def test_dtensor_on_a_gang_of_two(tmp_path):
     run_remote(tmp_path, "dtensor", COMMON + REMOTE + TWO_RANKS, 2)
 
 
-GANG_ERRORS = textwrap.dedent("""
-    def expect(fn, kind, needle):
-        try:
-            fn()
-        except kind as e:
-            assert needle in str(e), str(e)
-        else:
-            raise AssertionError(f"expected {kind.__name__} with {needle!r}")
-
+GANG_ERRORS = EXPECT + textwrap.dedent("""
     expect(lambda: init_device_mesh(DEVICE, (3,)), ValueError,
            "mesh shape [3] has 3 ranks but the session on remote:0 has 2 workers")
     mesh = init_device_mesh(DEVICE, (2,))

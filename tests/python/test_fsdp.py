@@ -3,17 +3,11 @@ under FSDP on 2 and 3 ranks (uneven shards) against single-process training on t
 sharded parameters and state dicts, per-rank parameter memory, gradient accumulation with
 set_requires_gradient_sync(False), clip_grad_norm_ over the sharded gradients, mixed precision,
 the errors, FSDP over tensor parallel on a 2x2 mesh, and reshard_after_forward=2 on 4 ranks."""
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-import kiln
-
-KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
+from kiln_run import EXPECT, run_ranks
 
 # How a script lays its mesh: over the ranks of `kiln run` (embedded), or over the gang of a
 # kiln.connect session (remote: one client records for every worker, Note [Remote DTensor]).
@@ -28,7 +22,7 @@ REMOTE = textwrap.dedent("""
     DEVICE = str(session.device)
 """)
 
-COMMON = textwrap.dedent("""
+COMMON = EXPECT + textwrap.dedent("""
     import copy, os, sys, warnings
     import kiln, kiln.distributed as dist, kiln.nn as nn
     import kiln.nn.functional as F
@@ -42,13 +36,6 @@ COMMON = textwrap.dedent("""
         a, b = a.to("cpu"), b.to("cpu")  # a remote run's values are read from rank 0
         return ((a - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
 
-    def expect(fn, kind, needle):
-        try:
-            fn()
-        except kind as e:
-            assert needle in str(e), str(e)
-        else:
-            raise AssertionError(f"expected {kind.__name__}")
 
     class MLP(nn.Module):
         def __init__(self, device=None):
@@ -353,17 +340,7 @@ RESHARD_K = COMMON + textwrap.dedent("""
 
 
 def run(tmp_path, name, script, nproc, *args):
-    if not KILN_CLI.exists():
-        pytest.skip(f"{KILN_CLI} is not built")
-    path = tmp_path / f"{name}.py"
-    path.write_text(EMBEDDED + script)
-    env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
-    r = subprocess.run([str(KILN_CLI), "run", "--nproc", str(nproc), "--timeout", "120",
-                        sys.executable, str(path), *args], capture_output=True, text=True,
-                       env=env, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
-    for rank in range(nproc):
-        assert f"[rank {rank}] rank {rank} ok" in r.stdout, r.stdout + r.stderr
+    run_ranks(tmp_path, name, EMBEDDED + script, nproc, *args)
 
 
 @pytest.mark.parametrize("nproc", [2, 3])

@@ -3,10 +3,6 @@ every schedule on 2 and 4 ranks against single-process training (losses and grad
 1e-5, float32), the measured bubbles of GPipe, 1F1B and ZB-H1 on a uniform stage workload, the
 action lists and timelines, and the errors (a stage that cannot take its input, too few
 microbatches, a model that is not a chain)."""
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,41 +12,20 @@ import kiln
 import kiln.nn as nn
 from kiln.distributed import pipelining as pp
 
-KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
+from kiln_run import EXPECT, run_ranks
 
-# The small GPT as a chain (pipeline() cuts chains): embeddings, blocks, norm, head.
-MODEL = textwrap.dedent("""
-    import kiln, kiln.nn as nn
+# The small GPT as a chain (examples/chargpt.py's gpt_chain; pipeline() cuts chains).
+EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
+MODEL = textwrap.dedent(f"""
+    import sys
+    sys.path.insert(0, {EXAMPLES!r})
+    import kiln
     import kiln.nn.functional as F
+    from chargpt import gpt_chain
 
-    class Embed(nn.Module):
-        def __init__(self, vocab, block, width):
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(block, width)
-        def forward(self, idx):
-            return self.tok(idx) + self.pos(kiln.arange(idx.shape[1], device=idx.device))
-
-    class Block(nn.Module):
-        def __init__(self, width, heads):
-            super().__init__()
-            self.heads = heads
-            self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
-            self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
-        def forward(self, x):
-            B, T, C = x.shape
-            q, k, v = (t.reshape(B, T, self.heads, C // self.heads).transpose(1, 2)
-                       for t in self.qkv(self.ln1(x)).split(C, dim=2))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            h = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-            return h + self.out(F.gelu(self.fc(self.ln2(h))))
-
-    def gpt(layers, vocab=32, block=8, width=16, heads=2):
-        # The small GPT as a chain (pipeline() cuts chains): embeddings, blocks, norm, head.
+    def gpt(layers):
         kiln.manual_seed(0)
-        return nn.Sequential(Embed(vocab, block, width),
-                             nn.Sequential(*[Block(width, heads) for _ in range(layers)]),
-                             nn.LayerNorm(width), nn.Linear(width, vocab, bias=False))
+        return gpt_chain(vocab=32, block=8, layers=layers, heads=2, width=16)
 
     def lm_loss(logits, y):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -65,14 +40,7 @@ COMMON = textwrap.dedent("""
     dist.init_process_group()
     RANK, WORLD = dist.get_rank(), dist.get_world_size()
 
-    def expect(fn, kind, needle):
-        try:
-            fn()
-        except kind as e:
-            assert needle in str(e), str(e)
-        else:
-            raise AssertionError(f"expected {kind.__name__}")
-""") + MODEL
+""") + EXPECT + MODEL
 
 PARITY = COMMON + textwrap.dedent("""
     kind, m = sys.argv[1], int(sys.argv[2])
@@ -217,18 +185,7 @@ ERRORS = COMMON + textwrap.dedent("""
 
 
 def run(tmp_path, name, script, nproc, *args, env=None):
-    if not KILN_CLI.exists():
-        pytest.skip(f"{KILN_CLI} is not built")
-    path = tmp_path / f"{name}.py"
-    path.write_text(script)
-    env = dict(os.environ, KILN_COMM_TIMEOUT_S="30", **(env or {}))
-    r = subprocess.run([str(KILN_CLI), "run", "--nproc", str(nproc), "--timeout", "150",
-                        sys.executable, str(path), *args], capture_output=True, text=True,
-                       env=env, timeout=200)
-    assert r.returncode == 0, r.stdout + r.stderr
-    for rank in range(nproc):
-        assert f"[rank {rank}] rank {rank} ok" in r.stdout, r.stdout + r.stderr
-    return r.stdout
+    return run_ranks(tmp_path, name, script, nproc, *args, timeout=150, env=env)
 
 
 @pytest.mark.parametrize("kind,m", [("gpipe", 3), ("1f1b", 5), ("zbh1", 4),

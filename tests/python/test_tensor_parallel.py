@@ -2,18 +2,14 @@
 styles against the unsharded module (outputs, gradients, a few SGD steps, parameter placements),
 SequenceParallel, PrepareModuleInput/Output, loss_parallel against cross_entropy, and the
 errors. Hooks themselves are checked in one process."""
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 import kiln
 import kiln.nn as nn
 
-KILN_CLI = Path(kiln._C.__file__).resolve().parent.parent.parent / "bin" / "kiln"
+from kiln_run import EXPECT, run_ranks
 
 # How a script lays its mesh: over the ranks of `kiln run` (embedded), or over the gang of a
 # kiln.connect session (remote: one client records for every worker, Note [Remote DTensor]).
@@ -241,7 +237,7 @@ SEQUENCE = COMMON + textwrap.dedent("""
     print(f"rank {rank} ok")
 """)
 
-LOSS = COMMON + textwrap.dedent("""
+LOSS = COMMON + EXPECT + textwrap.dedent("""
     # ---- loss_parallel against cross_entropy ----------------------------------------------------
     for vocab in (10, 7):  # 7: uneven shards (4 + 3)
         logits = kiln.randn(6, vocab) * 3.0
@@ -314,13 +310,6 @@ LOSS = COMMON + textwrap.dedent("""
             super().__init__()
             self.fc1, self.norm = nn.Linear(4, 4), nn.LayerNorm(4)
 
-    def expect(fn, kind, needle):
-        try:
-            fn()
-        except kind as e:
-            assert needle in str(e), str(e)
-        else:
-            raise AssertionError(f"expected {kind.__name__} with {needle!r}")
 
     m = MLP()
     expect(lambda: parallelize_module(m, mesh, {"fc1": ColwiseParallel(), "fc9": RowwiseParallel()}),
@@ -400,17 +389,7 @@ MESH_2X2 = COMMON.replace('mesh = init_device_mesh(DEVICE, (2,))',
 
 
 def run(tmp_path, name, script, nproc=2):
-    if not KILN_CLI.exists():
-        pytest.skip(f"{KILN_CLI} is not built")
-    path = tmp_path / f"{name}.py"
-    path.write_text(EMBEDDED + script)
-    env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
-    r = subprocess.run([str(KILN_CLI), "run", "--nproc", str(nproc), "--timeout", "240",
-                        sys.executable, str(path)], capture_output=True, text=True, env=env,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    for rank in range(nproc):
-        assert f"[rank {rank}] rank {rank} ok" in r.stdout, r.stdout + r.stderr
+    run_ranks(tmp_path, name, EMBEDDED + script, nproc, timeout=240)
 
 
 def test_colwise_rowwise_modules_on_two_ranks(tmp_path):
