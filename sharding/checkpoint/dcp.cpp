@@ -1,4 +1,5 @@
-// Distributed checkpoints (kiln/dist/checkpoint.h, See Note [Distributed checkpoint format]).
+// Distributed checkpoints, save and load (kiln/dist/checkpoint.h); convert.cpp converts to and
+// from one safetensors file. See Note [Distributed checkpoint format].
 #include <zlib.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "internal.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/dist/checkpoint.h"
 #include "kiln/dist/dtensor.h"
@@ -25,46 +27,19 @@
 #include "kiln/nn/checkpoint.h"
 
 namespace kiln::dist::checkpoint {
+using namespace internal;
+
 namespace {
-
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-
-constexpr const char* kMetadata = ".metadata";
-constexpr const char* kFormat = "kiln.dcp";
-constexpr int kVersion = 1;
 
 int rank() { return is_initialized() ? default_group()->rank() : 0; }
 int world_size() { return is_initialized() ? default_group()->size() : 1; }
 
-// A region of a tensor: global offsets and sizes per dim.
-struct Box {
-  std::vector<int64_t> off, size;
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t s : size) n *= s;
-    return n;
-  }
-};
+}  // namespace
+
+namespace internal {
 
 Box whole(IntArrayRef shape) {
   return {std::vector<int64_t>(shape.size(), 0), std::vector<int64_t>(shape.begin(), shape.end())};
-}
-
-// The region of this rank's shard of a DTensor placed by `p` (no Partial) on spec's mesh: each
-// Shard mesh dim, in order, splits the piece the earlier ones left (See Note [Placements]).
-Box shard_box(const DTensorSpec& s, const Placements& p) {
-  const std::vector<int64_t> coord = s.mesh.coordinate();
-  KILN_CHECK(!coord.empty(), Value, "checkpoint: this rank is not in ", s.mesh.str());
-  Box b = whole(IntArrayRef(s.shape));
-  for (size_t i = 0; i < p.size(); ++i) {
-    if (!p[i].is_shard()) continue;
-    const int64_t d = p[i].dim;
-    auto [off, len] = chunk_of(b.size[d], s.mesh.size(static_cast<int64_t>(i)), coord[i]);
-    b.off[d] += off;
-    b.size[d] = len;
-  }
-  return b;
 }
 
 uint32_t crc_of(const Tensor& contiguous_cpu) {
@@ -109,6 +84,26 @@ uint64_t committed_generation(const fs::path& dir) {
   } catch (const std::exception&) {
     return 0;  // unreadable: next_generation() still goes past its files
   }
+}
+
+}  // namespace internal
+
+namespace {
+
+// The region of this rank's shard of a DTensor placed by `p` (no Partial) on spec's mesh: each
+// Shard mesh dim, in order, splits the piece the earlier ones left (See Note [Placements]).
+Box shard_box(const DTensorSpec& s, const Placements& p) {
+  const std::vector<int64_t> coord = s.mesh.coordinate();
+  KILN_CHECK(!coord.empty(), Value, "checkpoint: this rank is not in ", s.mesh.str());
+  Box b = whole(IntArrayRef(s.shape));
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (!p[i].is_shard()) continue;
+    const int64_t d = p[i].dim;
+    auto [off, len] = chunk_of(b.size[d], s.mesh.size(static_cast<int64_t>(i)), coord[i]);
+    b.off[d] += off;
+    b.size[d] = len;
+  }
+  return b;
 }
 
 // A shard file's name, "__<rank>.<generation>.<safetensors|json>[.tmp]": its generation, or
@@ -343,8 +338,10 @@ void write_shards(Snapshot& s) {
                                                           {"extra", s.extra}});
 }
 
-// After the commit of generation `gen`: the files of other generations, the merged chunk lists
-// and leftover temporary files.
+}  // namespace
+
+namespace internal {
+
 void remove_other_generations(const fs::path& root, uint64_t gen) {
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
@@ -355,6 +352,10 @@ void remove_other_generations(const fs::path& root, uint64_t gen) {
       fs::remove(e.path(), ec);
   }
 }
+
+}  // namespace internal
+
+namespace {
 
 // Rank 0, once every rank's files are written: merges the chunk lists into the metadata, commits
 // it and removes the other generations' files.
@@ -476,7 +477,9 @@ void write_async(Snapshot& s) {
 std::mutex g_inflight_mu;
 std::shared_future<void> g_inflight;  // this process's async save, if any
 
-void wait_inflight() {
+}  // namespace
+
+void internal::wait_inflight() {
   std::shared_future<void> f;
   {
     std::lock_guard<std::mutex> lock(g_inflight_mu);
@@ -484,8 +487,6 @@ void wait_inflight() {
   }
   if (f.valid()) f.wait();  // its error is its caller's to see
 }
-
-}  // namespace
 
 void save(const TensorMap& state, const std::string& dir, const std::string& extra) {
   wait_inflight();
@@ -515,120 +516,10 @@ bool SaveFuture::done() const {
   return !f_.valid() || f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
-// ---- Conversion to and from one safetensors file, a tensor at a time ---------------------------
-
-namespace {
-
-// One tensor of a safetensors file, located by its header (Note [safetensors format]).
-struct StEntry {
-  std::string name;
-  ScalarType dtype = kFloat32;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0;  // into the data
-};
-
-struct StFile {
-  fs::path path;
-  std::ifstream in;
-  uint64_t data_start = 0;
-  std::map<std::string, StEntry> entries;
-};
-
-// Reads and checks a safetensors header only, so that tensors can be read one at a time.
-std::unique_ptr<StFile> open_safetensors(const fs::path& p) {
-  auto f = std::make_unique<StFile>();
-  f->path = p;
-  f->in.open(p, std::ios::binary);
-  KILN_CHECK(f->in.good(), Value, "checkpoint: cannot read '", p.string(), "'");
-  const uint64_t size = fs::file_size(p);
-  unsigned char len_bytes[8] = {};
-  f->in.read(reinterpret_cast<char*>(len_bytes), 8);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | len_bytes[i];
-  KILN_CHECK(f->in.good() && n <= kSafetensorsMaxHeaderBytes && n <= size - 8, Value, "'",
-             p.string(), "' is not a safetensors file (header length ", n, " in a file of ", size,
-             " bytes)");
-  std::string header(n, '\0');
-  f->in.read(header.data(), static_cast<std::streamsize>(n));
-  f->data_start = 8 + n;
-  json h;
-  try {
-    h = json::parse(header);
-  } catch (const json::exception& e) {
-    KILN_FAIL(Value, "'", p.string(), "': its safetensors header is not valid JSON: ", e.what());
-  }
-  KILN_CHECK(h.is_object(), Value, "'", p.string(), "': its safetensors header is not an object");
-  for (const auto& [name, e] : h.items()) {
-    if (name == "__metadata__") continue;
-    try {
-      StEntry t{name, safetensors_dtype_from_name(e.at("dtype").get<std::string>()),
-                e.at("shape").get<std::vector<int64_t>>(),
-                e.at("data_offsets").at(0).get<uint64_t>(),
-                e.at("data_offsets").at(1).get<uint64_t>()};
-      uint64_t bytes = element_size(t.dtype);
-      for (int64_t d : t.shape)
-        KILN_CHECK(d >= 0 && !__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes),
-                   Value, "'", p.string(), "': tensor '", name, "' has a bad shape");
-      KILN_CHECK(t.begin <= t.end && t.end - t.begin == bytes && t.end <= size - f->data_start,
-                 Value, "'", p.string(), "': tensor '", name, "' has data offsets [", t.begin, ", ",
-                 t.end, ") for ", bytes, " bytes of ", size - f->data_start);
-      f->entries.emplace(name, std::move(t));
-    } catch (const json::exception& x) {
-      KILN_FAIL(Value, "'", p.string(), "': tensor '", name, "' has a malformed entry: ", x.what());
-    }
-  }
-  return f;
-}
-
-Tensor read_entry(StFile& f, const std::string& name) {
-  auto it = f.entries.find(name);
-  KILN_CHECK(it != f.entries.end(), Value, "'", f.path.string(), "' holds no tensor '", name, "'");
-  const StEntry& e = it->second;
-  Tensor t = empty(IntArrayRef(e.shape), e.dtype, kCPU);
-  f.in.clear();
-  f.in.seekg(static_cast<std::streamoff>(f.data_start + e.begin));
-  f.in.read(static_cast<char*>(t.impl()->raw_data()),
-            static_cast<std::streamsize>(e.end - e.begin));
-  KILN_CHECK(f.in.good(), Value, "'", f.path.string(), "': reading tensor '", name, "' failed");
-  return t;
-}
-
-// Writes a safetensors header for `entries` (their data laid out in order) to `out`.
-void write_header(std::ofstream& out, std::vector<StEntry>& entries) {
-  json h = json::object();
-  uint64_t at = 0;
-  for (StEntry& e : entries) {
-    uint64_t bytes = element_size(e.dtype);
-    for (int64_t d : e.shape) bytes *= static_cast<uint64_t>(d);
-    e.begin = at;
-    e.end = at + bytes;
-    at = e.end;
-    h[e.name] = {{"dtype", safetensors_dtype_name(e.dtype)},
-                 {"shape", e.shape},
-                 {"data_offsets", {e.begin, e.end}}};
-  }
-  std::string text = h.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(text.size() >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-}
-
-void write_data(std::ofstream& out, const Tensor& t) {
-  Tensor c = t.contiguous();
-  out.write(static_cast<const char*>(c.impl()->raw_data()),
-            static_cast<std::streamsize>(c.nbytes()));
-}
-
-}  // namespace
-
-// Copies into `dst`, the region `box` of tensor `name` (described by `entry`: its `shape`, `dtype`
-// and chunks), every saved chunk that overlaps it, each read alone from its file (kept open in
-// `files`) and checked against its CRC-32; the chunks must cover the region exactly once.
-void fill_region(const std::string& name, const json& entry, const std::vector<int64_t>& shape,
-                 ScalarType dtype, const Tensor& dst, const Box& box, const fs::path& root,
-                 const std::string& dir, std::map<std::string, std::unique_ptr<StFile>>& files) {
+void internal::fill_region(const std::string& name, const json& entry,
+                           const std::vector<int64_t>& shape, ScalarType dtype, const Tensor& dst,
+                           const Box& box, const fs::path& root, const std::string& dir,
+                           std::map<std::string, std::unique_ptr<StFile>>& files) {
   int64_t covered = 0;
   std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> seen;  // [lo, hi) boxes
   for (const json& c : entry.at("chunks")) {
@@ -747,103 +638,6 @@ LoadResult load(const TensorMap& state, const std::string& dir, const bool stric
     KILN_FAIL(Value, "checkpoint.load: '", mpath.string(), "' is malformed: ", e.what());
   }
   return res;
-}
-
-void to_safetensors(const std::string& dir, const std::string& file) {
-  wait_inflight();
-  const fs::path root(dir), mpath = root / kMetadata;
-  KILN_CHECK(fs::exists(mpath), Value, "checkpoint.to_safetensors: no checkpoint in '", dir, "'");
-  const json meta = read_json(mpath);
-  std::vector<StEntry> entries;
-  std::map<std::string, std::unique_ptr<StFile>> files;
-  const fs::path out_path(file), tmp = out_path.string() + ".tmp";
-  try {
-    for (const auto& [name, e] : meta.at("tensors").items())
-      entries.push_back({name, safetensors_dtype_from_name(e.at("dtype").get<std::string>()),
-                         e.at("shape").get<std::vector<int64_t>>(), 0, 0});
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    KILN_CHECK(out.good(), Value, "checkpoint.to_safetensors: cannot write '", tmp.string(), "'");
-    write_header(out, entries);
-    for (const StEntry& e : entries) {  // one whole tensor in memory at a time
-      Tensor t = empty(IntArrayRef(e.shape), e.dtype, kCPU);
-      fill_region(e.name, meta.at("tensors").at(e.name), e.shape, e.dtype, t,
-                  whole(IntArrayRef(e.shape)), root, dir, files);
-      write_data(out, t);
-    }
-    out.flush();
-    if (!out.good()) nn::sys_fail("writing", tmp);
-  } catch (const json::exception& e) {
-    KILN_FAIL(Value, "checkpoint.to_safetensors: '", mpath.string(), "' is malformed: ", e.what());
-  }
-  nn::commit_file(tmp, out_path);
-}
-
-void from_safetensors(const std::string& file, const std::string& dir, int shards) {
-  wait_inflight();
-  KILN_CHECK(shards >= 1, Value, "checkpoint.from_safetensors: shards must be >= 1, got ", shards);
-  std::unique_ptr<StFile> src = open_safetensors(file);
-  const fs::path root(dir);
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  KILN_CHECK(!ec && fs::is_directory(root), Value,
-             "checkpoint.from_safetensors: cannot create directory '", dir, "': ", ec.message());
-  const uint64_t gen = committed_generation(root) + 1;
-  // Shard k holds rows chunk_of(rows, shards, k) of every tensor (0-d ones: shard 0).
-  std::vector<std::vector<StEntry>> layout(shards);
-  json meta{{"format", kFormat},    {"version", kVersion},     {"generation", gen},
-            {"world_size", shards}, {"extra", json::object()}, {"tensors", json::object()}};
-  for (const auto& [name, e] : src->entries) {
-    meta["tensors"][name] = {
-        {"shape", e.shape}, {"dtype", safetensors_dtype_name(e.dtype)}, {"chunks", json::array()}};
-    for (int k = 0; k < shards; ++k) {
-      if (e.shape.empty() && k > 0) continue;
-      StEntry piece = e;
-      if (!e.shape.empty()) {
-        auto [off, len] = chunk_of(e.shape[0], shards, k);
-        if (len == 0 && k > 0) continue;
-        piece.shape[0] = len;
-      }
-      layout[k].push_back(piece);
-    }
-  }
-  std::vector<std::ofstream> outs(shards);
-  for (int k = 0; k < shards; ++k) {
-    outs[k].open(root / (rank_file(k, gen, ".safetensors") + ".tmp"),
-                 std::ios::binary | std::ios::trunc);
-    KILN_CHECK(outs[k].good(), Value, "checkpoint.from_safetensors: cannot write into '", dir, "'");
-    write_header(outs[k], layout[k]);
-  }
-  for (const auto& [name, e] : src->entries) {  // one whole tensor in memory at a time
-    Tensor t = read_entry(*src, name);
-    for (int k = 0; k < shards; ++k) {
-      if (e.shape.empty() && k > 0) continue;
-      std::vector<int64_t> off(e.shape.size(), 0);
-      Tensor piece = t;
-      if (!e.shape.empty()) {
-        auto [o, len] = chunk_of(e.shape[0], shards, k);
-        if (len == 0 && k > 0) continue;
-        off[0] = o;
-        piece = t.narrow(0, o, len);
-      }
-      piece = piece.contiguous();
-      write_data(outs[k], piece);
-      meta["tensors"][name]["chunks"].push_back(
-          {{"file", rank_file(k, gen, ".safetensors")},
-           {"offsets", off},
-           {"sizes", std::vector<int64_t>(piece.sizes().begin(), piece.sizes().end())},
-           {"crc32", crc_of(piece)}});
-    }
-  }
-  for (int k = 0; k < shards; ++k) {
-    outs[k].flush();
-    const fs::path tmp = root / (rank_file(k, gen, ".safetensors") + ".tmp");
-    if (!outs[k].good()) nn::sys_fail("writing", tmp);
-    outs[k].close();
-    nn::commit_file(tmp, root / rank_file(k, gen, ".safetensors"));
-  }
-  write_json(root / kMetadata, meta);  // the commit point
-  nn::fsync_path(root, true);
-  remove_other_generations(root, gen);
 }
 
 }  // namespace kiln::dist::checkpoint
