@@ -26,7 +26,7 @@ struct Call {
   int64_t batch = -1;
   const OpInfo& info() const { return op.info(); }
   const char* name() const { return op.name(); }
-  // The first argument with `role` (Note [Argument roles] in tensor/ops/gen.py), or -1.
+  // The first argument with `role` (Note [Argument roles] in tensor/ops/optable.py), or -1.
   int index(ArgRole role) const {
     for (int i = 0; i < info().num_args; ++i)
       if (info().args[i].role == role) return i;

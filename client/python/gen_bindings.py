@@ -3,7 +3,7 @@
 per Python name (its overloads, in-place and out= variants tried in table order) and, where the
 C++ Tensor has the method, a Tensor method. Arguments are parsed by kiln::python::Signature from
 the schema (names, kwarg-only markers, defaults); the call goes to ops::X::call directly.
-Reuses gen.py's parser, so a row the C++ generator refuses is refused here too.
+Reuses optable.py's parser, so a row the C++ generator refuses is refused here too.
 
 Usage: gen_bindings.py OUT.cpp TABLE.toml [TABLE.toml ...]
 """
@@ -12,7 +12,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tensor", "ops"))
-import gen  # noqa: E402
+import optable  # noqa: E402
 
 ARG_TYPES = {
     "Tensor": "Tensor", "Tensor?": "OptTensor", "Tensor[]": "TensorList", "Scalar": "Scalar",
@@ -37,7 +37,7 @@ def fixed_sizes(schema):
     """{arg name: N} for int[N] arguments (a bare int then stands for N copies)."""
     args = schema[schema.index("(") + 1:schema.rindex(")", 0, schema.index("->"))]
     out = {}
-    for piece in gen.split_top(args):
+    for piece in optable.split_top(args):
         m = re.match(r"\s*int\[(\d+)\]\??\s+(\w+)", piece)
         if m:
             out[m.group(2)] = int(m.group(1))
@@ -93,7 +93,7 @@ def call_and_return(op):
     call = f"ops::{op.handle}::call({vals})"
     if op.variant == "out":
         return [f"    {call};", f"    return incref(v[{len(op.args) - 1}].obj);"]
-    if gen.is_inplace_of_self(op) and op.ret_cpp == "Tensor":
+    if optable.is_inplace_of_self(op) and op.ret_cpp == "Tensor":
         return [f"    {call};", "    return incref(v[0].obj);"]
     if op.ret_cpp == "void":
         return [f"    {call};", "    Py_RETURN_NONE;"]
@@ -109,7 +109,7 @@ def call_and_return(op):
 
 def main():
     out_path, paths = sys.argv[1], sys.argv[2:]
-    ops, _ = gen.load_tables(paths)
+    ops, _ = optable.load_tables(paths)
     groups = {}
     for op in ops:
         groups.setdefault(py_name(op), []).append(op)
@@ -160,7 +160,7 @@ def main():
     L.extend(methods)
     L.append("    {nullptr, nullptr, 0, nullptr}};\n")
     L.append("}  // namespace kiln::python")
-    gen.write_if_changed(out_path, "\n".join(L) + "\n")
+    optable.write_if_changed(out_path, "\n".join(L) + "\n")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ struct TensorSpec {
 };
 using MetaFn = std::vector<TensorSpec> (*)(const Stack& args);
 
-// An argument's schema type (tensor/ops/gen.py's CPP_TYPES lists them).
+// An argument's schema type (tensor/ops/optable.py's CPP_TYPES lists them).
 enum class ArgType : uint8_t {
   Tensor, OptionalTensor, TensorList, Scalar, OptionalScalar, Int, OptionalInt, IntList,
   OptionalIntList, Float, OptionalFloat, Bool, ScalarType, OptionalScalarType, OptionalDevice,
@@ -45,7 +45,7 @@ enum class ArgType : uint8_t {
 };
 
 // What an argument means to generic code, from its name and type (Note [Argument roles] in
-// tensor/ops/gen.py), so that vmap's rules and autocast never compare argument names.
+// tensor/ops/optable.py), so that vmap's rules and autocast never compare argument names.
 enum class ArgRole : uint8_t {
   None,
   Dim,      // int, int?, int[], int[]? named dim, dim0, dim1, dim2, start_dim, end_dim
