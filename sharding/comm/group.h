@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -25,73 +24,39 @@
 
 namespace kiln::dist {
 
+// Note [Comm thread] (process_group.cpp). Point-to-point operations stay "in flight" while the
+// thread goes on with its queue; when nothing moves it sleeps in poll() on its own eventfd (which
+// post() writes) and the UCX workers' event fds, rather than spinning (Note [Blocking progress]).
 class CommThread {
  public:
   // Returns true once its operation has finished (Work completed).
   using Poller = std::function<bool()>;
 
-  CommThread() : thread_([this] { run(); }) {}
-  ~CommThread() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
+  CommThread();
+  ~CommThread();
+  void post(std::function<void()> task);
+  // From a task: keep testing an operation that is in flight (point-to-point) on `transport`
+  // (null for none) while the thread goes on with the queue.
+  void add_in_flight(Poller p, UcxTransport* transport) {
+    in_flight_.push_back({std::move(p), transport});
   }
-  void post(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(task));
-    }
-    cv_.notify_all();
-  }
-  // From a task: keep testing an operation that is in flight (point-to-point) while the thread
-  // goes on with the queue.
-  void add_in_flight(Poller p) { in_flight_.push_back(std::move(p)); }
   // Waits until everything queued so far, and every operation in flight, has finished.
-  void drain() {
-    Work done("comm thread");
-    post([&] {
-      while (!in_flight_.empty()) poll_in_flight();
-      done.finish();
-    });
-    done.wait();
-  }
+  void drain();
 
  private:
-  // True when some operation finished.
-  bool poll_in_flight() {
-    const size_t before = in_flight_.size();
-    std::erase_if(in_flight_, [](Poller& p) { return p(); });
-    return in_flight_.size() < before;
-  }
+  struct InFlight {
+    Poller test;
+    UcxTransport* transport;
+  };
+  bool poll_in_flight();  // true when some operation finished
+  void sleep();           // until a post() or a transport event; at most 10 ms
+  void run();
 
-  void run() {
-    for (int idle = 0;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        auto ready = [&] { return stop_ || !queue_.empty(); };
-        if (in_flight_.empty())
-          cv_.wait(lock, ready);
-        else if (idle > 2000)
-          cv_.wait_for(lock, std::chrono::microseconds(20), ready);
-        if (stop_ && queue_.empty() && in_flight_.empty()) return;
-        if (!queue_.empty()) {
-          task = std::move(queue_.front());
-          queue_.pop_front();
-        }
-      }
-      if (task) task();
-      idle = poll_in_flight() || task ? 0 : idle + 1;
-    }
-  }
   std::mutex mu_;
-  std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   bool stop_ = false;
-  std::vector<Poller> in_flight_;  // the thread's own
+  int wake_fd_ = -1;                 // eventfd: post() and the destructor write it
+  std::vector<InFlight> in_flight_;  // the thread's own
   std::thread thread_;
 };
 
@@ -190,15 +155,17 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
       } catch (...) {
         return finished(std::current_exception());
       }
-      thread->add_in_flight([x, finished, self] {
-        try {
-          if (!x->test_all()) return false;
-          finished(nullptr);
-        } catch (...) {
-          finished(std::current_exception());
-        }
-        return true;
-      });
+      thread->add_in_flight(
+          [x, finished, self] {
+            try {
+              if (!x->test_all()) return false;
+              finished(nullptr);
+            } catch (...) {
+              finished(std::current_exception());
+            }
+            return true;
+          },
+          transport.get());
     });
     return work;
   }

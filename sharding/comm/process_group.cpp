@@ -17,10 +17,14 @@
 // ranks' own "waiting for rank k" differs; the report names the culprit consistently.
 #include "kiln/dist/process_group.h"
 
+#include <poll.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -110,6 +114,101 @@ void narrow(const float* in, int64_t n, const Tensor& t) {
 }
 
 }  // namespace
+
+CommThread::CommThread() : wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  KILN_CHECK(wake_fd_ >= 0, Runtime, "eventfd for the comm thread failed: ", std::strerror(errno));
+  thread_ = std::thread([this] { run(); });
+}
+
+CommThread::~CommThread() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof one);
+  thread_.join();
+  close(wake_fd_);
+}
+
+void CommThread::post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(task));
+  }
+  // The counter keeps the wake-up until the thread reads it, so none is lost between the thread's
+  // look at the queue and its poll().
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof one);
+}
+
+void CommThread::drain() {
+  Work done("comm thread");
+  post([&] {
+    while (!in_flight_.empty())
+      if (!poll_in_flight()) sleep();
+    done.finish();
+  });
+  done.wait();
+}
+
+bool CommThread::poll_in_flight() {
+  const size_t before = in_flight_.size();
+  std::erase_if(in_flight_, [](InFlight& f) { return f.test(); });
+  return in_flight_.size() < before;
+}
+
+// See Note [Blocking progress] (ucx.h). Arming fails while a worker has unprocessed events; the
+// thread then progresses again instead of sleeping. An operation with no transport is retested
+// every 20 µs. Pollers check their deadlines, so the thread wakes at least every 10 ms.
+void CommThread::sleep() {
+  std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}};
+  int timeout_ms = 10;
+  for (const InFlight& f : in_flight_) {
+    if (!f.transport) {
+      timeout_ms = 0;
+      continue;
+    }
+    const int fd = f.transport->arm();
+    if (fd < 0) return;
+    if (std::none_of(fds.begin(), fds.end(), [&](const pollfd& p) { return p.fd == fd; }))
+      fds.push_back({fd, POLLIN, 0});
+  }
+  if (timeout_ms == 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    return;
+  }
+  poll(fds.data(), fds.size(), timeout_ms);
+}
+
+void CommThread::run() {
+  for (int idle = 0;;) {
+    std::function<void()> task;
+    bool stop = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop = stop_ && queue_.empty() && in_flight_.empty();
+      if (!queue_.empty()) {
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+    }
+    if (stop) return;
+    if (task) task();
+    idle = poll_in_flight() || task ? 0 : idle + 1;
+    if (task) continue;
+    // Nothing queued: spin briefly while messages flow, then sleep.
+    if (in_flight_.empty()) {
+      uint64_t n;
+      pollfd p{wake_fd_, POLLIN, 0};
+      while (read(wake_fd_, &n, sizeof n) < 0 && errno == EAGAIN) poll(&p, 1, -1);
+    } else if (idle > 100) {
+      sleep();
+      uint64_t n;
+      (void)!read(wake_fd_, &n, sizeof n);
+    }
+  }
+}
 
 Milliseconds env_timeout() {
   const char* s = std::getenv("KILN_COMM_TIMEOUT_S");

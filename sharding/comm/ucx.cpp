@@ -211,9 +211,11 @@ bool UcxTransport::test(Request& r) {
 
 void UcxTransport::progress() { ucp_worker_progress(worker_); }
 
+int UcxTransport::arm() { return ucp_worker_arm(worker_) == UCS_OK ? efd_ : -1; }
+
 void UcxTransport::wait_event(std::chrono::microseconds max) {
   // Arming fails with BUSY while events are still unprocessed: the caller progresses again.
-  if (ucp_worker_arm(worker_) != UCS_OK) return;
+  if (arm() < 0) return;
   pollfd p{efd_, POLLIN, 0};
   poll(&p, 1, static_cast<int>((max.count() + 999) / 1000));
 }

@@ -50,6 +50,9 @@ class UcxTransport {
   // transport event arrived) or `max` has passed, instead of spinning: ranks often share cores,
   // and a spinning comm thread takes them from the peer's and its own computation.
   void wait_event(std::chrono::microseconds max);
+  // Arms the worker's events and returns its event fd to poll(), or -1 when events are already
+  // pending (progress again instead of sleeping).
+  int arm();
   // Progresses the worker once (sends and receives in flight go on while a caller waits on
   // something else).
   void progress();

@@ -1,8 +1,8 @@
 """kiln.distributed.pipelining under `kiln run`: a small GPT cut by pipeline() and trained through
 every schedule on 2 and 4 ranks against single-process training (losses and gradients within
-1e-5, float32), the measured bubbles of GPipe, 1F1B and ZB-H1 on a uniform stage workload, the
-action lists and timelines, and the errors (a stage that cannot take its input, too few
-microbatches, a model that is not a chain)."""
+1e-5, float32), the action lists and timelines, and the errors (a stage that cannot take its
+input, too few microbatches, a model that is not a chain). The measured bubbles are in
+test_pipeline_bubble.py."""
 import textwrap
 from pathlib import Path
 
@@ -90,53 +90,6 @@ PARITY = COMMON + textwrap.dedent("""
     print(f"rank {RANK} ok", flush=True)
 """)
 
-BUBBLE = COMMON + textwrap.dedent("""
-    # A uniform stage: 48 matmuls of 256 x 256 after a learned scale (so every stage, the first
-    # too, computes its input's gradient): F = 48 matmuls, B = 96, I = W = 48. Large enough
-    # that a message's latency (~0.5 ms here) is small against an action.
-    class Uniform(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.scale = nn.Parameter(kiln.ones(256))
-            self.layers = nn.ModuleList([nn.Linear(256, 256, bias=False) for _ in range(48)])
-        def forward(self, x):
-            h = x * self.scale
-            for layer in self.layers:
-                h = layer(h)
-            return h
-
-    m = int(sys.argv[1])
-    stage = pp.PipelineStage(Uniform(), RANK, WORLD)
-    results = {}
-    for kind, cls in [("gpipe", pp.ScheduleGPipe), ("1f1b", pp.Schedule1F1B),
-                      ("zbh1", pp.ScheduleZBH1)]:
-        schedule = cls(stage, n_microbatches=m, loss_fn=lambda out, y: (out * y).mean())
-        x, y = kiln.randn(64 * m, 256), kiln.randn(64 * m, 256)
-        bubbles = []
-        for step in range(7):
-            dist.barrier()
-            schedule.step(x, target=y) if RANK == 0 else schedule.step(target=y)
-            # 1 - (busy time of all ranks) / (ranks x the step's time, from the barrier to the
-            # last rank's end).
-            busy = kiln.tensor([sum(e - s for _, s, e in schedule.last_timeline())])
-            span = kiln.tensor([schedule.last_step_seconds()])
-            dist.all_reduce(busy)
-            dist.all_reduce(span, op=dist.ReduceOp.MAX)
-            bubbles.append(1 - busy.item() / (WORLD * span.item()))
-        results[kind] = sorted(bubbles)[len(bubbles) // 2]   # the median step
-    want = (WORLD - 1) / (m + WORLD - 1)
-    if RANK == 0:
-        print("bubbles", results, "formula", want, flush=True)
-    # The issue asks for 10%. On the 2-core machines this runs on, each rank's communication
-    # thread polls UCX while messages are in flight and takes CPU from the other rank's
-    # compute, so stages are not quite uniform: measured 0.24-0.27 against 0.2. The bound here
-    # is what this machine meets reliably.
-    for kind in ("gpipe", "1f1b"):
-        assert abs(results[kind] - want) <= 0.5 * want, (kind, results[kind], want)
-    assert results["zbh1"] < results["1f1b"], results
-    print(f"rank {RANK} ok", flush=True)
-""")
-
 # Each rank saves its stage's state (the model's own names), and one process without a pipeline
 # loads it into the whole model: PP to no PP, bit for bit.
 PP_SAVE = COMMON + textwrap.dedent("""
@@ -197,11 +150,6 @@ def test_every_schedule_matches_single_process(tmp_path, kind, m):
 @pytest.mark.parametrize("kind,m", [("1f1b", 6), ("zbh1", 4), ("interleaved_1f1b", 4)])
 def test_four_ranks_match_single_process(tmp_path, kind, m):
     run(tmp_path, "parity", PARITY, 4, kind, str(m))
-
-
-def test_measured_bubbles(tmp_path):
-    out = run(tmp_path, "bubble", BUBBLE, 2, "4", env={"OMP_NUM_THREADS": "1"})
-    print(out)
 
 
 def test_pipeline_checkpoint_loads_without_a_pipeline(tmp_path):

@@ -52,7 +52,18 @@ nb::tuple tensor_tuple(const variable_list& ts) {
 // callable, which owns this ctx) plus whatever attributes forward stores on it.
 struct FunctionCtx {
   std::weak_ptr<autograd::CustomFunctionNode> node;
-  nb::tuple needs_input_grad;
+  size_t nargs = 0;
+  std::vector<size_t> tensor_pos;  // which of forward's arguments are tensors
+  // Asked of the node each time, so that a backward which computes only some gradients (a
+  // split backward, See Note [Split backward] in engine.h) shows the others as not needed.
+  nb::tuple needs_input_grad() const {
+    auto n = node.lock();
+    nb::list needs;
+    for (size_t k = 0; k < nargs; ++k) needs.append(false);
+    for (size_t j = 0; n && j < tensor_pos.size(); ++j)
+      needs[tensor_pos[j]] = n->ctx().needs_input_grad(j);
+    return nb::tuple(needs);
+  }
   autograd::CustomFunctionNode& live() const {
     auto n = node.lock();
     KILN_CHECK(n != nullptr, Runtime, "this Function's context is no longer valid");
@@ -93,11 +104,8 @@ nb::object function_apply(nb::handle cls, nb::args args) {
   node->collect_inputs(inputs, is_executable);
   FunctionCtx* c = nb::inst_ptr<FunctionCtx>(ctx);
   c->node = node;
-  nb::list needs;
-  for (size_t k = 0; k < nargs; ++k) needs.append(false);
-  for (size_t j = 0; j < tensor_pos.size(); ++j)
-    needs[tensor_pos[j]] = node->ctx().needs_input_grad(j);
-  c->needs_input_grad = nb::tuple(needs);
+  c->nargs = nargs;
+  c->tensor_pos = tensor_pos;
 
   nb::object raw;
   {
@@ -217,7 +225,7 @@ void bind_autograd(nb::module_& m, nb::class_<Tensor>& cls) {
            [](FunctionCtx& c, nb::args ts) {
              c.live().ctx().mark_non_differentiable(tensor_list(ts, "mark_non_differentiable"));
            })
-      .def_ro("needs_input_grad", &FunctionCtx::needs_input_grad);
+      .def_prop_ro("needs_input_grad", &FunctionCtx::needs_input_grad);
   m.def("_function_apply", &function_apply);
 }
 
