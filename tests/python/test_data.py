@@ -124,3 +124,95 @@ def test_subset_concat_random_split():
     assert len(a) == len(b) == 5
     with pytest.raises(ValueError, match="Sum of input lengths"):
         random_split(ds, [3, 3])
+
+
+def _ids(batch):
+    return batch[0].tolist()
+
+
+@pytest.mark.parametrize("kind", ["default", "generator", "workers", "distributed", "iterable"])
+def test_a_resumed_loader_sees_the_uninterrupted_batches(kind):
+    """Two passes with RNG use between batches (as dropout would); the state is taken 3 batches
+    into the second pass, restored in a fresh loader with other RNG values, and the rest of the
+    run (its batches and its random numbers) is the same."""
+    from kiln.utils.data import DistributedSampler
+    ds = TensorDataset(kiln.arange(30))
+
+    def make():
+        if kind == "default":
+            return DataLoader(ds, batch_size=4, shuffle=True)
+        if kind == "generator":
+            return DataLoader(ds, batch_size=4, shuffle=True,
+                              generator=kiln.Generator().manual_seed(5))
+        if kind == "workers":
+            return DataLoader(ds, batch_size=4, shuffle=True, num_workers=2)
+        if kind == "distributed":
+            return DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, 2, 1, seed=3))
+        return DataLoader(Stream(30), batch_size=4)
+
+    def run(loader, passes, stop=None, start_pass=0):
+        seen, state = [], None
+        for p in range(start_pass, passes):
+            if kind == "distributed":
+                loader.sampler.set_epoch(p)
+            for i, b in enumerate(loader):
+                seen.append((_ids(b), kiln.randn(2).tolist()))
+                if (p, i) == stop:
+                    return seen, {"loader": loader.state_dict(),
+                                  "rng": kiln.default_generator().get_state()}
+        return seen, state
+
+    kiln.manual_seed(0)
+    whole, _ = run(make(), 3)
+    kiln.manual_seed(0)
+    first, state = run(make(), 3, stop=(1, 2))
+    kiln.manual_seed(123)                              # other values, then the checkpoint's
+    resumed = make()
+    resumed.load_state_dict(state["loader"])
+    kiln.default_generator().set_state(state["rng"])
+    rest = []
+    for p in range(1, 3):
+        if kind == "distributed" and p > 1:
+            resumed.sampler.set_epoch(p)
+        rest += [(_ids(b), kiln.randn(2).tolist()) for b in resumed]
+    assert first + rest == whole
+    assert state["loader"]["batches_yielded"] == 3
+    if kind == "distributed":
+        assert state["loader"]["sampler"] == {"epoch": 1}
+
+
+def test_loader_state_at_the_ends_of_a_pass():
+    dl = DataLoader(TensorDataset(kiln.arange(8)), batch_size=4, shuffle=True)
+    assert dl.state_dict() == {"batches_yielded": 0, "order_rng": None}
+    it = iter(dl)
+    next(it)
+    mid = dl.state_dict()
+    assert mid["batches_yielded"] == 1 and len(mid["order_rng"]) == 2
+    list(it)
+    assert dl.state_dict() == {"batches_yielded": 0, "order_rng": None}  # the next pass is new
+    # A state taken after the last batch (before the loop ended) resumes to an empty pass.
+    dl.load_state_dict({"batches_yielded": 2, "order_rng": mid["order_rng"]})
+    assert list(dl) == []
+    assert len(list(dl)) == 2
+
+
+def test_loader_state_rejects_what_it_did_not_make():
+    from kiln.utils.data import DistributedSampler
+    dl = DataLoader(TensorDataset(kiln.arange(8)), batch_size=4)
+    for bad, needle in [(3, "got a int"),
+                        ({"batches_yielded": 1}, "keys"),
+                        ({"batches_yielded": 1, "order_rng": None, "x": 1}, "keys"),
+                        ({"batches_yielded": -1, "order_rng": None}, "batches_yielded is -1"),
+                        ({"batches_yielded": True, "order_rng": None}, "batches_yielded is True"),
+                        ({"batches_yielded": 1, "order_rng": [1]}, r"order_rng is \[1\]"),
+                        ({"batches_yielded": 1, "order_rng": [1, -1]}, "order_rng is"),
+                        ({"batches_yielded": 1, "order_rng": None, "sampler": {"epoch": 1}},
+                         "SequentialSampler")]:
+        with pytest.raises(ValueError, match=needle):
+            dl.load_state_dict(bad)
+    assert len(list(dl)) == 2                          # nothing was half-loaded
+    ds = TensorDataset(kiln.arange(8))
+    sampler = DistributedSampler(ds, 2, 0)
+    with pytest.raises(ValueError, match="DistributedSampler.load_state_dict"):
+        DataLoader(ds, sampler=sampler).load_state_dict(
+            {"batches_yielded": 0, "order_rng": None, "sampler": {"epoch": "1"}})

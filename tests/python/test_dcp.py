@@ -308,8 +308,8 @@ RESUME = textwrap.dedent("""
     import kiln.distributed.checkpoint as dcp
     from kiln.distributed.device_mesh import init_device_mesh
     from kiln.distributed.fsdp import fully_shard
-    from kiln.distributed.tensor import Shard, distribute_tensor
     from kiln.optim.lr_scheduler import LinearLR
+    from kiln.utils.data import DataLoader, TensorDataset
 
     ckpt, mode = sys.argv[1], sys.argv[2]
     mesh = init_device_mesh("cpu", (2,))
@@ -322,18 +322,28 @@ RESUME = textwrap.dedent("""
         opt = kiln.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
         return model, opt, LinearLR(opt, start_factor=0.5, total_iters=4)
 
+    # Each rank's own shuffled rows (drawn from its default generator), 4 batches a pass: the
+    # checkpoint falls 3 batches into the first pass, and the run goes on into the second.
+    loader = DataLoader(TensorDataset(kiln.randn(16, 6, generator=kiln.Generator().manual_seed(5))),
+                        batch_size=4, shuffle=True)
+
+    def batches():
+        while True:
+            yield from loader
+    stream = batches()
+
     def train(model, opt, sched, steps):
         for step in steps:
-            x = kiln.randn(8, 6, generator=kiln.Generator().manual_seed(100 + step))
+            (x,) = next(stream)
             opt.zero_grad()
-            (model(distribute_tensor(x, mesh, [Shard(0)]).to_local()) ** 2).mean().backward()
+            (model(x) ** 2).mean().backward()
             opt.step()
             sched.step()
 
     def state_of(model, opt, sched, step):
         return {"model": model.state_dict(), "optim": opt.state_dict(),
                 "sched": sched.state_dict(), "rng": list(kiln.default_generator().get_state()),
-                "step": step}
+                "loader": loader.state_dict(), "step": step}
 
     kiln.manual_seed(1000 + r)  # each rank's dropout stream differs
     if mode == "full":
@@ -353,7 +363,9 @@ RESUME = textwrap.dedent("""
         opt.load_state_dict(state["optim"])
         sched.load_state_dict(state["sched"])
         kiln.default_generator().set_state(tuple(state["rng"]))
-        assert state["step"] == 3
+        loader.load_state_dict(state["loader"])
+        stream = batches()                  # the next pass resumes after the 3 batches seen
+        assert state["step"] == 3 and state["loader"]["batches_yielded"] == 3
         train(model, opt, sched, range(3, 6))
     values = [p.full_tensor().tolist() for p in model.parameters()]
     print(f"rank {r} params {values!r}")

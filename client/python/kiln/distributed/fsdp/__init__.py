@@ -23,6 +23,7 @@ import operator
 import warnings
 from dataclasses import dataclass
 
+import kiln.distributed.tensor  # noqa: F401  the DTensor methods (full_tensor, ...) of the shards
 from kiln import _C
 from kiln._C import Tensor
 from kiln.nn.module import Module

@@ -5,8 +5,16 @@
     for xb, yb in loader: ...
 
 num_workers > 0 fetches batches on that many threads (in order, a bounded number ahead), which
-helps datasets whose __getitem__ waits on I/O."""
+helps datasets whose __getitem__ waits on I/O.
+
+state_dict() and load_state_dict() save and restore the position in a pass (torchdata's
+StatefulDataLoader; See Note [DataLoader position]), so that a resumed run sees the batches the
+uninterrupted one would have:
+
+    state = {"loader": loader.state_dict(), ...}     # mid-pass, with the model's and the RNG's
+    loader.load_state_dict(state["loader"])          # later: the next pass resumes there"""
 import collections
+import itertools
 import numbers
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,6 +24,8 @@ from kiln import _C
 from kiln._C import Tensor
 from kiln.utils.data.dataset import IterableDataset
 from kiln.utils.data.sampler import BatchSampler, RandomSampler, SequentialSampler
+
+_END = object()
 
 
 def default_collate(batch):
@@ -79,6 +89,7 @@ class DataLoader:
             batch_sampler = BatchSampler(sampler, batch_size, drop_last)
         self.batch_size, self.drop_last = batch_size, drop_last
         self.sampler, self.batch_sampler = sampler, batch_sampler
+        self._yielded, self._order_rng, self._resume = 0, None, None
 
     def _index_batches(self):
         """Map-style: (fetch, keys) pairs, one per batch (or per example when batch_size=None)."""
@@ -99,13 +110,75 @@ class DataLoader:
         if batch and not self.drop_last:
             yield self.collate_fn(batch)
 
+    # Note [DataLoader position]: a pass draws its order (a sampler's permutation) at its first
+    # batch, from the sampler's generator, else the default one. The position is the number of
+    # batches the pass has yielded, and that generator's state (Philox seed and offset) just
+    # before the draw. A pass after load_state_dict() sets the generator to that state, draws
+    # the same order, and skips the batches already yielded: map-style ones without fetching
+    # them, an IterableDataset's by fetching and dropping them. The default generator is then
+    # put back as it was (the run's RNG state is restored on its own, from the same checkpoint).
+    # A pass that ran to its end leaves position 0: the next one starts afresh. Samplers that
+    # draw after their first index, or that keep other state of their own, are not replayed.
+    def state_dict(self):
+        state = {"batches_yielded": self._yielded, "order_rng": self._order_rng}
+        if hasattr(self.sampler, "state_dict"):
+            state["sampler"] = self.sampler.state_dict()
+        return state
+
+    def load_state_dict(self, state):
+        def bad(what):
+            raise ValueError(f"DataLoader.load_state_dict: {what} (expected the dict that "
+                             f"DataLoader.state_dict() returns)")
+        if not isinstance(state, dict):
+            bad(f"got a {type(state).__name__}")
+        unknown = set(state) - {"batches_yielded", "order_rng", "sampler"}
+        if unknown or "batches_yielded" not in state or "order_rng" not in state:
+            bad(f"keys {sorted(state)}")
+        n, rng = state["batches_yielded"], state["order_rng"]
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            bad(f"batches_yielded is {n!r}, not an integer >= 0")
+        if rng is not None and (not isinstance(rng, (list, tuple)) or len(rng) != 2 or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**64 for v in rng)):
+            bad(f"order_rng is {rng!r}, not None or [seed, offset]")
+        if "sampler" in state:
+            if not hasattr(self.sampler, "load_state_dict"):
+                bad(f"it has a sampler state, but this loader's sampler is a "
+                    f"{type(self.sampler).__name__}")
+            self.sampler.load_state_dict(state["sampler"])
+        self._resume = (n, None if rng is None else tuple(rng))
+
+    def _order_generator(self):
+        """(the generator the sampler draws its order from, whether it is the default one)"""
+        sampler = self.sampler if self.sampler is not None else \
+            getattr(self.batch_sampler, "sampler", None)
+        g = getattr(sampler, "generator", None)
+        return (g, False) if g is not None else (_C.default_generator(), True)
+
     def __iter__(self):
+        resume, self._resume = self._resume, None
+        return self._pass(*(resume or (0, None)))
+
+    def _pass(self, skip, order_rng):
+        gen, default = self._order_generator()
+        now = gen.get_state()
+        if order_rng is not None:
+            gen.set_state(order_rng)
+        self._order_rng, self._yielded = list(gen.get_state()), skip
         if self._iterable:
-            return self._iter_stream()
-        fetch, keys = self._index_batches()
-        if self.num_workers == 0:
-            return map(fetch, keys)
-        return self._threaded(fetch, keys)
+            batches = itertools.islice(self._iter_stream(), skip, None)
+        else:
+            fetch, keys = self._index_batches()
+            keys = iter(keys)
+            first = next(keys, _END)                  # the sampler draws its order here
+            keys = itertools.islice(itertools.chain([] if first is _END else [first], keys),
+                                    skip, None)
+            batches = map(fetch, keys) if self.num_workers == 0 else self._threaded(fetch, keys)
+        if order_rng is not None and default:
+            gen.set_state(now)
+        for batch in batches:
+            self._yielded += 1
+            yield batch
+        self._yielded, self._order_rng = 0, None
 
     def _threaded(self, fetch, keys):
         ahead = self.num_workers * self.prefetch_factor

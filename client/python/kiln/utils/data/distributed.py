@@ -2,7 +2,7 @@
 rank's share of a dataset, the shares disjoint and together covering it (padded by wrapping around
 when the ranks do not divide it, unless drop_last). Call set_epoch(e) before each epoch for a new
 shuffle, the same on every rank; num_replicas and rank default to the default group's (or
-WORLD_SIZE/RANK, else 1 and 0)."""
+WORLD_SIZE/RANK, else 1 and 0). Its state_dict() is its epoch."""
 import math
 import os
 
@@ -63,4 +63,16 @@ class DistributedSampler(Sampler):
         return self.num_samples
 
     def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    # A DataLoader's state_dict() includes these (See Note [DataLoader position] in dataloader.py).
+    def state_dict(self):
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        epoch = state.get("epoch") if isinstance(state, dict) else None
+        if not isinstance(state, dict) or set(state) != {"epoch"} or not isinstance(epoch, int) \
+                or isinstance(epoch, bool):
+            raise ValueError(f"DistributedSampler.load_state_dict: expected {{'epoch': int}}, "
+                             f"got {state!r}")
         self.epoch = epoch
