@@ -1,6 +1,6 @@
 """kiln.distributed.pipelining under `kiln run`: a small GPT cut by pipeline() and trained through
-every schedule on 2 and 4 ranks against single-process training (losses and gradients within
-1e-5, float32), the action lists and timelines, and the errors (a stage that cannot take its
+every schedule on 2 and 4 ranks, and pp 2 x dp 2 x tp 2 on 8 ranks, against single-process
+training (losses and gradients within 1e-5, float32), the action lists and timelines, and the errors (a stage that cannot take its
 input, too few microbatches, a model that is not a chain). The measured bubbles are in
 test_pipeline_bubble.py."""
 import textwrap
@@ -85,6 +85,64 @@ PARITY = COMMON + textwrap.dedent("""
                 g, w = p.grad, names[name].grad
                 err = ((g - w).abs().max() / w.abs().max().clamp(min=1e-12)).item()
                 assert err <= 1e-5, (kind, step, name, err)
+        ref_opt.step()
+        opt.step()
+    print(f"rank {RANK} ok", flush=True)
+""")
+
+# 3-D parallelism on 8 ranks: pp 2 x dp 2 x tp 2. The small GPT is cut in 2 stages; each stage's
+# blocks are tensor parallel over "tp" (chargpt's plan), then fully_shard-ed over "dp"; each dp
+# rank's pipeline takes its half of the batch in m microbatches. Losses and every gradient
+# against one process training the whole model on the whole batch, float32.
+THREE_D = COMMON + textwrap.dedent("""
+    from kiln.distributed.device_mesh import init_device_mesh
+    from kiln.distributed.fsdp import fully_shard
+    from kiln.distributed.tensor import DTensor
+    from kiln.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                  parallelize_module)
+    kind, m = sys.argv[1], int(sys.argv[2])
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("pp", "dp", "tp"))
+    s, dp = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+    ref, model = gpt(4), gpt(4)
+    stage_mod = pp.pipeline(model, split_points=["1.2"]).get_stage_module(s)
+    parallelize_module(stage_mod, mesh["tp"],
+                       {"1.*.qkv": ColwiseParallel(use_local_output=False),
+                        "1.*.proj": RowwiseParallel(),
+                        "1.*.fc": ColwiseParallel(),
+                        "1.*.out": RowwiseParallel()})
+    for block in stage_mod._modules["1"]:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(stage_mod, mesh=mesh["dp"])
+    stage = pp.PipelineStage(stage_mod, s, 2, group=mesh.get_group("pp"))
+    cls = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B, "zbh1": pp.ScheduleZBH1}[kind]
+    schedule = cls(stage, n_microbatches=m, loss_fn=lm_loss)
+    ref_opt = kiln.optim.SGD(ref.parameters(), lr=0.1)
+    opt = kiln.optim.SGD(stage_mod.parameters(), lr=0.1)
+    names = dict(ref.named_parameters())
+    rows = 2 * m                                  # each dp rank's part of the batch
+    for step in range(3):
+        kiln.manual_seed(10 + step)
+        x = kiln.randint(0, 32, (2 * rows, 8))
+        y = kiln.randint(0, 32, (2 * rows, 8))
+        ref_opt.zero_grad()
+        want = lm_loss(ref(x), y)
+        want.backward()
+        opt.zero_grad()
+        xs, ys = x[dp * rows:(dp + 1) * rows], y[dp * rows:(dp + 1) * rows]
+        losses = []
+        if s == 0:
+            schedule.step(xs)
+        else:
+            schedule.step(target=ys, losses=losses)
+            mine = kiln.tensor([sum(l.item() for l in losses) / m])
+            dist.all_reduce(mine, group=mesh.get_group("dp"))
+            got = mine.item() / 2
+            assert abs(got - want.item()) <= 1e-5 * max(1, abs(want.item())), (got, want.item())
+        for name, p in stage_mod.named_parameters():
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            w = names[name].grad
+            err = ((g - w).abs().max() / w.abs().max().clamp(min=1e-12)).item()
+            assert err <= 1e-5, (kind, step, name, err)
         ref_opt.step()
         opt.step()
     print(f"rank {RANK} ok", flush=True)
@@ -214,3 +272,8 @@ def test_pipeline_split():
         pp.pipeline(model, split_points=["0"])
     with pytest.raises(TypeError, match="is not an nn.Sequential"):
         pp.pipeline(nn.Linear(2, 2), split_points=[])
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "zbh1"])
+def test_three_d_parallel_training_matches_one_process(tmp_path, kind):
+    run(tmp_path, "three_d", THREE_D, 8, kind, "2", env={"OMP_NUM_THREADS": "1"})

@@ -14,6 +14,8 @@ assignment order) and are read back through __getattr__, as in PyTorch. Forward 
 forward hooks (register_forward_pre_hook, register_forward_hook) run around forward when the
 module is called; they may replace its inputs and output (kiln.distributed.tensor.parallel
 converts tensors to and from DTensors with them)."""
+import contextlib
+import threading
 from collections import OrderedDict, namedtuple
 
 from kiln import _C
@@ -21,6 +23,30 @@ from kiln._C import Tensor
 from kiln._tensor import _parse_to
 from kiln.autograd.grad_mode import no_grad
 from kiln.nn.parameter import Parameter
+
+# Note [Plain forward]: a pipeline infers a stage's shapes by running its forward on meta tensors
+# (See Note [Pipeline shapes] in kiln/dist/pipelining.h). A stage that is tensor parallel or
+# fully sharded has hooks that communicate (TP's redistributions, FSDP's gathers in its
+# __call__); with its parameters swapped for meta tensors of their global shapes, its forward
+# must run as the plain module it was. Within plain_forward(), on this thread, modules skip
+# their forward hooks and FSDP modules their gathering. A stage whose hooks change its output's
+# shape (a sharded output handed on as its local piece) then differs from its real forward,
+# which the runner reports as such rather than sending the wrong sizes.
+_plain = threading.local()
+
+
+@contextlib.contextmanager
+def plain_forward():
+    before = getattr(_plain, "on", False)
+    _plain.on = True
+    try:
+        yield
+    finally:
+        _plain.on = before
+
+
+def in_plain_forward():
+    return getattr(_plain, "on", False)
 
 _IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
@@ -71,7 +97,7 @@ class Module:
 
     def __call__(self, *args, **kwargs):
         d = self.__dict__
-        if not d.get("_forward_pre_hooks") and not d.get("_forward_hooks"):
+        if not d.get("_forward_pre_hooks") and not d.get("_forward_hooks") or in_plain_forward():
             return self.forward(*args, **kwargs)
         for hook, with_kwargs in list(d.get("_forward_pre_hooks", {}).values()):
             if with_kwargs:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import kiln.distributed.tensor  # noqa: F401  the DTensor methods (full_tensor, ...) of the shards
 from kiln import _C
 from kiln._C import Tensor
-from kiln.nn.module import Module
+from kiln.nn.module import Module, in_plain_forward
 from kiln.nn.parameter import Parameter
 
 __all__ = ["fully_shard", "FSDPModule", "MixedPrecisionPolicy", "OffloadPolicy",
@@ -91,6 +91,8 @@ class FSDPModule:
     """The methods fully_shard adds to a module (isinstance(m, FSDPModule) after fully_shard)."""
 
     def __call__(self, *args, **kwargs):
+        if in_plain_forward():  # Note [Plain forward] (kiln/nn/module.py)
+            return super().__call__(*args, **kwargs)
         st = self.__dict__["_fsdp_state"]
         mp = st.mp_policy
         root = _forward_depth[0] == 0

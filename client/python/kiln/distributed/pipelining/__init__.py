@@ -23,6 +23,13 @@ on rank s % p of the pipeline group (p ranks); ScheduleInterleaved1F1B takes the
 rank, s = r, r + p, ... Shapes are never written by hand: each stage runs its forward on meta
 tensors first. Each microbatch's loss is divided by n_microbatches before its backward, so the
 gradients are those of the mean loss over the batch.
+
+A stage may be tensor parallel and fully sharded (3-D parallelism): lay a ("pp", "dp", "tp") mesh
+over the ranks, parallelize_module and fully_shard the stage's module over mesh["tp"] and
+mesh["dp"], and give the stage group=mesh.get_group("pp"); each dp rank's pipeline takes its
+part of the batch. FSDP then gathers the stage's parameters for each microbatch's forward and
+backward and reduce-scatters each microbatch's gradients into the shards' .grad, as it would for
+m calls of the module; the schedules' UNSHARD and RESHARD actions (fsdp=True) are not used yet.
 """
 import json
 import weakref
@@ -32,7 +39,7 @@ from kiln import _C
 from kiln.autograd.grad_mode import no_grad
 from kiln._C import Tensor
 from kiln.nn.containers import Sequential
-from kiln.nn.module import Module
+from kiln.nn.module import Module, plain_forward
 
 __all__ = ["PipelineStage", "pipeline", "Pipe", "SplitPoint", "PipelineScheduleSingle",
            "PipelineScheduleMulti", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
@@ -51,7 +58,8 @@ def _as_list(out):
 
 def _forward_meta(module, inputs):
     """The module's forward on meta tensors, its parameters and buffers on meta for the call
-    (Note [Pipeline shapes])."""
+    (Note [Pipeline shapes]): DTensors (tensor parallel, FSDP) as meta tensors of their global
+    shapes, the module run without its hooks (Note [Plain forward] in kiln/nn/module.py)."""
     saved = []
     try:
         with no_grad():
@@ -62,7 +70,8 @@ def _forward_meta(module, inputs):
                             continue
                         saved.append((table, name, t))
                         table[name] = _C.empty(list(t.shape), dtype=t.dtype, device="meta")
-            return _as_list(module(*inputs))
+            with plain_forward():
+                return _as_list(module(*inputs))
     finally:
         for table, name, t in saved:
             table[name] = t
