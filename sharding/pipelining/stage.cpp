@@ -117,16 +117,16 @@ StageFunctions module_functions(nn::ModulePtr module) {
 PipelineStage::PipelineStage(StageFunctions fns, int stage_index, int num_stages,
                              ProcessGroupPtr group)
     : fns_(std::move(fns)), index_(stage_index), num_stages_(num_stages), group_(std::move(group)) {
-  KILN_CHECK(group_ != nullptr, Value, "PipelineStage: no process group");
   KILN_CHECK(num_stages_ >= 1 && index_ >= 0 && index_ < num_stages_, Value,
              "PipelineStage: stage_index ", index_, " is not in [0, num_stages=", num_stages_, ")");
+  KILN_CHECK(fns_.forward && fns_.forward_meta, Value, "PipelineStage: forward functions missing");
+  if (group_ == nullptr) return;  // a controller's stage (Note [Pipeline controller])
   KILN_CHECK(num_stages_ % group_->size() == 0, Value, "PipelineStage: ", num_stages_,
              " stages do not spread evenly over the ", group_->size(), " ranks of group '",
              group_->name(), "'");
   KILN_CHECK(index_ % group_->size() == group_->rank(), Value, "PipelineStage: stage ", index_,
              " belongs on rank ", index_ % group_->size(), " of group '", group_->name(),
              "' (stage s runs on rank s % ", group_->size(), "), not on rank ", group_->rank());
-  KILN_CHECK(fns_.forward && fns_.forward_meta, Value, "PipelineStage: forward functions missing");
 }
 
 PipelineStage::PipelineStage(nn::ModulePtr module, int stage_index, int num_stages,
@@ -139,23 +139,47 @@ PipelineStage::PipelineStage(nn::ModulePtr module, int stage_index, int num_stag
 class ScheduleRunner {
  public:
   ScheduleRunner(std::vector<PipelineStage*> stages, ScheduleKind kind, int m, LossFn loss_fn,
-                 bool fsdp)
-      : m_(m), loss_fn_(std::move(loss_fn)) {
+                 bool fsdp, std::optional<Controller> controller)
+      : m_(m), loss_fn_(std::move(loss_fn)), controller_(std::move(controller)) {
     KILN_CHECK(!stages.empty(), Value, "pipeline schedule: no stages");
     group_ = stages[0]->group();
-    p_ = group_->size();
     n_stages_ = stages[0]->num_stages();
-    const int v = static_cast<int>(stages.size());
     for (auto* s : stages) {
       KILN_CHECK(s->group().get() == group_.get() && s->num_stages() == n_stages_, Value,
                  "pipeline schedule: this rank's stages must share one group and one stage count");
       KILN_CHECK(by_index_.emplace(s->stage_index(), s).second, Value, "pipeline schedule: stage ",
                  s->stage_index(), " given twice");
     }
-    KILN_CHECK(n_stages_ == p_ * v, Value, "pipeline schedule ", schedule_kind_name(kind), ": ",
-               n_stages_, " stages over ", p_, " ranks need ", n_stages_ / std::max(p_, 1),
-               " stages on each rank, this rank passed ", v);
+    int v = static_cast<int>(stages.size());
+    if (controller_) {  // Note [Pipeline controller]
+      p_ = controller_->ranks;
+      KILN_CHECK(group_ == nullptr && v == n_stages_, Value, "pipeline schedule ",
+                 schedule_kind_name(kind), ": a controller runs all ", n_stages_,
+                 " stages, with no process group; got ", v);
+      KILN_CHECK(p_ >= 1 && n_stages_ % p_ == 0, Value, "pipeline schedule: ", n_stages_,
+                 " stages do not spread evenly over ", p_, " ranks");
+      KILN_CHECK(controller_->enter && controller_->leave && controller_->move, Value,
+                 "pipeline schedule: the controller's functions are missing");
+      v = n_stages_ / p_;
+    } else {
+      KILN_CHECK(group_ != nullptr, Value,
+                 "pipeline schedule: stages without a process group "
+                 "run under a controller only");
+      p_ = group_->size();
+      KILN_CHECK(n_stages_ == p_ * v, Value, "pipeline schedule ", schedule_kind_name(kind), ": ",
+                 n_stages_, " stages over ", p_, " ranks need ", n_stages_ / std::max(p_, 1),
+                 " stages on each rank, this rank passed ", v);
+    }
     actions_ = make_schedule({kind, p_, m, v, fsdp});
+    if (controller_) {
+      // Every rank's compute actions in the order the simulated step starts them.
+      std::vector<TimedAction> order = simulate(actions_);
+      std::stable_sort(order.begin(), order.end(), [](const TimedAction& a, const TimedAction& b) {
+        return a.start < b.start || (a.start == b.start && a.rank < b.rank);
+      });
+      for (const TimedAction& t : order)
+        if (is_compute(t.action.op)) order_.push_back(t.action);
+    }
   }
 
   const std::vector<ActionList>& actions() const { return actions_; }
@@ -195,6 +219,8 @@ class ScheduleRunner {
   std::map<std::pair<int, int>, Slot> slots_;   // (stage, microbatch)
   std::vector<std::vector<Tensor>> first_mbs_;  // stage 0's microbatches
   std::vector<Tensor> targets_;
+  std::optional<Controller> controller_;
+  ActionList order_;  // a controller's: every rank's compute actions, in a valid order
   std::vector<WorkPtr> sends_;
   std::vector<Tensor> send_buffers_;
 };
@@ -211,7 +237,7 @@ void ScheduleRunner::infer_shapes(const std::vector<Tensor>& first_inputs) {
   if (!need) {
     Tensor changed = kiln::zeros({1}, kInt64);
     if (is_local(0)) changed.data_ptr<int64_t>()[0] = key != inferred_for_;
-    if (p_ > 1) group_->broadcast(changed, 0)->wait();
+    if (group_ && p_ > 1) group_->broadcast(changed, 0)->wait();
     need = changed.data_ptr<int64_t>()[0] != 0;
   }
   if (!need) return;
@@ -259,7 +285,7 @@ void ScheduleRunner::infer_shapes(const std::vector<Tensor>& first_inputs) {
   for (auto& w : works) w->wait();
   // Every rank learns of the first stage that failed (Note [Pipeline shapes]).
   Tensor verdict = kiln::full({1}, failed_stage < 0 ? n_stages_ : failed_stage, kInt64);
-  if (p_ > 1) group_->all_reduce(verdict, ReduceOp::Min)->wait();
+  if (group_ && p_ > 1) group_->all_reduce(verdict, ReduceOp::Min)->wait();
   const int64_t worst = verdict.data_ptr<int64_t>()[0];
   if (worst < n_stages_) {
     in_meta_.clear();
@@ -276,6 +302,7 @@ void ScheduleRunner::forward(int s, int mb, Slot& slot, bool train) {
     slot.inputs = first_mbs_[mb];
   } else if (is_local(s - 1)) {
     for (const Tensor& t : slots_[{s - 1, mb}].outputs) slot.inputs.push_back(t.detach());
+    if (controller_) slot.inputs = controller_->move(slot.inputs, s - 1, s);
   }
   if (train && s > 0)
     for (Tensor& t : slot.inputs)
@@ -300,7 +327,10 @@ void ScheduleRunner::forward(int s, int mb, Slot& slot, bool train) {
 
 void ScheduleRunner::backward(Op op, int s, int mb, Slot& slot) {
   PipelineStage& stage = local(s);
-  if (!stage.is_last() && is_local(s + 1)) slot.grad_outputs = slots_[{s + 1, mb}].grad_inputs;
+  if (!stage.is_last() && is_local(s + 1)) {
+    slot.grad_outputs = slots_[{s + 1, mb}].grad_inputs;
+    if (controller_) slot.grad_outputs = controller_->move(slot.grad_outputs, s + 1, s);
+  }
   if (op == Op::W) {
     autograd::backward_weight(slot.deferred);
     return;
@@ -370,9 +400,9 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
       r.slots_.clear();
     }
   } cleanup{*this};
-  const int me = group_->rank();
   std::vector<Tensor> outputs_by_mb(m_);
-  for (const Action& a : actions_[me]) {
+  for (const Action& a : controller_ ? order_ : actions_[group_->rank()]) {
+    const int me = rank_of(a.stage);
     if (!train &&
         (a.op == Op::B || a.op == Op::I || a.op == Op::W || a.op == Op::SendB || a.op == Op::RecvB))
       continue;
@@ -383,6 +413,14 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
       slot.recvs.clear();
     }
     const double start = now();
+    if (controller_ && compute) controller_->enter(a.stage);
+    struct Leave {
+      const std::optional<Controller>& c;
+      bool on;
+      ~Leave() {
+        if (on) c->leave();
+      }
+    } leave{controller_, controller_.has_value() && compute};
     switch (a.op) {
       case Op::RecvF:
         for (const Tensor& m : in_meta_.at(a.stage)) {
@@ -443,9 +481,9 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
 // ---- Schedule --------------------------------------------------------------------------------
 
 Schedule::Schedule(std::vector<PipelineStage*> stages, ScheduleKind kind, int n_microbatches,
-                   LossFn loss_fn, bool fsdp)
+                   LossFn loss_fn, bool fsdp, std::optional<Controller> controller)
     : runner_(std::make_unique<ScheduleRunner>(std::move(stages), kind, n_microbatches,
-                                               std::move(loss_fn), fsdp)) {}
+                                               std::move(loss_fn), fsdp, std::move(controller))) {}
 Schedule::~Schedule() = default;
 
 std::vector<Tensor> Schedule::step(const std::vector<Tensor>& inputs,

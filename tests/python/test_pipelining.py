@@ -148,6 +148,57 @@ THREE_D = COMMON + textwrap.dedent("""
     print(f"rank {RANK} ok", flush=True)
 """)
 
+# The same GPT on a coordinator's gang (Note [Gang stages]): this one process records every
+# stage; stage s's subprogram runs on worker s % 2 alone, activations and gradients go worker to
+# worker. Losses and gradients against one process, as above; then a stage whose worker died.
+REMOTE_PP = EXPECT + MODEL + textwrap.dedent("""
+    import os, sys
+    from kiln.distributed import pipelining as pp
+    kind = sys.argv[1]
+    session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=2, wait_ms=20000)
+    dev = session.device
+    v = 2 if kind == "interleaved_1f1b" else 1
+    n_stages, m = 2 * v, 4
+    layers = 2 * n_stages - 2
+    ref, model = gpt(layers), gpt(layers)
+    pipe = pp.pipeline(model, split_points=[f"1.{2 * i - 1}" for i in range(1, n_stages)])
+    stages = [pipe.build_stage(i, device=dev) for i in range(n_stages)]
+    assert [s.worker for s in stages] == [i % 2 for i in range(n_stages)]
+    assert all(str(p.device) == str(dev) for p in model.parameters())
+    cls = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B, "zbh1": pp.ScheduleZBH1,
+           "interleaved_1f1b": pp.ScheduleInterleaved1F1B}[kind]
+    schedule = cls(stages, n_microbatches=m, loss_fn=lm_loss)
+    ref_opt = kiln.optim.SGD(ref.parameters(), lr=0.1)
+    opt = kiln.optim.SGD(model.parameters(), lr=0.1)
+    names = dict(ref.named_parameters())
+    for step in range(2):
+        kiln.manual_seed(10 + step)
+        x = kiln.randint(0, 32, (2 * m, 8))
+        y = kiln.randint(0, 32, (2 * m, 8))
+        ref_opt.zero_grad()
+        want = lm_loss(ref(x), y)
+        want.backward()
+        opt.zero_grad()
+        losses = []
+        out = schedule.step(x, target=y, losses=losses)
+        got = sum(l.item() for l in losses) / m
+        assert abs(got - want.item()) <= 1e-5 * max(1, abs(want.item())), (got, want.item())
+        assert tuple(out.shape) == (2 * m, 8, 32) and str(out.device) == str(dev), out
+        for name, p in model.named_parameters():
+            g, w = p.grad.cpu(), names[name].grad
+            err = ((g - w).abs().max() / w.abs().max().clamp(min=1e-12)).item()
+            assert err <= 1e-5, (kind, step, name, err)
+        ref_opt.step()
+        opt.step()
+    for name, p in model.named_parameters():
+        assert (p.cpu() - names[name].detach()).abs().max().item() <= 1e-5, name
+    # Misuse: one stage of a gang pipeline, or stages of two kinds.
+    expect(lambda: cls(stages[:1], n_microbatches=m, loss_fn=lm_loss), ValueError,
+           f"runs all {n_stages} stages from this one process")
+    print("rank 0 ok", flush=True)
+""")
+
+
 # Each rank saves its stage's state (the model's own names), and one process without a pipeline
 # loads it into the whole model: PP to no PP, bit for bit.
 PP_SAVE = COMMON + textwrap.dedent("""
@@ -277,3 +328,9 @@ def test_pipeline_split():
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b", "zbh1"])
 def test_three_d_parallel_training_matches_one_process(tmp_path, kind):
     run(tmp_path, "three_d", THREE_D, 8, kind, "2", env={"OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b", "zbh1", "interleaved_1f1b"])
+def test_gang_pipeline_matches_one_process(tmp_path, kind):
+    from test_dtensor import run_remote
+    run_remote(tmp_path, "remote_pp", REMOTE_PP, 2, kind)

@@ -8,6 +8,7 @@
 #include <absl/container/flat_hash_map.h>
 #include <absl/strings/str_cat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <new>
@@ -18,6 +19,7 @@
 #include "kiln/dist/process_group.h"
 #include "kiln/dist/remote.h"
 #include "kiln/error.h"
+#include "kiln/generated/ops.h"
 #include "kiln/generator.h"
 #include "kiln/storage.h"
 #include "kiln/worker/codec.h"
@@ -112,6 +114,8 @@ struct Session::State {
   // Storages a Release emptied, with the bytes to give back (Note [FSDP on a gang]).
   absl::flat_hash_map<const Storage*, uint64_t> released;
   ErrorPtr first_failure;  // since the last Sync
+  // Transfers this worker sent and the peer has not taken yet: the tensors stay alive until then.
+  std::vector<std::pair<dist::WorkPtr, Tensor>> sends;
   Stack stack;             // reused by every instruction
   std::vector<Tensor> results;
 };
@@ -658,6 +662,71 @@ static void run_redistribute(State& s, const SessionOptions& opt, const proto::R
   fail(s, err);
 }
 
+// Note [Gang stages] (kiln/client/transport.h): a Transfer pairs src[i] with dst[i]. Each sends
+// a status word first (0: the value follows; 1: it failed here, and this worker's error says
+// why), so a receiver never waits for data that will not come; the data goes contiguous. A send
+// is not waited for (its peer may not have reached the Transfer yet); a receive is.
+constexpr int kTransferTag = 7;
+
+static void run_transfer(State& s, const SessionOptions& opt, const proto::Transfer& t) {
+  const int64_t id = t.output();
+  const bool receives =
+      std::find(t.dst().begin(), t.dst().end(),
+                dist::is_initialized() ? dist::default_group()->rank() : -1) != t.dst().end();
+  if (receives && (id <= 0 || s.values.contains(id) || s.pending.contains(id)))
+    throw StreamError{absl::StrCat("transfer (seq ", t.seq(), "): output id ", id,
+                                   " is not > 0 or is already in use")};
+  std::erase_if(s.sends, [](auto& w) { return w.first->is_completed(); });
+  ErrorPtr err;
+  try {
+    KILN_CHECK(dist::is_initialized(), Runtime,
+               "transfer: this worker has no process group (transfers move values between the "
+               "workers of a gang)");
+    const auto& group = dist::default_group();
+    const int me = group->rank();
+    KILN_CHECK(t.src_size() == t.dst_size(), Value, "transfer: ", t.src_size(), " senders for ",
+               t.dst_size(), " receivers");
+    for (int i = 0; i < t.src_size(); ++i) {
+      KILN_CHECK(t.src(i) >= 0 && t.src(i) < group->size() && t.dst(i) >= 0 &&
+                     t.dst(i) < group->size() && t.src(i) != t.dst(i),
+                 Value, "transfer: worker ", t.src(i), " to worker ", t.dst(i),
+                 " is not a pair of distinct ranks of a gang of ", group->size());
+      if (t.src(i) == me) {
+        auto it = s.values.find(t.input());
+        Tensor data;
+        if (it != s.values.end() && !it->second.error) data = it->second.t.contiguous();
+        Tensor status = kiln::full({1}, data.defined() ? 0 : 1, kInt64);
+        s.sends.emplace_back(group->send(status, t.dst(i), kTransferTag), status);
+        if (data.defined())
+          s.sends.emplace_back(group->send(data, t.dst(i), kTransferTag), data);
+        else if (it == s.values.end())
+          fail(s, make_error("INVALID_ARGUMENT", "value",
+                             absl::StrCat("transfer: ", missing_value(s, t.input())), t.seq(),
+                             "transfer"));
+      }
+      if (t.dst(i) == me) {
+        Tensor status = kiln::zeros({1}, kInt64);
+        group->recv(status, t.src(i), kTransferTag)->wait();
+        KILN_CHECK(status.data_ptr<int64_t>()[0] == 0, Runtime, "transfer: the value on worker ",
+                   t.src(i), " failed (that worker's error says why)");
+        const ScalarType dtype = scalar_type_from_name(t.dtype().c_str());
+        std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+        for (int64_t n : sizes) KILN_CHECK(n >= 0, Value, "transfer: negative size ", n);
+        Tensor out = kiln::empty(sizes, dtype, opt.device);
+        group->recv(out, t.src(i), kTransferTag)->wait();
+        bind(s, id, std::move(out), nullptr);
+      }
+    }
+    return;
+  } catch (const Error& x) {
+    err = make_error(code_of(x), kind_name(x.kind()), x.what(), t.seq(), "transfer");
+  } catch (const std::exception& x) {
+    err = make_error("INTERNAL", "runtime", x.what(), t.seq(), "transfer");
+  }
+  if (receives) bind(s, id, Tensor(), err);
+  fail(s, err);
+}
+
 static void run_fetch(State& s, const proto::Fetch& f,
                       const std::function<void(proto::WorkerMessage&&)>& reply) {
   auto it = s.values.find(f.id());
@@ -713,6 +782,9 @@ absl::Status Session::run(const proto::Batch& batch,
           break;
         case proto::Command::kFree:
           for (int64_t id : c.free().ids()) forget(s, id);
+          break;
+        case proto::Command::kTransfer:
+          run_transfer(s, options_, c.transfer());
           break;
         case proto::Command::kSync: {
           proto::WorkerMessage m;

@@ -6,6 +6,7 @@
 //   st = _C._PipelineStage(fwd, fwd_meta, None, None, 0, 2, group)
 //   sc = _C._PipelineSchedule([st], "1f1b", 4, loss_fn, False)
 //   outs, losses = sc.step([x], None, True)
+//   sc = _C._PipelineSchedule(stages, "1f1b", 4, loss_fn, False, 2)   # a gang's 2 workers run them
 // The runner calls back into Python (the stage's forward, the loss) with the GIL held.
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
@@ -14,6 +15,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "kiln/client/connection.h"
+#include "kiln/client/transport.h"
 #include "kiln/dist/pipelining.h"
 #include "python_args.h"
 
@@ -22,6 +25,31 @@ namespace {
 
 namespace pp = kiln::dist::pipelining;
 using TensorFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+// The stages of a pipeline over a gang's `ranks` workers (Note [Pipeline controller]): stage s's
+// actions are recorded for worker s % ranks (Note [Gang stages]), and activations and gradients
+// move between workers as recorded transfers.
+pp::Controller gang_controller(int ranks) {
+  auto scopes = std::make_shared<std::vector<std::unique_ptr<client::StageScope>>>();
+  pp::Controller c;
+  c.ranks = ranks;
+  c.enter = [scopes, ranks](int stage) {
+    scopes->push_back(std::make_unique<client::StageScope>(std::vector<int>{stage % ranks}));
+  };
+  c.leave = [scopes] { scopes->pop_back(); };
+  c.move = [ranks](const std::vector<Tensor>& ts, int from, int to) {
+    std::vector<Tensor> out;
+    for (const Tensor& t : ts) out.push_back(client::transfer(t, {from % ranks}, {to % ranks}));
+    return out;
+  };
+  return c;
+}
+
+// A context manager: what Python records inside it is placed on these workers of a gang.
+struct PyStageScope {
+  std::vector<int> ranks;
+  std::unique_ptr<client::StageScope> scope;
+};
 
 }  // namespace
 
@@ -55,11 +83,11 @@ void bind_pipelining(nb::module_& m) {
            [](pp::PipelineStage* self, TensorFn forward, TensorFn forward_meta,
               std::optional<std::function<void()>> unshard,
               std::optional<std::function<void()>> reshard, int stage_index, int num_stages,
-              std::shared_ptr<dist::ProcessGroup> group) {
+              std::optional<std::shared_ptr<dist::ProcessGroup>> group) {
              pp::StageFunctions fns{std::move(forward), std::move(forward_meta),
                                     unshard.value_or(nullptr), reshard.value_or(nullptr)};
-             new (self)
-                 pp::PipelineStage(std::move(fns), stage_index, num_stages, std::move(group));
+             new (self) pp::PipelineStage(std::move(fns), stage_index, num_stages,
+                                          group.value_or(nullptr));
            })
       .def_prop_ro("stage_index", &pp::PipelineStage::stage_index)
       .def_prop_ro("num_stages", &pp::PipelineStage::num_stages)
@@ -70,7 +98,7 @@ void bind_pipelining(nb::module_& m) {
       .def(
           "__init__",
           [](pp::Schedule* self, std::vector<pp::PipelineStage*> stages, const std::string& kind,
-             int n_microbatches, std::optional<nb::object> loss_fn, bool fsdp) {
+             int n_microbatches, std::optional<nb::object> loss_fn, bool fsdp, int gang_ranks) {
             pp::LossFn fn;
             if (loss_fn && !loss_fn->is_none()) {
               nb::object f = *loss_fn;
@@ -79,10 +107,13 @@ void bind_pipelining(nb::module_& m) {
                 return nb::cast<Tensor>(f(out, target));
               };
             }
+            std::optional<pp::Controller> controller;
+            if (gang_ranks > 0) controller = gang_controller(gang_ranks);
             new (self) pp::Schedule(std::move(stages), pp::parse_schedule_kind(kind),
-                                    n_microbatches, std::move(fn), fsdp);
+                                    n_microbatches, std::move(fn), fsdp, std::move(controller));
           },
-          nb::keep_alive<1, 2>())
+          nb::arg("stages"), nb::arg("kind"), nb::arg("n_microbatches"), nb::arg("loss_fn").none(),
+          nb::arg("fsdp"), nb::arg("gang_ranks") = 0, nb::keep_alive<1, 2>())
       .def("step",
            [](pp::Schedule& s, const std::vector<Tensor>& inputs, std::optional<Tensor> target,
               bool want_losses) {
@@ -94,6 +125,22 @@ void bind_pipelining(nb::module_& m) {
       .def("actions", &pp::Schedule::actions)
       .def("last_timeline", &pp::Schedule::last_timeline)
       .def("last_step_seconds", &pp::Schedule::last_step_seconds);
+
+  // Note [Gang stages] (kiln/client/transport.h).
+  nb::class_<PyStageScope>(m, "_StageScope")
+      .def("__init__",
+           [](PyStageScope* self, std::vector<int> ranks) {
+             new (self) PyStageScope{std::move(ranks), {}};
+           })
+      .def("__enter__",
+           [](PyStageScope& s) {
+             KILN_CHECK(!s.scope, Value, "_StageScope: already entered");
+             s.scope = std::make_unique<client::StageScope>(s.ranks);
+           })
+      .def("__exit__", [](PyStageScope& s, nb::args) { s.scope.reset(); });
+  m.def("_gang_size", [](const std::string& device) {
+    return client::connection_for(Device(device))->transport().world_size();
+  });
 }
 
 }  // namespace kiln::python

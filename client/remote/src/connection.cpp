@@ -24,7 +24,10 @@ proto::Instruction* Connection::add_instruction() { return add_command()->mutabl
 
 proto::Command* Connection::add_command() {
   queue_frees_locked();
-  return pending_.add_commands();
+  proto::Command* c = pending_.add_commands();
+  if (const std::vector<int>* ranks = StageScope::current())  // Note [Gang stages]
+    c->mutable_ranks()->Add(ranks->begin(), ranks->end());
+  return c;
 }
 
 void Connection::queue_frees_locked() {
@@ -41,9 +44,12 @@ void Connection::queue_frees_locked() {
 
 size_t append_create(proto::Batch& batch, int64_t id, const Tensor& t) {
   size_t bytes = 0;
+  const std::vector<int>* ranks = StageScope::current();  // Note [Gang stages]
   for (proto::TensorData& p : worker::encode_tensor(t)) {
     bytes += p.data().size();
-    proto::Create* c = batch.add_commands()->mutable_create();
+    proto::Command* cmd = batch.add_commands();
+    if (ranks) cmd->mutable_ranks()->Add(ranks->begin(), ranks->end());
+    proto::Create* c = cmd->mutable_create();
     c->set_id(id);
     c->set_wrapped_number(t.impl()->is_wrapped_number());
     *c->mutable_data() = std::move(p);
@@ -181,6 +187,33 @@ const RemoteValue& remote_value(const Tensor& t, const char* op) {
   KILN_CHECK(v != nullptr, Value, op, ": a tensor on ", t.device(),
              " has no remote value (was it made outside the Remote backend?)");
   return *v;
+}
+
+Tensor transfer(const Tensor& t, const std::vector<int>& src, const std::vector<int>& dst) {
+  const RemoteValue& v = remote_value(t, "transfer");
+  Connection& c = *v.conn;
+  const int n = c.transport().world_size();
+  KILN_CHECK(!src.empty() && src.size() == dst.size(), Value, "transfer: ", src.size(),
+             " senders for ", dst.size(), " receivers");
+  for (size_t i = 0; i < src.size(); ++i)
+    KILN_CHECK(src[i] >= 0 && src[i] < n && dst[i] >= 0 && dst[i] < n && src[i] != dst[i], Value,
+               "transfer: worker ", src[i], " to worker ", dst[i],
+               " is not a pair of distinct workers of ", c.transport().name());
+  std::lock_guard<std::mutex> lock(c.mutex());
+  c.check_open();
+  const int64_t id = c.new_id();
+  proto::Command* cmd = c.add_command();
+  cmd->clear_ranks();  // a Transfer goes to its senders and receivers (Note [Gang stages])
+  proto::Transfer* x = cmd->mutable_transfer();
+  x->set_seq(c.new_seq());
+  x->set_input(v.id);
+  x->set_output(id);
+  x->mutable_src()->Add(src.begin(), src.end());
+  x->mutable_dst()->Add(dst.begin(), dst.end());
+  x->set_dtype(scalar_type_name(t.dtype()));
+  x->mutable_sizes()->Add(t.sizes().begin(), t.sizes().end());
+  c.maybe_flush();
+  return make_remote_tensor(v.conn, id, t.dtype(), t.sizes(), contiguous_strides(t.sizes()), 0);
 }
 
 // ---- The registry of remote devices ----------------------------------------------------------

@@ -1,4 +1,7 @@
-// GangTransport: one SPMD program over N workers (Note [Gangs] in kiln/client/transport.h).
+// GangTransport: one SPMD program over N workers (Note [Gangs] in kiln/client/transport.h), and
+// its stages (Note [Gang stages]).
+#include <algorithm>
+
 #include "kiln/client/transport.h"
 #include "kiln/error.h"
 
@@ -10,21 +13,185 @@ GangTransport::GangTransport(std::vector<std::unique_ptr<Transport>> ranks)
   name_ = "gang of " + std::to_string(ranks_.size()) + " workers (rank 0: " + ranks_[0]->name() + ")";
 }
 
-void GangTransport::send(proto::Batch&& batch) {
-  for (size_t r = 1; r < ranks_.size(); ++r) {
-    proto::Batch copy;
-    for (const proto::Command& c : batch.commands()) {
-      if (c.has_fetch()) copy.add_commands()->mutable_sync()->set_request(c.fetch().request());
-      else *copy.add_commands() = c;
-    }
-    if (copy.commands_size() > 0) ranks_[r]->send(std::move(copy));
-  }
-  ranks_[0]->send(std::move(batch));
+// ---- Routing (Note [Gang stages]) ----------------------------------------------------------
+
+namespace {
+
+thread_local const std::vector<int>* g_scope = nullptr;
+
+void add_all(std::vector<int>& into, const std::vector<int>& ranks) {
+  into.insert(into.end(), ranks.begin(), ranks.end());
 }
 
-std::optional<proto::Error> GangTransport::check_ranks(uint64_t request) {
+}  // namespace
+
+StageScope::StageScope(std::vector<int> ranks) : ranks_(std::move(ranks)), outer_(g_scope) {
+  g_scope = &ranks_;
+}
+StageScope::~StageScope() { g_scope = outer_; }
+const std::vector<int>* StageScope::current() { return g_scope; }
+
+const std::vector<int>* GangTransport::holders(int64_t id) const {
+  auto it = held_.find(id);
+  return it == held_.end() ? nullptr : &it->second;
+}
+
+std::vector<int> GangTransport::route(const proto::Command& c) {
+  const int n = world_size();
+  std::vector<int> ranks;
+  auto held_by = [&](int64_t id) {
+    if (const std::vector<int>* h = holders(id)) add_all(ranks, *h);
+  };
+  for (int r : c.ranks())
+    KILN_CHECK(r >= 0 && r < n, Value, "a command for worker ", r, " of a gang of ", n);
+  if (c.ranks_size() > 0) {
+    ranks.assign(c.ranks().begin(), c.ranks().end());
+  } else if (c.has_op()) {
+    for (const proto::Argument& a : c.op().args()) {
+      if (a.has_value()) held_by(a.value());
+      if (a.has_values())
+        for (int64_t id : a.values().ids()) held_by(id);
+    }
+  } else if (c.has_redistribute()) {
+    held_by(c.redistribute().input());
+  } else if (c.has_release()) {
+    for (int64_t id : c.release().ids()) held_by(id);
+  } else if (c.has_transfer()) {
+    ranks.assign(c.transfer().src().begin(), c.transfer().src().end());
+    add_all(ranks, {c.transfer().dst().begin(), c.transfer().dst().end()});
+  }
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  if (ranks.size() == static_cast<size_t>(n)) ranks.clear();  // every rank
+  // Where the command's outputs are held now.
+  auto hold = [&](int64_t id, const std::vector<int>& where) {
+    if (where.empty())
+      held_.erase(id);
+    else
+      held_[id] = where;
+  };
+  if (c.has_op()) {
+    for (int64_t id : c.op().outputs()) hold(id, ranks);
+  } else if (c.has_create()) {
+    hold(c.create().id(), ranks);
+  } else if (c.has_redistribute()) {
+    hold(c.redistribute().output(), ranks);
+  } else if (c.has_transfer()) {
+    std::vector<int> dst(c.transfer().dst().begin(), c.transfer().dst().end());
+    std::sort(dst.begin(), dst.end());
+    hold(c.transfer().output(), dst);
+  }
+  return ranks;
+}
+
+// A list op (foreach ops, fused optimizers) over the values of several stages: each worker gets
+// the instruction with the elements it holds, when the lists are aligned (equal lengths, every
+// element's values on the same workers; empty lists aside), no other tensor argument is held by a
+// part of the gang, and the outputs come one per element (or none). Anything else is routed as one
+// instruction.
+bool GangTransport::split_lists(const proto::Command& c, std::vector<proto::Batch>& out) {
+  if (!c.has_op() || c.ranks_size() > 0 || c.op().dtensor_args_size() > 0) return false;
+  const proto::Instruction& in = c.op();
+  int len = -1;
+  for (const proto::Argument& a : in.args()) {
+    if (a.has_values()) {
+      if (a.values().ids_size() == 0) continue;  // an empty list (no momentum buffers yet)
+      if (len >= 0 && a.values().ids_size() != len) return false;
+      len = a.values().ids_size();
+    } else if (a.has_value() && holders(a.value())) {
+      return false;
+    }
+  }
+  if (len <= 0 || in.outputs_size() % len != 0) return false;
+  std::vector<const std::vector<int>*> elem(len, nullptr);  // null: every worker
+  bool split = false;
+  for (const proto::Argument& a : in.args()) {
+    if (!a.has_values() || a.values().ids_size() == 0) continue;
+    for (int i = 0; i < len; ++i) {
+      const std::vector<int>* h = holders(a.values().ids(i));
+      if (!h) continue;
+      if (elem[i] && *elem[i] != *h) return false;
+      elem[i] = h;
+      split = true;
+    }
+  }
+  if (!split) return false;
+  for (int r = 0; r < world_size(); ++r) {
+    std::vector<int> keep;
+    for (int i = 0; i < len; ++i)
+      if (!elem[i] || std::binary_search(elem[i]->begin(), elem[i]->end(), r)) keep.push_back(i);
+    if (keep.empty()) continue;
+    proto::Command* copy = out[r].add_commands();
+    *copy = c;
+    proto::Instruction* ci = copy->mutable_op();
+    for (proto::Argument& a : *ci->mutable_args()) {
+      if (!a.has_values() || a.values().ids_size() == 0) continue;
+      auto* ids = a.mutable_values()->mutable_ids();
+      std::vector<int64_t> all(ids->begin(), ids->end());
+      ids->Clear();
+      for (int i : keep) ids->Add(all[i]);
+    }
+    ci->clear_outputs();
+    for (int b = 0; b < in.outputs_size() / len; ++b)
+      for (int i : keep) ci->add_outputs(in.outputs(b * len + i));
+  }
+  for (int b = 0; b < in.outputs_size() / len; ++b)
+    for (int i = 0; i < len; ++i) {
+      if (elem[i])
+        held_[in.outputs(b * len + i)] = *elem[i];
+      else
+        held_.erase(in.outputs(b * len + i));
+    }
+  return true;
+}
+
+void GangTransport::send(proto::Batch&& batch) {
+  const int n = world_size();
+  std::vector<proto::Batch> out(n);
+  for (proto::Command& c : *batch.mutable_commands()) {
+    if (c.has_free()) {  // each id to the ranks that hold it
+      std::vector<proto::Free*> frees(n, nullptr);
+      for (int64_t id : c.free().ids()) {
+        const std::vector<int>* h = holders(id);
+        for (int r = 0; r < n; ++r) {
+          if (h && !std::binary_search(h->begin(), h->end(), r)) continue;
+          if (!frees[r]) frees[r] = out[r].add_commands()->mutable_free();
+          frees[r]->add_ids(id);
+        }
+        held_.erase(id);
+      }
+      continue;
+    }
+    if (c.has_fetch()) {  // the first holder reads it; the others report in a Sync
+      const std::vector<int>* h = holders(c.fetch().id());
+      reply_rank_ = h ? h->front() : 0;
+      for (int r = 0; r < n; ++r) {
+        if (r == reply_rank_)
+          *out[r].add_commands() = c;
+        else
+          out[r].add_commands()->mutable_sync()->set_request(c.fetch().request());
+      }
+      continue;
+    }
+    if (c.has_sync()) reply_rank_ = 0;
+    if (split_lists(c, out)) continue;
+    const std::vector<int> ranks = route(c);
+    if (ranks.empty()) {
+      for (int r = 0; r < n; ++r) *out[r].add_commands() = c;
+    } else {
+      for (int r : ranks) *out[r].add_commands() = c;
+    }
+  }
+  for (int r = n - 1; r >= 0; --r)
+    if (out[r].commands_size() > 0) ranks_[r]->send(std::move(out[r]));
+}
+
+// ---- Replies --------------------------------------------------------------------------------
+
+std::optional<proto::Error> GangTransport::check_ranks(uint64_t request, int skip) {
   std::optional<proto::Error> first;
-  for (size_t r = 1; r < ranks_.size(); ++r) {
+  for (int r = 0; r < world_size(); ++r) {
+    if (r == skip) continue;
     proto::WorkerMessage mr = ranks_[r]->receive();  // a dead rank raises UNAVAILABLE here
     KILN_CHECK(mr.has_sync() && mr.sync().request() == request, Runtime, ranks_[r]->name(),
                ": expected the reply to sync ", request, ", got ", mr.ShortDebugString());
@@ -39,9 +206,9 @@ std::optional<proto::Error> GangTransport::check_ranks(uint64_t request) {
 
 namespace {
 
-// Rank 0's reply carries another rank's error when it has none of its own; when it has one, the
-// other's is appended: a collective that timed out on rank 0 was often left by a rank that failed
-// first, and that rank's error names the cause.
+// The answering rank's reply carries another rank's error when it has none of its own; when it
+// has one, the other's is appended: a collective that timed out there was often left by a rank
+// that failed first, and that rank's error names the cause.
 template <typename Reply>
 void merge(Reply& reply, const proto::Error& other) {
   if (!reply.has_error()) {
@@ -54,15 +221,15 @@ void merge(Reply& reply, const proto::Error& other) {
 }  // namespace
 
 proto::WorkerMessage GangTransport::receive() {
-  proto::WorkerMessage m = ranks_[0]->receive();
+  proto::WorkerMessage m = ranks_[reply_rank_]->receive();
   if (m.has_fetch() && checked_fetch_ != m.fetch().request()) {  // its first piece
     checked_fetch_ = m.fetch().request();
-    std::optional<proto::Error> e = check_ranks(m.fetch().request());  // always read: in step
+    std::optional<proto::Error> e = check_ranks(m.fetch().request(), reply_rank_);  // in step
     if (e) merge(*m.mutable_fetch(), *e);
     return m;
   }
   if (!m.has_sync()) return m;
-  std::optional<proto::Error> e = check_ranks(m.sync().request());
+  std::optional<proto::Error> e = check_ranks(m.sync().request(), reply_rank_);
   if (e) merge(*m.mutable_sync(), *e);
   return m;
 }

@@ -19,7 +19,7 @@ namespace kiln::proto {
 
 // Bumped on every incompatible change of the .proto files; peers with different versions
 // refuse each other (FAILED_PRECONDITION naming both versions).
-inline constexpr uint32_t kProtocolVersion = 2;  // 2: DTensor instructions
+inline constexpr uint32_t kProtocolVersion = 3;  // 2: DTensor instructions; 3: gang stages
 // Tensors larger than this travel in several TensorData pieces (tensor.proto).
 inline constexpr size_t kChunkBytes = size_t{1} << 20;
 // The largest message a server or channel accepts; larger ones fail with RESOURCE_EXHAUSTED.

@@ -111,7 +111,23 @@ struct StageFunctions {
   std::function<void()> unshard, reshard;
 };
 
-// One stage of the pipeline, on the rank (of `group`) that runs it.
+// Note [Pipeline controller]: one process may run every stage of a pipeline, as a client drives
+// the workers of a gang (Note [Gang stages] in kiln/client/transport.h): the runner then takes
+// all the stages, on no group, and goes through every rank's compute actions in the order the
+// schedule's simulation runs them (a topological order of the step). Each action runs between
+// enter(stage) and leave(), which place what it records on the stage's workers, and move()
+// hands one stage's activations or gradients to the next (a recorded transfer), where SEND and
+// RECV pairs would run. Each worker thus receives its own rank's action list, in order, and the
+// workers run concurrently.
+struct Controller {
+  int ranks = 1;  // the pipeline's ranks: stage s runs on rank s % ranks
+  std::function<void(int stage)> enter;
+  std::function<void()> leave;
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&, int from_stage, int to_stage)> move;
+};
+
+// One stage of the pipeline, on the rank (of `group`) that runs it; with no group, one of the
+// stages a Controller runs.
 class PipelineStage {
  public:
   // A module whose forward takes and returns one tensor.
@@ -140,9 +156,10 @@ class ScheduleRunner;
 // before backward, so the accumulated gradients are those of the mean loss over the batch.
 class Schedule {
  public:
-  // `stages`: this rank's stages (v of them for Interleaved1F1B), all on one group.
+  // `stages`: this rank's stages (v of them for Interleaved1F1B), all on one group; with a
+  // controller, every stage (Note [Pipeline controller]).
   Schedule(std::vector<PipelineStage*> stages, ScheduleKind kind, int n_microbatches,
-           LossFn loss_fn, bool fsdp = false);
+           LossFn loss_fn, bool fsdp = false, std::optional<Controller> controller = std::nullopt);
   ~Schedule();
   // One training step: forward and backward of every microbatch, the parameters' gradients
   // accumulated. `inputs` (split along dim 0 in n_microbatches) are the first stage's; `target`

@@ -24,6 +24,17 @@ rank, s = r, r + p, ... Shapes are never written by hand: each stage runs its fo
 tensors first. Each microbatch's loss is divided by n_microbatches before its backward, so the
 gradients are those of the mean loss over the batch.
 
+On a coordinator's gang (kiln.connect(COORDINATOR, workers=p)), one process drives every
+stage: build each with device=session.device (stage s then lives on worker s % p, its parameters
+there alone) and give the schedule all of them; each worker runs its own stage's subprogram, in
+its rank's order of the schedule, and activations and gradients move worker to worker (Note
+[Gang stages] in kiln/client/transport.h, Note [Pipeline controller] in pipelining.h):
+
+    s = kiln.connect(COORDINATOR, workers=2)
+    stages = [pipe.build_stage(i, device=s.device) for i in range(pipe.num_stages)]
+    schedule = Schedule1F1B(stages, n_microbatches=4, loss_fn=loss_fn)
+    schedule.step(x, target=y, losses=losses)   # x, y on the client; losses on the last worker
+
 A stage may be tensor parallel and fully sharded (3-D parallelism): lay a ("pp", "dp", "tp") mesh
 over the ranks, parallelize_module and fully_shard the stage's module over mesh["tp"] and
 mesh["dp"], and give the stage group=mesh.get_group("pp"); each dp rank's pipeline takes its
@@ -85,11 +96,30 @@ class PipelineStage:
         if not isinstance(submodule, Module):
             raise TypeError(f"PipelineStage: submodule must be a kiln.nn.Module, not "
                             f"{type(submodule).__name__}")
-        if device is not None and str(device) != "cpu":
-            raise ValueError(f"PipelineStage: device '{device}' is not supported; pipelines run "
-                             "on the CPU (UCX)")
         self.submod = submodule
-        group = _C._default_group() if group is None else group
+        self._gang = None
+        if device is not None and str(device).startswith("remote"):
+            # On a gang (Note [Gang stages] in kiln/client/transport.h): stage s on worker
+            # s % p of the gang's first p = min(num_stages, gang size) workers, its parameters
+            # there alone.
+            if group is not None:
+                raise ValueError("PipelineStage: a stage on a gang (device "
+                                 f"'{device}') takes no process group")
+            p = min(num_stages, _C._gang_size(str(device)))
+            if num_stages % p:
+                raise ValueError(f"PipelineStage: {num_stages} stages do not spread evenly over "
+                                 f"the {p} workers of device '{device}'")
+            if not 0 <= stage_index < num_stages:
+                raise ValueError(f"PipelineStage: stage_index {stage_index} is not in "
+                                 f"[0, num_stages={num_stages})")
+            self._gang = (str(device), p)
+            with _C._StageScope([stage_index % p]):
+                submodule.to(device)
+        elif device is not None and str(device) != "cpu":
+            raise ValueError(f"PipelineStage: device '{device}' is not supported; pipelines run "
+                             "on the CPU (UCX) or on a gang's workers (kiln.connect)")
+        elif group is None:
+            group = _C._default_group()
         # The C++ stage calls back through a weak reference: a Python object it held strongly
         # could close a cycle the garbage collector cannot see into.
         me = weakref.ref(self)
@@ -97,6 +127,11 @@ class PipelineStage:
                                     lambda ins: _forward_meta(me().submod, ins), None, None,
                                     stage_index, num_stages, group)
         self.group = group
+
+    @property
+    def worker(self):
+        """The gang worker that runs this stage (None for a stage of a `kiln run` rank)."""
+        return None if self._gang is None else self.stage_index % self._gang[1]
 
     stage_index = property(lambda self: self._c.stage_index)
     num_stages = property(lambda self: self._c.num_stages)
@@ -118,10 +153,28 @@ class _PipelineSchedule:
                                 f"{type(s).__name__}")
         self._stages = stages  # the stages' callbacks hold them weakly (See PipelineStage)
         self._loss_fn = loss_fn
+        gangs = {s._gang for s in stages}
+        if len(gangs) > 1:
+            raise ValueError(f"{type(self).__name__}: the stages must all be on one gang or all "
+                             "on kiln run ranks")
+        self._gang = gangs.pop()
+        if self._gang is not None and len(stages) != stages[0].num_stages:
+            raise ValueError(f"{type(self).__name__}: a pipeline on a gang runs all "
+                             f"{stages[0].num_stages} stages from this one process; got "
+                             f"{len(stages)}")
         me = weakref.ref(self)  # See PipelineStage.__init__
         self._c = _C._PipelineSchedule([s._c for s in stages], self._kind, n_microbatches,
                                        None if loss_fn is None else
-                                       lambda out, target: me()._loss_fn(out, target), False)
+                                       lambda out, target: me()._loss_fn(out, target), False,
+                                       0 if self._gang is None else self._gang[1])
+
+    def _to_workers(self, tensors, stage):
+        """A gang pipeline's inputs (targets) on the workers of the first (last) stage."""
+        if self._gang is None:
+            return tensors
+        device, p = self._gang
+        with _C._StageScope([stage % p]):
+            return [t if str(t.device) == device else t.to(device) for t in tensors]
 
     def step(self, *args, target=None, losses=None):
         """One training step over the batch `args` (stage 0's rank) with `target` (the last
@@ -129,14 +182,18 @@ class _PipelineSchedule:
         .grad (an optimizer steps afterwards). Returns the last stage's output, the microbatches'
         outputs concatenated, on its rank, None elsewhere; appends each microbatch's loss to
         `losses` there."""
-        outs, ls = self._c.step(list(args), target, losses is not None)
+        n = self._stages[0].num_stages
+        args = self._to_workers(list(args), 0)
+        if target is not None:
+            (target,) = self._to_workers([target], n - 1)
+        outs, ls = self._c.step(args, target, losses is not None)
         if losses is not None:
             losses.extend(ls)
         return outs[0] if outs else None
 
     def eval(self, *args):
         """Forward only, microbatch by microbatch: the last stage's output on its rank."""
-        outs = self._c.eval(list(args))
+        outs = self._c.eval(self._to_workers(list(args), 0))
         return outs[0] if outs else None
 
     def actions(self):
@@ -166,10 +223,12 @@ class PipelineScheduleSingle(_PipelineSchedule):
     """A schedule with one stage per rank."""
 
     def __init__(self, stage, n_microbatches, loss_fn=None):
-        if isinstance(stage, (list, tuple)):
-            raise TypeError(f"{type(self).__name__} takes one PipelineStage; "
-                            "ScheduleInterleaved1F1B takes several")
-        super().__init__([stage], n_microbatches, loss_fn)
+        if isinstance(stage, (list, tuple)) and not all(
+                isinstance(s, PipelineStage) and s._gang is not None for s in stage):
+            raise TypeError(f"{type(self).__name__} takes one PipelineStage (or, on a gang, "
+                            "all of them); ScheduleInterleaved1F1B takes several")
+        super().__init__(stage if isinstance(stage, (list, tuple)) else [stage], n_microbatches,
+                         loss_fn)
 
 
 class PipelineScheduleMulti(_PipelineSchedule):

@@ -113,6 +113,10 @@ Tensor make_remote_tensor(const std::shared_ptr<Connection>& conn, int64_t id, S
                           IntArrayRef sizes, IntArrayRef strides, int64_t offset);
 // The RemoteValue of a Remote tensor; ValueError when it has none.
 const RemoteValue& remote_value(const Tensor& t, const char* op);
+// A gang's remote tensor `t`, held by workers src[i], as a new value held by workers dst[i]
+// (each src[i] sends its own to dst[i]; Note [Gang stages] in kiln/client/transport.h). Recorded
+// like an op: a failure shows at the next read or sync.
+Tensor transfer(const Tensor& t, const std::vector<int>& src, const std::vector<int>& dst);
 
 // Remote devices: Device(Remote, N) names the N-th connection opened by this process.
 std::shared_ptr<Connection> open_connection(std::unique_ptr<Transport> transport);

@@ -10,12 +10,13 @@
 // sets keepalive pings so a vanished peer ends a blocked read within seconds.
 #pragma once
 
+#include <absl/status/status.h>
+
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
-
-#include <absl/status/status.h>
 
 #include "kiln/proto/worker.pb.h"
 #include "kiln/worker/session.h"
@@ -59,11 +60,24 @@ class InProcessTransport final : public Transport {
 
 // Note [Gangs]: a session of N workers is one device; every recorded op runs on every worker
 // (one SPMD program, DESIGN.md "Execution", distributed) with the same value ids. The gang
-// transport sends each Batch to every rank, except that a Fetch goes to rank 0 only (a
-// replicated value is the same everywhere; a sharded one reads rank 0's shard) while the other
-// ranks get a Sync in its place, so every read also learns of a failed or dead rank. A Sync's
-// reply merges the ranks' replies: the first error of any rank, named by its rank. Per-rank
-// data (scatter) goes through send_to.
+// transport sends each Batch to every rank, except that a Fetch goes to one rank only (rank 0,
+// or the first that holds the value: Note [Gang stages]; a replicated value is the same
+// everywhere, a sharded one reads that rank's shard) while the other ranks get a Sync in its
+// place, so every read also learns of a failed or dead rank. A Sync's reply merges the ranks'
+// replies: the first error of any rank, named by its rank. Per-rank data (scatter) goes through
+// send_to.
+//
+// Note [Gang stages]: a pipeline over a gang records one subprogram per stage, each run by the
+// stage's workers alone (MPMD; kiln.distributed.pipelining places stage s on worker s % N). The
+// transport routes each command by the workers that hold its values: a command that names
+// `ranks` (recorded inside a StageScope: a stage's parameters, its uploads) goes to those; an
+// instruction goes to the workers holding its inputs (the union of their holders; inputs held
+// by every worker do not narrow it), and its outputs are then held there (a list op, such as a
+// fused optimizer step over every stage's parameters, is split: each worker gets the elements it
+// holds); a Fetch goes to the
+// first holder of its value, a Free to each value's holders, a Transfer (which moves a value
+// from one stage's workers to the next's, proto Transfer) to its senders and receivers. Values
+// with no entry are held by every worker, so a program without stages runs as before.
 class GangTransport final : public Transport {
  public:
   explicit GangTransport(std::vector<std::unique_ptr<Transport>> ranks);
@@ -76,11 +90,36 @@ class GangTransport final : public Transport {
   void close() override;
 
  private:
-  // Reads the other ranks' replies to Sync `request`; the first error, named by its rank.
-  std::optional<proto::Error> check_ranks(uint64_t request);
+  // Reads the replies of every rank but `skip` to Sync `request`; the first error, named by its
+  // rank.
+  std::optional<proto::Error> check_ranks(uint64_t request, int skip);
+  // The ranks that run `c` (sorted; all of them when no value narrows it); records where its
+  // outputs are held (Note [Gang stages]).
+  std::vector<int> route(const proto::Command& c);
+  const std::vector<int>* holders(int64_t id) const;
+  // A list op whose elements belong to different stages, split per worker into `out`; false
+  // when `c` is not one.
+  bool split_lists(const proto::Command& c, std::vector<proto::Batch>& out);
+
   std::vector<std::unique_ptr<Transport>> ranks_;
   std::string name_;
   std::optional<uint64_t> checked_fetch_;  // the Fetch whose Sync replies were read
+  int reply_rank_ = 0;                     // who answers the request in flight
+  std::unordered_map<int64_t, std::vector<int>> held_;  // values not on every rank
+};
+
+// Inside a StageScope, on this thread, recorded commands carry `ranks` (Note [Gang stages]).
+class StageScope {
+ public:
+  explicit StageScope(std::vector<int> ranks);
+  ~StageScope();
+  StageScope(const StageScope&) = delete;
+  StageScope& operator=(const StageScope&) = delete;
+  static const std::vector<int>* current();  // null outside any scope
+
+ private:
+  std::vector<int> ranks_;
+  const std::vector<int>* outer_;
 };
 
 struct GrpcOptions {
