@@ -199,6 +199,37 @@ REMOTE_PP = EXPECT + MODEL + textwrap.dedent("""
 """)
 
 
+# A gang pipeline whose worker dies between steps: the next step raises on the client, within
+# the timeout, naming the worker, and nothing hangs (the other stage's worker, waiting for a
+# transfer from the dead one, times out: KILN_COMM_TIMEOUT_S=20 for gang_of's workers).
+DEAD_PP = MODEL + textwrap.dedent("""
+    import os, signal, sys, time
+    from kiln.distributed import pipelining as pp
+    session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=2, wait_ms=20000)
+    model = gpt(2)
+    pipe = pp.pipeline(model, split_points=["1.1"])
+    stages = [pipe.build_stage(i, device=session.device) for i in range(2)]
+    schedule = pp.Schedule1F1B(stages, n_microbatches=2, loss_fn=lm_loss)
+    x, y = kiln.randint(0, 32, (4, 8)), kiln.randint(0, 32, (4, 8))
+    losses = []
+    schedule.step(x, target=y, losses=losses)
+    assert all(l.item() > 0 for l in losses)
+    os.kill(int(os.environ["KILN_TEST_KILL"]), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        losses = []
+        schedule.step(x, target=y, losses=losses)
+        print([l.item() for l in losses])
+        session.sync()
+    except RuntimeError as e:
+        assert "UNAVAILABLE" in str(e) or "rank" in str(e), str(e)
+    else:
+        raise AssertionError("a step on a gang with a dead worker succeeded")
+    assert time.monotonic() - t0 < 60, time.monotonic() - t0
+    print("rank 0 ok", flush=True)
+""")
+
+
 # Each rank saves its stage's state (the model's own names), and one process without a pipeline
 # loads it into the whole model: PP to no PP, bit for bit.
 PP_SAVE = COMMON + textwrap.dedent("""
@@ -334,3 +365,22 @@ def test_three_d_parallel_training_matches_one_process(tmp_path, kind):
 def test_gang_pipeline_matches_one_process(tmp_path, kind):
     from test_dtensor import run_remote
     run_remote(tmp_path, "remote_pp", REMOTE_PP, 2, kind)
+
+
+def test_gang_pipeline_with_a_dead_worker_raises(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from test_dtensor import gang_of
+    from test_remote_worker import stop
+    procs, address = gang_of(tmp_path, 2)
+    try:
+        path = tmp_path / "dead_pp.py"
+        path.write_text(DEAD_PP)
+        env = dict(os.environ, KILN_TEST_GANG=address, KILN_TEST_KILL=str(procs[2].pid))
+        r = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env,
+                           timeout=120)
+        assert r.returncode == 0 and "rank 0 ok" in r.stdout, r.stdout + r.stderr
+    finally:
+        for p in reversed(procs):
+            stop(p)
