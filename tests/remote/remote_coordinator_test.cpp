@@ -2,17 +2,19 @@
 // the session (the worker checks it with LookupSession), close() ends it with CloseSession.
 // The coordinator here is a fake in this process (tests/fake_coordinator.h); the worker is a
 // real kiln-worker.
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include <mutex>
 
+#include "fake_coordinator.h"
 #include "kiln/client/session.h"
+#include "kiln/client/transport.h"
+#include "kiln/dist/pipelining.h"
 #include "kiln/nn/nn.h"
 #include "kiln/optim/optimizers.h"
 #include "kiln/proto/coordinator.grpc.pb.h"
 #include "kiln/proto/service.h"
-#include "fake_coordinator.h"
 #include "test_util.h"
 #include "worker_process.h"
 
@@ -65,6 +67,62 @@ TEST(RemoteCoordinator, TwoWorkersTrainDataParallel) {
   auto want = cpu->parameters(), got = net->parameters();
   for (size_t i = 0; i < want.size(); ++i)
     expect_close(got[i].to(std::nullopt, Device(kCPU)), want[i], 1e-5, 1e-6);
+  s.sync();
+}
+
+// A two-stage pipeline on two workers (Note [Gang stages]): each stage's module lives on its
+// worker alone, one client drives both through 1F1B, and the step equals the CPU's.
+TEST(RemoteCoordinator, TwoWorkersRunAPipeline) {
+  FakeCoordinator coord;
+  WorkerProcess w0({"--coordinator", coord.address(), "--worker-id", "w0"});
+  WorkerProcess w1({"--coordinator", coord.address(), "--worker-id", "w1"});
+  auto s = client::connect(coord.address(), {.workers = 2, .connect_timeout_ms = 10000});
+  auto make = [] {
+    manual_seed(7);
+    auto a = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+        std::make_shared<nn::Linear>(6, 8), std::make_shared<nn::Tanh>()});
+    auto b = std::make_shared<nn::Linear>(8, 3);
+    return std::make_pair(a, b);
+  };
+  Tensor x = random({8, 6}, kFloat32, -1, 1, 3);
+  Tensor y = from_vector<int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+  auto [ca, cb] = make();
+  nn::functional::cross_entropy(cb->forward(ca->forward(x)), y).backward();
+
+  auto [ra, rb] = make();
+  {
+    client::StageScope on0({0});
+    ra->to(s.device());
+  }
+  {
+    client::StageScope on1({1});
+    rb->to(s.device());
+  }
+  namespace pp = dist::pipelining;
+  pp::PipelineStage s0(ra, 0, 2, nullptr), s1(rb, 1, 2, nullptr);
+  pp::Schedule sched(
+      {&s0, &s1}, pp::ScheduleKind::OneFOneB, 4,
+      [](const std::vector<Tensor>& out, const Tensor& target) {
+        return nn::functional::cross_entropy(out[0], target);
+      },
+      false, client::gang_controller(2));
+  std::vector<Tensor> losses;
+  Tensor xr, yr;
+  {
+    client::StageScope on0({0});
+    xr = x.to(std::nullopt, s.device());
+  }
+  {
+    client::StageScope on1({1});
+    yr = y.to(std::nullopt, s.device());
+  }
+  sched.step({xr}, yr, &losses);
+  ASSERT_EQ(losses.size(), 4u);
+  auto want = ca->parameters(), got = ra->parameters();
+  for (size_t i = 0; i < want.size(); ++i)
+    expect_close(got[i].grad().to(std::nullopt, Device(kCPU)), want[i].grad(), 1e-5, 1e-6);
+  expect_close(rb->parameters()[0].grad().to(std::nullopt, Device(kCPU)),
+               cb->parameters()[0].grad(), 1e-5, 1e-6);
   s.sync();
 }
 

@@ -16,6 +16,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "kiln/client/connection.h"
+#include "kiln/client/session.h"
 #include "kiln/client/transport.h"
 #include "kiln/dist/pipelining.h"
 #include "python_args.h"
@@ -25,25 +26,6 @@ namespace {
 
 namespace pp = kiln::dist::pipelining;
 using TensorFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
-
-// The stages of a pipeline over a gang's `ranks` workers (Note [Pipeline controller]): stage s's
-// actions are recorded for worker s % ranks (Note [Gang stages]), and activations and gradients
-// move between workers as recorded transfers.
-pp::Controller gang_controller(int ranks) {
-  auto scopes = std::make_shared<std::vector<std::unique_ptr<client::StageScope>>>();
-  pp::Controller c;
-  c.ranks = ranks;
-  c.enter = [scopes, ranks](int stage) {
-    scopes->push_back(std::make_unique<client::StageScope>(std::vector<int>{stage % ranks}));
-  };
-  c.leave = [scopes] { scopes->pop_back(); };
-  c.move = [ranks](const std::vector<Tensor>& ts, int from, int to) {
-    std::vector<Tensor> out;
-    for (const Tensor& t : ts) out.push_back(client::transfer(t, {from % ranks}, {to % ranks}));
-    return out;
-  };
-  return c;
-}
 
 // A context manager: what Python records inside it is placed on these workers of a gang.
 struct PyStageScope {
@@ -108,7 +90,7 @@ void bind_pipelining(nb::module_& m) {
               };
             }
             std::optional<pp::Controller> controller;
-            if (gang_ranks > 0) controller = gang_controller(gang_ranks);
+            if (gang_ranks > 0) controller = client::gang_controller(gang_ranks);
             new (self) pp::Schedule(std::move(stages), pp::parse_schedule_kind(kind),
                                     n_microbatches, std::move(fn), fsdp, std::move(controller));
           },

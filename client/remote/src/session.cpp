@@ -100,6 +100,23 @@ void Session::all_reduce_gradients(const std::vector<Tensor>& params) const {
 
 void Session::sync() const { connection().sync(); }
 
+dist::pipelining::Controller gang_controller(int ranks) {
+  KILN_CHECK(ranks >= 1, Value, "gang_controller: ", ranks, " workers");
+  auto scopes = std::make_shared<std::vector<std::unique_ptr<StageScope>>>();
+  dist::pipelining::Controller c;
+  c.ranks = ranks;
+  c.enter = [scopes, ranks](int stage) {
+    scopes->push_back(std::make_unique<StageScope>(std::vector<int>{stage % ranks}));
+  };
+  c.leave = [scopes] { scopes->pop_back(); };
+  c.move = [ranks](const std::vector<Tensor>& ts, int from, int to) {
+    std::vector<Tensor> out;
+    for (const Tensor& t : ts) out.push_back(transfer(t, {from % ranks}, {to % ranks}));
+    return out;
+  };
+  return c;
+}
+
 void Session::close() const {
   if (state_) state_->close();
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kiln/client/connection.h"
+#include "kiln/dist/pipelining.h"
 
 namespace kiln::client {
 
@@ -62,6 +63,14 @@ Session connect(const std::string& address = "", ConnectOptions options = {});
 // `workers` embedded workers (in-process transports), for tests and single-process use. They
 // form a gang without a process group: collectives need real workers from a coordinator.
 Session connect_in_process(int workers = 1, worker::SessionOptions options = {});
+
+// A pipeline over a gang's first `ranks` workers (Note [Pipeline controller] in
+// kiln/dist/pipelining.h, Note [Gang stages] in kiln/client/transport.h): a Schedule given all
+// the stages (on no group) and this records stage s's actions for worker s % ranks, and moves
+// activations and gradients between workers as transfers. Put each stage's module on its worker
+// first, inside a StageScope({s % ranks}).
+//   pp::Schedule sched(stages, pp::ScheduleKind::OneFOneB, 4, loss, false, gang_controller(2));
+dist::pipelining::Controller gang_controller(int ranks);
 
 }  // namespace kiln::client
 
