@@ -115,8 +115,12 @@ StageFunctions module_functions(nn::ModulePtr module) {
 // ---- PipelineStage ---------------------------------------------------------------------------
 
 PipelineStage::PipelineStage(StageFunctions fns, int stage_index, int num_stages,
-                             ProcessGroupPtr group)
-    : fns_(std::move(fns)), index_(stage_index), num_stages_(num_stages), group_(std::move(group)) {
+                             ProcessGroupPtr group, Device device)
+    : fns_(std::move(fns)),
+      index_(stage_index),
+      num_stages_(num_stages),
+      group_(std::move(group)),
+      device_(device) {
   KILN_CHECK(num_stages_ >= 1 && index_ >= 0 && index_ < num_stages_, Value,
              "PipelineStage: stage_index ", index_, " is not in [0, num_stages=", num_stages_, ")");
   KILN_CHECK(fns_.forward && fns_.forward_meta, Value, "PipelineStage: forward functions missing");
@@ -130,9 +134,9 @@ PipelineStage::PipelineStage(StageFunctions fns, int stage_index, int num_stages
 }
 
 PipelineStage::PipelineStage(nn::ModulePtr module, int stage_index, int num_stages,
-                             ProcessGroupPtr group)
-    : PipelineStage(module_functions(std::move(module)), stage_index, num_stages,
-                    std::move(group)) {}
+                             ProcessGroupPtr group, Device device)
+    : PipelineStage(module_functions(std::move(module)), stage_index, num_stages, std::move(group),
+                    device) {}
 
 // ---- The runner ------------------------------------------------------------------------------
 
@@ -144,9 +148,13 @@ class ScheduleRunner {
     KILN_CHECK(!stages.empty(), Value, "pipeline schedule: no stages");
     group_ = stages[0]->group();
     n_stages_ = stages[0]->num_stages();
+    device_ = stages[0]->device();
     for (auto* s : stages) {
-      KILN_CHECK(s->group().get() == group_.get() && s->num_stages() == n_stages_, Value,
-                 "pipeline schedule: this rank's stages must share one group and one stage count");
+      KILN_CHECK(s->group().get() == group_.get() && s->num_stages() == n_stages_ &&
+                     s->device() == device_,
+                 Value,
+                 "pipeline schedule: this rank's stages must share one group, one stage count and "
+                 "one device");
       KILN_CHECK(by_index_.emplace(s->stage_index(), s).second, Value, "pipeline schedule: stage ",
                  s->stage_index(), " given twice");
     }
@@ -220,6 +228,7 @@ class ScheduleRunner {
   std::vector<std::vector<Tensor>> first_mbs_;  // stage 0's microbatches
   std::vector<Tensor> targets_;
   std::optional<Controller> controller_;
+  Device device_{kCPU};  // the stages' device: what the group sends and receives lives there
   ActionList order_;  // a controller's: every rank's compute actions, in a valid order
   std::vector<WorkPtr> sends_;
   std::vector<Tensor> send_buffers_;
@@ -237,7 +246,11 @@ void ScheduleRunner::infer_shapes(const std::vector<Tensor>& first_inputs) {
   if (!need) {
     Tensor changed = kiln::zeros({1}, kInt64);
     if (is_local(0)) changed.data_ptr<int64_t>()[0] = key != inferred_for_;
-    if (group_ && p_ > 1) group_->broadcast(changed, 0)->wait();
+    if (group_ && p_ > 1) {
+      changed = changed.to(std::nullopt, device_);
+      group_->broadcast(changed, 0)->wait();
+      changed = changed.to(std::nullopt, Device(kCPU));
+    }
     need = changed.data_ptr<int64_t>()[0] != 0;
   }
   if (!need) return;
@@ -255,9 +268,9 @@ void ScheduleRunner::infer_shapes(const std::vector<Tensor>& first_inputs) {
     } else if (is_local(s - 1)) {
       if (out_meta_.count(s - 1)) in = out_meta_[s - 1];
     } else {
-      Tensor buf = kiln::zeros({kShapeWords}, kInt64);
+      Tensor buf = kiln::zeros({kShapeWords}, kInt64, device_);
       group_->recv(buf, rank_of(s - 1), shape_tag(s))->wait();
-      in = decode_shapes(buf);
+      in = decode_shapes(buf.to(std::nullopt, Device(kCPU)));
     }
     std::optional<std::vector<Tensor>> out;
     if (in && failed_stage < 0) {
@@ -278,15 +291,15 @@ void ScheduleRunner::infer_shapes(const std::vector<Tensor>& first_inputs) {
       }
     }
     if (s < n_stages_ - 1 && !is_local(s + 1)) {
-      keep.push_back(encode_shapes(out ? &*out : nullptr));
+      keep.push_back(encode_shapes(out ? &*out : nullptr).to(std::nullopt, device_));
       works.push_back(group_->send(keep.back(), rank_of(s + 1), shape_tag(s + 1)));
     }
   }
   for (auto& w : works) w->wait();
   // Every rank learns of the first stage that failed (Note [Pipeline shapes]).
-  Tensor verdict = kiln::full({1}, failed_stage < 0 ? n_stages_ : failed_stage, kInt64);
+  Tensor verdict = kiln::full({1}, failed_stage < 0 ? n_stages_ : failed_stage, kInt64, device_);
   if (group_ && p_ > 1) group_->all_reduce(verdict, ReduceOp::Min)->wait();
-  const int64_t worst = verdict.data_ptr<int64_t>()[0];
+  const int64_t worst = verdict.to(std::nullopt, Device(kCPU)).data_ptr<int64_t>()[0];
   if (worst < n_stages_) {
     in_meta_.clear();
     out_meta_.clear();
@@ -424,14 +437,14 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
     switch (a.op) {
       case Op::RecvF:
         for (const Tensor& m : in_meta_.at(a.stage)) {
-          slot.inputs.push_back(kiln::empty(m.sizes(), m.dtype()));
+          slot.inputs.push_back(kiln::empty(m.sizes(), m.dtype(), device_));
           slot.recvs.push_back(
               group_->recv(slot.inputs.back(), rank_of(a.stage - 1), fwd_tag(a.stage)));
         }
         break;
       case Op::RecvB:
         for (const Tensor& m : out_meta_.at(a.stage)) {
-          slot.grad_outputs.push_back(kiln::empty(m.sizes(), m.dtype()));
+          slot.grad_outputs.push_back(kiln::empty(m.sizes(), m.dtype(), device_));
           slot.recvs.push_back(
               group_->recv(slot.grad_outputs.back(), rank_of(a.stage + 1), bwd_tag(a.stage)));
         }

@@ -61,16 +61,20 @@ void bind_pipelining(nb::module_& m) {
   m.def("_pp_chrome_trace", &pp::chrome_trace);
 
   nb::class_<pp::PipelineStage>(m, "_PipelineStage")
-      .def("__init__",
-           [](pp::PipelineStage* self, TensorFn forward, TensorFn forward_meta,
-              std::optional<std::function<void()>> unshard,
-              std::optional<std::function<void()>> reshard, int stage_index, int num_stages,
-              std::optional<std::shared_ptr<dist::ProcessGroup>> group) {
-             pp::StageFunctions fns{std::move(forward), std::move(forward_meta),
-                                    unshard.value_or(nullptr), reshard.value_or(nullptr)};
-             new (self) pp::PipelineStage(std::move(fns), stage_index, num_stages,
-                                          group.value_or(nullptr));
-           })
+      .def(
+          "__init__",
+          [](pp::PipelineStage* self, TensorFn forward, TensorFn forward_meta,
+             std::optional<std::function<void()>> unshard,
+             std::optional<std::function<void()>> reshard, int stage_index, int num_stages,
+             std::optional<std::shared_ptr<dist::ProcessGroup>> group, const std::string& device) {
+            pp::StageFunctions fns{std::move(forward), std::move(forward_meta),
+                                   unshard.value_or(nullptr), reshard.value_or(nullptr)};
+            new (self) pp::PipelineStage(std::move(fns), stage_index, num_stages,
+                                         group.value_or(nullptr), Device(device));
+          },
+          nb::arg("forward"), nb::arg("forward_meta"), nb::arg("unshard").none(),
+          nb::arg("reshard").none(), nb::arg("stage_index"), nb::arg("num_stages"),
+          nb::arg("group").none(), nb::arg("device") = "cpu")
       .def_prop_ro("stage_index", &pp::PipelineStage::stage_index)
       .def_prop_ro("num_stages", &pp::PipelineStage::num_stages)
       .def_prop_ro("is_first", &pp::PipelineStage::is_first)

@@ -130,21 +130,26 @@ struct Controller {
 // stages a Controller runs.
 class PipelineStage {
  public:
-  // A module whose forward takes and returns one tensor.
-  PipelineStage(nn::ModulePtr module, int stage_index, int num_stages, ProcessGroupPtr group);
-  PipelineStage(StageFunctions fns, int stage_index, int num_stages, ProcessGroupPtr group);
+  // A module whose forward takes and returns one tensor. `device`: where the stage's
+  // activations are, and so what the group moves (CUDA tensors over an NCCL group).
+  PipelineStage(nn::ModulePtr module, int stage_index, int num_stages, ProcessGroupPtr group,
+                Device device = Device(kCPU));
+  PipelineStage(StageFunctions fns, int stage_index, int num_stages, ProcessGroupPtr group,
+                Device device = Device(kCPU));
   int stage_index() const { return index_; }
   int num_stages() const { return num_stages_; }
   bool is_first() const { return index_ == 0; }
   bool is_last() const { return index_ == num_stages_ - 1; }
   const ProcessGroupPtr& group() const { return group_; }
   const StageFunctions& functions() const { return fns_; }
+  Device device() const { return device_; }
 
  private:
   StageFunctions fns_;
   int index_;
   int num_stages_;
   ProcessGroupPtr group_;
+  Device device_;
 };
 
 // The last stage's loss on one microbatch: (its outputs, the microbatch's target) -> scalar.

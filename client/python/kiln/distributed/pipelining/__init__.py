@@ -115,9 +115,10 @@ class PipelineStage:
             self._gang = (str(device), p)
             with _C._StageScope([stage_index % p]):
                 submodule.to(device)
-        elif device is not None and str(device) != "cpu":
+        elif device is not None and str(device) != "cpu" and not str(device).startswith("cuda"):
             raise ValueError(f"PipelineStage: device '{device}' is not supported; pipelines run "
-                             "on the CPU (UCX) or on a gang's workers (kiln.connect)")
+                             "on the CPU (UCX), on CUDA (NCCL) or on a gang's workers "
+                             "(kiln.connect)")
         elif group is None:
             group = _C._default_group()
         # The C++ stage calls back through a weak reference: a Python object it held strongly
@@ -125,7 +126,8 @@ class PipelineStage:
         me = weakref.ref(self)
         self._c = _C._PipelineStage(lambda ins: _as_list(me().submod(*ins)),
                                     lambda ins: _forward_meta(me().submod, ins), None, None,
-                                    stage_index, num_stages, group)
+                                    stage_index, num_stages, group,
+                                    "cpu" if self._gang or device is None else str(device))
         self.group = group
 
     @property
