@@ -144,9 +144,6 @@ struct SavedShard {
 SavedShard saved_shard(const std::string& name, const Tensor& t) {
   const DTensorSpec& spec = detail::spec_of(t);
   Tensor local = detail::local_of(t);
-  KILN_CHECK(local.device().type() != DeviceType::Remote, NotImplemented, "checkpoint: '", name,
-             "' is a DTensor on a gang's mesh; distributed checkpoints of remote DTensors are not "
-             "supported yet");
   Placements p = spec.placements;
   bool partial = false;
   for (Placement& pl : p)
@@ -164,6 +161,21 @@ SavedShard saved_shard(const std::string& name, const Tensor& t) {
 }  // namespace
 
 namespace {
+
+// Checkpoints move real bytes between real ranks: a gang's remote tensors (recorded by a client
+// whose mesh stands on a fake group of the gang's size) and a fake group cannot take part.
+void check_real(const TensorMap& state, const char* what) {
+  for (const auto& [name, t] : state) {
+    if (!t.defined()) continue;
+    const Tensor& local = is_dtensor(t) ? detail::local_of(t) : t;
+    KILN_CHECK(local.device().type() != DeviceType::Remote, NotImplemented, what, ": '", name,
+               "' lives on ", local.device(),
+               " (a gang's workers); distributed checkpoints of a gang are not supported yet: "
+               "fetch the values (full_tensor(), .cpu()) and save them from this process");
+  }
+  KILN_CHECK(!is_initialized() || !default_group()->fake(), NotImplemented, what,
+             ": the default process group is the fake backend's, which moves no data");
+}
 
 // The plain (non-DTensor) tensors of `state` this rank writes: those no lower rank holds. Ranks
 // may hold different plain tensors (pipeline stages each hold their own); each rank's names
@@ -489,6 +501,7 @@ void internal::wait_inflight() {
 }
 
 void save(const TensorMap& state, const std::string& dir, const std::string& extra) {
+  check_real(state, "checkpoint.save");
   wait_inflight();
   Snapshot s = snapshot(state, dir, extra, /*copy=*/false);
   agreed("writing its shards", [&] { write_shards(s); });  // every rank's shards are durable
@@ -498,6 +511,7 @@ void save(const TensorMap& state, const std::string& dir, const std::string& ext
 }
 
 SaveFuture async_save(const TensorMap& state, const std::string& dir, const std::string& extra) {
+  check_real(state, "checkpoint.async_save");
   wait_inflight();
   auto s = std::make_shared<Snapshot>(snapshot(state, dir, extra, /*copy=*/true));
   std::shared_future<void> f = std::async(std::launch::async, [s] { write_async(*s); }).share();
@@ -577,6 +591,7 @@ void internal::fill_region(const std::string& name, const json& entry,
 }
 
 LoadResult load(const TensorMap& state, const std::string& dir, const bool strict) {
+  check_real(state, "checkpoint.load");
   const fs::path root(dir), mpath = root / kMetadata;
   KILN_CHECK(fs::exists(mpath), Value, "checkpoint.load: no checkpoint in '", dir, "' (", kMetadata,
              " is missing)");
@@ -627,8 +642,6 @@ LoadResult load(const TensorMap& state, const std::string& dir, const bool stric
                      placements_str(spec.placements),
                      "; load into Shard or Replicate placements (a Partial value is ambiguous)");
         dst = detail::local_of(t);
-        KILN_CHECK(dst.device().type() != DeviceType::Remote, NotImplemented, "checkpoint.load: '",
-                   name, "' is a DTensor on a gang's mesh; not supported yet");
         box = shard_box(spec, spec.placements);
       }
       fill_region(name, entry, shape, dtype, dst, box, root, dir, files);

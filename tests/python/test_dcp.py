@@ -463,3 +463,49 @@ DISAGREE_ASYNC = DISAGREE.replace(
 
 def test_a_rank_that_fails_an_async_save_fails_it_for_every_rank(tmp_path):
     run_ranks(tmp_path, "disagree_async", DISAGREE_ASYNC, 2, tmp_path / "ckpt")
+
+
+# A gang's remote tensors, and a fake process group, cannot be checkpointed: a clear error before
+# any collective (the client's mesh stands on a fake group of the gang's size, whose collectives
+# move no data).
+GANG_SAVE = textwrap.dedent("""
+    import os, sys, kiln, kiln.nn as nn
+    import kiln.distributed.checkpoint as dcp
+    from kiln.distributed.device_mesh import init_device_mesh
+    from kiln.distributed.fsdp import fully_shard
+    session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=2, wait_ms=20000)
+    mesh = init_device_mesh(str(session.device), (2,))
+    model = nn.Linear(4, 6)
+    model.to(session.device)
+    fully_shard(model, mesh=mesh)
+    for fn in (dcp.save, dcp.load):
+        try:
+            fn({"model": model.state_dict()}, checkpoint_id=sys.argv[1])
+        except NotImplementedError as e:
+            assert "lives on remote:0 (a gang's workers)" in str(e), str(e)
+        else:
+            raise AssertionError(f"{fn.__name__} of a gang's DTensors did not raise")
+    assert not os.path.exists(sys.argv[1])   # refused before anything was written
+    print("rank 0 ok")
+""")
+
+
+def test_a_gang_or_a_fake_group_cannot_checkpoint(tmp_path):
+    from test_dtensor import run_remote
+    run_remote(tmp_path, "gang_save", GANG_SAVE, 2, str(tmp_path / "ckpt"))
+    script = tmp_path / "fake.py"
+    script.write_text(textwrap.dedent("""
+        import sys, kiln, kiln.distributed as dist
+        import kiln.distributed.checkpoint as dcp
+        dist.init_process_group("fake", rank=0, world_size=4)
+        try:
+            dcp.save({"w": kiln.zeros(2)}, checkpoint_id=sys.argv[1])
+        except NotImplementedError as e:
+            assert "fake backend" in str(e), str(e)
+        else:
+            raise AssertionError("a save on a fake group did not raise")
+        print("ok")
+    """))
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "f")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
