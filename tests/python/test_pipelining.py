@@ -19,6 +19,7 @@ EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
 MODEL = textwrap.dedent(f"""
     import sys
     sys.path.insert(0, {EXAMPLES!r})
+""") + textwrap.dedent("""
     import kiln
     import kiln.nn.functional as F
     from chargpt import gpt_chain
@@ -29,13 +30,37 @@ MODEL = textwrap.dedent(f"""
 
     def lm_loss(logits, y):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    from kiln.distributed import pipelining as pp
+    SCHEDULES = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B, "zbh1": pp.ScheduleZBH1,
+                 "interleaved_1f1b": pp.ScheduleInterleaved1F1B}
+
+    def reference_step(ref, ref_opt, step, rows):
+        # Step `step`'s batch of `rows` sequences, and the reference's loss and gradients on it.
+        kiln.manual_seed(10 + step)
+        x, y = kiln.randint(0, 32, (rows, 8)), kiln.randint(0, 32, (rows, 8))
+        ref_opt.zero_grad()
+        want = lm_loss(ref(x), y)
+        want.backward()
+        return x, y, want.item()
+
+    def check(what, got_loss, want_loss, params, ref, grad=lambda g: g):
+        # The pipeline's loss (None: not on this rank) and its parameters' gradients (`grad`
+        # makes each a local CPU tensor) against the reference's, within 1e-5.
+        if got_loss is not None:
+            assert abs(got_loss - want_loss) <= 1e-5 * max(1, abs(want_loss)), \
+                (what, got_loss, want_loss)
+        names = dict(ref.named_parameters())
+        for name, p in params:
+            g, w = grad(p.grad), names[name].grad
+            err = ((g - w).abs().max() / w.abs().max().clamp(min=1e-12)).item()
+            assert err <= 1e-5, (what, name, err)
 """)
 
 COMMON = textwrap.dedent("""
     import math, os, sys
     import kiln, kiln.distributed as dist, kiln.nn as nn
     import kiln.nn.functional as F
-    from kiln.distributed import pipelining as pp
 
     dist.init_process_group()
     RANK, WORLD = dist.get_rank(), dist.get_world_size()
@@ -53,20 +78,13 @@ PARITY = COMMON + textwrap.dedent("""
     pipe = pp.pipeline(model, split_points=cuts)
     assert pipe.num_stages == n_stages
     stages = [pipe.build_stage(c * WORLD + RANK) for c in range(v)]
-    cls = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B, "zbh1": pp.ScheduleZBH1,
-           "interleaved_1f1b": pp.ScheduleInterleaved1F1B}[kind]
-    schedule = cls(stages if v > 1 else stages[0], n_microbatches=m, loss_fn=lm_loss)
+    schedule = SCHEDULES[kind](stages if v > 1 else stages[0], n_microbatches=m,
+                               loss_fn=lm_loss)
     ref_opt = kiln.optim.SGD(ref.parameters(), lr=0.1)
     opt = kiln.optim.SGD([p for s in stages for p in s.submod.parameters()], lr=0.1)
-    names = dict(ref.named_parameters())
     last = (n_stages - 1) % WORLD == RANK
     for step in range(3):
-        kiln.manual_seed(10 + step)
-        x = kiln.randint(0, 32, (2 * m, 8))
-        y = kiln.randint(0, 32, (2 * m, 8))
-        ref_opt.zero_grad()
-        want = lm_loss(ref(x), y)
-        want.backward()
+        x, y, want = reference_step(ref, ref_opt, step, 2 * m)
         opt.zero_grad()
         losses = []
         if RANK == 0:
@@ -74,17 +92,11 @@ PARITY = COMMON + textwrap.dedent("""
         else:
             out = schedule.step(target=y if last else None, losses=losses)
         if last:
-            assert len(losses) == m, losses
-            got = sum(l.item() for l in losses) / m
-            assert abs(got - want.item()) <= 1e-5 * max(1, abs(want.item())), (got, want.item())
-            assert tuple(out.shape) == (2 * m, 8, 32), out.shape
+            assert len(losses) == m and tuple(out.shape) == (2 * m, 8, 32), (losses, out.shape)
         else:
             assert out is None and losses == []
-        for s in stages:
-            for name, p in s.submod.named_parameters():
-                g, w = p.grad, names[name].grad
-                err = ((g - w).abs().max() / w.abs().max().clamp(min=1e-12)).item()
-                assert err <= 1e-5, (kind, step, name, err)
+        check((kind, step), sum(l.item() for l in losses) / m if last else None, want,
+              [np for s in stages for np in s.submod.named_parameters()], ref)
         ref_opt.step()
         opt.step()
     print(f"rank {RANK} ok", flush=True)
@@ -114,22 +126,15 @@ THREE_D = COMMON + textwrap.dedent("""
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(stage_mod, mesh=mesh["dp"])
     stage = pp.PipelineStage(stage_mod, s, 2, group=mesh.get_group("pp"))
-    cls = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B, "zbh1": pp.ScheduleZBH1}[kind]
-    schedule = cls(stage, n_microbatches=m, loss_fn=lm_loss)
+    schedule = SCHEDULES[kind](stage, n_microbatches=m, loss_fn=lm_loss)
     ref_opt = kiln.optim.SGD(ref.parameters(), lr=0.1)
     opt = kiln.optim.SGD(stage_mod.parameters(), lr=0.1)
-    names = dict(ref.named_parameters())
     rows = 2 * m                                  # each dp rank's part of the batch
     for step in range(3):
-        kiln.manual_seed(10 + step)
-        x = kiln.randint(0, 32, (2 * rows, 8))
-        y = kiln.randint(0, 32, (2 * rows, 8))
-        ref_opt.zero_grad()
-        want = lm_loss(ref(x), y)
-        want.backward()
+        x, y, want = reference_step(ref, ref_opt, step, 2 * rows)
         opt.zero_grad()
         xs, ys = x[dp * rows:(dp + 1) * rows], y[dp * rows:(dp + 1) * rows]
-        losses = []
+        losses, got = [], None
         if s == 0:
             schedule.step(xs)
         else:
@@ -137,12 +142,8 @@ THREE_D = COMMON + textwrap.dedent("""
             mine = kiln.tensor([sum(l.item() for l in losses) / m])
             dist.all_reduce(mine, group=mesh.get_group("dp"))
             got = mine.item() / 2
-            assert abs(got - want.item()) <= 1e-5 * max(1, abs(want.item())), (got, want.item())
-        for name, p in stage_mod.named_parameters():
-            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-            w = names[name].grad
-            err = ((g - w).abs().max() / w.abs().max().clamp(min=1e-12)).item()
-            assert err <= 1e-5, (kind, step, name, err)
+        check((kind, step), got, want, stage_mod.named_parameters(), ref,
+              lambda g: g.full_tensor() if isinstance(g, DTensor) else g)
         ref_opt.step()
         opt.step()
     print(f"rank {RANK} ok", flush=True)
@@ -153,7 +154,6 @@ THREE_D = COMMON + textwrap.dedent("""
 # worker. Losses and gradients against one process, as above; then a stage whose worker died.
 REMOTE_PP = EXPECT + MODEL + textwrap.dedent("""
     import os, sys
-    from kiln.distributed import pipelining as pp
     kind = sys.argv[1]
     session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=2, wait_ms=20000)
     dev = session.device
@@ -165,34 +165,24 @@ REMOTE_PP = EXPECT + MODEL + textwrap.dedent("""
     stages = [pipe.build_stage(i, device=dev) for i in range(n_stages)]
     assert [s.worker for s in stages] == [i % 2 for i in range(n_stages)]
     assert all(str(p.device) == str(dev) for p in model.parameters())
-    cls = {"gpipe": pp.ScheduleGPipe, "1f1b": pp.Schedule1F1B, "zbh1": pp.ScheduleZBH1,
-           "interleaved_1f1b": pp.ScheduleInterleaved1F1B}[kind]
+    cls = SCHEDULES[kind]
     schedule = cls(stages, n_microbatches=m, loss_fn=lm_loss)
     ref_opt = kiln.optim.SGD(ref.parameters(), lr=0.1)
     opt = kiln.optim.SGD(model.parameters(), lr=0.1)
-    names = dict(ref.named_parameters())
     for step in range(2):
-        kiln.manual_seed(10 + step)
-        x = kiln.randint(0, 32, (2 * m, 8))
-        y = kiln.randint(0, 32, (2 * m, 8))
-        ref_opt.zero_grad()
-        want = lm_loss(ref(x), y)
-        want.backward()
+        x, y, want = reference_step(ref, ref_opt, step, 2 * m)
         opt.zero_grad()
         losses = []
         out = schedule.step(x, target=y, losses=losses)
-        got = sum(l.item() for l in losses) / m
-        assert abs(got - want.item()) <= 1e-5 * max(1, abs(want.item())), (got, want.item())
         assert tuple(out.shape) == (2 * m, 8, 32) and str(out.device) == str(dev), out
-        for name, p in model.named_parameters():
-            g, w = p.grad.cpu(), names[name].grad
-            err = ((g - w).abs().max() / w.abs().max().clamp(min=1e-12)).item()
-            assert err <= 1e-5, (kind, step, name, err)
+        check((kind, step), sum(l.item() for l in losses) / m, want, model.named_parameters(),
+              ref, lambda g: g.cpu())
         ref_opt.step()
         opt.step()
+    names = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         assert (p.cpu() - names[name].detach()).abs().max().item() <= 1e-5, name
-    # Misuse: one stage of a gang pipeline, or stages of two kinds.
+    # Misuse: one stage of a gang pipeline.
     expect(lambda: cls(stages[:1], n_microbatches=m, loss_fn=lm_loss), ValueError,
            f"runs all {n_stages} stages from this one process")
     print("rank 0 ok", flush=True)
@@ -204,7 +194,6 @@ REMOTE_PP = EXPECT + MODEL + textwrap.dedent("""
 # transfer from the dead one, times out: KILN_COMM_TIMEOUT_S=20 for gang_of's workers).
 DEAD_PP = MODEL + textwrap.dedent("""
     import os, signal, sys, time
-    from kiln.distributed import pipelining as pp
     session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=2, wait_ms=20000)
     model = gpt(2)
     pipe = pp.pipeline(model, split_points=["1.1"])
