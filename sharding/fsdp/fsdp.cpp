@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/autograd/node.h"
@@ -18,25 +19,6 @@
 namespace kiln::dist {
 
 namespace {
-
-// The node whose outputs are the whole parameters of one unshard() (Note [FSDP resharding]).
-class FSDPAllGatherBackward final : public autograd::Node {
- public:
-  FSDPAllGatherBackward(std::weak_ptr<FSDPParamGroup> group,
-                        std::shared_ptr<FSDPParamGroup::Gathered> gathered)
-      : group_(std::move(group)), gathered_(std::move(gathered)) {}
-  const char* name() const override { return "FSDPAllGatherBackward"; }
-  autograd::variable_list apply(autograd::variable_list&& grads) override {
-    std::shared_ptr<FSDPParamGroup> g = group_.lock();
-    KILN_CHECK(g != nullptr, Runtime,
-               "FSDP: backward reached parameters whose FSDP group (module) no longer exists");
-    return g->reduce_gradients(std::move(grads), *gathered_);
-  }
-
- private:
-  std::weak_ptr<FSDPParamGroup> group_;
-  std::shared_ptr<FSDPParamGroup::Gathered> gathered_;  // storages only: no cycle
-};
 
 DimVector fsdp_strides(IntArrayRef shape) {
   DimVector s(shape.size(), 1);
@@ -80,6 +62,42 @@ struct FSDPParamGroup::RemoteGathered {
     resident = true;
   }
 };
+
+// The node whose outputs are the whole parameters of one unshard() (Note [FSDP resharding]; on a
+// gang, Note [FSDP on a gang]): its backward reduces their gradients onto the shards.
+template <typename G>
+class FSDPGatherBackward final : public autograd::Node {
+ public:
+  FSDPGatherBackward(const char* name, std::weak_ptr<FSDPParamGroup> group,
+                     std::shared_ptr<G> gathered)
+      : name_(name), group_(std::move(group)), gathered_(std::move(gathered)) {}
+  const char* name() const override { return name_; }
+  autograd::variable_list apply(autograd::variable_list&& grads) override {
+    std::shared_ptr<FSDPParamGroup> g = group_.lock();
+    KILN_CHECK(g != nullptr, Runtime,
+               "FSDP: backward reached parameters whose FSDP group (module) no longer exists");
+    if constexpr (std::is_same_v<G, FSDPParamGroup::Gathered>)
+      return g->reduce_gradients(std::move(grads), *gathered_);
+    else
+      return g->reduce_remote(std::move(grads), *gathered_);
+  }
+
+ private:
+  const char* name_;
+  std::weak_ptr<FSDPParamGroup> group_;
+  std::shared_ptr<G> gathered_;  // storages only: no cycle
+};
+
+template <typename G>
+void FSDPParamGroup::link(const std::vector<Tensor>& full, const std::shared_ptr<G>& g,
+                          const char* name) {
+  bool needs_grad = false;
+  for (const Tensor& p : sharded_) needs_grad = needs_grad || p.requires_grad();
+  if (!autograd::GradMode::is_enabled() || !needs_grad) return;
+  auto node = std::make_shared<FSDPGatherBackward<G>>(name, weak_from_this(), g);
+  for (const Tensor& p : sharded_) autograd::collect_edge(*node, p);
+  for (const Tensor& f : full) autograd::set_history(f, node);
+}
 
 bool FSDPParamGroup::is_unsharded() const {
   return remote_ ? remote_current_ && remote_current_->resident : current_ && current_->resident;
@@ -455,13 +473,7 @@ std::vector<Tensor> FSDPParamGroup::unshard() {
     }
   }
   finish_gather(*g);
-  bool needs_grad = false;
-  for (const Tensor& p : sharded_) needs_grad = needs_grad || p.requires_grad();
-  if (autograd::GradMode::is_enabled() && needs_grad) {
-    auto node = std::make_shared<FSDPAllGatherBackward>(weak_from_this(), g);
-    for (const Tensor& p : sharded_) autograd::collect_edge(*node, p);
-    for (const Tensor& f : full) autograd::set_history(f, node);
-  }
+  link(full, g, "FSDPAllGatherBackward");
   full_ = full;
   current_ = std::move(g);
   return full;
@@ -594,24 +606,6 @@ std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
 // so the tensors autograd saved see their values again (as Note [FSDP resharding] does with
 // storages). The workers run the instructions in order, so there is no prefetch.
 
-class FSDPRemoteGatherBackward final : public autograd::Node {
- public:
-  FSDPRemoteGatherBackward(std::weak_ptr<FSDPParamGroup> group,
-                           std::shared_ptr<FSDPParamGroup::RemoteGathered> gathered)
-      : group_(std::move(group)), gathered_(std::move(gathered)) {}
-  const char* name() const override { return "FSDPRemoteGatherBackward"; }
-  autograd::variable_list apply(autograd::variable_list&& grads) override {
-    std::shared_ptr<FSDPParamGroup> g = group_.lock();
-    KILN_CHECK(g != nullptr, Runtime,
-               "FSDP: backward reached parameters whose FSDP group (module) no longer exists");
-    return g->reduce_remote(std::move(grads), *gathered_);
-  }
-
- private:
-  std::weak_ptr<FSDPParamGroup> group_;
-  std::shared_ptr<FSDPParamGroup::RemoteGathered> gathered_;
-};
-
 std::vector<Tensor> FSDPParamGroup::unshard_remote() {
   std::vector<Tensor> full;
   auto g = std::make_shared<RemoteGathered>();
@@ -635,13 +629,7 @@ std::vector<Tensor> FSDPParamGroup::unshard_remote() {
     }
   }
   g->resident = true;
-  bool needs_grad = false;
-  for (const Tensor& p : sharded_) needs_grad = needs_grad || p.requires_grad();
-  if (autograd::GradMode::is_enabled() && needs_grad) {
-    auto node = std::make_shared<FSDPRemoteGatherBackward>(weak_from_this(), g);
-    for (const Tensor& p : sharded_) autograd::collect_edge(*node, p);
-    for (const Tensor& f : full) autograd::set_history(f, node);
-  }
+  link(full, g, "FSDPRemoteGatherBackward");
   full_ = full;
   remote_current_ = std::move(g);
   return full;

@@ -182,6 +182,9 @@ REMOTE_PP = EXPECT + MODEL + textwrap.dedent("""
     names = dict(ref.named_parameters())
     for name, p in model.named_parameters():
         assert (p.cpu() - names[name].detach()).abs().max().item() <= 1e-5, name
+    with kiln.no_grad():
+        logits = schedule.eval(x).cpu()
+        assert (logits - ref(x)).abs().max().item() <= 1e-5
     # Misuse: one stage of a gang pipeline.
     expect(lambda: cls(stages[:1], n_microbatches=m, loss_fn=lm_loss), ValueError,
            f"runs all {n_stages} stages from this one process")

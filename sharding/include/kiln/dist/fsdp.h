@@ -99,6 +99,9 @@ struct MixedPrecisionPolicy {
   std::optional<ScalarType> reduce_dtype;
 };
 
+template <typename G>
+class FSDPGatherBackward;
+
 class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
  public:
   // `params`: whole tensors, the same on every rank (or meta tensors: the shards are then meta,
@@ -207,7 +210,12 @@ class FSDPParamGroup : public std::enable_shared_from_this<FSDPParamGroup> {
   void keep_pieces(Gathered& g);  // Note [FSDP reshard to k ranks]
   // A gang's group (Note [FSDP on a gang]): unshard() and backward by DTensor redistributions.
   std::vector<Tensor> unshard_remote();
-  friend class FSDPRemoteGatherBackward;
+  template <typename G>
+  friend class FSDPGatherBackward;
+  // Makes `full` the outputs of an FSDPGatherBackward named `name` whose inputs are the shards
+  // (in grad mode, when a shard requires grad).
+  template <typename G>
+  void link(const std::vector<Tensor>& full, const std::shared_ptr<G>& g, const char* name);
   struct RemoteGathered;
   std::vector<Tensor> reduce_remote(std::vector<Tensor> grads, RemoteGathered& gathered);
   bool remote_ = false;
