@@ -21,6 +21,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -129,7 +131,9 @@ class Daemon {
     port_ = std::stoi(slurp(dir_ / "port"));
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
     if (!ca_pem_.empty()) creds = grpc::SslCredentials({.pem_root_certs = ca_pem_});
-    stub_ = proto::Coordinator::NewStub(grpc::CreateChannel(address(), creds));
+    std::shared_ptr<Stub> stub = proto::Coordinator::NewStub(grpc::CreateChannel(address(), creds));
+    std::lock_guard<std::mutex> lock(stub_mu_);  // a FakeWorker's thread may be in call()
+    stub_ = std::move(stub);
   }
   // SIGKILL, as a crash would.
   void crash() {
@@ -146,7 +150,10 @@ class Daemon {
   }
 
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
-  Stub& stub() { return *stub_; }
+  Stub& stub() {
+    std::lock_guard<std::mutex> lock(stub_mu_);
+    return *stub_;
+  }
   std::string stderr_text() const { return slurp(dir_ / "coord.err"); }
 
   // One unary call with a 10 s deadline and `token` (default: the daemon's).
@@ -156,7 +163,12 @@ class Daemon {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     proto::add_token(ctx, token ? *token : token_);
-    return proto::from_grpc((stub_.get()->*method)(&ctx, req, reply));
+    std::shared_ptr<Stub> stub;  // kept alive through the call: start() may replace stub_
+    {
+      std::lock_guard<std::mutex> lock(stub_mu_);
+      stub = stub_;
+    }
+    return proto::from_grpc((stub.get()->*method)(&ctx, req, reply));
   }
 
  private:
@@ -164,8 +176,9 @@ class Daemon {
   std::vector<std::string> flags_;
   std::string token_, ca_pem_;
   pid_t pid_ = -1;
-  int port_ = 0;
-  std::unique_ptr<Stub> stub_;
+  std::atomic<int> port_{0};
+  std::mutex stub_mu_;
+  std::shared_ptr<Stub> stub_;
 };
 
 // A worker as the coordinator sees it: it registers, then beats every `interval` on a thread
