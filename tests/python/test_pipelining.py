@@ -185,9 +185,11 @@ REMOTE_PP = EXPECT + MODEL + textwrap.dedent("""
     with kiln.no_grad():
         logits = schedule.eval(x).cpu()
         assert (logits - ref(x)).abs().max().item() <= 1e-5
-    # Misuse: one stage of a gang pipeline.
+    # Misuse: one stage of a gang pipeline; a stage already on every worker.
     expect(lambda: cls(stages[:1], n_microbatches=m, loss_fn=lm_loss), ValueError,
            f"runs all {n_stages} stages from this one process")
+    expect(lambda: pp.PipelineStage(gpt(1).to(dev), 0, 2, device=dev), ValueError,
+           "is on remote:0 already, on every worker")
     print("rank 0 ok", flush=True)
 """)
 

@@ -112,6 +112,14 @@ class PipelineStage:
             if not 0 <= stage_index < num_stages:
                 raise ValueError(f"PipelineStage: stage_index {stage_index} is not in "
                                  f"[0, num_stages={num_stages})")
+            on_gang = [n for n, t in list(submodule.named_parameters()) +
+                       list(submodule.named_buffers()) if str(t.device) == str(device)]
+            if on_gang:
+                # Every worker would hold them, and a read would see a worker's copy that only
+                # the stage's worker updates.
+                raise ValueError(f"PipelineStage: '{on_gang[0]}' of stage {stage_index} is on "
+                                 f"{device} already, on every worker; build the stages from a "
+                                 f"model on the CPU, and each stage's tensors go to its worker")
             self._gang = (str(device), p)
             with _C._StageScope([stage_index % p]):
                 submodule.to(device)
