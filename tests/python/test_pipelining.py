@@ -155,7 +155,8 @@ THREE_D = COMMON + textwrap.dedent("""
 REMOTE_PP = EXPECT + MODEL + textwrap.dedent("""
     import os, sys
     kind = sys.argv[1]
-    session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=2, wait_ms=20000)
+    W = int(os.environ.get("KILN_TEST_WORKERS", "2"))
+    session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=W, wait_ms=20000)
     dev = session.device
     v = 2 if kind == "interleaved_1f1b" else 1
     n_stages, m = 2 * v, 4
@@ -163,7 +164,7 @@ REMOTE_PP = EXPECT + MODEL + textwrap.dedent("""
     ref, model = gpt(layers), gpt(layers)
     pipe = pp.pipeline(model, split_points=[f"1.{2 * i - 1}" for i in range(1, n_stages)])
     stages = [pipe.build_stage(i, device=dev) for i in range(n_stages)]
-    assert [s.worker for s in stages] == [i % 2 for i in range(n_stages)]
+    assert [s.worker for s in stages] == [i % min(W, n_stages) for i in range(n_stages)]
     assert all(str(p.device) == str(dev) for p in model.parameters())
     cls = SCHEDULES[kind]
     schedule = cls(stages, n_microbatches=m, loss_fn=lm_loss)
@@ -359,6 +360,20 @@ def test_three_d_parallel_training_matches_one_process(tmp_path, kind):
 def test_gang_pipeline_matches_one_process(tmp_path, kind):
     from test_dtensor import run_remote
     run_remote(tmp_path, "remote_pp", REMOTE_PP, 2, kind)
+
+
+def test_pipeline_on_one_embedded_worker(tmp_path):
+    """Every stage on one worker (kiln.connect("inproc"); interleaved, the one schedule with
+    several stages per worker): no transfers, the same results."""
+    import os
+    import subprocess
+    import sys
+    path = tmp_path / "one_worker.py"
+    path.write_text(REMOTE_PP)
+    env = dict(os.environ, KILN_TEST_GANG="inproc", KILN_TEST_WORKERS="1")
+    r = subprocess.run([sys.executable, str(path), "interleaved_1f1b"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "rank 0 ok" in r.stdout, r.stdout + r.stderr
 
 
 def test_gang_pipeline_with_a_dead_worker_raises(tmp_path):
