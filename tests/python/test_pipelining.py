@@ -154,6 +154,7 @@ THREE_D = COMMON + textwrap.dedent("""
 # worker. Losses and gradients against one process, as above; then a stage whose worker died.
 REMOTE_PP = EXPECT + MODEL + textwrap.dedent("""
     import os, sys
+    from kiln.distributed.device_mesh import init_device_mesh
     kind = sys.argv[1]
     W = int(os.environ.get("KILN_TEST_WORKERS", "2"))
     session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=W, wait_ms=20000)
@@ -163,19 +164,26 @@ REMOTE_PP = EXPECT + MODEL + textwrap.dedent("""
     layers = 2 * n_stages - 2
     ref, model = gpt(layers), gpt(layers)
     pipe = pp.pipeline(model, split_points=[f"1.{2 * i - 1}" for i in range(1, n_stages)])
-    stages = [pipe.build_stage(i, device=dev) for i in range(n_stages)]
-    assert [s.worker for s in stages] == [i % min(W, n_stages) for i in range(n_stages)]
+    if W == 4:   # a (pp, dp) mesh: stage s on workers 2(s % 2) and 2(s % 2) + 1, replicas
+        mesh = init_device_mesh(str(dev), (2, 2), mesh_dim_names=("pp", "dp"))
+        stages = [pipe.build_stage(i, group=mesh) for i in range(n_stages)]
+        want_workers = [[2 * (i % 2), 2 * (i % 2) + 1] for i in range(n_stages)]
+    else:
+        stages = [pipe.build_stage(i, device=dev) for i in range(n_stages)]
+        want_workers = [[i % min(W, n_stages)] for i in range(n_stages)]
+    dp = len(want_workers[0])
+    assert [s.workers for s in stages] == want_workers, [s.workers for s in stages]
     assert all(str(p.device) == str(dev) for p in model.parameters())
     cls = SCHEDULES[kind]
     schedule = cls(stages, n_microbatches=m, loss_fn=lm_loss)
     ref_opt = kiln.optim.SGD(ref.parameters(), lr=0.1)
     opt = kiln.optim.SGD(model.parameters(), lr=0.1)
     for step in range(2):
-        x, y, want = reference_step(ref, ref_opt, step, 2 * m)
+        x, y, want = reference_step(ref, ref_opt, step, 2 * m * dp)
         opt.zero_grad()
         losses = []
         out = schedule.step(x, target=y, losses=losses)
-        assert tuple(out.shape) == (2 * m, 8, 32) and str(out.device) == str(dev), out
+        assert tuple(out.shape) == (2 * m * dp, 8, 32) and str(out.device) == str(dev), out
         check((kind, step), sum(l.item() for l in losses) / m, want, model.named_parameters(),
               ref, lambda g: g.cpu())
         ref_opt.step()
@@ -360,6 +368,15 @@ def test_three_d_parallel_training_matches_one_process(tmp_path, kind):
 def test_gang_pipeline_matches_one_process(tmp_path, kind):
     from test_dtensor import run_remote
     run_remote(tmp_path, "remote_pp", REMOTE_PP, 2, kind)
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "zbh1"])
+def test_gang_pipeline_with_data_parallel_stages(tmp_path, kind):
+    """A (pp 2, dp 2) mesh of a gang of 4: each stage on two workers, the batch split between
+    them, gradients and losses averaged over them."""
+    from test_dtensor import run_remote
+    run_remote(tmp_path, "remote_pp_dp", REMOTE_PP.replace(
+        'W = int(os.environ.get("KILN_TEST_WORKERS", "2"))', "W = 4"), 4, kind)
 
 
 def test_pipeline_on_one_embedded_worker(tmp_path):

@@ -6,7 +6,7 @@
 //   st = _C._PipelineStage(fwd, fwd_meta, None, None, 0, 2, group)
 //   sc = _C._PipelineSchedule([st], "1f1b", 4, loss_fn, False)
 //   outs, losses = sc.step([x], None, True)
-//   sc = _C._PipelineSchedule(stages, "1f1b", 4, loss_fn, False, 2)   # a gang's 2 workers run them
+//   sc = _C._PipelineSchedule(stages, "1f1b", 4, loss_fn, False, [[0], [1]])   # on a gang
 // The runner calls back into Python (the stage's forward, the loss) with the GIL held.
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
@@ -84,7 +84,8 @@ void bind_pipelining(nb::module_& m) {
       .def(
           "__init__",
           [](pp::Schedule* self, std::vector<pp::PipelineStage*> stages, const std::string& kind,
-             int n_microbatches, std::optional<nb::object> loss_fn, bool fsdp, int gang_ranks) {
+             int n_microbatches, std::optional<nb::object> loss_fn, bool fsdp,
+             std::vector<std::vector<int>> gang_workers) {
             pp::LossFn fn;
             if (loss_fn && !loss_fn->is_none()) {
               nb::object f = *loss_fn;
@@ -94,12 +95,14 @@ void bind_pipelining(nb::module_& m) {
               };
             }
             std::optional<pp::Controller> controller;
-            if (gang_ranks > 0) controller = client::gang_controller(gang_ranks);
+            if (!gang_workers.empty())
+              controller = client::gang_controller(std::move(gang_workers));
             new (self) pp::Schedule(std::move(stages), pp::parse_schedule_kind(kind),
                                     n_microbatches, std::move(fn), fsdp, std::move(controller));
           },
           nb::arg("stages"), nb::arg("kind"), nb::arg("n_microbatches"), nb::arg("loss_fn").none(),
-          nb::arg("fsdp"), nb::arg("gang_ranks") = 0, nb::keep_alive<1, 2>())
+          nb::arg("fsdp"), nb::arg("gang_workers") = std::vector<std::vector<int>>{},
+          nb::keep_alive<1, 2>())
       .def("step",
            [](pp::Schedule& s, const std::vector<Tensor>& inputs, std::optional<Tensor> target,
               bool want_losses) {
@@ -124,6 +127,9 @@ void bind_pipelining(nb::module_& m) {
              s.scope = std::make_unique<client::StageScope>(s.ranks);
            })
       .def("__exit__", [](PyStageScope& s, nb::args) { s.scope.reset(); });
+  m.def("_scatter_to", [](const Tensor& t, const std::string& device, std::vector<int> ranks) {
+    return client::scatter_to(t, Device(device), ranks);
+  });
   m.def("_gang_size", [](const std::string& device) {
     return client::connection_for(Device(device))->transport().world_size();
   });

@@ -73,7 +73,17 @@ std::vector<int> GangTransport::route(const proto::Command& c) {
   if (c.has_op()) {
     for (int64_t id : c.op().outputs()) hold(id, ranks);
   } else if (c.has_create()) {
-    hold(c.create().id(), ranks);
+    // Pieces of one value may go to different workers (scatter_to): they all hold it.
+    auto it = held_.find(c.create().id());
+    if (!ranks.empty() && it != held_.end()) {
+      std::vector<int> both = it->second;
+      add_all(both, ranks);
+      std::sort(both.begin(), both.end());
+      both.erase(std::unique(both.begin(), both.end()), both.end());
+      hold(c.create().id(), both.size() == static_cast<size_t>(n) ? std::vector<int>{} : both);
+    } else {
+      hold(c.create().id(), ranks);
+    }
   } else if (c.has_redistribute()) {
     hold(c.redistribute().output(), ranks);
   } else if (c.has_transfer()) {

@@ -100,22 +100,59 @@ void Session::all_reduce_gradients(const std::vector<Tensor>& params) const {
 
 void Session::sync() const { connection().sync(); }
 
-dist::pipelining::Controller gang_controller(int ranks) {
-  KILN_CHECK(ranks >= 1, Value, "gang_controller: ", ranks, " workers");
+dist::pipelining::Controller gang_controller(std::vector<std::vector<int>> workers) {
+  KILN_CHECK(!workers.empty(), Value, "gang_controller: no pipeline ranks");
+  for (const auto& w : workers)
+    KILN_CHECK(!w.empty() && w.size() == workers[0].size(), Value,
+               "gang_controller: every pipeline rank needs the same number (>= 1) of workers");
+  const int ranks = static_cast<int>(workers.size());
   auto scopes = std::make_shared<std::vector<std::unique_ptr<StageScope>>>();
   dist::pipelining::Controller c;
   c.ranks = ranks;
-  c.enter = [scopes, ranks](int stage) {
-    scopes->push_back(std::make_unique<StageScope>(std::vector<int>{stage % ranks}));
+  c.enter = [scopes, workers, ranks](int stage) {
+    scopes->push_back(std::make_unique<StageScope>(workers[stage % ranks]));
   };
   c.leave = [scopes] { scopes->pop_back(); };
-  c.move = [ranks](const std::vector<Tensor>& ts, int from, int to) {
-    if (from % ranks == to % ranks) return ts;  // two stages of one worker
+  c.move = [workers, ranks](const std::vector<Tensor>& ts, int from, int to) {
+    const std::vector<int>&src = workers[from % ranks], &dst = workers[to % ranks];
+    if (src == dst) return ts;  // two stages of the same workers
     std::vector<Tensor> out;
-    for (const Tensor& t : ts) out.push_back(transfer(t, {from % ranks}, {to % ranks}));
+    for (const Tensor& t : ts) out.push_back(transfer(t, src, dst));
     return out;
   };
   return c;
+}
+
+dist::pipelining::Controller gang_controller(int ranks) {
+  KILN_CHECK(ranks >= 1, Value, "gang_controller: ", ranks, " workers");
+  std::vector<std::vector<int>> workers;
+  for (int r = 0; r < ranks; ++r) workers.push_back({r});
+  return gang_controller(std::move(workers));
+}
+
+Tensor scatter_to(const Tensor& t, Device device, const std::vector<int>& ranks) {
+  std::shared_ptr<Connection> conn = connection_for(device);
+  const int n = static_cast<int>(ranks.size()), world = conn->transport().world_size();
+  KILN_CHECK(n >= 1, Value, "scatter_to: no workers");
+  for (int r : ranks)
+    KILN_CHECK(r >= 0 && r < world, Value, "scatter_to: no worker ", r, " in ",
+               conn->transport().name());
+  KILN_CHECK(t.device().has_data(), Value, "scatter_to: expected a tensor with data, got one on ",
+             t.device());
+  KILN_CHECK(t.dim() >= 1 && t.size(0) % n == 0, Value, "scatter_to: dim 0 of a tensor of shape ",
+             t.sizes(), " does not split into ", n, " equal shards");
+  const int64_t rows = t.size(0) / n;
+  std::lock_guard<std::mutex> lock(conn->mutex());
+  conn->check_open();
+  const int64_t id = conn->new_id();
+  for (int i = 0; i < n; ++i) {
+    StageScope on({ranks[i]});  // Note [Gang stages]: the id is held by all of `ranks`
+    conn->add_create(id, t.slice(0, i * rows, (i + 1) * rows));
+  }
+  conn->maybe_flush();
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  sizes[0] = rows;
+  return make_remote_tensor(conn, id, t.dtype(), sizes, contiguous_strides(sizes), 0);
 }
 
 void Session::close() const {

@@ -88,6 +88,57 @@ def _forward_meta(module, inputs):
             table[name] = t
 
 
+def _is_gang_mesh(group):
+    from kiln.distributed.device_mesh import DeviceMesh
+    return isinstance(group, DeviceMesh) and group.device_type.startswith("remote")
+
+
+class _Gang:
+    """Where a gang pipeline's stages run (Note [Gang stages]). With a device, stage s runs on
+    worker s % p of the gang's first p = min(num_stages, gang size) workers. With a mesh of the
+    gang (`group=`), along its "pp" dim (else its first): stage s runs on the workers at pp
+    coordinate s % P, data-parallel replicas along the mesh's other dim, if any (2-d meshes)."""
+
+    def __init__(self, device, mesh, num_stages):
+        if mesh is None:
+            self.device = str(device)
+            p = min(num_stages, _C._gang_size(self.device))
+            self.workers = tuple((r,) for r in range(p))
+            self.dp_mesh = None
+        else:
+            if not _is_gang_mesh(mesh):
+                raise ValueError(f"PipelineStage: a stage on a gang takes a mesh of the gang as "
+                                 f"its group, not {type(mesh).__name__}")
+            if device is not None and str(device) != mesh.device_type:
+                raise ValueError(f"PipelineStage: device '{device}' is not the mesh's, "
+                                 f"'{mesh.device_type}'")
+            if mesh.ndim > 2:
+                raise ValueError(f"PipelineStage: a gang pipeline's mesh has a pp dim and at "
+                                 f"most one data-parallel dim, got {mesh}")
+            self.device = mesh.device_type
+            names = mesh.mesh_dim_names or ()
+            pp_dim = names.index("pp") if "pp" in names else 0
+            ranks = mesh.mesh if mesh.ndim == 2 else [[r] for r in mesh.mesh]
+            if pp_dim == 1:
+                ranks = [list(col) for col in zip(*ranks)]
+            self.workers = tuple(tuple(row) for row in ranks)
+            self.dp_mesh = None
+            if mesh.ndim == 2 and len(self.workers[0]) > 1:
+                self.dp_mesh = mesh[names[1 - pp_dim]] if names else None
+                if self.dp_mesh is None:
+                    raise ValueError("PipelineStage: name the dims of a 2-d gang mesh "
+                                     "(mesh_dim_names=('pp', 'dp'))")
+        if num_stages % len(self.workers):
+            raise ValueError(f"PipelineStage: {num_stages} stages do not spread evenly over "
+                             f"{len(self.workers)} pipeline ranks of the gang")
+
+    def workers_of(self, stage):
+        return list(self.workers[stage % len(self.workers)])
+
+    def key(self):
+        return (self.device, self.workers)
+
+
 class PipelineStage:
     """One stage of a pipeline: `submodule` is stage `stage_index` of `num_stages`, run by this
     rank of `group` (the world by default), which must be rank stage_index % group size."""
@@ -98,31 +149,24 @@ class PipelineStage:
                             f"{type(submodule).__name__}")
         self.submod = submodule
         self._gang = None
-        if device is not None and str(device).startswith("remote"):
-            # On a gang (Note [Gang stages] in kiln/client/transport.h): stage s on worker
-            # s % p of the gang's first p = min(num_stages, gang size) workers, its parameters
-            # there alone.
-            if group is not None:
-                raise ValueError("PipelineStage: a stage on a gang (device "
-                                 f"'{device}') takes no process group")
-            p = min(num_stages, _C._gang_size(str(device)))
-            if num_stages % p:
-                raise ValueError(f"PipelineStage: {num_stages} stages do not spread evenly over "
-                                 f"the {p} workers of device '{device}'")
+        if device is not None and str(device).startswith("remote") or _is_gang_mesh(group):
+            # On a gang (Note [Gang stages] in kiln/client/transport.h), its tensors there alone.
             if not 0 <= stage_index < num_stages:
                 raise ValueError(f"PipelineStage: stage_index {stage_index} is not in "
                                  f"[0, num_stages={num_stages})")
+            self._gang = _Gang(device, group, num_stages)
+            device = self._gang.device
             on_gang = [n for n, t in list(submodule.named_parameters()) +
-                       list(submodule.named_buffers()) if str(t.device) == str(device)]
+                       list(submodule.named_buffers()) if str(t.device) == device]
             if on_gang:
                 # Every worker would hold them, and a read would see a worker's copy that only
                 # the stage's worker updates.
                 raise ValueError(f"PipelineStage: '{on_gang[0]}' of stage {stage_index} is on "
                                  f"{device} already, on every worker; build the stages from a "
                                  f"model on the CPU, and each stage's tensors go to its worker")
-            self._gang = (str(device), p)
-            with _C._StageScope([stage_index % p]):
+            with _C._StageScope(self._gang.workers_of(stage_index)):
                 submodule.to(device)
+            group = None
         elif device is not None and str(device) != "cpu" and not str(device).startswith("cuda"):
             raise ValueError(f"PipelineStage: device '{device}' is not supported; pipelines run "
                              "on the CPU (UCX), on CUDA (NCCL) or on a gang's workers "
@@ -139,9 +183,10 @@ class PipelineStage:
         self.group = group
 
     @property
-    def worker(self):
-        """The gang worker that runs this stage (None for a stage of a `kiln run` rank)."""
-        return None if self._gang is None else self.stage_index % self._gang[1]
+    def workers(self):
+        """The gang workers that run this stage, its data-parallel replicas (None for a stage of
+        a `kiln run` rank)."""
+        return None if self._gang is None else self._gang.workers_of(self.stage_index)
 
     stage_index = property(lambda self: self._c.stage_index)
     num_stages = property(lambda self: self._c.num_stages)
@@ -163,11 +208,11 @@ class _PipelineSchedule:
                                 f"{type(s).__name__}")
         self._stages = stages  # the stages' callbacks hold them weakly (See PipelineStage)
         self._loss_fn = loss_fn
-        gangs = {s._gang for s in stages}
+        gangs = {None if s._gang is None else s._gang.key() for s in stages}
         if len(gangs) > 1:
-            raise ValueError(f"{type(self).__name__}: the stages must all be on one gang or all "
-                             "on kiln run ranks")
-        self._gang = gangs.pop()
+            raise ValueError(f"{type(self).__name__}: the stages must all be on one gang, "
+                             "placed the same way, or all on kiln run ranks")
+        self._gang = stages[0]._gang
         if self._gang is not None and len(stages) != stages[0].num_stages:
             raise ValueError(f"{type(self).__name__}: a pipeline on a gang runs all "
                              f"{stages[0].num_stages} stages from this one process; got "
@@ -176,15 +221,55 @@ class _PipelineSchedule:
         self._c = _C._PipelineSchedule([s._c for s in stages], self._kind, n_microbatches,
                                        None if loss_fn is None else
                                        lambda out, target: me()._loss_fn(out, target), False,
-                                       0 if self._gang is None else self._gang[1])
+                                       [] if self._gang is None else
+                                       [list(w) for w in self._gang.workers])
 
     def _to_workers(self, tensors, stage):
-        """A gang pipeline's inputs (targets) on the workers of the first (last) stage."""
+        """A gang pipeline's inputs (targets) on the workers of the first (last) stage, their
+        rows split over the stage's data-parallel replicas."""
         if self._gang is None:
             return tensors
-        device, p = self._gang
-        with _C._StageScope([stage % p]):
-            return [t if str(t.device) == device else t.to(device) for t in tensors]
+        g, workers = self._gang, self._gang.workers_of(stage)
+        if len(workers) > 1:
+            for t in tensors:
+                if str(t.device) == g.device:
+                    raise ValueError(f"{type(self).__name__}: pass the inputs and target of a "
+                                     f"pipeline with data-parallel stages from the client (on "
+                                     f"the CPU), to be split over the replicas; they are on "
+                                     f"{g.device}")
+            return [_C._scatter_to(t, g.device, workers) for t in tensors]
+        with _C._StageScope(workers):
+            return [t.to(g.device) for t in tensors]
+
+    def _dp_mean(self, t, stage):
+        """The mean over a stage's data-parallel replicas of their values of `t`."""
+        from kiln.distributed.tensor import DTensor, Partial, Replicate
+        with _C._StageScope(self._gang.workers_of(stage)):
+            d = DTensor.from_local(t, self._gang.dp_mesh, [Partial("avg")])
+            return d.redistribute(self._gang.dp_mesh, [Replicate()]).to_local()
+
+    def _dp_gather(self, t, stage):
+        """A stage's replicas' values of `t` (rows), concatenated."""
+        from kiln.distributed.tensor import DTensor, Replicate, Shard
+        with _C._StageScope(self._gang.workers_of(stage)):
+            d = DTensor.from_local(t, self._gang.dp_mesh, [Shard(0)])
+            return d.redistribute(self._gang.dp_mesh, [Replicate()]).to_local()
+
+    def _average_replicas(self, outs, ls, grads=True):
+        """Data-parallel stages on a gang: every gradient (`grads`), and the losses, averaged
+        over each stage's replicas (as DDP would), the output gathered."""
+        if self._gang is None or self._gang.dp_mesh is None:
+            return outs, ls
+        from kiln.autograd.grad_mode import no_grad
+        last = self._stages[0].num_stages - 1
+        with no_grad():
+            for s in self._stages if grads else []:
+                for p in s.submod.parameters():
+                    if p.grad is not None:
+                        p.grad.copy_(self._dp_mean(p.grad, s.stage_index))
+            ls = [self._dp_mean(l.reshape([1]), last).reshape([]) for l in ls]
+            outs = [self._dp_gather(o, last) for o in outs]
+        return outs, ls
 
     def step(self, *args, target=None, losses=None):
         """One training step over the batch `args` (stage 0's rank) with `target` (the last
@@ -196,14 +281,15 @@ class _PipelineSchedule:
         args = self._to_workers(list(args), 0)
         if target is not None:
             (target,) = self._to_workers([target], n - 1)
-        outs, ls = self._c.step(args, target, losses is not None)
+        outs, ls = self._average_replicas(*self._c.step(args, target, losses is not None))
         if losses is not None:
             losses.extend(ls)
         return outs[0] if outs else None
 
     def eval(self, *args):
         """Forward only, microbatch by microbatch: the last stage's output on its rank."""
-        outs = self._c.eval(self._to_workers(list(args), 0))
+        outs, _ = self._average_replicas(self._c.eval(self._to_workers(list(args), 0)), [],
+                                         grads=False)
         return outs[0] if outs else None
 
     def actions(self):

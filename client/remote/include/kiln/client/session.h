@@ -71,6 +71,13 @@ Session connect_in_process(int workers = 1, worker::SessionOptions options = {})
 // first, inside a StageScope({s % ranks}).
 //   pp::Schedule sched(stages, pp::ScheduleKind::OneFOneB, 4, loss, false, gang_controller(2));
 dist::pipelining::Controller gang_controller(int ranks);
+// The same with several workers per pipeline rank: `workers[r]` run rank r's stages, as data
+// parallel replicas (the j-th of each rank's list hands on to the j-th of the next one's).
+dist::pipelining::Controller gang_controller(std::vector<std::vector<int>> workers);
+// `t` split along dim 0 into ranks.size() equal shards, shard i on gang worker ranks[i] (a
+// pipeline stage's data-parallel replicas), one value held by those workers (Note [Gang
+// stages]); the result has the shard's shape.
+Tensor scatter_to(const Tensor& t, Device device, const std::vector<int>& ranks);
 
 }  // namespace kiln::client
 
