@@ -35,6 +35,10 @@ its rank's order of the schedule, and activations and gradients move worker to w
     schedule = Schedule1F1B(stages, n_microbatches=4, loss_fn=loss_fn)
     schedule.step(x, target=y, losses=losses)   # x, y on the client; losses on the last worker
 
+With group=mesh, a ("pp", "dp") mesh of the gang, stage s runs on the workers at pp coordinate
+s % P as data-parallel replicas: the batch is split over them, and after each step their
+gradients and losses are averaged (the output is gathered).
+
 A stage may be tensor parallel and fully sharded (3-D parallelism): lay a ("pp", "dp", "tp") mesh
 over the ranks, parallelize_module and fully_shard the stage's module over mesh["tp"] and
 mesh["dp"], and give the stage group=mesh.get_group("pp"); each dp rank's pipeline takes its
