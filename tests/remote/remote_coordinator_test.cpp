@@ -126,6 +126,52 @@ TEST(RemoteCoordinator, TwoWorkersRunAPipeline) {
   s.sync();
 }
 
+// Malformed transfers (a raw proto, as a bad client could send): every worker named rejects
+// the command alike, or the sender reports what differs, and the pair's stream stays in step: a
+// good transfer afterwards arrives intact.
+TEST(RemoteCoordinator, MalformedTransfersFailCleanly) {
+  FakeCoordinator coord;
+  WorkerProcess w0({"--coordinator", coord.address(), "--worker-id", "w0"});
+  WorkerProcess w1({"--coordinator", coord.address(), "--worker-id", "w1"});
+  auto s = client::connect(coord.address(), {.workers = 2, .connect_timeout_ms = 10000});
+  client::Connection& c = s.connection();
+  Tensor x = random({3});
+  Tensor a;
+  {
+    client::StageScope on0({0});
+    a = x.to(std::nullopt, s.device());
+  }
+  const int64_t a_id = client::remote_value(a, "test").id;
+  auto raw = [&](const std::string& dtype, std::vector<int64_t> sizes) {
+    std::lock_guard<std::mutex> lock(c.mutex());
+    proto::Transfer* t = c.add_command()->mutable_transfer();
+    t->set_seq(c.new_seq());
+    t->set_input(a_id);
+    t->set_output(c.new_id());
+    t->add_src(0);
+    t->add_dst(1);
+    t->set_dtype(dtype);
+    for (int64_t n : sizes) t->add_sizes(n);
+  };
+  auto expect_error = [&](const char* needle) {
+    try {
+      s.sync();
+      FAIL() << "expected an error naming " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  raw("float32", {4});  // the sender's value is [3]
+  expect_error("is [3] float32 here, the command says [4] float32");
+  raw("complex999", {3});  // rejected by both, before anything is sent
+  expect_error("complex999");
+  raw("float32", {-1});
+  expect_error("negative size");
+  Tensor b = client::transfer(a, {0}, {1});
+  expect_close(b.to(std::nullopt, Device(kCPU)), x);
+  s.sync();
+}
+
 TEST(RemoteCoordinator, ConnectWithoutAddressReadsTheEnvironment) {
   FakeCoordinator coord;
   WorkerProcess w({"--coordinator", coord.address()});

@@ -662,64 +662,85 @@ static void run_redistribute(State& s, const SessionOptions& opt, const proto::R
   fail(s, err);
 }
 
-// Note [Gang stages] (kiln/client/transport.h): a Transfer pairs src[i] with dst[i]. Each sends
-// a status word first (0: the value follows; 1: it failed here, and this worker's error says
-// why), so a receiver never waits for data that will not come; the data goes contiguous. A send
-// is not waited for (its peer may not have reached the Transfer yet); a receive is.
+// Note [Gang stages] (kiln/client/transport.h): a Transfer pairs src[i] with dst[i]. The command
+// is checked whole first (every worker it names reaches the same verdict, so none sends or waits
+// alone). A sender then sends a status word (0: the value follows; 1: it is missing, failed, or
+// not of the command's dtype and shape here, and this worker's error says why), so a receiver
+// never waits for data that will not come, and every message sent is received: a receiver over
+// its memory limit takes the data and drops it, binding the error. A send is not waited for (its
+// peer may not have reached the Transfer yet); a receive is.
 constexpr int kTransferTag = 7;
 
 static void run_transfer(State& s, const SessionOptions& opt, const proto::Transfer& t) {
   const int64_t id = t.output();
-  const bool receives =
-      std::find(t.dst().begin(), t.dst().end(),
-                dist::is_initialized() ? dist::default_group()->rank() : -1) != t.dst().end();
+  const int me = dist::is_initialized() ? dist::default_group()->rank() : -1;
+  const bool receives = std::find(t.dst().begin(), t.dst().end(), me) != t.dst().end();
   if (receives && (id <= 0 || s.values.contains(id) || s.pending.contains(id)))
     throw StreamError{absl::StrCat("transfer (seq ", t.seq(), "): output id ", id,
                                    " is not > 0 or is already in use")};
   std::erase_if(s.sends, [](auto& w) { return w.first->is_completed(); });
   ErrorPtr err;
+  auto error = [&](const Error& x) {
+    return make_error(code_of(x), kind_name(x.kind()), x.what(), t.seq(), "transfer");
+  };
   try {
     KILN_CHECK(dist::is_initialized(), Runtime,
                "transfer: this worker has no process group (transfers move values between the "
                "workers of a gang)");
     const auto& group = dist::default_group();
-    const int me = group->rank();
     KILN_CHECK(t.src_size() == t.dst_size(), Value, "transfer: ", t.src_size(), " senders for ",
                t.dst_size(), " receivers");
-    for (int i = 0; i < t.src_size(); ++i) {
+    for (int i = 0; i < t.src_size(); ++i)
       KILN_CHECK(t.src(i) >= 0 && t.src(i) < group->size() && t.dst(i) >= 0 &&
                      t.dst(i) < group->size() && t.src(i) != t.dst(i),
                  Value, "transfer: worker ", t.src(i), " to worker ", t.dst(i),
                  " is not a pair of distinct ranks of a gang of ", group->size());
+    proto::TensorData header;  // the dtype and shape checks of a Create
+    header.set_dtype(t.dtype());
+    *header.mutable_shape() = t.sizes();
+    const uint64_t bytes = wire_bytes(header);
+    const ScalarType dtype = scalar_type_from_name(t.dtype().c_str());
+    const std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+    for (int i = 0; i < t.src_size(); ++i) {
       if (t.src(i) == me) {
-        auto it = s.values.find(t.input());
         Tensor data;
-        if (it != s.values.end() && !it->second.error) data = it->second.t.contiguous();
+        try {
+          auto it = s.values.find(t.input());
+          KILN_CHECK(it != s.values.end(), Value, "transfer: ", missing_value(s, t.input()));
+          if (!it->second.error) {
+            KILN_CHECK(it->second.t.dtype() == dtype && it->second.t.sizes() == IntArrayRef(sizes),
+                       Value, "transfer: value id ", t.input(), " is ", it->second.t.sizes(), " ",
+                       it->second.t.dtype(), " here, the command says ", IntArrayRef(sizes), " ",
+                       dtype);
+            data = it->second.t.contiguous();
+          }
+        } catch (const Error& x) {
+          fail(s, error(x));
+        }
         Tensor status = kiln::full({1}, data.defined() ? 0 : 1, kInt64);
         s.sends.emplace_back(group->send(status, t.dst(i), kTransferTag), status);
-        if (data.defined())
-          s.sends.emplace_back(group->send(data, t.dst(i), kTransferTag), data);
-        else if (it == s.values.end())
-          fail(s, make_error("INVALID_ARGUMENT", "value",
-                             absl::StrCat("transfer: ", missing_value(s, t.input())), t.seq(),
-                             "transfer"));
+        if (data.defined()) s.sends.emplace_back(group->send(data, t.dst(i), kTransferTag), data);
       }
       if (t.dst(i) == me) {
         Tensor status = kiln::zeros({1}, kInt64);
         group->recv(status, t.src(i), kTransferTag)->wait();
         KILN_CHECK(status.data_ptr<int64_t>()[0] == 0, Runtime, "transfer: the value on worker ",
                    t.src(i), " failed (that worker's error says why)");
-        const ScalarType dtype = scalar_type_from_name(t.dtype().c_str());
-        std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
-        for (int64_t n : sizes) KILN_CHECK(n >= 0, Value, "transfer: negative size ", n);
         Tensor out = kiln::empty(sizes, dtype, opt.device);
         group->recv(out, t.src(i), kTransferTag)->wait();
+        const uint64_t used = s.in_use.load(std::memory_order_relaxed);
+        if (opt.memory_limit_bytes && used + bytes > opt.memory_limit_bytes) {
+          err = make_error("RESOURCE_EXHAUSTED", "runtime",
+                           memory_message(opt.memory_limit_bytes, "transfer", bytes, used), t.seq(),
+                           "transfer");
+          continue;  // `out` is dropped; this worker may still send to another
+        }
         bind(s, id, std::move(out), nullptr);
       }
     }
-    return;
+    if (!err) return;
   } catch (const Error& x) {
-    err = make_error(code_of(x), kind_name(x.kind()), x.what(), t.seq(), "transfer");
+    err = error(x);
   } catch (const std::exception& x) {
     err = make_error("INTERNAL", "runtime", x.what(), t.seq(), "transfer");
   }
