@@ -5,7 +5,7 @@ float rounding) for the same arguments.
 
     PYTHONPATH=build/python .venv/bin/python examples/chargpt.py [--data DIR] [--steps N]
         [--eval-every K] [--ckpt DIR [--resume]] [--prompt TEXT] [--temperature T] [--top-k K]
-        [--sample-bytes N] [--seed S] [--fsdp N [--bf16]] [--tp M] [--print-losses]
+        [--sample-bytes N] [--seed S] [--fsdp N [--bf16]] [--tp M] [--pp P] [--print-losses]
     build/bin/kiln run --nproc 4 .venv/bin/python examples/chargpt.py --fsdp 4
 
 --fsdp N trains on N ranks (`kiln run --nproc N`), every block and then the whole model
@@ -16,7 +16,9 @@ losses match it to float rounding (--print-losses prints every step's loss in fu
 together (`kiln run --nproc 4 ... --fsdp 2 --tp 2`) train 2-D: tensor parallel inside each pair of
 ranks, FSDP across the pairs. --bf16 (with --fsdp) is FSDP's mixed precision: parameters gathered
 and computed in bfloat16, gradients reduced in float32, float32 shards and optimizer; its losses
-follow the float32 run to about 1e-3.
+follow the float32 run to about 1e-3. --pp P (2 or 4, under `kiln run --nproc P`) cuts the GPT
+into P pipeline stages (kiln.distributed.pipelining, 1F1B over 4 microbatches of 4 rows); the
+losses match one process too, and evaluation and sampling run through the pipeline.
 
 The files of DIR (default /usr/share/games/fortunes; *.dat and *.u8 skipped) are concatenated as
 bytes in sorted order; the first 90% train, the rest validate. Each step draws 16 random windows
@@ -35,6 +37,7 @@ import time
 import numpy as np
 
 import kiln
+import kiln.distributed
 import kiln.nn as nn
 import kiln.nn.functional as F
 from kiln.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
@@ -191,6 +194,55 @@ def sample(model, prompt, n, temperature, top_k, seed):
     model.train()
 
 
+class Pipelined:
+    """--pp: this rank's stage of the GPT cut into `pp` stages (gpt_chain, the same parameters as
+    GPT for one seed), trained by 1F1B over 4 microbatches; called as the whole model (evaluate,
+    sample), it runs the batch through the pipeline and every rank gets the logits."""
+
+    def __init__(self, model, pp, block):
+        from kiln.distributed import pipelining
+        self.rank, self.pp, self.block, self.vocab = kiln.distributed.get_rank(), pp, block, 256
+        per = len(model[1]) // pp  # blocks per stage
+        pipe = pipelining.pipeline(model, split_points=[f"1.{per * k}" for k in range(1, pp)])
+        self.stage = pipe.build_stage(self.rank)
+        self.train_schedule = pipelining.Schedule1F1B(
+            self.stage, n_microbatches=4,
+            loss_fn=lambda logits, y: F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                      y.reshape(-1)))
+        self.eval_schedule = pipelining.ScheduleGPipe(self.stage, n_microbatches=1)
+
+    def parameters(self):
+        return self.stage.submod.parameters()
+
+    def eval(self):
+        self.stage.submod.eval()
+
+    def train(self):
+        self.stage.submod.train()
+
+    def __call__(self, idx):
+        first, last = self.rank == 0, self.rank == self.pp - 1
+        out = self.eval_schedule.eval(idx) if first else self.eval_schedule.eval()
+        if not last:
+            out = kiln.empty([idx.shape[0], idx.shape[1], self.vocab])
+        kiln.distributed.broadcast(out, src=self.pp - 1)
+        return out
+
+    def step(self, x, y):
+        """Forward and backward of the batch; returns its loss (the mean over the microbatches),
+        the same on every rank."""
+        losses = []
+        if self.rank == 0:
+            self.train_schedule.step(x)
+        elif self.rank == self.pp - 1:
+            self.train_schedule.step(target=y, losses=losses)
+        else:
+            self.train_schedule.step()
+        t = kiln.tensor([sum(loss.item() for loss in losses) / 4 if losses else 0.0])
+        kiln.distributed.broadcast(t, src=self.pp - 1)
+        return t.item()
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="/usr/share/games/fortunes")
@@ -205,6 +257,7 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--fsdp", type=int, default=1, help="FSDP ranks (under kiln run)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (under kiln run)")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages, 2 or 4 (under kiln run)")
     ap.add_argument("--bf16", action="store_true",
                     help="with --fsdp: compute in bfloat16, reduce gradients in float32")
     ap.add_argument("--print-losses", action="store_true", help="print every step's loss")
@@ -226,6 +279,14 @@ def parse_args(argv):
                  f"as `kiln run --nproc {args.fsdp * args.tp} ...` (WORLD_SIZE is {world})")
     if (args.fsdp * args.tp > 1 or remote) and args.ckpt:
         ap.error("--ckpt with --fsdp, --tp or --remote (sharded checkpoints) is not supported yet")
+    if args.pp != 1:
+        if args.pp not in (2, 4):
+            ap.error(f"--pp {args.pp}: the GPT's 4 blocks cut into 2 or 4 stages")
+        if args.fsdp * args.tp > 1 or remote or args.ckpt:
+            ap.error("--pp runs alone: not with --fsdp, --tp, --remote or --ckpt")
+        if world != args.pp:
+            ap.error(f"--pp {args.pp} needs {args.pp} ranks: run it as `kiln run --nproc "
+                     f"{args.pp} ...` (WORLD_SIZE is {world})")
     if args.steps < 1 or args.eval_every < 1 or args.temperature <= 0 or args.top_k < 1:
         ap.error("--steps, --eval-every and --top-k must be >= 1, --temperature > 0")
     if args.resume and not args.ckpt:
@@ -302,10 +363,15 @@ def main(argv):
         DEVICE = str(session.device)
         print(f"chargpt: recording for a gang of {session.world_size} workers ({DEVICE})")
     kiln.manual_seed(args.seed)
-    model = GPT(block=block)
+    model = GPT(block=block) if args.pp == 1 else gpt_chain(block=block)
     n_params = sum(p.numel() for p in model.parameters())
     model.to(DEVICE)
     mesh = None
+    if args.pp > 1:
+        kiln.distributed.init_process_group()
+        model = Pipelined(model, args.pp, block)
+        if model.rank:  # one rank prints
+            sys.stdout = open(os.devnull, "w")
     if args.fsdp * args.tp > 1:
         import warnings
         warnings.simplefilter("ignore")  # DTensor's replicate-path warnings (attention)
@@ -328,6 +394,7 @@ def main(argv):
           f"parameters; batch {BATCH}, AdamW lr {LR:g}, {args.steps} steps"
           + (f"; FSDP on {args.fsdp} ranks" if args.fsdp > 1 else "")
           + (f"; tensor parallel on {args.tp} ranks" if args.tp > 1 else "")
+          + (f"; {args.pp} pipeline stages (1F1B, 4 microbatches)" if args.pp > 1 else "")
           + ("; bfloat16 compute" if args.bf16 else ""), flush=True)
 
     start = last = time.perf_counter()
@@ -335,11 +402,14 @@ def main(argv):
     while step < args.steps:
         x, y = get_batch(train, block, batch_gen)
         opt.zero_grad()
-        loss = lm_loss(model, my_rows(x, mesh), my_rows(y, mesh))
-        loss.backward()
+        if args.pp > 1:
+            value = model.step(x, y)
+        else:
+            loss = lm_loss(model, my_rows(x, mesh), my_rows(y, mesh))
+            loss.backward()
+            value = dp_mean(loss, mesh)  # this rank's rows: the batch's loss is the mean over dp
         opt.step()
         sched.step()
-        value = dp_mean(loss, mesh)  # this rank's rows: the batch's loss is the mean over dp
         loss_sum += value
         losses += 1
         step += 1

@@ -1,6 +1,6 @@
 """The example trainers, examples/chargpt.py and build/bin/chargpt (examples/chargpt/chargpt.cpp),
-under `kiln run` with --fsdp 4, with --tp 2 and with both (--fsdp 2 --tp 2: 2-D FSDP x TP) train
-the chargpt GPT as one process does: over 20 steps every step's loss (the mean over the whole
+under `kiln run` with --fsdp 4, with --tp 2 and with both (--fsdp 2 --tp 2: 2-D FSDP x TP), and
+the Python one with --pp 2 (pipeline stages), train the chargpt GPT as one process does: over 20 steps every step's loss (the mean over the whole
 batch of 16) matches the single-process run of the same program to 1e-5 relative, in float32.
 The ranks differ from one process only in the order of float sums (reduce-scatter and
 all-reduce, and each rank's share of the batch), so the runs agree to rounding. With --bf16
@@ -104,6 +104,24 @@ def test_bad_flags(program):
     r = subprocess.run([*program, "--fsdp", "2", "--remote", "127.0.0.1:1"], capture_output=True,
                        text=True, env={**NO_WORLD, "WORLD_SIZE": "2"})
     assert r.returncode == 2 and "drives a gang from one process" in r.stderr, r.stderr
+
+
+@needs_data
+def test_pp_two_stages(program, single):
+    """examples/chargpt.py --pp 2: the GPT in 2 pipeline stages (1F1B over 4 microbatches)."""
+    if program != PROGRAMS["python"]:
+        pytest.skip("--pp is the Python trainer's (kiln.distributed.pipelining)")
+    expect_parity(run(program, 2, "--pp", "2"), single)
+
+
+def test_pp_bad_flags():
+    program = PROGRAMS["python"]
+    for extra, needle, world in [(["--pp", "3"], "cut into 2 or 4 stages", "3"),
+                                 (["--pp", "2"], "--pp 2 needs 2 ranks", "1"),
+                                 (["--pp", "2", "--fsdp", "2"], "--pp runs alone", "2")]:
+        r = subprocess.run([*program, *extra], capture_output=True, text=True,
+                           env={**NO_WORLD, "WORLD_SIZE": world})
+        assert r.returncode == 2 and needle in r.stderr, (extra, r.returncode, r.stderr)
 
 
 def test_bad_flags_cpp():
