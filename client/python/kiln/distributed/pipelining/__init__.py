@@ -145,7 +145,9 @@ class _Gang:
 
 class PipelineStage:
     """One stage of a pipeline: `submodule` is stage `stage_index` of `num_stages`, run by this
-    rank of `group` (the world by default), which must be rank stage_index % group size."""
+    rank of `group` (the world by default), which must be rank stage_index % group size. On a
+    coordinator's gang (device=session.device, or group=a mesh of the gang) one process builds
+    every stage, and the stage's tensors go to its workers (See _Gang)."""
 
     def __init__(self, submodule, stage_index, num_stages, device=None, group=None):
         if not isinstance(submodule, Module):
