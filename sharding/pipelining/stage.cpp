@@ -166,8 +166,9 @@ class ScheduleRunner {
                  " stages, with no process group; got ", v);
       KILN_CHECK(p_ >= 1 && n_stages_ % p_ == 0, Value, "pipeline schedule: ", n_stages_,
                  " stages do not spread evenly over ", p_, " ranks");
-      KILN_CHECK(controller_->enter && controller_->leave && controller_->move, Value,
-                 "pipeline schedule: the controller's functions are missing");
+      KILN_CHECK(
+          controller_->enter && controller_->leave && controller_->send && controller_->receive,
+          Value, "pipeline schedule: the controller's functions are missing");
       v = n_stages_ / p_;
     } else {
       KILN_CHECK(group_ != nullptr, Value,
@@ -313,9 +314,10 @@ void ScheduleRunner::forward(int s, int mb, Slot& slot, bool train) {
   PipelineStage& stage = local(s);
   if (s == 0) {
     slot.inputs = first_mbs_[mb];
+  } else if (controller_) {  // sent after stage s - 1's F (Note [Pipeline controller])
+    controller_->receive(slot.inputs, s - 1, s);
   } else if (is_local(s - 1)) {
     for (const Tensor& t : slots_[{s - 1, mb}].outputs) slot.inputs.push_back(t.detach());
-    if (controller_) slot.inputs = controller_->move(slot.inputs, s - 1, s);
   }
   if (train && s > 0)
     for (Tensor& t : slot.inputs)
@@ -340,9 +342,10 @@ void ScheduleRunner::forward(int s, int mb, Slot& slot, bool train) {
 
 void ScheduleRunner::backward(Op op, int s, int mb, Slot& slot) {
   PipelineStage& stage = local(s);
-  if (!stage.is_last() && is_local(s + 1)) {
+  if (controller_ && !stage.is_last()) {  // sent after stage s + 1's B or I
+    if (op != Op::W) controller_->receive(slot.grad_outputs, s + 1, s);
+  } else if (!stage.is_last() && is_local(s + 1)) {
     slot.grad_outputs = slots_[{s + 1, mb}].grad_inputs;
-    if (controller_) slot.grad_outputs = controller_->move(slot.grad_outputs, s + 1, s);
   }
   if (op == Op::W) {
     autograd::backward_weight(slot.deferred);
@@ -469,12 +472,19 @@ std::vector<Tensor> ScheduleRunner::run(const std::vector<Tensor>& inputs,
         if (local(a.stage).is_last()) {
           outputs_by_mb[a.microbatch] = slot.outputs.empty() ? Tensor() : slot.outputs[0].detach();
           if (train && losses) losses->push_back(slot.raw_loss.detach());
+        } else if (controller_) {
+          std::vector<Tensor> out;
+          for (const Tensor& t : slot.outputs) out.push_back(t.detach());
+          slots_[{a.stage + 1, a.microbatch}].inputs = controller_->send(out, a.stage, a.stage + 1);
         }
         break;
       case Op::B:
       case Op::I:
       case Op::W:
         backward(a.op, a.stage, a.microbatch, slot);
+        if (controller_ && a.op != Op::W && a.stage > 0)
+          slots_[{a.stage - 1, a.microbatch}].grad_outputs =
+              controller_->send(slot.grad_inputs, a.stage, a.stage - 1);
         break;
       case Op::Unshard:
         if (local(a.stage).functions().unshard) local(a.stage).functions().unshard();

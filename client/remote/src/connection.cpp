@@ -189,7 +189,24 @@ const RemoteValue& remote_value(const Tensor& t, const char* op) {
   return *v;
 }
 
-Tensor transfer(const Tensor& t, const std::vector<int>& src, const std::vector<int>& dst) {
+namespace {
+
+// Records `x` for `ranks` (empty: its senders and receivers, as routed; Note [Gang stages]).
+void record_transfer(Connection& c, const proto::Transfer& x, const std::vector<int>& ranks) {
+  std::lock_guard<std::mutex> lock(c.mutex());
+  c.check_open();
+  proto::Command* cmd = c.add_command();
+  cmd->clear_ranks();
+  cmd->mutable_ranks()->Add(ranks.begin(), ranks.end());
+  *cmd->mutable_transfer() = x;
+  cmd->mutable_transfer()->set_seq(c.new_seq());
+  c.maybe_flush();
+}
+
+}  // namespace
+
+std::pair<Tensor, proto::Transfer> transfer_send(const Tensor& t, const std::vector<int>& src,
+                                                 const std::vector<int>& dst, bool both) {
   const RemoteValue& v = remote_value(t, "transfer");
   Connection& c = *v.conn;
   const int n = c.transport().world_size();
@@ -199,21 +216,29 @@ Tensor transfer(const Tensor& t, const std::vector<int>& src, const std::vector<
     KILN_CHECK(src[i] >= 0 && src[i] < n && dst[i] >= 0 && dst[i] < n && src[i] != dst[i], Value,
                "transfer: worker ", src[i], " to worker ", dst[i],
                " is not a pair of distinct workers of ", c.transport().name());
-  std::lock_guard<std::mutex> lock(c.mutex());
-  c.check_open();
-  const int64_t id = c.new_id();
-  proto::Command* cmd = c.add_command();
-  cmd->clear_ranks();  // a Transfer goes to its senders and receivers (Note [Gang stages])
-  proto::Transfer* x = cmd->mutable_transfer();
-  x->set_seq(c.new_seq());
-  x->set_input(v.id);
-  x->set_output(id);
-  x->mutable_src()->Add(src.begin(), src.end());
-  x->mutable_dst()->Add(dst.begin(), dst.end());
-  x->set_dtype(scalar_type_name(t.dtype()));
-  x->mutable_sizes()->Add(t.sizes().begin(), t.sizes().end());
-  c.maybe_flush();
-  return make_remote_tensor(v.conn, id, t.dtype(), t.sizes(), contiguous_strides(t.sizes()), 0);
+  proto::Transfer x;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex());
+    x.set_output(c.new_id());
+  }
+  x.set_input(v.id);
+  x.mutable_src()->Add(src.begin(), src.end());
+  x.mutable_dst()->Add(dst.begin(), dst.end());
+  x.set_dtype(scalar_type_name(t.dtype()));
+  x.mutable_sizes()->Add(t.sizes().begin(), t.sizes().end());
+  record_transfer(c, x, both ? std::vector<int>{} : src);
+  Tensor out = make_remote_tensor(v.conn, x.output(), t.dtype(), t.sizes(),
+                                  contiguous_strides(t.sizes()), 0);
+  return {out, x};
+}
+
+void transfer_receive(const Tensor& moved, const proto::Transfer& sent) {
+  const RemoteValue& v = remote_value(moved, "transfer");
+  record_transfer(*v.conn, sent, std::vector<int>(sent.dst().begin(), sent.dst().end()));
+}
+
+Tensor transfer(const Tensor& t, const std::vector<int>& src, const std::vector<int>& dst) {
+  return transfer_send(t, src, dst, /*both=*/true).first;
 }
 
 // ---- The registry of remote devices ----------------------------------------------------------

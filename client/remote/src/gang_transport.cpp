@@ -1,6 +1,7 @@
 // GangTransport: one SPMD program over N workers (Note [Gangs] in kiln/client/transport.h), and
 // its stages (Note [Gang stages]).
 #include <algorithm>
+#include <chrono>
 
 #include "kiln/client/transport.h"
 #include "kiln/error.h"
@@ -11,6 +12,87 @@ GangTransport::GangTransport(std::vector<std::unique_ptr<Transport>> ranks)
     : ranks_(std::move(ranks)) {
   KILN_CHECK(!ranks_.empty(), Value, "a gang needs at least one worker");
   name_ = "gang of " + std::to_string(ranks_.size()) + " workers (rank 0: " + ranks_[0]->name() + ")";
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (ranks_.size() == 1 || !ranks_[r]->can_send_concurrently()) {
+      lanes_.push_back(nullptr);
+      continue;
+    }
+    auto lane = std::make_unique<Lane>();
+    Lane* l = lane.get();
+    Transport* t = ranks_[r].get();
+    l->thread = std::thread([l, t] {
+      std::unique_lock<std::mutex> lock(l->mu);
+      for (;;) {
+        l->cv.wait(lock, [l] { return l->stop || !l->queue.empty(); });
+        if (l->queue.empty()) return;  // stopped, everything written
+        proto::Batch b = std::move(l->queue.front());
+        l->queue.pop_front();
+        l->busy = true;
+        lock.unlock();
+        std::exception_ptr error;
+        try {
+          t->send_concurrently(std::move(b));
+        } catch (...) {
+          error = std::current_exception();
+        }
+        lock.lock();
+        l->busy = false;
+        if (error) {
+          l->error = error;
+          l->queue.clear();
+          l->cv.notify_all();
+          return;
+        }
+        l->cv.notify_all();
+      }
+    });
+    lanes_.push_back(std::move(lane));
+  }
+}
+
+GangTransport::~GangTransport() { stop_lanes(); }
+
+void GangTransport::write(int rank, proto::Batch&& batch) {
+  Lane* l = lanes_[rank].get();
+  if (!l) return ranks_[rank]->send(std::move(batch));
+  std::lock_guard<std::mutex> lock(l->mu);
+  if (l->error) std::rethrow_exception(l->error);
+  KILN_CHECK(!l->stop, Runtime, name_, " is closed");
+  l->queue.push_back(std::move(batch));
+  l->cv.notify_all();
+}
+
+void GangTransport::rethrow(int rank) {
+  Lane* l = lanes_[rank].get();
+  if (!l) return;
+  std::lock_guard<std::mutex> lock(l->mu);
+  if (l->error) std::rethrow_exception(l->error);
+}
+
+// Lets the writers finish what is queued (2 s at most: a hung worker is cancelled), then joins.
+void GangTransport::stop_lanes() {
+  for (auto& l : lanes_)
+    if (l) {
+      std::lock_guard<std::mutex> lock(l->mu);
+      l->stop = true;
+      l->cv.notify_all();
+    }
+  for (size_t r = 0; r < lanes_.size(); ++r) {
+    Lane* l = lanes_[r].get();
+    if (!l || !l->thread.joinable()) continue;
+    {
+      std::unique_lock<std::mutex> lock(l->mu);
+      if (!l->cv.wait_for(lock, std::chrono::seconds(2),
+                          [l] { return l->queue.empty() && !l->busy; }))
+        ranks_[r]->cancel();
+    }
+    l->thread.join();
+  }
+}
+
+void GangTransport::send_to(int rank, proto::Batch&& batch) {
+  KILN_CHECK(rank >= 0 && rank < world_size(), Value, "send_to: no rank ", rank, " in ", name_);
+  write(rank, std::move(batch));
 }
 
 // ---- Routing (Note [Gang stages]) ----------------------------------------------------------
@@ -193,7 +275,7 @@ void GangTransport::send(proto::Batch&& batch) {
     }
   }
   for (int r = n - 1; r >= 0; --r)
-    if (out[r].commands_size() > 0) ranks_[r]->send(std::move(out[r]));
+    if (out[r].commands_size() > 0) write(r, std::move(out[r]));
 }
 
 // ---- Replies --------------------------------------------------------------------------------
@@ -202,6 +284,7 @@ std::optional<proto::Error> GangTransport::check_ranks(uint64_t request, int ski
   std::optional<proto::Error> first;
   for (int r = 0; r < world_size(); ++r) {
     if (r == skip) continue;
+    rethrow(r);
     proto::WorkerMessage mr = ranks_[r]->receive();  // a dead rank raises UNAVAILABLE here
     KILN_CHECK(mr.has_sync() && mr.sync().request() == request, Runtime, ranks_[r]->name(),
                ": expected the reply to sync ", request, ", got ", mr.ShortDebugString());
@@ -231,6 +314,7 @@ void merge(Reply& reply, const proto::Error& other) {
 }  // namespace
 
 proto::WorkerMessage GangTransport::receive() {
+  rethrow(reply_rank_);
   proto::WorkerMessage m = ranks_[reply_rank_]->receive();
   if (m.has_fetch() && checked_fetch_ != m.fetch().request()) {  // its first piece
     checked_fetch_ = m.fetch().request();
@@ -245,6 +329,7 @@ proto::WorkerMessage GangTransport::receive() {
 }
 
 void GangTransport::close() {
+  stop_lanes();
   for (auto& t : ranks_) t->close();
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
 
 #include "kiln/client/transport.h"
 #include "kiln/error.h"
@@ -85,14 +86,26 @@ class GrpcTransport final : public Transport {
   }
 
   void send(proto::Batch&& batch) override {
-    if (!failed_.ok()) raise_status(failed_, name_);
+    raise_if_failed();
     proto::ClientMessage msg;
     msg.mutable_batch()->Swap(&batch);
     if (!stream_->Write(msg)) fail();
   }
 
+  // Note [Gang writers] (transport.h): one writer thread and one reading thread. A failed write
+  // leaves closing the stream to the reader, whose read fails too.
+  bool can_send_concurrently() const override { return true; }
+  void send_concurrently(proto::Batch&& batch) override {
+    raise_if_failed();
+    proto::ClientMessage msg;
+    msg.mutable_batch()->Swap(&batch);
+    if (!stream_->Write(msg))
+      raise_status(absl::UnavailableError("the stream broke while sending a batch"), name_);
+  }
+  void cancel() override { ctx_.TryCancel(); }
+
   proto::WorkerMessage receive() override {
-    if (!failed_.ok()) raise_status(failed_, name_);
+    raise_if_failed();
     proto::WorkerMessage m;
     if (!stream_->Read(&m)) fail();
     return m;
@@ -102,9 +115,12 @@ class GrpcTransport final : public Transport {
   const std::string& name() const override { return name_; }
 
   void close() override {
-    if (closed_) return;
-    closed_ = true;
-    if (!failed_.ok()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_) return;
+      closed_ = true;
+      if (!failed_.ok()) return;
+    }
     // Nothing after the last read can matter to the client, so the stream is cancelled rather
     // than drained: closing never waits on a slow or hung worker.
     stream_->WritesDone();
@@ -113,13 +129,25 @@ class GrpcTransport final : public Transport {
   }
 
  private:
+  void raise_if_failed() {
+    absl::Status st;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      st = failed_;
+    }
+    if (!st.ok()) raise_status(st, name_);
+  }
+
   // The stream broke: its status says why (the worker's refusal, or UNAVAILABLE).
   [[noreturn]] void fail() {
     absl::Status st = proto::from_grpc(stream_->Finish());
     if (st.ok()) st = absl::UnavailableError("the worker ended the session");
-    failed_ = st;
-    closed_ = true;
-    raise_status(failed_, name_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      failed_ = st;
+      closed_ = true;
+    }
+    raise_status(st, name_);
   }
 
   std::string name_;
@@ -128,6 +156,7 @@ class GrpcTransport final : public Transport {
   std::unique_ptr<proto::Worker::Stub> stub_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<proto::ClientMessage, proto::WorkerMessage>> stream_;
+  std::mutex mu_;  // failed_ and closed_ (Note [Gang writers]: a writer thread reads them)
   absl::Status failed_;
   bool closed_ = false;
 };

@@ -113,12 +113,27 @@ dist::pipelining::Controller gang_controller(std::vector<std::vector<int>> worke
     scopes->push_back(std::make_unique<StageScope>(workers[stage % ranks]));
   };
   c.leave = [scopes] { scopes->pop_back(); };
-  c.move = [workers, ranks](const std::vector<Tensor>& ts, int from, int to) {
+  // The senders' halves wait here, by the output's remote id, for their receivers' halves.
+  auto sent = std::make_shared<std::map<int64_t, proto::Transfer>>();
+  c.send = [workers, ranks, sent](const std::vector<Tensor>& ts, int from, int to) {
     const std::vector<int>&src = workers[from % ranks], &dst = workers[to % ranks];
     if (src == dst) return ts;  // two stages of the same workers
     std::vector<Tensor> out;
-    for (const Tensor& t : ts) out.push_back(transfer(t, src, dst));
+    for (const Tensor& t : ts) {
+      auto [moved, x] = transfer_send(t, src, dst);
+      (*sent)[x.output()] = std::move(x);
+      out.push_back(std::move(moved));
+    }
     return out;
+  };
+  c.receive = [workers, ranks, sent](const std::vector<Tensor>& ts, int from, int to) {
+    if (workers[from % ranks] == workers[to % ranks]) return;
+    for (const Tensor& t : ts) {
+      auto it = sent->find(remote_value(t, "pipeline").id);
+      KILN_CHECK(it != sent->end(), Runtime, "pipeline: a transfer received before it was sent");
+      transfer_receive(t, it->second);
+      sent->erase(it);
+    }
   };
   return c;
 }

@@ -115,15 +115,19 @@ struct StageFunctions {
 // the workers of a gang (Note [Gang stages] in kiln/client/transport.h): the runner then takes
 // all the stages, on no group, and goes through every rank's compute actions in the order the
 // schedule's simulation runs them (a topological order of the step). Each action runs between
-// enter(stage) and leave(), which place what it records on the stage's workers, and move()
-// hands one stage's activations or gradients to the next (a recorded transfer), where SEND and
-// RECV pairs would run. Each worker thus receives its own rank's action list, in order, and the
-// workers run concurrently.
+// enter(stage) and leave(), which place what it records on the stage's workers. Activations and
+// gradients go from stage to stage in two halves, where SEND and RECV would run: send() right
+// after the action that made them (the stage's workers send at once), receive() just before
+// the action that needs them (the next stage's workers wait only then). Each worker thus
+// receives its own rank's action list, in order, and the workers run concurrently.
 struct Controller {
   int ranks = 1;  // the pipeline's ranks: stage s runs on rank s % ranks
   std::function<void(int stage)> enter;
   std::function<void()> leave;
-  std::function<std::vector<Tensor>(const std::vector<Tensor>&, int from_stage, int to_stage)> move;
+  // Stage `from`'s tensors as stage `to` will hold them (recorded: the senders' half).
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&, int from_stage, int to_stage)> send;
+  // The receivers' half, for what send() returned.
+  std::function<void(const std::vector<Tensor>&, int from_stage, int to_stage)> receive;
 };
 
 // One stage of the pipeline, on the rank (of `group`) that runs it; with no group, one of the

@@ -117,6 +117,12 @@ const RemoteValue& remote_value(const Tensor& t, const char* op);
 // (each src[i] sends its own to dst[i]; Note [Gang stages] in kiln/client/transport.h). Recorded
 // like an op: a failure shows at the next read or sync.
 Tensor transfer(const Tensor& t, const std::vector<int>& src, const std::vector<int>& dst);
+// The two halves of a transfer, recorded apart: the senders' half (`both`: the whole command)
+// when the value is made, the receivers' half when it is needed. A pipeline's stages then send
+// as soon as they can and receive as late as they can (Note [Gang stages]).
+std::pair<Tensor, proto::Transfer> transfer_send(const Tensor& t, const std::vector<int>& src,
+                                                 const std::vector<int>& dst, bool both = false);
+void transfer_receive(const Tensor& moved, const proto::Transfer& sent);
 
 // Remote devices: Device(Remote, N) names the N-th connection opened by this process.
 std::shared_ptr<Connection> open_connection(std::unique_ptr<Transport> transport);

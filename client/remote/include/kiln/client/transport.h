@@ -12,9 +12,14 @@
 
 #include <absl/status/status.h>
 
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -37,6 +42,12 @@ class Transport {
   virtual void close() = 0;
   // The number of workers that run each batch (a gang's size).
   virtual int world_size() const { return 1; }
+  // For a gang's writer threads (Note [Gang writers]): whether send() may run on another thread
+  // than receive(); send_concurrently() is that send, which on a broken stream raises without
+  // closing it (the reading thread does), and cancel() unblocks a send stuck on a hung worker.
+  virtual bool can_send_concurrently() const { return false; }
+  virtual void send_concurrently(proto::Batch&& batch) { send(std::move(batch)); }
+  virtual void cancel() {}
 };
 
 // The embedded path: runs batches on a kiln::worker::Session in this process.
@@ -78,12 +89,20 @@ class InProcessTransport final : public Transport {
 // first holder of its value, a Free to each value's holders, a Transfer (which moves a value
 // from one stage's workers to the next's, proto Transfer) to its senders and receivers. Values
 // with no entry are held by every worker, so a program without stages runs as before.
+// Note [Gang writers]: a worker reads its next Batch only when it has run the last, so a write
+// to a busy worker blocks once the stream's window is full. Were one thread to write to every
+// rank in turn, a worker waiting for another's transfer would hold up the batch that other
+// worker needs to send it: the stages of a pipeline would run one after the other (or, with
+// large batches, wait for the collective timeout). Each gRPC rank therefore gets a writer thread
+// that writes its batches in order; reads stay on the caller's thread, and a writer's failure
+// is raised by the next call that concerns its rank.
 class GangTransport final : public Transport {
  public:
   explicit GangTransport(std::vector<std::unique_ptr<Transport>> ranks);
+  ~GangTransport() override;
   void send(proto::Batch&& batch) override;
   proto::WorkerMessage receive() override;
-  void send_to(int rank, proto::Batch&& batch) { ranks_.at(rank)->send(std::move(batch)); }
+  void send_to(int rank, proto::Batch&& batch);
   int world_size() const override { return static_cast<int>(ranks_.size()); }
   const std::string& worker_device() const override { return ranks_[0]->worker_device(); }
   const std::string& name() const override { return name_; }
@@ -101,7 +120,21 @@ class GangTransport final : public Transport {
   // when `c` is not one.
   bool split_lists(const proto::Command& c, std::vector<proto::Batch>& out);
 
+  // Note [Gang writers].
+  struct Lane {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<proto::Batch> queue;
+    bool stop = false, busy = false;
+    std::exception_ptr error;
+    std::thread thread;
+  };
+  void write(int rank, proto::Batch&& batch);
+  void rethrow(int rank);  // a writer's failure
+  void stop_lanes();
+
   std::vector<std::unique_ptr<Transport>> ranks_;
+  std::vector<std::unique_ptr<Lane>> lanes_;  // null for ranks that send in the caller's thread
   std::string name_;
   std::optional<uint64_t> checked_fetch_;  // the Fetch whose Sync replies were read
   int reply_rank_ = 0;                     // who answers the request in flight
