@@ -215,6 +215,66 @@ TEST(PipelineTraining, OneRank) {
   check_parity(ScheduleKind::Interleaved1F1B, 3, 2, group);  // three stages on one rank
 }
 
+// Note [Pipeline controller]: one process runs every stage, without a group. The log of what it
+// records shows the halves of each hand-over where they belong: a stage's output is sent right
+// after the F that made it and received just before the F that needs it (so a worker never
+// waits on a send recorded at the consumer's turn), gradients likewise after B or I. Training
+// equals one process.
+TEST(PipelineTraining, ControllerSendsEarlyAndReceivesLate) {
+  for (ScheduleKind kind : {ScheduleKind::OneFOneB, ScheduleKind::ZBH1}) {
+    SCOPED_TRACE(pp::schedule_kind_name(kind));
+    const int n_stages = 2, m = 3;
+    auto ref_layers = make_layers(n_stages), layers = make_layers(n_stages);
+    nn::Sequential ref(ref_layers);
+    std::vector<std::string> log;
+    int current = -1;
+    pp::Controller c;
+    c.ranks = 2;
+    c.enter = [&](int s) { current = s; };
+    c.leave = [&] {
+      log.push_back("run " + std::to_string(current));
+      current = -1;
+    };
+    c.send = [&](const std::vector<Tensor>& ts, int from, int to) {
+      EXPECT_EQ(current, from);  // inside the producing action, at its end
+      log.push_back("send " + std::to_string(from) + ">" + std::to_string(to));
+      return ts;
+    };
+    c.receive = [&](const std::vector<Tensor>&, int from, int to) {
+      EXPECT_EQ(current, to);  // inside the consuming action, before its work
+      log.push_back("recv " + std::to_string(from) + ">" + std::to_string(to));
+    };
+    pp::PipelineStage s0(slice(layers, 0, 2), 0, 2, nullptr),
+        s1(slice(layers, 1, 2), 1, 2, nullptr);
+    pp::Schedule schedule({&s0, &s1}, kind, m, mse, false, c);
+    manual_seed(3);
+    Tensor x = randn({4 * m, 6}), y = randn({4 * m, 6});
+    Tensor ref_loss = mse_loss(ref.forward(x), y);
+    autograd::backward({ref_loss});
+    std::vector<Tensor> losses;
+    schedule.step({x}, y, &losses);
+    testing::expect_close(stack(losses).mean(), ref_loss, 1e-5, 1e-6);
+    auto got = layers[0]->parameters(), want = ref_layers[0]->parameters();
+    for (size_t i = 0; i < got.size(); ++i)
+      testing::expect_close(got[i].grad(), want[i].grad(), 1e-5, 1e-6);
+    // Every send is logged before its action's "run", every receive inside the next one's.
+    int sends = 0, recvs = 0;
+    for (size_t i = 0; i < log.size(); ++i) {
+      if (log[i].rfind("send", 0) == 0) {
+        ++sends;
+        ASSERT_LT(i + 1, log.size());
+        EXPECT_EQ(log[i + 1], "run " + log[i].substr(5, 1)) << i;
+      }
+      if (log[i].rfind("recv", 0) == 0) ++recvs;
+    }
+    EXPECT_EQ(sends, 2 * m);  // m activations forward, m gradients back
+    EXPECT_EQ(recvs, 2 * m);
+    // Stage 0's output of microbatch 0 is sent before stage 0 starts microbatch 1.
+    EXPECT_EQ(log[0], "send 0>1");
+    EXPECT_EQ(log[1], "run 0");
+  }
+}
+
 KILN_RANK_SCENARIO(pp_parity) {
   auto group = dist::default_group();
   for (ScheduleKind kind : kKinds)
