@@ -215,9 +215,9 @@ TEST(PipelineTraining, OneRank) {
   check_parity(ScheduleKind::Interleaved1F1B, 3, 2, group);  // three stages on one rank
 }
 
-// Note [Pipeline controller]: one process runs every stage, without a group. The log of what it
-// records shows the halves of each hand-over where they belong: a stage's output is sent right
-// after the F that made it and received just before the F that needs it (so a worker never
+// One process runs every stage, without a group (See Note [Pipeline controller]). The log of
+// what it records shows the halves of each hand-over where they belong: a stage's output is sent
+// right after the F that made it and received just before the F that needs it (so a worker never
 // waits on a send recorded at the consumer's turn), gradients likewise after B or I. Training
 // equals one process.
 TEST(PipelineTraining, ControllerSendsEarlyAndReceivesLate) {
