@@ -242,13 +242,7 @@ def main():
            "",
            "}  // namespace kiln::autograd::formula_check",
            ""]
-    text = "\n".join(src)
-    if os.path.exists(out):
-        with open(out) as f:
-            if f.read() == text:
-                return
-    with open(out, "w") as f:
-        f.write(text)
+    optable.write_if_changed(out, "\n".join(src))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 // schedules] in kiln/dist/pipelining.h.
 #include <algorithm>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -149,27 +150,23 @@ std::string to_string(const Action& a) {
   return s;
 }
 
+namespace {
+
+// The schedules by name, in ScheduleKind's order (the one table both directions read).
+constexpr const char* kScheduleNames[] = {"gpipe", "1f1b", "interleaved_1f1b", "zbh1"};
+
+}  // namespace
+
 ScheduleKind parse_schedule_kind(std::string_view name) {
-  if (name == "gpipe") return ScheduleKind::GPipe;
-  if (name == "1f1b") return ScheduleKind::OneFOneB;
-  if (name == "interleaved_1f1b") return ScheduleKind::Interleaved1F1B;
-  if (name == "zbh1") return ScheduleKind::ZBH1;
+  for (size_t i = 0; i < std::size(kScheduleNames); ++i)
+    if (name == kScheduleNames[i]) return static_cast<ScheduleKind>(i);
   KILN_FAIL(Value, "unknown pipeline schedule '", name,
             "'; the schedules are gpipe, 1f1b, interleaved_1f1b, zbh1");
 }
 
 const char* schedule_kind_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::GPipe:
-      return "gpipe";
-    case ScheduleKind::OneFOneB:
-      return "1f1b";
-    case ScheduleKind::Interleaved1F1B:
-      return "interleaved_1f1b";
-    case ScheduleKind::ZBH1:
-      return "zbh1";
-  }
-  return "?";
+  const auto i = static_cast<size_t>(kind);
+  return i < std::size(kScheduleNames) ? kScheduleNames[i] : "?";
 }
 
 std::vector<ActionList> make_schedule(const ScheduleSpec& spec) {
