@@ -32,6 +32,12 @@ Tensor fake_tensor(const TensorSpec& spec) {
   return Tensor(TensorImpl::make(storage, spec.dtype, spec.sizes, spec.strides, spec.offset));
 }
 
+int generator_arg(const OperatorHandle& op) {
+  for (int i = 0; i < op.info().num_args; ++i)
+    if (op.info().args[i].arg_type == ArgType::OptionalGenerator) return i;
+  return -1;
+}
+
 namespace detail {
 
 std::string node_name(const Graph& g, size_t index) {
@@ -90,12 +96,6 @@ std::vector<std::string> check_args(const Node& node) {
   return problems;
 }
 
-int generator_arg(const OperatorHandle& op) {
-  for (int i = 0; i < op.info().num_args; ++i)
-    if (op.info().args[i].arg_type == ArgType::OptionalGenerator) return i;
-  return -1;
-}
-
 std::vector<TensorSpec> run_meta(const Graph& g, const Node& node) {
   Stack s = build_stack(node, [&](ValueId id) { return fake_tensor(g.value(id).meta); });
   return node.op->run_meta(s);
@@ -137,7 +137,7 @@ std::vector<ValueRef> Graph::add_node(std::string_view op_name, std::vector<Node
   std::vector<TensorSpec> specs = detail::run_meta(*this, node);
   const OpInfo& info = node.op->info();
   if (info.is_random) {
-    int gi = detail::generator_arg(*node.op);
+    int gi = generator_arg(*node.op);
     KILN_ASSERT(gi >= 0, "random op without a Generator? argument: ", op_name);
     KILN_ASSERT(!specs.empty());
     if (rng) {

@@ -18,13 +18,13 @@ std::vector<Tensor> run(const Graph& g, const std::vector<Tensor>& inputs) {
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
     KILN_CHECK(n.op != nullptr, Value, "ir::run: ", detail::node_name(g, i), ": unknown op");
-    Stack s = detail::build_stack(n, [&](ValueId id) {
+    Stack s = build_stack(n, [&](ValueId id) {
       KILN_CHECK(g.has_value(id) && env[id].defined(), Value, "ir::run: ",
                  detail::node_name(g, i), " uses %", id, ", which has no value yet");
       return env[id];
     });
     if (n.rng) {  // Note [Random ops in the IR]
-      int gi = detail::generator_arg(*n.op);
+      int gi = generator_arg(*n.op);
       KILN_CHECK(gi >= 0 && gi < static_cast<int>(s.size()), Value, "ir::run: ",
                  detail::node_name(g, i), " has a (seed, offset) but no generator argument");
       Generator gen(n.rng->seed);

@@ -43,7 +43,7 @@ std::vector<std::string> verify(const Graph& g) {
       bool random = n.op->info().is_random;
       if (random && !n.rng) problems.push_back(who + ": random op without a recorded (seed, offset)");
       if (!random && n.rng) problems.push_back(who + ": (seed, offset) recorded on an op that is not random");
-      int gi = detail::generator_arg(*n.op);
+      int gi = generator_arg(*n.op);
       if (random && gi >= 0 && gi < static_cast<int>(n.args.size()) && n.args[gi].is_attribute() &&
           !n.args[gi].attribute().is_none())
         problems.push_back(who + ": random op holds a Generator instead of its recorded (seed, offset)");

@@ -79,7 +79,13 @@ int64_t TensorImpl::stride(int64_t d) const {
 
 intrusive_ptr<TensorImpl> BackendHandle::detached(const TensorImpl&) const { return {}; }
 
+namespace detail {
+thread_local DataReadHook t_data_read_hook = nullptr;
+}  // namespace detail
+
 void* TensorImpl::data_ptr() const {
+  if (detail::t_data_read_hook != nullptr) [[unlikely]]
+    detail::t_data_read_hook(*this);
   KILN_CHECK(!key_set_.has(DispatchKey::Batched), Runtime,
              "cannot access the data of a tensor batched by vmap (a BatchedTensor of shape ",
              sizes(), "): inside vmap only ops see its examples; return it from the vmapped "

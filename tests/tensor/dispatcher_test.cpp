@@ -40,9 +40,17 @@ void tracing_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& stack)
   traced().push_back(op.name());
   op.redispatch_boxed(ks & DispatchKeySet::below(DispatchKey::Tracing), stack);
 }
-KILN_LIBRARY(Tracing, m) { m.fallback(&tracing_fallback); }
+
+// Installs tracing_fallback for one test and puts back whatever was there (the compiler's
+// tracer registers the key's fallback at load).
+struct TestTracingFallback {
+  BoxedKernel before = Dispatcher::get().fallback(DispatchKey::Tracing);
+  TestTracingFallback() { Dispatcher::get().register_fallback(DispatchKey::Tracing, &tracing_fallback); }
+  ~TestTracingFallback() { Dispatcher::get().register_fallback(DispatchKey::Tracing, before); }
+};
 
 TEST(Dispatcher, BoxedFallbackSeesEveryOpAndRedispatches) {
+  TestTracingFallback install;
   traced().clear();
   Tensor a = ones({2, 2}), b = ones({2});
   Tensor c = add(a, b);  // Tracing not in the key set: fallthrough, nothing recorded

@@ -134,6 +134,27 @@ void verify_or_throw(const Graph& g);
 // outputs. ValueError when the inputs do not match the graph's input specs.
 std::vector<Tensor> run(const Graph& g, const std::vector<Tensor>& inputs);
 
+// The node's arguments as a Stack, with `tensor(id)` for each referenced value (the
+// interpreter and the compiler's programs build their calls with it).
+template <typename F>
+Stack build_stack(const Node& node, const F& tensor) {
+  Stack s;
+  s.reserve(node.args.size());
+  for (const NodeArg& a : node.args) {
+    if (a.is_attribute()) {
+      s.push_back(a.attribute());
+    } else if (a.is_value()) {
+      s.emplace_back(tensor(a.values()[0]));
+    } else {
+      std::vector<Tensor> ts;
+      for (ValueId id : a.values()) ts.push_back(tensor(id));
+      s.emplace_back(std::move(ts));
+    }
+  }
+  return s;
+}
+// Index of the node's `Generator?` argument, or -1.
+int generator_arg(const OperatorHandle& op);
 // Data-less stand-in with `spec`'s geometry, dtype and device, for running meta functions.
 Tensor fake_tensor(const TensorSpec& spec);
 

@@ -37,6 +37,15 @@ struct AutogradMetaInterface {
 
 class TensorImpl;
 
+namespace detail {
+// Note [Data-read hook]: user code reads a tensor's data through data_ptr() (item(), printing,
+// numpy); kernels use raw_data(). A capture (Note [Capture] in kiln/compiler/compile.h) sets
+// this thread-local hook to learn that the function's control flow may depend on a value it
+// records, which the recorded program could not reproduce. Null almost always.
+using DataReadHook = void (*)(const TensorImpl&);
+extern thread_local DataReadHook t_data_read_hook;
+}  // namespace detail
+
 // Opaque per-backend state (e.g. a remote value id, or the value a vmap wrapper batches).
 // tensor/ never looks inside; the one thing it asks is how to detach a tensor carrying it.
 struct BackendHandle {
@@ -85,7 +94,8 @@ class TensorImpl final : public RefCounted, public PooledObject<TensorImpl> {
   bool is_contiguous() const { return is_contiguous_; }
   size_t itemsize() const { return element_size(dtype_); }
 
-  // Pointer to element 0 (storage data + offset). RuntimeError for data-less tensors.
+  // Pointer to element 0 (storage data + offset). RuntimeError for data-less tensors. Calls
+  // the thread's data-read hook first (Note [Data-read hook]).
   void* data_ptr() const;
   template <typename T>
   T* data() const { return static_cast<T*>(data_ptr()); }

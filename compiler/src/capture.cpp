@@ -1,0 +1,437 @@
+// The tracer: the Tracing key's fallback records every op into the program's graph and runs it
+// below Tracing. See Note [Capture] in kiln/compiler/compile.h.
+#include <sstream>
+#include <unordered_map>
+
+#include "kiln/autocast.h"
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/dispatcher.h"
+#include "kiln/storage.h"
+#include "kiln/tensor_impl.h"
+#include "program.h"
+
+namespace kiln::compiler {
+namespace detail {
+namespace {
+
+TensorSpec spec_of(const Tensor& t) {
+  TensorSpec s;
+  s.sizes = DimVector(t.sizes());
+  s.strides = DimVector(t.strides());
+  s.offset = t.storage_offset();
+  s.dtype = t.dtype();
+  s.device = t.device();
+  return s;
+}
+
+bool same_geometry(const TensorSpec& s, const Tensor& t) {
+  return s.sizes.ref() == t.sizes() && s.strides.ref() == t.strides() &&
+         s.offset == t.storage_offset() && s.dtype == t.dtype() && s.device == t.device();
+}
+
+struct Tracer {
+  Program prog;
+  std::unordered_map<const TensorImpl*, ir::ValueId> ids;
+  // The latest value written to each storage the trace has seen.
+  std::unordered_map<const Storage*, ir::ValueId> storage_values;
+  std::vector<Tensor> traced;     // node outputs, each once: kept alive so addresses stay unique
+  std::vector<Tensor> inputs;     // per graph input: the tensor (an argument or a captured one)
+  std::vector<Tensor> entry_grads;  // per graph input: its .grad when it was first seen
+  bool in_kernel = false;
+  std::string reason;             // the first refusal; the rest of the call runs untraced
+  Event::Kind refusal = Event::Kind::GraphBreak;
+
+  void refuse(Event::Kind kind, std::string why) {
+    if (!reason.empty()) return;
+    refusal = kind;
+    reason = std::move(why);
+  }
+
+  ir::ValueId add_input(const Tensor& t, InputSource src) {
+    ir::ValueId id = prog.graph.add_input(spec_of(t)).id;
+    ids.emplace(t.impl(), id);
+    prog.sources.push_back(std::move(src));
+    prog.guards.push_back(TensorGuard::of(t));
+    inputs.push_back(t);
+    entry_grads.push_back(t.requires_grad() ? t.grad() : Tensor());
+    return id;
+  }
+
+  // The value of `t`. A tensor the trace has not seen is either an alias of a storage it has
+  // seen, made without an op (detach(), autograd's saved outputs): an as_strided of the latest
+  // value written there; or else a captured input.
+  ir::ValueId value_of(const Tensor& t) {
+    auto it = ids.find(t.impl());
+    if (it != ids.end()) return it->second;
+    auto st = storage_values.find(t.impl()->storage().get());
+    if (st != storage_values.end()) {
+      ir::ValueId id =
+          prog.graph
+              .add_node("as_strided", {ir::ValueRef{st->second}, std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                                       std::vector<int64_t>(t.strides().begin(), t.strides().end()),
+                                       t.storage_offset()})[0]
+              .id;
+      prog.generators.resize(prog.graph.nodes().size());
+      ids.emplace(t.impl(), id);
+      traced.push_back(t);
+      return id;
+    }
+    ir::ValueId id = add_input(t, InputSource{InputSource::Kind::Captured, -1, t});
+    storage_values.emplace(t.impl()->storage().get(), id);
+    return id;
+  }
+
+  void record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack);
+};
+
+thread_local Tracer* t_tracer = nullptr;
+
+void run_below(Tracer* tr, const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
+  const bool was = tr != nullptr && tr->in_kernel;
+  if (tr) tr->in_kernel = true;
+  try {
+    ExcludeDispatchKeyGuard below(DispatchKey::Tracing);
+    op.redispatch_boxed(ks & DispatchKeySet::below(DispatchKey::Tracing), stack);
+  } catch (...) {
+    if (tr) tr->in_kernel = was;
+    throw;
+  }
+  if (tr) tr->in_kernel = was;
+}
+
+void Tracer::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
+  const OpInfo& info = op.info();
+  const int n = info.num_args;
+  const size_t base = stack.size() - static_cast<size_t>(n);
+  std::vector<ir::NodeArg> args;
+  args.reserve(n);
+  std::optional<GeneratorState> rng;
+  std::optional<Generator> gen;
+  for (int i = 0; i < n; ++i) {
+    const IValue& v = stack[base + i];
+    switch (info.args[i].arg_type) {
+      case ArgType::Tensor:
+        if (!v.is_tensor() || !v.to_tensor().defined()) {
+          refuse(Event::Kind::GraphBreak,
+                 std::string("op '") + info.name + "' got no tensor for argument '" +
+                     info.args[i].name + "'");
+          return run_below(this, op, ks, stack);
+        }
+        args.emplace_back(ir::ValueRef{value_of(v.to_tensor())});
+        break;
+      case ArgType::OptionalTensor:
+        if (v.is_tensor() && v.to_tensor().defined())
+          args.emplace_back(ir::ValueRef{value_of(v.to_tensor())});
+        else
+          args.emplace_back(IValue());
+        break;
+      case ArgType::TensorList: {
+        std::vector<ir::ValueRef> vs;
+        for (const Tensor& t : v.to_tensor_list()) vs.push_back(ir::ValueRef{value_of(t)});
+        args.emplace_back(vs);
+        break;
+      }
+      case ArgType::OptionalGenerator:
+        if (info.is_random) {
+          gen = v.is_none() ? std::nullopt : std::optional<Generator>(v.get<Generator>());
+          rng = (gen ? *gen : default_generator()).get_state();
+        }
+        args.emplace_back(v);
+        break;
+      default:
+        args.emplace_back(v);
+    }
+  }
+  std::vector<ir::ValueRef> outs;
+  try {
+    outs = prog.graph.add_node(info.name, std::move(args), rng);
+  } catch (const Error& e) {
+    // Bad arguments raise the same error from the kernel below; anything else (an op without
+    // a meta function) leaves the program unrecordable.
+    refuse(Event::Kind::GraphBreak,
+           std::string("op '") + info.name + "' cannot be recorded: " + e.what());
+    return run_below(this, op, ks, stack);
+  }
+  prog.generators.resize(prog.graph.nodes().size());
+  prog.generators.back() = gen;
+  run_below(this, op, ks, stack);
+
+  std::vector<Tensor> results;
+  for (size_t i = base; i < stack.size(); ++i) {
+    const IValue& v = stack[i];
+    if (v.is_tensor()) results.push_back(v.to_tensor());
+    if (v.is_tensor_list())
+      for (const Tensor& t : v.to_tensor_list()) results.push_back(t);
+  }
+  if (results.size() != outs.size()) {
+    refuse(Event::Kind::GraphBreak, std::string("op '") + info.name + "' returned " +
+                                        std::to_string(results.size()) + " tensors, its meta " +
+                                        std::to_string(outs.size()));
+    return;
+  }
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const Tensor& t = results[k];
+    const TensorSpec& s = prog.graph.value(outs[k].id).meta;
+    if (!t.defined() || !same_geometry(s, t)) {
+      std::ostringstream os;
+      os << "op '" << info.name << "' output " << k << ": its meta function gives "
+         << ir::spec_str(s) << ", the kernel ";
+      if (t.defined()) os << ir::spec_str(spec_of(t));
+      else os << "an undefined tensor";
+      refuse(Event::Kind::GraphBreak, os.str());
+      return;
+    }
+    auto [it, fresh] = ids.insert_or_assign(t.impl(), outs[k].id);
+    if (fresh) traced.push_back(t);
+    storage_values.insert_or_assign(t.impl()->storage().get(), outs[k].id);
+  }
+}
+
+void tracing_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
+  Tracer* tr = t_tracer;
+  if (tr == nullptr || tr->in_kernel || !tr->reason.empty()) return run_below(tr, op, ks, stack);
+  tr->record(op, ks, stack);
+}
+
+// See Note [Data-read hook] in kiln/tensor_impl.h.
+void on_data_read(const TensorImpl& impl) {
+  Tracer* tr = t_tracer;
+  if (tr == nullptr || tr->in_kernel || !tr->reason.empty()) return;
+  auto it = tr->ids.find(&impl);
+  if (it == tr->ids.end()) return;
+  tr->refuse(Event::Kind::GraphBreak,
+             "the function read the data of %" + std::to_string(it->second) + " (" +
+                 ir::spec_str(tr->prog.graph.value(it->second).meta) +
+                 "), e.g. with item() or print: a program cannot replay a decision taken on a "
+                 "value, so these calls run eagerly");
+}
+
+KILN_LIBRARY(Tracing, m) { m.fallback(&tracing_fallback); }
+
+// Installs the tracer on this thread for one call.
+class TraceScope {
+ public:
+  explicit TraceScope(Tracer* tr)
+      : saved_hook_(kiln::detail::t_data_read_hook), include_(DispatchKey::Tracing) {
+    t_tracer = tr;
+    kiln::detail::t_data_read_hook = &on_data_read;
+  }
+  ~TraceScope() {
+    t_tracer = nullptr;
+    kiln::detail::t_data_read_hook = saved_hook_;
+  }
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+ private:
+  kiln::detail::DataReadHook saved_hook_;
+  IncludeDispatchKeyGuard include_;
+};
+
+// Finds the nodes whose randomness comes from the default generator's block `before`..`after`
+// (Note [Random ops in a program]).
+void rebase_random(Tracer& tr, GeneratorState before, GeneratorState after) {
+  Program& p = tr.prog;
+  if (after.seed != before.seed) {
+    tr.refuse(Event::Kind::Fallback, "the function reseeds the default generator");
+    return;
+  }
+  p.rng_seed = before.seed;
+  p.rng_offset = before.offset;
+  p.rng_count = after.offset - before.offset;
+  auto in_block = [&](uint64_t seed, uint64_t offset) {
+    return seed == p.rng_seed && offset >= p.rng_offset && offset < p.rng_offset + p.rng_count;
+  };
+  const auto& nodes = p.graph.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const ir::Node& n = nodes[i];
+    if (n.rng && !p.generators[i] && !in_block(n.rng->seed, n.rng->offset)) {
+      tr.refuse(Event::Kind::Fallback, "random op '" + n.op_name +
+                                           "' drew from the default generator outside this call");
+      return;
+    }
+    int seed_arg = -1, offset_arg = -1;
+    const OpInfo& info = n.op->info();
+    for (int a = 0; a < info.num_args; ++a) {
+      if (info.args[a].arg_type != ArgType::Int) continue;
+      if (std::string_view(info.args[a].name) == "seed") seed_arg = a;
+      if (std::string_view(info.args[a].name) == "offset") offset_arg = a;
+    }
+    if (seed_arg < 0 || offset_arg < 0) continue;
+    const uint64_t seed = static_cast<uint64_t>(n.args[seed_arg].attribute().to_int());
+    const uint64_t offset = static_cast<uint64_t>(n.args[offset_arg].attribute().to_int());
+    // A (seed, offset) the caller chose itself (dropout_seeded called directly) is a constant.
+    if (in_block(seed, offset)) p.seed_uses.push_back({i, seed_arg, offset_arg});
+  }
+}
+
+// A captured tensor that is some input's `.grad` reads that input's grad at replay.
+void resolve_grads(Tracer& tr) {
+  std::unordered_map<const TensorImpl*, int> grad_owner;
+  for (size_t i = 0; i < tr.inputs.size(); ++i) {
+    if (tr.entry_grads[i].defined()) grad_owner.emplace(tr.entry_grads[i].impl(), static_cast<int>(i));
+  }
+  for (size_t i = 0; i < tr.prog.sources.size(); ++i) {
+    InputSource& s = tr.prog.sources[i];
+    if (s.kind != InputSource::Kind::Captured) continue;
+    auto it = grad_owner.find(tr.inputs[i].impl());
+    if (it == grad_owner.end()) continue;
+    s.kind = InputSource::Kind::GradOf;
+    s.index = it->second;
+    s.tensor = Tensor();
+  }
+}
+
+// The `.grad` assignments the call made (Note [Capture]).
+void record_grad_writes(Tracer& tr) {
+  for (size_t i = 0; i < tr.inputs.size(); ++i) {
+    const Tensor& t = tr.inputs[i];
+    if (!t.requires_grad()) continue;
+    Tensor now = t.grad();
+    const Tensor& before = tr.entry_grads[i];
+    if (!now.defined()) {
+      if (before.defined()) tr.prog.grad_writes.push_back({static_cast<int>(i), -1});
+      continue;
+    }
+    if (before.defined() && before.impl() == now.impl()) continue;
+    auto it = tr.ids.find(now.impl());
+    if (it == tr.ids.end()) {
+      tr.refuse(Event::Kind::Fallback, "input %" + std::to_string(tr.prog.graph.inputs()[i]) +
+                                           " got a .grad that no op of the function made");
+      return;
+    }
+    tr.prog.grad_writes.push_back({static_cast<int>(i), it->second});
+  }
+}
+
+// A tensor made inside the function that something still holds, other than its outputs and the
+// gradients it assigned, is state the program would not update (Note [Capture]). The tracer's
+// own references keep autograd graphs alive (a node that never ran in the backward still holds
+// what it saved), so it lets go of everything only it holds, latest first, until nothing more
+// is freed; what is left is held from outside.
+void check_escapes(Tracer& tr, const std::vector<Tensor>& outputs) {
+  std::unordered_map<const TensorImpl*, int> expected;
+  for (const Tensor& o : outputs)
+    if (o.defined()) ++expected[o.impl()];
+  for (const Tensor& t : tr.inputs)
+    if (t.requires_grad())
+      if (const TensorImpl* g = t.grad().impl()) ++expected[g];
+  auto allowed = [&](const Tensor& t) {
+    auto it = expected.find(t.impl());
+    return it == expected.end() ? 0 : it->second;
+  };
+  for (bool freed = true; freed;) {
+    freed = false;
+    for (auto it = tr.traced.rbegin(); it != tr.traced.rend(); ++it) {
+      if (it->defined() && it->impl()->use_count() - 1 <= allowed(*it)) {
+        *it = Tensor();
+        freed = true;
+      }
+    }
+  }
+  for (const Tensor& t : tr.traced) {
+    if (!t.defined()) continue;
+    auto id = tr.ids.find(t.impl());
+    std::string name = id == tr.ids.end() ? "a tensor" : "%" + std::to_string(id->second);
+    for (const ir::Node& n : tr.prog.graph.nodes())
+      for (ir::ValueId o : n.outputs)
+        if (id != tr.ids.end() && o == id->second) name += ", made by '" + n.op_name + "'";
+    tr.refuse(Event::Kind::Retry,
+              name + " (" + ir::spec_str(spec_of(t)) +
+                  ") was made inside the function and outlives it without being returned "
+                  "(new state, such as an optimizer's first step); the next call captures again");
+    return;
+  }
+}
+
+}  // namespace
+
+TensorGuard TensorGuard::of(const Tensor& t) {
+  TensorGuard g;
+  g.sizes = DimVector(t.sizes());
+  g.strides = DimVector(t.strides());
+  g.offset = t.storage_offset();
+  g.dtype = t.dtype();
+  g.device = t.device();
+  g.requires_grad = t.requires_grad();
+  g.has_grad = g.requires_grad && t.grad().defined();
+  return g;
+}
+
+std::string TensorGuard::mismatch(const Tensor& t) const {
+  std::ostringstream os;
+  if (!t.defined()) return "is undefined";
+  if (t.sizes() != sizes.ref()) os << "sizes " << t.sizes() << " (captured: " << sizes.ref() << ")";
+  else if (t.strides() != strides.ref())
+    os << "strides " << t.strides() << " (captured: " << strides.ref() << ")";
+  else if (t.storage_offset() != offset)
+    os << "storage offset " << t.storage_offset() << " (captured: " << offset << ")";
+  else if (t.dtype() != dtype) os << "dtype " << t.dtype() << " (captured: " << dtype << ")";
+  else if (t.device() != device) os << "device " << t.device() << " (captured: " << device << ")";
+  else if (t.requires_grad() != requires_grad)
+    os << "requires_grad " << t.requires_grad() << " (captured: " << requires_grad << ")";
+  else if (requires_grad && t.grad().defined() != has_grad)
+    os << (has_grad ? "has no .grad (captured with one)" : "has a .grad (captured without)");
+  return os.str();
+}
+
+CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args) {
+  Tracer tr;
+  Program& p = tr.prog;
+  p.num_args = static_cast<int>(args.size());
+  p.grad_mode = autograd::GradMode::is_enabled();
+  p.autocast_cpu = is_autocast_enabled(DeviceType::CPU);
+  p.autocast_dtype = get_autocast_dtype(DeviceType::CPU);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const Tensor& a = args[i];
+    KILN_CHECK(a.defined(), Value, "kiln.compile: argument ", i, " is an undefined tensor");
+    int alias = -1;
+    for (size_t j = 0; j < i && alias < 0; ++j)
+      if (args[j].is_alias_of(a)) alias = static_cast<int>(j);
+    p.arg_alias.push_back(alias);
+    ir::ValueId id = tr.add_input(a, InputSource{InputSource::Kind::Arg, static_cast<int>(i), {}});
+    tr.storage_values.emplace(a.impl()->storage().get(), id);
+    if (alias >= 0) tr.ids[a.impl()] = id;
+  }
+  CaptureResult r;
+  const GeneratorState rng_before = default_generator().get_state();
+  {
+    TraceScope scope(&tr);
+    r.outputs = fn(args);
+  }
+  if (tr.reason.empty()) rebase_random(tr, rng_before, default_generator().get_state());
+  if (tr.reason.empty()) resolve_grads(tr);
+  for (size_t k = 0; k < r.outputs.size() && tr.reason.empty(); ++k) {
+    const Tensor& o = r.outputs[k];
+    if (!o.defined()) {
+      p.outputs.push_back(-1);
+      continue;
+    }
+    if (o.requires_grad() && !o.is_leaf())
+      tr.refuse(Event::Kind::Fallback,
+                "output " + std::to_string(k) +
+                    " needs autograd (it has a grad_fn): compile the whole training step "
+                    "(forward, backward and optimizer step), or run under no_grad");
+    p.outputs.push_back(tr.value_of(o));
+  }
+  if (tr.reason.empty()) record_grad_writes(tr);
+  if (tr.reason.empty()) check_escapes(tr, r.outputs);
+  if (!tr.reason.empty()) {
+    r.refusal = tr.refusal;
+    r.reason = std::move(tr.reason);
+    return r;
+  }
+  std::vector<ir::ValueRef> outs;
+  for (ir::ValueId id : p.outputs)
+    if (id >= 0) outs.push_back(ir::ValueRef{id});
+  p.graph.set_outputs(outs);
+  p.finalize();
+  r.program = std::move(tr.prog);
+  return r;
+}
+
+}  // namespace detail
+
+bool is_capturing() { return detail::t_tracer != nullptr; }
+
+}  // namespace kiln::compiler

@@ -1,0 +1,123 @@
+// kiln::compile: the cache of captured programs, guarded (Note [Guards]), and its history.
+#include <iostream>
+
+#include "kiln/compiler/compile.h"
+#include "program.h"
+
+namespace kiln::compiler {
+
+const char* event_kind_name(Event::Kind k) {
+  switch (k) {
+    case Event::Kind::Capture: return "capture";
+    case Event::Kind::Recompile: return "recompile";
+    case Event::Kind::GraphBreak: return "graph break";
+    case Event::Kind::Retry: return "retry";
+    case Event::Kind::Fallback: return "fallback";
+  }
+  return "?";
+}
+
+struct CompiledFunction::State {
+  Fn fn;
+  Options options;
+  std::vector<detail::Program> programs;
+  // Guards of calls that cannot be captured (a graph break, a fallback): they run eagerly
+  // without capturing again.
+  std::vector<detail::Program> eager;
+  std::vector<Event> events;
+  int captures = 0;
+  int retries = 0;  // consecutive captures refused as Retry
+  int64_t replays = 0;
+  bool warned = false;
+};
+
+CompiledFunction::CompiledFunction(Fn fn, Options options) : s_(std::make_unique<State>()) {
+  KILN_CHECK(fn != nullptr, Value, "kiln::compile: the function is empty");
+  KILN_CHECK(options.recompile_limit >= 1, Value,
+             "kiln::compile: recompile_limit must be at least 1, got ", options.recompile_limit);
+  s_->fn = std::move(fn);
+  s_->options = options;
+}
+CompiledFunction::~CompiledFunction() = default;
+CompiledFunction::CompiledFunction(CompiledFunction&&) noexcept = default;
+CompiledFunction& CompiledFunction::operator=(CompiledFunction&&) noexcept = default;
+
+std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args) {
+  State& s = *s_;
+  if (is_capturing()) return s.fn(args);  // inside an outer capture: its ops join that graph
+  std::string nearest;
+  for (const detail::Program& p : s.programs) {
+    std::string miss = p.check_guards(args);
+    if (miss.empty()) {
+      ++s.replays;
+      return p.run(args);
+    }
+    if (nearest.empty()) nearest = miss;
+  }
+  for (const detail::Program& p : s.eager)
+    if (p.check_guards(args).empty()) return s.fn(args);
+  if (static_cast<int>(s.programs.size() + s.eager.size()) >= s.options.recompile_limit) {
+    if (!s.warned) {
+      s.warned = true;
+      std::string why = "recompile limit (" + std::to_string(s.options.recompile_limit) +
+                        ") reached; calls that miss every guard run eagerly (last miss: " +
+                        nearest + ")";
+      s.events.push_back({Event::Kind::Fallback, why});
+      std::cerr << "kiln.compile: warning: " << why << "\n";
+    }
+    return s.fn(args);
+  }
+  detail::CaptureResult r = detail::capture(s.fn, args);
+  ++s.captures;
+  if (r.program) {
+    if (s.programs.empty() && s.eager.empty())
+      s.events.push_back({Event::Kind::Capture, std::to_string(r.program->graph.nodes().size()) +
+                                                    " ops, " +
+                                                    std::to_string(r.program->graph.inputs().size()) +
+                                                    " inputs"});
+    else
+      s.events.push_back({Event::Kind::Recompile, nearest.empty() ? "after a retry" : nearest});
+    s.programs.push_back(std::move(*r.program));
+    s.retries = 0;
+  } else {
+    s.events.push_back({r.refusal, r.reason});
+    // A second retry in a row means the function makes new state on every call: stay eager.
+    s.retries = r.refusal == Event::Kind::Retry ? s.retries + 1 : 0;
+    if (r.refusal != Event::Kind::Retry || s.retries >= 2) {
+      // Remember these guards so later matching calls stay eager without tracing again.
+      detail::CaptureResult g = detail::capture(
+          [&](const std::vector<Tensor>&) { return std::vector<Tensor>{}; }, args);
+      if (g.program) s.eager.push_back(std::move(*g.program));
+    }
+  }
+  return r.outputs;
+}
+
+const std::vector<Event>& CompiledFunction::explain() const { return s_->events; }
+int CompiledFunction::num_programs() const { return static_cast<int>(s_->programs.size()); }
+int CompiledFunction::num_recompiles() const {
+  int n = 0;
+  for (const Event& e : s_->events) n += e.kind == Event::Kind::Recompile;
+  return n;
+}
+int64_t CompiledFunction::num_replays() const { return s_->replays; }
+
+std::string CompiledFunction::graph_str(int i) const {
+  KILN_CHECK(i >= 0 && i < num_programs(), Index, "kiln::compile: no program ", i, " (there are ",
+             num_programs(), ")");
+  return s_->programs[i].graph.str();
+}
+
+void CompiledFunction::reset() {
+  Fn fn = std::move(s_->fn);
+  Options o = s_->options;
+  s_ = std::make_unique<State>();
+  s_->fn = std::move(fn);
+  s_->options = o;
+}
+
+CompiledFunction compile(Fn fn, Options options) {
+  return CompiledFunction(std::move(fn), options);
+}
+
+}  // namespace kiln::compiler

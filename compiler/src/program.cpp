@@ -1,0 +1,142 @@
+// Running a captured program: its guards (Note [Guards]) and its replay.
+#include <sstream>
+#include <tuple>
+
+#include "kiln/autocast.h"
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/dispatcher.h"
+#include "program.h"
+
+namespace kiln::compiler::detail {
+
+std::string Program::check_guards(const std::vector<Tensor>& args) const {
+  if (static_cast<int>(args.size()) != num_args)
+    return "the function got " + std::to_string(args.size()) + " arguments (captured with " +
+           std::to_string(num_args) + ")";
+  if (autograd::GradMode::is_enabled() != grad_mode)
+    return std::string("grad mode is ") + (grad_mode ? "off" : "on") + " (captured " +
+           (grad_mode ? "on" : "off") + ")";
+  if (is_autocast_enabled(DeviceType::CPU) != autocast_cpu ||
+      (autocast_cpu && get_autocast_dtype(DeviceType::CPU) != autocast_dtype))
+    return "the autocast state changed";
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const InputSource& s = sources[i];
+    std::string miss;
+    if (s.kind == InputSource::Kind::Arg) {
+      miss = guards[i].mismatch(args[s.index]);
+      if (miss.empty()) {
+        int alias = -1;
+        for (int j = 0; j < s.index && alias < 0; ++j)
+          if (args[j].is_alias_of(args[s.index])) alias = j;
+        if (alias != arg_alias[s.index])
+          miss = "shares storage with " + (alias < 0 ? std::string("no earlier argument")
+                                                     : "argument " + std::to_string(alias)) +
+                 " (captured: " +
+                 (arg_alias[s.index] < 0 ? std::string("none")
+                                         : "argument " + std::to_string(arg_alias[s.index])) +
+                 ")";
+      }
+      if (!miss.empty()) return "argument " + std::to_string(s.index) + " " + miss;
+    } else if (s.kind == InputSource::Kind::Captured) {
+      miss = guards[i].mismatch(s.tensor);
+      if (!miss.empty())
+        return "captured tensor %" + std::to_string(graph.inputs()[i]) + " " + miss;
+    } else {
+      const InputSource& owner = sources[s.index];
+      Tensor t = owner.kind == InputSource::Kind::Arg ? args[owner.index] : owner.tensor;
+      miss = guards[i].mismatch(t.grad());
+      if (!miss.empty())
+        return "the .grad of %" + std::to_string(graph.inputs()[s.index]) + " " + miss;
+    }
+  }
+  return "";
+}
+
+void Program::finalize() {
+  const auto& nodes = graph.nodes();
+  node_keys.assign(nodes.size(), DispatchKeySet());
+  frees.assign(nodes.size(), {});
+  generators.resize(nodes.size());
+  std::vector<int64_t> last_use(static_cast<size_t>(graph.num_values()), -1);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const ir::Node& n = nodes[i];
+    Device d = kCPU;
+    std::vector<ir::ValueId> in = n.inputs();
+    if (!in.empty()) d = graph.value(in[0]).meta.device;
+    else if (!n.outputs.empty()) d = graph.value(n.outputs[0]).meta.device;
+    node_keys[i] = DispatchKeySet(backend_key(d.type()));
+    for (ir::ValueId v : in) last_use[v] = static_cast<int64_t>(i);
+    for (ir::ValueId v : n.outputs) last_use[v] = std::max<int64_t>(last_use[v], i);
+  }
+  for (ir::ValueId v : outputs)
+    if (v >= 0) last_use[v] = -1;
+  for (const GradWrite& w : grad_writes)
+    if (w.value >= 0) last_use[w.value] = -1;
+  for (ir::ValueId v = 0; v < graph.num_values(); ++v)
+    if (last_use[v] >= 0) frees[last_use[v]].push_back(v);
+}
+
+std::vector<Tensor> Program::run(const std::vector<Tensor>& args) const {
+  // The program holds the backward and optimizer ops explicitly: nothing above the backends
+  // (autograd, autocast, tracing) may act again.
+  ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends());
+  std::vector<Tensor> env(static_cast<size_t>(graph.num_values()));
+  const std::vector<ir::ValueId>& in = graph.inputs();
+  std::vector<Tensor> input_tensors(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const InputSource& s = sources[i];
+    if (s.kind == InputSource::Kind::Arg) input_tensors[i] = args[s.index];
+    if (s.kind == InputSource::Kind::Captured) input_tensors[i] = s.tensor;
+  }
+  for (size_t i = 0; i < in.size(); ++i)
+    if (sources[i].kind == InputSource::Kind::GradOf)
+      input_tensors[i] = input_tensors[sources[i].index].grad();
+  for (size_t i = 0; i < in.size(); ++i) env[in[i]] = input_tensors[i];
+
+  // See Note [Random ops in a program].
+  uint64_t seed = 0, base = 0;
+  if (rng_count > 0) std::tie(seed, base) = default_generator().reserve(rng_count);
+  auto rebase = [&](uint64_t offset) { return base + (offset - rng_offset); };
+  size_t next_seed_use = 0;
+
+  const auto& nodes = graph.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const ir::Node& n = nodes[i];
+    Stack s = ir::build_stack(n, [&](ir::ValueId id) { return env[id]; });
+    if (n.rng) {
+      GeneratorState st;
+      if (generators[i]) {
+        const TensorSpec& o = graph.value(n.outputs[0]).meta;
+        std::tie(st.seed, st.offset) = const_cast<Generator&>(*generators[i])
+            .reserve(random_op_counters(n.op->info().name, numel_of(o.sizes), o.dtype));
+      } else {
+        st = GeneratorState{seed, rebase(n.rng->offset)};
+      }
+      Generator g(st.seed);
+      g.set_state(st);
+      s[ir::generator_arg(*n.op)] = IValue(g);
+    }
+    for (; next_seed_use < seed_uses.size() && seed_uses[next_seed_use].node == i; ++next_seed_use) {
+      const SeedUse& u = seed_uses[next_seed_use];
+      s[u.seed_arg] = IValue(static_cast<int64_t>(seed));
+      s[u.offset_arg] = IValue(static_cast<int64_t>(
+          rebase(static_cast<uint64_t>(s[u.offset_arg].to_int()))));
+    }
+    n.op->redispatch_boxed(node_keys[i], s);
+    size_t k = 0;
+    for (IValue& v : s) {
+      if (v.is_tensor()) env[n.outputs[k++]] = v.to_tensor();
+      else if (v.is_tensor_list())
+        for (const Tensor& t : v.to_tensor_list()) env[n.outputs[k++]] = t;
+    }
+    for (ir::ValueId v : frees[i]) env[v] = Tensor();
+  }
+  for (const GradWrite& w : grad_writes)
+    input_tensors[w.input].set_grad(w.value >= 0 ? env[w.value] : Tensor());
+  std::vector<Tensor> out;
+  out.reserve(outputs.size());
+  for (ir::ValueId v : outputs) out.push_back(v >= 0 ? env[v] : Tensor());
+  return out;
+}
+
+}  // namespace kiln::compiler::detail

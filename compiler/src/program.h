@@ -1,0 +1,92 @@
+// compiler/src/program.h: a captured program (Note [Capture] in kiln/compiler/compile.h): the
+// graph, where each of its inputs comes from, its guards and its effects; and the capture and
+// replay entry points that compile.cpp drives.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/compiler/compile.h"
+#include "kiln/generator.h"
+#include "kiln/ir.h"
+
+namespace kiln::compiler::detail {
+
+// Where a graph input comes from when the program runs.
+struct InputSource {
+  enum class Kind { Arg, Captured, GradOf };
+  Kind kind = Kind::Arg;
+  int index = -1;  // Arg: the argument; GradOf: the input whose `.grad` this is
+  Tensor tensor;   // Captured: the tensor itself (held by identity)
+};
+
+// What a tensor must look like for a program to be replayed (Note [Guards]).
+struct TensorGuard {
+  DimVector sizes, strides;
+  int64_t offset = 0;
+  ScalarType dtype = kFloat32;
+  Device device = kCPU;
+  bool requires_grad = false;
+  bool has_grad = false;
+
+  static TensorGuard of(const Tensor& t);
+  // "" when `t` passes; otherwise what differs, e.g. "sizes [16, 10] (captured: [32, 10])".
+  std::string mismatch(const Tensor& t) const;
+};
+
+// A `.grad` assignment the function made: input `input`'s grad becomes `value` (-1: cleared).
+struct GradWrite {
+  int input = -1;
+  ir::ValueId value = -1;
+};
+
+struct Program {
+  ir::Graph graph;
+  int num_args = 0;
+  std::vector<InputSource> sources;   // one per graph input, in order
+  std::vector<TensorGuard> guards;    // one per graph input
+  std::vector<int> arg_alias;         // per argument: the earlier argument sharing its storage, or -1
+  bool grad_mode = true;
+  bool autocast_cpu = false;
+  ScalarType autocast_dtype = kBFloat16;
+  std::vector<ir::ValueId> outputs;   // -1: an undefined tensor
+  std::vector<GradWrite> grad_writes;
+  // Per node: the explicit generator a random node draws from (nullopt: the default one).
+  std::vector<std::optional<Generator>> generators;
+  // Note [Random ops in a program]: the default generator's counters the call reserved, as one
+  // block [rng_offset, rng_offset + rng_count) of seed rng_seed: a random node's (seed, offset)
+  // and a seeded op's `seed` and `offset` attributes (dropout_seeded, _fused_attention, ...,
+  // which a composite such as dropout reserved for) that fall in it are rebased at every run
+  // onto a block of the same size reserved then, so each run draws fresh numbers, exactly the
+  // ones the eager call would have drawn. Explicit generators reserve per node.
+  uint64_t rng_seed = 0, rng_offset = 0, rng_count = 0;
+  struct SeedUse {
+    size_t node;
+    int seed_arg, offset_arg;
+  };
+  std::vector<SeedUse> seed_uses;
+  // Filled by finalize(): the backend key each node runs at, and the values dead after it.
+  std::vector<DispatchKeySet> node_keys;
+  std::vector<std::vector<ir::ValueId>> frees;
+
+  // "" when `args` and the thread's state pass every guard; otherwise the first failure.
+  std::string check_guards(const std::vector<Tensor>& args) const;
+  // Computes node_keys and frees; call after capture and after every pass.
+  void finalize();
+  // Runs the program on `args` (whose guards hold): the outputs, with the effects applied.
+  std::vector<Tensor> run(const std::vector<Tensor>& args) const;
+};
+
+// The result of one capture: the eager outputs, and the program, or why there is none.
+struct CaptureResult {
+  std::vector<Tensor> outputs;
+  std::optional<Program> program;
+  Event::Kind refusal = Event::Kind::GraphBreak;
+  std::string reason;  // why program is empty
+};
+
+// Runs `fn(args)` eagerly under the tracer (Note [Capture]).
+CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args);
+
+}  // namespace kiln::compiler::detail

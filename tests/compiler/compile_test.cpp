@@ -1,0 +1,203 @@
+// kiln::compile (kiln/compiler/compile.h): capture and replay against eager on the same inputs,
+// whole training steps with SGD and AdamW, guards and recompiles, graph breaks, random ops,
+// new optimizer state, the recompile limit, and bad input.
+#include <gtest/gtest.h>
+
+#include "kiln/autograd/grad_mode.h"
+#include "kiln/compiler/compile.h"
+#include "kiln/nn/nn.h"
+#include "kiln/optim/optimizers.h"
+#include "test_util.h"
+
+namespace kiln::testing {
+namespace {
+
+using compiler::Event;
+
+std::string history(const compiler::CompiledFunction& f) {
+  std::string h;
+  for (const Event& e : f.explain()) h += std::string(compiler::event_kind_name(e.kind)) + ": " + e.reason + "\n";
+  return h;
+}
+
+int count(const compiler::CompiledFunction& f, Event::Kind k) {
+  int n = 0;
+  for (const Event& e : f.explain()) n += e.kind == k;
+  return n;
+}
+
+TEST(Compile, ReplaysAPureFunction) {
+  Tensor w = random({4, 3}, kFloat32, -1, 1, 1), b = random({3}, kFloat32, -1, 1, 2);
+  auto fn = [&](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{relu(add(mm(in[0], w), b)) * 2.0};
+  };
+  auto f = compile(fn);
+  for (int i = 0; i < 4; ++i) {
+    Tensor x = random({5, 4}, kFloat32, -1, 1, 10 + i);
+    expect_close(f({x})[0], fn({x})[0], 0, 0);
+  }
+  EXPECT_EQ(f.num_programs(), 1);
+  EXPECT_EQ(f.num_replays(), 3);
+  EXPECT_EQ(f.num_recompiles(), 0);
+  EXPECT_NE(f.graph_str(0).find("mm("), std::string::npos) << f.graph_str(0);
+  // A captured tensor updated in place is read again at every replay.
+  w.mul_(full({}, 0.5));
+  Tensor x = random({5, 4}, kFloat32, -1, 1, 99);
+  expect_close(f({x})[0], fn({x})[0], 0, 0);
+  EXPECT_EQ(f.num_recompiles(), 0);
+}
+
+TEST(Compile, AShapeChangeRecompilesOnceAndExplainsWhy) {
+  auto f = compile([](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].sum(std::vector<int64_t>{1})}; });
+  for (int i = 0; i < 3; ++i) f({ones({8, 4})});
+  for (int i = 0; i < 3; ++i) expect_close(f({ones({2, 4})})[0], full({2}, 4.0), 0, 0);
+  EXPECT_EQ(f.num_recompiles(), 1);
+  EXPECT_EQ(f.num_programs(), 2);
+  const Event& e = f.explain().back();
+  EXPECT_EQ(e.kind, Event::Kind::Recompile);
+  EXPECT_NE(e.reason.find("argument 0 sizes [2, 4] (captured: [8, 4])"), std::string::npos)
+      << e.reason;
+  // Grad mode is guarded too.
+  {
+    autograd::NoGradGuard ng;
+    f({ones({2, 4})});
+  }
+  EXPECT_NE(f.explain().back().reason.find("grad mode"), std::string::npos);
+}
+
+std::shared_ptr<nn::Sequential> make_mlp() {
+  return std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(6, 32), std::make_shared<nn::GELU>(),
+      std::make_shared<nn::Linear>(32, 32), std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::Linear>(32, 4)});
+}
+
+using MakeOpt = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>;
+
+// Trains two copies of one model for `steps` steps, one eager and one through kiln::compile,
+// and compares every loss and, at the end, every parameter.
+void check_training(const MakeOpt& make_opt, int steps) {
+  auto eager = make_mlp(), compiled = make_mlp();
+  compiled->load_state_dict(eager->state_dict());
+  auto opt_e = make_opt(eager->parameters()), opt_c = make_opt(compiled->parameters());
+  nn::CrossEntropyLoss criterion;
+  auto step_of = [&](nn::Sequential& m, optim::Optimizer& opt) {
+    return [&](const std::vector<Tensor>& in) {
+      Tensor loss = criterion(m.forward(in[0]), in[1]);
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+      return std::vector<Tensor>{loss.detach()};
+    };
+  };
+  auto eager_step = step_of(*eager, *opt_e);
+  auto f = compile(step_of(*compiled, *opt_c));
+  for (int s = 0; s < steps; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    Tensor x = random({16, 6}, kFloat32, -1, 1, 100 + s);
+    Tensor y = random({16}, kInt64, 0, 4, 200 + s);
+    Tensor le = eager_step({x, y})[0];
+    Tensor lc = f({x, y})[0];
+    expect_close(lc, le, 1e-5, 1e-6);
+  }
+  auto pe = eager->named_parameters(), pc = compiled->named_parameters();
+  for (size_t i = 0; i < pe.size(); ++i) {
+    SCOPED_TRACE(pe[i].first);
+    expect_close(pc[i].second, pe[i].second, 1e-5, 1e-6);
+  }
+  EXPECT_EQ(f.num_programs(), 1) << history(f);
+  EXPECT_EQ(f.num_recompiles(), 0) << history(f);
+  EXPECT_GE(f.num_replays(), steps - 2);
+}
+
+TEST(Compile, SGDTrainingMatchesEager) {
+  check_training(
+      [](std::vector<Tensor> ps) {
+        return std::make_unique<optim::SGD>(std::move(ps),
+                                            optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+      },
+      30);
+}
+
+TEST(Compile, AdamWTrainingMatchesEagerAfterItsStateExists) {
+  check_training(
+      [](std::vector<Tensor> ps) {
+        return std::make_unique<optim::AdamW>(std::move(ps),
+                                              optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+      },
+      30);
+}
+
+TEST(Compile, FirstStepStateIsARetryNotAWrongProgram) {
+  auto m = make_mlp();
+  optim::AdamW opt(m->parameters(), {.lr = 1e-2});
+  nn::CrossEntropyLoss criterion;
+  auto f = compile([&](const std::vector<Tensor>& in) {
+    Tensor loss = criterion(m->forward(in[0]), in[1]);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    return std::vector<Tensor>{loss.detach()};
+  });
+  Tensor x = random({4, 6}, kFloat32, -1, 1, 1), y = random({4}, kInt64, 0, 4, 2);
+  f({x, y});
+  ASSERT_FALSE(f.explain().empty());
+  EXPECT_EQ(f.explain()[0].kind, Event::Kind::Retry) << f.explain()[0].reason;
+  f({x, y});
+  EXPECT_EQ(f.num_programs(), 1) << history(f);
+}
+
+TEST(Compile, ItemIsAGraphBreakAndTheCallStaysCorrect) {
+  auto fn = [](const std::vector<Tensor>& in) {
+    Tensor s = in[0].sum();
+    return std::vector<Tensor>{s.item<double>() > 0 ? in[0] * 2.0 : in[0] * -1.0};
+  };
+  auto f = compile(fn);
+  Tensor pos = ones({3}), neg = full({3}, -1.0);
+  expect_close(f({pos})[0], full({3}, 2.0), 0, 0);
+  expect_close(f({neg})[0], full({3}, 1.0), 0, 0);  // a program would have replayed "* 2"
+  EXPECT_EQ(f.num_programs(), 0);
+  ASSERT_EQ(count(f, Event::Kind::GraphBreak), 1);
+  EXPECT_NE(f.explain()[0].reason.find("read the data"), std::string::npos);
+}
+
+TEST(Compile, RandomOpsDrawFreshNumbersAtEveryReplay) {
+  auto fn = [](const std::vector<Tensor>& in) {
+    return std::vector<Tensor>{dropout(in[0], 0.5, true)};
+  };
+  auto f = compile(fn);
+  Tensor x = ones({64});
+  for (int i = 0; i < 3; ++i) {
+    manual_seed(7 + i);
+    Tensor c = f({x})[0];
+    manual_seed(7 + i);
+    expect_close(c, fn({x})[0], 0, 0);
+  }
+  EXPECT_EQ(f.num_replays(), 2);
+}
+
+TEST(Compile, PastTheRecompileLimitCallsRunEagerly) {
+  auto f = compile([](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] + 1.0}; },
+                   compiler::Options{.recompile_limit = 2});
+  for (int64_t n = 1; n <= 4; ++n) expect_close(f({zeros({n})})[0], ones({n}), 0, 0);
+  EXPECT_EQ(f.num_programs(), 2);
+  EXPECT_EQ(count(f, Event::Kind::Fallback), 1);
+  EXPECT_THROW(compile(nullptr), Error);
+  EXPECT_THROW(compile([](const std::vector<Tensor>&) { return std::vector<Tensor>{}; },
+                       compiler::Options{.recompile_limit = 0}),
+               Error);
+  EXPECT_THROW(f.graph_str(5), Error);
+}
+
+TEST(Compile, AnOutputThatNeedsAutogradStaysEager) {
+  Tensor w = random({3}, kFloat32, -1, 1, 3).requires_grad_();
+  auto f = compile([&](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * w}; });
+  Tensor out = f({ones({3})})[0];
+  out.sum().backward();
+  expect_close(w.grad(), ones({3}), 0, 0);
+  EXPECT_EQ(f.num_programs(), 0);
+  EXPECT_EQ(count(f, Event::Kind::Fallback), 1);
+}
+
+}  // namespace
+}  // namespace kiln::testing
