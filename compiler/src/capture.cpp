@@ -311,11 +311,13 @@ void record_grad_writes(Tracer& tr) {
 // is freed; what is left is held from outside.
 void check_escapes(Tracer& tr, const std::vector<Tensor>& outputs) {
   std::unordered_map<const TensorImpl*, int> expected;
+  auto keep = [&](const TensorImpl* t) {  // a view holds its base
+    for (; t != nullptr; t = t->view_base().get()) ++expected[t];
+  };
   for (const Tensor& o : outputs)
-    if (o.defined()) ++expected[o.impl()];
+    if (o.defined()) keep(o.impl());
   for (const Tensor& t : tr.inputs)
-    if (t.requires_grad())
-      if (const TensorImpl* g = t.grad().impl()) ++expected[g];
+    if (t.requires_grad()) keep(t.grad().impl());
   auto allowed = [&](const Tensor& t) {
     auto it = expected.find(t.impl());
     return it == expected.end() ? 0 : it->second;

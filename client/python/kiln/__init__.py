@@ -24,3 +24,4 @@ from kiln.serialization import save, load  # noqa: F401,E402
 from kiln.amp import autocast, is_autocast_enabled, get_autocast_dtype  # noqa: F401,E402
 from kiln import distributed  # noqa: F401,E402
 from kiln.remote import connect, Session  # noqa: F401,E402
+from kiln._compile import compile  # noqa: F401,E402  (shadows the builtin, as torch.compile does)
