@@ -37,6 +37,8 @@ struct Tracer {
   std::vector<Tensor> traced;     // node outputs, each once: kept alive so addresses stay unique
   std::vector<Tensor> inputs;     // per graph input: the tensor (an argument or a captured one)
   std::vector<Tensor> entry_grads;  // per graph input: its .grad when it was first seen
+  // Tensors not yet seen whose .grad the function replaced (held, so addresses stay unique).
+  std::unordered_map<const TensorImpl*, Tensor> grads_before;
   bool in_kernel = false;
   std::string reason;             // the first refusal; the rest of the call runs untraced
   Event::Kind refusal = Event::Kind::GraphBreak;
@@ -54,6 +56,9 @@ struct Tracer {
     prog.guards.push_back(TensorGuard::of(t));
     inputs.push_back(t);
     entry_grads.push_back(t.requires_grad() ? t.grad() : Tensor());
+    // A .grad the function replaced before it first used the tensor (zero_grad(set_to_none) at
+    // the start of a step): the program does not depend on the .grad the call began with.
+    if (grads_before.count(t.impl())) prog.guards.back().check_grad = false;
     return id;
   }
 
@@ -206,25 +211,35 @@ void on_data_read(const TensorImpl& impl) {
                  "value, so these calls run eagerly");
 }
 
+void on_grad_set(const TensorImpl& impl) {
+  Tracer* tr = t_tracer;
+  if (tr == nullptr || tr->ids.count(&impl) || tr->grads_before.count(&impl)) return;
+  tr->grads_before.emplace(&impl, Tensor(intrusive_ptr<TensorImpl>(const_cast<TensorImpl*>(&impl))));
+}
+
 KILN_LIBRARY(Tracing, m) { m.fallback(&tracing_fallback); }
 
 // Installs the tracer on this thread for one call.
 class TraceScope {
  public:
   explicit TraceScope(Tracer* tr)
-      : saved_hook_(kiln::detail::t_data_read_hook), include_(DispatchKey::Tracing) {
+      : saved_read_(kiln::detail::t_data_read_hook),
+        saved_grad_(kiln::detail::t_grad_set_hook),
+        include_(DispatchKey::Tracing) {
     t_tracer = tr;
     kiln::detail::t_data_read_hook = &on_data_read;
+    kiln::detail::t_grad_set_hook = &on_grad_set;
   }
   ~TraceScope() {
     t_tracer = nullptr;
-    kiln::detail::t_data_read_hook = saved_hook_;
+    kiln::detail::t_data_read_hook = saved_read_;
+    kiln::detail::t_grad_set_hook = saved_grad_;
   }
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
 
  private:
-  kiln::detail::DataReadHook saved_hook_;
+  kiln::detail::DataReadHook saved_read_, saved_grad_;
   IncludeDispatchKeyGuard include_;
 };
 
@@ -372,7 +387,7 @@ std::string TensorGuard::mismatch(const Tensor& t) const {
   else if (t.device() != device) os << "device " << t.device() << " (captured: " << device << ")";
   else if (t.requires_grad() != requires_grad)
     os << "requires_grad " << t.requires_grad() << " (captured: " << requires_grad << ")";
-  else if (requires_grad && t.grad().defined() != has_grad)
+  else if (requires_grad && check_grad && t.grad().defined() != has_grad)
     os << (has_grad ? "has no .grad (captured with one)" : "has a .grad (captured without)");
   return os.str();
 }

@@ -29,6 +29,7 @@ struct TensorGuard {
   Device device = kCPU;
   bool requires_grad = false;
   bool has_grad = false;
+  bool check_grad = true;  // false: the function replaces .grad before it reads the tensor
 
   static TensorGuard of(const Tensor& t);
   // "" when `t` passes; otherwise what differs, e.g. "sizes [16, 10] (captured: [32, 10])".

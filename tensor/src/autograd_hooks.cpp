@@ -31,6 +31,8 @@ Tensor Tensor::grad() const {
 
 void Tensor::set_grad(const Tensor& grad) const {
   check_defined("set_grad()");
+  if (detail::t_grad_set_hook != nullptr) [[unlikely]]
+    detail::t_grad_set_hook(*live());
   need_hooks("set_grad()").set_grad(*this, grad);
 }
 

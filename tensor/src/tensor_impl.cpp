@@ -81,6 +81,7 @@ intrusive_ptr<TensorImpl> BackendHandle::detached(const TensorImpl&) const { ret
 
 namespace detail {
 thread_local DataReadHook t_data_read_hook = nullptr;
+thread_local DataReadHook t_grad_set_hook = nullptr;
 }  // namespace detail
 
 void* TensorImpl::data_ptr() const {

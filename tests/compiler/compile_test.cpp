@@ -110,6 +110,28 @@ void check_training(const MakeOpt& make_opt, int steps) {
   EXPECT_GE(f.num_replays(), steps - 2);
 }
 
+// zero_grad(set_to_none) first, as PyTorch's loops do. The first call begins with no .grad, so
+// zero_grad replaces none and the program guards on their absence; the second begins with
+// grads, and zero_grad's set_grad tells the capture that the entry .grad does not matter. From
+// then on the loop replays without recompiling.
+TEST(Compile, ZeroGradFirstStillReplays) {
+  auto m = make_mlp();
+  optim::SGD opt(m->parameters(), {.lr = 0.1});
+  nn::CrossEntropyLoss criterion;
+  auto f = compile([&](const std::vector<Tensor>& in) {
+    opt.zero_grad();
+    Tensor loss = criterion(m->forward(in[0]), in[1]);
+    loss.backward();
+    opt.step();
+    return std::vector<Tensor>{loss.detach()};
+  });
+  Tensor x = random({4, 6}, kFloat32, -1, 1, 1), y = random({4}, kInt64, 0, 4, 2);
+  for (int i = 0; i < 6; ++i) f({x, y});
+  EXPECT_EQ(f.num_programs(), 2) << history(f);
+  EXPECT_EQ(f.num_recompiles(), 1) << history(f);
+  EXPECT_EQ(f.num_replays(), 4);
+}
+
 TEST(Compile, SGDTrainingMatchesEager) {
   check_training(
       [](std::vector<Tensor> ps) {

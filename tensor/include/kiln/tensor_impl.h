@@ -44,6 +44,9 @@ namespace detail {
 // records, which the recorded program could not reproduce. Null almost always.
 using DataReadHook = void (*)(const TensorImpl&);
 extern thread_local DataReadHook t_data_read_hook;
+// Called by Tensor::set_grad before it replaces a tensor's .grad, so that a capture learns
+// that a function replaced a .grad it had not read (zero_grad(set_to_none) runs no op).
+extern thread_local DataReadHook t_grad_set_hook;
 }  // namespace detail
 
 // Opaque per-backend state (e.g. a remote value id, or the value a vmap wrapper batches).

@@ -31,7 +31,9 @@
 //
 // Note [Guards]: a program is replayed only when, for every argument and captured input, the
 // sizes, strides, offset, dtype, device, requires_grad and whether `.grad` is defined equal the
-// capture's, and grad mode and autocast are as they were. A miss captures again (a recompile),
+// capture's (not the last where the function replaced the .grad before reading the tensor, as
+// zero_grad(set_to_none) at the start of a step does), and grad mode and autocast are as they
+// were. A miss captures again (a recompile),
 // up to Options::recompile_limit programs; past it, calls run eagerly with one warning. A
 // captured tensor is held by identity: a parameter updated in place is seen, but a parameter
 // replaced by another tensor is not (call reset()). Python values the function reads (a
