@@ -442,6 +442,11 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args) {
   for (ir::ValueId id : p.outputs)
     if (id >= 0) outs.push_back(ir::ValueRef{id});
   p.graph.set_outputs(outs);
+  if (std::string bad = run_passes(p); !bad.empty()) {
+    r.refusal = Event::Kind::Fallback;
+    r.reason = "the captured graph does not verify " + bad;
+    return r;
+  }
   p.finalize();
   r.program = std::move(tr.prog);
   return r;

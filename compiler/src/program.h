@@ -90,4 +90,11 @@ struct CaptureResult {
 // Runs `fn(args)` eagerly under the tracer (Note [Capture]).
 CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args);
 
+// The passes (Note [Passes]); each returns how many nodes it removed or merged.
+int dead_code_elimination(Program& p);
+int common_subexpression_elimination(Program& p);
+// Runs every pass, verifying the graph after each (KILN_COMPILE_PRINT=1 prints the graph
+// before and after each); "" or the first problem the verifier found.
+std::string run_passes(Program& p);
+
 }  // namespace kiln::compiler::detail

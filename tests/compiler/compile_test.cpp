@@ -47,6 +47,40 @@ TEST(Compile, ReplaysAPureFunction) {
   EXPECT_EQ(f.num_recompiles(), 0);
 }
 
+int occurrences(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(Compile, PassesRemoveDeadOpsAndMergeCommonOnes) {
+  Tensor w = random({3}, kFloat32, -1, 1, 5);
+  auto fn = [&](const std::vector<Tensor>& in) {
+    Tensor unused = in[0].exp();  // dead
+    Tensor a = in[0].sin() + in[0].sin();  // one sin
+    w.add_(full({}, 1.0));  // an effect: a later sin is not merged with the first
+    return std::vector<Tensor>{a * in[0].sin(), (w * in[0]).sin()};
+  };
+  auto f = compile(fn);
+  Tensor x = random({3}, kFloat32, -1, 1, 6);
+  f({x});
+  const std::string g = f.graph_str(0);
+  EXPECT_EQ(occurrences(g, "exp("), 0) << g;
+  EXPECT_EQ(occurrences(g, "sin("), 3) << g;
+  EXPECT_EQ(occurrences(g, "add_("), 1) << g;
+  Tensor w_before = w.clone();
+  std::vector<Tensor> got = f({x});
+  std::vector<Tensor> want = [&] {
+    Tensor keep = w.clone();
+    w.copy_(w_before);
+    std::vector<Tensor> r = fn({x});
+    w.copy_(keep);
+    return r;
+  }();
+  expect_close(got[0], want[0], 0, 0);
+  expect_close(got[1], want[1], 0, 0);
+}
+
 TEST(Compile, AShapeChangeRecompilesOnceAndExplainsWhy) {
   auto f = compile([](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].sum(std::vector<int64_t>{1})}; });
   for (int i = 0; i < 3; ++i) f({ones({8, 4})});
