@@ -21,6 +21,7 @@ TensorSpec spec_of(const Tensor& t) {
   s.offset = t.storage_offset();
   s.dtype = t.dtype();
   s.device = t.device();
+  s.wrapped_number = t.impl()->is_wrapped_number();
   return s;
 }
 
@@ -50,7 +51,13 @@ struct Tracer {
   }
 
   ir::ValueId add_input(const Tensor& t, InputSource src) {
-    ir::ValueId id = prog.graph.add_input(spec_of(t)).id;
+    std::optional<Scalar> number;
+    if (t.impl()->is_wrapped_number() && t.numel() == 1 && t.device().is_cpu()) {
+      in_kernel = true;  // the tracer's own read (Note [Data-read hook])
+      number = t.item();
+      in_kernel = false;
+    }
+    ir::ValueId id = prog.graph.add_input(spec_of(t), number).id;
     ids.emplace(t.impl(), id);
     prog.sources.push_back(std::move(src));
     prog.guards.push_back(TensorGuard::of(t));
@@ -346,9 +353,16 @@ void check_escapes(Tracer& tr, const std::vector<Tensor>& outputs) {
       }
     }
   }
+  // A collective's result may stay referenced by its process group's finished work for a
+  // while after the op returned (the communication thread drops it): that is not state.
+  std::unordered_map<ir::ValueId, bool> collective;
+  for (const ir::Node& n : tr.prog.graph.nodes())
+    if (n.op->info().tags.has(OpTag::Collective))
+      for (ir::ValueId o : n.outputs) collective[o] = true;
   for (const Tensor& t : tr.traced) {
     if (!t.defined()) continue;
     auto id = tr.ids.find(t.impl());
+    if (id != tr.ids.end() && collective.count(id->second)) continue;
     std::string name = id == tr.ids.end() ? "a tensor" : "%" + std::to_string(id->second);
     for (const ir::Node& n : tr.prog.graph.nodes())
       for (ir::ValueId o : n.outputs)
@@ -447,6 +461,7 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args) {
     r.reason = "the captured graph does not verify " + bad;
     return r;
   }
+  if (std::string why = fuse(p); !why.empty()) p.cache_note = "runs unfused: " + why;
   p.finalize();
   r.program = std::move(tr.prog);
   return r;

@@ -35,6 +35,10 @@ CompiledFunction::CompiledFunction(Fn fn, Options options) : s_(std::make_unique
   KILN_CHECK(fn != nullptr, Value, "kiln::compile: the function is empty");
   KILN_CHECK(options.recompile_limit >= 1, Value,
              "kiln::compile: recompile_limit must be at least 1, got ", options.recompile_limit);
+  if (detail::fusion_enabled()) {
+    std::string problem = detail::compiler_problem();
+    KILN_CHECK(problem.empty(), Runtime, problem);
+  }
   s_->fn = std::move(fn);
   s_->options = options;
 }
@@ -77,6 +81,9 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
                                                     " inputs"});
     else
       s.events.push_back({Event::Kind::Recompile, nearest.empty() ? "after a retry" : nearest});
+    if (!r.program->kernels.empty())
+      s.events.back().reason += "; " + std::to_string(r.program->kernels.size()) + " fused loops";
+    if (!r.program->cache_note.empty()) s.events.back().reason += "; " + r.program->cache_note;
     s.programs.push_back(std::move(*r.program));
     s.retries = 0;
   } else {
@@ -105,7 +112,16 @@ int64_t CompiledFunction::num_replays() const { return s_->replays; }
 std::string CompiledFunction::graph_str(int i) const {
   KILN_CHECK(i >= 0 && i < num_programs(), Index, "kiln::compile: no program ", i, " (there are ",
              num_programs(), ")");
-  return s_->programs[i].graph.str();
+  const detail::Program& p = s_->programs[i];
+  std::string out = p.graph.str();
+  for (const detail::FusedKernel& k : p.kernels) {  // Note [Fusion]
+    out += "  fused " + k.name + ": nodes";
+    for (size_t m : k.members) out += " " + std::to_string(m);
+    out += " ->";
+    for (ir::ValueId v : k.outputs) out += " %" + std::to_string(v);
+    out += "\n";
+  }
+  return out;
 }
 
 void CompiledFunction::reset() {

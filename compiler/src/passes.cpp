@@ -19,7 +19,6 @@
 #include "program.h"
 
 namespace kiln::compiler::detail {
-namespace {
 
 bool has_effects(const Program& p, size_t i) {
   const ir::Node& n = p.graph.nodes()[i];
@@ -30,6 +29,8 @@ bool has_effects(const Program& p, size_t i) {
     if (info.args[a].is_mutable) return true;
   return false;
 }
+
+namespace {
 
 // Keeps the nodes with keep[i], and the per-node tables in step.
 void erase_nodes(Program& p, const std::vector<bool>& keep) {

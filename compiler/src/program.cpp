@@ -5,6 +5,7 @@
 #include "kiln/autocast.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/dispatcher.h"
+#include "kiln/operators.h"
 #include "program.h"
 
 namespace kiln::compiler::detail {
@@ -55,8 +56,11 @@ std::string Program::check_guards(const std::vector<Tensor>& args) const {
 void Program::finalize() {
   const auto& nodes = graph.nodes();
   node_keys.assign(nodes.size(), DispatchKeySet());
+  node_kernel.assign(nodes.size(), -1);
   frees.assign(nodes.size(), {});
   generators.resize(nodes.size());
+  for (size_t k = 0; k < kernels.size(); ++k)
+    for (size_t i : kernels[k].members) node_kernel[i] = static_cast<int>(k);
   std::vector<int64_t> last_use(static_cast<size_t>(graph.num_values()), -1);
   for (size_t i = 0; i < nodes.size(); ++i) {
     const ir::Node& n = nodes[i];
@@ -65,8 +69,12 @@ void Program::finalize() {
     if (!in.empty()) d = graph.value(in[0]).meta.device;
     else if (!n.outputs.empty()) d = graph.value(n.outputs[0]).meta.device;
     node_keys[i] = DispatchKeySet(backend_key(d.type()));
-    for (ir::ValueId v : in) last_use[v] = static_cast<int64_t>(i);
-    for (ir::ValueId v : n.outputs) last_use[v] = std::max<int64_t>(last_use[v], i);
+    // A group member's reads and writes happen where the group runs: at its last member.
+    const int64_t at = node_kernel[i] >= 0
+                           ? static_cast<int64_t>(kernels[node_kernel[i]].members.back())
+                           : static_cast<int64_t>(i);
+    for (ir::ValueId v : in) last_use[v] = std::max(last_use[v], at);
+    for (ir::ValueId v : n.outputs) last_use[v] = std::max(last_use[v], at);
   }
   for (ir::ValueId v : outputs)
     if (v >= 0) last_use[v] = -1;
@@ -75,6 +83,23 @@ void Program::finalize() {
   for (ir::ValueId v = 0; v < graph.num_values(); ++v)
     if (last_use[v] >= 0) frees[last_use[v]].push_back(v);
 }
+
+namespace {
+
+void run_kernel(const FusedKernel& k, std::vector<Tensor>& env) {
+  std::vector<const void*> ins;
+  ins.reserve(k.inputs.size());
+  for (ir::ValueId v : k.inputs) ins.push_back(env[v].impl()->raw_data());
+  std::vector<void*> outs;
+  outs.reserve(k.outputs.size());
+  for (ir::ValueId v : k.outputs) {
+    env[v] = kiln::empty(k.sizes, k.dtype);
+    outs.push_back(env[v].impl()->raw_data());
+  }
+  k.fn(ins.data(), outs.data(), k.numel);
+}
+
+}  // namespace
 
 std::vector<Tensor> Program::run(const std::vector<Tensor>& args) const {
   // The program holds the backward and optimizer ops explicitly: nothing above the backends
@@ -102,6 +127,12 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& args) const {
   const auto& nodes = graph.nodes();
   for (size_t i = 0; i < nodes.size(); ++i) {
     const ir::Node& n = nodes[i];
+    if (node_kernel[i] >= 0) {  // Note [Fusion]
+      const FusedKernel& k = kernels[node_kernel[i]];
+      if (k.members.back() == i) run_kernel(k, env);
+      for (ir::ValueId v : frees[i]) env[v] = Tensor();
+      continue;
+    }
     Stack s = ir::build_stack(n, [&](ir::ValueId id) { return env[id]; });
     if (n.rng) {
       GeneratorState st;

@@ -3,6 +3,7 @@
 // replay entry points that compile.cpp drives.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,18 @@ struct GradWrite {
   ir::ValueId value = -1;
 };
 
+// A fusion group compiled to one loop (Note [Fusion] in codegen.cpp).
+struct FusedKernel {
+  using Fn = void (*)(const void* const* ins, void* const* outs, int64_t n);
+  std::vector<size_t> members;        // node indices, in order; the group runs at the last one
+  std::vector<ir::ValueId> inputs, outputs;
+  DimVector sizes;                    // every member's output shape (contiguous)
+  ScalarType dtype = kFloat32;
+  int64_t numel = 0;
+  std::string name;
+  Fn fn = nullptr;
+};
+
 struct Program {
   ir::Graph graph;
   int num_args = 0;
@@ -67,8 +80,14 @@ struct Program {
     int seed_arg, offset_arg;
   };
   std::vector<SeedUse> seed_uses;
-  // Filled by finalize(): the backend key each node runs at, and the values dead after it.
+  // Fused groups and the shared object holding their code (fuse()).
+  std::vector<FusedKernel> kernels;
+  std::shared_ptr<void> library;
+  std::string cache_note;  // a cache entry that had to be rebuilt
+  // Filled by finalize(): the backend key each node runs at, its group (-1: none), and the
+  // values dead after it.
   std::vector<DispatchKeySet> node_keys;
+  std::vector<int> node_kernel;
   std::vector<std::vector<ir::ValueId>> frees;
 
   // "" when `args` and the thread's state pass every guard; otherwise the first failure.
@@ -89,6 +108,16 @@ struct CaptureResult {
 
 // Runs `fn(args)` eagerly under the tracer (Note [Capture]).
 CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args);
+
+// Whether node i writes an argument, is a collective or draws from an explicit generator.
+bool has_effects(const Program& p, size_t i);
+// Compiles the program's fusion groups (Note [Fusion], Note [Compile cache]): "" or why the
+// program runs unfused.
+std::string fuse(Program& p);
+// False when KILN_COMPILE_FUSE=0.
+bool fusion_enabled();
+// "" when a C++ compiler exists; otherwise the error to raise, naming what to install.
+std::string compiler_problem();
 
 // The passes (Note [Passes]); each returns how many nodes it removed or merged.
 int dead_code_elimination(Program& p);

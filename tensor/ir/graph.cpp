@@ -29,7 +29,9 @@ Tensor fake_tensor(const TensorSpec& spec) {
   }
   size_t nbytes = empty ? 0 : static_cast<size_t>(hi + 1) * element_size(spec.dtype);
   auto storage = Storage::create_dataless(nbytes, spec.device);
-  return Tensor(TensorImpl::make(storage, spec.dtype, spec.sizes, spec.strides, spec.offset));
+  auto impl = TensorImpl::make(storage, spec.dtype, spec.sizes, spec.strides, spec.offset);
+  impl->set_wrapped_number(spec.wrapped_number);
+  return Tensor(std::move(impl));
 }
 
 int generator_arg(const OperatorHandle& op) {
@@ -97,8 +99,24 @@ std::vector<std::string> check_args(const Node& node) {
 }
 
 std::vector<TensorSpec> run_meta(const Graph& g, const Node& node) {
-  Stack s = build_stack(node, [&](ValueId id) { return fake_tensor(g.value(id).meta); });
-  return node.op->run_meta(s);
+  Stack s = build_stack(node, [&](ValueId id) {
+    const Value& v = g.value(id);
+    return v.number ? scalar_to_tensor(*v.number) : fake_tensor(v.meta);
+  });
+  std::vector<TensorSpec> specs = node.op->run_meta(s);
+  // An in-place or out= result is its argument, as the Meta backend returns it: that tensor's
+  // layout, or contiguous strides where an out= tensor of other sizes is resized.
+  for (TensorSpec& spec : specs) {
+    if (spec.alias_of < 0 || node.op->info().is_view) continue;
+    const NodeArg& a = node.args[spec.alias_of];
+    if (!a.is_value()) continue;
+    const TensorSpec& base = g.value(a.values()[0]).meta;
+    if (base.sizes.ref() == spec.sizes.ref()) {
+      spec.strides = base.strides;
+      spec.offset = base.offset;
+    }
+  }
+  return specs;
 }
 
 }  // namespace detail
@@ -109,12 +127,13 @@ ValueId Graph::new_value(const TensorSpec& spec) {
   return id;
 }
 
-ValueRef Graph::add_input(const TensorSpec& spec) {
+ValueRef Graph::add_input(const TensorSpec& spec, std::optional<Scalar> number) {
   KILN_CHECK(spec.sizes.size() == spec.strides.size(), Value, "ir: input sizes ", spec.sizes,
              " and strides ", spec.strides, " differ in length");
   TensorSpec s = spec;
   s.alias_of = -1;
   ValueId id = new_value(s);
+  values_[id].number = number;
   inputs_.push_back(id);
   return ValueRef{id};
 }

@@ -1,7 +1,12 @@
 // kiln::compile (kiln/compiler/compile.h): capture and replay against eager on the same inputs,
 // whole training steps with SGD and AdamW, guards and recompiles, graph breaks, random ops,
-// new optimizer state, the recompile limit, and bad input.
+// new optimizer state, the recompile limit, passes, fused code and its cache, and bad input.
 #include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/compiler/compile.h"
@@ -253,6 +258,111 @@ TEST(Compile, AnOutputThatNeedsAutogradStaysEager) {
   expect_close(w.grad(), ones({3}), 0, 0);
   EXPECT_EQ(f.num_programs(), 0);
   EXPECT_EQ(count(f, Event::Kind::Fallback), 1);
+}
+
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("kiln-compile-test-" + name + "-" + std::to_string(getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+// A pointwise chain, its backward included, fused into generated loops.
+std::vector<Tensor> chain(const std::vector<Tensor>& in) {
+  Tensor h = gelu(in[0] * in[1] + in[2]);
+  return {relu(h - 0.25) * 2.0, tanh(h).exp()};
+}
+
+TEST(Compile, PointwiseChainsFuseAndMatchEager) {
+  ScopedEnv cache("KILN_CACHE_DIR", fresh_dir("fuse").string());
+  auto f = compile(chain);
+  Tensor x = random({64, 33}, kFloat32, -2, 2, 1), w = random({64, 33}, kFloat32, -2, 2, 2),
+         b = random({33}, kFloat32, -1, 1, 3).reshape({1, 33}).expand({64, 33}).contiguous();
+  Tensor scalar_b = full({}, 0.5);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<Tensor> got = f({x, w, b}), want = chain({x, w, b});
+    expect_close(got[0], want[0], 1e-6, 1e-6);
+    expect_close(got[1], want[1], 1e-6, 1e-6);
+  }
+  EXPECT_NE(f.graph_str(0).find("fused kiln_fused_0"), std::string::npos) << f.graph_str(0);
+  EXPECT_NE(f.explain()[0].reason.find("1 fused loops"), std::string::npos) << history(f);
+  // Inside a training step: the MLP's backward has relu/threshold chains.
+  auto g = compile([](const std::vector<Tensor>& in) { return chain({in[0], in[1], in[2]}); });
+  std::vector<Tensor> got = g({x, w, scalar_b}), want = chain({x, w, scalar_b});
+  expect_close(g({x, w, scalar_b})[1], want[1], 1e-6, 1e-6);
+  // NaN goes through fused relu as through the eager kernel.
+  Tensor nan = full({64, 33}, std::nan(""));
+  EXPECT_TRUE(std::isnan(f({nan, w, b})[0].flatten().select(0, 0).item<double>()));
+}
+
+TEST(Compile, AWarmCacheLoadsAndACorruptEntryIsRebuilt) {
+  const fs::path dir = fresh_dir("cache");
+  ScopedEnv cache("KILN_CACHE_DIR", dir.string());
+  Tensor x = random({16, 8}, kFloat32, -1, 1, 1);
+  std::vector<Tensor> args{x, x, x};
+  compile(chain)(args);
+  fs::path so;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".so") so = e.path();
+  ASSERT_FALSE(so.empty()) << "no shared object in " << dir;
+  // Warm: no compiler runs, so a capture takes well under a second.
+  auto t0 = std::chrono::steady_clock::now();
+  auto warm = compile(chain);
+  warm(args);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  EXPECT_EQ(warm.explain()[0].reason.find("rebuilt"), std::string::npos) << history(warm);
+  // Truncated: detected by its hash and rebuilt.
+  fs::resize_file(so, fs::file_size(so) / 2);
+  auto again = compile(chain);
+  expect_close(again(args)[0], chain(args)[0], 1e-6, 1e-6);
+  EXPECT_NE(again.explain()[0].reason.find("did not match its hash; rebuilt"), std::string::npos)
+      << history(again);
+  fs::remove_all(dir);
+}
+
+TEST(Compile, AnUnwritableCacheFallsBackAndNoCompilerIsAClearError) {
+  Tensor x = random({16, 8}, kFloat32, -1, 1, 1);
+  std::vector<Tensor> args{x, x, x};
+  {
+    ScopedEnv cache("KILN_CACHE_DIR", "/proc/kiln-cannot-write-here");
+    auto f = compile(chain);
+    expect_close(f(args)[0], chain(args)[0], 1e-6, 1e-6);
+    EXPECT_EQ(f.num_programs(), 1);
+  }
+  {
+    ScopedEnv cache("KILN_CACHE_DIR", fresh_dir("nocxx").string());
+    ScopedEnv cxx("CXX", "/nonexistent/c++");
+    ScopedEnv path("PATH", "/nonexistent");
+    try {
+      compile(chain);  // raised before any call runs the function
+      ADD_FAILURE() << "no error without a compiler";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no C++ compiler found"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("apt-get install g++"), std::string::npos) << e.what();
+    }
+    ScopedEnv unfused("KILN_COMPILE_FUSE", "0");
+    auto plain = compile(chain);
+    expect_close(plain(args)[0], chain(args)[0], 0, 0);
+    EXPECT_EQ(plain.num_programs(), 1);
+  }
 }
 
 }  // namespace

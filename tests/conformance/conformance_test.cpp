@@ -25,6 +25,7 @@ void expect_conformant(const std::string& path, int min_ok) {
 TEST(Conformance, EagerCpuHoldsItsClaims) { expect_conformant("CPU", 1000); }
 TEST(Conformance, MetaAgreesWithCpu) { expect_conformant("Meta", 1000); }
 TEST(Conformance, BatchedAgreesWithTheLoop) { expect_conformant("Batched", 1000); }
+TEST(Conformance, CompiledAgreesWithEager) { expect_conformant("Compiled", 1000); }
 
 bool has_path(const std::string& name) {
   for (const auto& p : paths())

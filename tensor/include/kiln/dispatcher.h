@@ -34,6 +34,7 @@ struct TensorSpec {
   ScalarType dtype = kFloat32;
   Device device = kCPU;
   int alias_of = -1;  // index of the argument this output aliases (views, in-place, out=)
+  bool wrapped_number = false;  // a Python number as a 0-d tensor: it takes no part in promotion
 };
 using MetaFn = std::vector<TensorSpec> (*)(const Stack& args);
 

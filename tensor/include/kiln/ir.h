@@ -45,6 +45,9 @@ struct ValueRef {
 struct Value {
   ValueId id = -1;
   TensorSpec meta;  // alias_of: the node argument this output aliases (-1: fresh storage)
+  // A wrapped number's value (an input whose meta has wrapped_number): meta functions that
+  // read it (pow's integer exponents) get a real 0-d tensor instead of a data-less one.
+  std::optional<Scalar> number;
 };
 
 // One node argument in schema order: a Value (Tensor, Tensor?), a list of Values (Tensor[]) or
@@ -91,7 +94,7 @@ struct Node {
 class Graph {
  public:
   // A placeholder for a graph input with the given geometry.
-  ValueRef add_input(const TensorSpec& spec);
+  ValueRef add_input(const TensorSpec& spec, std::optional<Scalar> number = std::nullopt);
   // Records `op_name` on `args` (schema order, defaults included). ValueError for an unknown op
   // or arguments that do not fit the schema; the op's meta function raises its own errors.
   // `rng` overrides the (seed, offset) of a random op instead of reserving from its generator.

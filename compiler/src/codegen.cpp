@@ -1,0 +1,438 @@
+// Fusion and C++ code generation for captured programs (the Inductor role), and the on-disk
+// cache of what it builds.
+//
+// Note [Fusion]: a fusion group is a run of pointwise nodes of one dtype (float32 or float64)
+// and one contiguous shape whose op has a lowering below. A member's tensor arguments are values
+// of the group, or values from outside it that are contiguous with the group's shape or hold
+// one element. The group runs where its last member stood, so a node in between that reads a
+// group value or has effects (Note [Passes]) closes it. Values used after the group (by other
+// nodes, as program outputs or as .grad writes) are its outputs; the others live in registers
+// only. Each group becomes one loop, `for i < numel: out_k[i] = f(in_0[i], ...)`, vectorized by
+// the compiler and parallel with OpenMP over large tensors. Bounds need no checks: the guards
+// fix every input's geometry, so the loop covers exactly numel elements of each buffer. The
+// expressions use <cmath>'s functions, so results may differ from the eager kernels' vectorized
+// ones in the last bits (no -ffast-math, no FMA contraction).
+//
+// Note [Compile cache]: a program's groups become one C++ file, built with the system compiler
+// into a shared object and loaded with dlopen. The file is cached under
+// $KILN_CACHE_DIR (default $XDG_CACHE_HOME/kiln or ~/.cache/kiln) as <key>.so, keyed by a hash
+// of the source, the flags and the compiler's version, next to <key>.sum, the hash of the
+// object's bytes: an entry whose bytes do not match (truncated, altered) is rebuilt. Objects are
+// written to a temporary name and renamed, so concurrent builds never see half a file. An
+// unwritable cache directory falls back to a fresh temporary one, with a warning.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "program.h"
+
+namespace kiln::compiler::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---- lowerings ---------------------------------------------------------------------------------
+
+using Lowering = std::function<std::string(const std::vector<std::string>& in, const ir::Node& n)>;
+
+std::string scalar_attr(const ir::Node& n, int arg) {
+  std::ostringstream os;
+  os.precision(17);
+  os << "T(" << n.args[arg].attribute().to_double() << ")";
+  return os.str();
+}
+
+std::string str_attr(const ir::Node& n, int arg) {
+  const IValue& v = n.args[arg].attribute();
+  return v.is_none() ? "" : v.get<std::string>();
+}
+
+const std::map<std::string, Lowering>& lowerings() {
+  static const std::map<std::string, Lowering> m = {
+      {"add", [](auto& in, auto& n) { return "(" + in[0] + " + " + scalar_attr(n, 2) + " * " + in[1] + ")"; }},
+      {"sub", [](auto& in, auto& n) { return "(" + in[0] + " - " + scalar_attr(n, 2) + " * " + in[1] + ")"; }},
+      {"mul", [](auto& in, auto&) { return "(" + in[0] + " * " + in[1] + ")"; }},
+      {"div", [](auto& in, auto&) { return "(" + in[0] + " / " + in[1] + ")"; }},
+      {"neg", [](auto& in, auto&) { return "(-" + in[0] + ")"; }},
+      {"exp", [](auto& in, auto&) { return "std::exp(" + in[0] + ")"; }},
+      {"log", [](auto& in, auto&) { return "std::log(" + in[0] + ")"; }},
+      {"tanh", [](auto& in, auto&) { return "std::tanh(" + in[0] + ")"; }},
+      {"sin", [](auto& in, auto&) { return "std::sin(" + in[0] + ")"; }},
+      {"cos", [](auto& in, auto&) { return "std::cos(" + in[0] + ")"; }},
+      {"sqrt", [](auto& in, auto&) { return "std::sqrt(" + in[0] + ")"; }},
+      {"rsqrt", [](auto& in, auto&) { return "(T(1) / std::sqrt(" + in[0] + "))"; }},
+      {"abs", [](auto& in, auto&) { return "std::abs(" + in[0] + ")"; }},
+      {"sigmoid", [](auto& in, auto&) { return "(T(1) / (T(1) + std::exp(-" + in[0] + ")))"; }},
+      {"silu", [](auto& in, auto&) { return "(" + in[0] + " / (T(1) + std::exp(-" + in[0] + ")))"; }},
+      {"relu", [](auto& in, auto&) { return "relu(" + in[0] + ")"; }},
+      {"maximum", [](auto& in, auto&) { return "maximum(" + in[0] + ", " + in[1] + ")"; }},
+      {"minimum", [](auto& in, auto&) { return "minimum(" + in[0] + ", " + in[1] + ")"; }},
+      {"gelu", [](auto& in, auto& n) {
+         return (str_attr(n, 1) == "tanh" ? "gelu_tanh(" : "gelu_erf(") + in[0] + ")";
+       }},
+      {"gelu_backward", [](auto& in, auto& n) {
+         return (str_attr(n, 2) == "tanh" ? "gelu_tanh_bwd(" : "gelu_erf_bwd(") + in[0] + ", " +
+                in[1] + ")";
+       }},
+      {"threshold_backward", [](auto& in, auto& n) {
+         return "(" + in[1] + " <= " + scalar_attr(n, 2) + " ? T(0) : " + in[0] + ")";
+       }},
+  };
+  return m;
+}
+
+// Helpers every generated file starts with. NaN propagates through relu and maximum/minimum as
+// it does in the eager kernels.
+constexpr const char* kPrelude = R"(#include <cmath>
+#include <cstdint>
+template <typename T> static inline T relu(T x) { return std::isnan(x) ? x : (x > T(0) ? x : T(0)); }
+template <typename T> static inline T maximum(T a, T b) { return std::isnan(a) || std::isnan(b) ? a + b : (a > b ? a : b); }
+template <typename T> static inline T minimum(T a, T b) { return std::isnan(a) || std::isnan(b) ? a + b : (a < b ? a : b); }
+template <typename T> static inline T gelu_erf(T x) { return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440))); }
+template <typename T> static inline T gelu_erf_bwd(T g, T x) {
+  T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
+  T pdf = std::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
+  return g * (cdf + x * pdf);
+}
+template <typename T> static inline T gelu_tanh(T x) {
+  T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
+  return T(0.5) * x * (T(1) + std::tanh(inner));
+}
+template <typename T> static inline T gelu_tanh_bwd(T g, T x) {
+  T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
+  T t = std::tanh(inner);
+  T d = T(0.79788456080286535588) * (T(1) + T(3) * T(0.044715) * x * x);
+  return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * d);
+}
+)";
+
+// ---- grouping ------------------------------------------------------------------------------
+
+// The C type of a one-element input the loop reads (nullptr: not readable).
+const char* c_type(ScalarType t) {
+  switch (t) {
+    case kFloat32: return "float";
+    case kFloat64: return "double";
+    case kInt64: return "int64_t";
+    default: return nullptr;
+  }
+}
+
+bool contiguous(const TensorSpec& s) { return s.strides.ref() == contiguous_strides(s.sizes).ref(); }
+
+// Whether node i can be a member of a group of `shape` and `dtype` given the values already in it.
+bool fits(const Program& p, size_t i, const std::map<ir::ValueId, bool>& in_group,
+          const DimVector& shape, ScalarType dtype) {
+  const ir::Node& n = p.graph.nodes()[i];
+  if (!lowerings().count(n.op_name) || n.outputs.size() != 1 || p.generators[i] || n.rng)
+    return false;
+  const TensorSpec& out = p.graph.value(n.outputs[0]).meta;
+  if (out.dtype != dtype || out.sizes.ref() != shape.ref() || !contiguous(out) || out.offset != 0 ||
+      !out.device.is_cpu() || out.alias_of >= 0)
+    return false;
+  for (const ir::NodeArg& a : n.args) {
+    if (a.is_value_list()) return false;
+    if (!a.is_value()) continue;
+    const ir::ValueId v = a.values()[0];
+    if (in_group.count(v)) continue;
+    const TensorSpec& s = p.graph.value(v).meta;
+    if (!s.device.is_cpu()) return false;
+    if (numel_of(s.sizes) == 1) {  // a one-element input, such as a wrapped number, of any dtype
+      if (c_type(s.dtype) == nullptr || (s.dtype != dtype && !s.wrapped_number)) return false;
+      continue;
+    }
+    if (s.dtype != dtype || s.sizes.ref() != shape.ref() || !contiguous(s)) return false;
+  }
+  return true;
+}
+
+std::vector<FusedKernel> find_groups(const Program& p) {
+  const auto& nodes = p.graph.nodes();
+  std::vector<FusedKernel> groups;
+  FusedKernel cur;
+  std::map<ir::ValueId, bool> in_group;
+  auto close = [&] {
+    if (cur.members.size() >= 2) groups.push_back(cur);
+    cur = FusedKernel();
+    in_group.clear();
+  };
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const ir::Node& n = nodes[i];
+    bool candidate = lowerings().count(n.op_name) && n.outputs.size() == 1;
+    if (candidate) {
+      const TensorSpec& out = p.graph.value(n.outputs[0]).meta;
+      candidate = (out.dtype == kFloat32 || out.dtype == kFloat64);
+      if (candidate && !cur.members.empty() && fits(p, i, in_group, cur.sizes, cur.dtype)) {
+        cur.members.push_back(i);
+        in_group[n.outputs[0]] = true;
+        continue;
+      }
+      if (candidate) {
+        close();
+        if (fits(p, i, in_group, out.sizes, out.dtype)) {
+          cur.sizes = out.sizes;
+          cur.dtype = out.dtype;
+          cur.members.push_back(i);
+          in_group[n.outputs[0]] = true;
+          continue;
+        }
+      }
+    }
+    // Not a member: it closes the group if it reads a group value or has effects.
+    bool reads = false;
+    for (ir::ValueId v : n.inputs()) reads = reads || in_group.count(v);
+    if (reads || has_effects(p, i)) close();
+  }
+  close();
+  return groups;
+}
+
+// Fills the group's inputs and outputs and returns its function's source.
+std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used_later) {
+  const auto& nodes = p.graph.nodes();
+  std::map<ir::ValueId, std::string> expr;
+  std::map<ir::ValueId, bool> member_value;
+  for (size_t i : k.members) member_value[nodes[i].outputs[0]] = true;
+  std::ostringstream body, loads;
+  for (size_t i : k.members) {
+    const ir::Node& n = nodes[i];
+    std::vector<std::string> in;
+    for (const ir::NodeArg& a : n.args) {
+      if (!a.is_value()) continue;
+      const ir::ValueId v = a.values()[0];
+      if (!expr.count(v)) {  // an input of the group
+        const TensorSpec& spec = p.graph.value(v).meta;
+        const std::string idx = std::to_string(k.inputs.size());
+        k.inputs.push_back(v);
+        if (numel_of(spec.sizes) == 1) {
+          loads << "  const T s" << idx << " = static_cast<T>(*static_cast<const "
+                << c_type(spec.dtype) << "*>(ins[" << idx << "]));\n";
+          expr[v] = "s" + idx;
+        } else {
+          loads << "  const T* __restrict in" << idx << " = static_cast<const T*>(ins[" << idx
+                << "]);\n";
+          expr[v] = "in" + idx + "[i]";
+        }
+      }
+      in.push_back(expr.at(v));
+    }
+    const ir::ValueId out = n.outputs[0];
+    body << "    const T v" << out << " = " << lowerings().at(n.op_name)(in, n) << ";\n";
+    expr[out] = "v" + std::to_string(out);
+    if (used_later[out]) k.outputs.push_back(out);
+  }
+  const char* T = k.dtype == kFloat64 ? "double" : "float";
+  std::ostringstream os;
+  os << "extern \"C\" void " << k.name << "(const void* const* ins, void* const* outs, int64_t n) {\n"
+     << "  using T = " << T << ";\n";
+  os << loads.str();
+  for (size_t j = 0; j < k.outputs.size(); ++j)
+    os << "  T* __restrict out" << j << " = static_cast<T*>(outs[" << j << "]);\n";
+  os << "#pragma omp parallel for simd if (n >= 65536)\n"
+     << "  for (int64_t i = 0; i < n; ++i) {\n"
+     << body.str();
+  for (size_t j = 0; j < k.outputs.size(); ++j) os << "    out" << j << "[i] = v" << k.outputs[j] << ";\n";
+  os << "  }\n}\n";
+  return os.str();
+}
+
+// ---- building and the cache (Note [Compile cache]) -----------------------------------------
+
+uint64_t fnv1a(std::string_view s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  if (FILE* f = popen(cmd.c_str(), "r")) {
+    char buf[256];
+    while (fgets(buf, sizeof buf, f)) out += buf;
+    pclose(f);
+  }
+  return out;
+}
+
+std::string quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The C++ compiler: $CXX, else c++ or g++ on PATH; with its version line. Looked up once per
+// ($CXX, $PATH).
+std::pair<std::string, std::string> compiler() {
+  static std::map<std::string, std::pair<std::string, std::string>> found;
+  const char* cxx_env = std::getenv("CXX");
+  const char* path_env = std::getenv("PATH");
+  const std::string key = std::string(cxx_env ? cxx_env : "") + '\n' + (path_env ? path_env : "");
+  auto it = found.find(key);
+  if (it != found.end()) return it->second;
+  return found[key] = [] {
+    std::vector<std::string> tries;
+    if (const char* cxx = std::getenv("CXX"); cxx && *cxx) tries.push_back(cxx);
+    tries.push_back("c++");
+    tries.push_back("g++");
+    for (const std::string& c : tries) {
+      std::string v = run_capture(quoted(c) + " --version 2>/dev/null");
+      if (!v.empty()) return std::make_pair(c, v.substr(0, v.find('\n')));
+    }
+    return std::make_pair(std::string(), std::string());
+  }();
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::ostringstream os;
+  os << f.rdbuf();
+  return os.str();
+}
+
+bool writable_dir(const fs::path& d) {
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  const fs::path probe = d / (".probe." + std::to_string(getpid()));
+  {
+    std::ofstream f(probe);
+    if (!f) return false;
+  }
+  fs::remove(probe, ec);
+  return true;
+}
+
+fs::path cache_dir(std::vector<std::string>* warnings) {
+  fs::path d;
+  if (const char* e = std::getenv("KILN_CACHE_DIR"); e && *e) d = e;
+  else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) d = fs::path(x) / "kiln";
+  else if (const char* h = std::getenv("HOME"); h && *h) d = fs::path(h) / ".cache" / "kiln";
+  else d = fs::temp_directory_path() / "kiln-cache";
+  if (writable_dir(d)) return d;
+  static const fs::path fallback = [] {
+    std::string tmpl = (fs::temp_directory_path() / "kiln-compile-XXXXXX").string();
+    return fs::path(mkdtemp(tmpl.data()) ? tmpl : fs::temp_directory_path().string());
+  }();
+  if (warnings)
+    warnings->push_back("the compile cache " + d.string() + " is not writable; using " +
+                        fallback.string());
+  return fallback;
+}
+
+}  // namespace
+
+bool fusion_enabled() {
+  const char* e = std::getenv("KILN_COMPILE_FUSE");
+  return !(e && std::string(e) == "0");
+}
+
+std::string compiler_problem() {
+  if (!compiler().first.empty()) return "";
+  return "kiln.compile: no C++ compiler found (tried $CXX, c++ and g++); install one "
+         "(apt-get install g++) or set CXX, or set KILN_COMPILE_FUSE=0 to replay without fused "
+         "code";
+}
+
+std::string fuse(Program& p) {
+  if (!fusion_enabled()) return "";
+  std::vector<FusedKernel> groups = find_groups(p);
+  if (groups.empty()) return "";
+  const auto [cxx, version] = compiler();
+  if (cxx.empty()) return "no C++ compiler found";
+
+  // A member's value is an output of its group when anything outside the group reads it.
+  std::vector<bool> used_later(static_cast<size_t>(p.graph.num_values()), false);
+  std::vector<int> group_of(p.graph.nodes().size(), -1);
+  std::map<ir::ValueId, int> made_by_group;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i : groups[g].members) {
+      group_of[i] = static_cast<int>(g);
+      made_by_group[p.graph.nodes()[i].outputs[0]] = static_cast<int>(g);
+    }
+  for (size_t i = 0; i < p.graph.nodes().size(); ++i)
+    for (ir::ValueId v : p.graph.nodes()[i].inputs()) {
+      auto it = made_by_group.find(v);
+      if (it == made_by_group.end() || it->second != group_of[i]) used_later[v] = true;
+    }
+  for (ir::ValueId v : p.outputs)
+    if (v >= 0) used_later[v] = true;
+  for (const GradWrite& w : p.grad_writes)
+    if (w.value >= 0) used_later[w.value] = true;
+
+  std::string src = kPrelude;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].name = "kiln_fused_" + std::to_string(g);
+    groups[g].numel = numel_of(groups[g].sizes);
+    src += emit(p, groups[g], used_later);
+  }
+  const std::string flags = "-O3 -march=native -fopenmp -ffp-contract=off -fPIC -shared -std=c++17";
+  const std::string key = hex(fnv1a(version, fnv1a(flags, fnv1a(src))));
+  std::vector<std::string> warnings;
+  const fs::path dir = cache_dir(&warnings);
+  for (const std::string& w : warnings) std::cerr << "kiln.compile: warning: " << w << "\n";
+  const fs::path so = dir / (key + ".so"), sum = dir / (key + ".sum");
+  std::string note;
+  std::string bytes = fs::exists(so) ? read_file(so) : std::string();
+  const bool cached = !bytes.empty() && fs::exists(sum) && read_file(sum) == hex(fnv1a(bytes));
+  if (!cached) {
+    if (fs::exists(so)) note = "cache entry " + so.string() + " did not match its hash; rebuilt";
+    const std::string tag = "." + std::to_string(getpid()) + ".tmp";
+    const fs::path cpp = dir / (key + ".cpp"), tmp = dir / (key + ".so" + tag),
+                   log = dir / (key + ".log" + tag);
+    { std::ofstream(cpp) << src; }
+    const std::string cmd = quoted(cxx) + " " + flags + " -o " + quoted(tmp.string()) + " " +
+                            quoted(cpp.string()) + " > " + quoted(log.string()) + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    std::error_code ec;
+    if (rc != 0) {
+      std::string msg = read_file(log);
+      fs::remove(tmp, ec);
+      fs::remove(log, ec);
+      return "fused code did not compile (" + cpp.string() + "): " + msg.substr(0, 2000);
+    }
+    fs::remove(log, ec);
+    bytes = read_file(tmp);
+    { std::ofstream(sum.string() + tag) << hex(fnv1a(bytes)); }
+    fs::rename(tmp, so, ec);
+    fs::rename(sum.string() + tag, sum, ec);
+  }
+  // The checked bytes are loaded from a private copy: the loader would hand back an object
+  // already loaded from the same path, and a cache file changed later must not change code
+  // that runs.
+  static std::atomic<int> loads{0};
+  const fs::path copy = fs::temp_directory_path() /
+                        ("kiln-" + key + "." + std::to_string(getpid()) + "." +
+                         std::to_string(loads++) + ".so");
+  { std::ofstream(copy, std::ios::binary) << bytes; }
+  void* handle = dlopen(copy.c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::error_code ec;
+  fs::remove(copy, ec);
+  if (handle == nullptr) return std::string("cannot load ") + so.string() + ": " + dlerror();
+  p.library = std::shared_ptr<void>(handle, [](void* h) { dlclose(h); });
+  for (FusedKernel& k : groups) {
+    k.fn = reinterpret_cast<FusedKernel::Fn>(dlsym(handle, k.name.c_str()));
+    if (k.fn == nullptr) return "cannot find " + k.name + " in " + so.string();
+  }
+  p.kernels = std::move(groups);
+  p.cache_note = note;
+  return "";
+}
+
+}  // namespace kiln::compiler::detail
