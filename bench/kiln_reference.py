@@ -255,6 +255,7 @@ def compiled_ms(model, opt, make_batch, loss_fn, steps):
         return loss.detach()
 
     cstep = torch.compile(step)
+    compiled_ms.last = cstep
     t0 = time.perf_counter()
     while cstep.num_programs == 0:  # the first call makes the optimizer's state: a retry
         cstep(x, y).item()
@@ -302,6 +303,9 @@ def w_compiled(quick):
         emit("compiled_train", name + "_vs_eager", ms / eager, "ratio")
         if name.startswith("gpt"):
             emit("compiled_train", "gpt_cold_s", cold, "s")
+            (eager_bytes, kept_bytes), = compiled_ms.last.saved_activation_bytes()
+            emit("compiled_train", "gpt_saved_activation_bytes_vs_eager", kept_bytes / eager_bytes,
+                 "ratio")
 
 
 WORKLOADS = {"dispatch": w_dispatch, "gemm": w_gemm, "elementwise": w_elementwise,

@@ -445,4 +445,6 @@ void backward_weight(DeferredWeightGrad& deferred) {
   execute(task, roots, grads, /*create_graph=*/false);
 }
 
+bool is_backward_running() { return !running_tasks.empty(); }
+
 }  // namespace kiln::autograd

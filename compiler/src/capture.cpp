@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "kiln/autocast.h"
+#include "kiln/autograd/engine.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/dispatcher.h"
 #include "kiln/storage.h"
@@ -83,7 +84,7 @@ struct Tracer {
                                        std::vector<int64_t>(t.strides().begin(), t.strides().end()),
                                        t.storage_offset()})[0]
               .id;
-      prog.generators.resize(prog.graph.nodes().size());
+      added_node(std::nullopt);
       ids.emplace(t.impl(), id);
       traced.push_back(t);
       return id;
@@ -94,6 +95,21 @@ struct Tracer {
   }
 
   void record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack);
+
+  // The per-node tables of the node just added: its generator, and the phase of the step it
+  // belongs to (the engine runs backward ops; what follows the first backward is the rest).
+  bool seen_backward = false;
+  void added_node(std::optional<Generator> gen) {
+    prog.generators.push_back(std::move(gen));
+    Phase ph = Phase::Forward;
+    if (autograd::is_backward_running()) {
+      ph = Phase::Backward;
+      seen_backward = true;
+    } else if (seen_backward) {
+      ph = Phase::After;
+    }
+    prog.phases.push_back(ph);
+  }
 };
 
 thread_local Tracer* t_tracer = nullptr;
@@ -164,8 +180,7 @@ void Tracer::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
            std::string("op '") + info.name + "' cannot be recorded: " + e.what());
     return run_below(this, op, ks, stack);
   }
-  prog.generators.resize(prog.graph.nodes().size());
-  prog.generators.back() = gen;
+  added_node(gen);
   run_below(this, op, ks, stack);
 
   std::vector<Tensor> results;

@@ -81,6 +81,9 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
                                                     " inputs"});
     else
       s.events.push_back({Event::Kind::Recompile, nearest.empty() ? "after a retry" : nearest});
+    if (r.program->saved_before > 0)
+      s.events.back().reason += "; saved activations " + std::to_string(r.program->saved_before) +
+                                " -> " + std::to_string(r.program->saved_after) + " bytes";
     if (!r.program->kernels.empty())
       s.events.back().reason += "; " + std::to_string(r.program->kernels.size()) + " fused loops";
     if (!r.program->cache_note.empty()) s.events.back().reason += "; " + r.program->cache_note;
@@ -108,6 +111,12 @@ int CompiledFunction::num_recompiles() const {
   return n;
 }
 int64_t CompiledFunction::num_replays() const { return s_->replays; }
+
+std::pair<int64_t, int64_t> CompiledFunction::saved_activation_bytes(int i) const {
+  KILN_CHECK(i >= 0 && i < num_programs(), Index, "kiln::compile: no program ", i, " (there are ",
+             num_programs(), ")");
+  return {s_->programs[i].saved_before, s_->programs[i].saved_after};
+}
 
 std::string CompiledFunction::graph_str(int i) const {
   KILN_CHECK(i >= 0 && i < num_programs(), Index, "kiln::compile: no program ", i, " (there are ",

@@ -14,6 +14,7 @@
 // them are never merged (each draws its own numbers).
 #include <cstdlib>
 #include <iostream>
+#include <functional>
 #include <map>
 
 #include "program.h"
@@ -32,17 +33,19 @@ bool has_effects(const Program& p, size_t i) {
 
 namespace {
 
-// Keeps the nodes with keep[i], and the per-node tables in step.
-void erase_nodes(Program& p, const std::vector<bool>& keep) {
+// Rebuilds the node list as `order` (old indices; those left out are dropped), keeping the
+// per-node tables in step.
+void reorder_nodes(Program& p, const std::vector<size_t>& order) {
   std::vector<ir::Node>& nodes = p.graph.nodes();
   std::vector<size_t> new_index(nodes.size(), SIZE_MAX);
   std::vector<ir::Node> kept_nodes;
   std::vector<std::optional<Generator>> kept_gens;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (!keep[i]) continue;
+  std::vector<Phase> kept_phases;
+  for (size_t i : order) {
     new_index[i] = kept_nodes.size();
     kept_nodes.push_back(std::move(nodes[i]));
     kept_gens.push_back(std::move(p.generators[i]));
+    kept_phases.push_back(p.phases[i]);
   }
   std::vector<Program::SeedUse> uses;
   for (Program::SeedUse u : p.seed_uses) {
@@ -52,7 +55,15 @@ void erase_nodes(Program& p, const std::vector<bool>& keep) {
   }
   nodes = std::move(kept_nodes);
   p.generators = std::move(kept_gens);
+  p.phases = std::move(kept_phases);
   p.seed_uses = std::move(uses);
+}
+
+void erase_nodes(Program& p, const std::vector<bool>& keep) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < keep.size(); ++i)
+    if (keep[i]) order.push_back(i);
+  reorder_nodes(p, order);
 }
 
 // Values some later consumer reads.
@@ -126,13 +137,157 @@ int common_subexpression_elimination(Program& p) {
   return merged;
 }
 
+// ---- recomputation (the partitioner's role) --------------------------------------------------
+//
+// Note [Recompute]: a captured step knows which ops ran in the forward, which in the backward the
+// engine ran, and which after it (the optimizer). The saved activations are the storages the
+// forward makes and the backward reads: eager autograd keeps exactly these alive between the two.
+// This pass makes such a storage again in the backward, right before its first use there, when
+// one cheap node made it from storages the backward keeps anyway (graph inputs, one-element
+// values, or saved storages that are not themselves made again). Its forward copy then dies
+// after its last forward use. Cheap means pointwise, or layer_norm (a normalization: its output
+// is as large as its input, and it costs a pass over it). Matmuls, convolutions, shrinking
+// reductions and random ops are never made again; nor are chains (the inputs stay what the
+// forward made), so the backward never keeps more than it did.
+
+namespace {
+
+// Value -> the node that makes it (-1: a graph input).
+std::vector<int64_t> producers(const Program& p) {
+  std::vector<int64_t> prod(static_cast<size_t>(p.graph.num_values()), -1);
+  const auto& nodes = p.graph.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (ir::ValueId o : nodes[i].outputs) prod[o] = static_cast<int64_t>(i);
+  return prod;
+}
+
+// The value a view output looks into (-1: `v` is not made by a view node).
+ir::ValueId view_source(const Program& p, const std::vector<int64_t>& prod, ir::ValueId v) {
+  if (prod[v] < 0) return -1;
+  const ir::Node& n = p.graph.nodes()[prod[v]];
+  if (!n.op->info().is_view) return -1;
+  const int a = p.graph.value(v).meta.alias_of;
+  if (a < 0 || !n.args[a].is_value()) return -1;
+  return n.args[a].values()[0];
+}
+
+ir::ValueId root_of(const Program& p, const std::vector<int64_t>& prod, ir::ValueId v) {
+  for (ir::ValueId s = view_source(p, prod, v); s >= 0; s = view_source(p, prod, v = s)) {
+  }
+  return v;
+}
+
+}  // namespace
+
+int64_t saved_activation_bytes(const Program& p) {
+  const auto& nodes = p.graph.nodes();
+  const std::vector<int64_t> prod = producers(p);
+  std::vector<bool> counted(static_cast<size_t>(p.graph.num_values()), false);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (p.phases[i] != Phase::Backward) continue;
+    for (ir::ValueId u : nodes[i].inputs()) {
+      if (prod[u] < 0 || p.phases[prod[u]] != Phase::Forward) continue;
+      const ir::ValueId r = root_of(p, prod, u);
+      if (prod[r] < 0 || counted[r]) continue;  // a graph input is no activation
+      counted[r] = true;
+      const TensorSpec& s = p.graph.value(r).meta;
+      bytes += numel_of(s.sizes) * static_cast<int64_t>(element_size(s.dtype));
+    }
+  }
+  return bytes;
+}
+
+int recompute_in_backward(Program& p) {
+  std::vector<ir::Node>& nodes = p.graph.nodes();
+  const size_t n0 = nodes.size();
+  const std::vector<int64_t> prod = producers(p);
+  const size_t nv = static_cast<size_t>(p.graph.num_values());
+  auto forward = [&](ir::ValueId v) { return prod[v] >= 0 && p.phases[prod[v]] == Phase::Forward; };
+  // Storages the backward reads anyway.
+  std::vector<bool> kept(nv, false);
+  for (size_t i = 0; i < n0; ++i)
+    if (p.phases[i] == Phase::Backward)
+      for (ir::ValueId u : nodes[i].inputs())
+        if (forward(u) || prod[u] < 0) kept[root_of(p, prod, u)] = true;
+  // A kept storage made by one cheap pointwise node from kept storages, graph inputs or
+  // one-element values can be made again in the backward instead of being kept.
+  std::vector<bool> again(nv, false);
+  for (ir::ValueId r = 0; r < static_cast<ir::ValueId>(nv); ++r) {
+    if (!kept[r] || !forward(r)) continue;
+    const size_t i = static_cast<size_t>(prod[r]);
+    const ir::Node& n = nodes[i];
+    const bool cheap = (n.op->info().tags.has(OpTag::Pointwise) && n.outputs.size() == 1) ||
+                       n.op_name == "_layer_norm";
+    if (!cheap || n.rng || has_effects(p, i)) continue;
+    bool ok = true;
+    for (ir::ValueId w : n.inputs()) {
+      const ir::ValueId rw = root_of(p, prod, w);
+      ok = ok && (prod[rw] < 0 || numel_of(p.graph.value(w).meta.sizes) <= 1 || kept[rw]);
+    }
+    again[r] = ok;
+  }
+  for (bool changed = true; changed;) {  // no chains: inputs stay what the forward made
+    changed = false;
+    for (ir::ValueId r = 0; r < static_cast<ir::ValueId>(nv); ++r) {
+      if (!again[r]) continue;
+      for (ir::ValueId w : nodes[prod[r]].inputs())
+        if (again[root_of(p, prod, w)]) {
+          again[r] = false;
+          changed = true;
+        }
+    }
+  }
+  // Clone each such storage (and the views the backward reads of it) before its first use.
+  std::vector<ir::ValueId> clone(nv, -1);
+  std::vector<std::vector<size_t>> before(n0);
+  int made = 0;
+  std::function<ir::ValueId(ir::ValueId, size_t)> remake = [&](ir::ValueId v, size_t at) {
+    if (clone[v] >= 0) return clone[v];
+    const ir::ValueId src = view_source(p, prod, v);
+    const ir::Node n = nodes[prod[v]];  // a copy: add_node grows the list
+    std::vector<ir::NodeArg> args = n.args;
+    if (src >= 0) {
+      const int a = p.graph.value(v).meta.alias_of;
+      args[a] = ir::NodeArg(ir::ValueRef{remake(src, at)});
+    }
+    std::vector<ir::ValueRef> outs = p.graph.add_node(n.op_name, std::move(args));
+    p.generators.emplace_back();
+    p.phases.push_back(Phase::Backward);
+    before[at].push_back(nodes.size() - 1);
+    ++made;
+    for (size_t k = 0; k < outs.size(); ++k) clone[n.outputs[k]] = outs[k].id;
+    return clone[v];
+  };
+  for (size_t i = 0; i < n0; ++i) {
+    if (p.phases[i] != Phase::Backward) continue;
+    for (size_t a = 0; a < nodes[i].args.size(); ++a)
+      for (size_t k = 0; k < nodes[i].args[a].values().size(); ++k) {
+        const ir::ValueId u = nodes[i].args[a].values()[k];
+        if (!forward(u) || !again[root_of(p, prod, u)]) continue;
+        const ir::ValueId c = remake(u, i);  // may grow `nodes`: index again after
+        nodes[i].args[a].values()[k] = c;
+      }
+  }
+  if (!made) return 0;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < n0; ++i) {
+    order.insert(order.end(), before[i].begin(), before[i].end());
+    order.push_back(i);
+  }
+  reorder_nodes(p, order);
+  return made;
+}
+
 std::string run_passes(Program& p) {
   struct Pass {
     const char* name;
     int (*run)(Program&);
   };
   static constexpr Pass kPasses[] = {{"cse", &common_subexpression_elimination},
-                                     {"dce", &dead_code_elimination}};
+                                     {"dce", &dead_code_elimination},
+                                     {"recompute", &recompute_in_backward}};
+  p.saved_before = saved_activation_bytes(p);
   const bool print = std::getenv("KILN_COMPILE_PRINT") != nullptr;
   if (print) std::cerr << "kiln.compile: captured\n" << p.graph;
   for (const Pass& pass : kPasses) {
@@ -141,6 +296,7 @@ std::string run_passes(Program& p) {
     if (!problems.empty()) return std::string("after pass ") + pass.name + ": " + problems[0];
     if (print) std::cerr << "kiln.compile: after " << pass.name << " (" << changed << ")\n" << p.graph;
   }
+  p.saved_after = saved_activation_bytes(p);
   return "";
 }
 

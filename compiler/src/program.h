@@ -22,6 +22,8 @@ struct InputSource {
   Tensor tensor;   // Captured: the tensor itself (held by identity)
 };
 
+enum class Phase : uint8_t { Forward, Backward, After };
+
 // What a tensor must look like for a program to be replayed (Note [Guards]).
 struct TensorGuard {
   DimVector sizes, strides;
@@ -68,6 +70,8 @@ struct Program {
   std::vector<GradWrite> grad_writes;
   // Per node: the explicit generator a random node draws from (nullopt: the default one).
   std::vector<std::optional<Generator>> generators;
+  // Per node: the part of a training step it was recorded in (Note [Recompute] in passes.cpp).
+  std::vector<Phase> phases;
   // Note [Random ops in a program]: the default generator's counters the call reserved, as one
   // block [rng_offset, rng_offset + rng_count) of seed rng_seed: a random node's (seed, offset)
   // and a seeded op's `seed` and `offset` attributes (dropout_seeded, _fused_attention, ...,
@@ -84,6 +88,7 @@ struct Program {
   std::vector<FusedKernel> kernels;
   std::shared_ptr<void> library;
   std::string cache_note;  // a cache entry that had to be rebuilt
+  int64_t saved_before = 0, saved_after = 0;  // saved_activation_bytes before and after the passes
   // Filled by finalize(): the backend key each node runs at, its group (-1: none), and the
   // values dead after it.
   std::vector<DispatchKeySet> node_keys;
@@ -122,6 +127,9 @@ std::string compiler_problem();
 // The passes (Note [Passes]); each returns how many nodes it removed or merged.
 int dead_code_elimination(Program& p);
 int common_subexpression_elimination(Program& p);
+int recompute_in_backward(Program& p);
+// Bytes of the distinct storages the forward makes and the backward reads (See Note [Recompute]).
+int64_t saved_activation_bytes(const Program& p);
 // Runs every pass, verifying the graph after each (KILN_COMPILE_PRINT=1 prints the graph
 // before and after each); "" or the first problem the verifier found.
 std::string run_passes(Program& p);

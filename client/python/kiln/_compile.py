@@ -90,6 +90,12 @@ class CompiledFunction:
         """The printed graph of every program."""
         return [c.graph_str(i) for c, *_ in self._entries.values() for i in range(c.num_programs)]
 
+    def saved_activation_bytes(self):
+        """(eager, compiled) bytes of the activations each program keeps from its forward for its
+        backward: eager autograd's, and after recomputing cheap pointwise ones."""
+        return [c.saved_activation_bytes(i) for c, *_ in self._entries.values()
+                for i in range(c.num_programs)]
+
     def reset(self):
         """Forgets every program (after replacing a parameter object, say)."""
         self._entries.clear()

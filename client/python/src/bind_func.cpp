@@ -120,6 +120,7 @@ void bind_func(nb::module_& m) {
       .def_prop_ro("num_recompiles", &compiler::CompiledFunction::num_recompiles)
       .def_prop_ro("num_replays", &compiler::CompiledFunction::num_replays)
       .def("graph_str", &compiler::CompiledFunction::graph_str)
+      .def("saved_activation_bytes", &compiler::CompiledFunction::saved_activation_bytes)
       .def("reset", &compiler::CompiledFunction::reset);
   m.def("_compile", [](nb::handle fn, int recompile_limit) {
     return compiler::compile(as_compiled_fn(fn), compiler::Options{.recompile_limit = recompile_limit});

@@ -65,4 +65,8 @@ void backward_weight(DeferredWeightGrad& deferred);
 // RuntimeError when no backward is running on this thread.
 void queue_callback(std::function<void()> fn);
 
+// True while a backward pass runs on this thread (the compiler's capture tells forward from
+// backward ops with it).
+bool is_backward_running();
+
 }  // namespace kiln::autograd

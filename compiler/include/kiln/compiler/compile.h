@@ -43,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kiln/tensor.h"
@@ -77,8 +78,11 @@ class CompiledFunction {
   int num_programs() const;   // programs captured and kept
   int num_recompiles() const; // captures after the first one (guard misses)
   int64_t num_replays() const;
-  // The printed graph of program i (ir::Graph's printer).
+  // The printed graph of program i (ir::Graph's printer), with its fused loops.
   std::string graph_str(int i) const;
+  // Program i's saved activations (bytes the forward makes and the backward reads), as eager
+  // keeps them and as the program does after recomputation.
+  std::pair<int64_t, int64_t> saved_activation_bytes(int i) const;
   // Forgets every program and counter.
   void reset();
 
