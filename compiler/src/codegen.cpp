@@ -136,6 +136,7 @@ bool fits(const Program& p, size_t i, const std::map<ir::ValueId, bool>& in_grou
   const ir::Node& n = p.graph.nodes()[i];
   if (!lowerings().count(n.op_name) || n.outputs.size() != 1 || p.generators[i] || n.rng)
     return false;
+  if (n.op_name == "div" && !n.args[2].attribute().is_none()) return false;  // trunc, floor
   const TensorSpec& out = p.graph.value(n.outputs[0]).meta;
   if (out.dtype != dtype || out.sizes.ref() != shape.ref() || !contiguous(out) || out.offset != 0 ||
       !out.device.is_cpu() || out.alias_of >= 0)

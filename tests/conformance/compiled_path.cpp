@@ -4,7 +4,8 @@
 // kiln/compiler/compile.h), and the replay's outputs must equal eager CPU's (random ops bit for
 // bit: a program rebases its counters onto the generator's state at each run). A capture the
 // compiler refuses is a failure, except where the output shape depends on values (nothing to
-// compare: Note [Data-dependent shapes]). Replay runs the CPU kernels, so the path checks the
+// compare: Note [Data-dependent shapes]). A floating op is then checked again between two
+// neighbours that fuse with it (fused_chain). Replay runs the CPU kernels, so the path checks the
 // CPU claims.
 #include "conformance/path.h"
 #include "kiln/compiler/compile.h"
@@ -87,7 +88,34 @@ class CompiledPath : public Path {
         want[i] = zeros(want[i].sizes(), want[i].dtype());
       }
     }
-    return Outcome::failed_unless(compare_values(got, want, c.random()));
+    if (std::string bad = compare_values(got, want, c.random()); !bad.empty())
+      return Outcome::failed(bad);
+    return fused_chain(c, fn, args, want);
+  }
+
+ private:
+  // The op between two neighbours, neg(neg(op(...))), exact in floating point: where the op has
+  // a lowering (Note [Fusion] in compiler/src/codegen.cpp) the three run as one generated loop,
+  // which must agree with the eager kernel within the dtype's tolerance.
+  template <typename Fn, typename Args>
+  static Outcome fused_chain(const Case& c, const Fn& fn, const Args& args,
+                             const std::vector<Tensor>& want) {
+    if (want.size() != 1 || !want[0].defined() || !is_floating(want[0].dtype()) ||
+        c.op().info().is_inplace || c.op().info().is_out || c.op().info().is_view ||
+        c.random() || c.row.name.rfind("empty", 0) == 0)
+      return Outcome::ok();
+    compiler::CompiledFunction f = compiler::compile([&](const std::vector<Tensor>& ts) {
+      return std::vector<Tensor>{neg(neg(fn(ts)[0]))};
+    });
+    manual_seed(c.seed);
+    f(args());
+    manual_seed(c.seed);
+    std::vector<Tensor> got = f(args());
+    if (f.num_replays() != 1)
+      return Outcome::failed("in a chain, the second call did not replay: " +
+                             (f.explain().empty() ? std::string() : f.explain().back().reason));
+    std::string bad = compare_values(got, want, c.random());
+    return Outcome::failed_unless(bad.empty() ? "" : "in a fused chain: " + bad);
   }
 };
 
