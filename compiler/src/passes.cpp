@@ -14,6 +14,7 @@
 // them are never merged (each draws its own numbers).
 #include <cstdlib>
 #include <iostream>
+#include <algorithm>
 #include <functional>
 #include <map>
 
@@ -137,18 +138,7 @@ int common_subexpression_elimination(Program& p) {
   return merged;
 }
 
-// ---- recomputation (the partitioner's role) --------------------------------------------------
-//
-// Note [Recompute]: a captured step knows which ops ran in the forward, which in the backward the
-// engine ran, and which after it (the optimizer). The saved activations are the storages the
-// forward makes and the backward reads: eager autograd keeps exactly these alive between the two.
-// This pass makes such a storage again in the backward, right before its first use there, when
-// one cheap node made it from storages the backward keeps anyway (graph inputs, one-element
-// values, or saved storages that are not themselves made again). Its forward copy then dies
-// after its last forward use. Cheap means pointwise, or layer_norm (a normalization: its output
-// is as large as its input, and it costs a pass over it). Matmuls, convolutions, shrinking
-// reductions and random ops are never made again; nor are chains (the inputs stay what the
-// forward made), so the backward never keeps more than it did.
+// ---- value helpers --------------------------------------------------------------------------
 
 namespace {
 
@@ -178,6 +168,118 @@ ir::ValueId root_of(const Program& p, const std::vector<int64_t>& prod, ir::Valu
 }
 
 }  // namespace
+
+// ---- constant folding ----------------------------------------------------------------------------
+//
+// Note [Constant folding]: a node folds when it draws no random numbers, has no effect other
+// than writing its own argument in place (ones() is empty() then fill_()), and reads only folded
+// values or captured wrapped numbers: a mask built from ones() and tril() each step, an arange.
+// The pass runs those nodes once, at capture, and the values other nodes read become captured
+// inputs holding the results; DCE then drops the folded nodes. A storage that an unfolded effect
+// touches (a buffer filled and then accumulated into), or that the program returns or assigns
+// to a .grad, is never folded: each run must get its own.
+
+int constant_folding(Program& p) {
+  std::vector<ir::Node>& nodes = p.graph.nodes();
+  const size_t nv = static_cast<size_t>(p.graph.num_values());
+  const std::vector<int64_t> prod = producers(p);
+  const std::vector<ir::ValueId>& in = p.graph.inputs();
+  std::vector<bool> tainted(nv, false);
+  for (ir::ValueId v : p.outputs)
+    if (v >= 0) tainted[root_of(p, prod, v)] = true;
+  for (const GradWrite& w : p.grad_writes)
+    if (w.value >= 0) tainted[root_of(p, prod, w.value)] = true;
+  std::vector<bool> folded, in_fold;
+  std::vector<size_t> fold_nodes;
+  for (bool changed = true; changed;) {
+    folded.assign(nv, false);
+    in_fold.assign(nodes.size(), false);
+    fold_nodes.clear();
+    for (size_t k = 0; k < in.size(); ++k)
+      if (p.graph.value(in[k]).number && p.sources[k].kind == InputSource::Kind::Captured)
+        folded[in[k]] = true;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const ir::Node& n = nodes[i];
+      const OpInfo& info = n.op->info();
+      // An in-place op may fold (filling a fresh empty tensor is how ones() is made); any
+      // other effect may not.
+      const bool effects = has_effects(p, i);
+      if ((effects && (!info.is_inplace || info.is_out || p.generators[i])) || n.rng ||
+          info.is_random || n.outputs.empty() || info.tags.has(OpTag::Nondeterministic))
+        continue;
+      bool ok = true;
+      for (ir::ValueId u : n.inputs()) ok = ok && folded[u];
+      for (ir::ValueId o : n.outputs) ok = ok && !tainted[root_of(p, prod, o)];
+      if (!ok) continue;
+      for (ir::ValueId o : n.outputs) folded[o] = true;
+      in_fold[i] = true;
+      fold_nodes.push_back(i);
+    }
+    // A storage that an unfolded effect writes or reads must be made fresh at every run.
+    changed = false;
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (!in_fold[i] && has_effects(p, i))
+        for (ir::ValueId u : nodes[i].inputs()) {
+          const ir::ValueId r = root_of(p, prod, u);
+          if (folded[u] && !tainted[r]) tainted[r] = changed = true;
+        }
+  }
+  if (fold_nodes.empty()) return 0;
+  // Evaluate the folded nodes once.
+  std::vector<Tensor> env(nv);
+  for (size_t k = 0; k < in.size(); ++k)
+    if (folded[in[k]]) env[in[k]] = p.sources[k].tensor;
+  {
+    ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends());
+    for (size_t i : fold_nodes) {
+      const ir::Node& n = nodes[i];
+      Stack s = ir::build_stack(n, [&](ir::ValueId id) { return env[id]; });
+      Device d = kCPU;
+      if (!n.outputs.empty()) d = p.graph.value(n.outputs[0]).meta.device;
+      n.op->redispatch_boxed(DispatchKeySet(backend_key(d.type())), s);
+      size_t k = 0;
+      for (const IValue& v : s) {
+        if (v.is_tensor()) env[n.outputs[k++]] = v.to_tensor();
+        else if (v.is_tensor_list())
+          for (const Tensor& t : v.to_tensor_list()) env[n.outputs[k++]] = t;
+      }
+    }
+  }
+  // Values that unfolded nodes read become captured inputs.
+  std::vector<ir::ValueId> replace(nv, -1);
+  int made = 0;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (in_fold[i]) continue;
+    for (ir::NodeArg& a : nodes[i].args)
+      for (ir::ValueId& u : a.values()) {
+        if (!folded[u] || prod[u] < 0) continue;
+        if (replace[u] < 0) {
+          const Tensor& t = env[u];
+          TensorSpec spec = p.graph.value(u).meta;
+          spec.alias_of = -1;
+          replace[u] = p.graph.add_input(spec).id;
+          p.sources.push_back(InputSource{InputSource::Kind::Captured, -1, t});
+          p.guards.push_back(TensorGuard::of(t));
+          ++made;
+        }
+        u = replace[u];
+      }
+  }
+  return made;
+}
+
+// ---- recomputation (the partitioner's role) --------------------------------------------------
+//
+// Note [Recompute]: a captured step knows which ops ran in the forward, which in the backward the
+// engine ran, and which after it (the optimizer). The saved activations are the storages the
+// forward makes and the backward reads: eager autograd keeps exactly these alive between the two.
+// This pass makes such a storage again in the backward, right before its first use there, when
+// one cheap node made it from storages the backward keeps anyway (graph inputs, one-element
+// values, or saved storages that are not themselves made again). Its forward copy then dies
+// after its last forward use. Cheap means pointwise, or layer_norm (a normalization: its output
+// is as large as its input, and it costs a pass over it). Matmuls, convolutions, shrinking
+// reductions and random ops are never made again; nor are chains (the inputs stay what the
+// forward made), so the backward never keeps more than it did.
 
 int64_t saved_activation_bytes(const Program& p) {
   const auto& nodes = p.graph.nodes();
@@ -284,7 +386,8 @@ std::string run_passes(Program& p) {
     const char* name;
     int (*run)(Program&);
   };
-  static constexpr Pass kPasses[] = {{"cse", &common_subexpression_elimination},
+  static constexpr Pass kPasses[] = {{"fold", &constant_folding},
+                                     {"cse", &common_subexpression_elimination},
                                      {"dce", &dead_code_elimination},
                                      {"recompute", &recompute_in_backward}};
   p.saved_before = saved_activation_bytes(p);

@@ -128,6 +128,7 @@ std::string compiler_problem();
 int dead_code_elimination(Program& p);
 int common_subexpression_elimination(Program& p);
 int recompute_in_backward(Program& p);
+int constant_folding(Program& p);
 // Bytes of the distinct storages the forward makes and the backward reads (See Note [Recompute]).
 int64_t saved_activation_bytes(const Program& p);
 // Runs every pass, verifying the graph after each (KILN_COMPILE_PRINT=1 prints the graph
