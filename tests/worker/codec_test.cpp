@@ -1,10 +1,12 @@
-// kiln/worker/codec.h: tensors and attributes through their wire form, and malformed pieces.
+// kiln/worker/codec.h: tensors, attributes and graphs through their wire form, and malformed input.
 #include "kiln/worker/codec.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 
+#include "kiln/meta.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -167,6 +169,73 @@ TEST(WorkerCodec, BadAttributesAreValueErrors) {
   testing::expect_error(ErrorKind::Value, "unknown dtype 'complex7'", [&] { decode_attribute(a); });
   a.set_device("gpu:x");
   testing::expect_error(ErrorKind::Value, "gpu:x", [&] { decode_attribute(a); });
+}
+
+// ---- graphs (encode_graph / decode_graph) ----------------------------------------------------
+
+ir::Graph sample_graph() {
+  ir::Graph g;
+  auto x = g.add_input(meta::contiguous_spec({2, 3}, kFloat32, kCPU));
+  TensorSpec two = meta::contiguous_spec({}, kFloat64, kCPU);
+  two.wrapped_number = true;
+  auto e = g.add_input(two, Scalar(2.0));
+  auto y = g.add_node("pow", {x, e})[0];
+  auto r = g.add_node("rand", {std::vector<int64_t>{2, 3}, IValue(), IValue(), IValue()},
+                      GeneratorState{7, 4})[0];
+  auto z = g.add_node("add", {y, r, Scalar(0.5)})[0];
+  auto parts = g.add_node("split", {z, int64_t{1}, int64_t{1}});
+  auto c = g.add_node("cat", {std::vector<ir::ValueRef>{parts[1], parts[0]}, int64_t{1}})[0];
+  g.set_outputs({c, y});
+  return g;
+}
+
+TEST(GraphCodec, RoundTripsAndRunsTheSame) {
+  ir::Graph g = sample_graph();
+  ir::Graph back = worker::decode_graph(worker::encode_graph(g));
+  EXPECT_EQ(back.str(), g.str());
+  Tensor x = arange(0, 6, 1, kFloat32).reshape({2, 3}) - 2.5;
+  Tensor two = scalar_to_tensor(Scalar(2.0));
+  std::vector<Tensor> want = ir::run(g, {x, two}), got = ir::run(back, {x, two});
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(bit_equal(got[0], want[0]));
+  EXPECT_TRUE(bit_equal(got[1], want[1]));
+  // Wire ids need not be the graph's own: any distinct ids decode to the same graph.
+  proto::Graph p = worker::encode_graph(g);
+  auto moved = [&](int64_t v) { return v * 10 + 1000; };
+  for (auto& id : *p.mutable_inputs()) id = moved(id);
+  for (auto& n : *p.mutable_nodes()) {
+    for (auto& a : *n.mutable_args()) {
+      if (a.kind_case() == proto::Argument::kValue) a.set_value(moved(a.value()));
+      if (a.kind_case() == proto::Argument::kValues)
+        for (auto& id : *a.mutable_values()->mutable_ids()) id = moved(id);
+    }
+    for (auto& o : *n.mutable_outputs()) o = moved(o);
+  }
+  for (auto& o : *p.mutable_outputs()) o = moved(o);
+  EXPECT_EQ(worker::decode_graph(p).str(), g.str());
+}
+
+TEST(GraphCodec, MalformedGraphsNameWhatIsWrong) {
+  const proto::Graph good = worker::encode_graph(sample_graph());
+  auto expect_bad = [&](const std::string& what, const std::function<void(proto::Graph&)>& edit) {
+    proto::Graph p = good;
+    edit(p);
+    testing::expect_error(ErrorKind::Value, what, [&] { worker::decode_graph(p); });
+  };
+  expect_bad("unknown op 'no_such_op'", [](proto::Graph& p) { p.mutable_nodes(0)->set_op("no_such_op"); });
+  expect_bad("uses unknown value 999", [](proto::Graph& p) {
+    p.mutable_nodes(0)->mutable_args(0)->set_value(999);
+  });
+  expect_bad("defines value 0 a second time", [](proto::Graph& p) { p.mutable_nodes(0)->set_outputs(0, 0); });
+  expect_bad("names 2 outputs; the op makes 1", [](proto::Graph& p) { p.mutable_nodes(0)->add_outputs(77); });
+  expect_bad("2 inputs but 1 input specs", [](proto::Graph& p) { p.mutable_input_specs()->RemoveLast(); });
+  expect_bad("negative size", [](proto::Graph& p) { p.mutable_input_specs(0)->set_sizes(0, -4); });
+  expect_bad("empty argument", [](proto::Graph& p) { p.mutable_nodes(1)->mutable_args(0)->Clear(); });
+  expect_bad("the graph's outputs uses unknown value 4242", [](proto::Graph& p) { p.set_outputs(0, 4242); });
+  expect_bad("node 0 'pow'", [](proto::Graph& p) { p.mutable_nodes(0)->mutable_args()->RemoveLast(); });
+  proto::Graph bad_dtype = good;
+  bad_dtype.mutable_input_specs(0)->set_dtype("float13");
+  EXPECT_THROW(worker::decode_graph(bad_dtype), Error);
 }
 
 }  // namespace

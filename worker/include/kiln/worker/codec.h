@@ -6,6 +6,7 @@
 //   kiln::worker::TensorAssembler a;  for (auto& p : pieces) a.add(p);  kiln::Tensor u = a.take();
 //   kiln::proto::Argument arg = kiln::worker::encode_attribute(kiln::IValue(int64_t{3}));
 //   kiln::IValue v = kiln::worker::decode_attribute(arg.attribute());
+//   kiln::ir::Graph g = kiln::worker::decode_graph(kiln::worker::encode_graph(graph));
 //
 // Decoding never trusts the wire: every problem (unknown dtype name, negative size, byte count
 // that does not match shape x itemsize, overflowing sizes, a piece out of order) is a
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/ir.h"
 #include "kiln/ivalue.h"
 #include "kiln/tensor.h"
 #include "kiln/proto/program.pb.h"
@@ -58,5 +60,13 @@ class TensorAssembler {
 // Tensors and Generators have no attribute form (ValueError).
 proto::Attribute encode_attribute(const IValue& v);
 IValue decode_attribute(const proto::Attribute& a);
+
+// A graph of the IR (kiln/ir.h: what kiln::compile captures, a batch job ships and export
+// writes) as program.proto's Graph: its value ids, its nodes as Instructions (seq: the node's
+// index), its input specs. decode_graph rebuilds the graph through Graph::add_node, so every
+// node is checked against its op's schema and meta function: a malformed graph (an unknown op
+// or value, a repeated id, arguments that do not fit) is a ValueError naming the node.
+proto::Graph encode_graph(const ir::Graph& g);
+ir::Graph decode_graph(const proto::Graph& p);
 
 }  // namespace kiln::worker
