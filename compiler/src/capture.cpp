@@ -1,5 +1,6 @@
 // The tracer: the Tracing key's fallback records every op into the program's graph and runs it
 // below Tracing. See Note [Capture] in kiln/compiler/compile.h.
+#include <algorithm>
 #include <sstream>
 #include <unordered_map>
 
@@ -7,6 +8,7 @@
 #include "kiln/autograd/engine.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/dispatcher.h"
+#include "kiln/operators.h"
 #include "kiln/storage.h"
 #include "kiln/tensor_impl.h"
 #include "program.h"
@@ -302,6 +304,64 @@ void rebase_random(Tracer& tr, GeneratorState before, GeneratorState after) {
   }
 }
 
+// Outputs that need autograd, from a function that ran no backward itself: the backward is
+// captured too (Note [Compiled backward]). It runs eagerly here, once, with ones as output
+// gradients (each one a graph input), and consumes the eager graph, so nothing the forward
+// saved stays held. A forward with effects (BatchNorm's running statistics) is not compiled
+// this way: the program's first run repeats the forward, which would repeat its effects.
+void trace_backward(Tracer& tr, const std::vector<Tensor>& outputs) {
+  Program& p = tr.prog;
+  std::vector<size_t> need;
+  for (size_t k = 0; k < outputs.size(); ++k)
+    if (outputs[k].defined() && outputs[k].requires_grad() && !outputs[k].is_leaf()) need.push_back(k);
+  if (need.empty()) return;
+  auto refuse = [&](const std::string& why) {
+    tr.refuse(Event::Kind::Fallback, "output " + std::to_string(need[0]) +
+                                         " needs autograd, and " + why +
+                                         ": compile the whole training step, or run under no_grad");
+  };
+  if (tr.seen_backward) return refuse("the function ran a backward itself");
+  // Writing a tensor the forward made itself (copy_ into a fresh buffer) repeats harmlessly.
+  const std::vector<ir::ValueId>& graph_inputs = p.graph.inputs();
+  for (size_t i = 0; i < p.graph.nodes().size(); ++i) {
+    if (!has_effects(p, i)) continue;
+    const ir::Node& n = p.graph.nodes()[i];
+    const OpInfo& info = n.op->info();
+    bool outside = info.tags.has(OpTag::Collective) || p.generators[i].has_value();
+    for (int a = 0; a < info.num_args && !outside; ++a) {
+      if (!info.args[a].is_mutable) continue;
+      for (ir::ValueId v : n.args[a].values()) {
+        const ir::ValueId r = storage_root(p, v);
+        outside = outside ||
+                  std::find(graph_inputs.begin(), graph_inputs.end(), r) != graph_inputs.end();
+      }
+    }
+    if (outside)
+      return refuse("the forward has effects ('" + n.op_name + "' writes a tensor it did not make)");
+  }
+  std::vector<Tensor> outs, gouts;
+  for (size_t k : need) {
+    outs.push_back(outputs[k]);
+    gouts.push_back(kiln::ones(outputs[k].sizes(), outputs[k].dtype(), outputs[k].device()));
+    tr.add_input(gouts.back(), InputSource{InputSource::Kind::GradOutput, static_cast<int>(k), {}});
+  }
+  std::vector<Tensor> diff;
+  for (size_t i = 0; i < tr.inputs.size(); ++i)
+    if (p.sources[i].kind != InputSource::Kind::GradOutput && tr.inputs[i].requires_grad()) {
+      p.diff_inputs.push_back(static_cast<int>(i));
+      diff.push_back(tr.inputs[i]);
+    }
+  autograd::variable_list grads;
+  {
+    TraceScope scope(&tr);
+    grads = autograd::grad(outs, diff, gouts, /*retain_graph=*/false, /*create_graph=*/false,
+                           /*allow_unused=*/true);
+  }
+  if (!tr.reason.empty()) return;
+  for (const Tensor& g : grads) p.input_grads.push_back(g.defined() ? tr.value_of(g) : -1);
+  p.aot = true;
+}
+
 // A captured tensor that is some input's `.grad` reads that input's grad at replay.
 void resolve_grads(Tracer& tr) {
   std::unordered_map<const TensorImpl*, int> grad_owner;
@@ -449,18 +509,11 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args) {
   if (tr.reason.empty()) resolve_grads(tr);
   for (size_t k = 0; k < r.outputs.size() && tr.reason.empty(); ++k) {
     const Tensor& o = r.outputs[k];
-    if (!o.defined()) {
-      p.outputs.push_back(-1);
-      continue;
-    }
-    if (o.requires_grad() && !o.is_leaf())
-      tr.refuse(Event::Kind::Fallback,
-                "output " + std::to_string(k) +
-                    " needs autograd (it has a grad_fn): compile the whole training step "
-                    "(forward, backward and optimizer step), or run under no_grad");
-    p.outputs.push_back(tr.value_of(o));
+    p.outputs.push_back(o.defined() ? tr.value_of(o) : -1);
   }
+  if (tr.reason.empty()) trace_backward(tr, r.outputs);
   if (tr.reason.empty()) record_grad_writes(tr);
+  if (p.aot) r.outputs.clear();  // their graph is spent: the caller runs the program instead
   if (tr.reason.empty()) check_escapes(tr, r.outputs);
   if (!tr.reason.empty()) {
     r.refusal = tr.refusal;
@@ -478,7 +531,7 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args) {
   }
   if (std::string why = fuse(p); !why.empty()) p.cache_note = "runs unfused: " + why;
   p.finalize();
-  r.program = std::move(tr.prog);
+  r.program = std::make_shared<Program>(std::move(tr.prog));
   return r;
 }
 

@@ -5,7 +5,8 @@
 // and one contiguous shape whose op has a lowering below. A member's tensor arguments are values
 // of the group, or values from outside it that are contiguous with the group's shape or hold
 // one element. The group runs where its last member stood, so a node in between that reads a
-// group value or has effects (Note [Passes]) closes it. Values used after the group (by other
+// group value or has effects (Note [Passes]) closes it, and so does a change of phase (a
+// compiled backward runs apart from its forward: Note [Compiled backward]). Values used after the group (by other
 // nodes, as program outputs or as .grad writes) are its outputs; the others live in registers
 // only. Each group becomes one loop, `for i < numel: out_k[i] = f(in_0[i], ...)`, vectorized by
 // the compiler and parallel with OpenMP over large tensors. Bounds need no checks: the guards
@@ -173,7 +174,8 @@ std::vector<FusedKernel> find_groups(const Program& p) {
     if (candidate) {
       const TensorSpec& out = p.graph.value(n.outputs[0]).meta;
       candidate = (out.dtype == kFloat32 || out.dtype == kFloat64);
-      if (candidate && !cur.members.empty() && fits(p, i, in_group, cur.sizes, cur.dtype)) {
+      if (candidate && !cur.members.empty() && p.phases[i] == p.phases[cur.members[0]] &&
+          fits(p, i, in_group, cur.sizes, cur.dtype)) {
         cur.members.push_back(i);
         in_group[n.outputs[0]] = true;
         continue;
@@ -376,6 +378,8 @@ std::string fuse(Program& p) {
     if (v >= 0) used_later[v] = true;
   for (const GradWrite& w : p.grad_writes)
     if (w.value >= 0) used_later[w.value] = true;
+  for (ir::ValueId v : p.input_grads)
+    if (v >= 0) used_later[v] = true;
 
   std::string src = kPrelude;
   for (size_t g = 0; g < groups.size(); ++g) {

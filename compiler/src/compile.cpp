@@ -20,10 +20,10 @@ const char* event_kind_name(Event::Kind k) {
 struct CompiledFunction::State {
   Fn fn;
   Options options;
-  std::vector<detail::Program> programs;
+  std::vector<std::shared_ptr<const detail::Program>> programs;
   // Guards of calls that cannot be captured (a graph break, a fallback): they run eagerly
   // without capturing again.
-  std::vector<detail::Program> eager;
+  std::vector<std::shared_ptr<const detail::Program>> eager;
   std::vector<Event> events;
   int captures = 0;
   int retries = 0;  // consecutive captures refused as Retry
@@ -50,16 +50,16 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
   State& s = *s_;
   if (is_capturing()) return s.fn(args);  // inside an outer capture: its ops join that graph
   std::string nearest;
-  for (const detail::Program& p : s.programs) {
-    std::string miss = p.check_guards(args);
+  for (const auto& p : s.programs) {
+    std::string miss = p->check_guards(args);
     if (miss.empty()) {
       ++s.replays;
-      return p.run(args);
+      return p->run(args);
     }
     if (nearest.empty()) nearest = miss;
   }
-  for (const detail::Program& p : s.eager)
-    if (p.check_guards(args).empty()) return s.fn(args);
+  for (const auto& p : s.eager)
+    if (p->check_guards(args).empty()) return s.fn(args);
   if (static_cast<int>(s.programs.size() + s.eager.size()) >= s.options.recompile_limit) {
     if (!s.warned) {
       s.warned = true;
@@ -87,8 +87,11 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
     if (!r.program->kernels.empty())
       s.events.back().reason += "; " + std::to_string(r.program->kernels.size()) + " fused loops";
     if (!r.program->cache_note.empty()) s.events.back().reason += "; " + r.program->cache_note;
-    s.programs.push_back(std::move(*r.program));
+    s.programs.push_back(r.program);
     s.retries = 0;
+    // Note [Compiled backward]: the capture consumed the eager outputs' autograd graph; the
+    // program's own run gives outputs whose backward is the compiled one.
+    if (r.program->aot) return r.program->run(args);
   } else {
     s.events.push_back({r.refusal, r.reason});
     // A second retry in a row means the function makes new state on every call: stay eager.
@@ -97,7 +100,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
       // Remember these guards so later matching calls stay eager without tracing again.
       detail::CaptureResult g = detail::capture(
           [&](const std::vector<Tensor>&) { return std::vector<Tensor>{}; }, args);
-      if (g.program) s.eager.push_back(std::move(*g.program));
+      if (g.program) s.eager.push_back(g.program);
     }
   }
   return r.outputs;
@@ -115,13 +118,13 @@ int64_t CompiledFunction::num_replays() const { return s_->replays; }
 std::pair<int64_t, int64_t> CompiledFunction::saved_activation_bytes(int i) const {
   KILN_CHECK(i >= 0 && i < num_programs(), Index, "kiln::compile: no program ", i, " (there are ",
              num_programs(), ")");
-  return {s_->programs[i].saved_before, s_->programs[i].saved_after};
+  return {s_->programs[i]->saved_before, s_->programs[i]->saved_after};
 }
 
 std::string CompiledFunction::graph_str(int i) const {
   KILN_CHECK(i >= 0 && i < num_programs(), Index, "kiln::compile: no program ", i, " (there are ",
              num_programs(), ")");
-  const detail::Program& p = s_->programs[i];
+  const detail::Program& p = *s_->programs[i];
   std::string out = p.graph.str();
   for (const detail::FusedKernel& k : p.kernels) {  // Note [Fusion]
     out += "  fused " + k.name + ": nodes";

@@ -74,6 +74,8 @@ std::vector<bool> used_values(const Program& p) {
     if (v >= 0) used[v] = true;
   for (const GradWrite& w : p.grad_writes)
     if (w.value >= 0) used[w.value] = true;
+  for (ir::ValueId v : p.input_grads)
+    if (v >= 0) used[v] = true;
   return used;
 }
 
@@ -130,6 +132,8 @@ int common_subexpression_elimination(Program& p) {
     if (v >= 0) v = replace[v];
   for (GradWrite& w : p.grad_writes)
     if (w.value >= 0) w.value = replace[w.value];
+  for (ir::ValueId& v : p.input_grads)
+    if (v >= 0) v = replace[v];
   erase_nodes(p, keep);
   std::vector<ir::ValueRef> outs;
   for (ir::ValueId v : p.outputs)
@@ -189,6 +193,8 @@ int constant_folding(Program& p) {
     if (v >= 0) tainted[root_of(p, prod, v)] = true;
   for (const GradWrite& w : p.grad_writes)
     if (w.value >= 0) tainted[root_of(p, prod, w.value)] = true;
+  for (ir::ValueId v : p.input_grads)
+    if (v >= 0) tainted[root_of(p, prod, v)] = true;
   std::vector<bool> folded, in_fold;
   std::vector<size_t> fold_nodes;
   for (bool changed = true; changed;) {
@@ -280,6 +286,8 @@ int constant_folding(Program& p) {
 // is as large as its input, and it costs a pass over it). Matmuls, convolutions, shrinking
 // reductions and random ops are never made again; nor are chains (the inputs stay what the
 // forward made), so the backward never keeps more than it did.
+
+ir::ValueId storage_root(const Program& p, ir::ValueId v) { return root_of(p, producers(p), v); }
 
 int64_t saved_activation_bytes(const Program& p) {
   const auto& nodes = p.graph.nodes();

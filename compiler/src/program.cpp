@@ -3,6 +3,7 @@
 #include <tuple>
 
 #include "kiln/autocast.h"
+#include "kiln/autograd/function.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/dispatcher.h"
 #include "kiln/operators.h"
@@ -42,7 +43,7 @@ std::string Program::check_guards(const std::vector<Tensor>& args) const {
       miss = guards[i].mismatch(s.tensor);
       if (!miss.empty())
         return "captured tensor %" + std::to_string(graph.inputs()[i]) + " " + miss;
-    } else {
+    } else if (s.kind == InputSource::Kind::GradOf) {
       const InputSource& owner = sources[s.index];
       Tensor t = owner.kind == InputSource::Kind::Arg ? args[owner.index] : owner.tensor;
       miss = guards[i].mismatch(t.grad());
@@ -80,8 +81,28 @@ void Program::finalize() {
     if (v >= 0) last_use[v] = -1;
   for (const GradWrite& w : grad_writes)
     if (w.value >= 0) last_use[w.value] = -1;
+  for (ir::ValueId v : input_grads)
+    if (v >= 0) last_use[v] = -1;
   for (ir::ValueId v = 0; v < graph.num_values(); ++v)
     if (last_use[v] >= 0) frees[last_use[v]].push_back(v);
+  // Note [Compiled backward]: what the backward reads and does not make or get as a gradient.
+  saved.clear();
+  if (aot) {
+    std::vector<bool> made_in_backward(static_cast<size_t>(graph.num_values()), false), seen = made_in_backward;
+    for (size_t k = 0; k < graph.inputs().size(); ++k)
+      if (sources[k].kind == InputSource::Kind::GradOutput) made_in_backward[graph.inputs()[k]] = true;
+    auto need = [&](ir::ValueId v) {
+      if (v < 0 || made_in_backward[v] || seen[v]) return;
+      seen[v] = true;
+      saved.push_back(v);
+    };
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (phases[i] != Phase::Backward) continue;
+      for (ir::ValueId v : nodes[i].inputs()) need(v);
+      for (ir::ValueId v : nodes[i].outputs) made_in_backward[v] = true;
+    }
+    for (ir::ValueId v : input_grads) need(v);
+  }
 }
 
 namespace {
@@ -101,32 +122,15 @@ void run_kernel(const FusedKernel& k, std::vector<Tensor>& env) {
 
 }  // namespace
 
-std::vector<Tensor> Program::run(const std::vector<Tensor>& args) const {
-  // The program holds the backward and optimizer ops explicitly: nothing above the backends
-  // (autograd, autocast, tracing) may act again.
-  ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends());
-  std::vector<Tensor> env(static_cast<size_t>(graph.num_values()));
-  const std::vector<ir::ValueId>& in = graph.inputs();
-  std::vector<Tensor> input_tensors(in.size());
-  for (size_t i = 0; i < in.size(); ++i) {
-    const InputSource& s = sources[i];
-    if (s.kind == InputSource::Kind::Arg) input_tensors[i] = args[s.index];
-    if (s.kind == InputSource::Kind::Captured) input_tensors[i] = s.tensor;
-  }
-  for (size_t i = 0; i < in.size(); ++i)
-    if (sources[i].kind == InputSource::Kind::GradOf)
-      input_tensors[i] = input_tensors[sources[i].index].grad();
-  for (size_t i = 0; i < in.size(); ++i) env[in[i]] = input_tensors[i];
-
+void Program::run_nodes(std::vector<Tensor>& env, std::optional<Phase> only, uint64_t seed,
+                        uint64_t base) const {
   // See Note [Random ops in a program].
-  uint64_t seed = 0, base = 0;
-  if (rng_count > 0) std::tie(seed, base) = default_generator().reserve(rng_count);
   auto rebase = [&](uint64_t offset) { return base + (offset - rng_offset); };
   size_t next_seed_use = 0;
-
   const auto& nodes = graph.nodes();
   for (size_t i = 0; i < nodes.size(); ++i) {
     const ir::Node& n = nodes[i];
+    if (only && phases[i] != *only) continue;
     if (node_kernel[i] >= 0) {  // Note [Fusion]
       const FusedKernel& k = kernels[node_kernel[i]];
       if (k.members.back() == i) run_kernel(k, env);
@@ -147,6 +151,7 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& args) const {
       g.set_state(st);
       s[ir::generator_arg(*n.op)] = IValue(g);
     }
+    while (next_seed_use < seed_uses.size() && seed_uses[next_seed_use].node < i) ++next_seed_use;
     for (; next_seed_use < seed_uses.size() && seed_uses[next_seed_use].node == i; ++next_seed_use) {
       const SeedUse& u = seed_uses[next_seed_use];
       s[u.seed_arg] = IValue(static_cast<int64_t>(seed));
@@ -162,12 +167,74 @@ std::vector<Tensor> Program::run(const std::vector<Tensor>& args) const {
     }
     for (ir::ValueId v : frees[i]) env[v] = Tensor();
   }
+}
+
+std::vector<Tensor> Program::run(const std::vector<Tensor>& args) const {
+  std::vector<Tensor> env(static_cast<size_t>(graph.num_values()));
+  const std::vector<ir::ValueId>& in = graph.inputs();
+  std::vector<Tensor> input_tensors(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const InputSource& s = sources[i];
+    if (s.kind == InputSource::Kind::Arg) input_tensors[i] = args[s.index];
+    if (s.kind == InputSource::Kind::Captured) input_tensors[i] = s.tensor;
+  }
+  for (size_t i = 0; i < in.size(); ++i)
+    if (sources[i].kind == InputSource::Kind::GradOf)
+      input_tensors[i] = input_tensors[sources[i].index].grad();
+  for (size_t i = 0; i < in.size(); ++i) env[in[i]] = input_tensors[i];
+  uint64_t seed = 0, base = 0;
+  if (rng_count > 0) std::tie(seed, base) = default_generator().reserve(rng_count);
+  {
+    // The program holds the backward and optimizer ops explicitly: nothing above the backends
+    // (autograd, autocast, tracing) may act again.
+    ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends());
+    run_nodes(env, aot ? std::optional<Phase>(Phase::Forward) : std::nullopt, seed, base);
+  }
   for (const GradWrite& w : grad_writes)
     input_tensors[w.input].set_grad(w.value >= 0 ? env[w.value] : Tensor());
   std::vector<Tensor> out;
   out.reserve(outputs.size());
   for (ir::ValueId v : outputs) out.push_back(v >= 0 ? env[v] : Tensor());
-  return out;
+  if (!aot) return out;
+  std::vector<Tensor> saved_tensors;
+  for (ir::ValueId v : saved) saved_tensors.push_back(env[v]);
+  return attach_backward(input_tensors, std::move(out), std::move(saved_tensors), seed, base);
+}
+
+std::vector<Tensor> Program::attach_backward(const std::vector<Tensor>& input_tensors,
+                                             std::vector<Tensor> out,
+                                             std::vector<Tensor> saved_tensors, uint64_t seed,
+                                             uint64_t base) const {
+  std::shared_ptr<const Program> self = shared_from_this();
+  auto backward = [self, saved_tensors = std::move(saved_tensors), seed, base](
+                      autograd::AutogradContext*, autograd::variable_list grads) {
+    const Program& p = *self;
+    std::vector<Tensor> env(static_cast<size_t>(p.graph.num_values()));
+    for (size_t k = 0; k < p.saved.size(); ++k) env[p.saved[k]] = saved_tensors[k];
+    const std::vector<ir::ValueId>& in = p.graph.inputs();
+    for (size_t i = 0; i < in.size(); ++i) {
+      const InputSource& s = p.sources[i];
+      if (s.kind != InputSource::Kind::GradOutput) continue;
+      const Tensor& g = static_cast<size_t>(s.index) < grads.size() ? grads[s.index] : Tensor();
+      const TensorSpec& spec = p.graph.value(in[i]).meta;
+      env[in[i]] = g.defined() ? g.contiguous() : kiln::zeros(spec.sizes, spec.dtype, spec.device);
+    }
+    {
+      ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends());
+      p.run_nodes(env, Phase::Backward, seed, base);
+    }
+    autograd::variable_list result;
+    for (ir::ValueId v : p.input_grads) result.push_back(v >= 0 ? env[v] : Tensor());
+    return result;
+  };
+  auto node =
+      std::make_shared<autograd::CustomFunctionNode>("CompiledFunctionBackward", std::move(backward));
+  autograd::variable_list diff;
+  for (int k : diff_inputs) diff.push_back(input_tensors[k]);
+  node->collect_inputs(diff, true);
+  for (Tensor& t : out)
+    if (t.defined()) t = t.detach();
+  return node->wrap_outputs(diff, std::move(out), true);
 }
 
 }  // namespace kiln::compiler::detail

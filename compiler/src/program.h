@@ -16,9 +16,11 @@ namespace kiln::compiler::detail {
 
 // Where a graph input comes from when the program runs.
 struct InputSource {
-  enum class Kind { Arg, Captured, GradOf };
+  enum class Kind { Arg, Captured, GradOf, GradOutput };
   Kind kind = Kind::Arg;
-  int index = -1;  // Arg: the argument; GradOf: the input whose `.grad` this is
+  // Arg: the argument; GradOf: the input whose `.grad` this is; GradOutput: the output whose
+  // gradient this is (Note [Compiled backward])
+  int index = -1;
   Tensor tensor;   // Captured: the tensor itself (held by identity)
 };
 
@@ -57,7 +59,7 @@ struct FusedKernel {
   Fn fn = nullptr;
 };
 
-struct Program {
+struct Program : std::enable_shared_from_this<Program> {
   ir::Graph graph;
   int num_args = 0;
   std::vector<InputSource> sources;   // one per graph input, in order
@@ -100,13 +102,34 @@ struct Program {
   // Computes node_keys and frees; call after capture and after every pass.
   void finalize();
   // Runs the program on `args` (whose guards hold): the outputs, with the effects applied.
+  // A program with a compiled backward runs its forward and returns outputs whose grad_fn runs
+  // the backward nodes (Note [Compiled backward]).
   std::vector<Tensor> run(const std::vector<Tensor>& args) const;
+
+  // Note [Compiled backward]: a function whose outputs need autograd (a module's forward in
+  // training) is captured with its backward: after the call, the tracer runs autograd::grad
+  // from the outputs, with a graph input (GradOutput) per output gradient, to every input that
+  // requires grad. Its nodes are the backward phase; `saved` are the values the backward reads
+  // that the forward made or got. Each run executes the forward nodes and wraps the outputs in
+  // a CustomFunctionNode whose edges are those inputs; backward() runs the backward nodes on the
+  // saved values and returns `input_grads` (-1: no gradient). Random draws of the forward are
+  // replayed in the backward from the same block.
+  bool aot = false;
+  std::vector<int> diff_inputs;          // graph-input indices that get gradients, edge order
+  std::vector<ir::ValueId> input_grads;  // per diff input
+  std::vector<ir::ValueId> saved;
+  std::vector<Tensor> attach_backward(const std::vector<Tensor>& input_tensors,
+                                      std::vector<Tensor> out, std::vector<Tensor> saved_tensors,
+                                      uint64_t seed, uint64_t base) const;
+  // Runs the nodes of phase `only` (all when empty), drawing from the block at (seed, base).
+  void run_nodes(std::vector<Tensor>& env, std::optional<Phase> only, uint64_t seed,
+                 uint64_t base) const;
 };
 
 // The result of one capture: the eager outputs, and the program, or why there is none.
 struct CaptureResult {
-  std::vector<Tensor> outputs;
-  std::optional<Program> program;
+  std::vector<Tensor> outputs;  // of a program with a compiled backward: none (run it instead)
+  std::shared_ptr<Program> program;
   Event::Kind refusal = Event::Kind::GraphBreak;
   std::string reason;  // why program is empty
 };
@@ -116,6 +139,8 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args);
 
 // Whether node i writes an argument, is a collective or draws from an explicit generator.
 bool has_effects(const Program& p, size_t i);
+// The value whose storage `v` looks into (through view nodes): a graph input or a node output.
+ir::ValueId storage_root(const Program& p, ir::ValueId v);
 // Compiles the program's fusion groups (Note [Fusion], Note [Compile cache]): "" or why the
 // program runs unfused.
 std::string fuse(Program& p);
