@@ -241,71 +241,41 @@ def w_distributed(quick):
     emit("ddp_train", "mlp_step_2ranks_b256", ms, "ms/step")
 
 
-def compiled_ms(model, opt, make_batch, loss_fn, steps):
-    """The train_ms step as one function under kiln.compile: zero_grad, forward, backward and
-    the optimizer step replay as one captured program; the loss is read outside it. Returns
-    (ms/step, seconds until the first program existed: the cold start)."""
-    x, y = make_batch()
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    cstep = torch.compile(step)
-    compiled_ms.last = cstep
-    t0 = time.perf_counter()
-    while cstep.num_programs == 0:  # the first call makes the optimizer's state: a retry
-        cstep(x, y).item()
-        if time.perf_counter() - t0 > 600:
-            raise RuntimeError(f"kiln.compile captured nothing: {cstep.explain()}")
-    cold = time.perf_counter() - t0
-    cstep(x, y).item()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        cstep(x, y).item()
-    ms = (time.perf_counter() - t0) / steps * 1e3
-    assert cstep.num_recompiles == 0, cstep.explain()
-    return ms, cold
-
-
 def w_compiled(quick):
-    """compiled_train: the mlp, cnn and gpt steps compiled whole, each beside its eager step in
-    the same run (the `_vs_eager` ratios)."""
+    """The mlp, cnn and gpt steps with the model under torch.compile (Inductor's C++ backend).
+    gpt_cold_s: compile plus the first step, from a fresh model, with Inductor's caches off."""
+    os.environ["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"  # read when Inductor is first imported
     steps = 5 if quick else 20
-    mlp_batch = lambda: (torch.randn(512, 784), torch.randint(0, 10, (512,)))  # noqa: E731
-    cnn_batch = lambda: (torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,)))  # noqa: E731
+    torch.manual_seed(0)
+    m = mlp()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    ms = train_ms(torch.compile(m), opt,
+                  lambda: (torch.randn(512, 784), torch.randint(0, 10, (512,))),
+                  F.cross_entropy, steps)
+    emit("compiled_train", "mlp_step_b512", ms, "ms/step")
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Flatten(), nn.Linear(64 * 8 * 8, 10))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    ms = train_ms(torch.compile(m), opt,
+                  lambda: (torch.randn(64, 3, 32, 32), torch.randint(0, 10, (64,))),
+                  F.cross_entropy, steps)
+    emit("compiled_train", "cnn_step_b64", ms, "ms/step")
+    torch.manual_seed(0)
+    m = GPT()
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-4)
     B, T = 16, 128
-    gpt_batch = lambda: (torch.randint(0, 256, (B, T)), torch.randint(0, 256, (B, T)))  # noqa: E731
-    gpt_loss = lambda logits, y: F.cross_entropy(logits.view(-1, 256), y.view(-1))  # noqa: E731
-
-    def cnn():
-        return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Flatten(), nn.Linear(64 * 8 * 8, 10))
-
-    cases = [("mlp_step_b512", mlp, lambda p: torch.optim.AdamW(p, lr=1e-3), mlp_batch,
-              F.cross_entropy, steps),
-             ("cnn_step_b64", cnn, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9), cnn_batch,
-              F.cross_entropy, steps),
-             ("gpt_step_b16_t128", GPT, lambda p: torch.optim.AdamW(p, lr=3e-4), gpt_batch,
-              gpt_loss, 3 if quick else 10)]
-    for name, make, make_opt, batch, loss_fn, n in cases:
-        torch.manual_seed(0)
-        m = make()
-        eager = train_ms(m, make_opt(m.parameters()), batch, loss_fn, n)
-        torch.manual_seed(0)
-        m = make()
-        ms, cold = compiled_ms(m, make_opt(m.parameters()), batch, loss_fn, n)
-        emit("compiled_train", name, ms, "ms/step")
-        emit("compiled_train", name + "_vs_eager", ms / eager, "ratio")
-        if name.startswith("gpt"):
-            emit("compiled_train", "gpt_cold_s", cold, "s")
-            (eager_bytes, kept_bytes), = compiled_ms.last.saved_activation_bytes()
-            emit("compiled_train", "gpt_saved_activation_bytes_vs_eager", kept_bytes / eager_bytes,
-                 "ratio")
+    x, y = torch.randint(0, 256, (B, T)), torch.randint(0, 256, (B, T))
+    loss_fn = lambda logits, y: F.cross_entropy(logits.view(-1, 256), y.view(-1))
+    t0 = time.perf_counter()
+    cm = torch.compile(m)
+    loss_fn(cm(x), y).backward()
+    cold = time.perf_counter() - t0
+    opt.zero_grad(set_to_none=True)
+    ms = train_ms(cm, opt, lambda: (x, y), loss_fn, 3 if quick else 10)
+    emit("compiled_train", "gpt_step_b16_t128", ms, "ms/step")
+    emit("compiled_train", "gpt_cold_s", cold, "s")
 
 
 WORKLOADS = {"dispatch": w_dispatch, "gemm": w_gemm, "elementwise": w_elementwise,
