@@ -15,7 +15,6 @@
 
 namespace kiln::compiler {
 namespace detail {
-namespace {
 
 TensorSpec spec_of(const Tensor& t) {
   TensorSpec s;
@@ -27,6 +26,8 @@ TensorSpec spec_of(const Tensor& t) {
   s.wrapped_number = t.impl()->is_wrapped_number();
   return s;
 }
+
+namespace {
 
 bool same_geometry(const TensorSpec& s, const Tensor& t) {
   return s.sizes.ref() == t.sizes() && s.strides.ref() == t.strides() &&
@@ -454,11 +455,7 @@ void check_escapes(Tracer& tr, const std::vector<Tensor>& outputs) {
 
 TensorGuard TensorGuard::of(const Tensor& t) {
   TensorGuard g;
-  g.sizes = DimVector(t.sizes());
-  g.strides = DimVector(t.strides());
-  g.offset = t.storage_offset();
-  g.dtype = t.dtype();
-  g.device = t.device();
+  g.spec = spec_of(t);
   g.requires_grad = t.requires_grad();
   g.has_grad = g.requires_grad && t.grad().defined();
   return g;
@@ -467,13 +464,17 @@ TensorGuard TensorGuard::of(const Tensor& t) {
 std::string TensorGuard::mismatch(const Tensor& t) const {
   std::ostringstream os;
   if (!t.defined()) return "is undefined";
-  if (t.sizes() != sizes.ref()) os << "sizes " << t.sizes() << " (captured: " << sizes.ref() << ")";
-  else if (t.strides() != strides.ref())
-    os << "strides " << t.strides() << " (captured: " << strides.ref() << ")";
-  else if (t.storage_offset() != offset)
-    os << "storage offset " << t.storage_offset() << " (captured: " << offset << ")";
-  else if (t.dtype() != dtype) os << "dtype " << t.dtype() << " (captured: " << dtype << ")";
-  else if (t.device() != device) os << "device " << t.device() << " (captured: " << device << ")";
+  const TensorSpec& s = spec;
+  if (t.sizes() != s.sizes.ref())
+    os << "sizes " << t.sizes() << " (captured: " << s.sizes.ref() << ")";
+  else if (t.strides() != s.strides.ref())
+    os << "strides " << t.strides() << " (captured: " << s.strides.ref() << ")";
+  else if (t.storage_offset() != s.offset)
+    os << "storage offset " << t.storage_offset() << " (captured: " << s.offset << ")";
+  else if (t.dtype() != s.dtype)
+    os << "dtype " << t.dtype() << " (captured: " << s.dtype << ")";
+  else if (t.device() != s.device)
+    os << "device " << t.device() << " (captured: " << s.device << ")";
   else if (t.requires_grad() != requires_grad)
     os << "requires_grad " << t.requires_grad() << " (captured: " << requires_grad << ")";
   else if (requires_grad && check_grad && t.grad().defined() != has_grad)

@@ -361,7 +361,7 @@ std::string fuse(Program& p) {
   if (cxx.empty()) return "no C++ compiler found";
 
   // A member's value is an output of its group when anything outside the group reads it.
-  std::vector<bool> used_later(static_cast<size_t>(p.graph.num_values()), false);
+  std::vector<bool> used_later = program_results(p);
   std::vector<int> group_of(p.graph.nodes().size(), -1);
   std::map<ir::ValueId, int> made_by_group;
   for (size_t g = 0; g < groups.size(); ++g)
@@ -374,12 +374,6 @@ std::string fuse(Program& p) {
       auto it = made_by_group.find(v);
       if (it == made_by_group.end() || it->second != group_of[i]) used_later[v] = true;
     }
-  for (ir::ValueId v : p.outputs)
-    if (v >= 0) used_later[v] = true;
-  for (const GradWrite& w : p.grad_writes)
-    if (w.value >= 0) used_later[w.value] = true;
-  for (ir::ValueId v : p.input_grads)
-    if (v >= 0) used_later[v] = true;
 
   std::string src = kPrelude;
   for (size_t g = 0; g < groups.size(); ++g) {

@@ -89,7 +89,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
     if (!r.program->cache_note.empty()) s.events.back().reason += "; " + r.program->cache_note;
     s.programs.push_back(r.program);
     s.retries = 0;
-    // Note [Compiled backward]: the capture consumed the eager outputs' autograd graph; the
+    // See Note [Compiled backward]: the capture consumed the eager outputs' autograd graph; the
     // program's own run gives outputs whose backward is the compiled one.
     if (r.program->aot) return r.program->run(args);
   } else {

@@ -67,8 +67,9 @@ void erase_nodes(Program& p, const std::vector<bool>& keep) {
   reorder_nodes(p, order);
 }
 
-// Values some later consumer reads.
-std::vector<bool> used_values(const Program& p) {
+}  // namespace
+
+std::vector<bool> program_results(const Program& p) {
   std::vector<bool> used(static_cast<size_t>(p.graph.num_values()), false);
   for (ir::ValueId v : p.outputs)
     if (v >= 0) used[v] = true;
@@ -79,11 +80,9 @@ std::vector<bool> used_values(const Program& p) {
   return used;
 }
 
-}  // namespace
-
 int dead_code_elimination(Program& p) {
   const auto& nodes = p.graph.nodes();
-  std::vector<bool> used = used_values(p), keep(nodes.size(), true);
+  std::vector<bool> used = program_results(p), keep(nodes.size(), true);
   int removed = 0;
   for (size_t i = nodes.size(); i-- > 0;) {
     bool live = has_effects(p, i);

@@ -85,7 +85,7 @@ void Program::finalize() {
     if (v >= 0) last_use[v] = -1;
   for (ir::ValueId v = 0; v < graph.num_values(); ++v)
     if (last_use[v] >= 0) frees[last_use[v]].push_back(v);
-  // Note [Compiled backward]: what the backward reads and does not make or get as a gradient.
+  // What the backward reads and does not make or get as a gradient (See Note [Compiled backward]).
   saved.clear();
   if (aot) {
     std::vector<bool> made_in_backward(static_cast<size_t>(graph.num_values()), false), seen = made_in_backward;

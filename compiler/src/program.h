@@ -28,10 +28,7 @@ enum class Phase : uint8_t { Forward, Backward, After };
 
 // What a tensor must look like for a program to be replayed (Note [Guards]).
 struct TensorGuard {
-  DimVector sizes, strides;
-  int64_t offset = 0;
-  ScalarType dtype = kFloat32;
-  Device device = kCPU;
+  TensorSpec spec;  // sizes, strides, offset, dtype, device
   bool requires_grad = false;
   bool has_grad = false;
   bool check_grad = true;  // false: the function replaces .grad before it reads the tensor
@@ -40,6 +37,9 @@ struct TensorGuard {
   // "" when `t` passes; otherwise what differs, e.g. "sizes [16, 10] (captured: [32, 10])".
   std::string mismatch(const Tensor& t) const;
 };
+
+// `t`'s geometry, dtype and device as the IR records them.
+TensorSpec spec_of(const Tensor& t);
 
 // A `.grad` assignment the function made: input `input`'s grad becomes `value` (-1: cleared).
 struct GradWrite {
@@ -139,6 +139,8 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args);
 
 // Whether node i writes an argument, is a collective or draws from an explicit generator.
 bool has_effects(const Program& p, size_t i);
+// The values the program hands out after its nodes: outputs, .grad writes, input gradients.
+std::vector<bool> program_results(const Program& p);
 // The value whose storage `v` looks into (through view nodes): a graph input or a node output.
 ir::ValueId storage_root(const Program& p, ir::ValueId v);
 // Compiles the program's fusion groups (Note [Fusion], Note [Compile cache]): "" or why the

@@ -271,7 +271,7 @@ TEST(Compile, PastTheRecompileLimitCallsRunEagerly) {
   EXPECT_THROW(f.graph_str(5), Error);
 }
 
-// Note [Compiled backward]: a compiled forward whose outputs need autograd gets a compiled
+// See Note [Compiled backward]: a compiled forward whose outputs need autograd gets a compiled
 // backward, and the usual loop (loss and optimizer outside) trains as eager does.
 TEST(Compile, AForwardThatNeedsAutogradCompilesItsBackward) {
   auto eager = make_mlp(), compiled = make_mlp();
