@@ -7,6 +7,7 @@
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/dispatcher.h"
 #include "kiln/operators.h"
+#include "kiln/compiler/graph.h"
 #include "program.h"
 
 namespace kiln::compiler::detail {
@@ -123,7 +124,7 @@ void run_kernel(const FusedKernel& k, std::vector<Tensor>& env) {
 }  // namespace
 
 void Program::run_nodes(std::vector<Tensor>& env, std::optional<Phase> only, uint64_t seed,
-                        uint64_t base) const {
+                        uint64_t base, const std::vector<GeneratorState>* rng) const {
   // See Note [Random ops in a program].
   auto rebase = [&](uint64_t offset) { return base + (offset - rng_offset); };
   size_t next_seed_use = 0;
@@ -140,7 +141,9 @@ void Program::run_nodes(std::vector<Tensor>& env, std::optional<Phase> only, uin
     Stack s = ir::build_stack(n, [&](ir::ValueId id) { return env[id]; });
     if (n.rng) {
       GeneratorState st;
-      if (generators[i]) {
+      if (rng != nullptr) {
+        st = (*rng)[i];
+      } else if (generators[i]) {
         const TensorSpec& o = graph.value(n.outputs[0]).meta;
         std::tie(st.seed, st.offset) = const_cast<Generator&>(*generators[i])
             .reserve(random_op_counters(n.op->info().name, numel_of(o.sizes), o.dtype));
@@ -238,3 +241,50 @@ std::vector<Tensor> Program::attach_backward(const std::vector<Tensor>& input_te
 }
 
 }  // namespace kiln::compiler::detail
+
+namespace kiln::compiler {
+
+CompiledGraph::CompiledGraph(ir::Graph g) : p_(std::make_shared<detail::Program>()) {
+  ir::verify_or_throw(g);
+  detail::Program& p = *p_;
+  p.graph = std::move(g);
+  p.num_args = static_cast<int>(p.graph.inputs().size());
+  for (int i = 0; i < p.num_args; ++i) {
+    p.sources.push_back(detail::InputSource{detail::InputSource::Kind::Arg, i, {}});
+    p.guards.emplace_back();
+    p.arg_alias.push_back(-1);
+  }
+  p.generators.assign(p.graph.nodes().size(), std::nullopt);
+  p.phases.assign(p.graph.nodes().size(), detail::Phase::Forward);
+  p.outputs = p.graph.outputs();
+  if (detail::fusion_enabled()) {
+    std::string problem = detail::compiler_problem();
+    KILN_CHECK(problem.empty(), Runtime, problem);
+    detail::fuse(p);  // a group that does not build leaves the graph unfused
+  }
+  p.finalize();
+}
+
+CompiledGraph::~CompiledGraph() = default;
+
+std::vector<Tensor> CompiledGraph::run(const std::vector<Tensor>& inputs,
+                                       const std::vector<GeneratorState>& rng) const {
+  const detail::Program& p = *p_;
+  KILN_CHECK(inputs.size() == p.graph.inputs().size(), Value, "CompiledGraph: ", inputs.size(),
+             " inputs for a graph of ", p.graph.inputs().size());
+  KILN_CHECK(rng.size() == p.graph.nodes().size(), Value, "CompiledGraph: ", rng.size(),
+             " random states for ", p.graph.nodes().size(), " nodes");
+  std::vector<Tensor> env(static_cast<size_t>(p.graph.num_values()));
+  for (size_t i = 0; i < inputs.size(); ++i) env[p.graph.inputs()[i]] = inputs[i];
+  {
+    ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends());
+    p.run_nodes(env, std::nullopt, 0, 0, &rng);
+  }
+  std::vector<Tensor> out;
+  for (ir::ValueId v : p.outputs) out.push_back(env[v]);
+  return out;
+}
+
+int CompiledGraph::num_fused_loops() const { return static_cast<int>(p_->kernels.size()); }
+
+}  // namespace kiln::compiler

@@ -121,9 +121,10 @@ struct Program : std::enable_shared_from_this<Program> {
   std::vector<Tensor> attach_backward(const std::vector<Tensor>& input_tensors,
                                       std::vector<Tensor> out, std::vector<Tensor> saved_tensors,
                                       uint64_t seed, uint64_t base) const;
-  // Runs the nodes of phase `only` (all when empty), drawing from the block at (seed, base).
+  // Runs the nodes of phase `only` (all when empty), drawing from the block at (seed, base), or
+  // where `rng` is given, each random node from its own state there (CompiledGraph).
   void run_nodes(std::vector<Tensor>& env, std::optional<Phase> only, uint64_t seed,
-                 uint64_t base) const;
+                 uint64_t base, const std::vector<GeneratorState>* rng = nullptr) const;
 };
 
 // The result of one capture: the eager outputs, and the program, or why there is none.

@@ -209,6 +209,66 @@ TEST(WorkerSession, InPlaceOpsRebindTheirInput) {
   }
 }
 
+// Note [Compiled batches]: the same recorded step, streamed again with new ids, data and random
+// states, runs as one compiled graph from its second time on, and computes what eager does.
+TEST(WorkerSession, ARepeatedStepRunsCompiledFromItsSecondTime) {
+  Session s({});
+  Tensor w = testing::random({4, 3}, kFloat32, -1, 1, 1), w_eager = w.clone();
+  BatchBuilder init;
+  init.create(1, w);
+  ASSERT_TRUE(run(s, init).status.ok());
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const int64_t b = 100 * (step + 1);  // fresh ids every step, as a client's are
+    Tensor x = testing::random({5, 4}, kFloat32, -1, 1, 10 + step);
+    const uint64_t seed = 7, offset = 40 * static_cast<uint64_t>(step);
+    BatchBuilder bb;
+    bb.create(b, x);
+    bb.op("mm", {V(b), V(1)}, {b + 1});
+    bb.op("relu", {V(b + 1)}, {b + 2});
+    bb.op("tanh", {V(b + 2)}, {b + 3});
+    bb.op("mul", {V(b + 3), V(b + 3)}, {b + 4});
+    bb.op("add", {V(b + 4), V(b + 2), A(Scalar(1))}, {b + 5});
+    bb.op("neg", {V(b + 5)}, {b + 6});
+    bb.op("abs", {V(b + 6)}, {b + 7});
+    bb.op("sqrt", {V(b + 7)}, {b + 8});
+    bb.op("mul", {V(b + 8), V(b + 1)}, {b + 9});
+    proto::Instruction& r = bb.op("rand", {A(std::vector<int64_t>{5, 3}), A(IValue()), A(IValue()), A(IValue())}, {b + 10});
+    r.mutable_rng()->set_seed(seed);
+    r.mutable_rng()->set_offset(offset);
+    bb.op("add", {V(b + 9), V(b + 10), A(Scalar(0.5))}, {b + 11});
+    bb.op("sigmoid", {V(b + 11)}, {b + 12});
+    bb.op("sin", {V(b + 12)}, {b + 13});
+    bb.op("cos", {V(b + 13)}, {b + 14});
+    bb.op("mul", {V(b + 14), V(b + 13)}, {b + 15});
+    bb.op("sum", {V(b + 15), A(IValue()), A(false), A(IValue())}, {b + 16});
+    bb.op("tanh", {V(1)}, {b + 17});
+    bb.op("add_", {V(1), V(b + 17), A(Scalar(-0.01))}, {1});
+    std::vector<int64_t> dead;
+    for (int64_t k = 0; k <= 17; ++k)
+      if (k != 16) dead.push_back(b + k);
+    bb.free(dead).fetch(1, b + 16).free({b + 16});
+    Replies rep = run(s, bb);
+    ASSERT_TRUE(rep.status.ok()) << rep.status;
+    proto::Error err;
+    Tensor got_loss = fetched(rep, 1, &err);
+    ASSERT_TRUE(got_loss.defined()) << err.DebugString();
+    // The same step, eagerly.
+    Tensor a1 = mm(x, w_eager), a2 = relu(a1), a3 = tanh(a2), a5 = add(a3 * a3, a2);
+    Tensor a9 = sqrt(abs(neg(a5))) * a1;
+    Generator g(seed);
+    g.set_state({seed, offset});
+    Tensor a10 = add(a9, rand({5, 3}, g), 0.5);
+    Tensor a13 = sin(sigmoid(a10)), loss = (cos(a13) * a13).sum();
+    w_eager.add_(tanh(w_eager), -0.01);
+    testing::expect_close(got_loss, loss, 1e-6, 1e-6);
+    testing::expect_close(fetch(s, 1), w_eager, 1e-6, 1e-6);
+    EXPECT_EQ(s.num_values(), 1);  // w alone: the step's values were freed
+  }
+  EXPECT_EQ(s.compiled_runs(), 3u);
+  EXPECT_EQ(s.instructions_run(), 4u * 18u);
+}
+
 TEST(WorkerSession, FailuresPoisonDownstreamValuesOnly) {
   Session s({});
   BatchBuilder bb;

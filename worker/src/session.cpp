@@ -152,6 +152,10 @@ uint64_t Session::instructions_run() const {
   return state_->instructions.load(std::memory_order_relaxed);
 }
 
+uint64_t Session::compiled_runs() const {
+  return state_->compiled_runs.load(std::memory_order_relaxed);
+}
+
 // ---- DTensors (Note [Remote DTensor] in kiln/dist/remote.h) -------------------------------------
 
 static dist::DeviceMesh mesh_of(State& s, const proto::MeshRef& ref) {
@@ -535,12 +539,20 @@ absl::Status Session::run(const proto::Batch& batch,
   // the DTensor key, which only the DTensors of a DTensor instruction have (Note [Remote DTensor]).
   ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends() -
                                 DispatchKeySet(DispatchKey::DTensor));
-  int i = 0;
+  int i = 0, plain_until = 0;
   try {
     for (; i < batch.commands_size(); ++i) {
       const proto::Command& c = batch.commands(i);
       switch (c.kind_case()) {
-        case proto::Command::kOp: run_instruction(s, options_, c.op()); break;
+        case proto::Command::kOp:
+          if (i >= plain_until) {  // See Note [Compiled batches]
+            if (int next = run_compiled_segment(s, options_, batch, i, &plain_until); next >= 0) {
+              i = next - 1;
+              break;
+            }
+          }
+          run_instruction(s, options_, c.op());
+          break;
         case proto::Command::kCreate: run_create(s, options_, c.create()); break;
         case proto::Command::kFetch: run_fetch(s, c.fetch(), reply); break;
         case proto::Command::kMesh:

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "kiln/compiler/graph.h"
 #include "kiln/dispatcher.h"
 #include "kiln/dist/device_mesh.h"
 #include "kiln/dist/process_group.h"
@@ -83,6 +84,14 @@ struct Session::State {
   std::vector<std::pair<dist::WorkPtr, Tensor>> sends;
   Stack stack;  // reused by every instruction
   std::vector<Tensor> results;
+  // The compiled-graph cache, by segment key (Note [Compiled batches] in session_compiled.cpp).
+  struct CompiledEntry {
+    int seen = 0;
+    bool failed = false;
+    std::shared_ptr<compiler::CompiledGraph> graph;
+  };
+  absl::flat_hash_map<std::string, CompiledEntry> compiled;
+  std::atomic<uint64_t> compiled_runs{0};
 };
 
 namespace session_detail {
@@ -98,6 +107,11 @@ void fail(State& s, const ErrorPtr& e);
 std::string missing_value(const State& s, int64_t id);
 void check_resident(const State& s, const std::string& what, int64_t id, const Tensor& t);
 std::string memory_message(uint64_t limit, const std::string& what, uint64_t need, uint64_t used);
+// Runs the segment of the batch starting at command `i` through the compiled-graph cache: the
+// index of the command after it, or -1 when it must run instruction by instruction, up to
+// *plain_until (the caller does not ask again before then).
+int run_compiled_segment(State& s, const SessionOptions& opt, const proto::Batch& batch, int i,
+                         int* plain_until);
 dist::DTensorSpec decode_spec(State& s, const proto::DTensorSpec& p, const Tensor& local);
 dist::Placements decode_placements(
     const google::protobuf::RepeatedPtrField<proto::PlacementSpec>& ps);

@@ -67,6 +67,8 @@ class Session {
   int64_t num_values() const;          // live entries of the value table
   uint64_t memory_in_use_bytes() const;
   uint64_t instructions_run() const;
+  // Segments run by the compiled-graph cache (Note [Compiled batches]).
+  uint64_t compiled_runs() const;
 
   struct State;  // the value table and executor state (session.cpp)
 
