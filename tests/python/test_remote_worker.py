@@ -5,10 +5,12 @@ With a kiln-coordinator binary (build/bin, or KILN_COORDINATOR_BIN) two register
 form a gang: gradients average over it, and digits.py --workers 2 trains data-parallel."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -85,6 +87,45 @@ def test_ops_on_worker(worker):
         s.sync()
     with pytest.raises(ValueError, match="is a worker, not a coordinator"):
         kiln.connect(address, workers=2)
+
+
+def test_a_repeated_training_step_runs_compiled_on_the_worker(tmp_path):
+    """The worker's compiled-graph cache (Note [Compiled batches] in worker/src/session_compiled.cpp):
+    the same recorded step, streamed again, runs compiled from its second time on, with no change
+    to the client, and the losses equal embedded eager's."""
+    p, address = start_worker(tmp_path, extra=("--metrics-listen", "127.0.0.1:0"))
+    try:
+        port = int(p.stderr.readline().decode().split("metrics on port ")[1].split()[0])
+
+        def train(device):
+            kiln.manual_seed(0)
+            model = kiln.nn.Sequential(kiln.nn.Linear(8, 16), kiln.nn.Tanh(), kiln.nn.Linear(16, 4))
+            if device is not None:
+                model.to(device)
+            opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+            g = kiln.Generator()
+            g.manual_seed(1)
+            losses = []
+            for _ in range(6):
+                x, y = kiln.randn(32, 8, generator=g), kiln.randint(0, 4, (32,), generator=g)
+                if device is not None:
+                    x, y = x.to(device), y.to(device)
+                loss = kiln.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            return losses
+
+        eager = train(None)
+        with kiln.connect(address) as s:
+            remote = train(s.device)
+        assert remote == pytest.approx(eager, rel=1e-5, abs=1e-7)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        compiled = float(re.search(r"^kiln_worker_compiled_steps_total (\S+)$", text, re.M).group(1))
+        assert compiled >= 4, text
+    finally:
+        stop(p)
 
 
 def test_token(tmp_path, monkeypatch):

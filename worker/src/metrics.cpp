@@ -179,6 +179,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                        .Help("Instructions executed (failed ones included)")
                        .Register(*registry_)
                        .Add({});
+  compiled_ = &prometheus::BuildCounter()
+                   .Name("kiln_worker_compiled_steps_total")
+                   .Help("Recorded segments that ran as compiled graphs (the compiled-graph cache)")
+                   .Register(*registry_)
+                   .Add({});
   memory_ = &prometheus::BuildGauge()
                  .Name("kiln_worker_memory_in_use_bytes")
                  .Help("Bytes of the distinct storages held by all sessions' value tables")
@@ -207,6 +212,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::create(const std::string& list
 }
 
 void Metrics::add_instructions(uint64_t n) { instructions_->Increment(static_cast<double>(n)); }
+void Metrics::add_compiled_runs(uint64_t n) { compiled_->Increment(static_cast<double>(n)); }
 void Metrics::add_memory(int64_t delta) { memory_->Increment(static_cast<double>(delta)); }
 void Metrics::observe_step(double seconds) { step_->Observe(seconds); }
 int Metrics::port() const { return endpoint_ ? endpoint_->port() : 0; }

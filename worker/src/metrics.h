@@ -33,6 +33,7 @@ class Metrics {
   ~Metrics();
 
   void add_instructions(uint64_t n);
+  void add_compiled_runs(uint64_t n);  // segments the compiled-graph cache ran
   void add_memory(int64_t delta_bytes);
   void observe_step(double seconds);  // time between two Syncs of a session
   int port() const;                   // 0 when not serving
@@ -41,6 +42,7 @@ class Metrics {
   Metrics();
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Counter* instructions_;
+  prometheus::Counter* compiled_;
   prometheus::Gauge* memory_;
   prometheus::Histogram* step_;
   class Endpoint;

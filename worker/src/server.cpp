@@ -186,7 +186,7 @@ struct Server::Impl final : grpc::Service {
       }
       stream.write(m);  // a client that left is noticed at the next read
     };
-    uint64_t instructions = 0, memory = 0;
+    uint64_t instructions = 0, memory = 0, compiled = 0;
     while (stream.read(&msg)) {
       if (!msg.has_batch())
         return absl::InvalidArgumentError(msg.has_hello() ? "Hello sent twice on one stream"
@@ -197,7 +197,10 @@ struct Server::Impl final : grpc::Service {
       }
       absl::Status st = session.run(msg.batch(), reply);
       uint64_t n = session.instructions_run(), m = session.memory_in_use_bytes();
+      uint64_t c = session.compiled_runs();
       metrics->add_instructions(n - instructions);
+      metrics->add_compiled_runs(c - compiled);
+      compiled = c;
       metrics->add_memory(static_cast<int64_t>(m) - static_cast<int64_t>(memory));
       instructions = n;
       memory = m;
