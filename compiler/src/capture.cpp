@@ -16,16 +16,7 @@
 namespace kiln::compiler {
 namespace detail {
 
-TensorSpec spec_of(const Tensor& t) {
-  TensorSpec s;
-  s.sizes = DimVector(t.sizes());
-  s.strides = DimVector(t.strides());
-  s.offset = t.storage_offset();
-  s.dtype = t.dtype();
-  s.device = t.device();
-  s.wrapped_number = t.impl()->is_wrapped_number();
-  return s;
-}
+using ir::spec_of;
 
 namespace {
 

@@ -38,9 +38,6 @@ struct TensorGuard {
   std::string mismatch(const Tensor& t) const;
 };
 
-// `t`'s geometry, dtype and device as the IR records them.
-TensorSpec spec_of(const Tensor& t);
-
 // A `.grad` assignment the function made: input `input`'s grad becomes `value` (-1: cleared).
 struct GradWrite {
   int input = -1;

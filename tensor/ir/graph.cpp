@@ -20,6 +20,17 @@ std::vector<IValue> Node::attributes() const {
   return out;
 }
 
+TensorSpec spec_of(const Tensor& t) {
+  TensorSpec s;
+  s.sizes = DimVector(t.sizes());
+  s.strides = DimVector(t.strides());
+  s.offset = t.storage_offset();
+  s.dtype = t.dtype();
+  s.device = t.device();
+  s.wrapped_number = t.impl()->is_wrapped_number();
+  return s;
+}
+
 Tensor fake_tensor(const TensorSpec& spec) {
   int64_t hi = spec.offset;
   bool empty = false;

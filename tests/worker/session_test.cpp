@@ -209,7 +209,7 @@ TEST(WorkerSession, InPlaceOpsRebindTheirInput) {
   }
 }
 
-// Note [Compiled batches]: the same recorded step, streamed again with new ids, data and random
+// See Note [Compiled batches]: the same recorded step, streamed again with new ids, data and random
 // states, runs as one compiled graph from its second time on, and computes what eager does.
 TEST(WorkerSession, ARepeatedStepRunsCompiledFromItsSecondTime) {
   Session s({});

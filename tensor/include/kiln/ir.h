@@ -158,6 +158,9 @@ Stack build_stack(const Node& node, const F& tensor) {
 }
 // Index of the node's `Generator?` argument, or -1.
 int generator_arg(const OperatorHandle& op);
+// A real tensor's geometry, dtype, device and wrapped-number flag, as the IR records it.
+TensorSpec spec_of(const Tensor& t);
+
 // Data-less stand-in with `spec`'s geometry, dtype and device, for running meta functions.
 Tensor fake_tensor(const TensorSpec& spec);
 
