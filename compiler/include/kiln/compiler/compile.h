@@ -26,7 +26,9 @@
 // - a tensor made inside the function outlives it without being an output (new optimizer
 //   state: the next call captures again, after the state exists);
 // - an op the recorder cannot describe (no meta function), or whose kernel disagrees with it;
-// - an output that still needs autograd (compile the whole step, or run under no_grad).
+// - an output that needs autograd from a function that ran a backward itself, or whose forward
+//   writes tensors it did not make (otherwise the backward is captured too: Note [Compiled
+//   backward] in compiler/src/program.h).
 // Each refusal is an explain() event that names the op, value or tensor involved.
 //
 // Note [Guards]: a program is replayed only when, for every argument and captured input, the
