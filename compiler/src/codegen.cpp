@@ -92,30 +92,43 @@ const std::map<std::string, Lowering>& lowerings() {
   return m;
 }
 
-// Helpers every generated file starts with. NaN propagates through relu and maximum/minimum as
-// it does in the eager kernels.
-constexpr const char* kPrelude = R"(#include <cmath>
-#include <cstdint>
-template <typename T> static inline T relu(T x) { return std::isnan(x) ? x : (x > T(0) ? x : T(0)); }
-template <typename T> static inline T maximum(T a, T b) { return std::isnan(a) || std::isnan(b) ? a + b : (a > b ? a : b); }
-template <typename T> static inline T minimum(T a, T b) { return std::isnan(a) || std::isnan(b) ? a + b : (a < b ? a : b); }
-template <typename T> static inline T gelu_erf(T x) { return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440))); }
-template <typename T> static inline T gelu_erf_bwd(T g, T x) {
-  T cdf = T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
-  T pdf = std::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
+// Helpers every generated file starts with, for both targets: @FN@ is how a helper is declared
+// and @M@ where the math functions live (prelude()). NaN propagates through relu and
+// maximum/minimum as it does in the eager kernels.
+constexpr const char* kPreludeTemplate = R"(
+template <typename T> @FN@ T relu(T x) { return @M@isnan(x) ? x : (x > T(0) ? x : T(0)); }
+template <typename T> @FN@ T maximum(T a, T b) { return @M@isnan(a) || @M@isnan(b) ? a + b : (a > b ? a : b); }
+template <typename T> @FN@ T minimum(T a, T b) { return @M@isnan(a) || @M@isnan(b) ? a + b : (a < b ? a : b); }
+template <typename T> @FN@ T gelu_erf(T x) { return T(0.5) * x * (T(1) + @M@erf(x * T(0.70710678118654752440))); }
+template <typename T> @FN@ T gelu_erf_bwd(T g, T x) {
+  T cdf = T(0.5) * (T(1) + @M@erf(x * T(0.70710678118654752440)));
+  T pdf = @M@exp(T(-0.5) * x * x) * T(0.39894228040143267794);
   return g * (cdf + x * pdf);
 }
-template <typename T> static inline T gelu_tanh(T x) {
+template <typename T> @FN@ T gelu_tanh(T x) {
   T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
-  return T(0.5) * x * (T(1) + std::tanh(inner));
+  return T(0.5) * x * (T(1) + @M@tanh(inner));
 }
-template <typename T> static inline T gelu_tanh_bwd(T g, T x) {
+template <typename T> @FN@ T gelu_tanh_bwd(T g, T x) {
   T inner = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
-  T t = std::tanh(inner);
+  T t = @M@tanh(inner);
   T d = T(0.79788456080286535588) * (T(1) + T(3) * T(0.044715) * x * x);
   return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * d);
 }
 )";
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+
+std::string prelude(bool cuda) {
+  std::string s =
+      replace_all(kPreludeTemplate, "@FN@", cuda ? "__device__ inline" : "static inline");
+  s = replace_all(s, "@M@", cuda ? "" : "std::");
+  return (cuda ? "typedef long long int64_t;\n" : "#include <cmath>\n#include <cstdint>\n") + s;
+}
 
 // ---- grouping ------------------------------------------------------------------------------
 
@@ -133,14 +146,14 @@ bool contiguous(const TensorSpec& s) { return s.strides.ref() == contiguous_stri
 
 // Whether node i can be a member of a group of `shape` and `dtype` given the values already in it.
 bool fits(const Program& p, size_t i, const std::map<ir::ValueId, bool>& in_group,
-          const DimVector& shape, ScalarType dtype) {
+          const DimVector& shape, ScalarType dtype, bool any_device) {
   const ir::Node& n = p.graph.nodes()[i];
   if (!lowerings().count(n.op_name) || n.outputs.size() != 1 || p.generators[i] || n.rng)
     return false;
   if (n.op_name == "div" && !n.args[2].attribute().is_none()) return false;  // trunc, floor
   const TensorSpec& out = p.graph.value(n.outputs[0]).meta;
   if (out.dtype != dtype || out.sizes.ref() != shape.ref() || !contiguous(out) || out.offset != 0 ||
-      !out.device.is_cpu() || out.alias_of >= 0)
+      (!any_device && !out.device.is_cpu()) || out.alias_of >= 0)
     return false;
   for (const ir::NodeArg& a : n.args) {
     if (a.is_value_list()) return false;
@@ -148,7 +161,7 @@ bool fits(const Program& p, size_t i, const std::map<ir::ValueId, bool>& in_grou
     const ir::ValueId v = a.values()[0];
     if (in_group.count(v)) continue;
     const TensorSpec& s = p.graph.value(v).meta;
-    if (!s.device.is_cpu()) return false;
+    if (!any_device && !s.device.is_cpu()) return false;
     if (numel_of(s.sizes) == 1) {  // a one-element input, such as a wrapped number, of any dtype
       if (c_type(s.dtype) == nullptr || (s.dtype != dtype && !s.wrapped_number)) return false;
       continue;
@@ -158,7 +171,7 @@ bool fits(const Program& p, size_t i, const std::map<ir::ValueId, bool>& in_grou
   return true;
 }
 
-std::vector<FusedKernel> find_groups(const Program& p) {
+std::vector<FusedKernel> find_groups(const Program& p, bool any_device = false) {
   const auto& nodes = p.graph.nodes();
   std::vector<FusedKernel> groups;
   FusedKernel cur;
@@ -175,14 +188,14 @@ std::vector<FusedKernel> find_groups(const Program& p) {
       const TensorSpec& out = p.graph.value(n.outputs[0]).meta;
       candidate = (out.dtype == kFloat32 || out.dtype == kFloat64);
       if (candidate && !cur.members.empty() && p.phases[i] == p.phases[cur.members[0]] &&
-          fits(p, i, in_group, cur.sizes, cur.dtype)) {
+          fits(p, i, in_group, cur.sizes, cur.dtype, any_device)) {
         cur.members.push_back(i);
         in_group[n.outputs[0]] = true;
         continue;
       }
       if (candidate) {
         close();
-        if (fits(p, i, in_group, out.sizes, out.dtype)) {
+        if (fits(p, i, in_group, out.sizes, out.dtype, any_device)) {
           cur.sizes = out.sizes;
           cur.dtype = out.dtype;
           cur.members.push_back(i);
@@ -200,13 +213,13 @@ std::vector<FusedKernel> find_groups(const Program& p) {
   return groups;
 }
 
-// Fills the group's inputs and outputs and returns its function's source.
-std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used_later) {
+// The members' expressions, one `const T v<id> = ...;` line each; fills the group's inputs and
+// outputs. `input(j, spec)` declares input j and returns how the loop reads it.
+std::string loop_body(const Program& p, FusedKernel& k, const std::vector<bool>& used_later,
+                      const std::function<std::string(size_t, const TensorSpec&)>& input) {
   const auto& nodes = p.graph.nodes();
   std::map<ir::ValueId, std::string> expr;
-  std::map<ir::ValueId, bool> member_value;
-  for (size_t i : k.members) member_value[nodes[i].outputs[0]] = true;
-  std::ostringstream body, loads;
+  std::ostringstream body;
   for (size_t i : k.members) {
     const ir::Node& n = nodes[i];
     std::vector<std::string> in;
@@ -214,18 +227,8 @@ std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used
       if (!a.is_value()) continue;
       const ir::ValueId v = a.values()[0];
       if (!expr.count(v)) {  // an input of the group
-        const TensorSpec& spec = p.graph.value(v).meta;
-        const std::string idx = std::to_string(k.inputs.size());
+        expr[v] = input(k.inputs.size(), p.graph.value(v).meta);
         k.inputs.push_back(v);
-        if (numel_of(spec.sizes) == 1) {
-          loads << "  const T s" << idx << " = static_cast<T>(*static_cast<const "
-                << c_type(spec.dtype) << "*>(ins[" << idx << "]));\n";
-          expr[v] = "s" + idx;
-        } else {
-          loads << "  const T* __restrict in" << idx << " = static_cast<const T*>(ins[" << idx
-                << "]);\n";
-          expr[v] = "in" + idx + "[i]";
-        }
       }
       in.push_back(expr.at(v));
     }
@@ -234,19 +237,55 @@ std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used
     expr[out] = "v" + std::to_string(out);
     if (used_later[out]) k.outputs.push_back(out);
   }
-  const char* T = k.dtype == kFloat64 ? "double" : "float";
+  return body.str();
+}
+
+const char* value_type(ScalarType t) { return t == kFloat64 ? "double" : "float"; }
+
+// The group as a C++ function over arrays of pointers, an OpenMP loop.
+std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used_later) {
+  std::ostringstream loads;
+  const std::string body = loop_body(p, k, used_later, [&](size_t j, const TensorSpec& spec) {
+    const std::string idx = std::to_string(j);
+    if (numel_of(spec.sizes) == 1) {
+      loads << "  const T s" << idx << " = static_cast<T>(*static_cast<const " << c_type(spec.dtype)
+            << "*>(ins[" << idx << "]));\n";
+      return "s" + idx;
+    }
+    loads << "  const T* __restrict in" << idx << " = static_cast<const T*>(ins[" << idx << "]);\n";
+    return "in" + idx + "[i]";
+  });
   std::ostringstream os;
-  os << "extern \"C\" void " << k.name << "(const void* const* ins, void* const* outs, int64_t n) {\n"
-     << "  using T = " << T << ";\n";
-  os << loads.str();
+  os << "extern \"C\" void " << k.name
+     << "(const void* const* ins, void* const* outs, int64_t n) {\n"
+     << "  using T = " << value_type(k.dtype) << ";\n"
+     << loads.str();
   for (size_t j = 0; j < k.outputs.size(); ++j)
     os << "  T* __restrict out" << j << " = static_cast<T*>(outs[" << j << "]);\n";
   os << "#pragma omp parallel for simd if (n >= 65536)\n"
      << "  for (int64_t i = 0; i < n; ++i) {\n"
-     << body.str();
+     << body;
   for (size_t j = 0; j < k.outputs.size(); ++j) os << "    out" << j << "[i] = v" << k.outputs[j] << ";\n";
   os << "  }\n}\n";
   return os.str();
+}
+
+// A member's value is an output of its group when anything outside the group reads it.
+std::vector<bool> group_outputs(const Program& p, const std::vector<FusedKernel>& groups) {
+  std::vector<bool> used_later = program_results(p);
+  std::vector<int> group_of(p.graph.nodes().size(), -1);
+  std::map<ir::ValueId, int> made_by_group;
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i : groups[g].members) {
+      group_of[i] = static_cast<int>(g);
+      made_by_group[p.graph.nodes()[i].outputs[0]] = static_cast<int>(g);
+    }
+  for (size_t i = 0; i < p.graph.nodes().size(); ++i)
+    for (ir::ValueId v : p.graph.nodes()[i].inputs()) {
+      auto it = made_by_group.find(v);
+      if (it == made_by_group.end() || it->second != group_of[i]) used_later[v] = true;
+    }
+  return used_later;
 }
 
 // ---- building and the cache (Note [Compile cache]) -----------------------------------------
@@ -339,6 +378,20 @@ fs::path cache_dir(std::vector<std::string>* warnings) {
   return fallback;
 }
 
+std::string emit_cuda(const Program& p, FusedKernel& k, const std::vector<bool>& used_later);
+
+// The source of every group, named kiln_fused_<i>, for the host or for CUDA.
+std::string generate(const Program& p, std::vector<FusedKernel>& groups, bool cuda) {
+  const std::vector<bool> used_later = group_outputs(p, groups);
+  std::string src = prelude(cuda);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].name = "kiln_fused_" + std::to_string(g);
+    groups[g].numel = numel_of(groups[g].sizes);
+    src += cuda ? emit_cuda(p, groups[g], used_later) : emit(p, groups[g], used_later);
+  }
+  return src;
+}
+
 }  // namespace
 
 bool fusion_enabled() {
@@ -360,27 +413,7 @@ std::string fuse(Program& p) {
   const auto [cxx, version] = compiler();
   if (cxx.empty()) return "no C++ compiler found";
 
-  // A member's value is an output of its group when anything outside the group reads it.
-  std::vector<bool> used_later = program_results(p);
-  std::vector<int> group_of(p.graph.nodes().size(), -1);
-  std::map<ir::ValueId, int> made_by_group;
-  for (size_t g = 0; g < groups.size(); ++g)
-    for (size_t i : groups[g].members) {
-      group_of[i] = static_cast<int>(g);
-      made_by_group[p.graph.nodes()[i].outputs[0]] = static_cast<int>(g);
-    }
-  for (size_t i = 0; i < p.graph.nodes().size(); ++i)
-    for (ir::ValueId v : p.graph.nodes()[i].inputs()) {
-      auto it = made_by_group.find(v);
-      if (it == made_by_group.end() || it->second != group_of[i]) used_later[v] = true;
-    }
-
-  std::string src = kPrelude;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    groups[g].name = "kiln_fused_" + std::to_string(g);
-    groups[g].numel = numel_of(groups[g].sizes);
-    src += emit(p, groups[g], used_later);
-  }
+  const std::string src = generate(p, groups, /*cuda=*/false);
   const std::string flags = "-O3 -march=native -fopenmp -ffp-contract=off -fPIC -shared -std=c++17";
   const std::string key = hex(fnv1a(version, fnv1a(flags, fnv1a(src))));
   std::vector<std::string> warnings;
@@ -432,6 +465,131 @@ std::string fuse(Program& p) {
   p.kernels = std::move(groups);
   p.cache_note = note;
   return "";
+}
+
+// ---- CUDA through NVRTC ----------------------------------------------------------------------
+//
+// Note [CUDA fusion]: the same groups (Note [Fusion]) as CUDA kernels, one thread per element,
+// each input and output a kernel parameter, compiled to PTX by NVRTC. NVRTC is loaded with
+// dlopen when first asked for (libnvrtc.so.13, libnvrtc.so, then $CUDA_HOME/lib64), so builds and
+// machines without CUDA need nothing. Only generation and compilation exist so far: launching
+// the kernels on CUDA tensors needs the driver API and a GPU to test it, so programs on CUDA
+// replay unfused.
+
+namespace {
+
+std::string emit_cuda(const Program& p, FusedKernel& k, const std::vector<bool>& used_later) {
+  std::vector<std::string> params;
+  const std::string body = loop_body(p, k, used_later, [&](size_t j, const TensorSpec& spec) {
+    const std::string idx = std::to_string(j);
+    if (numel_of(spec.sizes) == 1) {
+      params.push_back(std::string("const ") + c_type(spec.dtype) + "* __restrict__ s" + idx);
+      return "static_cast<T>(s" + idx + "[0])";
+    }
+    params.push_back("const T* __restrict__ in" + idx);
+    return "in" + idx + "[i]";
+  });
+  std::ostringstream os;
+  os << "template <typename T> __device__ inline void " << k.name << "_body(";
+  std::ostringstream sig;
+  for (const std::string& q : params) sig << q << ", ";
+  for (size_t j = 0; j < k.outputs.size(); ++j) sig << "T* __restrict__ out" << j << ", ";
+  sig << "int64_t i";
+  os << sig.str() << ") {\n" << replace_all(body, "std::", "");
+  for (size_t j = 0; j < k.outputs.size(); ++j)
+    os << "    out" << j << "[i] = v" << k.outputs[j] << ";\n";
+  os << "}\n";
+  // The kernel: T fixed, every pointer a parameter, n elements.
+  std::string kparams = replace_all(sig.str(), "T*", std::string(value_type(k.dtype)) + "*");
+  kparams = replace_all(kparams, "int64_t i", "int64_t n");
+  std::ostringstream call;
+  for (size_t j = 0; j < params.size(); ++j)
+    call << (j < k.inputs.size() && numel_of(p.graph.value(k.inputs[j]).meta.sizes) == 1 ? "s"
+                                                                                         : "in")
+         << j << ", ";
+  for (size_t j = 0; j < k.outputs.size(); ++j) call << "out" << j << ", ";
+  os << "extern \"C\" __global__ void " << k.name << "(" << kparams << ") {\n"
+     << "  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;\n"
+     << "  if (i < n) " << k.name << "_body<" << value_type(k.dtype) << ">(" << call.str()
+     << "i);\n}\n";
+  return os.str();
+}
+
+// NVRTC's entry points, loaded once.
+struct Nvrtc {
+  using Create = int (*)(void**, const char*, const char*, int, const char* const*,
+                         const char* const*);
+  using Compile = int (*)(void*, int, const char* const*);
+  using Size = int (*)(void*, size_t*);
+  using Get = int (*)(void*, char*);
+  using Destroy = int (*)(void**);
+  Create create = nullptr;
+  Compile compile = nullptr;
+  Size ptx_size = nullptr, log_size = nullptr;
+  Get ptx = nullptr, log = nullptr;
+  Destroy destroy = nullptr;
+  std::string error;
+};
+
+const Nvrtc& nvrtc() {
+  static const Nvrtc n = [] {
+    Nvrtc r;
+    std::vector<std::string> names = {"libnvrtc.so.13", "libnvrtc.so"};
+    const char* home = std::getenv("CUDA_HOME");
+    names.push_back(std::string(home && *home ? home : "/usr/local/cuda") + "/lib64/libnvrtc.so");
+    void* h = nullptr;
+    for (const std::string& name : names)
+      if ((h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+    if (h == nullptr) {
+      r.error = "NVRTC not found (libnvrtc.so.13; install the CUDA toolkit or set CUDA_HOME)";
+      return r;
+    }
+    r.create = reinterpret_cast<Nvrtc::Create>(dlsym(h, "nvrtcCreateProgram"));
+    r.compile = reinterpret_cast<Nvrtc::Compile>(dlsym(h, "nvrtcCompileProgram"));
+    r.ptx_size = reinterpret_cast<Nvrtc::Size>(dlsym(h, "nvrtcGetPTXSize"));
+    r.ptx = reinterpret_cast<Nvrtc::Get>(dlsym(h, "nvrtcGetPTX"));
+    r.log_size = reinterpret_cast<Nvrtc::Size>(dlsym(h, "nvrtcGetProgramLogSize"));
+    r.log = reinterpret_cast<Nvrtc::Get>(dlsym(h, "nvrtcGetProgramLog"));
+    r.destroy = reinterpret_cast<Nvrtc::Destroy>(dlsym(h, "nvrtcDestroyProgram"));
+    if (!r.create || !r.compile || !r.ptx_size || !r.ptx || !r.log_size || !r.log || !r.destroy)
+      r.error = "NVRTC lacks an entry point this build uses";
+    return r;
+  }();
+  return n;
+}
+
+}  // namespace
+
+std::string cuda_source(Program& p) {
+  std::vector<FusedKernel> groups = find_groups(p, /*any_device=*/true);
+  if (groups.empty()) return "";
+  return generate(p, groups, /*cuda=*/true);
+}
+
+std::string nvrtc_compile(const std::string& src, const std::string& arch, std::string* ptx) {
+  const Nvrtc& n = nvrtc();
+  if (!n.error.empty()) return n.error;
+  void* prog = nullptr;
+  if (n.create(&prog, src.c_str(), "kiln_fused.cu", 0, nullptr, nullptr) != 0)
+    return "nvrtcCreateProgram failed";
+  const std::string opt_arch = "--gpu-architecture=" + arch;
+  const char* opts[] = {opt_arch.c_str(), "--std=c++17", "--fmad=false"};
+  const int rc = n.compile(prog, 3, opts);
+  std::string out;
+  if (rc != 0) {
+    size_t size = 0;
+    n.log_size(prog, &size);
+    std::string log(size, '\0');
+    if (size) n.log(prog, log.data());
+    out = "NVRTC could not compile the fused kernels: " + log;
+  } else {
+    size_t size = 0;
+    n.ptx_size(prog, &size);
+    ptx->assign(size, '\0');
+    n.ptx(prog, ptx->data());
+  }
+  n.destroy(&prog);
+  return out;
 }
 
 }  // namespace kiln::compiler::detail

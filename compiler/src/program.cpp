@@ -287,4 +287,18 @@ std::vector<Tensor> CompiledGraph::run(const std::vector<Tensor>& inputs,
 
 int CompiledGraph::num_fused_loops() const { return static_cast<int>(p_->kernels.size()); }
 
+std::string CompiledGraph::cuda_source(const ir::Graph& g) {
+  detail::Program p;
+  p.graph = g;
+  p.generators.assign(g.nodes().size(), std::nullopt);
+  p.phases.assign(g.nodes().size(), detail::Phase::Forward);
+  p.outputs = g.outputs();
+  return detail::cuda_source(p);
+}
+
+std::string CompiledGraph::compile_cuda(const std::string& source, const std::string& arch,
+                                        std::string* ptx) {
+  return detail::nvrtc_compile(source, arch, ptx);
+}
+
 }  // namespace kiln::compiler

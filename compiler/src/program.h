@@ -144,6 +144,10 @@ ir::ValueId storage_root(const Program& p, ir::ValueId v);
 // Compiles the program's fusion groups (Note [Fusion], Note [Compile cache]): "" or why the
 // program runs unfused.
 std::string fuse(Program& p);
+// The program's groups as CUDA source (Note [CUDA fusion] in codegen.cpp); "" when none.
+std::string cuda_source(Program& p);
+// Compiles CUDA source to PTX for `arch` ("compute_90") with NVRTC: "" and *ptx, or the error.
+std::string nvrtc_compile(const std::string& src, const std::string& arch, std::string* ptx);
 // False when KILN_COMPILE_FUSE=0.
 bool fusion_enabled();
 // "" when a C++ compiler exists; otherwise the error to raise, naming what to install.

@@ -1,6 +1,8 @@
 // kiln::compile (kiln/compiler/compile.h): capture and replay against eager on the same inputs,
 // whole training steps with SGD and AdamW, guards and recompiles, graph breaks, random ops,
 // new optimizer state, the recompile limit, passes, fused code and its cache, and bad input.
+#include "kiln/compiler/compile.h"
+
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -9,7 +11,8 @@
 #include <fstream>
 
 #include "kiln/autograd/grad_mode.h"
-#include "kiln/compiler/compile.h"
+#include "kiln/compiler/graph.h"
+#include "kiln/meta.h"
 #include "kiln/nn/nn.h"
 #include "kiln/optim/optimizers.h"
 #include "test_util.h"
@@ -424,6 +427,30 @@ TEST(Compile, AnUnwritableCacheFallsBackAndNoCompilerIsAClearError) {
     expect_close(plain(args)[0], chain(args)[0], 0, 0);
     EXPECT_EQ(plain.num_programs(), 1);
   }
+}
+
+// Note [CUDA fusion]'s kernels are generated and compiled by NVRTC; no GPU is needed for that
+// (launching them is not wired yet).
+TEST(Compile, FusedLoopsCompileForCudaWithNvrtc) {
+  ir::Graph g;
+  auto x = g.add_input(meta::contiguous_spec({64, 33}, kFloat32, kCPU));
+  auto w = g.add_input(meta::contiguous_spec({64, 33}, kFloat32, kCPU));
+  auto c = g.add_input(meta::contiguous_spec({}, kFloat32, kCPU));
+  auto h = g.add_node("gelu", {g.add_node("mul", {x, w})[0], std::string("tanh")})[0];
+  auto r = g.add_node("relu", {g.add_node("sub", {h, c, Scalar(1)})[0]})[0];
+  auto e = g.add_node("gelu_backward", {r, h, std::string("none")})[0];
+  g.set_outputs({e, h});
+  const std::string src = compiler::CompiledGraph::cuda_source(g);
+  ASSERT_NE(src.find("__global__ void kiln_fused_0"), std::string::npos) << src;
+  std::string ptx;
+  const std::string err = compiler::CompiledGraph::compile_cuda(src, "compute_80", &ptx);
+  if (err.find("NVRTC not found") != std::string::npos) GTEST_SKIP() << err;
+  ASSERT_EQ(err, "") << src;
+  EXPECT_NE(ptx.find(".entry kiln_fused_0"), std::string::npos) << ptx.substr(0, 2000);
+  std::string bad_ptx;
+  EXPECT_NE(compiler::CompiledGraph::compile_cuda("this is not CUDA", "compute_80", &bad_ptx)
+                .find("NVRTC could not compile"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -32,6 +32,12 @@ class CompiledGraph {
   std::vector<Tensor> run(const std::vector<Tensor>& inputs,
                           const std::vector<GeneratorState>& rng) const;
   int num_fused_loops() const;
+  // The graph's fusion groups as CUDA kernels (Note [CUDA fusion]), whatever the graph's
+  // device, and their PTX for `arch` through NVRTC: "" and *ptx, or why not (no NVRTC, a
+  // compile error with NVRTC's log). Launching them is not wired yet.
+  static std::string cuda_source(const ir::Graph& g);
+  static std::string compile_cuda(const std::string& source, const std::string& arch,
+                                  std::string* ptx);
 
  private:
   std::shared_ptr<detail::Program> p_;
