@@ -157,6 +157,11 @@ void Program::run_nodes(std::vector<Tensor>& env, std::optional<Phase> only, uin
     while (next_seed_use < seed_uses.size() && seed_uses[next_seed_use].node < i) ++next_seed_use;
     for (; next_seed_use < seed_uses.size() && seed_uses[next_seed_use].node == i; ++next_seed_use) {
       const SeedUse& u = seed_uses[next_seed_use];
+      if (rng != nullptr) {  // CompiledGraph: this run's own (seed, offset)
+        s[u.seed_arg] = IValue(static_cast<int64_t>((*rng)[i].seed));
+        s[u.offset_arg] = IValue(static_cast<int64_t>((*rng)[i].offset));
+        continue;
+      }
       s[u.seed_arg] = IValue(static_cast<int64_t>(seed));
       s[u.offset_arg] = IValue(static_cast<int64_t>(
           rebase(static_cast<uint64_t>(s[u.offset_arg].to_int()))));
@@ -257,6 +262,17 @@ CompiledGraph::CompiledGraph(ir::Graph g) : p_(std::make_shared<detail::Program>
   p.generators.assign(p.graph.nodes().size(), std::nullopt);
   p.phases.assign(p.graph.nodes().size(), detail::Phase::Forward);
   p.outputs = p.graph.outputs();
+  // Seeded ops (dropout_seeded, ...) take this run's seed and offset too (run()'s `rng`).
+  for (size_t i = 0; i < p.graph.nodes().size(); ++i) {
+    const OpInfo& info = p.graph.nodes()[i].op->info();
+    int seed_arg = -1, offset_arg = -1;
+    for (int a = 0; a < info.num_args; ++a) {
+      if (info.args[a].arg_type != ArgType::Int) continue;
+      if (std::string_view(info.args[a].name) == "seed") seed_arg = a;
+      if (std::string_view(info.args[a].name) == "offset") offset_arg = a;
+    }
+    if (seed_arg >= 0 && offset_arg >= 0) p.seed_uses.push_back({i, seed_arg, offset_arg});
+  }
   if (detail::fusion_enabled()) {
     std::string problem = detail::compiler_problem();
     KILN_CHECK(problem.empty(), Runtime, problem);

@@ -236,7 +236,10 @@ TEST(WorkerSession, ARepeatedStepRunsCompiledFromItsSecondTime) {
     proto::Instruction& r = bb.op("rand", {A(std::vector<int64_t>{5, 3}), A(IValue()), A(IValue()), A(IValue())}, {b + 10});
     r.mutable_rng()->set_seed(seed);
     r.mutable_rng()->set_offset(offset);
-    bb.op("add", {V(b + 9), V(b + 10), A(Scalar(0.5))}, {b + 11});
+    // A seeded op (dropout's recorded form): its seed and offset change every step.
+    const int64_t dseed = 1000 + step, doff = 8 * step;
+    bb.op("dropout_seeded", {V(b + 9), A(0.25), A(dseed), A(doff)}, {b + 18});
+    bb.op("add", {V(b + 18), V(b + 10), A(Scalar(0.5))}, {b + 11});
     bb.op("sigmoid", {V(b + 11)}, {b + 12});
     bb.op("sin", {V(b + 12)}, {b + 13});
     bb.op("cos", {V(b + 13)}, {b + 14});
@@ -245,7 +248,7 @@ TEST(WorkerSession, ARepeatedStepRunsCompiledFromItsSecondTime) {
     bb.op("tanh", {V(1)}, {b + 17});
     bb.op("add_", {V(1), V(b + 17), A(Scalar(-0.01))}, {1});
     std::vector<int64_t> dead;
-    for (int64_t k = 0; k <= 17; ++k)
+    for (int64_t k = 0; k <= 18; ++k)
       if (k != 16) dead.push_back(b + k);
     bb.free(dead).fetch(1, b + 16).free({b + 16});
     Replies rep = run(s, bb);
@@ -258,7 +261,7 @@ TEST(WorkerSession, ARepeatedStepRunsCompiledFromItsSecondTime) {
     Tensor a9 = sqrt(abs(neg(a5))) * a1;
     Generator g(seed);
     g.set_state({seed, offset});
-    Tensor a10 = add(a9, rand({5, 3}, g), 0.5);
+    Tensor a10 = add(dropout_seeded(a9, 0.25, dseed, doff), rand({5, 3}, g), 0.5);
     Tensor a13 = sin(sigmoid(a10)), loss = (cos(a13) * a13).sum();
     w_eager.add_(tanh(w_eager), -0.01);
     testing::expect_close(got_loss, loss, 1e-6, 1e-6);
@@ -266,7 +269,7 @@ TEST(WorkerSession, ARepeatedStepRunsCompiledFromItsSecondTime) {
     EXPECT_EQ(s.num_values(), 1);  // w alone: the step's values were freed
   }
   EXPECT_EQ(s.compiled_runs(), 3u);
-  EXPECT_EQ(s.instructions_run(), 4u * 18u);
+  EXPECT_EQ(s.instructions_run(), 4u * 19u);
 }
 
 TEST(WorkerSession, FailuresPoisonDownstreamValuesOnly) {

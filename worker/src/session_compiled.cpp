@@ -5,14 +5,15 @@
 // a batch (a run of at least kMinOps instructions and Frees, none of them on DTensors, in a
 // session without a memory limit) gets a key: each op with its attributes, its arguments named
 // by position (a value defined earlier in the segment, or the segment's k-th outside value),
-// which instructions draw random numbers, the Frees, and every outside value's dtype, layout and
-// device. The first time a key is seen the segment runs as usual; the second time it is built
-// into a compiler::CompiledGraph (one node per instruction, fused loops; kiln/compiler/graph.h)
-// and runs compiled from then on, with each random node given the (seed, offset) this batch
-// recorded. The values the segment leaves bound (not freed within it) are the graph's outputs
-// and are bound to this batch's ids. Anything unusual (a missing, poisoned or non-resident
-// outside value, an output id that shadows a live value, a graph that does not build) runs the
-// segment instruction by instruction as before, so errors read the same.
+// which instructions draw random numbers (seeded ops' `seed` and `offset` left out), the Frees,
+// and every outside value's dtype, layout and device. The first time a key is seen the segment runs
+// as usual; the second time it is built into a compiler::CompiledGraph (one node per instruction,
+// fused loops; kiln/compiler/graph.h) and runs compiled from then on, with each random node and
+// seeded op given the (seed, offset) this batch recorded. The values the segment leaves bound (not
+// freed within it) are the graph's outputs and are bound to this batch's ids. Anything unusual (a
+// missing, poisoned or non-resident outside value, an output id that shadows a live value, a graph
+// that does not build) runs the segment instruction by instruction as before, so errors read the
+// same.
 #include <absl/strings/str_cat.h>
 #include <absl/strings/str_join.h>
 
@@ -85,7 +86,13 @@ std::optional<Segment> scan(const State& s, const SessionOptions& opt, const pro
           seg.key += "]";
           break;
         case proto::Argument::kAttribute:
-          seg.key += arg.attribute().SerializeAsString();
+          // A seeded op's seed and offset change every step: run() passes them (see below).
+          if (info.args[a].arg_type == ArgType::Int &&
+              (std::string_view(info.args[a].name) == "seed" ||
+               std::string_view(info.args[a].name) == "offset"))
+            seg.key += "S";
+          else
+            seg.key += arg.attribute().SerializeAsString();
           break;
         default:
           return std::nullopt;
@@ -196,7 +203,17 @@ int run_compiled_segment(State& s, const SessionOptions& opt, const proto::Batch
     const proto::Command& c = batch.commands(j);
     if (c.kind_case() != proto::Command::kOp) continue;
     if (rng.empty()) first_seq = c.op().seq();
-    rng.push_back(GeneratorState{c.op().rng().seed(), c.op().rng().offset()});
+    GeneratorState st{c.op().rng().seed(), c.op().rng().offset()};
+    const OpInfo& info = Dispatcher::get().find(c.op().op())->info();  // scan() checked it
+    for (int a = 0; a < info.num_args; ++a) {
+      if (info.args[a].arg_type != ArgType::Int || !c.op().args(a).has_attribute()) continue;
+      const std::string_view name = info.args[a].name;
+      if (name == "seed")
+        st.seed = static_cast<uint64_t>(decode_attribute(c.op().args(a).attribute()).to_int());
+      if (name == "offset")
+        st.offset = static_cast<uint64_t>(decode_attribute(c.op().args(a).attribute()).to_int());
+    }
+    rng.push_back(st);
   }
   std::vector<Tensor> results;
   ErrorPtr err;

@@ -28,7 +28,8 @@ class CompiledGraph {
   explicit CompiledGraph(ir::Graph g);
   ~CompiledGraph();
   // `inputs`: one per graph input, of the recorded geometry (the caller checks); `rng`: per node,
-  // the (seed, offset) of each random node. Returns the graph's outputs.
+  // the (seed, offset) of each random node, and the `seed` and `offset` arguments of each seeded
+  // op (dropout_seeded, _fused_attention). Returns the graph's outputs.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs,
                           const std::vector<GeneratorState>& rng) const;
   int num_fused_loops() const;
