@@ -281,14 +281,8 @@ void rebase_random(Tracer& tr, GeneratorState before, GeneratorState after) {
                                            "' drew from the default generator outside this call");
       return;
     }
-    int seed_arg = -1, offset_arg = -1;
-    const OpInfo& info = n.op->info();
-    for (int a = 0; a < info.num_args; ++a) {
-      if (info.args[a].arg_type != ArgType::Int) continue;
-      if (std::string_view(info.args[a].name) == "seed") seed_arg = a;
-      if (std::string_view(info.args[a].name) == "offset") offset_arg = a;
-    }
-    if (seed_arg < 0 || offset_arg < 0) continue;
+    const auto [seed_arg, offset_arg] = ir::seed_offset_args(*n.op);
+    if (seed_arg < 0) continue;
     const uint64_t seed = static_cast<uint64_t>(n.args[seed_arg].attribute().to_int());
     const uint64_t offset = static_cast<uint64_t>(n.args[offset_arg].attribute().to_int());
     // A (seed, offset) the caller chose itself (dropout_seeded called directly) is a constant.

@@ -264,14 +264,8 @@ CompiledGraph::CompiledGraph(ir::Graph g) : p_(std::make_shared<detail::Program>
   p.outputs = p.graph.outputs();
   // Seeded ops (dropout_seeded, ...) take this run's seed and offset too (run()'s `rng`).
   for (size_t i = 0; i < p.graph.nodes().size(); ++i) {
-    const OpInfo& info = p.graph.nodes()[i].op->info();
-    int seed_arg = -1, offset_arg = -1;
-    for (int a = 0; a < info.num_args; ++a) {
-      if (info.args[a].arg_type != ArgType::Int) continue;
-      if (std::string_view(info.args[a].name) == "seed") seed_arg = a;
-      if (std::string_view(info.args[a].name) == "offset") offset_arg = a;
-    }
-    if (seed_arg >= 0 && offset_arg >= 0) p.seed_uses.push_back({i, seed_arg, offset_arg});
+    const auto [seed_arg, offset_arg] = ir::seed_offset_args(*p.graph.nodes()[i].op);
+    if (seed_arg >= 0) p.seed_uses.push_back({i, seed_arg, offset_arg});
   }
   if (detail::fusion_enabled()) {
     std::string problem = detail::compiler_problem();

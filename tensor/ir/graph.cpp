@@ -51,6 +51,17 @@ int generator_arg(const OperatorHandle& op) {
   return -1;
 }
 
+std::pair<int, int> seed_offset_args(const OperatorHandle& op) {
+  int seed = -1, offset = -1;
+  for (int i = 0; i < op.info().num_args; ++i) {
+    const ArgInfo& a = op.info().args[i];
+    if (a.arg_type != ArgType::Int) continue;
+    if (std::string_view(a.name) == "seed") seed = i;
+    if (std::string_view(a.name) == "offset") offset = i;
+  }
+  return seed >= 0 && offset >= 0 ? std::make_pair(seed, offset) : std::make_pair(-1, -1);
+}
+
 namespace detail {
 
 std::string node_name(const Graph& g, size_t index) {

@@ -21,26 +21,6 @@ Tensor example(const Tensor& t, int64_t b, bool perturb) {
   return c;
 }
 
-// Where a tensor of the sample sits: argument index, and list member (-1 for a Tensor argument).
-struct Slot {
-  int arg;
-  int member;
-};
-
-void put(Stack& s, const Slot& slot, const Tensor& t) {
-  if (slot.member < 0) {
-    s[slot.arg] = t;
-    return;
-  }
-  std::vector<Tensor> ts = s[slot.arg].to_tensor_list();
-  ts[slot.member] = t;
-  s[slot.arg] = ts;
-}
-
-Tensor get(const Stack& s, const Slot& slot) {
-  return slot.member < 0 ? s[slot.arg].to_tensor() : s[slot.arg].to_tensor_list()[slot.member];
-}
-
 // Where vmap takes the loop on purpose (Note [Row-wise batching]): per-example class weights of
 // cross_entropy (the fused rows share one weight vector), attention with dropout.
 const std::set<std::string> kLoopOnPurpose = {"cross_entropy_indices",

@@ -13,12 +13,6 @@
 namespace kiln::conformance {
 namespace {
 
-// Where a defined tensor of the sample sits: argument index, and list member (-1: a Tensor).
-struct Slot {
-  size_t arg;
-  int member;
-};
-
 class CompiledPath : public Path {
  public:
   std::string name() const override { return "Compiled"; }
@@ -29,25 +23,17 @@ class CompiledPath : public Path {
   Outcome run(const Case& c) const override {
     const OpInfo& info = c.op().info();
     std::vector<Slot> slots;
-    for (size_t i = 0; i < c.sample.size(); ++i) {
+    for (int i = 0; i < static_cast<int>(c.sample.size()); ++i) {
       const IValue& v = c.sample[i];
       if (v.is_tensor() && v.to_tensor().defined()) slots.push_back({i, -1});
       if (v.is_tensor_list())
-        for (size_t k = 0; k < v.to_tensor_list().size(); ++k)
-          slots.push_back({i, static_cast<int>(k)});
+        for (int k = 0; k < static_cast<int>(v.to_tensor_list().size()); ++k)
+          slots.push_back({i, k});
     }
     const Stack templ = c.sample;
     auto fn = [&](const std::vector<Tensor>& ts) {
       Stack s = templ;
-      for (size_t k = 0; k < slots.size(); ++k) {
-        if (slots[k].member < 0) {
-          s[slots[k].arg] = ts[k];
-        } else {
-          std::vector<Tensor> l = s[slots[k].arg].to_tensor_list();
-          l[slots[k].member] = ts[k];
-          s[slots[k].arg] = l;
-        }
-      }
+      for (size_t k = 0; k < slots.size(); ++k) put(s, slots[k], ts[k]);
       c.op().call_boxed(s);
       return testing::outputs_of(s);
     };
@@ -55,8 +41,7 @@ class CompiledPath : public Path {
     auto args = [&] {
       Stack s = to_device(c.sample, kCPU, info);
       std::vector<Tensor> ts;
-      for (const Slot& sl : slots)
-        ts.push_back(sl.member < 0 ? s[sl.arg].to_tensor() : s[sl.arg].to_tensor_list()[sl.member]);
+      for (const Slot& sl : slots) ts.push_back(get(s, sl));
       return ts;
     };
     // The sample's generators are the program's (attributes, held by identity): each call

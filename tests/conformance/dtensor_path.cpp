@@ -119,26 +119,6 @@ void watch(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
 // ---- Placements
 // ----------------------------------------------------------------------------------
 
-// A tensor of the sample: argument index, list member (-1 for a Tensor argument).
-struct Slot {
-  int arg;
-  int member;
-};
-
-Tensor get(const Stack& s, const Slot& slot) {
-  return slot.member < 0 ? s[slot.arg].to_tensor() : s[slot.arg].to_tensor_list()[slot.member];
-}
-
-void put(Stack& s, const Slot& slot, const Tensor& t) {
-  if (slot.member < 0) {
-    s[slot.arg] = t;
-    return;
-  }
-  std::vector<Tensor> ts = s[slot.arg].to_tensor_list();
-  ts[slot.member] = t;
-  s[slot.arg] = ts;
-}
-
 // The placements one tensor may take along one mesh dim.
 std::vector<Placement> one_dim_choices(const Tensor& t) {
   std::vector<Placement> c{dist::Replicate()};

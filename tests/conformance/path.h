@@ -80,6 +80,24 @@ class Path {
   virtual Outcome run(const Case& c) const = 0;
 };
 
+// Where a tensor of a sample sits: argument index, and list member (-1 for a Tensor argument).
+struct Slot {
+  int arg;
+  int member;
+};
+inline Tensor get(const Stack& s, const Slot& slot) {
+  return slot.member < 0 ? s[slot.arg].to_tensor() : s[slot.arg].to_tensor_list()[slot.member];
+}
+inline void put(Stack& s, const Slot& slot, const Tensor& t) {
+  if (slot.member < 0) {
+    s[slot.arg] = t;
+    return;
+  }
+  std::vector<Tensor> ts = s[slot.arg].to_tensor_list();
+  ts[slot.member] = t;
+  s[slot.arg] = ts;
+}
+
 void register_path(std::unique_ptr<Path> p);
 const std::vector<std::unique_ptr<Path>>& paths();
 

@@ -116,7 +116,7 @@ const OpEntry* lookup(State& s, const std::string& name) {
   if (it != s.ops.end()) return &it->second;
   const OperatorHandle* op = Dispatcher::get().find(name);
   if (op == nullptr) return nullptr;
-  OpEntry e{op, -1, -1, {}};
+  OpEntry e{op, -1, -1, {}, ir::seed_offset_args(*op)};
   const OpInfo& info = op->info();
   for (int i = 0; i < info.num_args; ++i) {
     const ArgInfo& arg = info.args[i];

@@ -37,11 +37,11 @@ struct Segment {
   std::vector<int64_t> local_wire;  // wire id of each value the segment defines
   std::vector<int> bound;           // local values still bound after the segment, in order
   std::vector<int64_t> freed_outside;
+  std::vector<std::pair<int, int>> seeded;  // per instruction: its seed and offset arguments
 };
 
 // The segment starting at command `i`; nullopt when it cannot be compiled.
-std::optional<Segment> scan(const State& s, const SessionOptions& opt, const proto::Batch& batch,
-                            int i) {
+std::optional<Segment> scan(State& s, const SessionOptions& opt, const proto::Batch& batch, int i) {
   if (opt.memory_limit_bytes != 0) return std::nullopt;
   Segment seg;
   absl::flat_hash_map<int64_t, int> local, outside;
@@ -66,9 +66,10 @@ std::optional<Segment> scan(const State& s, const SessionOptions& opt, const pro
     }
     if (c.kind_case() != proto::Command::kOp || c.op().dtensor_args_size() > 0) break;
     const proto::Instruction& in = c.op();
-    const OperatorHandle* op = Dispatcher::get().find(in.op());
-    if (op == nullptr || in.args_size() != op->info().num_args) return std::nullopt;
-    const OpInfo& info = op->info();
+    const OpEntry* e = lookup(s, in.op());
+    if (e == nullptr || in.args_size() != e->op->info().num_args) return std::nullopt;
+    const auto [seed_arg, offset_arg] = e->seed_offset_args;
+    seg.seeded.emplace_back(seed_arg, offset_arg);
     ++seg.ops;
     absl::StrAppend(&seg.key, in.op(), "(");
     int64_t written = -1;  // the value an in-place (self) or out= (out) op returns
@@ -76,8 +77,7 @@ std::optional<Segment> scan(const State& s, const SessionOptions& opt, const pro
       const proto::Argument& arg = in.args(a);
       switch (arg.kind_case()) {
         case proto::Argument::kValue:
-          if ((info.is_inplace && a == 0) || (info.is_out && a == info.num_args - 1))
-            written = arg.value();
+          if (a == e->written_arg) written = arg.value();
           seg.key += ref(arg.value());
           break;
         case proto::Argument::kValues:
@@ -87,9 +87,7 @@ std::optional<Segment> scan(const State& s, const SessionOptions& opt, const pro
           break;
         case proto::Argument::kAttribute:
           // A seeded op's seed and offset change every step: run() passes them (see below).
-          if (info.args[a].arg_type == ArgType::Int &&
-              (std::string_view(info.args[a].name) == "seed" ||
-               std::string_view(info.args[a].name) == "offset"))
+          if (a == seed_arg || a == offset_arg)
             seg.key += "S";
           else
             seg.key += arg.attribute().SerializeAsString();
@@ -99,6 +97,10 @@ std::optional<Segment> scan(const State& s, const SessionOptions& opt, const pro
       }
       seg.key += ";";
     }
+    // Seeds that are not plain integers: the instruction path reports what is wrong.
+    for (int a : {seed_arg, offset_arg})
+      if (a >= 0 && in.args(a).attribute().kind_case() != proto::Attribute::kIntValue)
+        return std::nullopt;
     absl::StrAppend(&seg.key, ")", in.has_rng() ? "r" : "", in.outputs_size(), "\n");
     for (int64_t id : in.outputs()) {
       // An output may rebind only the value the op writes in place (check_outputs' rule).
@@ -204,15 +206,11 @@ int run_compiled_segment(State& s, const SessionOptions& opt, const proto::Batch
     if (c.kind_case() != proto::Command::kOp) continue;
     if (rng.empty()) first_seq = c.op().seq();
     GeneratorState st{c.op().rng().seed(), c.op().rng().offset()};
-    const OpInfo& info = Dispatcher::get().find(c.op().op())->info();  // scan() checked it
-    for (int a = 0; a < info.num_args; ++a) {
-      if (info.args[a].arg_type != ArgType::Int || !c.op().args(a).has_attribute()) continue;
-      const std::string_view name = info.args[a].name;
-      if (name == "seed")
-        st.seed = static_cast<uint64_t>(decode_attribute(c.op().args(a).attribute()).to_int());
-      if (name == "offset")
-        st.offset = static_cast<uint64_t>(decode_attribute(c.op().args(a).attribute()).to_int());
-    }
+    const auto [seed_arg, offset_arg] = seg->seeded[rng.size()];
+    auto int_arg = [&](int a) {
+      return static_cast<uint64_t>(decode_attribute(c.op().args(a).attribute()).to_int());
+    };
+    if (seed_arg >= 0) st = GeneratorState{int_arg(seed_arg), int_arg(offset_arg)};
     rng.push_back(st);
   }
   std::vector<Tensor> results;

@@ -15,6 +15,7 @@
 #include "kiln/dist/device_mesh.h"
 #include "kiln/dist/process_group.h"
 #include "kiln/error.h"
+#include "kiln/ir.h"
 #include "kiln/worker/codec.h"
 #include "kiln/worker/session.h"
 
@@ -33,6 +34,7 @@ struct OpEntry {
   int generator_arg = -1;         // index of the `Generator?` argument, or -1
   int written_arg = -1;           // the argument an in-place (self) or out= (out) op returns, or -1
   std::vector<int> mutated_args;  // every argument the schema marks written (Tensor(a!), ...)
+  std::pair<int, int> seed_offset_args{-1, -1};  // a seeded op's (ir::seed_offset_args)
 };
 
 struct StorageUse {
@@ -100,6 +102,8 @@ using State = Session::State;
 
 void add_ref(State& s, const Tensor& t);
 void drop_ref(State& s, const Tensor& t);
+// The op's entry (cached per session), or nullptr for an op the table lacks.
+const OpEntry* lookup(State& s, const std::string& name);
 void bind(State& s, int64_t id, Tensor t, ErrorPtr error);
 void forget(State& s, int64_t id);
 void fail(State& s, const ErrorPtr& e);

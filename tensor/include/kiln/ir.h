@@ -27,6 +27,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kiln/dispatcher.h"
@@ -158,6 +159,9 @@ Stack build_stack(const Node& node, const F& tensor) {
 }
 // Index of the node's `Generator?` argument, or -1.
 int generator_arg(const OperatorHandle& op);
+// A seeded op's `seed` and `offset` int arguments (dropout_seeded, _fused_attention: random
+// draws whose counters the caller reserved and passes), or {-1, -1}.
+std::pair<int, int> seed_offset_args(const OperatorHandle& op);
 // A real tensor's geometry, dtype, device and wrapped-number flag, as the IR records it.
 TensorSpec spec_of(const Tensor& t);
 
