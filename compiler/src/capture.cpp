@@ -477,9 +477,7 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const Tensor& a = args[i];
     KILN_CHECK(a.defined(), Value, "kiln.compile: argument ", i, " is an undefined tensor");
-    int alias = -1;
-    for (size_t j = 0; j < i && alias < 0; ++j)
-      if (args[j].is_alias_of(a)) alias = static_cast<int>(j);
+    const int alias = earlier_alias(args, static_cast<int>(i));
     p.arg_alias.push_back(alias);
     ir::ValueId id = tr.add_input(a, InputSource{InputSource::Kind::Arg, static_cast<int>(i), {}});
     tr.storage_values.emplace(a.impl()->storage().get(), id);

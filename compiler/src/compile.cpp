@@ -25,7 +25,6 @@ struct CompiledFunction::State {
   // without capturing again.
   std::vector<std::shared_ptr<const detail::Program>> eager;
   std::vector<Event> events;
-  int captures = 0;
   int retries = 0;  // consecutive captures refused as Retry
   int64_t replays = 0;
   bool warned = false;
@@ -72,7 +71,6 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
     return s.fn(args);
   }
   detail::CaptureResult r = detail::capture(s.fn, args);
-  ++s.captures;
   if (r.program) {
     if (s.programs.empty() && s.eager.empty())
       s.events.push_back({Event::Kind::Capture, std::to_string(r.program->graph.nodes().size()) +

@@ -239,15 +239,7 @@ int constant_folding(Program& p) {
     for (size_t i : fold_nodes) {
       const ir::Node& n = nodes[i];
       Stack s = ir::build_stack(n, [&](ir::ValueId id) { return env[id]; });
-      Device d = kCPU;
-      if (!n.outputs.empty()) d = p.graph.value(n.outputs[0]).meta.device;
-      n.op->redispatch_boxed(DispatchKeySet(backend_key(d.type())), s);
-      size_t k = 0;
-      for (const IValue& v : s) {
-        if (v.is_tensor()) env[n.outputs[k++]] = v.to_tensor();
-        else if (v.is_tensor_list())
-          for (const Tensor& t : v.to_tensor_list()) env[n.outputs[k++]] = t;
-      }
+      call_node(n, node_key(p.graph, n), s, env);
     }
   }
   // Values that unfolded nodes read become captured inputs.

@@ -12,6 +12,31 @@
 
 namespace kiln::compiler::detail {
 
+DispatchKeySet node_key(const ir::Graph& g, const ir::Node& n) {
+  for (ir::ValueId v : n.inputs())  // a wrapped number stays on the CPU whatever the op's device
+    if (!g.value(v).meta.wrapped_number)
+      return DispatchKeySet(backend_key(g.value(v).meta.device.type()));
+  const Device d = n.outputs.empty() ? Device(kCPU) : g.value(n.outputs[0]).meta.device;
+  return DispatchKeySet(backend_key(d.type()));
+}
+
+void call_node(const ir::Node& n, DispatchKeySet ks, Stack& s, std::vector<Tensor>& env) {
+  n.op->redispatch_boxed(ks, s);
+  size_t k = 0;
+  for (const IValue& v : s) {
+    if (v.is_tensor())
+      env[n.outputs[k++]] = v.to_tensor();
+    else if (v.is_tensor_list())
+      for (const Tensor& t : v.to_tensor_list()) env[n.outputs[k++]] = t;
+  }
+}
+
+int earlier_alias(const std::vector<Tensor>& args, int i) {
+  for (int j = 0; j < i; ++j)
+    if (args[j].is_alias_of(args[i])) return j;
+  return -1;
+}
+
 std::string Program::check_guards(const std::vector<Tensor>& args) const {
   if (static_cast<int>(args.size()) != num_args)
     return "the function got " + std::to_string(args.size()) + " arguments (captured with " +
@@ -28,9 +53,7 @@ std::string Program::check_guards(const std::vector<Tensor>& args) const {
     if (s.kind == InputSource::Kind::Arg) {
       miss = guards[i].mismatch(args[s.index]);
       if (miss.empty()) {
-        int alias = -1;
-        for (int j = 0; j < s.index && alias < 0; ++j)
-          if (args[j].is_alias_of(args[s.index])) alias = j;
+        const int alias = earlier_alias(args, s.index);
         if (alias != arg_alias[s.index])
           miss = "shares storage with " + (alias < 0 ? std::string("no earlier argument")
                                                      : "argument " + std::to_string(alias)) +
@@ -66,11 +89,8 @@ void Program::finalize() {
   std::vector<int64_t> last_use(static_cast<size_t>(graph.num_values()), -1);
   for (size_t i = 0; i < nodes.size(); ++i) {
     const ir::Node& n = nodes[i];
-    Device d = kCPU;
-    std::vector<ir::ValueId> in = n.inputs();
-    if (!in.empty()) d = graph.value(in[0]).meta.device;
-    else if (!n.outputs.empty()) d = graph.value(n.outputs[0]).meta.device;
-    node_keys[i] = DispatchKeySet(backend_key(d.type()));
+    const std::vector<ir::ValueId> in = n.inputs();
+    node_keys[i] = node_key(graph, n);
     // A group member's reads and writes happen where the group runs: at its last member.
     const int64_t at = node_kernel[i] >= 0
                            ? static_cast<int64_t>(kernels[node_kernel[i]].members.back())
@@ -166,13 +186,7 @@ void Program::run_nodes(std::vector<Tensor>& env, std::optional<Phase> only, uin
       s[u.offset_arg] = IValue(static_cast<int64_t>(
           rebase(static_cast<uint64_t>(s[u.offset_arg].to_int()))));
     }
-    n.op->redispatch_boxed(node_keys[i], s);
-    size_t k = 0;
-    for (IValue& v : s) {
-      if (v.is_tensor()) env[n.outputs[k++]] = v.to_tensor();
-      else if (v.is_tensor_list())
-        for (const Tensor& t : v.to_tensor_list()) env[n.outputs[k++]] = t;
-    }
+    call_node(n, node_keys[i], s, env);
     for (ir::ValueId v : frees[i]) env[v] = Tensor();
   }
 }

@@ -38,6 +38,15 @@ struct TensorGuard {
   std::string mismatch(const Tensor& t) const;
 };
 
+// The backend key node `n` runs at: its first input's device (wrapped numbers aside), else its
+// first output's.
+DispatchKeySet node_key(const ir::Graph& g, const ir::Node& n);
+// Calls node `n` at `ks` on stack `s` (its arguments) and stores its outputs into `env`.
+void call_node(const ir::Node& n, DispatchKeySet ks, Stack& s, std::vector<Tensor>& env);
+
+// The first argument before `i` that shares argument i's storage, or -1 (Note [Guards]).
+int earlier_alias(const std::vector<Tensor>& args, int i);
+
 // A `.grad` assignment the function made: input `input`'s grad becomes `value` (-1: cleared).
 struct GradWrite {
   int input = -1;
