@@ -111,6 +111,12 @@ std::string missing_value(const State& s, int64_t id) {
                       p->second.received, " of ", p->second.total, " bytes");
 }
 
+IValue decode_instruction_attribute(const proto::Attribute& a, const SessionOptions& opt) {
+  IValue x = decode_attribute(a);
+  if (x.is<Device>() && x.get<Device>().type() == DeviceType::Remote) x = IValue(opt.device);
+  return x;
+}
+
 const OpEntry* lookup(State& s, const std::string& name) {
   auto it = s.ops.find(name);
   if (it != s.ops.end()) return &it->second;
@@ -350,13 +356,9 @@ static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instru
         st.emplace_back(std::move(ts));
         break;
       }
-      case proto::Argument::kAttribute: {
-        IValue x = decode_attribute(a.attribute());
-        // The client names the worker's device as remote:N.
-        if (x.is<Device>() && x.get<Device>().type() == DeviceType::Remote) x = IValue(opt.device);
-        st.push_back(std::move(x));
+      case proto::Argument::kAttribute:
+        st.push_back(decode_instruction_attribute(a.attribute(), opt));
         break;
-      }
       case proto::Argument::KIND_NOT_SET:
         KILN_FAIL(Value, in.op(), ": argument ", i, " (", info.args[i].name, ") has no value");
     }

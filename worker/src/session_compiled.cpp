@@ -157,9 +157,7 @@ ir::Graph build_graph(const State& s, const SessionOptions& opt, const proto::Ba
         for (int64_t id : a.values().ids()) vs.push_back(ir::ValueRef{ids.at(id)});
         args.emplace_back(vs);
       } else {
-        IValue x = decode_attribute(a.attribute());
-        if (x.is<Device>() && x.get<Device>().type() == DeviceType::Remote) x = IValue(opt.device);
-        args.emplace_back(std::move(x));
+        args.emplace_back(decode_instruction_attribute(a.attribute(), opt));
       }
     }
     std::optional<GeneratorState> rng;

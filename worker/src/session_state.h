@@ -102,6 +102,9 @@ using State = Session::State;
 
 void add_ref(State& s, const Tensor& t);
 void drop_ref(State& s, const Tensor& t);
+// An instruction's attribute as the worker runs it: the client names the worker's device
+// remote:N, which becomes the session's device.
+IValue decode_instruction_attribute(const proto::Attribute& a, const SessionOptions& opt);
 // The op's entry (cached per session), or nullptr for an op the table lacks.
 const OpEntry* lookup(State& s, const std::string& name);
 void bind(State& s, int64_t id, Tensor t, ErrorPtr error);
