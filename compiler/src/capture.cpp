@@ -295,11 +295,36 @@ void rebase_random(Tracer& tr, GeneratorState before, GeneratorState after) {
 // gradients (each one a graph input), and consumes the eager graph, so nothing the forward
 // saved stays held. A forward with effects (BatchNorm's running statistics) is not compiled
 // this way: the program's first run repeats the forward, which would repeat its effects.
-void trace_backward(Tracer& tr, const std::vector<Tensor>& outputs) {
-  Program& p = tr.prog;
+std::vector<size_t> need_autograd(const std::vector<Tensor>& outputs) {
   std::vector<size_t> need;
   for (size_t k = 0; k < outputs.size(); ++k)
     if (outputs[k].defined() && outputs[k].requires_grad() && !outputs[k].is_leaf()) need.push_back(k);
+  return need;
+}
+
+// The rewritten forward `fwd`, run op by op through the whole dispatcher on the call's tensors
+// (Note [Rewrites before the backward] in rewrite.cpp).
+Fn interpret(std::shared_ptr<const Program> fwd) {
+  return [fwd](const std::vector<Tensor>& args) {
+    const Program& p = *fwd;
+    std::vector<Tensor> env(static_cast<size_t>(p.graph.num_values()));
+    for (size_t k = 0; k < p.sources.size(); ++k) {
+      const InputSource& s = p.sources[k];
+      env[p.graph.inputs()[k]] = s.kind == InputSource::Kind::Arg ? args[s.index] : s.tensor;
+    }
+    for (const ir::Node& n : p.graph.nodes()) {
+      Stack s = ir::build_stack(n, [&](ir::ValueId id) { return env[id]; });
+      call_node(n, DispatchKeySet(), s, env);
+    }
+    std::vector<Tensor> out;
+    for (ir::ValueId v : p.outputs) out.push_back(v >= 0 ? env[v] : Tensor());
+    return out;
+  };
+}
+
+void trace_backward(Tracer& tr, const std::vector<Tensor>& outputs) {
+  Program& p = tr.prog;
+  const std::vector<size_t> need = need_autograd(outputs);
   if (need.empty()) return;
   auto refuse = [&](const std::string& why) {
     tr.refuse(Event::Kind::Fallback, "output " + std::to_string(need[0]) +
@@ -467,7 +492,7 @@ std::string TensorGuard::mismatch(const Tensor& t) const {
   return os.str();
 }
 
-CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args) {
+CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrite_first) {
   Tracer tr;
   Program& p = tr.prog;
   p.num_args = static_cast<int>(args.size());
@@ -494,6 +519,19 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args) {
   for (size_t k = 0; k < r.outputs.size() && tr.reason.empty(); ++k) {
     const Tensor& o = r.outputs[k];
     p.outputs.push_back(o.defined() ? tr.value_of(o) : -1);
+  }
+  if (tr.reason.empty() && rewrite_first && !tr.seen_backward &&
+      !need_autograd(r.outputs).empty()) {
+    auto fwd = std::make_shared<Program>(p);
+    std::string what;
+    if (rewrite_forward(*fwd, &what) > 0) {
+      r.outputs.clear();  // this run's autograd graph is not the one the program keeps
+      CaptureResult again = capture(interpret(fwd), args, /*rewrite_first=*/false);
+      if (again.program)
+        again.program->rewrites =
+            what + (again.program->rewrites.empty() ? "" : ", ") + again.program->rewrites;
+      return again;
+    }
   }
   if (tr.reason.empty()) trace_backward(tr, r.outputs);
   if (tr.reason.empty()) record_grad_writes(tr);

@@ -84,6 +84,8 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
                                 " -> " + std::to_string(r.program->saved_after) + " bytes";
     if (!r.program->kernels.empty())
       s.events.back().reason += "; " + std::to_string(r.program->kernels.size()) + " fused loops";
+    if (!r.program->rewrites.empty())
+      s.events.back().reason += "; rewrites: " + r.program->rewrites;
     if (!r.program->cache_note.empty()) s.events.back().reason += "; " + r.program->cache_note;
     s.programs.push_back(r.program);
     s.retries = 0;

@@ -69,6 +69,47 @@ void erase_nodes(Program& p, const std::vector<bool>& keep) {
 
 }  // namespace
 
+GraphEdit::GraphEdit(Program& p)
+    : p_(p), n0_(p.graph.nodes().size()), keep_(n0_, true), before_(n0_) {}
+
+std::vector<ir::ValueId> GraphEdit::add_before(size_t at, std::string_view op,
+                                               std::vector<ir::NodeArg> args, Phase phase) {
+  std::vector<ir::ValueRef> outs = p_.graph.add_node(op, std::move(args));
+  p_.generators.emplace_back();
+  p_.phases.push_back(phase);
+  before_[at].push_back(p_.graph.nodes().size() - 1);
+  ++added_;
+  std::vector<ir::ValueId> ids;
+  for (ir::ValueRef r : outs) ids.push_back(r.id);
+  return ids;
+}
+
+void GraphEdit::replace_uses(ir::ValueId from, ir::ValueId to) {
+  auto swap = [&](ir::ValueId& v) {
+    if (v == from) v = to;
+  };
+  for (ir::Node& n : p_.graph.nodes())
+    for (ir::NodeArg& a : n.args)
+      for (ir::ValueId& v : a.values()) swap(v);
+  for (ir::ValueId& v : p_.outputs) swap(v);
+  for (GradWrite& w : p_.grad_writes) swap(w.value);
+  for (ir::ValueId& v : p_.input_grads) swap(v);
+  std::vector<ir::ValueRef> outs;
+  for (ir::ValueId v : p_.outputs)
+    if (v >= 0) outs.push_back(ir::ValueRef{v});
+  p_.graph.set_outputs(outs);
+}
+
+int GraphEdit::commit() {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < n0_; ++i) {
+    order.insert(order.end(), before_[i].begin(), before_[i].end());
+    if (keep_[i]) order.push_back(i);
+  }
+  reorder_nodes(p_, order);
+  return added_;
+}
+
 std::vector<bool> program_results(const Program& p) {
   std::vector<bool> used(static_cast<size_t>(p.graph.num_values()), false);
   for (ir::ValueId v : p.outputs)
@@ -341,23 +382,19 @@ int recompute_in_backward(Program& p) {
   }
   // Clone each such storage (and the views the backward reads of it) before its first use.
   std::vector<ir::ValueId> clone(nv, -1);
-  std::vector<std::vector<size_t>> before(n0);
-  int made = 0;
+  GraphEdit edit(p);
   std::function<ir::ValueId(ir::ValueId, size_t)> remake = [&](ir::ValueId v, size_t at) {
     if (clone[v] >= 0) return clone[v];
     const ir::ValueId src = view_source(p, prod, v);
-    const ir::Node n = nodes[prod[v]];  // a copy: add_node grows the list
+    const ir::Node n = nodes[prod[v]];  // a copy: add_before grows the list
     std::vector<ir::NodeArg> args = n.args;
     if (src >= 0) {
       const int a = p.graph.value(v).meta.alias_of;
       args[a] = ir::NodeArg(ir::ValueRef{remake(src, at)});
     }
-    std::vector<ir::ValueRef> outs = p.graph.add_node(n.op_name, std::move(args));
-    p.generators.emplace_back();
-    p.phases.push_back(Phase::Backward);
-    before[at].push_back(nodes.size() - 1);
-    ++made;
-    for (size_t k = 0; k < outs.size(); ++k) clone[n.outputs[k]] = outs[k].id;
+    std::vector<ir::ValueId> outs =
+        edit.add_before(at, n.op_name, std::move(args), Phase::Backward);
+    for (size_t k = 0; k < outs.size(); ++k) clone[n.outputs[k]] = outs[k];
     return clone[v];
   };
   for (size_t i = 0; i < n0; ++i) {
@@ -370,14 +407,7 @@ int recompute_in_backward(Program& p) {
         nodes[i].args[a].values()[k] = c;
       }
   }
-  if (!made) return 0;
-  std::vector<size_t> order;
-  for (size_t i = 0; i < n0; ++i) {
-    order.insert(order.end(), before[i].begin(), before[i].end());
-    order.push_back(i);
-  }
-  reorder_nodes(p, order);
-  return made;
+  return edit.commit();
 }
 
 std::string run_passes(Program& p) {
@@ -385,8 +415,10 @@ std::string run_passes(Program& p) {
     const char* name;
     int (*run)(Program&);
   };
-  static constexpr Pass kPasses[] = {{"fold", &constant_folding},
+  static constexpr Pass kPasses[] = {{"functionalize", &functionalize},
+                                     {"fold", &constant_folding},
                                      {"cse", &common_subexpression_elimination},
+                                     {"rewrite", &rewrite_patterns},
                                      {"dce", &dead_code_elimination},
                                      {"recompute", &recompute_in_backward}};
   p.saved_before = saved_activation_bytes(p);

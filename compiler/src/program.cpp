@@ -21,7 +21,10 @@ DispatchKeySet node_key(const ir::Graph& g, const ir::Node& n) {
 }
 
 void call_node(const ir::Node& n, DispatchKeySet ks, Stack& s, std::vector<Tensor>& env) {
-  n.op->redispatch_boxed(ks, s);
+  if (ks.empty())
+    n.op->call_boxed(s);
+  else
+    n.op->redispatch_boxed(ks, s);
   size_t k = 0;
   for (const IValue& v : s) {
     if (v.is_tensor())

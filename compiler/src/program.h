@@ -41,7 +41,8 @@ struct TensorGuard {
 // The backend key node `n` runs at: its first input's device (wrapped numbers aside), else its
 // first output's.
 DispatchKeySet node_key(const ir::Graph& g, const ir::Node& n);
-// Calls node `n` at `ks` on stack `s` (its arguments) and stores its outputs into `env`.
+// Calls node `n` at `ks` (empty: through the whole dispatcher) on stack `s` (its arguments)
+// and stores its outputs into `env`.
 void call_node(const ir::Node& n, DispatchKeySet ks, Stack& s, std::vector<Tensor>& env);
 
 // The first argument before `i` that shares argument i's storage, or -1 (Note [Guards]).
@@ -96,6 +97,7 @@ struct Program : std::enable_shared_from_this<Program> {
   std::vector<FusedKernel> kernels;
   std::shared_ptr<void> library;
   std::string cache_note;  // a cache entry that had to be rebuilt
+  std::string rewrites;    // the pattern rewrites that applied ("attention x2"), for explain()
   int64_t saved_before = 0, saved_after = 0;  // saved_activation_bytes before and after the passes
   // Filled by finalize(): the backend key each node runs at, its group (-1: none), and the
   // values dead after it.
@@ -141,8 +143,9 @@ struct CaptureResult {
   std::string reason;  // why program is empty
 };
 
-// Runs `fn(args)` eagerly under the tracer (Note [Capture]).
-CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args);
+// Runs `fn(args)` eagerly under the tracer (Note [Capture]). With `rewrite_first`, a forward
+// whose backward is to be captured is rewritten first (Note [Rewrites before the backward]).
+CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrite_first = true);
 
 // Whether node i writes an argument, is a collective or draws from an explicit generator.
 bool has_effects(const Program& p, size_t i);
@@ -162,11 +165,40 @@ bool fusion_enabled();
 // "" when a C++ compiler exists; otherwise the error to raise, naming what to install.
 std::string compiler_problem();
 
+// Edits a program's node list for a pass: nodes added to run right before an existing one,
+// nodes dropped, reads of a value redirected. commit() puts the new nodes in place and keeps the
+// per-node tables (generators, phases, seed uses) in step; indices are those before the edit.
+class GraphEdit {
+ public:
+  explicit GraphEdit(Program& p);
+  // Records `op` on `args` to run right before node `at` (in `phase`); its outputs.
+  std::vector<ir::ValueId> add_before(size_t at, std::string_view op, std::vector<ir::NodeArg> args,
+                                      Phase phase);
+  void remove(size_t i) { keep_[i] = false; }
+  // Every read of `from` (by a node, a program output, a .grad write, an input gradient) reads
+  // `to` instead.
+  void replace_uses(ir::ValueId from, ir::ValueId to);
+  // Applies the edit; how many nodes it added.
+  int commit();
+
+ private:
+  Program& p_;
+  size_t n0_;
+  std::vector<bool> keep_;
+  std::vector<std::vector<size_t>> before_;
+  int added_ = 0;
+};
+
 // The passes (Note [Passes]); each returns how many nodes it removed or merged.
 int dead_code_elimination(Program& p);
 int common_subexpression_elimination(Program& p);
 int recompute_in_backward(Program& p);
 int constant_folding(Program& p);
+int functionalize(Program& p);     // Note [Functionalization] in rewrite.cpp
+int rewrite_patterns(Program& p);  // Note [Pattern rewrites] in rewrite.cpp
+// The forward of a program whose backward is still to be captured, rewritten (Note [Rewrites
+// before the backward] in rewrite.cpp): how many rewrites applied, and what they were.
+int rewrite_forward(Program& p, std::string* what);
 // Bytes of the distinct storages the forward makes and the backward reads (See Note [Recompute]).
 int64_t saved_activation_bytes(const Program& p);
 // Runs every pass, verifying the graph after each (KILN_COMPILE_PRINT=1 prints the graph
