@@ -21,8 +21,9 @@
 // "view(bmm(x, y))": ops by name with their tensor arguments in schema order, lower-case leaves
 // binding values (a name used twice must bind the same value), `name:op(...)` binding the node.
 // The rewriter tries every pattern at every node's output; a match's interior nodes must be
-// pure, and each interior value other than a view's must be read only inside the match, since
-// the point is to stop computing it. The rewrite's builder checks what a pattern cannot say
+// pure, and each interior value, views included, must be read only inside the match: the point
+// is to stop computing it (a backward that reads the attention's probabilities through a view
+// keeps the attention written out). The rewrite's builder checks what a pattern cannot say
 // (attributes, geometry, a constant's data), adds its replacement right before the matched
 // root, and redirects the root's readers to it; DCE then drops the matched nodes. One match per
 // sweep, until none applies.
@@ -253,7 +254,7 @@ struct Matcher {
     const size_t i = static_cast<size_t>(prod[v]);
     const ir::Node& n = p.graph.nodes()[i];
     if (n.op_name != pat.op || n.outputs.size() != 1 || n.rng || has_effects(p, i)) return false;
-    if (!root && !n.op->info().is_view && uses[v] != 1) return false;
+    if (!root && uses[v] != 1) return false;
     std::vector<ir::ValueId> vals;
     for (const ir::NodeArg& a : n.args) {
       if (a.is_value_list()) return false;
