@@ -252,7 +252,7 @@ std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used
             << "*>(ins[" << idx << "]));\n";
       return "s" + idx;
     }
-    loads << "  const T* __restrict in" << idx << " = static_cast<const T*>(ins[" << idx << "]);\n";
+    loads << "  const T* in" << idx << " = static_cast<const T*>(ins[" << idx << "]);\n";
     return "in" + idx + "[i]";
   });
   std::ostringstream os;
@@ -261,7 +261,7 @@ std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used
      << "  using T = " << value_type(k.dtype) << ";\n"
      << loads.str();
   for (size_t j = 0; j < k.outputs.size(); ++j)
-    os << "  T* __restrict out" << j << " = static_cast<T*>(outs[" << j << "]);\n";
+    os << "  T* out" << j << " = static_cast<T*>(outs[" << j << "]);\n";
   os << "#pragma omp parallel for simd if (n >= 65536)\n"
      << "  for (int64_t i = 0; i < n; ++i) {\n"
      << body;

@@ -130,7 +130,11 @@ std::string CompiledFunction::graph_str(int i) const {
     out += "  fused " + k.name + ": nodes";
     for (size_t m : k.members) out += " " + std::to_string(m);
     out += " ->";
-    for (ir::ValueId v : k.outputs) out += " %" + std::to_string(v);
+    for (size_t j = 0; j < k.outputs.size(); ++j) {
+      out += " %" + std::to_string(k.outputs[j]);
+      if (k.reuse[j] >= 0)
+        out += " (in %" + std::to_string(k.inputs[k.reuse[j]]) + ")";  // Note [Buffer reuse]
+    }
     out += "\n";
   }
   return out;

@@ -109,6 +109,7 @@ void Program::finalize() {
     if (v >= 0) last_use[v] = -1;
   for (ir::ValueId v = 0; v < graph.num_values(); ++v)
     if (last_use[v] >= 0) frees[last_use[v]].push_back(v);
+  plan_buffer_reuse(last_use);
   // What the backward reads and does not make or get as a gradient (See Note [Compiled backward]).
   saved.clear();
   if (aot) {
@@ -129,6 +130,44 @@ void Program::finalize() {
   }
 }
 
+// Note [Buffer reuse]: within a step, a fused loop writes an output into the buffer of one of its
+// inputs when that input dies with the loop: made by a node of the program (never a graph
+// input), not a view or an in-place result, with no view or in-place result of it anywhere, not
+// a program result, and read last by this loop. The plan is made once, here; at run time the
+// buffer is taken only when nothing but the program holds it (its tensor and storage have one
+// owner), else the output gets a fresh one. The loop reads an element before it writes the same
+// element, and its `omp simd` makes no assumption about aliasing, so writing in place is safe.
+// Every other value is freed after its last use (frees), and the caching allocator hands its
+// block to the next allocation of that size.
+void Program::plan_buffer_reuse(const std::vector<int64_t>& last_use) {
+  const auto& nodes = graph.nodes();
+  const size_t nv = static_cast<size_t>(graph.num_values());
+  std::vector<bool> fresh(nv, false), aliased(nv, false);
+  for (const ir::Node& n : nodes)
+    for (ir::ValueId o : n.outputs) {
+      const int a = graph.value(o).meta.alias_of;
+      fresh[o] = a < 0;
+      if (a >= 0 && a < static_cast<int>(n.args.size()))
+        for (ir::ValueId v : n.args[a].values()) aliased[v] = true;
+    }
+  for (FusedKernel& k : kernels) {
+    k.reuse.assign(k.outputs.size(), -1);
+    std::vector<bool> taken(k.inputs.size(), false);
+    const int64_t at = static_cast<int64_t>(k.members.back());
+    for (size_t j = 0; j < k.outputs.size(); ++j)
+      for (size_t a = 0; a < k.inputs.size(); ++a) {
+        const ir::ValueId v = k.inputs[a];
+        const TensorSpec& s = graph.value(v).meta;
+        if (taken[a] || !fresh[v] || aliased[v] || last_use[v] != at || s.dtype != k.dtype ||
+            s.sizes.ref() != k.sizes.ref() || !s.device.is_cpu())
+          continue;
+        taken[a] = true;
+        k.reuse[j] = static_cast<int>(a);
+        break;
+      }
+  }
+}
+
 namespace {
 
 void run_kernel(const FusedKernel& k, std::vector<Tensor>& env) {
@@ -137,8 +176,13 @@ void run_kernel(const FusedKernel& k, std::vector<Tensor>& env) {
   for (ir::ValueId v : k.inputs) ins.push_back(env[v].impl()->raw_data());
   std::vector<void*> outs;
   outs.reserve(k.outputs.size());
-  for (ir::ValueId v : k.outputs) {
-    env[v] = kiln::empty(k.sizes, k.dtype);
+  for (size_t j = 0; j < k.outputs.size(); ++j) {
+    const ir::ValueId v = k.outputs[j];
+    const Tensor* in = k.reuse[j] >= 0 ? &env[k.inputs[k.reuse[j]]] : nullptr;
+    if (in != nullptr && in->impl()->use_count() == 1 && in->impl()->storage().use_count() == 1)
+      env[v] = *in;  // See Note [Buffer reuse]
+    else
+      env[v] = kiln::empty(k.sizes, k.dtype);
     outs.push_back(env[v].impl()->raw_data());
   }
   k.fn(ins.data(), outs.data(), k.numel);

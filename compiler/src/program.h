@@ -64,6 +64,9 @@ struct FusedKernel {
   int64_t numel = 0;
   std::string name;
   Fn fn = nullptr;
+  // Per output: the input whose buffer it is written into (Note [Buffer reuse] in program.cpp),
+  // or -1 for a fresh one. Set by Program::finalize().
+  std::vector<int> reuse;
 };
 
 struct Program : std::enable_shared_from_this<Program> {
@@ -107,8 +110,10 @@ struct Program : std::enable_shared_from_this<Program> {
 
   // "" when `args` and the thread's state pass every guard; otherwise the first failure.
   std::string check_guards(const std::vector<Tensor>& args) const;
-  // Computes node_keys and frees; call after capture and after every pass.
+  // Computes node_keys, frees and each fused loop's buffer reuse; call after capture and after
+  // every pass.
   void finalize();
+  void plan_buffer_reuse(const std::vector<int64_t>& last_use);
   // Runs the program on `args` (whose guards hold): the outputs, with the effects applied.
   // A program with a compiled backward runs its forward and returns outputs whose grad_fn runs
   // the backward nodes (Note [Compiled backward]).

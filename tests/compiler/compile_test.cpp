@@ -379,6 +379,28 @@ TEST(Compile, PointwiseChainsFuseAndMatchEager) {
   EXPECT_TRUE(std::isnan(f({nan, w, b})[0].flatten().select(0, 0).item<double>()));
 }
 
+// See Note [Buffer reuse]: a loop whose input dies with it writes its output into that input's
+// buffer; an argument's buffer is never taken.
+TEST(Compile, AFusedLoopReusesTheBufferOfAnInputThatDiesWithIt) {
+  ScopedEnv cache("KILN_CACHE_DIR", fresh_dir("reuse").string());
+  auto fn = [](const std::vector<Tensor>& in) {
+    Tensor h = mm(in[0], in[1]);  // made by the program, read last by the loop
+    return std::vector<Tensor>{relu(h * 2.0 - in[2]) + in[2]};
+  };
+  Tensor a = random({32, 16}, kFloat32, -1, 1, 4), b = random({16, 8}, kFloat32, -1, 1, 5),
+         c = random({32, 8}, kFloat32, -1, 1, 6);
+  Tensor c_before = c.clone();
+  auto f = compile(fn);
+  for (int i = 0; i < 3; ++i) expect_close(f({a, b, c})[0], fn({a, b, c})[0], 1e-6, 1e-6);
+  expect_close(c, c_before, 0, 0);
+  const std::string g = f.graph_str(0);
+  EXPECT_NE(g.find(" (in %"), std::string::npos) << g;
+  // The output is held by the caller: the next call's loop must not write into it.
+  Tensor first = f({a, b, c})[0], kept = first.clone();
+  f({a, b, c});
+  expect_close(first, kept, 0, 0);
+}
+
 TEST(Compile, AWarmCacheLoadsAndACorruptEntryIsRebuilt) {
   const fs::path dir = fresh_dir("cache");
   ScopedEnv cache("KILN_CACHE_DIR", dir.string());
