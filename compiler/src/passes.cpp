@@ -184,9 +184,6 @@ int common_subexpression_elimination(Program& p) {
 
 // ---- value helpers --------------------------------------------------------------------------
 
-namespace {
-
-// Value -> the node that makes it (-1: a graph input).
 std::vector<int64_t> producers(const Program& p) {
   std::vector<int64_t> prod(static_cast<size_t>(p.graph.num_values()), -1);
   const auto& nodes = p.graph.nodes();
@@ -195,14 +192,20 @@ std::vector<int64_t> producers(const Program& p) {
   return prod;
 }
 
+ir::ValueId aliased_arg(const Program& p, const std::vector<int64_t>& prod, ir::ValueId v) {
+  if (prod[v] < 0) return -1;
+  const int a = p.graph.value(v).meta.alias_of;
+  const ir::Node& n = p.graph.nodes()[prod[v]];
+  if (a < 0 || a >= static_cast<int>(n.args.size()) || !n.args[a].is_value()) return -1;
+  return n.args[a].values()[0];
+}
+
+namespace {
+
 // The value a view output looks into (-1: `v` is not made by a view node).
 ir::ValueId view_source(const Program& p, const std::vector<int64_t>& prod, ir::ValueId v) {
-  if (prod[v] < 0) return -1;
-  const ir::Node& n = p.graph.nodes()[prod[v]];
-  if (!n.op->info().is_view) return -1;
-  const int a = p.graph.value(v).meta.alias_of;
-  if (a < 0 || !n.args[a].is_value()) return -1;
-  return n.args[a].values()[0];
+  if (prod[v] < 0 || !p.graph.nodes()[prod[v]].op->info().is_view) return -1;
+  return aliased_arg(p, prod, v);
 }
 
 ir::ValueId root_of(const Program& p, const std::vector<int64_t>& prod, ir::ValueId v) {

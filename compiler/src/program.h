@@ -158,6 +158,10 @@ bool has_effects(const Program& p, size_t i);
 std::vector<bool> program_results(const Program& p);
 // The value whose storage `v` looks into (through view nodes): a graph input or a node output.
 ir::ValueId storage_root(const Program& p, ir::ValueId v);
+// Value -> the index of the node that makes it (-1: a graph input).
+std::vector<int64_t> producers(const Program& p);
+// The argument value that output `v` of its node aliases (a view or an in-place result), or -1.
+ir::ValueId aliased_arg(const Program& p, const std::vector<int64_t>& prod, ir::ValueId v);
 // Compiles the program's fusion groups (Note [Fusion], Note [Compile cache]): "" or why the
 // program runs unfused.
 std::string fuse(Program& p);

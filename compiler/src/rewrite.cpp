@@ -38,23 +38,6 @@ namespace kiln::compiler::detail {
 
 namespace {
 
-std::vector<int64_t> node_of(const Program& p) {
-  std::vector<int64_t> prod(static_cast<size_t>(p.graph.num_values()), -1);
-  const auto& nodes = p.graph.nodes();
-  for (size_t i = 0; i < nodes.size(); ++i)
-    for (ir::ValueId o : nodes[i].outputs) prod[o] = static_cast<int64_t>(i);
-  return prod;
-}
-
-// The argument value output `v` of its node aliases (a view or an in-place result), or -1.
-ir::ValueId aliased_arg(const Program& p, const std::vector<int64_t>& prod, ir::ValueId v) {
-  if (prod[v] < 0) return -1;
-  const int a = p.graph.value(v).meta.alias_of;
-  const ir::Node& n = p.graph.nodes()[prod[v]];
-  if (a < 0 || a >= static_cast<int>(n.args.size()) || !n.args[a].is_value()) return -1;
-  return n.args[a].values()[0];
-}
-
 // The value that allocated `v`'s storage, through views and in-place results.
 ir::ValueId store_of(const Program& p, const std::vector<int64_t>& prod, ir::ValueId v) {
   for (ir::ValueId a = aliased_arg(p, prod, v); a >= 0; a = aliased_arg(p, prod, v = a)) {
@@ -143,13 +126,13 @@ ir::ValueId functionalize_node(Program& p, const std::vector<int64_t>& prod, siz
 
 int functionalize(Program& p) {
   int done = 0;
-  std::vector<int64_t> prod = node_of(p);
+  std::vector<int64_t> prod = producers(p);
   for (size_t i = 0; i < p.graph.nodes().size(); ++i) {
     const ir::ValueId old = p.graph.nodes()[i].outputs.empty() ? -1 : p.graph.nodes()[i].outputs[0];
     const ir::ValueId fresh = functionalize_node(p, prod, i);
     if (fresh < 0) continue;
     GraphEdit(p).replace_uses(old, fresh);
-    prod = node_of(p);
+    prod = producers(p);
     ++done;
   }
   return done;
@@ -227,7 +210,7 @@ struct Matcher {
   std::vector<int64_t> prod;
   std::vector<int> uses;  // reads by nodes and program results
 
-  explicit Matcher(const Program& prog) : p(prog), prod(node_of(prog)) {
+  explicit Matcher(const Program& prog) : p(prog), prod(producers(prog)) {
     uses.assign(static_cast<size_t>(p.graph.num_values()), 0);
     for (const ir::Node& n : p.graph.nodes())
       for (ir::ValueId u : n.inputs()) ++uses[u];
