@@ -38,7 +38,7 @@ compiler::CompiledFunction check_against_eager(const compiler::Fn& fn,
 }
 
 // See Note [Functionalization].
-TEST(Functionalize, InPlaceOpsOnFreshStoragesBecomeFunctional) {
+TEST(CompileFunctionalize, InPlaceOpsOnFreshStoragesBecomeFunctional) {
   auto fn = [](const std::vector<Tensor>& in) {
     Tensor t = empty({4, 3});
     t.fill_(2.0);        // full
@@ -59,7 +59,7 @@ TEST(Functionalize, InPlaceOpsOnFreshStoragesBecomeFunctional) {
   EXPECT_EQ(occurrences(g, "fused kiln_fused"), 1) << g;
 }
 
-TEST(Functionalize, WritesThatOthersSeeStayInPlace) {
+TEST(CompileFunctionalize, WritesThatOthersSeeStayInPlace) {
   // An argument written in place: the program's effect, replayed where eager made it.
   Tensor x = random({5}, kFloat32, -1, 1, 2);
   auto f = compiler::compile([](const std::vector<Tensor>& in) {
@@ -108,7 +108,7 @@ TEST(Functionalize, WritesThatOthersSeeStayInPlace) {
 }
 
 // See Note [Pattern rewrites].
-TEST(Rewrite, SigmoidTimesItsInputIsSilu) {
+TEST(CompileRewrite, SigmoidTimesItsInputIsSilu) {
   auto f = check_against_eager(
       [](const std::vector<Tensor>& in) {
         return std::vector<Tensor>{in[0] * sigmoid(in[0]) + sigmoid(in[1]) * in[1]};
@@ -142,7 +142,7 @@ std::vector<Tensor> written_attention(const Tensor& qkv, int64_t heads,
 }
 
 // See Note [Attention rewrite].
-TEST(Rewrite, WrittenOutAttentionBecomesFusedAttention) {
+TEST(CompileRewrite, WrittenOutAttentionBecomesFusedAttention) {
   autograd::NoGradGuard no_grad;
   Tensor qkv = random({2, 8, 48}, kFloat32, -1, 1, 9);
   auto f = check_against_eager(
@@ -163,7 +163,7 @@ TEST(Rewrite, WrittenOutAttentionBecomesFusedAttention) {
 
 // See Note [Rewrites before the backward]: a compiled forward with the attention gets the fused
 // kernel's own backward, and the gradients equal eager's.
-TEST(Rewrite, AttentionInACompiledForwardGetsTheFusedBackward) {
+TEST(CompileRewrite, AttentionInACompiledForwardGetsTheFusedBackward) {
   Tensor w = random({16, 48}, kFloat32, -0.5, 0.5, 11).requires_grad_();
   auto fn = [&](const std::vector<Tensor>& in) {
     return written_attention(matmul(in[0], w), 2, nullptr);
@@ -190,7 +190,7 @@ TEST(Rewrite, AttentionInACompiledForwardGetsTheFusedBackward) {
   EXPECT_NE(history(f).find("rewrites: attention x1"), std::string::npos) << history(f);
 }
 
-TEST(Rewrite, AWholeTrainingStepKeepsItsWrittenOutAttention) {
+TEST(CompileRewrite, AWholeTrainingStepKeepsItsWrittenOutAttention) {
   // The backward is part of the function: it reads the probabilities, so the forward's
   // attention is not rewritten (it would be computed twice).
   Tensor w = random({16, 48}, kFloat32, -0.5, 0.5, 12).requires_grad_();
