@@ -79,6 +79,9 @@ std::string join(const auto& words, const std::string& sep) {
 }
 
 nlohmann::json to_json(const proto::Job& j) {
+  nlohmann::json findings = nlohmann::json::array();
+  for (const proto::Finding& f : j.findings())
+    findings.push_back({{"kind", f.kind()}, {"text", f.text()}, {"unix_ms", f.unix_ms()}});
   return {{"job_id", j.job_id()},
           {"state", j.state()},
           {"workers", j.workers()},
@@ -92,7 +95,8 @@ nlohmann::json to_json(const proto::Job& j) {
           {"message", j.message()},
           {"submitted_unix_ms", j.submitted_unix_ms()},
           {"started_unix_ms", j.started_unix_ms()},
-          {"finished_unix_ms", j.finished_unix_ms()}};
+          {"finished_unix_ms", j.finished_unix_ms()},
+          {"findings", findings}};
 }
 
 nlohmann::json to_json(const proto::WorkerInfo& w) {
@@ -199,6 +203,9 @@ void print_job(const CoordClient& c, const proto::Job& j) {
     rows.push_back({"exit code:", std::to_string(j.exit_code())});
   }
   if (!j.message().empty()) rows.push_back({"message:", j.message()});
+  for (const proto::Finding& f :
+       j.findings())  // See Note [Desync detection] (coordinator/src/desync.h)
+    rows.push_back({f.kind() + ":", time_string(f.unix_ms()) + "  " + f.text()});
   for (const auto& r : rows) std::printf("%-11s%s\n", r[0].c_str(), r[1].c_str());
 }
 

@@ -29,8 +29,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 #include <stdexcept>
 
+#include "desync.h"
 #include "kiln/proto/service.h"
 #include "state.h"
 
@@ -206,7 +208,44 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
     else
       w.session_seen = w.last_beat;
   }
+  // See Note [Desync detection] in desync.h. Records of a session this worker is not in, or one
+  // that ended, are ignored.
+  int taken = 0;
+  for (const proto::CollectiveRecord& r : req.collectives()) {
+    if (++taken > kMaxCollectivesPerBeat) break;
+    auto s = sessions_.find(r.session_id());
+    if (s == sessions_.end() || s->second.state != "open") continue;
+    const std::vector<std::string>& ids = s->second.worker_ids;
+    auto at = std::find(ids.begin(), ids.end(), req.worker_id());
+    if (at == ids.end()) continue;
+    for (const std::string& report :
+         desync_[r.session_id()].add(static_cast<int>(at - ids.begin()), r, Clock::now()))
+      add_finding_locked(s->second, "desync", report);
+  }
   return reply;
+}
+
+void Coordinator::add_finding_locked(const SessionRec& s, const std::string& kind,
+                                     const std::string& text) {
+  std::cerr << "kiln-coordinator: session " << s.id << ": " << kind << ": " << text << std::endl;
+  ++findings_[kind];
+  auto j = jobs_.find(s.job_id);
+  if (j == jobs_.end()) return;
+  proto::Finding f;
+  f.set_kind(kind);
+  f.set_text(text);
+  f.set_unix_ms(now_unix_ms());
+  *j->second.job.add_findings() = f;
+  Transaction t(state_->db());
+  state_->put_finding(s.job_id, j->second.job.findings_size() - 1, f);
+  state_->append_logs(s.job_id, {absl::StrCat("[kiln-coordinator] ", kind, ": ", text)});
+  t.commit();
+  changed_locked();
+}
+
+std::map<std::string, int> Coordinator::finding_counts() {
+  std::lock_guard lock(mu_);
+  return findings_;
 }
 
 proto::ListWorkersReply Coordinator::list_workers(const Caller& caller) {
@@ -239,6 +278,12 @@ void Coordinator::reap_loop() {
 void Coordinator::reap_locked() {
   const auto limit = options_.heartbeat * options_.dead_after;
   const auto now = Clock::now();
+  for (auto& [sid, detector] : desync_) {  // See Note [Desync detection] in desync.h
+    auto s = sessions_.find(sid);
+    if (s != sessions_.end())
+      for (const std::string& report : detector.poll(now))
+        add_finding_locked(s->second, "desync", report);
+  }
   std::vector<WorkerRec*> dead;
   std::vector<std::string> forgotten;  // dead for Options::worker_retention
   for (auto& [id, w] : workers_) {
@@ -354,6 +399,7 @@ void Coordinator::end_session_locked(SessionRec& s, const std::string& state,
     state_->put_worker(it->second);
   }
   kv_.erase(s.id);
+  desync_.erase(s.id);
   state_->put_session(s);
   if (state == "failed" && !s.job_id.empty()) {
     auto j = jobs_.find(s.job_id);

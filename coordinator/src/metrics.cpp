@@ -25,16 +25,24 @@ struct Metrics::Impl : prometheus::Collectable {
     out.push_back(gauge("kiln_coordinator_jobs", "Jobs by state", core.job_counts()));
     out.push_back(
         gauge("kiln_coordinator_workers", "Registered workers by state", core.worker_counts()));
+    out.push_back(gauge("kiln_coordinator_findings_total",
+                        "Findings about running jobs since the coordinator started, by kind",
+                        core.finding_counts(), "kind", prometheus::MetricType::Counter));
     return out;
   }
 
-  static prometheus::MetricFamily gauge(const std::string& name, const std::string& help,
-                                        const std::map<std::string, int>& by_state) {
-    prometheus::MetricFamily f{name, help, prometheus::MetricType::Gauge, {}};
-    for (const auto& [state, n] : by_state) {
+  static prometheus::MetricFamily gauge(
+      const std::string& name, const std::string& help, const std::map<std::string, int>& by_label,
+      const std::string& label = "state",
+      prometheus::MetricType type = prometheus::MetricType::Gauge) {
+    prometheus::MetricFamily f{name, help, type, {}};
+    for (const auto& [value, n] : by_label) {
       prometheus::ClientMetric m;
-      m.label.push_back({"state", state});
-      m.gauge.value = n;
+      m.label.push_back({label, value});
+      if (type == prometheus::MetricType::Counter)
+        m.counter.value = n;
+      else
+        m.gauge.value = n;
       f.metric.push_back(m);
     }
     return f;

@@ -7,8 +7,8 @@ namespace kiln::coord {
 namespace {
 
 // Bump on every schema change, with a migration from the previous version in open().
-// 2: sessions.secret.
-constexpr int kSchemaVersion = 2;
+// 2: sessions.secret. 3: job_findings (a new table: kSchema makes it).
+constexpr int kSchemaVersion = 3;
 
 constexpr const char* kSchema = R"(
 CREATE TABLE IF NOT EXISTS workers (
@@ -26,6 +26,9 @@ CREATE TABLE IF NOT EXISTS jobs (
   started_unix_ms INTEGER NOT NULL, finished_unix_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS job_logs (
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, line TEXT NOT NULL, PRIMARY KEY (job_id, idx));
+CREATE TABLE IF NOT EXISTS job_findings (
+  job_id TEXT NOT NULL, idx INTEGER NOT NULL, kind TEXT NOT NULL, text TEXT NOT NULL,
+  unix_ms INTEGER NOT NULL, PRIMARY KEY (job_id, idx));
 )";
 
 template <typename List>
@@ -112,6 +115,15 @@ Loaded State::load() {
     out.max_seq = std::max(out.max_seq, r.seq);
     out.jobs[job.job_id()] = r;
   }
+  Stmt f = db_.prepare("SELECT job_id, kind, text, unix_ms FROM job_findings ORDER BY job_id, idx");
+  while (f.step()) {
+    auto it = out.jobs.find(f.text(0));
+    if (it == out.jobs.end()) continue;
+    proto::Finding& finding = *it->second.job.add_findings();
+    finding.set_kind(f.text(1));
+    finding.set_text(f.text(2));
+    finding.set_unix_ms(f.integer(3));
+  }
   return out;
 }
 
@@ -166,6 +178,16 @@ void State::put_job(const JobRec& r) {
       .bind(12, j.submitted_unix_ms())
       .bind(13, j.started_unix_ms())
       .bind(14, j.finished_unix_ms())
+      .run();
+}
+
+void State::put_finding(const std::string& job_id, int idx, const proto::Finding& f) {
+  db_.prepare("INSERT OR REPLACE INTO job_findings VALUES (?, ?, ?, ?, ?)")
+      .bind(1, job_id)
+      .bind(2, idx)
+      .bind(3, f.kind())
+      .bind(4, f.text())
+      .bind(5, f.unix_ms())
       .run();
 }
 

@@ -84,6 +84,8 @@ class State {
   // Log lines with index >= `from` (0-based), at most `limit` of them.
   std::vector<std::string> logs(const std::string& job_id, int64_t from, int64_t limit);
   int64_t log_count(const std::string& job_id);
+  // Finding `idx` (0-based) of a job (Note [Desync detection] in desync.h).
+  void put_finding(const std::string& job_id, int idx, const proto::Finding& f);
 
  private:
   Db db_;

@@ -112,6 +112,9 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
       std::lock_guard<std::mutex> lock(mu_);
       seq = p2p_tag ? ++p2p_seq_ : ++seq_;
       record = ++records_issued_;
+      if (!p2p_tag)
+        detail::observe_collective(
+            {name, rank, size(), seq, op, sizes, ranks});  // Note [Collective observer]
       records_.push_back({record, seq, p2p_tag.has_value(), op, std::move(sizes), "queued"});
       if (records_.size() > kRecorderSize) records_.pop_front();
     }

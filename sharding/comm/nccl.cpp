@@ -267,6 +267,12 @@ class Comm final : public NcclComm {
     std::ostringstream what;
     what << op << " #" << ++seq_ << " on group '" << group_ << "' (rank " << rank_ << " of "
          << size_ << ", NCCL)";
+    if (std::string_view(op) != "send" &&
+        std::string_view(op) != "recv") {  // Note [Collective observer]
+      std::ostringstream shape;
+      if (!tensors.empty()) shape << tensors.back().dtype() << tensors.back().sizes();
+      detail::observe_collective({group_, rank_, size_, seq_, op, shape.str()});
+    }
     auto work = std::make_shared<Work>(what.str());
     if (!comm_) {
       work->finish(std::make_exception_ptr(Error(

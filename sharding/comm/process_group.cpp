@@ -302,6 +302,16 @@ void reset_fake_comm_stats() {
   fake_stats().clear();
 }
 
+namespace {
+std::atomic<CollectiveObserver> g_observer{nullptr};
+}  // namespace
+
+void set_collective_observer(CollectiveObserver observer) { g_observer.store(observer); }
+
+void detail::observe_collective(const CollectiveEvent& e) {
+  if (CollectiveObserver f = g_observer.load(std::memory_order_relaxed)) f(e);
+}
+
 ProcessGroup::~ProcessGroup() = default;
 int ProcessGroup::rank() const { return impl_->rank; }
 int ProcessGroup::size() const { return impl_->size(); }

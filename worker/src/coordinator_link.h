@@ -4,6 +4,9 @@
 // names a session.
 #pragma once
 
+#include <absl/status/statusor.h>
+
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -11,8 +14,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <absl/status/statusor.h>
 
 #include "kiln/proto/coordinator.grpc.pb.h"
 
@@ -27,11 +28,16 @@ class CoordinatorLink {
   using LoadFn = std::function<Load()>;
   // Ends the streams of a session the coordinator closed.
   using CloseFn = std::function<void(const std::string& session_id)>;
+  // The gang's collectives since the last call (Note [Collective reports] in gang.h).
+  using ReportsFn = std::function<std::vector<proto::CollectiveRecord>()>;
 
-  // Registers once (its failure is start's) and starts the heartbeat thread.
+  // Registers once (its failure is start's) and starts the heartbeat thread, which beats every
+  // interval the coordinator asked for, and sooner (every kReportPoll) while collectives wait to
+  // be reported.
   static absl::StatusOr<std::unique_ptr<CoordinatorLink>> start(
       const std::string& address, const std::string& token, proto::RegisterWorkerRequest request,
-      LoadFn load, CloseFn close);
+      LoadFn load, CloseFn close, ReportsFn reports = nullptr);
+  static constexpr std::chrono::milliseconds kReportPoll{100};
   ~CoordinatorLink();  // stops the heartbeat thread
 
   // The session as the coordinator sees it, with this worker's rank, when `secret` (from the
@@ -51,6 +57,7 @@ class CoordinatorLink {
   proto::RegisterWorkerRequest request_;
   LoadFn load_;
   CloseFn close_;
+  ReportsFn reports_;
   std::unique_ptr<proto::Coordinator::Stub> stub_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -267,7 +267,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
     Impl* self = impl.get();
     auto link = CoordinatorLink::start(
         opt.coordinator, opt.token, std::move(req), [self] { return self->load(); },
-        [self](const std::string& id) { self->close_session(id); });
+        [self](const std::string& id) { self->close_session(id); }, &Gang::take_collectives);
     if (!link.ok()) {
       impl->server->Shutdown();
       return link.status();

@@ -28,6 +28,7 @@ namespace kiln::coord {
 
 struct WorkerRec;
 struct SessionRec;
+class DesyncDetector;
 struct JobRec;
 class State;
 
@@ -119,6 +120,8 @@ class Coordinator {
   // Counts by state, for metrics.
   std::map<std::string, int> job_counts();
   std::map<std::string, int> worker_counts();
+  // Findings by kind ("desync") since the coordinator started, for metrics.
+  std::map<std::string, int> finding_counts();
 
   // Wakes and ends every waiting call (UNAVAILABLE) and stops the reaper; for SIGTERM.
   void shutdown();
@@ -140,6 +143,9 @@ class Coordinator {
   absl::StatusOr<JobRec*> find_job_locked(const std::string& job_id, const std::string& tenant);
   std::vector<std::string> idle_workers_locked();
   void changed_locked();
+  // A finding about session `s` (Note [Desync detection] in desync.h): on its job (kept in the
+  // state file), in its log, on stderr and in finding_counts().
+  void add_finding_locked(const SessionRec& s, const std::string& kind, const std::string& text);
 
   Options options_;
   std::unique_ptr<State> state_;
@@ -151,6 +157,8 @@ class Coordinator {
   std::map<std::string, SessionRec> sessions_;
   std::map<std::string, JobRec> jobs_;
   std::map<std::string, std::map<std::string, std::string>> kv_;  // open session -> its store
+  std::map<std::string, DesyncDetector> desync_;                  // open session -> its collectives
+  std::map<std::string, int> findings_;
   int64_t last_seq_ = 0;
   std::thread reaper_;
 };

@@ -1,7 +1,7 @@
 // kiln/coord/metrics.h: the coordinator's Prometheus metrics, served by prometheus-cpp's
 // Exposer at /metrics: `kiln_coordinator_jobs{state}` and `kiln_coordinator_workers{state}`
-// (gauges read from the Coordinator at scrape time) and `kiln_coordinator_rpcs_total{method,
-// code}`.
+// (gauges read from the Coordinator at scrape time), `kiln_coordinator_findings_total{kind}`
+// (desyncs noticed: Note [Desync detection]) and `kiln_coordinator_rpcs_total{method, code}`.
 //
 //   Metrics metrics(coordinator);
 //   metrics.count_rpc("SubmitJob", absl::StatusCode::kOk);

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -145,5 +146,25 @@ void reset_fake_comm_stats();
 // Rank-local launch facts (LOCAL_RANK / LOCAL_WORLD_SIZE; 0 and 1 when unset).
 int local_rank();
 int local_world_size();
+
+// Note [Collective observer]: a process-wide callback told of every collective this process
+// issues (point-to-point sends and receives aside, whose sequences differ by rank), in issue
+// order within each group, with the group's sequence number and the collective's dtype and
+// sizes: a worker passes them to its coordinator, which compares the ranks' sequences (Note
+// [Desync detection] in coordinator/src/desync.h). It runs on the issuing thread, under the
+// group's lock, so it must only copy and return.
+struct CollectiveEvent {
+  std::string_view group;
+  int rank = 0, size = 0;        // this process's rank in the group, and the group's size
+  uint64_t seq = 0;              // 1 for the group's first collective
+  std::string_view op;           // "all_reduce"
+  std::string_view shape;        // "float32[4, 3]"
+  std::span<const int> members;  // the group's members' world ranks (empty where unknown)
+};
+using CollectiveObserver = void (*)(const CollectiveEvent&);
+void set_collective_observer(CollectiveObserver observer);  // nullptr: none
+namespace detail {
+void observe_collective(const CollectiveEvent& e);
+}  // namespace detail
 
 }  // namespace kiln::dist
