@@ -21,7 +21,8 @@ namespace {
 
 constexpr auto kDeadline = std::chrono::seconds(10);
 
-constexpr const char* kJobsHelp = R"(usage: kiln <workers|jobs|submit|status|cancel|logs> [options]
+constexpr const char* kJobsHelp =
+    R"(usage: kiln <workers|jobs|submit|status|cancel|logs|steps> [options]
 
   kiln workers                          the registered workers
   kiln jobs [--state S]                 jobs (queued, running, succeeded, failed, cancelled)
@@ -31,6 +32,7 @@ constexpr const char* kJobsHelp = R"(usage: kiln <workers|jobs|submit|status|can
   kiln status JOB                       one job
   kiln cancel JOB                       cancel a queued or running job
   kiln logs JOB [-f]                    the driver's output (-f: follow until the job ends)
+  kiln steps JOB [--from N]             its steps per rank: loss, step time, busy time, tokens/s
 
 options for all:
   --coordinator HOST:PORT   the coordinator (default: $KILN_COORDINATOR)
@@ -78,7 +80,38 @@ std::string join(const auto& words, const std::string& sep) {
   return out;
 }
 
+nlohmann::json to_json(const proto::StepRecord& r) {
+  nlohmann::json out = {{"step", r.step()},
+                        {"rank", r.rank()},
+                        {"unix_ms", r.unix_ms()},
+                        {"seconds", r.seconds()},
+                        {"busy_seconds", r.busy_seconds()},
+                        {"tokens", r.tokens()}};
+  if (r.has_loss()) out["loss"] = r.loss();
+  return out;
+}
+
+// "step 12: loss 2.31, 0.520 s (busy 0.500 s), 12345 tokens/s" (See Note [Step telemetry] in
+// worker/src/reports.h).
+std::string step_line(const proto::StepRecord& r) {
+  std::string out = "step " + std::to_string(r.step()) + ":";
+  char buf[96];
+  if (r.has_loss()) {
+    std::snprintf(buf, sizeof buf, " loss %.4g,", r.loss());
+    out += buf;
+  }
+  std::snprintf(buf, sizeof buf, " %.3f s (busy %.3f s)", r.seconds(), r.busy_seconds());
+  out += buf;
+  if (r.tokens() > 0 && r.seconds() > 0) {
+    std::snprintf(buf, sizeof buf, ", %.0f tokens/s", r.tokens() / r.seconds());
+    out += buf;
+  }
+  return out;
+}
+
 nlohmann::json to_json(const proto::Job& j) {
+  nlohmann::json steps = nlohmann::json::array();
+  for (const proto::StepRecord& r : j.last_steps()) steps.push_back(to_json(r));
   nlohmann::json findings = nlohmann::json::array();
   for (const proto::Finding& f : j.findings())
     findings.push_back({{"kind", f.kind()}, {"text", f.text()}, {"unix_ms", f.unix_ms()}});
@@ -96,7 +129,8 @@ nlohmann::json to_json(const proto::Job& j) {
           {"submitted_unix_ms", j.submitted_unix_ms()},
           {"started_unix_ms", j.started_unix_ms()},
           {"finished_unix_ms", j.finished_unix_ms()},
-          {"findings", findings}};
+          {"findings", findings},
+          {"last_steps", steps}};
 }
 
 nlohmann::json to_json(const proto::WorkerInfo& w) {
@@ -203,8 +237,10 @@ void print_job(const CoordClient& c, const proto::Job& j) {
     rows.push_back({"exit code:", std::to_string(j.exit_code())});
   }
   if (!j.message().empty()) rows.push_back({"message:", j.message()});
-  for (const proto::Finding& f :
-       j.findings())  // See Note [Desync detection] (coordinator/src/desync.h)
+  for (const proto::StepRecord& r : j.last_steps())
+    rows.push_back({"rank " + std::to_string(r.rank()) + ":", step_line(r)});
+  // See Note [Desync detection] and Note [Stragglers] (coordinator/src).
+  for (const proto::Finding& f : j.findings())
     rows.push_back({f.kind() + ":", time_string(f.unix_ms()) + "  " + f.text()});
   for (const auto& r : rows) std::printf("%-11s%s\n", r[0].c_str(), r[1].c_str());
 }
@@ -227,6 +263,34 @@ int status_main(const CoordClient& c, const std::vector<std::string>& args, bool
   }
   if (!st.ok()) return report_rpc_error(c, st);
   print_job(c, job);
+  return 0;
+}
+
+int steps_main(const CoordClient& c, const std::vector<std::string>& args) {
+  proto::JobStepsRequest req;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--from" && i + 1 < args.size()) {
+      try {
+        req.set_from_step(std::stoll(args[++i]));
+      } catch (const std::exception&) {
+        return usage("--from takes a step number, got '" + args[i] + "'");
+      }
+    } else if (req.job_id().empty() && !args[i].empty() && args[i][0] != '-') {
+      req.set_job_id(args[i]);
+    } else {
+      return usage("unexpected argument '" + args[i] + "' for kiln steps");
+    }
+  }
+  if (req.job_id().empty()) return usage("kiln steps takes a JOB id");
+  grpc::ClientContext ctx;
+  c.prepare(ctx);
+  proto::JobStepsReply reply;
+  if (auto st = c.stub->JobSteps(&ctx, req, &reply); !st.ok()) return report_rpc_error(c, st);
+  if (c.json) {
+    for (const auto& r : reply.steps()) std::printf("%s\n", to_json(r).dump().c_str());
+    return 0;
+  }
+  for (const auto& r : reply.steps()) std::printf("rank %d %s\n", r.rank(), step_line(r).c_str());
   return 0;
 }
 
@@ -290,7 +354,7 @@ int report_rpc_error(const CoordClient& c, const grpc::Status& st) {
 }
 
 bool is_job_command(const std::string& name) {
-  for (const char* n : {"workers", "jobs", "submit", "status", "cancel", "logs"}) {
+  for (const char* n : {"workers", "jobs", "submit", "status", "cancel", "logs", "steps"}) {
     if (name == n) return true;
   }
   return false;
@@ -336,6 +400,7 @@ int run_job_command(const std::string& name, const std::vector<std::string>& all
   if (name == "status") return status_main(c, rest, false);
   if (name == "cancel") return status_main(c, rest, true);
   if (name == "logs") return logs_main(c, rest);
+  if (name == "steps") return steps_main(c, rest);
   return submit_main(c, rest);
 }
 

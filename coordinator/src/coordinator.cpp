@@ -28,13 +28,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 
 #include "desync.h"
 #include "kiln/proto/service.h"
 #include "state.h"
+#include "stragglers.h"
 
 namespace kiln::coord {
 
@@ -222,7 +225,92 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
          desync_[r.session_id()].add(static_cast<int>(at - ids.begin()), r, Clock::now()))
       add_finding_locked(s->second, "desync", report);
   }
+  record_steps_locked(req);
   return reply;
+}
+
+namespace {
+
+// A step record with only sane numbers, or nullopt (See Note [Step telemetry] in
+// worker/src/reports.h).
+std::optional<proto::StepRecord> sane_step(const proto::StepRecord& in, int rank) {
+  auto finite = [](double v, double hi) { return std::isfinite(v) && v >= 0 && v <= hi; };
+  if (in.step() < 1 || in.step() > (int64_t{1} << 50) || !finite(in.seconds(), 1e7) ||
+      !finite(in.busy_seconds(), 1e7) || !finite(in.tokens(), 1e18))
+    return std::nullopt;
+  proto::StepRecord r = in;
+  r.set_rank(rank);
+  r.set_busy_seconds(std::min(r.busy_seconds(), r.seconds()));
+  if (r.has_loss() && !std::isfinite(r.loss())) r.clear_loss();
+  r.clear_session_id();
+  return r;
+}
+
+}  // namespace
+
+void Coordinator::record_steps_locked(const proto::HeartbeatRequest& req) {
+  std::map<std::string, std::vector<proto::StepRecord>> by_job;
+  int taken = 0;
+  for (const proto::StepRecord& in : req.steps()) {
+    if (++taken > kMaxStepsPerBeat) break;
+    // An ended session's last steps may come with the beat after its end: still its job's.
+    auto s = sessions_.find(in.session_id());
+    if (s == sessions_.end() || s->second.job_id.empty()) continue;
+    const std::vector<std::string>& ids = s->second.worker_ids;
+    auto at = std::find(ids.begin(), ids.end(), req.worker_id());
+    if (at == ids.end()) continue;
+    std::optional<proto::StepRecord> r = sane_step(in, static_cast<int>(at - ids.begin()));
+    if (!r) continue;
+    auto [det, fresh] = stragglers_.try_emplace(s->first, static_cast<int>(ids.size()));
+    for (const std::string& report : det->second.add(*r))
+      add_finding_locked(s->second, "straggler", report);
+    by_job[s->second.job_id].push_back(*r);
+  }
+  if (by_job.empty()) return;
+  Transaction t(state_->db());
+  for (const auto& [job_id, records] : by_job) {
+    auto j = jobs_.find(job_id);
+    if (j == jobs_.end()) continue;
+    for (const proto::StepRecord& r : records) {
+      state_->put_step(job_id, r);
+      auto* last = j->second.job.mutable_last_steps();
+      auto same = std::find_if(last->begin(), last->end(),
+                               [&](const proto::StepRecord& l) { return l.rank() == r.rank(); });
+      if (same == last->end())
+        *last->Add() = r;
+      else if (same->step() <= r.step())
+        *same = r;
+    }
+  }
+  t.commit();
+  changed_locked();
+}
+
+absl::StatusOr<proto::JobStepsReply> Coordinator::job_steps(const proto::JobStepsRequest& req,
+                                                            const std::string& tenant) {
+  if (req.from_step() < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("from_step must be >= 0, got ", req.from_step()));
+  if (req.limit() < 0 || req.limit() > kMaxJobStepsReply)
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit must be 0..", kMaxJobStepsReply, ", got ", req.limit()));
+  std::lock_guard lock(mu_);
+  auto j = find_job_locked(req.job_id(), tenant);
+  if (!j.ok()) return j.status();
+  proto::JobStepsReply reply;
+  for (proto::StepRecord& r :
+       state_->steps(req.job_id(), req.from_step(), req.limit() ? req.limit() : 10000))
+    *reply.add_steps() = std::move(r);
+  return reply;
+}
+
+std::vector<std::pair<std::string, proto::StepRecord>> Coordinator::running_steps() {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<std::string, proto::StepRecord>> out;
+  for (const auto& [id, j] : jobs_)
+    if (j.job.state() == "running")
+      for (const proto::StepRecord& r : j.job.last_steps()) out.emplace_back(id, r);
+  return out;
 }
 
 void Coordinator::add_finding_locked(const SessionRec& s, const std::string& kind,
@@ -400,6 +488,7 @@ void Coordinator::end_session_locked(SessionRec& s, const std::string& state,
   }
   kv_.erase(s.id);
   desync_.erase(s.id);
+  stragglers_.erase(s.id);
   state_->put_session(s);
   if (state == "failed" && !s.job_id.empty()) {
     auto j = jobs_.find(s.job_id);

@@ -21,6 +21,16 @@ Stmt& Stmt::bind(int i, int64_t v) {
   return *this;
 }
 
+Stmt& Stmt::bind_real(int i, double v) {
+  if (sqlite3_bind_double(stmt_, i, v) != SQLITE_OK) fail(db_, "bind");
+  return *this;
+}
+
+Stmt& Stmt::bind_null(int i) {
+  if (sqlite3_bind_null(stmt_, i) != SQLITE_OK) fail(db_, "bind");
+  return *this;
+}
+
 Stmt& Stmt::bind(int i, const std::string& v) {
   if (sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT) !=
       SQLITE_OK) {
@@ -37,6 +47,8 @@ bool Stmt::step() {
 }
 
 int64_t Stmt::integer(int col) const { return sqlite3_column_int64(stmt_, col); }
+double Stmt::real(int col) const { return sqlite3_column_double(stmt_, col); }
+bool Stmt::is_null(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
 
 std::string Stmt::text(int col) const {
   const auto* p = sqlite3_column_text(stmt_, col);

@@ -30,6 +30,8 @@ class Stmt {
 
   Stmt& bind(int i, int64_t v);
   Stmt& bind(int i, const std::string& v);
+  Stmt& bind_real(int i, double v);
+  Stmt& bind_null(int i);
   // true while a row is available; false when done.
   bool step();
   void run() {
@@ -37,6 +39,8 @@ class Stmt {
     }
   }
   int64_t integer(int col) const;
+  double real(int col) const;
+  bool is_null(int col) const;
   std::string text(int col) const;
 
  private:

@@ -28,6 +28,39 @@ struct Metrics::Impl : prometheus::Collectable {
     out.push_back(gauge("kiln_coordinator_findings_total",
                         "Findings about running jobs since the coordinator started, by kind",
                         core.finding_counts(), "kind", prometheus::MetricType::Counter));
+    // Each running job's ranks' latest step (See Note [Step telemetry] in worker/src/reports.h).
+    prometheus::MetricFamily step{"kiln_job_step",
+                                  "The latest step of each rank of a running job",
+                                  prometheus::MetricType::Gauge,
+                                  {}};
+    prometheus::MetricFamily seconds{"kiln_job_step_seconds",
+                                     "That step's time on that rank",
+                                     prometheus::MetricType::Gauge,
+                                     {}};
+    prometheus::MetricFamily busy{"kiln_job_step_busy_seconds",
+                                  "That step's time on that rank outside collective waits",
+                                  prometheus::MetricType::Gauge,
+                                  {}};
+    prometheus::MetricFamily loss{
+        "kiln_job_loss", "That rank's loss at that step", prometheus::MetricType::Gauge, {}};
+    prometheus::MetricFamily tokens{"kiln_job_tokens_per_second",
+                                    "Tokens per second of the whole gang at that step",
+                                    prometheus::MetricType::Gauge,
+                                    {}};
+    for (const auto& [job, r] : core.running_steps()) {
+      auto put = [&, job = job](prometheus::MetricFamily& f, double v) {
+        prometheus::ClientMetric m;
+        m.label = {{"job", job}, {"rank", std::to_string(r.rank())}};
+        m.gauge.value = v;
+        f.metric.push_back(m);
+      };
+      put(step, static_cast<double>(r.step()));
+      put(seconds, r.seconds());
+      put(busy, r.busy_seconds());
+      if (r.has_loss()) put(loss, r.loss());
+      if (r.tokens() > 0 && r.seconds() > 0) put(tokens, r.tokens() / r.seconds());
+    }
+    for (auto* f : {&step, &seconds, &busy, &loss, &tokens}) out.push_back(std::move(*f));
     return out;
   }
 

@@ -159,6 +159,13 @@ grpc::Status Service::GetJob(grpc::ServerContext* ctx, const proto::GetJobReques
   });
 }
 
+grpc::Status Service::JobSteps(grpc::ServerContext* ctx, const proto::JobStepsRequest* req,
+                               proto::JobStepsReply* reply) {
+  return handle("JobSteps", ctx, Role::kClient, [&](const Caller& caller) {
+    return assign(core_.job_steps(*req, caller.tenant), reply);
+  });
+}
+
 grpc::Status Service::ListJobs(grpc::ServerContext* ctx, const proto::ListJobsRequest* req,
                                proto::ListJobsReply* reply) {
   return handle("ListJobs", ctx, Role::kClient, [&](const Caller& caller) {

@@ -7,7 +7,7 @@ namespace kiln::coord {
 namespace {
 
 // Bump on every schema change, with a migration from the previous version in open().
-// 2: sessions.secret. 3: job_findings (a new table: kSchema makes it).
+// 2: sessions.secret. 3: job_findings and job_steps (new tables: kSchema makes them).
 constexpr int kSchemaVersion = 3;
 
 constexpr const char* kSchema = R"(
@@ -26,6 +26,10 @@ CREATE TABLE IF NOT EXISTS jobs (
   started_unix_ms INTEGER NOT NULL, finished_unix_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS job_logs (
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, line TEXT NOT NULL, PRIMARY KEY (job_id, idx));
+CREATE TABLE IF NOT EXISTS job_steps (
+  job_id TEXT NOT NULL, step INTEGER NOT NULL, rank INTEGER NOT NULL, unix_ms INTEGER NOT NULL,
+  seconds REAL NOT NULL, busy_seconds REAL NOT NULL, loss REAL, tokens REAL NOT NULL,
+  PRIMARY KEY (job_id, step, rank));
 CREATE TABLE IF NOT EXISTS job_findings (
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, kind TEXT NOT NULL, text TEXT NOT NULL,
   unix_ms INTEGER NOT NULL, PRIMARY KEY (job_id, idx));
@@ -38,6 +42,19 @@ std::string to_json(const List& list) {
 
 std::vector<std::string> from_json(const std::string& s) {
   return nlohmann::json::parse(s).get<std::vector<std::string>>();
+}
+
+// Columns step, rank, unix_ms, seconds, busy_seconds, loss, tokens from column `c` on.
+proto::StepRecord step_of(Stmt& st, int c) {
+  proto::StepRecord r;
+  r.set_step(st.integer(c));
+  r.set_rank(static_cast<int32_t>(st.integer(c + 1)));
+  r.set_unix_ms(st.integer(c + 2));
+  r.set_seconds(st.real(c + 3));
+  r.set_busy_seconds(st.real(c + 4));
+  if (!st.is_null(c + 5)) r.set_loss(st.real(c + 5));
+  r.set_tokens(st.real(c + 6));
+  return r;
 }
 
 }  // namespace
@@ -115,6 +132,15 @@ Loaded State::load() {
     out.max_seq = std::max(out.max_seq, r.seq);
     out.jobs[job.job_id()] = r;
   }
+  // Each rank's latest step (Note [Step telemetry] in worker/src/reports.h).
+  Stmt last = db_.prepare(
+      "SELECT step, rank, unix_ms, seconds, busy_seconds, loss, tokens, job_id FROM job_steps"
+      " WHERE (job_id, rank, step) IN (SELECT job_id, rank, MAX(step) FROM job_steps"
+      " GROUP BY job_id, rank) ORDER BY job_id, rank");
+  while (last.step()) {
+    auto it = out.jobs.find(last.text(7));
+    if (it != out.jobs.end()) *it->second.job.add_last_steps() = step_of(last, 0);
+  }
   Stmt f = db_.prepare("SELECT job_id, kind, text, unix_ms FROM job_findings ORDER BY job_id, idx");
   while (f.step()) {
     auto it = out.jobs.find(f.text(0));
@@ -179,6 +205,32 @@ void State::put_job(const JobRec& r) {
       .bind(13, j.started_unix_ms())
       .bind(14, j.finished_unix_ms())
       .run();
+}
+
+void State::put_step(const std::string& job_id, const proto::StepRecord& r) {
+  Stmt st = db_.prepare("INSERT OR REPLACE INTO job_steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+  st.bind(1, job_id)
+      .bind(2, r.step())
+      .bind(3, r.rank())
+      .bind(4, r.unix_ms())
+      .bind_real(5, r.seconds())
+      .bind_real(6, r.busy_seconds());
+  if (r.has_loss())
+    st.bind_real(7, r.loss());
+  else
+    st.bind_null(7);
+  st.bind_real(8, r.tokens()).run();
+}
+
+std::vector<proto::StepRecord> State::steps(const std::string& job_id, int64_t from,
+                                            int64_t limit) {
+  Stmt st = db_.prepare(
+      "SELECT step, rank, unix_ms, seconds, busy_seconds, loss, tokens FROM job_steps"
+      " WHERE job_id = ? AND step >= ? ORDER BY step, rank LIMIT ?");
+  st.bind(1, job_id).bind(2, from).bind(3, limit);
+  std::vector<proto::StepRecord> out;
+  while (st.step()) out.push_back(step_of(st, 0));
+  return out;
 }
 
 void State::put_finding(const std::string& job_id, int idx, const proto::Finding& f) {

@@ -86,6 +86,10 @@ class State {
   int64_t log_count(const std::string& job_id);
   // Finding `idx` (0-based) of a job (Note [Desync detection] in desync.h).
   void put_finding(const std::string& job_id, int idx, const proto::Finding& f);
+  // A rank's step of a job, and a job's steps from `from` on (by step, then rank), at most
+  // `limit` (See Note [Step telemetry] in worker/src/reports.h).
+  void put_step(const std::string& job_id, const proto::StepRecord& r);
+  std::vector<proto::StepRecord> steps(const std::string& job_id, int64_t from, int64_t limit);
 
  private:
   Db db_;

@@ -65,12 +65,25 @@ std::chrono::steady_clock::time_point Work::finish_time() {
   return finished_at_;
 }
 
+namespace {
+std::atomic<int64_t> g_wait_ns{0};  // collective_wait_seconds()
+}  // namespace
+
+double collective_wait_seconds() { return static_cast<double>(g_wait_ns.load()) * 1e-9; }
+
 void Work::wait(std::optional<Milliseconds> timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!timeout)
-    cv_.wait(lock, [&] { return done_; });
-  else if (!cv_.wait_for(lock, *timeout, [&] { return done_; }))
-    KILN_FAIL(Runtime, what_, ": Work::wait timed out after ", timeout->count(), " ms");
+  if (!done_) {  // the time a caller spends waiting for a collective (Note [Step telemetry])
+    const auto start = std::chrono::steady_clock::now();
+    struct Count {
+      std::chrono::steady_clock::time_point start;
+      ~Count() { g_wait_ns += (std::chrono::steady_clock::now() - start).count(); }
+    } count{start};
+    if (!timeout)
+      cv_.wait(lock, [&] { return done_; });
+    else if (!cv_.wait_for(lock, *timeout, [&] { return done_; }))
+      KILN_FAIL(Runtime, what_, ": Work::wait timed out after ", timeout->count(), " ms");
+  }
   if (error_) std::rethrow_exception(error_);
 }
 

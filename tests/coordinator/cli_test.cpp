@@ -8,27 +8,6 @@
 namespace kiln::test {
 namespace {
 
-struct Cli {
-  int status = -1;
-  std::string out, err;
-};
-
-Cli run_kiln(const fs::path& dir, const Daemon& d, std::vector<std::string> args,
-             std::chrono::seconds timeout = std::chrono::seconds(20)) {
-  args.insert(args.begin(), KILN_CLI);
-  const pid_t pid =
-      spawn(args, dir / "cli.out", dir / "cli.err", {"KILN_COORDINATOR=" + d.address()});
-  Cli r;
-  r.status = wait_for(pid, timeout);
-  if (r.status == -1) {
-    kill(pid, SIGKILL);
-    wait_for(pid, std::chrono::seconds(5));
-  }
-  r.out = slurp(dir / "cli.out");
-  r.err = slurp(dir / "cli.err");
-  return r;
-}
-
 TEST(KilnCli, SubmitRunsTheDriverAndReportsItsExit) {
   TempDir dir;
   Daemon d(dir.path());

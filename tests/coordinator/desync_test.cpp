@@ -8,26 +8,6 @@
 namespace kiln::test {
 namespace {
 
-struct RunningJob {
-  proto::Job job;
-  std::vector<std::string> ranks;  // worker ids, rank order
-};
-
-RunningJob start_job(Daemon& d, int workers) {
-  RunningJob r;
-  const proto::Job submitted = submit(d, workers);
-  proto::GetJobRequest get;
-  get.set_job_id(submitted.job_id());
-  EXPECT_TRUE(eventually(
-      [&] { return d.call(&Stub::GetJob, get, &r.job).ok() && r.job.state() == "running"; }));
-  proto::LookupSessionRequest look;
-  look.set_session_id(r.job.session_id());
-  proto::SessionInfo info;
-  EXPECT_TRUE(d.call(&Stub::LookupSession, look, &info).ok());
-  r.ranks.assign(info.worker_ids().begin(), info.worker_ids().end());
-  return r;
-}
-
 proto::CollectiveRecord record(const std::string& session, uint64_t seq, const std::string& op,
                                const std::string& shape, std::vector<int> members,
                                const std::string& group = "world") {
@@ -50,26 +30,6 @@ absl::Status report(Daemon& d, const FakeWorker& worker,
   for (auto& r : records) *req.add_collectives() = std::move(r);
   proto::HeartbeatReply reply;
   return d.call(&Stub::Heartbeat, req, &reply);
-}
-
-proto::Job get_job(Daemon& d, const std::string& id) {
-  proto::GetJobRequest get;
-  get.set_job_id(id);
-  proto::Job job;
-  EXPECT_TRUE(d.call(&Stub::GetJob, get, &job).ok());
-  return job;
-}
-
-std::vector<std::string> logs(Daemon& d, const std::string& id) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  proto::WatchJobRequest req;
-  req.set_job_id(id);
-  auto reader = d.stub().WatchJob(&ctx, req);
-  std::vector<std::string> lines;
-  for (proto::JobEvent e; reader->Read(&e);)
-    if (!e.has_job()) lines.push_back(e.log_line());
-  return lines;
 }
 
 TEST(Desync, TheRankOutsideTheMajorityIsNamed) {

@@ -267,4 +267,67 @@ inline proto::Job submit(Daemon& d, int workers, int priority = 0,
   return job;
 }
 
+// A job that the coordinator started on a gang of fake workers (submit(), then running).
+struct RunningJob {
+  proto::Job job;
+  std::vector<std::string> ranks;  // worker ids, rank order
+};
+
+inline RunningJob start_job(Daemon& d, int workers) {
+  RunningJob r;
+  const proto::Job submitted = submit(d, workers);
+  proto::GetJobRequest get;
+  get.set_job_id(submitted.job_id());
+  EXPECT_TRUE(eventually(
+      [&] { return d.call(&Stub::GetJob, get, &r.job).ok() && r.job.state() == "running"; }));
+  proto::LookupSessionRequest look;
+  look.set_session_id(r.job.session_id());
+  proto::SessionInfo info;
+  EXPECT_TRUE(d.call(&Stub::LookupSession, look, &info).ok());
+  r.ranks.assign(info.worker_ids().begin(), info.worker_ids().end());
+  return r;
+}
+
+inline proto::Job get_job(Daemon& d, const std::string& id) {
+  proto::GetJobRequest get;
+  get.set_job_id(id);
+  proto::Job job;
+  EXPECT_TRUE(d.call(&Stub::GetJob, get, &job).ok());
+  return job;
+}
+
+inline std::vector<std::string> logs(Daemon& d, const std::string& id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  proto::WatchJobRequest req;
+  req.set_job_id(id);
+  auto reader = d.stub().WatchJob(&ctx, req);
+  std::vector<std::string> lines;
+  for (proto::JobEvent e; reader->Read(&e);)
+    if (!e.has_job()) lines.push_back(e.log_line());
+  return lines;
+}
+
+// The `kiln` CLI run against `d` (KILN_COORDINATOR set), its output files in `dir`.
+struct Cli {
+  int status = -1;
+  std::string out, err;
+};
+
+inline Cli run_kiln(const fs::path& dir, const Daemon& d, std::vector<std::string> args,
+                    std::chrono::seconds timeout = std::chrono::seconds(20)) {
+  args.insert(args.begin(), KILN_CLI);
+  const pid_t pid =
+      spawn(args, dir / "cli.out", dir / "cli.err", {"KILN_COORDINATOR=" + d.address()});
+  Cli r;
+  r.status = wait_for(pid, timeout);
+  if (r.status == -1) {
+    kill(pid, SIGKILL);
+    wait_for(pid, std::chrono::seconds(5));
+  }
+  r.out = slurp(dir / "cli.out");
+  r.err = slurp(dir / "cli.err");
+  return r;
+}
+
 }  // namespace kiln::test

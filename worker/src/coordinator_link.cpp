@@ -3,8 +3,8 @@
 #include <absl/strings/str_cat.h>
 #include <grpcpp/grpcpp.h>
 
-#include "gang.h"
 #include "kiln/proto/service.h"
+#include "reports.h"
 
 namespace kiln::worker {
 
@@ -22,14 +22,13 @@ void prepare(grpc::ClientContext& ctx, const std::string& token) {
 
 absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::start(
     const std::string& address, const std::string& token, proto::RegisterWorkerRequest request,
-    LoadFn load, CloseFn close, ReportsFn reports) {
+    LoadFn load, CloseFn close) {
   std::unique_ptr<CoordinatorLink> link(new CoordinatorLink());
   link->token_ = token;
   link->request_ = std::move(request);
   link->request_.set_protocol_version(proto::kProtocolVersion);
   link->load_ = std::move(load);
   link->close_ = std::move(close);
-  link->reports_ = std::move(reports);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
   link->stub_ = proto::Coordinator::NewStub(
@@ -65,17 +64,19 @@ absl::Status CoordinatorLink::register_worker() {
 void CoordinatorLink::heartbeat_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   auto last = std::chrono::steady_clock::now();
-  std::vector<proto::CollectiveRecord> pending;  // kept across a failed beat
+  // Reports kept across a failed beat.
+  std::vector<proto::CollectiveRecord> collectives;
+  std::vector<proto::StepRecord> steps;
   while (!cv_.wait_for(lock, kReportPoll, [&] { return stop_; })) {
     const auto interval = std::chrono::milliseconds(interval_ms_);
     proto::HeartbeatRequest req;
     req.set_worker_id(request_.worker_id());
     req.set_epoch(epoch_);
     lock.unlock();
-    if (reports_)
-      for (proto::CollectiveRecord& r : reports_()) pending.push_back(std::move(r));
+    for (proto::CollectiveRecord& r : take_collectives()) collectives.push_back(std::move(r));
+    for (proto::StepRecord& r : take_steps()) steps.push_back(std::move(r));
     const auto now = std::chrono::steady_clock::now();
-    if (pending.empty() && now - last < interval) {
+    if (collectives.empty() && steps.empty() && now - last < interval) {
       lock.lock();
       continue;
     }
@@ -83,13 +84,15 @@ void CoordinatorLink::heartbeat_loop() {
     Load load = load_();
     for (std::string& s : load.sessions) req.add_sessions(std::move(s));
     req.set_memory_in_use_bytes(load.memory_in_use_bytes);
-    for (const proto::CollectiveRecord& r : pending) *req.add_collectives() = r;
+    for (const proto::CollectiveRecord& r : collectives) *req.add_collectives() = r;
+    for (const proto::StepRecord& r : steps) *req.add_steps() = r;
     grpc::ClientContext ctx;
     prepare(ctx, token_);
     proto::HeartbeatReply reply;
     absl::Status st = proto::from_grpc(stub_->Heartbeat(&ctx, req, &reply));
     if (st.ok()) {
-      pending.clear();
+      collectives.clear();
+      steps.clear();
       for (const std::string& s : reply.close_sessions()) close_(s);
     } else if (st.code() == absl::StatusCode::kAborted ||
                st.code() == absl::StatusCode::kNotFound) {
@@ -97,9 +100,11 @@ void CoordinatorLink::heartbeat_loop() {
     }
     // Other failures (the coordinator is down or slow): keep beating; it answers NOT_FOUND
     // once it is back without us. Reports wait for the next beat, the oldest dropped past the
-    // bound (Note [Collective reports] in gang.h).
-    if (pending.size() > Gang::kMaxPendingCollectives)
-      pending.erase(pending.begin(), pending.end() - Gang::kMaxPendingCollectives);
+    // bound (See Note [Collective reports] in reports.h).
+    if (collectives.size() > kMaxPendingReports)
+      collectives.erase(collectives.begin(), collectives.end() - kMaxPendingReports);
+    if (steps.size() > kMaxPendingReports)
+      steps.erase(steps.begin(), steps.end() - kMaxPendingReports);
     lock.lock();
   }
 }

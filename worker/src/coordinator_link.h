@@ -28,15 +28,12 @@ class CoordinatorLink {
   using LoadFn = std::function<Load()>;
   // Ends the streams of a session the coordinator closed.
   using CloseFn = std::function<void(const std::string& session_id)>;
-  // The gang's collectives since the last call (Note [Collective reports] in gang.h).
-  using ReportsFn = std::function<std::vector<proto::CollectiveRecord>()>;
-
   // Registers once (its failure is start's) and starts the heartbeat thread, which beats every
-  // interval the coordinator asked for, and sooner (every kReportPoll) while collectives wait to
-  // be reported.
+  // interval the coordinator asked for, and sooner (every kReportPoll) while reports wait (See
+  // Note [Collective reports] and Note [Step telemetry] in reports.h).
   static absl::StatusOr<std::unique_ptr<CoordinatorLink>> start(
       const std::string& address, const std::string& token, proto::RegisterWorkerRequest request,
-      LoadFn load, CloseFn close, ReportsFn reports = nullptr);
+      LoadFn load, CloseFn close);
   static constexpr std::chrono::milliseconds kReportPoll{100};
   ~CoordinatorLink();  // stops the heartbeat thread
 
@@ -57,7 +54,6 @@ class CoordinatorLink {
   proto::RegisterWorkerRequest request_;
   LoadFn load_;
   CloseFn close_;
-  ReportsFn reports_;
   std::unique_ptr<proto::Coordinator::Stub> stub_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -2,13 +2,11 @@
 
 #include <absl/strings/str_cat.h>
 
-#include <deque>
-#include <iterator>
-
 #include "coordinator_link.h"
 #include "kiln/dist/process_group.h"
 #include "kiln/dist/store.h"
 #include "kiln/error.h"
+#include "reports.h"
 
 namespace kiln::worker {
 
@@ -16,31 +14,6 @@ namespace {
 
 // How long a rank waits for rank 0 to publish the store.
 constexpr uint32_t kRendezvousWaitMs = 60000;
-
-// See Note [Collective reports] in gang.h.
-std::mutex g_reports_mu;
-std::string g_reports_session;  // "" outside a gang: nothing is recorded
-std::deque<proto::CollectiveRecord> g_reports;
-
-void on_collective(const dist::CollectiveEvent& e) {
-  std::lock_guard<std::mutex> lock(g_reports_mu);
-  if (g_reports_session.empty()) return;
-  proto::CollectiveRecord& r = g_reports.emplace_back();
-  r.set_session_id(g_reports_session);
-  r.set_group(std::string(e.group));
-  for (int m : e.members) r.add_members(m);
-  r.set_seq(e.seq);
-  r.set_op(std::string(e.op));
-  r.set_shape(std::string(e.shape));
-  if (g_reports.size() > Gang::kMaxPendingCollectives) g_reports.pop_front();
-}
-
-void report_collectives_of(const std::string& session_id) {
-  std::lock_guard<std::mutex> lock(g_reports_mu);
-  g_reports_session = session_id;
-  g_reports.clear();
-  dist::set_collective_observer(session_id.empty() ? nullptr : &on_collective);
-}
 
 absl::Status rendezvous(CoordinatorLink& link, const std::string& session_id, int rank,
                         int world_size, const std::string& host, Device device,
@@ -88,7 +61,7 @@ std::shared_future<absl::Status> Gang::join(CoordinatorLink& link, const std::st
   if (dist::is_initialized()) dist::destroy_process_group();
   store_.reset();
   session_id_ = session_id;
-  report_collectives_of(session_id);
+  report_collectives_of(session_id);  // See Note [Collective reports] in reports.h
   ready_ = std::async(std::launch::async, [this, &link, session_id, rank, world_size, host,
                                            device]() -> absl::Status {
              try {
@@ -109,14 +82,6 @@ void Gang::leave() {
   report_collectives_of("");
   if (dist::is_initialized()) dist::destroy_process_group();
   store_.reset();
-}
-
-std::vector<proto::CollectiveRecord> Gang::take_collectives() {
-  std::lock_guard<std::mutex> lock(g_reports_mu);
-  std::vector<proto::CollectiveRecord> out(std::make_move_iterator(g_reports.begin()),
-                                           std::make_move_iterator(g_reports.end()));
-  g_reports.clear();
-  return out;
 }
 
 }  // namespace kiln::worker

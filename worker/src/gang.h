@@ -19,7 +19,6 @@
 #include <string>
 
 #include "kiln/device.h"
-#include "kiln/proto/coordinator.pb.h"
 
 namespace kiln::dist {
 class TCPStore;
@@ -41,14 +40,6 @@ class Gang {
   // Waits for a join in progress and destroys the group.
   void leave();
   ~Gang() { leave(); }
-
-  // Note [Collective reports]: the collectives this process issued (Note [Collective observer] in
-  // kiln/dist/process_group.h) since the last call, tagged with the gang's session and with the
-  // group's members as gang ranks, for the coordinator's desync detection (the heartbeat carries
-  // them). At most kMaxPendingCollectives wait; older ones are dropped (the coordinator then
-  // misses them: never a false report, since each group's sequence numbers stay exact).
-  static std::vector<proto::CollectiveRecord> take_collectives();
-  static constexpr size_t kMaxPendingCollectives = 10000;
 
  private:
   std::mutex mu_;

@@ -146,7 +146,8 @@ struct Server::Impl final : grpc::Service {
                       .device = opt.device,
                       .memory_limit_bytes = opt.memory_limit_bytes,
                       .rank = info->rank(),
-                      .world_size = info->world_size() > 0 ? info->world_size() : 1};
+                      .world_size = info->world_size() > 0 ? info->world_size() : 1,
+                      .session_id = hello.session_id()};
     if (so.world_size > 1)  // Note [Gang process group]
       gang_ready = gang.join(*coordinator, hello.session_id(), so.rank, so.world_size,
                              address.substr(0, address.rfind(':')), opt.device);
@@ -267,7 +268,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
     Impl* self = impl.get();
     auto link = CoordinatorLink::start(
         opt.coordinator, opt.token, std::move(req), [self] { return self->load(); },
-        [self](const std::string& id) { self->close_session(id); }, &Gang::take_collectives);
+        [self](const std::string& id) { self->close_session(id); });
     if (!link.ok()) {
       impl->server->Shutdown();
       return link.status();

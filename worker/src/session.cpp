@@ -23,6 +23,7 @@
 #include "kiln/generator.h"
 #include "kiln/storage.h"
 #include "kiln/worker/codec.h"
+#include "reports.h"
 #include "session_state.h"
 
 namespace kiln::worker {
@@ -534,6 +535,43 @@ static void run_fetch(State& s, const proto::Fetch& f,
   reply(std::move(m));
 }
 
+// See Note [Step telemetry] in reports.h. A loss that is not a one-element value of the table
+// (unknown, poisoned, bigger) is left out of the record; the mark itself never fails.
+static void run_step_mark(State& s, const SessionOptions& opt, const proto::StepMark& m) {
+  const auto now = std::chrono::steady_clock::now();
+  const double waited = dist::collective_wait_seconds();
+  const double seconds = std::chrono::duration<double>(now - s.last_mark).count();
+  const double ran =
+      std::chrono::duration<double>(s.ran_since_mark + (now - s.batch_began)).count();
+  const double busy = std::clamp(ran - (waited - s.waited_at_mark), 0.0, seconds);
+  s.last_mark = now;
+  s.waited_at_mark = waited;
+  s.ran_since_mark = {};
+  s.batch_began = now;  // the rest of this batch belongs to the next step
+  if (opt.session_id.empty()) return;
+  proto::StepRecord r;
+  r.set_session_id(opt.session_id);
+  r.set_step(m.step());
+  r.set_rank(opt.rank);
+  r.set_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count());
+  r.set_seconds(seconds);
+  r.set_busy_seconds(busy);
+  r.set_tokens(m.tokens());
+  if (m.has_loss()) {
+    auto it = s.values.find(m.loss());
+    if (it != s.values.end() && !it->second.error && it->second.t.defined() &&
+        it->second.t.numel() == 1) {
+      try {
+        r.set_loss(it->second.t.to(kFloat64, Device(kCPU)).item<double>());
+      } catch (const Error&) {
+      }
+    }
+  }
+  report_step(std::move(r));
+}
+
 absl::Status Session::run(const proto::Batch& batch,
                           const std::function<void(proto::WorkerMessage&&)>& reply) {
   State& s = *state_;
@@ -542,6 +580,11 @@ absl::Status Session::run(const proto::Batch& batch,
   ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends() -
                                 DispatchKeySet(DispatchKey::DTensor));
   int i = 0, plain_until = 0;
+  s.batch_began = std::chrono::steady_clock::now();  // See Note [Step telemetry] in reports.h
+  struct Ran {
+    State& s;
+    ~Ran() { s.ran_since_mark += std::chrono::steady_clock::now() - s.batch_began; }
+  } ran{s};
   try {
     for (; i < batch.commands_size(); ++i) {
       const proto::Command& c = batch.commands(i);
@@ -571,6 +614,9 @@ absl::Status Session::run(const proto::Batch& batch,
           break;
         case proto::Command::kTransfer:
           run_transfer(s, options_, c.transfer());
+          break;
+        case proto::Command::kStepMark:
+          run_step_mark(s, options_, c.step_mark());
           break;
         case proto::Command::kSync: {
           proto::WorkerMessage m;

@@ -5,6 +5,7 @@
 #include <absl/container/flat_hash_map.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -94,6 +95,13 @@ struct Session::State {
   };
   absl::flat_hash_map<std::string, CompiledEntry> compiled;
   std::atomic<uint64_t> compiled_runs{0};
+  // The previous step mark (the session's start before the first): when, and the process's
+  // collective waits then; the time spent running batches since, and when the running batch
+  // began (See Note [Step telemetry] in reports.h).
+  std::chrono::steady_clock::time_point last_mark = std::chrono::steady_clock::now();
+  double waited_at_mark = dist::collective_wait_seconds();
+  std::chrono::steady_clock::duration ran_since_mark{0};
+  std::chrono::steady_clock::time_point batch_began;
 };
 
 namespace session_detail {

@@ -72,6 +72,14 @@ class Session:
         worker r; the result has the shard's shape. With one worker: tensor.to(device)."""
         return self._s.scatter(tensor)
 
+    def log_step(self, loss=None, tokens=0):
+        """Marks the end of a training step for the job's telemetry (`kiln status`, the
+        dashboard): every worker records its step time, the part not spent waiting for
+        collectives, and its own value of `loss` (a one-element tensor on this session's device;
+        a data-parallel rank's is its shard's). `tokens`: what the step processed on the whole
+        gang, for tokens/s. Needs no round trip."""
+        self._s.log_step(loss, float(tokens))
+
     def all_reduce_gradients(self, params):
         """Averages the .grad of `params` (a Module or an iterable of tensors) over the
         workers; nothing with one worker."""

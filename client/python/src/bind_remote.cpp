@@ -5,6 +5,7 @@
 //   s = _C._connect("127.0.0.1:5000", 1, "", 0)   # or "inproc"
 //   s.device(); s.scatter(batch); s.all_reduce_gradients(params); s.sync(); s.close()
 // Connecting, syncing and closing release the GIL: they wait on the network.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -61,9 +62,15 @@ void bind_remote(nb::module_& m) {
       .def("device", &Session::device)
       .def("world_size", &Session::world_size)
       .def("session_id", &Session::session_id)
-      // These two record (the call-site provider needs the GIL): they keep it.
+      // These record (the call-site provider needs the GIL): they keep it.
       .def("scatter", &Session::scatter, nb::arg("tensor"))
       .def("all_reduce_gradients", &Session::all_reduce_gradients, nb::arg("params"))
+      .def(
+          "log_step",
+          [](const Session& s, std::optional<Tensor> loss, double tokens) {
+            s.log_step(loss.value_or(Tensor()), tokens);
+          },
+          nb::arg("loss").none(), nb::arg("tokens"))
       .def("sync", &Session::sync, Release())
       .def("close", &Session::close, Release());
 

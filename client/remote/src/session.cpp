@@ -3,6 +3,7 @@
 #include "kiln/client/session.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 
@@ -19,6 +20,7 @@ struct Session::State {
   std::string coordinator;  // "" unless the session came from a coordinator
   std::string token;
   bool closed = false;
+  int64_t steps = 0;  // log_step's count
 
   void close() {
     if (closed || !conn) return;  // (no conn: connect() failed half-way)
@@ -96,6 +98,28 @@ void Session::all_reduce_gradients(const std::vector<Tensor>& params) const {
       at += g.numel();
     }
   }
+}
+
+void Session::log_step(const Tensor& loss, double tokens) const {
+  KILN_CHECK(std::isfinite(tokens) && tokens >= 0, Value,
+             "log_step: tokens must be a finite number >= 0, got ", tokens);
+  Connection& c = connection();
+  std::optional<int64_t> id;
+  if (loss.defined()) {
+    KILN_CHECK(loss.device() == c.device(), Value,
+               "log_step: the loss must be on the session's device ", c.device(), ", got one on ",
+               loss.device());
+    KILN_CHECK(loss.numel() == 1, Value, "log_step: the loss must have one element, got shape ",
+               loss.sizes());
+    id = remote_value(loss, "log_step").id;
+  }
+  std::lock_guard<std::mutex> lock(c.mutex());
+  c.check_open();
+  proto::StepMark* m = c.add_command()->mutable_step_mark();
+  m->set_step(++state_->steps);
+  if (id) m->set_loss(*id);
+  m->set_tokens(tokens);
+  c.maybe_flush();
 }
 
 void Session::sync() const { connection().sync(); }

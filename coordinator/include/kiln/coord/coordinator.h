@@ -21,6 +21,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "kiln/proto/coordinator.pb.h"
 
@@ -29,6 +31,7 @@ namespace kiln::coord {
 struct WorkerRec;
 struct SessionRec;
 class DesyncDetector;
+class StragglerDetector;
 struct JobRec;
 class State;
 
@@ -55,6 +58,7 @@ struct Options {
 inline constexpr int kMaxJobWorkers = 4096;
 inline constexpr size_t kMaxCommandBytes = 64 << 10;
 inline constexpr size_t kMaxLogLineBytes = 64 << 10;  // longer driver lines are cut
+inline constexpr int kMaxJobStepsReply = 100000;      // JobSteps' largest limit
 // What a worker may register as: an id of 1 to kMaxWorkerIdBytes characters [A-Za-z0-9._-], an
 // address HOST:PORT (a host name, an IPv4 address or a bracketed IPv6 one) of at most
 // kMaxAddressBytes, and the device "cpu" or "cuda:N".
@@ -120,8 +124,13 @@ class Coordinator {
   // Counts by state, for metrics.
   std::map<std::string, int> job_counts();
   std::map<std::string, int> worker_counts();
-  // Findings by kind ("desync") since the coordinator started, for metrics.
+  // Findings by kind ("desync", "straggler") since the coordinator started, for metrics.
   std::map<std::string, int> finding_counts();
+  // Each running job's ranks' latest steps, by job id, for metrics.
+  std::vector<std::pair<std::string, proto::StepRecord>> running_steps();
+  // A job's step telemetry (See Note [Step telemetry] in worker/src/reports.h).
+  absl::StatusOr<proto::JobStepsReply> job_steps(const proto::JobStepsRequest&,
+                                                 const std::string& tenant);
 
   // Wakes and ends every waiting call (UNAVAILABLE) and stops the reaper; for SIGTERM.
   void shutdown();
@@ -146,6 +155,9 @@ class Coordinator {
   // A finding about session `s` (Note [Desync detection] in desync.h): on its job (kept in the
   // state file), in its log, on stderr and in finding_counts().
   void add_finding_locked(const SessionRec& s, const std::string& kind, const std::string& text);
+  // The step records of a heartbeat: stored per job, each rank's latest on the job, stragglers
+  // named (Note [Stragglers] in stragglers.h).
+  void record_steps_locked(const proto::HeartbeatRequest& req);
 
   Options options_;
   std::unique_ptr<State> state_;
@@ -158,6 +170,7 @@ class Coordinator {
   std::map<std::string, JobRec> jobs_;
   std::map<std::string, std::map<std::string, std::string>> kv_;  // open session -> its store
   std::map<std::string, DesyncDetector> desync_;                  // open session -> its collectives
+  std::map<std::string, StragglerDetector> stragglers_;           // open session -> its steps
   std::map<std::string, int> findings_;
   int64_t last_seq_ = 0;
   std::thread reaper_;

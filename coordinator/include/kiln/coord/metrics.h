@@ -1,7 +1,10 @@
 // kiln/coord/metrics.h: the coordinator's Prometheus metrics, served by prometheus-cpp's
 // Exposer at /metrics: `kiln_coordinator_jobs{state}` and `kiln_coordinator_workers{state}`
 // (gauges read from the Coordinator at scrape time), `kiln_coordinator_findings_total{kind}`
-// (desyncs noticed: Note [Desync detection]) and `kiln_coordinator_rpcs_total{method, code}`.
+// (desyncs and stragglers noticed: Note [Desync detection], Note [Stragglers]),
+// `kiln_coordinator_rpcs_total{method, code}`, and per running job and rank the latest step's
+// `kiln_job_step`, `kiln_job_step_seconds`, `kiln_job_step_busy_seconds`, `kiln_job_loss` and
+// `kiln_job_tokens_per_second` (Note [Step telemetry] in worker/src/reports.h).
 //
 //   Metrics metrics(coordinator);
 //   metrics.count_rpc("SubmitJob", absl::StatusCode::kOk);

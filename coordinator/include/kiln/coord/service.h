@@ -64,6 +64,8 @@ class Service final : public proto::Coordinator::Service {
   grpc::Status ReportJob(grpc::ServerContext*, grpc::ServerReader<proto::JobReport>*,
                          proto::Job*) override;
   grpc::Status Store(grpc::ServerContext*, const proto::StoreRequest*, proto::StoreReply*) override;
+  grpc::Status JobSteps(grpc::ServerContext*, const proto::JobStepsRequest*,
+                        proto::JobStepsReply*) override;
 
   enum class Role { kWorker, kClient, kAny };
 

@@ -162,6 +162,9 @@ struct CollectiveEvent {
   std::span<const int> members;  // the group's members' world ranks (empty where unknown)
 };
 using CollectiveObserver = void (*)(const CollectiveEvent&);
+// Seconds this process's threads have spent in Work::wait for unfinished collectives, in all
+// (a worker's step telemetry subtracts it: See Note [Step telemetry] in worker/src/reports.h).
+double collective_wait_seconds();
 void set_collective_observer(CollectiveObserver observer);  // nullptr: none
 namespace detail {
 void observe_collective(const CollectiveEvent& e);

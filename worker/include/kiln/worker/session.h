@@ -50,6 +50,9 @@ struct SessionOptions {
   uint64_t memory_limit_bytes = 0;  // 0: no limit; else RESOURCE_EXHAUSTED beyond it
   int rank = 0;
   int world_size = 1;
+  // The coordinator's session ("" for a worker serving clients directly): step marks are
+  // reported under it (See Note [Step telemetry] in worker/src/reports.h).
+  std::string session_id;
 };
 
 class Session {

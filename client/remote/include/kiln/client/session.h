@@ -44,6 +44,12 @@ class Session {
   // Averages every defined .grad of `params` over the workers (the all_reduce of data-parallel
   // training, recorded as an op on the gang's process group "world"); nothing with one worker.
   void all_reduce_gradients(const std::vector<Tensor>& params) const;
+  // Marks the end of a training step (the next step number, from 1): each worker records its
+  // step time, the part not spent waiting for collectives, and its own value of `loss` (a
+  // one-element tensor on this session's device, or undefined), for the coordinator's job
+  // telemetry (`kiln status`; See Note [Step telemetry] in worker/src/reports.h). `tokens`: what
+  // the step processed on the whole gang (0: not counted). Costs no round trip.
+  void log_step(const Tensor& loss = {}, double tokens = 0) const;
   // Runs everything recorded so far on every worker; raises the first remote error.
   void sync() const;
   // Flushes, frees the session's workers (CloseSession at a coordinator); later ops on its
