@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "dashboard.h"
 #include "kiln/coord/coordinator.h"
 #include "kiln/coord/metrics.h"
 #include "kiln/coord/service.h"
@@ -42,6 +43,9 @@ options:
   --driver-grace-s N    fail a running job whose driver (kiln submit) has had no report stream
                         for N seconds (default 30); a driver re-attaches within it
   --metrics-listen ADDR serve Prometheus /metrics there
+  --dashboard-listen ADDR   serve the web dashboard there (open http://ADDR/#token=TOKEN);
+                        plain HTTP, so beyond loopback only with tokens (TLS alone is not enough)
+  --dashboard-port-file F   write the dashboard's bound port to F once listening
 Without a token or TLS every listener must be on loopback.
 )";
 
@@ -49,7 +53,8 @@ constexpr int kExitUsage = 2;
 
 struct Flags {
   std::string listen = "127.0.0.1:7070", port_file, state = "kiln-coordinator.db";
-  std::string tokens, worker_token, tls_cert, tls_key, metrics_listen;
+  std::string tokens, worker_token, tls_cert, tls_key, metrics_listen, dashboard_listen,
+      dashboard_port_file;
   int heartbeat_ms = 1000, dead_after = 3, session_idle_s = 30, session_retention_s = 3600,
       worker_retention_s = 3600, driver_grace_s = 30;
 };
@@ -107,6 +112,10 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
       f.tls_key = v;
     else if (a == "--metrics-listen")
       f.metrics_listen = v;
+    else if (a == "--dashboard-listen")
+      f.dashboard_listen = v;
+    else if (a == "--dashboard-port-file")
+      f.dashboard_port_file = v;
     else if (int* n = int_flag(a)) {
       if (!to_int(*n)) return usage_error(a + " needs a positive integer");
     } else {
@@ -163,6 +172,12 @@ int main(int argc, char** argv) {
     if (addr.empty()) continue;
     if (auto st = kiln::proto::check_listen_address(addr, secured); !st.ok()) return fail(st);
   }
+  // The dashboard has no TLS of its own, and without a token it has no auth: TLS alone does not
+  // take it beyond loopback (See Note [Dashboard auth] in dashboard.cpp).
+  if (!f.dashboard_listen.empty()) {
+    auto st = kiln::proto::check_listen_address(f.dashboard_listen, auth.enabled());
+    if (!st.ok()) return fail(st);
+  }
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (tls) {
     auto cert = slurp(f.tls_cert), key = slurp(f.tls_key);
@@ -200,6 +215,18 @@ int main(int argc, char** argv) {
     }
     exposer->RegisterCollectable(metrics.collectable());
   }
+  std::unique_ptr<kiln::coord::Dashboard> dashboard;
+  if (!f.dashboard_listen.empty()) {
+    auto started = kiln::coord::Dashboard::start(**core, auth, f.dashboard_listen);
+    if (!started.ok()) return fail(started.status());
+    dashboard = std::move(*started);
+    const std::string port = std::to_string(dashboard->port());
+    if (!f.dashboard_port_file.empty() && !write_atomically(f.dashboard_port_file, port + "\n")) {
+      return fail(
+          absl::UnavailableError("cannot write --dashboard-port-file " + f.dashboard_port_file));
+    }
+    std::fprintf(stderr, "kiln-coordinator: dashboard on port %s\n", port.c_str());
+  }
 
   kiln::coord::Service service(**core, auth, &metrics);
   grpc::EnableDefaultHealthCheckService(true);
@@ -224,6 +251,7 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "kiln-coordinator: signal %d, shutting down\n", sig);
   // Waiting calls (WatchJob, OpenSession, Store) end first, so Shutdown's drain is short.
   (*core)->shutdown();
+  dashboard.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   return 0;
 }

@@ -131,6 +131,9 @@ class Coordinator {
   // A job's step telemetry (See Note [Step telemetry] in worker/src/reports.h).
   absl::StatusOr<proto::JobStepsReply> job_steps(const proto::JobStepsRequest&,
                                                  const std::string& tenant);
+  // The last `lines` (1 to 1000) lines of a job's log, oldest first; for the dashboard.
+  absl::StatusOr<std::vector<std::string>> log_tail(const std::string& job_id,
+                                                    const std::string& tenant, int64_t lines);
 
   // Wakes and ends every waiting call (UNAVAILABLE) and stops the reaper; for SIGTERM.
   void shutdown();
