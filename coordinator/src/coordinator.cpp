@@ -226,7 +226,68 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
       add_finding_locked(s->second, "desync", report);
   }
   record_steps_locked(req);
+  // See Note [Hang detection]: this worker's account, and whether one is wanted.
+  for (const proto::StackDump& d : req.dumps()) {
+    auto s = sessions_.find(d.session_id());
+    auto hw = hangs_.find(d.session_id());
+    if (s == sessions_.end() || hw == hangs_.end() || !hw->second.asked) continue;
+    const std::vector<std::string>& ids = s->second.worker_ids;
+    auto at = std::find(ids.begin(), ids.end(), req.worker_id());
+    if (at != ids.end())
+      hw->second.dumps[static_cast<int>(at - ids.begin())] = d.text().substr(0, kMaxDumpBytes);
+  }
+  if (auto hw = hangs_.find(w.info.session_id());
+      hw != hangs_.end() && hw->second.asked && !hw->second.reported) {
+    const std::vector<std::string>& ids = sessions_.at(hw->first).worker_ids;
+    auto at = std::find(ids.begin(), ids.end(), req.worker_id());
+    if (at != ids.end() && !hw->second.dumps.count(static_cast<int>(at - ids.begin())))
+      reply.add_dump_sessions(hw->first);
+  }
   return reply;
+}
+
+// Note [Hang detection]: a running job whose driver marks steps (Session.log_step: Note [Step
+// telemetry] in worker/src/reports.h) and has marked none for Options::hang_after, or for 10x
+// the median of its latest step times if that is longer, looks hung. The coordinator then asks
+// each of its workers (in the reply to its next heartbeat) for an account of itself: what its
+// executor is doing and for how long (an instruction and its op, a compiled segment, or idle),
+// its process groups' last collectives and their states, and its threads' native stacks (Note
+// [Thread stacks] in worker/src/stacks.h). Once every rank answered, or 5 s after asking, the
+// answers become one finding, rank by rank: in `kiln status`, the job's log and the metrics. A
+// new step re-arms the watch; a job that marks no steps is never judged.
+void Coordinator::watch_hangs_locked(Clock::time_point now) {
+  for (auto& [sid, hw] : hangs_) {
+    auto s = sessions_.find(sid);
+    if (s == sessions_.end() || s->second.state != "open" || hw.reported) continue;
+    if (!hw.asked) {
+      std::vector<double> sorted = hw.recent;
+      std::sort(sorted.begin(), sorted.end());
+      const double median = sorted.empty() ? 0 : sorted[sorted.size() / 2];
+      const auto limit = std::max<Clock::duration>(
+          options_.hang_after,
+          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(10 * median)));
+      if (now - hw.last_step < limit) continue;
+      hw.asked = true;
+      hw.asked_at = now;
+      std::cerr << "kiln-coordinator: session " << sid << ": no step for "
+                << std::chrono::duration<double>(now - hw.last_step).count()
+                << " s; asking its workers what they are doing" << std::endl;
+      continue;
+    }
+    const std::vector<std::string>& ids = s->second.worker_ids;
+    if (hw.dumps.size() < ids.size() && now - hw.asked_at < std::chrono::seconds(5)) continue;
+    hw.reported = true;
+    std::string text = absl::StrCat(
+        "no step for ",
+        absl::SixDigits(std::chrono::duration<double>(hw.asked_at - hw.last_step).count()),
+        " s after step ", hw.step, "; what each rank was doing:");
+    for (size_t r = 0; r < ids.size(); ++r) {
+      auto d = hw.dumps.find(static_cast<int>(r));
+      absl::StrAppend(&text, "\n--- rank ", r, " (worker ", ids[r], ") ---\n",
+                      d == hw.dumps.end() ? "no answer within 5 s\n" : d->second);
+    }
+    add_finding_locked(s->second, "hang", text);
+  }
 }
 
 namespace {
@@ -261,6 +322,14 @@ void Coordinator::record_steps_locked(const proto::HeartbeatRequest& req) {
     if (at == ids.end()) continue;
     std::optional<proto::StepRecord> r = sane_step(in, static_cast<int>(at - ids.begin()));
     if (!r) continue;
+    HangWatch& hw = hangs_[s->first];  // See Note [Hang detection]
+    if (r->step() > hw.step) {
+      hw = HangWatch{.step = r->step(), .recent = std::move(hw.recent)};
+    }
+    if (r->rank() == 0) {
+      hw.recent.push_back(r->seconds());
+      if (hw.recent.size() > 20) hw.recent.erase(hw.recent.begin());
+    }
     auto [det, fresh] = stragglers_.try_emplace(s->first, static_cast<int>(ids.size()));
     for (const std::string& report : det->second.add(*r))
       add_finding_locked(s->second, "straggler", report);
@@ -366,6 +435,7 @@ void Coordinator::reap_loop() {
 void Coordinator::reap_locked() {
   const auto limit = options_.heartbeat * options_.dead_after;
   const auto now = Clock::now();
+  watch_hangs_locked(now);
   for (auto& [sid, detector] : desync_) {  // See Note [Desync detection] in desync.h
     auto s = sessions_.find(sid);
     if (s != sessions_.end())
@@ -489,6 +559,7 @@ void Coordinator::end_session_locked(SessionRec& s, const std::string& state,
   kv_.erase(s.id);
   desync_.erase(s.id);
   stragglers_.erase(s.id);
+  hangs_.erase(s.id);
   state_->put_session(s);
   if (state == "failed" && !s.job_id.empty()) {
     auto j = jobs_.find(s.job_id);

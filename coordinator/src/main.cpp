@@ -42,6 +42,9 @@ options:
   --worker-retention-s N    forget a dead worker N seconds after it died (default 3600)
   --driver-grace-s N    fail a running job whose driver (kiln submit) has had no report stream
                         for N seconds (default 30); a driver re-attaches within it
+  --hang-after-s N      a running job that marks steps (log_step) and has marked none for N
+                        seconds, or for 10x its usual step time if longer, is hung: every
+                        worker is asked what it is doing (default 60)
   --metrics-listen ADDR serve Prometheus /metrics there
   --dashboard-listen ADDR   serve the web dashboard there (open http://ADDR/#token=TOKEN);
                         plain HTTP, so beyond loopback only with tokens (TLS alone is not enough)
@@ -56,7 +59,7 @@ struct Flags {
   std::string tokens, worker_token, tls_cert, tls_key, metrics_listen, dashboard_listen,
       dashboard_port_file;
   int heartbeat_ms = 1000, dead_after = 3, session_idle_s = 30, session_retention_s = 3600,
-      worker_retention_s = 3600, driver_grace_s = 30;
+      worker_retention_s = 3600, driver_grace_s = 30, hang_after_s = 60;
 };
 
 int usage_error(const std::string& msg) {
@@ -82,7 +85,8 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
           {"--session-idle-s", &f.session_idle_s},
           {"--driver-grace-s", &f.driver_grace_s},
           {"--session-retention-s", &f.session_retention_s},
-          {"--worker-retention-s", &f.worker_retention_s}};
+          {"--worker-retention-s", &f.worker_retention_s},
+          {"--hang-after-s", &f.hang_after_s}};
       for (const auto& [flag, value] : flags)
         if (name == flag) return value;
       return nullptr;
@@ -202,7 +206,8 @@ int main(int argc, char** argv) {
        .session_idle = std::chrono::seconds(f.session_idle_s),
        .session_retention = std::chrono::seconds(f.session_retention_s),
        .worker_retention = std::chrono::seconds(f.worker_retention_s),
-       .driver_grace = std::chrono::seconds(f.driver_grace_s)});
+       .driver_grace = std::chrono::seconds(f.driver_grace_s),
+       .hang_after = std::chrono::seconds(f.hang_after_s)});
   if (!core.ok()) return fail(core.status());
   kiln::coord::Metrics metrics(**core);
   std::unique_ptr<prometheus::Exposer> exposer;

@@ -218,6 +218,19 @@ ProcessGroupPtr find_group(std::string_view name) {
             "; call init_process_group or new_group first)");
 }
 
+std::string dump_all_groups() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  std::string out;
+  for (const auto& [name, g] : reg.groups) {
+    std::string recent = g->dump_recent();
+    out += "group '" + name + "' (rank " + std::to_string(g->rank()) + " of " +
+           std::to_string(g->size()) + ")" +
+           (recent.empty() ? ": no collectives yet\n" : ":\n" + recent);
+  }
+  return out;
+}
+
 void destroy_process_group() {
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);

@@ -22,13 +22,14 @@ void prepare(grpc::ClientContext& ctx, const std::string& token) {
 
 absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::start(
     const std::string& address, const std::string& token, proto::RegisterWorkerRequest request,
-    LoadFn load, CloseFn close) {
+    LoadFn load, CloseFn close, DumpFn dump) {
   std::unique_ptr<CoordinatorLink> link(new CoordinatorLink());
   link->token_ = token;
   link->request_ = std::move(request);
   link->request_.set_protocol_version(proto::kProtocolVersion);
   link->load_ = std::move(load);
   link->close_ = std::move(close);
+  link->dump_ = std::move(dump);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
   link->stub_ = proto::Coordinator::NewStub(
@@ -67,6 +68,7 @@ void CoordinatorLink::heartbeat_loop() {
   // Reports kept across a failed beat.
   std::vector<proto::CollectiveRecord> collectives;
   std::vector<proto::StepRecord> steps;
+  std::vector<proto::StackDump> dumps;
   while (!cv_.wait_for(lock, kReportPoll, [&] { return stop_; })) {
     const auto interval = std::chrono::milliseconds(interval_ms_);
     proto::HeartbeatRequest req;
@@ -76,7 +78,7 @@ void CoordinatorLink::heartbeat_loop() {
     for (proto::CollectiveRecord& r : take_collectives()) collectives.push_back(std::move(r));
     for (proto::StepRecord& r : take_steps()) steps.push_back(std::move(r));
     const auto now = std::chrono::steady_clock::now();
-    if (collectives.empty() && steps.empty() && now - last < interval) {
+    if (collectives.empty() && steps.empty() && dumps.empty() && now - last < interval) {
       lock.lock();
       continue;
     }
@@ -86,6 +88,7 @@ void CoordinatorLink::heartbeat_loop() {
     req.set_memory_in_use_bytes(load.memory_in_use_bytes);
     for (const proto::CollectiveRecord& r : collectives) *req.add_collectives() = r;
     for (const proto::StepRecord& r : steps) *req.add_steps() = r;
+    for (const proto::StackDump& d : dumps) *req.add_dumps() = d;
     grpc::ClientContext ctx;
     prepare(ctx, token_);
     proto::HeartbeatReply reply;
@@ -93,7 +96,14 @@ void CoordinatorLink::heartbeat_loop() {
     if (st.ok()) {
       collectives.clear();
       steps.clear();
+      dumps.clear();
       for (const std::string& s : reply.close_sessions()) close_(s);
+      // Sent with the next beat, at the next poll.
+      for (const std::string& s : reply.dump_sessions()) {
+        proto::StackDump& d = dumps.emplace_back();
+        d.set_session_id(s);
+        d.set_text(dump_ ? dump_(s) : "this worker cannot describe itself");
+      }
     } else if (st.code() == absl::StatusCode::kAborted ||
                st.code() == absl::StatusCode::kNotFound) {
       (void)register_worker();  // a failure is retried at the next beat

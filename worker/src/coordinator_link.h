@@ -28,12 +28,15 @@ class CoordinatorLink {
   using LoadFn = std::function<Load()>;
   // Ends the streams of a session the coordinator closed.
   using CloseFn = std::function<void(const std::string& session_id)>;
+  // The worker's account of a session it serves, for a hang report (See Note [Hang detection]
+  // in coordinator/src/coordinator.cpp).
+  using DumpFn = std::function<std::string(const std::string& session_id)>;
   // Registers once (its failure is start's) and starts the heartbeat thread, which beats every
   // interval the coordinator asked for, and sooner (every kReportPoll) while reports wait (See
   // Note [Collective reports] and Note [Step telemetry] in reports.h).
   static absl::StatusOr<std::unique_ptr<CoordinatorLink>> start(
       const std::string& address, const std::string& token, proto::RegisterWorkerRequest request,
-      LoadFn load, CloseFn close);
+      LoadFn load, CloseFn close, DumpFn dump = nullptr);
   static constexpr std::chrono::milliseconds kReportPoll{100};
   ~CoordinatorLink();  // stops the heartbeat thread
 
@@ -54,6 +57,7 @@ class CoordinatorLink {
   proto::RegisterWorkerRequest request_;
   LoadFn load_;
   CloseFn close_;
+  DumpFn dump_;
   std::unique_ptr<proto::Coordinator::Stub> stub_;
   std::mutex mu_;
   std::condition_variable cv_;

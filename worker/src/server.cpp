@@ -1,26 +1,27 @@
 // The Worker gRPC service and its server (kiln/worker/server.h).
 #include "kiln/worker/server.h"
 
-#include <unistd.h>
-
-#include <mutex>
-#include <set>
-#include <unordered_map>
-
 #include <absl/strings/str_cat.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/rpc_service_method.h>
 #include <grpcpp/support/method_handler.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <set>
+#include <unordered_map>
 
 #include "coordinator_link.h"
 #include "gang.h"
+#include "kiln/dist/process_group.h"
 #include "kiln/proto/service.h"
 #include "kiln/proto/worker.pb.h"
 #include "kiln/worker/session.h"
 #include "kiln/worker/stream_gate.h"
 #include "metrics.h"
+#include "stacks.h"
 
 namespace kiln::worker {
 
@@ -223,6 +224,20 @@ struct Server::Impl final : grpc::Service {
   }
 
   void close_session(const std::string& id) { gate->cancel(id); }
+
+  // See Note [Hang detection] in coordinator/src/coordinator.cpp.
+  std::string dump(const std::string& id) {
+    std::string out;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& [ctx, o] : open)
+        if (o.session_id == id) out += "executor: " + o.session->activity() + "\n";
+    }
+    if (out.empty()) out = "executor: no client stream of this session\n";
+    const std::string groups = dist::dump_all_groups();
+    out += groups.empty() ? "process groups: none\n" : "process groups:\n" + groups;
+    return out + "threads:\n" + thread_stacks();
+  }
 };
 
 absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
@@ -268,7 +283,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
     Impl* self = impl.get();
     auto link = CoordinatorLink::start(
         opt.coordinator, opt.token, std::move(req), [self] { return self->load(); },
-        [self](const std::string& id) { self->close_session(id); });
+        [self](const std::string& id) { self->close_session(id); },
+        [self](const std::string& id) { return self->dump(id); });
     if (!link.ok()) {
       impl->server->Shutdown();
       return link.status();

@@ -155,6 +155,16 @@ int64_t Session::num_values() const { return static_cast<int64_t>(state_->values
 uint64_t Session::memory_in_use_bytes() const {
   return state_->in_use.load(std::memory_order_relaxed);
 }
+std::string Session::activity() const {
+  State::Activity& a = state_->activity;
+  std::lock_guard<std::mutex> lock(a.mu);
+  const double for_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - a.since).count();
+  return absl::StrCat(a.what.empty() ? "idle (waiting for the client's next batch)"
+                                     : absl::StrCat("running ", a.what),
+                      " for ", absl::SixDigits(for_s), " s");
+}
+
 uint64_t Session::instructions_run() const {
   return state_->instructions.load(std::memory_order_relaxed);
 }
@@ -426,6 +436,7 @@ static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instru
 
 static void run_instruction(State& s, const SessionOptions& opt, const proto::Instruction& in) {
   const OpEntry* e = lookup(s, in.op());
+  Doing doing(s, "instruction #", std::to_string(in.seq()), " '", in.op(), "'");
   check_outputs(s, in, e);
   s.instructions.fetch_add(1, std::memory_order_relaxed);
   ErrorPtr err;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -102,7 +103,35 @@ struct Session::State {
   double waited_at_mark = dist::collective_wait_seconds();
   std::chrono::steady_clock::duration ran_since_mark{0};
   std::chrono::steady_clock::time_point batch_began;
+  // What the executor is doing, for a hang report (Session::activity()).
+  struct Activity {
+    std::mutex mu;
+    std::string what;  // "" when idle
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+  } activity;
 };
+
+namespace session_detail {
+// Sets the session's activity for a scope; idle again at its end.
+class Doing {
+ public:
+  template <typename... Parts>
+  Doing(Session::State& s, const Parts&... parts) : a_(s.activity) {
+    std::lock_guard<std::mutex> lock(a_.mu);
+    a_.what.clear();
+    (a_.what.append(parts), ...);
+    a_.since = std::chrono::steady_clock::now();
+  }
+  ~Doing() {
+    std::lock_guard<std::mutex> lock(a_.mu);
+    a_.what.clear();
+    a_.since = std::chrono::steady_clock::now();
+  }
+
+ private:
+  Session::State::Activity& a_;
+};
+}  // namespace session_detail
 
 namespace session_detail {
 

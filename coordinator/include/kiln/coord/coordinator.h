@@ -52,6 +52,9 @@ struct Options {
   // (kiln submit was killed, or lost the coordinator and did not come back). A driver re-attaches
   // within it after a network break or a coordinator restart.
   std::chrono::milliseconds driver_grace{30000};
+  // A running job that marks steps and has marked none for this long (or 10x its median step
+  // time, if longer) is hung (Note [Hang detection] in coordinator.cpp).
+  std::chrono::milliseconds hang_after{60000};
 };
 
 // Limits on what a client may submit (beyond them: INVALID_ARGUMENT).
@@ -59,6 +62,7 @@ inline constexpr int kMaxJobWorkers = 4096;
 inline constexpr size_t kMaxCommandBytes = 64 << 10;
 inline constexpr size_t kMaxLogLineBytes = 64 << 10;  // longer driver lines are cut
 inline constexpr int kMaxJobStepsReply = 100000;      // JobSteps' largest limit
+inline constexpr size_t kMaxDumpBytes = 256 << 10;    // a worker's account for a hang report
 // What a worker may register as: an id of 1 to kMaxWorkerIdBytes characters [A-Za-z0-9._-], an
 // address HOST:PORT (a host name, an IPv4 address or a bracketed IPv6 one) of at most
 // kMaxAddressBytes, and the device "cpu" or "cuda:N".
@@ -175,6 +179,17 @@ class Coordinator {
   std::map<std::string, DesyncDetector> desync_;                  // open session -> its collectives
   std::map<std::string, StragglerDetector> stragglers_;           // open session -> its steps
   std::map<std::string, int> findings_;
+  // See Note [Hang detection] in coordinator.cpp.
+  struct HangWatch {
+    std::chrono::steady_clock::time_point last_step = std::chrono::steady_clock::now();
+    int64_t step = 0;            // the latest step marked
+    std::vector<double> recent;  // rank 0's latest step times
+    bool asked = false, reported = false;
+    std::chrono::steady_clock::time_point asked_at;
+    std::map<int, std::string> dumps;  // rank -> its StackDump
+  };
+  std::map<std::string, HangWatch> hangs_;  // open session -> its steps' progress
+  void watch_hangs_locked(std::chrono::steady_clock::time_point now);
   int64_t last_seq_ = 0;
   std::thread reaper_;
 };

@@ -130,6 +130,8 @@ ProcessGroupPtr new_group(const std::vector<int>& ranks, std::optional<Milliseco
 ProcessGroupPtr find_group(std::string_view name);
 // Destroys every group and the transport (a later init_process_group starts afresh).
 void destroy_process_group();
+// Every group's flight recorder (its last collectives and their states), for a hang report.
+std::string dump_all_groups();
 
 // A one-rank group that needs no transport and no store (tests, single-process runs).
 ProcessGroupPtr new_local_group(std::string name);

@@ -70,6 +70,9 @@ class Session {
   int64_t num_values() const;          // live entries of the value table
   uint64_t memory_in_use_bytes() const;
   uint64_t instructions_run() const;
+  // What the executor is doing now and for how long ("running instruction #12 'all_reduce' for
+  // 30.1 s", or idle), for a hang report.
+  std::string activity() const;
   // Segments run by the compiled-graph cache (Note [Compiled batches]).
   uint64_t compiled_runs() const;
 
