@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "kiln/proto/json.h"
 #include "kiln/proto/service.h"
 #include "run.h"
 
@@ -80,17 +81,6 @@ std::string join(const auto& words, const std::string& sep) {
   return out;
 }
 
-nlohmann::json to_json(const proto::StepRecord& r) {
-  nlohmann::json out = {{"step", r.step()},
-                        {"rank", r.rank()},
-                        {"unix_ms", r.unix_ms()},
-                        {"seconds", r.seconds()},
-                        {"busy_seconds", r.busy_seconds()},
-                        {"tokens", r.tokens()}};
-  if (r.has_loss()) out["loss"] = r.loss();
-  return out;
-}
-
 // "step 12: loss 2.31, 0.520 s (busy 0.500 s), 12345 tokens/s" (See Note [Step telemetry] in
 // worker/src/reports.h).
 std::string step_line(const proto::StepRecord& r) {
@@ -109,40 +99,7 @@ std::string step_line(const proto::StepRecord& r) {
   return out;
 }
 
-nlohmann::json to_json(const proto::Job& j) {
-  nlohmann::json steps = nlohmann::json::array();
-  for (const proto::StepRecord& r : j.last_steps()) steps.push_back(to_json(r));
-  nlohmann::json findings = nlohmann::json::array();
-  for (const proto::Finding& f : j.findings())
-    findings.push_back({{"kind", f.kind()}, {"text", f.text()}, {"unix_ms", f.unix_ms()}});
-  return {{"job_id", j.job_id()},
-          {"state", j.state()},
-          {"workers", j.workers()},
-          {"priority", j.priority()},
-          {"command", std::vector<std::string>(j.command().begin(), j.command().end())},
-          {"tenant", j.tenant()},
-          {"session_id", j.session_id()},
-          {"worker_addresses",
-           std::vector<std::string>(j.worker_addresses().begin(), j.worker_addresses().end())},
-          {"exit_code", j.exit_code()},
-          {"message", j.message()},
-          {"submitted_unix_ms", j.submitted_unix_ms()},
-          {"started_unix_ms", j.started_unix_ms()},
-          {"finished_unix_ms", j.finished_unix_ms()},
-          {"findings", findings},
-          {"last_steps", steps}};
-}
-
-nlohmann::json to_json(const proto::WorkerInfo& w) {
-  return {{"worker_id", w.worker_id()},
-          {"address", w.address()},
-          {"device", w.device()},
-          {"state", w.state()},
-          {"session_id", w.session_id()},
-          {"epoch", w.epoch()},
-          {"last_heartbeat_unix_ms", w.last_heartbeat_unix_ms()},
-          {"memory_in_use_bytes", w.memory_in_use_bytes()}};
-}
+using proto::to_json;  // kiln/proto/json.h
 
 // Prints rows as left-aligned columns; `state_col` (if >= 0) is coloured by its own value.
 void print_table(const std::vector<std::vector<std::string>>& rows, int state_col) {

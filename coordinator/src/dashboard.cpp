@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "kiln/proto/json.h"
 #include "kiln/proto/service.h"
 #include "state.h"
 
@@ -55,53 +56,7 @@ constexpr const char* kContentSecurityPolicy =
     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-// The fields of `kiln ... --json` (client/cli/jobs.cpp: the CLI does not link the coordinator,
-// so the two stay in step by hand).
-json to_json(const proto::StepRecord& r) {
-  json out = {{"step", r.step()},
-              {"rank", r.rank()},
-              {"unix_ms", r.unix_ms()},
-              {"seconds", r.seconds()},
-              {"busy_seconds", r.busy_seconds()},
-              {"tokens", r.tokens()}};
-  if (r.has_loss()) out["loss"] = r.loss();
-  return out;
-}
-
-json to_json(const proto::Job& j) {
-  json steps = json::array();
-  for (const proto::StepRecord& r : j.last_steps()) steps.push_back(to_json(r));
-  json findings = json::array();
-  for (const proto::Finding& f : j.findings())
-    findings.push_back({{"kind", f.kind()}, {"text", f.text()}, {"unix_ms", f.unix_ms()}});
-  return {{"job_id", j.job_id()},
-          {"state", j.state()},
-          {"workers", j.workers()},
-          {"priority", j.priority()},
-          {"command", std::vector<std::string>(j.command().begin(), j.command().end())},
-          {"tenant", j.tenant()},
-          {"session_id", j.session_id()},
-          {"worker_addresses",
-           std::vector<std::string>(j.worker_addresses().begin(), j.worker_addresses().end())},
-          {"exit_code", j.exit_code()},
-          {"message", j.message()},
-          {"submitted_unix_ms", j.submitted_unix_ms()},
-          {"started_unix_ms", j.started_unix_ms()},
-          {"finished_unix_ms", j.finished_unix_ms()},
-          {"findings", findings},
-          {"last_steps", steps}};
-}
-
-json to_json(const proto::WorkerInfo& w) {
-  return {{"worker_id", w.worker_id()},
-          {"address", w.address()},
-          {"device", w.device()},
-          {"state", w.state()},
-          {"session_id", w.session_id()},
-          {"epoch", w.epoch()},
-          {"last_heartbeat_unix_ms", w.last_heartbeat_unix_ms()},
-          {"memory_in_use_bytes", w.memory_in_use_bytes()}};
-}
+using proto::to_json;  // the fields of `kiln ... --json`
 
 HttpReply json_reply(int status, const json& body) {
   // Replace, not throw, on invalid UTF-8: a driver's log line may hold any bytes.

@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,40 +17,10 @@ from html.parser import HTMLParser
 
 import pytest
 
-from test_remote_worker import COORDINATOR, WORKER, start_daemon, start_worker, stop
+from gang_jobs import STRAGGLER_DRIVER, coordinator_and_workers, submit
+from test_remote_worker import COORDINATOR, start_daemon, stop
 
-CLI = os.path.join(os.path.dirname(WORKER), "kiln")
-STEPS = 8
-
-DRIVER = r"""
-import os, sys, time
-import kiln, kiln.nn as nn, kiln.nn.functional as F
-s = kiln.connect()
-kiln.manual_seed(0)
-model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(s.device)
-opt = kiln.optim.SGD(model.parameters(), lr=0.1)
-g = kiln.Generator()
-g.manual_seed(0)
-with kiln._C._StageScope([1]):
-    big = kiln.randn(384, 384).to(s.device)  # lives on rank 1: ops on it run there alone
-for step in range(1, %(steps)d + 1):
-    x, y = kiln.randn(64, 32, generator=g), kiln.randint(0, 10, (64,), generator=g)
-    loss = F.cross_entropy(model(s.scatter(x)), s.scatter(y))
-    opt.zero_grad()
-    loss.backward()
-    w = big
-    for _ in range(64):
-        w = (w @ big).tanh()  # rank 1's extra work: it is the straggler
-    s.all_reduce_gradients(model)
-    opt.step()
-    s.log_step(loss, tokens=64)
-    print("loss", step, repr(loss.item()), flush=True)
-print("trained; waiting for the test", flush=True)
-deadline = time.monotonic() + 240
-while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
-    time.sleep(0.1)
-""" % {"steps": STEPS}
-
+STEPS = 8  # gang_jobs.STRAGGLER_DRIVER's default
 
 def get(port, path, token=None, host=None):
     """(status, headers, body: parsed JSON, or text) of a GET to the dashboard."""
@@ -82,51 +51,39 @@ def start_coordinator(tmp_path, extra):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """Alice's job, running on two workers, past its 8 steps and its straggler finding."""
-    if not os.access(COORDINATOR, os.X_OK):
-        pytest.skip(f"kiln-coordinator not built ({COORDINATOR})")
     tmp_path = tmp_path_factory.mktemp("dashboard")
     tokens = tmp_path / "tokens"
     tokens.write_text("alice atok\nbob btok\n")
-    release = tmp_path / "release"
-    procs, submit = [], None
-    try:
-        c, address, port = start_coordinator(tmp_path, ["--tokens", str(tokens),
-                                                        "--worker-token", "wtok"])
-        procs.append(c)
-        for r in range(2):
-            procs.append(start_worker(tmp_path, f"dash{r}", ["--coordinator", address,
-                                                             "--token", "wtok"])[0])
-        driver = tmp_path / "driver.py"
-        driver.write_text(DRIVER)
+    release, port_file = tmp_path / "release", tmp_path / "dashboard.port"
+    with coordinator_and_workers(tmp_path, 2, prefix="dash", worker_args=["--token", "wtok"],
+                                 coordinator_args=["--tokens", str(tokens), "--worker-token", "wtok",
+                                                   "--dashboard-listen", "127.0.0.1:0",
+                                                   "--dashboard-port-file", str(port_file)]) as address:
+        port = int(port_file.read_text())  # written before the gRPC port file
         env = {k: v for k, v in os.environ.items() if k != "KILN_TOKEN"}
-        env["PYTHONPATH"] = os.pathsep.join(sys.path)
-        submit = subprocess.Popen([CLI, "submit", "--coordinator", address, "--token", "atok",
-                                   "--workers", "2", "--", sys.executable, str(driver),
-                                   str(release)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 240
-        while True:
-            assert submit.poll() is None, submit.stdout.read().decode()
-            _, _, jobs = get(port, "/api/jobs", "atok")
-            job = jobs["jobs"][0] if jobs["jobs"] else None
-            if job and [r["step"] for r in job["last_steps"]] == [STEPS, STEPS] and \
-                    any(f["kind"] == "straggler" for f in job["findings"]):
-                _, _, logs = get(port, f"/api/jobs/{job['job_id']}/logs", "atok")
-                if any(l.startswith("trained") for l in logs["lines"]):
-                    break
-            assert time.monotonic() < deadline, job
-            time.sleep(0.2)
-        yield {"port": port, "job": job, "tmp_path": tmp_path}
-    finally:
-        release.write_text("")
-        if submit:
+        sub = submit(address, tmp_path, STRAGGLER_DRIVER, 2, args=[release],
+                     cli_args=["--token", "atok"], env=env)
+        try:
+            deadline = time.monotonic() + 240
+            while True:
+                assert sub.poll() is None, sub.stdout.read()
+                _, _, jobs = get(port, "/api/jobs", "atok")
+                job = jobs["jobs"][0] if jobs["jobs"] else None
+                if job and [r["step"] for r in job["last_steps"]] == [STEPS, STEPS] and \
+                        any(f["kind"] == "straggler" for f in job["findings"]):
+                    _, _, logs = get(port, f"/api/jobs/{job['job_id']}/logs", "atok")
+                    if any(l.startswith("trained") for l in logs["lines"]):
+                        break
+                assert time.monotonic() < deadline, job
+                time.sleep(0.2)
+            yield {"port": port, "job": job, "tmp_path": tmp_path}
+        finally:
+            release.write_text("")
             try:
-                submit.wait(timeout=60)
+                sub.communicate(timeout=60)
             except subprocess.TimeoutExpired:
-                submit.kill()
-                submit.wait()
-        for p in reversed(procs):
-            stop(p)
+                sub.kill()
+                sub.wait()
 
 
 def test_api_answers_each_tenant_its_own_and_refuses_bad_input(cluster):

@@ -5,15 +5,9 @@ and shows the answers together, long before the communicator's timeout: rank 0's
 all_reduce, its process group's collective started, its threads' stacks; rank 1 idle."""
 import json
 import os
-import subprocess
-import sys
 import time
 
-import pytest
-
-from test_remote_worker import COORDINATOR, WORKER, start_daemon, start_worker, stop
-
-CLI = os.path.join(os.path.dirname(WORKER), "kiln")
+from gang_jobs import coordinator_and_workers, kiln_cli, only_job, submit
 
 DRIVER = r"""
 import kiln
@@ -32,52 +26,34 @@ s.sync()
 
 
 def test_a_job_whose_steps_stop_gets_every_ranks_account(tmp_path):
-    if not os.access(COORDINATOR, os.X_OK):
-        pytest.skip(f"kiln-coordinator not built ({COORDINATOR})")
     env = dict(os.environ, KILN_COMM_TIMEOUT_S="30")
-    procs = []
-    try:
-        c, address = start_daemon(tmp_path, "coordinator",
-                                  [COORDINATOR, "--state", str(tmp_path / "state.db"),
-                                   "--hang-after-s", "2"])
-        procs.append(c)
-        for r in range(2):
-            procs.append(start_worker(tmp_path, f"h{r}", ["--coordinator", address], env=env)[0])
-        driver = tmp_path / "driver.py"
-        driver.write_text(DRIVER)
-        sub = subprocess.Popen([CLI, "submit", "--coordinator", address, "--workers", "2", "--",
-                                sys.executable, str(driver)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-        procs.append(sub)
-        for line in sub.stdout:
-            if line.startswith("stuck"):
-                break
-        stuck = time.monotonic()
-        jobs = subprocess.run([CLI, "jobs", "--json", "--coordinator", address],
-                              capture_output=True, text=True, timeout=20).stdout
-        job_id = json.loads(jobs.splitlines()[0])["job_id"]
-        finding = None
-        while finding is None and time.monotonic() - stuck < 20:
-            r = subprocess.run([CLI, "status", "--json", "--coordinator", address, job_id],
-                               capture_output=True, text=True, timeout=20)
-            finding = next((f for f in json.loads(r.stdout)["findings"] if f["kind"] == "hang"), None)
-            time.sleep(0.2)
-        assert finding is not None, "no hang reported within 20 s"
-        took = time.monotonic() - stuck
-        print(f"hang reported {took:.1f} s after the driver got stuck")
-        assert took < 10, took  # 2 s without a step, a beat to ask, a beat to answer
-        text = finding["text"]
-        assert text.startswith("no step for ") and "after step 3" in text, text
-        rank0 = text[text.index("--- rank 0"):text.index("--- rank 1")]
-        rank1 = text[text.index("--- rank 1"):]
-        assert "executor: running instruction #" in rank0 and "'all_reduce'" in rank0, rank0
-        assert "group 'world'" in rank0 and "all_reduce float32[8]: started" in rank0, rank0
-        assert "threads:" in rank0 and "thread " in rank0, rank0
-        assert "executor: idle" in rank1, rank1
-        logs = subprocess.run([CLI, "logs", "--coordinator", address, job_id],
-                              capture_output=True, text=True, timeout=20).stdout
-        assert "[kiln-coordinator] hang: no step for" in logs, logs
-    finally:
-        for p in reversed(procs):
-            stop(p)
+    with coordinator_and_workers(tmp_path, 2, coordinator_args=["--hang-after-s", "2"], env=env,
+                                 prefix="h") as address:
+        sub = submit(address, tmp_path, DRIVER, 2)
+        try:
+            for line in sub.stdout:
+                if line.startswith("stuck"):
+                    break
+            stuck = time.monotonic()
+            job_id = only_job(address)["job_id"]
+            finding = None
+            while finding is None and time.monotonic() - stuck < 20:
+                found = json.loads(kiln_cli(address, "status", "--json", job_id))["findings"]
+                finding = next((f for f in found if f["kind"] == "hang"), None)
+                time.sleep(0.2)
+            assert finding is not None, "no hang reported within 20 s"
+            took = time.monotonic() - stuck
+            print(f"hang reported {took:.1f} s after the driver got stuck")
+            assert took < 10, took  # 2 s without a step, a beat to ask, a beat to answer
+            text = finding["text"]
+            assert text.startswith("no step for ") and "after step 3" in text, text
+            rank0 = text[text.index("--- rank 0"):text.index("--- rank 1")]
+            rank1 = text[text.index("--- rank 1"):]
+            assert "executor: running instruction #" in rank0 and "'all_reduce'" in rank0, rank0
+            assert "group 'world'" in rank0 and "all_reduce float32[8]: started" in rank0, rank0
+            assert "threads:" in rank0 and "thread " in rank0, rank0
+            assert "executor: idle" in rank1, rank1
+            assert "[kiln-coordinator] hang: no step for" in kiln_cli(address, "logs", job_id)
+        finally:
+            sub.terminate()  # kiln submit cancels the job and stops its driver
+            sub.communicate(timeout=60)
