@@ -660,6 +660,8 @@ absl::StatusOr<proto::SessionInfo> Coordinator::open_session(const proto::OpenSe
     return absl::InvalidArgumentError(
         absl::StrCat("workers must be in [1, ", kMaxJobWorkers, "], got ", n));
   }
+  if (auto st = check_quota_locked(tenant, n); !st.ok())
+    return st;  // See Note [Quotas] in jobs.cpp
   // Note: an interactive session takes idle workers ahead of queued jobs; it is short-lived and
   // its client is waiting.
   const auto until = Clock::now() + std::chrono::milliseconds(req.wait_ms());

@@ -35,14 +35,49 @@ absl::StatusOr<JobRec*> Coordinator::find_job_locked(const std::string& job_id,
 // Note [Gang scheduling]: the queued job with the highest priority, oldest first, starts when
 // N workers are idle, and takes all N at once. Jobs behind it wait even when they would fit,
 // so a large gang is never starved by a stream of small ones.
+// Note [Quotas]: an operator may cap the worker slots a tenant holds at once (--quota
+// TENANT=N): its open sessions, interactive or a running job's, count against it. A job that
+// asks for more than the quota is refused at submission; a queued job that would exceed it waits,
+// with the reason as its message, and lets the other tenants' jobs go ahead of it (a queued job
+// within its quota still waits for free workers in priority order). An interactive session beyond
+// the quota is refused at once (RESOURCE_EXHAUSTED), since its client is waiting.
+int Coordinator::tenant_workers_locked(const std::string& tenant) {
+  int n = 0;
+  for (const auto& [id, s] : sessions_)
+    if (s.state == "open" && s.tenant == tenant) n += static_cast<int>(s.worker_ids.size());
+  return n;
+}
+
+absl::Status Coordinator::check_quota_locked(const std::string& tenant, int more) {
+  auto q = options_.quotas.find(tenant);
+  if (q == options_.quotas.end()) return absl::OkStatus();
+  const int used = tenant_workers_locked(tenant);
+  if (used + more <= q->second) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("tenant ", tenant, " holds ", used, " of its ",
+                                                   q->second, " worker slots; ", more,
+                                                   " more would exceed its quota"));
+}
+
 void Coordinator::schedule_locked() {
   while (true) {
+    std::vector<JobRec*> queued;
+    for (auto& [id, j] : jobs_)
+      if (j.job.state() == "queued") queued.push_back(&j);
+    std::sort(queued.begin(), queued.end(), [](const JobRec* a, const JobRec* b) {
+      return a->job.priority() != b->job.priority() ? a->job.priority() > b->job.priority()
+                                                    : a->seq < b->seq;
+    });
     JobRec* next = nullptr;
-    for (auto& [id, j] : jobs_) {
-      if (j.job.state() != "queued") continue;
-      if (!next || j.job.priority() > next->job.priority() ||
-          (j.job.priority() == next->job.priority() && j.seq < next->seq)) {
-        next = &j;
+    for (JobRec* j : queued) {  // See Note [Quotas]
+      absl::Status quota = check_quota_locked(j->job.tenant(), j->job.workers());
+      const std::string why = quota.ok() ? "" : absl::StrCat("waiting: ", quota.message());
+      if (j->job.message() != why) {
+        j->job.set_message(why);
+        state_->put_job(*j);
+      }
+      if (quota.ok()) {
+        next = j;
+        break;
       }
     }
     if (!next) return;
@@ -93,6 +128,11 @@ absl::StatusOr<proto::Job> Coordinator::submit_job(const proto::SubmitJobRequest
         absl::StrCat("command is ", bytes, " bytes; the limit is ", kMaxCommandBytes));
   }
   std::lock_guard lock(mu_);
+  if (auto q = options_.quotas.find(tenant);
+      q != options_.quotas.end() && req.workers() > q->second)
+    return absl::ResourceExhaustedError(absl::StrCat("the job asks for ", req.workers(),
+                                                     " workers; tenant ", tenant, "'s quota is ",
+                                                     q->second, " worker slots"));  // Note [Quotas]
   JobRec r;
   r.seq = last_seq_ + 1;
   r.job.set_job_id(absl::StrCat("job-", r.seq));

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -45,6 +46,8 @@ options:
   --hang-after-s N      a running job that marks steps (log_step) and has marked none for N
                         seconds, or for 10x its usual step time if longer, is hung: every
                         worker is asked what it is doing (default 60)
+  --quota TENANT=N      tenant TENANT may hold at most N workers at once, in sessions and
+                        running jobs together (repeatable); its jobs beyond wait in the queue
   --metrics-listen ADDR serve Prometheus /metrics there
   --dashboard-listen ADDR   serve the web dashboard there (open http://ADDR/#token=TOKEN);
                         plain HTTP, so beyond loopback only with tokens (TLS alone is not enough)
@@ -60,6 +63,7 @@ struct Flags {
       dashboard_port_file;
   int heartbeat_ms = 1000, dead_after = 3, session_idle_s = 30, session_retention_s = 3600,
       worker_retention_s = 3600, driver_grace_s = 30, hang_after_s = 60;
+  std::map<std::string, int> quotas;
 };
 
 int usage_error(const std::string& msg) {
@@ -116,7 +120,20 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
       f.tls_key = v;
     else if (a == "--metrics-listen")
       f.metrics_listen = v;
-    else if (a == "--dashboard-listen")
+    else if (a == "--quota") {
+      const size_t eq = v.find('=');
+      int n = 0;
+      try {
+        size_t used = 0;
+        n = eq == std::string::npos ? 0 : std::stoi(v.substr(eq + 1), &used);
+        if (eq != std::string::npos && used != v.size() - eq - 1) n = 0;
+      } catch (const std::exception&) {
+        n = 0;
+      }
+      if (eq == std::string::npos || eq == 0 || n < 1)
+        return usage_error("--quota takes TENANT=N with N >= 1, got '" + v + "'");
+      f.quotas[v.substr(0, eq)] = n;
+    } else if (a == "--dashboard-listen")
       f.dashboard_listen = v;
     else if (a == "--dashboard-port-file")
       f.dashboard_port_file = v;
@@ -207,7 +224,8 @@ int main(int argc, char** argv) {
        .session_retention = std::chrono::seconds(f.session_retention_s),
        .worker_retention = std::chrono::seconds(f.worker_retention_s),
        .driver_grace = std::chrono::seconds(f.driver_grace_s),
-       .hang_after = std::chrono::seconds(f.hang_after_s)});
+       .hang_after = std::chrono::seconds(f.hang_after_s),
+       .quotas = f.quotas});
   if (!core.ok()) return fail(core.status());
   kiln::coord::Metrics metrics(**core);
   std::unique_ptr<prometheus::Exposer> exposer;

@@ -165,5 +165,68 @@ TEST(CoordinatorAuth, TokensMustBeDistinctAndNotBlank) {
   }
 }
 
+// See Note [Quotas] in coordinator/src/jobs.cpp.
+TEST(CoordinatorAuth, QuotasCapATenantsWorkersAndLetOthersGoAhead) {
+  TempDir dir;
+  std::ofstream(dir.path() / "tokens") << "alice atok\nbob btok\n";
+  Daemon d(dir.path(),
+           {"--tokens", (dir.path() / "tokens").string(), "--worker-token", kWorker, "--quota",
+            "alice=2"},
+           kAlice);
+  std::vector<std::unique_ptr<FakeWorker>> w;
+  for (int i = 0; i < 4; ++i)
+    w.push_back(std::make_unique<FakeWorker>(d, "w" + std::to_string(i),
+                                             std::chrono::milliseconds(100), kWorker));
+  auto submit_as = [&](const std::string& token, int workers, int priority) {
+    proto::SubmitJobRequest req;
+    req.set_protocol_version(proto::kProtocolVersion);
+    req.set_workers(workers);
+    req.set_priority(priority);
+    req.add_command("true");
+    proto::Job job;
+    absl::Status st = d.call(&Stub::SubmitJob, req, &job, &token);
+    return std::make_pair(st, job);
+  };
+  auto job_of = [&](const std::string& id, const std::string& token) {
+    proto::GetJobRequest get;
+    get.set_job_id(id);
+    proto::Job job;
+    EXPECT_TRUE(d.call(&Stub::GetJob, get, &job, &token).ok());
+    return job;
+  };
+  // More than the quota in one job: refused at once.
+  auto [big, none] = submit_as(kAlice, 3, 0);
+  EXPECT_TRUE(absl::IsResourceExhausted(big)) << big;
+  EXPECT_NE(big.message().find("tenant alice's quota is 2 worker slots"), std::string::npos) << big;
+  // Alice's first 2-worker job runs; her second waits for her quota, at a higher priority than
+  // bob's job, which goes ahead of it on the free workers.
+  auto [st1, a1] = submit_as(kAlice, 2, 0);
+  ASSERT_TRUE(st1.ok()) << st1;
+  ASSERT_TRUE(eventually([&] { return job_of(a1.job_id(), kAlice).state() == "running"; }));
+  auto [st2, a2] = submit_as(kAlice, 2, 5);
+  auto [st3, b1] = submit_as(kBob, 2, 0);
+  ASSERT_TRUE(st2.ok() && st3.ok());
+  ASSERT_TRUE(eventually([&] { return job_of(b1.job_id(), kBob).state() == "running"; }));
+  proto::Job waiting = job_of(a2.job_id(), kAlice);
+  EXPECT_EQ(waiting.state(), "queued");
+  EXPECT_EQ(waiting.message(),
+            "waiting: tenant alice holds 2 of its 2 worker slots; 2 more would exceed its quota");
+  // An interactive session beyond the quota is refused at once; bob has no quota.
+  proto::OpenSessionRequest open;
+  open.set_protocol_version(proto::kProtocolVersion);
+  open.set_workers(1);
+  open.set_wait_ms(5000);
+  proto::SessionInfo info;
+  absl::Status refused = d.call(&Stub::OpenSession, open, &info, &kAlice);
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  // Alice's first job ends: her second runs, its message cleared.
+  proto::CancelJobRequest cancel;
+  cancel.set_job_id(a1.job_id());
+  proto::Job cancelled;
+  ASSERT_TRUE(d.call(&Stub::CancelJob, cancel, &cancelled, &kAlice).ok());
+  ASSERT_TRUE(eventually([&] { return job_of(a2.job_id(), kAlice).state() == "running"; }));
+  EXPECT_EQ(job_of(a2.job_id(), kAlice).message(), "");
+}
+
 }  // namespace
 }  // namespace kiln::test

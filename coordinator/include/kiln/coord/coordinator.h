@@ -55,6 +55,9 @@ struct Options {
   // A running job that marks steps and has marked none for this long (or 10x its median step
   // time, if longer) is hung (Note [Hang detection] in coordinator.cpp).
   std::chrono::milliseconds hang_after{60000};
+  // Worker slots each named tenant may hold at once, in interactive sessions and running jobs
+  // together (Note [Quotas] in jobs.cpp); a tenant not listed has no limit.
+  std::map<std::string, int> quotas;
 };
 
 // Limits on what a client may submit (beyond them: INVALID_ARGUMENT).
@@ -158,6 +161,9 @@ class Coordinator {
                                    const std::string& worker_id);
   absl::StatusOr<JobRec*> find_job_locked(const std::string& job_id, const std::string& tenant);
   std::vector<std::string> idle_workers_locked();
+  // Workers held by the tenant's open sessions; the error when `more` would exceed its quota.
+  int tenant_workers_locked(const std::string& tenant);
+  absl::Status check_quota_locked(const std::string& tenant, int more);
   void changed_locked();
   // A finding about session `s` (Note [Desync detection] in desync.h): on its job (kept in the
   // state file), in its log, on stderr and in finding_counts().
