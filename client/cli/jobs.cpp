@@ -27,7 +27,7 @@ constexpr const char* kJobsHelp =
 
   kiln workers                          the registered workers
   kiln jobs [--state S]                 jobs (queued, running, succeeded, failed, cancelled)
-  kiln submit --workers N [--priority P] -- COMMAND...
+  kiln submit --workers N [--mesh dp=2,tp=2] [--priority P] -- COMMAND...
                                         queue a job; once its gang is free run COMMAND here as
                                         the driver and exit with its status
   kiln status JOB                       one job
@@ -173,6 +173,14 @@ int jobs_main(const CoordClient& c, const std::vector<std::string>& args) {
   return 0;
 }
 
+// "dp=2 x tp=2", or "-" (See Note [Placement] in coordinator/src/jobs.cpp).
+std::string mesh_text(const proto::Job& j) {
+  std::string out;
+  for (const auto& d : j.mesh())
+    out += (out.empty() ? "" : " x ") + d.name() + "=" + std::to_string(d.size());
+  return out.empty() ? "-" : out;
+}
+
 void print_job(const CoordClient& c, const proto::Job& j) {
   if (c.json) {
     std::printf("%s\n", to_json(j).dump().c_str());
@@ -182,6 +190,7 @@ void print_job(const CoordClient& c, const proto::Job& j) {
       {"job:", j.job_id()},
       {"state:", paint(j.state(), j.state())},
       {"workers:", std::to_string(j.workers())},
+      {"mesh:", mesh_text(j)},
       {"priority:", std::to_string(j.priority())},
       {"command:", join(j.command(), " ")},
       {"tenant:", j.tenant().empty() ? "-" : j.tenant()},

@@ -14,6 +14,8 @@
 // that comes back within the grace loses neither the job nor its log. A driver that prints
 // nothing sends an empty report every second: a broken stream shows only on a write. Lines are
 // not acknowledged one by one: those in flight when a coordinator dies are lost.
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_split.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -21,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -282,8 +285,8 @@ pid_t Driver::spawn(const std::vector<std::string>& command, int out_fd, int err
   for (char** e = environ; *e; ++e) {
     const std::string kv = *e;
     bool ours = false;
-    for (const char* k :
-         {"KILN_COORDINATOR=", "KILN_JOB_ID=", "KILN_SESSION=", "KILN_WORKERS=", "KILN_TOKEN="}) {
+    for (const char* k : {"KILN_COORDINATOR=", "KILN_JOB_ID=", "KILN_SESSION=", "KILN_WORKERS=",
+                          "KILN_TOKEN=", "KILN_MESH="}) {
       ours = ours || kv.rfind(k, 0) == 0;
     }
     if (!ours) env.push_back(kv);
@@ -294,6 +297,10 @@ pid_t Driver::spawn(const std::vector<std::string>& command, int out_fd, int err
   env.push_back("KILN_JOB_ID=" + job_.job_id());
   env.push_back("KILN_SESSION=" + job_.session_id());
   env.push_back("KILN_WORKERS=" + workers);
+  std::string mesh;
+  for (const auto& d : job_.mesh())
+    mesh += (mesh.empty() ? "" : ",") + d.name() + "=" + std::to_string(d.size());
+  if (!mesh.empty()) env.push_back("KILN_MESH=" + mesh);
   if (!c_.token.empty()) env.push_back("KILN_TOKEN=" + c_.token);
   std::vector<char*> envp, argv;
   for (auto& s : env) envp.push_back(s.data());
@@ -464,6 +471,7 @@ int submit_main(const CoordClient& c, const std::vector<std::string>& args) {
   req.set_protocol_version(kiln::proto::kProtocolVersion);
   req.set_workers(1);
   std::vector<std::string> command;
+  bool workers_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") {
@@ -484,10 +492,34 @@ int submit_main(const CoordClient& c, const std::vector<std::string>& args) {
       }
     };
     if (a == "--workers") {
+      workers_given = true;
       if (!number([&](int v) { req.set_workers(v); })) {
         std::fprintf(stderr, "kiln: --workers needs an integer\n");
         return kExitUsage;
       }
+    } else if (a == "--mesh") {
+      // "dp=2,tp=2": outermost dim first; the workers are the product (Note [Placement] in
+      // coordinator/src/jobs.cpp).
+      if (i + 1 >= args.size()) {
+        std::fprintf(stderr, "kiln: --mesh needs NAME=SIZE[,NAME=SIZE...]\n");
+        return kExitUsage;
+      }
+      int64_t product = 1;
+      for (const std::string& dim : std::vector<std::string>(absl::StrSplit(args[++i], ','))) {
+        const size_t eq = dim.find('=');
+        int size = 0;
+        if (eq == std::string::npos || eq == 0 || !absl::SimpleAtoi(dim.substr(eq + 1), &size) ||
+            size < 1) {
+          std::fprintf(stderr, "kiln: --mesh takes NAME=SIZE[,NAME=SIZE...], got '%s'\n",
+                       args[i].c_str());
+          return kExitUsage;
+        }
+        proto::MeshDim& d = *req.add_mesh();
+        d.set_name(dim.substr(0, eq));
+        d.set_size(size);
+        product = std::min<int64_t>(product * size, int64_t{1} << 20);  // the coordinator checks
+      }
+      if (!workers_given) req.set_workers(static_cast<int>(product));
     } else if (a == "--priority") {
       if (!number([&](int v) { req.set_priority(v); })) {
         std::fprintf(stderr, "kiln: --priority needs an integer\n");

@@ -668,7 +668,7 @@ absl::StatusOr<proto::SessionInfo> Coordinator::open_session(const proto::OpenSe
   while (true) {
     std::vector<std::string> idle = idle_workers_locked();
     if (static_cast<int>(idle.size()) >= n) {
-      idle.resize(n);
+      idle = place_locked(idle, n, 1);  // See Note [Placement] in jobs.cpp
       Transaction t(state_->db());
       SessionRec& s = new_session_locked(idle, tenant, "");
       t.commit();

@@ -1,8 +1,10 @@
 // Jobs: the queue, the gang scheduler, cancellation, the driver's reports and the watch stream.
 // Note [One lock, write-through] (coordinator.cpp) applies.
+#include <absl/strings/ascii.h>
 #include <absl/strings/str_cat.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "kiln/coord/coordinator.h"
@@ -58,6 +60,36 @@ absl::Status Coordinator::check_quota_locked(const std::string& tenant, int more
                                                    " more would exceed its quota"));
 }
 
+// Note [Placement]: a gang's ranks are chosen host by host. A job's last mesh dim (its innermost,
+// the tensor-parallel one by convention, whose groups talk most) splits the ranks into groups of
+// consecutive ranks; each group is taken from one host when a host has that many idle workers,
+// the hosts with the most idle workers first, so the whole gang also spans few hosts. A group no
+// host can hold spills over the fullest hosts. A worker's host is its registered address without
+// the port. A job without a mesh is one group per rank: packed by host all the same.
+std::vector<std::string> Coordinator::place_locked(const std::vector<std::string>& idle, int n,
+                                                   int group) {
+  std::map<std::string, std::vector<std::string>> by_host;
+  for (const std::string& id : idle) {
+    const std::string& addr = workers_.at(id).info.address();
+    by_host[addr.substr(0, addr.rfind(':'))].push_back(id);
+  }
+  std::vector<std::vector<std::string>*> hosts;
+  for (auto& [host, ids] : by_host) hosts.push_back(&ids);
+  std::vector<std::string> out;
+  while (static_cast<int>(out.size()) < n) {
+    std::stable_sort(hosts.begin(), hosts.end(),
+                     [](const auto* a, const auto* b) { return a->size() > b->size(); });
+    const size_t need = std::min<size_t>(std::max(group, 1), n - out.size());
+    auto whole =
+        std::find_if(hosts.begin(), hosts.end(), [&](const auto* h) { return h->size() >= need; });
+    std::vector<std::string>& from = **(whole != hosts.end() ? whole : hosts.begin());
+    const size_t take = std::min(need, from.size());
+    out.insert(out.end(), from.begin(), from.begin() + static_cast<std::ptrdiff_t>(take));
+    from.erase(from.begin(), from.begin() + static_cast<std::ptrdiff_t>(take));
+  }
+  return out;
+}
+
 void Coordinator::schedule_locked() {
   while (true) {
     std::vector<JobRec*> queued;
@@ -83,7 +115,8 @@ void Coordinator::schedule_locked() {
     if (!next) return;
     std::vector<std::string> idle = idle_workers_locked();
     if (static_cast<int>(idle.size()) < next->job.workers()) return;
-    idle.resize(next->job.workers());
+    const int group = next->job.mesh_size() ? next->job.mesh(next->job.mesh_size() - 1).size() : 1;
+    idle = place_locked(idle, next->job.workers(), group);
     proto::Job& job = next->job;
     SessionRec& s = new_session_locked(idle, job.tenant(), job.job_id());
     job.set_state("running");
@@ -127,6 +160,29 @@ absl::StatusOr<proto::Job> Coordinator::submit_job(const proto::SubmitJobRequest
     return absl::InvalidArgumentError(
         absl::StrCat("command is ", bytes, " bytes; the limit is ", kMaxCommandBytes));
   }
+  if (req.mesh_size() > 0) {  // See Note [Placement]
+    if (req.mesh_size() > kMaxMeshDims)
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh has ", req.mesh_size(), " dims; at most ", kMaxMeshDims));
+    int64_t product = 1;
+    std::set<std::string> names;
+    for (const proto::MeshDim& d : req.mesh()) {
+      const bool ok_name = !d.name().empty() && d.name().size() <= 32 &&
+                           std::all_of(d.name().begin(), d.name().end(),
+                                       [](char c) { return absl::ascii_isalnum(c) || c == '_'; });
+      if (!ok_name || !names.insert(d.name()).second)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "mesh dim names must be distinct, 1 to 32 of [A-Za-z0-9_], got '", d.name(), "'"));
+      if (d.size() < 1 || d.size() > kMaxJobWorkers)
+        return absl::InvalidArgumentError(
+            absl::StrCat("mesh dim '", d.name(), "' has size ", d.size(), "; it must be >= 1"));
+      product *= d.size();
+      if (product > kMaxJobWorkers) break;
+    }
+    if (product != req.workers())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the mesh has ", product, " ranks but the job asks for ", req.workers(), " workers"));
+  }
   std::lock_guard lock(mu_);
   if (auto q = options_.quotas.find(tenant);
       q != options_.quotas.end() && req.workers() > q->second)
@@ -140,6 +196,7 @@ absl::StatusOr<proto::Job> Coordinator::submit_job(const proto::SubmitJobRequest
   r.job.set_workers(req.workers());
   r.job.set_priority(req.priority());
   *r.job.mutable_command() = req.command();
+  *r.job.mutable_mesh() = req.mesh();
   r.job.set_tenant(tenant);
   r.job.set_submitted_unix_ms(now_unix_ms());
   Transaction t(state_->db());

@@ -1,5 +1,6 @@
 #include "state.h"
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 namespace kiln::coord {
@@ -8,7 +9,8 @@ namespace {
 
 // Bump on every schema change, with a migration from the previous version in open().
 // 2: sessions.secret. 3: job_findings and job_steps (new tables: kSchema makes them).
-constexpr int kSchemaVersion = 3;
+// 4: jobs.mesh.
+constexpr int kSchemaVersion = 4;
 
 constexpr const char* kSchema = R"(
 CREATE TABLE IF NOT EXISTS workers (
@@ -23,7 +25,7 @@ CREATE TABLE IF NOT EXISTS jobs (
   priority INTEGER NOT NULL, workers INTEGER NOT NULL, command TEXT NOT NULL,
   tenant TEXT NOT NULL, session_id TEXT NOT NULL, worker_addresses TEXT NOT NULL,
   exit_code INTEGER NOT NULL, message TEXT NOT NULL, submitted_unix_ms INTEGER NOT NULL,
-  started_unix_ms INTEGER NOT NULL, finished_unix_ms INTEGER NOT NULL);
+  started_unix_ms INTEGER NOT NULL, finished_unix_ms INTEGER NOT NULL, mesh TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS job_logs (
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, line TEXT NOT NULL, PRIMARY KEY (job_id, idx));
 CREATE TABLE IF NOT EXISTS job_steps (
@@ -78,6 +80,12 @@ absl::Status State::open(const std::string& path) {
     Transaction t(db_);
     db_.exec(kSchema);  // a fresh file gets the current tables; old ones are migrated below
     if (version == 1) db_.exec("ALTER TABLE sessions ADD COLUMN secret TEXT NOT NULL DEFAULT ''");
+    if (version >= 1 && version < 4) {  // a file whose jobs table predates the mesh
+      Stmt cols = db_.prepare("SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = 'mesh'");
+      cols.step();
+      if (cols.integer(0) == 0)
+        db_.exec("ALTER TABLE jobs ADD COLUMN mesh TEXT NOT NULL DEFAULT ''");
+    }
     db_.exec("PRAGMA user_version = " + std::to_string(kSchemaVersion));
     t.commit();
   } catch (const DbError& e) {
@@ -111,7 +119,7 @@ Loaded State::load() {
   }
   Stmt j = db_.prepare(
       "SELECT seq, id, state, priority, workers, command, tenant, session_id, worker_addresses,"
-      " exit_code, message, submitted_unix_ms, started_unix_ms, finished_unix_ms FROM jobs");
+      " exit_code, message, submitted_unix_ms, started_unix_ms, finished_unix_ms, mesh FROM jobs");
   while (j.step()) {
     JobRec r;
     r.seq = j.integer(0);
@@ -129,6 +137,11 @@ Loaded State::load() {
     job.set_submitted_unix_ms(j.integer(11));
     job.set_started_unix_ms(j.integer(12));
     job.set_finished_unix_ms(j.integer(13));
+    for (const std::string& dim : from_json(j.text(14).empty() ? "[]" : j.text(14))) {
+      proto::MeshDim& d = *job.add_mesh();  // "name=size"
+      d.set_name(dim.substr(0, dim.find('=')));
+      d.set_size(std::atoi(dim.c_str() + dim.find('=') + 1));
+    }
     out.max_seq = std::max(out.max_seq, r.seq);
     out.jobs[job.job_id()] = r;
   }
@@ -189,7 +202,10 @@ void State::delete_worker(const std::string& id) {
 
 void State::put_job(const JobRec& r) {
   const proto::Job& j = r.job;
-  db_.prepare("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+  std::vector<std::string> mesh;
+  for (const proto::MeshDim& d : j.mesh())
+    mesh.push_back(d.name() + "=" + std::to_string(d.size()));
+  db_.prepare("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
       .bind(1, r.seq)
       .bind(2, j.job_id())
       .bind(3, j.state())
@@ -204,6 +220,7 @@ void State::put_job(const JobRec& r) {
       .bind(12, j.submitted_unix_ms())
       .bind(13, j.started_unix_ms())
       .bind(14, j.finished_unix_ms())
+      .bind(15, to_json(mesh))
       .run();
 }
 

@@ -23,6 +23,8 @@ json to_json(const Job& j) {
   json steps = json::array(), findings = json::array();
   for (const StepRecord& r : j.last_steps()) steps.push_back(to_json(r));
   for (const Finding& f : j.findings()) findings.push_back(to_json(f));
+  json mesh = json::array();
+  for (const MeshDim& d : j.mesh()) mesh.push_back({{"name", d.name()}, {"size", d.size()}});
   return {{"job_id", j.job_id()},
           {"state", j.state()},
           {"workers", j.workers()},
@@ -37,6 +39,7 @@ json to_json(const Job& j) {
           {"submitted_unix_ms", j.submitted_unix_ms()},
           {"started_unix_ms", j.started_unix_ms()},
           {"finished_unix_ms", j.finished_unix_ms()},
+          {"mesh", mesh},
           {"findings", findings},
           {"last_steps", steps}};
 }

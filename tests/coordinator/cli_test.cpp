@@ -8,6 +8,21 @@
 namespace kiln::test {
 namespace {
 
+TEST(KilnCli, SubmitWithAMeshSetsTheWorkersAndKilnMesh) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0"), w1(d, "w1");
+  Cli sub = run_kiln(dir.path(), d,
+                     {"submit", "--mesh", "dp=1,tp=2", "--", "sh", "-c",
+                      "echo \"mesh $KILN_MESH workers $KILN_WORKERS\""});
+  EXPECT_EQ(sub.status, 0) << sub.err;
+  EXPECT_NE(sub.out.find("mesh dp=1,tp=2 workers "), std::string::npos) << sub.out;
+  Cli status = run_kiln(dir.path(), d, {"status", "job-1"});
+  EXPECT_NE(status.out.find("mesh:      dp=1 x tp=2"), std::string::npos) << status.out;
+  for (const char* bad : {"tp", "tp=0", "=2", "tp=x"})
+    EXPECT_EQ(run_kiln(dir.path(), d, {"submit", "--mesh", bad, "--", "true"}).status, 2) << bad;
+}
+
 TEST(KilnCli, SubmitRunsTheDriverAndReportsItsExit) {
   TempDir dir;
   Daemon d(dir.path());

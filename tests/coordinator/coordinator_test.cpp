@@ -380,6 +380,54 @@ TEST(Coordinator, GangSchedulingAndPriorities) {
   EXPECT_TRUE(absl::IsFailedPrecondition(finish_job(d, waiting.job_id(), 0)));  // no driver yet
 }
 
+// See Note [Placement] in coordinator/src/jobs.cpp: each tensor-parallel pair on one host.
+TEST(Coordinator, AMeshJobsInnerGroupsArePlacedOnOneHost) {
+  TempDir dir;
+  Daemon d(dir.path());
+  std::vector<std::unique_ptr<FakeWorker>> w;  // ids alternate between the two hosts
+  for (int i = 0; i < 4; ++i)
+    w.push_back(std::make_unique<FakeWorker>(d, "w" + std::to_string(i), milliseconds(100), "",
+                                             (i % 2 ? "hostb" : "hosta") + std::string(":7000")));
+  auto submit_mesh = [&](int workers, std::vector<std::pair<std::string, int>> dims) {
+    proto::SubmitJobRequest req;
+    req.set_protocol_version(proto::kProtocolVersion);
+    req.set_workers(workers);
+    req.add_command("true");
+    for (auto& [name, size] : dims) {
+      proto::MeshDim& m = *req.add_mesh();
+      m.set_name(name);
+      m.set_size(size);
+    }
+    proto::Job job;
+    absl::Status st = d.call(&Stub::SubmitJob, req, &job);
+    return std::make_pair(st, job);
+  };
+  auto [bad1, j1] = submit_mesh(4, {{"dp", 2}, {"tp", 3}});
+  EXPECT_TRUE(absl::IsInvalidArgument(bad1)) << bad1;
+  EXPECT_NE(bad1.message().find("the mesh has 6 ranks but the job asks for 4"), std::string::npos);
+  auto [bad2, j2] = submit_mesh(4, {{"dp", 2}, {"dp", 2}});
+  EXPECT_TRUE(absl::IsInvalidArgument(bad2)) << bad2;
+  auto [bad3, j3] = submit_mesh(0, {{"tp", 0}});
+  EXPECT_TRUE(absl::IsInvalidArgument(bad3)) << bad3;
+  auto [ok, job] = submit_mesh(4, {{"dp", 2}, {"tp", 2}});
+  ASSERT_TRUE(ok.ok()) << ok;
+  ASSERT_TRUE(eventually([&] { return state_of(d, job.job_id()) == "running"; }));
+  proto::GetJobRequest get;
+  get.set_job_id(job.job_id());
+  proto::Job running;
+  ASSERT_TRUE(d.call(&Stub::GetJob, get, &running).ok());
+  ASSERT_EQ(running.worker_addresses_size(), 4);
+  EXPECT_EQ(running.worker_addresses(0), running.worker_addresses(1));  // tp group of ranks 0, 1
+  EXPECT_EQ(running.worker_addresses(2), running.worker_addresses(3));  // and of ranks 2, 3
+  ASSERT_EQ(running.mesh_size(), 2);
+  EXPECT_EQ(running.mesh(1).name(), "tp");
+  d.crash();  // the mesh is kept in the state file
+  d.start();
+  ASSERT_TRUE(d.call(&Stub::GetJob, get, &running).ok());
+  ASSERT_EQ(running.mesh_size(), 2);
+  EXPECT_EQ(running.mesh(0).size(), 2);
+}
+
 TEST(Coordinator, SigkillKeepsQueuedJobsAndWorkersReRegister) {
   TempDir dir;
   auto d = std::make_unique<Daemon>(dir.path());

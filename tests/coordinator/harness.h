@@ -187,8 +187,12 @@ class FakeWorker {
  public:
   FakeWorker(Daemon& d, std::string id,
              std::chrono::milliseconds interval = std::chrono::milliseconds(100),
-             std::string token = "")
-      : d_(d), id_(std::move(id)), interval_(interval), token_(std::move(token)) {
+             std::string token = "", std::string address = "")
+      : d_(d),
+        id_(std::move(id)),
+        address_(address.empty() ? id_ + ".test:7000" : std::move(address)),
+        interval_(interval),
+        token_(std::move(token)) {
     EXPECT_TRUE(register_now().ok());
     thread_ = std::thread([this] { beat(); });
   }
@@ -201,7 +205,7 @@ class FakeWorker {
     proto::RegisterWorkerRequest req;
     req.set_protocol_version(proto::kProtocolVersion);
     req.set_worker_id(id_);
-    req.set_address(id_ + ".test:7000");
+    req.set_address(address_);
     proto::RegisterWorkerReply reply;
     absl::Status st = d_.call(&Stub::RegisterWorker, req, &reply, &token_);
     if (st.ok()) epoch_ = reply.epoch();
@@ -235,7 +239,7 @@ class FakeWorker {
   std::mutex mu_;
   std::string serving_;
   Daemon& d_;
-  std::string id_;
+  std::string id_, address_;
   std::chrono::milliseconds interval_;
   std::string token_;
   std::atomic<uint64_t> epoch_{0};

@@ -64,6 +64,7 @@ struct Options {
 inline constexpr int kMaxJobWorkers = 4096;
 inline constexpr size_t kMaxCommandBytes = 64 << 10;
 inline constexpr size_t kMaxLogLineBytes = 64 << 10;  // longer driver lines are cut
+inline constexpr int kMaxMeshDims = 8;
 inline constexpr int kMaxJobStepsReply = 100000;      // JobSteps' largest limit
 inline constexpr size_t kMaxDumpBytes = 256 << 10;    // a worker's account for a hang report
 // What a worker may register as: an id of 1 to kMaxWorkerIdBytes characters [A-Za-z0-9._-], an
@@ -161,6 +162,9 @@ class Coordinator {
                                    const std::string& worker_id);
   absl::StatusOr<JobRec*> find_job_locked(const std::string& job_id, const std::string& tenant);
   std::vector<std::string> idle_workers_locked();
+  // `n` of the `idle` workers, in rank order, groups of `group` consecutive ranks on one host
+  // where they fit (Note [Placement] in jobs.cpp).
+  std::vector<std::string> place_locked(const std::vector<std::string>& idle, int n, int group);
   // Workers held by the tenant's open sessions; the error when `more` would exceed its quota.
   int tenant_workers_locked(const std::string& tenant);
   absl::Status check_quota_locked(const std::string& tenant, int more);
