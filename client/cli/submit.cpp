@@ -44,6 +44,8 @@ namespace kiln::client {
 namespace {
 
 constexpr auto kGrace = std::chrono::seconds(5);  // SIGTERM, then SIGKILL this much later
+// A preempted driver's time to checkpoint (the coordinator's --preempt-grace-s default).
+constexpr auto kPreemptGrace = std::chrono::seconds(30);
 constexpr size_t kMaxPartialLine = 64 << 10;
 constexpr size_t kMaxPendingLines = 10000;        // kept while the coordinator is unreachable
 constexpr auto kRetry = std::chrono::seconds(1);  // between re-attach attempts
@@ -198,13 +200,14 @@ class Driver {
   bool wait_until_running();
   void follow_job();
   void on_stop_signal(int sig);
-  void stop_child(const std::string& why);
+  void stop_child(const std::string& why, std::chrono::seconds grace = kGrace);
   pid_t spawn(const std::vector<std::string>& command, int out_fd, int err_fd);
   int relay(int out_fd, int err_fd, Reporter& report);
 
   const CoordClient& c_;
   proto::Job job_;
-  grpc::ClientContext watch_ctx_;
+  std::unique_ptr<grpc::ClientContext> watch_ctx_;  // a fresh one per run of COMMAND (mu_)
+  int runs_ = 0;  // of COMMAND before this one (KILN_RESTARTS): See Note [Preemption]
   std::unique_ptr<grpc::ClientReader<proto::JobEvent>> watch_;
   std::mutex mu_;
   pid_t child_ = 0;  // its process group too; 0 before the spawn and after the reap
@@ -216,12 +219,19 @@ bool Driver::wait_until_running() {
   proto::WatchJobRequest req;
   req.set_job_id(job_.job_id());
   req.set_follow(true);
-  c_.prepare(watch_ctx_, /*follow=*/true);
-  watch_ = c_.stub->WatchJob(&watch_ctx_, req);
+  grpc::ClientContext* ctx;
+  {
+    std::lock_guard lock(mu_);
+    watch_ctx_ = std::make_unique<grpc::ClientContext>();
+    ctx = watch_ctx_.get();
+    if (stop_signal_) return false;
+  }
+  c_.prepare(*ctx, /*follow=*/true);
+  watch_ = c_.stub->WatchJob(ctx, req);
   for (proto::JobEvent e; watch_->Read(&e);) {
     if (!e.has_job()) continue;
     job_ = e.job();
-    if (job_.state() == "queued" && tty_) {
+    if ((job_.state() == "queued" || job_.state() == "preempted") && tty_) {
       std::fprintf(stderr, "kiln: %s queued, waiting for %d free worker%s...\n",
                    job_.job_id().c_str(), job_.workers(), job_.workers() == 1 ? "" : "s");
     }
@@ -236,6 +246,12 @@ bool Driver::wait_until_running() {
 // stops COMMAND.
 void Driver::follow_job() {
   for (proto::JobEvent e; watch_->Read(&e);) {
+    if (e.has_job() && e.job().preempting()) {  // See Note [Preemption] (coordinator/src/jobs.cpp)
+      stop_child("job " + e.job().job_id() + " " + e.job().message() + "; it has " +
+                     std::to_string(kPreemptGrace.count()) + " s to checkpoint",
+                 kPreemptGrace);
+      return;
+    }
     if (!e.has_job() || !terminal(e.job().state())) continue;
     const proto::Job& j = e.job();
     stop_child("job " + j.job_id() + " " + j.state() + (j.message().empty() ? "" : ": ") +
@@ -244,13 +260,13 @@ void Driver::follow_job() {
   }
 }
 
-void Driver::stop_child(const std::string& why) {
+void Driver::stop_child(const std::string& why, std::chrono::seconds grace) {
   std::fprintf(stderr, "kiln: %s; stopping the driver\n", why.c_str());
   {
     std::lock_guard lock(mu_);
     if (child_ > 0) kill(-child_, SIGTERM);
   }
-  const auto until = std::chrono::steady_clock::now() + kGrace;
+  const auto until = std::chrono::steady_clock::now() + grace;
   while (std::chrono::steady_clock::now() < until) {
     {
       std::lock_guard lock(mu_);
@@ -273,7 +289,7 @@ void Driver::on_stop_signal(int sig) {
   {
     std::lock_guard lock(mu_);
     if (child_ == 0) {
-      watch_ctx_.TryCancel();  // still waiting for the gang
+      if (watch_ctx_) watch_ctx_->TryCancel();  // still waiting for the gang
       return;
     }
   }
@@ -286,7 +302,7 @@ pid_t Driver::spawn(const std::vector<std::string>& command, int out_fd, int err
     const std::string kv = *e;
     bool ours = false;
     for (const char* k : {"KILN_COORDINATOR=", "KILN_JOB_ID=", "KILN_SESSION=", "KILN_WORKERS=",
-                          "KILN_TOKEN=", "KILN_MESH="}) {
+                          "KILN_TOKEN=", "KILN_MESH=", "KILN_RESTARTS=", "KILN_PREEMPT_GRACE_S="}) {
       ours = ours || kv.rfind(k, 0) == 0;
     }
     if (!ours) env.push_back(kv);
@@ -297,6 +313,8 @@ pid_t Driver::spawn(const std::vector<std::string>& command, int out_fd, int err
   env.push_back("KILN_JOB_ID=" + job_.job_id());
   env.push_back("KILN_SESSION=" + job_.session_id());
   env.push_back("KILN_WORKERS=" + workers);
+  env.push_back("KILN_RESTARTS=" + std::to_string(runs_));
+  env.push_back("KILN_PREEMPT_GRACE_S=" + std::to_string(kPreemptGrace.count()));
   std::string mesh;
   for (const auto& d : job_.mesh())
     mesh += (mesh.empty() ? "" : ",") + d.name() + "=" + std::to_string(d.size());
@@ -414,54 +432,64 @@ int Driver::run(const std::vector<std::string>& command) {
     return code;
   };
 
-  if (!wait_until_running()) {
-    if (stop_signal_) return finish(128 + stop_signal_);
-    if (terminal(job_.state())) {
-      std::fprintf(stderr, "kiln: job %s %s%s%s\n", job_.job_id().c_str(), job_.state().c_str(),
-                   job_.message().empty() ? "" : ": ", job_.message().c_str());
+  for (;; ++runs_) {  // a preempted job runs COMMAND again (See Note [Preemption])
+    if (!wait_until_running()) {
+      if (stop_signal_) return finish(128 + stop_signal_);
+      if (terminal(job_.state())) {
+        std::fprintf(stderr, "kiln: job %s %s%s%s\n", job_.job_id().c_str(), job_.state().c_str(),
+                     job_.message().empty() ? "" : ": ", job_.message().c_str());
+      }
+      return finish(1);
     }
-    return finish(1);
-  }
-  if (tty_) {
-    std::fprintf(stderr, "kiln: %s running (session %s)\n", job_.job_id().c_str(),
-                 job_.session_id().c_str());
-  }
-  Reporter report(c_, job_.job_id());
-  int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return finish(1);
-  int code = 0;
-  pid_t pid = -1;
-  int spawn_errno = 0;
-  {
-    std::lock_guard lock(mu_);  // a stop signal either sees the child or prevents it
-    if (!stop_signal_) pid = spawn(command, out[1], err[1]);
-    spawn_errno = errno;
-    if (pid > 0) child_ = pid;
-  }
-  close(out[1]);
-  close(err[1]);
-  if (pid < 0) {
-    code = stop_signal_ ? 128 + stop_signal_.load() : kExitNotFound;
-    if (!stop_signal_) {
-      const std::string msg =
-          "kiln: cannot run '" + command[0] + "': " + std::strerror(spawn_errno);
-      std::fprintf(stderr, "%s\n", msg.c_str());
-      report.lines({msg});
+    if (tty_) {
+      std::fprintf(stderr, "kiln: %s running (session %s)\n", job_.job_id().c_str(),
+                   job_.session_id().c_str());
     }
-    close(out[0]);
-    close(err[0]);
-  } else {
-    std::thread watcher([this] { follow_job(); });
-    code = relay(out[0], err[0], report);
-    watch_ctx_.TryCancel();
-    watcher.join();
+    Reporter report(c_, job_.job_id());
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return finish(1);
+    int code = 0;
+    pid_t pid = -1;
+    int spawn_errno = 0;
+    {
+      std::lock_guard lock(mu_);  // a stop signal either sees the child or prevents it
+      if (!stop_signal_) pid = spawn(command, out[1], err[1]);
+      spawn_errno = errno;
+      if (pid > 0) child_ = pid;
+    }
+    close(out[1]);
+    close(err[1]);
+    if (pid < 0) {
+      code = stop_signal_ ? 128 + stop_signal_.load() : kExitNotFound;
+      if (!stop_signal_) {
+        const std::string msg =
+            "kiln: cannot run '" + command[0] + "': " + std::strerror(spawn_errno);
+        std::fprintf(stderr, "%s\n", msg.c_str());
+        report.lines({msg});
+      }
+      close(out[0]);
+      close(err[0]);
+    } else {
+      std::thread watcher([this] { follow_job(); });
+      code = relay(out[0], err[0], report);
+      {
+        std::lock_guard lock(mu_);
+        watch_ctx_->TryCancel();
+      }
+      watcher.join();
+    }
+    const proto::Job final_job = report.finish(code);
+    if (final_job.state() == "preempted" && !stop_signal_) {
+      std::fprintf(stderr, "kiln: %s preempted; COMMAND runs again when workers free up\n",
+                   job_.job_id().c_str());
+      continue;
+    }
+    if (tty_) {
+      std::fprintf(stderr, "kiln: %s %s\n", job_.job_id().c_str(),
+                   final_job.state().empty() ? "finished" : final_job.state().c_str());
+    }
+    return finish(code);
   }
-  const proto::Job final_job = report.finish(code);
-  if (tty_) {
-    std::fprintf(stderr, "kiln: %s %s\n", job_.job_id().c_str(),
-                 final_job.state().empty() ? "finished" : final_job.state().c_str());
-  }
-  return finish(code);
 }
 
 }  // namespace

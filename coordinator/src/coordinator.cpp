@@ -471,7 +471,14 @@ void Coordinator::reap_locked() {
         now - j->second.driver_seen > options_.driver_grace)
       orphaned.push_back(&j->second);
   }
-  if (dead.empty() && forgotten.empty() && idle.empty() && expired.empty() && orphaned.empty())
+  // Preempting jobs whose driver has not exited within Options::preempt_grace.
+  std::vector<JobRec*> overdue;
+  for (auto& [id, j] : jobs_)
+    if (j.job.state() == "running" && j.job.preempting() &&
+        now - j.preempt_asked > options_.preempt_grace)
+      overdue.push_back(&j);
+  if (dead.empty() && forgotten.empty() && idle.empty() && expired.empty() && orphaned.empty() &&
+      overdue.empty())
     return;
   Transaction t(state_->db());
   for (const std::string& id : expired) {
@@ -488,6 +495,10 @@ void Coordinator::reap_locked() {
     std::fprintf(stderr, "kiln-coordinator: %s; closed\n", why.c_str());
     end_session_locked(*s, "closed", why);
   }
+  for (JobRec* j : overdue)  // See Note [Preemption] in jobs.cpp
+    preempted_locked(*j, absl::StrCat("preempted (its driver did not exit within ",
+                                      options_.preempt_grace.count() / 1000.0,
+                                      " s); it runs again when workers free up"));
   for (JobRec* j : orphaned) {
     const std::string why =
         absl::StrCat("no driver has reported for ", options_.driver_grace.count() / 1000.0,

@@ -15,7 +15,8 @@ namespace kiln::coord {
 
 namespace {
 
-const std::set<std::string> kJobStates = {"queued", "running", "succeeded", "failed", "cancelled"};
+const std::set<std::string> kJobStates = {"queued",    "running", "preempted",
+                                          "succeeded", "failed",  "cancelled"};
 
 bool terminal(const std::string& state) {
   return state == "succeeded" || state == "failed" || state == "cancelled";
@@ -90,11 +91,62 @@ std::vector<std::string> Coordinator::place_locked(const std::vector<std::string
   return out;
 }
 
+// Note [Preemption]: when the next job in priority order cannot get its workers, and running
+// jobs of lower priority hold enough of them (with the idle ones), the scheduler marks the fewest
+// such jobs, lowest priority and latest started first, as preempting (Job.preempting; they stay
+// "running"), unless some are preempting already. `kiln submit` then sends its driver SIGTERM
+// (KILN_PREEMPT_GRACE_S tells it how long it has) to checkpoint and exit. When the driver exits,
+// or after Options::preempt_grace, the job's session ends and the job is "preempted": queued
+// again, in its old place, so it runs when workers free up; `kiln submit` then starts its driver
+// again with KILN_RESTARTS counting the runs before. A preempted job is never failed.
+bool Coordinator::preempt_for_locked(const JobRec& next, int idle) {
+  std::vector<JobRec*> running;
+  for (auto& [id, j] : jobs_) {
+    if (j.job.state() != "running") continue;
+    if (j.job.preempting()) return false;  // one preemption at a time: wait for it
+    if (j.job.priority() < next.job.priority()) running.push_back(&j);
+  }
+  std::sort(running.begin(), running.end(), [](const JobRec* a, const JobRec* b) {
+    return a->job.priority() != b->job.priority()
+               ? a->job.priority() < b->job.priority()
+               : a->job.started_unix_ms() > b->job.started_unix_ms();
+  });
+  std::vector<JobRec*> victims;
+  for (JobRec* j : running) {
+    if (idle >= next.job.workers()) break;
+    victims.push_back(j);
+    idle += j->job.workers();
+  }
+  if (idle < next.job.workers()) return false;
+  for (JobRec* j : victims) {
+    j->job.set_preempting(true);
+    j->job.set_message(absl::StrCat("preempting: job ", next.job.job_id(), " (priority ",
+                                    next.job.priority(), ") needs its workers"));
+    j->preempt_asked = Clock::now();
+    state_->put_job(*j);
+  }
+  changed_locked();
+  return true;
+}
+
+void Coordinator::preempted_locked(JobRec& j, const std::string& why) {
+  auto s = sessions_.find(j.job.session_id());
+  if (s != sessions_.end() && s->second.state == "open")
+    end_session_locked(s->second, "closed", absl::StrCat("job ", j.job.job_id(), " preempted"));
+  j.job.set_state("preempted");
+  j.job.set_preempting(false);
+  j.job.set_message(why);
+  j.job.clear_session_id();
+  j.job.clear_worker_addresses();
+  state_->put_job(j);
+  schedule_locked();
+}
+
 void Coordinator::schedule_locked() {
   while (true) {
     std::vector<JobRec*> queued;
     for (auto& [id, j] : jobs_)
-      if (j.job.state() == "queued") queued.push_back(&j);
+      if (j.job.state() == "queued" || j.job.state() == "preempted") queued.push_back(&j);
     std::sort(queued.begin(), queued.end(), [](const JobRec* a, const JobRec* b) {
       return a->job.priority() != b->job.priority() ? a->job.priority() > b->job.priority()
                                                     : a->seq < b->seq;
@@ -114,12 +166,16 @@ void Coordinator::schedule_locked() {
     }
     if (!next) return;
     std::vector<std::string> idle = idle_workers_locked();
-    if (static_cast<int>(idle.size()) < next->job.workers()) return;
+    if (static_cast<int>(idle.size()) < next->job.workers()) {
+      preempt_for_locked(*next, static_cast<int>(idle.size()));
+      return;
+    }
     const int group = next->job.mesh_size() ? next->job.mesh(next->job.mesh_size() - 1).size() : 1;
     idle = place_locked(idle, next->job.workers(), group);
     proto::Job& job = next->job;
     SessionRec& s = new_session_locked(idle, job.tenant(), job.job_id());
     job.set_state("running");
+    job.set_message("");
     job.set_session_id(s.id);
     job.clear_worker_addresses();
     for (const auto& wid : idle) job.add_worker_addresses(workers_.at(wid).info.address());
@@ -220,9 +276,9 @@ absl::StatusOr<proto::Job> Coordinator::get_job(const proto::GetJobRequest& req,
 absl::StatusOr<proto::ListJobsReply> Coordinator::list_jobs(const proto::ListJobsRequest& req,
                                                             const std::string& tenant) {
   if (!req.state().empty() && !kJobStates.count(req.state())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("state must be one of queued, running, succeeded, failed, cancelled; got '",
-                     req.state(), "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state must be one of queued, running, preempted, succeeded, failed, cancelled; got '",
+        req.state(), "'"));
   }
   std::lock_guard lock(mu_);
   std::vector<const JobRec*> picked;
@@ -268,7 +324,7 @@ absl::StatusOr<proto::Job> Coordinator::report_job(const proto::JobReport& repor
     return absl::FailedPreconditionError(
         absl::StrCat("job ", j.job.job_id(), " is queued; a driver reports once it is running"));
   }
-  if (j.job.state() != "running") return j.job;  // cancelled or failed meanwhile: stop
+  if (j.job.state() != "running") return j.job;  // cancelled, failed, preempted meanwhile: stop
   if (report.log_lines().empty() && !report.finished()) return j.job;
   Transaction t(state_->db());
   std::vector<std::string> lines;
@@ -276,7 +332,10 @@ absl::StatusOr<proto::Job> Coordinator::report_job(const proto::JobReport& repor
     lines.push_back(line.size() > kMaxLogLineBytes ? line.substr(0, kMaxLogLineBytes) : line);
   }
   state_->append_logs(j.job.job_id(), lines);
-  if (report.finished()) {
+  if (report.finished() && j.job.preempting()) {  // See Note [Preemption]
+    preempted_locked(j, absl::StrCat("preempted (its driver exited with code ", report.exit_code(),
+                                     "); it runs again when workers free up"));
+  } else if (report.finished()) {
     const int code = report.exit_code();
     finish_job_locked(j, code == 0 ? "succeeded" : "failed", code,
                       code == 0 ? "" : absl::StrCat("the driver exited with code ", code));
@@ -303,6 +362,7 @@ absl::Status Coordinator::watch_job(const proto::WatchJobRequest& req, const std
   constexpr int64_t kBatch = 256;
   int64_t sent_lines = 0;
   std::string sent_state;
+  bool sent_preempting = false;
   std::unique_lock lock(mu_);
   uint64_t seen = version_ - 1;  // forces the first pass
   while (true) {
@@ -328,8 +388,9 @@ absl::Status Coordinator::watch_job(const proto::WatchJobRequest& req, const std
       }
       lock.lock();
     } while (static_cast<int64_t>(lines.size()) == kBatch);
-    if (job.state() != sent_state) {
+    if (job.state() != sent_state || job.preempting() != sent_preempting) {
       sent_state = job.state();
+      sent_preempting = job.preempting();  // See Note [Preemption]
       proto::JobEvent e;
       *e.mutable_job() = job;
       lock.unlock();

@@ -59,6 +59,8 @@ struct JobRec {
   // start, or the coordinator's load of it), for Options::driver_grace.
   int drivers = 0;
   Clock::time_point driver_seen = Clock::now();
+  // Not stored: when it was asked to give its workers up (job.preempting()).
+  Clock::time_point preempt_asked;
 };
 
 struct Loaded {

@@ -94,6 +94,48 @@ TEST(KilnCli, CancelStopsARunningDriver) {
   EXPECT_EQ(nlohmann::json::parse(status.out)["state"], "cancelled");
 }
 
+// See Note [Preemption] in coordinator/src/jobs.cpp: a higher-priority job takes the workers of a
+// running one, whose driver checkpoints on SIGTERM and exits; it shows "preempted", and runs
+// again (KILN_RESTARTS=1) once the other is done, and succeeds.
+TEST(KilnCli, APreemptedJobCheckpointsWaitsAndResumes) {
+  TempDir dir;
+  Daemon d(dir.path());
+  FakeWorker w0(d, "w0"), w1(d, "w1");
+  const pid_t low =
+      spawn({KILN_CLI, "submit", "--workers", "2", "--", "sh", "-c",
+             "if [ \"$KILN_RESTARTS\" = 1 ]; then echo resumed; exit 0; fi; "
+             "trap 'echo checkpoint within $KILN_PREEMPT_GRACE_S s; exit 0' TERM; echo started; "
+             "while :; do sleep 0.1; done"},
+            dir.path() / "low.out", dir.path() / "low.err", {"KILN_COORDINATOR=" + d.address()});
+  ASSERT_TRUE(eventually([&] { return slurp(dir.path() / "low.out") == "started\n"; }));
+  std::atomic<bool> seen_preempted{false};
+  std::atomic<bool> done{false};
+  std::thread watch([&] {  // the low job's state while the high one runs
+    while (!done) {
+      if (get_job(d, "job-1").state() == "preempted") seen_preempted = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  Cli high = run_kiln(
+      dir.path(), d,
+      {"submit", "--priority", "5", "--workers", "2", "--", "sh", "-c", "echo high; sleep 0.5"});
+  EXPECT_EQ(high.status, 0) << high.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  const int rc = wait_for(low, std::chrono::seconds(20));
+  done = true;
+  watch.join();
+  EXPECT_EQ(rc, 0) << slurp(dir.path() / "low.err");
+  EXPECT_TRUE(seen_preempted);
+  EXPECT_EQ(slurp(dir.path() / "low.out"), "started\ncheckpoint within 30 s\nresumed\n");
+  EXPECT_NE(slurp(dir.path() / "low.err").find("job-1 preempted; COMMAND runs again"),
+            std::string::npos)
+      << slurp(dir.path() / "low.err");
+  const proto::Job job = get_job(d, "job-1");
+  EXPECT_EQ(job.state(), "succeeded");
+  EXPECT_FALSE(job.preempting());
+}
+
 TEST(KilnCli, SigtermCancelsTheJob) {
   TempDir dir;
   Daemon d(dir.path());  // no worker: the job stays queued

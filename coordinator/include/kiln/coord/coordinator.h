@@ -58,6 +58,9 @@ struct Options {
   // Worker slots each named tenant may hold at once, in interactive sessions and running jobs
   // together (Note [Quotas] in jobs.cpp); a tenant not listed has no limit.
   std::map<std::string, int> quotas;
+  // How long a preempted job's driver has to checkpoint and exit before its session is ended
+  // anyway (Note [Preemption] in jobs.cpp).
+  std::chrono::milliseconds preempt_grace{30000};
 };
 
 // Limits on what a client may submit (beyond them: INVALID_ARGUMENT).
@@ -151,6 +154,11 @@ class Coordinator {
   void reap_loop();
   void reap_locked();
   void schedule_locked();
+  // Marks the running jobs below `j`'s priority whose workers `j` needs as preempting, when
+  // that frees enough (Note [Preemption] in jobs.cpp); true if it did.
+  bool preempt_for_locked(const JobRec& j, int idle);
+  // A preempting job's driver exited (or its grace ran out): its session ends, it is requeued.
+  void preempted_locked(JobRec& j, const std::string& why);
   SessionRec& new_session_locked(const std::vector<std::string>& worker_ids,
                                  const std::string& tenant, const std::string& job_id);
   void end_session_locked(SessionRec& s, const std::string& state, const std::string& message);
