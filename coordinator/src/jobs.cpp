@@ -188,6 +188,7 @@ void Coordinator::schedule_locked() {
 void Coordinator::finish_job_locked(JobRec& j, const std::string& state, int exit_code,
                                     const std::string& message) {
   j.job.set_state(state);
+  j.job.set_preempting(false);  // ended while preempting (cancelled, a worker died)
   j.job.set_exit_code(exit_code);
   j.job.set_message(message);
   j.job.set_finished_unix_ms(now_unix_ms());
