@@ -60,6 +60,22 @@ void reorder_nodes(Program& p, const std::vector<size_t>& order) {
   p.seed_uses = std::move(uses);
 }
 
+// Maps the values the program hands out (outputs, .grad writes, input gradients) through `f`,
+// and the graph's outputs with them.
+template <typename F>
+void remap_results(Program& p, const F& f) {
+  for (ir::ValueId& v : p.outputs)
+    if (v >= 0) v = f(v);
+  for (GradWrite& w : p.grad_writes)
+    if (w.value >= 0) w.value = f(w.value);
+  for (ir::ValueId& v : p.input_grads)
+    if (v >= 0) v = f(v);
+  std::vector<ir::ValueRef> outs;
+  for (ir::ValueId v : p.outputs)
+    if (v >= 0) outs.push_back(ir::ValueRef{v});
+  p.graph.set_outputs(outs);
+}
+
 void erase_nodes(Program& p, const std::vector<bool>& keep) {
   std::vector<size_t> order;
   for (size_t i = 0; i < keep.size(); ++i)
@@ -68,6 +84,14 @@ void erase_nodes(Program& p, const std::vector<bool>& keep) {
 }
 
 }  // namespace
+
+void replace_uses(Program& p, ir::ValueId from, ir::ValueId to) {
+  auto swap = [&](ir::ValueId v) { return v == from ? to : v; };
+  for (ir::Node& n : p.graph.nodes())
+    for (ir::NodeArg& a : n.args)
+      for (ir::ValueId& v : a.values()) v = swap(v);
+  remap_results(p, swap);
+}
 
 GraphEdit::GraphEdit(Program& p)
     : p_(p), n0_(p.graph.nodes().size()), keep_(n0_, true), before_(n0_) {}
@@ -84,21 +108,6 @@ std::vector<ir::ValueId> GraphEdit::add_before(size_t at, std::string_view op,
   return ids;
 }
 
-void GraphEdit::replace_uses(ir::ValueId from, ir::ValueId to) {
-  auto swap = [&](ir::ValueId& v) {
-    if (v == from) v = to;
-  };
-  for (ir::Node& n : p_.graph.nodes())
-    for (ir::NodeArg& a : n.args)
-      for (ir::ValueId& v : a.values()) swap(v);
-  for (ir::ValueId& v : p_.outputs) swap(v);
-  for (GradWrite& w : p_.grad_writes) swap(w.value);
-  for (ir::ValueId& v : p_.input_grads) swap(v);
-  std::vector<ir::ValueRef> outs;
-  for (ir::ValueId v : p_.outputs)
-    if (v >= 0) outs.push_back(ir::ValueRef{v});
-  p_.graph.set_outputs(outs);
-}
 
 int GraphEdit::commit() {
   std::vector<size_t> order;
@@ -168,17 +177,8 @@ int common_subexpression_elimination(Program& p) {
     ++merged;
   }
   if (!merged) return 0;
-  for (ir::ValueId& v : p.outputs)
-    if (v >= 0) v = replace[v];
-  for (GradWrite& w : p.grad_writes)
-    if (w.value >= 0) w.value = replace[w.value];
-  for (ir::ValueId& v : p.input_grads)
-    if (v >= 0) v = replace[v];
+  remap_results(p, [&](ir::ValueId v) { return replace[v]; });
   erase_nodes(p, keep);
-  std::vector<ir::ValueRef> outs;
-  for (ir::ValueId v : p.outputs)
-    if (v >= 0) outs.push_back(ir::ValueRef{v});
-  p.graph.set_outputs(outs);
   return merged;
 }
 

@@ -174,8 +174,12 @@ bool fusion_enabled();
 // "" when a C++ compiler exists; otherwise the error to raise, naming what to install.
 std::string compiler_problem();
 
+// Every read of `from` (by a node, a program output, a .grad write, an input gradient) reads
+// `to` instead.
+void replace_uses(Program& p, ir::ValueId from, ir::ValueId to);
+
 // Edits a program's node list for a pass: nodes added to run right before an existing one,
-// nodes dropped, reads of a value redirected. commit() puts the new nodes in place and keeps the
+// nodes dropped. commit() puts the new nodes in place and keeps the
 // per-node tables (generators, phases, seed uses) in step; indices are those before the edit.
 class GraphEdit {
  public:
@@ -184,9 +188,6 @@ class GraphEdit {
   std::vector<ir::ValueId> add_before(size_t at, std::string_view op, std::vector<ir::NodeArg> args,
                                       Phase phase);
   void remove(size_t i) { keep_[i] = false; }
-  // Every read of `from` (by a node, a program output, a .grad write, an input gradient) reads
-  // `to` instead.
-  void replace_uses(ir::ValueId from, ir::ValueId to);
   // Applies the edit; how many nodes it added.
   int commit();
 

@@ -131,7 +131,7 @@ int functionalize(Program& p) {
     const ir::ValueId old = p.graph.nodes()[i].outputs.empty() ? -1 : p.graph.nodes()[i].outputs[0];
     const ir::ValueId fresh = functionalize_node(p, prod, i);
     if (fresh < 0) continue;
-    GraphEdit(p).replace_uses(old, fresh);
+    replace_uses(p, old, fresh);
     prod = producers(p);
     ++done;
   }
@@ -380,7 +380,7 @@ const char* rewrite_once(Program& p) {
         if (!matcher.match(pat, out, m, true)) continue;
         GraphEdit ed(p);
         const ir::ValueId v = rw.build(p, m, ed, i);
-        if (v >= 0) ed.replace_uses(out, v);
+        if (v >= 0) replace_uses(p, out, v);
         ed.commit();  // a declined builder may have added a dead node: DCE drops it
         if (v >= 0) return rw.name;
       }
