@@ -218,11 +218,9 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
     if (++taken > kMaxCollectivesPerBeat) break;
     auto s = sessions_.find(r.session_id());
     if (s == sessions_.end() || s->second.state != "open") continue;
-    const std::vector<std::string>& ids = s->second.worker_ids;
-    auto at = std::find(ids.begin(), ids.end(), req.worker_id());
-    if (at == ids.end()) continue;
-    for (const std::string& report :
-         desync_[r.session_id()].add(static_cast<int>(at - ids.begin()), r, Clock::now()))
+    const int rank = s->second.rank_of(req.worker_id());
+    if (rank < 0) continue;
+    for (const std::string& report : desync_[r.session_id()].add(rank, r, Clock::now()))
       add_finding_locked(s->second, "desync", report);
   }
   record_steps_locked(req);
@@ -231,17 +229,13 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
     auto s = sessions_.find(d.session_id());
     auto hw = hangs_.find(d.session_id());
     if (s == sessions_.end() || hw == hangs_.end() || !hw->second.asked) continue;
-    const std::vector<std::string>& ids = s->second.worker_ids;
-    auto at = std::find(ids.begin(), ids.end(), req.worker_id());
-    if (at != ids.end())
-      hw->second.dumps[static_cast<int>(at - ids.begin())] = d.text().substr(0, kMaxDumpBytes);
+    if (const int rank = s->second.rank_of(req.worker_id()); rank >= 0)
+      hw->second.dumps[rank] = d.text().substr(0, kMaxDumpBytes);
   }
   if (auto hw = hangs_.find(w.info.session_id());
       hw != hangs_.end() && hw->second.asked && !hw->second.reported) {
-    const std::vector<std::string>& ids = sessions_.at(hw->first).worker_ids;
-    auto at = std::find(ids.begin(), ids.end(), req.worker_id());
-    if (at != ids.end() && !hw->second.dumps.count(static_cast<int>(at - ids.begin())))
-      reply.add_dump_sessions(hw->first);
+    const int rank = sessions_.at(hw->first).rank_of(req.worker_id());
+    if (rank >= 0 && !hw->second.dumps.count(rank)) reply.add_dump_sessions(hw->first);
   }
   return reply;
 }
@@ -317,10 +311,9 @@ void Coordinator::record_steps_locked(const proto::HeartbeatRequest& req) {
     // An ended session's last steps may come with the beat after its end: still its job's.
     auto s = sessions_.find(in.session_id());
     if (s == sessions_.end() || s->second.job_id.empty()) continue;
-    const std::vector<std::string>& ids = s->second.worker_ids;
-    auto at = std::find(ids.begin(), ids.end(), req.worker_id());
-    if (at == ids.end()) continue;
-    std::optional<proto::StepRecord> r = sane_step(in, static_cast<int>(at - ids.begin()));
+    const int rank = s->second.rank_of(req.worker_id());
+    if (rank < 0) continue;
+    std::optional<proto::StepRecord> r = sane_step(in, rank);
     if (!r) continue;
     HangWatch& hw = hangs_[s->first];  // See Note [Hang detection]
     if (r->step() > hw.step) {
@@ -330,7 +323,8 @@ void Coordinator::record_steps_locked(const proto::HeartbeatRequest& req) {
       hw.recent.push_back(r->seconds());
       if (hw.recent.size() > 20) hw.recent.erase(hw.recent.begin());
     }
-    auto [det, fresh] = stragglers_.try_emplace(s->first, static_cast<int>(ids.size()));
+    auto [det, fresh] =
+        stragglers_.try_emplace(s->first, static_cast<int>(s->second.worker_ids.size()));
     for (const std::string& report : det->second.add(*r))
       add_finding_locked(s->second, "straggler", report);
     by_job[s->second.job_id].push_back(*r);
@@ -483,6 +477,10 @@ void Coordinator::reap_locked() {
   Transaction t(state_->db());
   for (const std::string& id : expired) {
     sessions_.erase(id);
+    // Kept until now: a session's last steps may come with the beat after its end.
+    desync_.erase(id);
+    stragglers_.erase(id);
+    hangs_.erase(id);
     state_->delete_session(id);
   }
   for (const std::string& id : forgotten) {
@@ -568,9 +566,6 @@ void Coordinator::end_session_locked(SessionRec& s, const std::string& state,
     state_->put_worker(it->second);
   }
   kv_.erase(s.id);
-  desync_.erase(s.id);
-  stragglers_.erase(s.id);
-  hangs_.erase(s.id);
   state_->put_session(s);
   if (state == "failed" && !s.job_id.empty()) {
     auto j = jobs_.find(s.job_id);
@@ -603,8 +598,7 @@ absl::Status Coordinator::check_access_locked(const SessionRec& s, const Caller&
     return absl::PermissionDeniedError(
         absl::StrCat("a worker must name itself (worker_id) to use session ", s.id));
   }
-  if (!worker_id.empty() &&
-      std::find(s.worker_ids.begin(), s.worker_ids.end(), worker_id) == s.worker_ids.end()) {
+  if (!worker_id.empty() && s.rank_of(worker_id) < 0) {
     return absl::PermissionDeniedError(
         absl::StrCat("worker ", shown(worker_id), " is not part of session ", s.id));
   }
@@ -639,8 +633,7 @@ absl::StatusOr<proto::SessionInfo> Coordinator::lookup_session(
   }
   proto::SessionInfo info = session_info_locked(s);
   if (!req.worker_id().empty()) {
-    auto r = std::find(s.worker_ids.begin(), s.worker_ids.end(), req.worker_id());
-    info.set_rank(static_cast<int32_t>(r - s.worker_ids.begin()));
+    info.set_rank(s.rank_of(req.worker_id()));
   }
   return info;
 }

@@ -10,6 +10,7 @@
 
 #include <absl/status/status.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -43,6 +44,11 @@ struct WorkerRec {
 struct SessionRec {
   std::string id, state, job_id, tenant, message;
   std::vector<std::string> worker_ids;  // rank order
+  // The rank of `worker_id` in the gang, or -1 when it is not one of its workers.
+  int rank_of(const std::string& worker_id) const {
+    auto at = std::find(worker_ids.begin(), worker_ids.end(), worker_id);
+    return at == worker_ids.end() ? -1 : static_cast<int>(at - worker_ids.begin());
+  }
   int64_t created_unix_ms = 0;
   // Its credential (Note [Session credentials] in coordinator.cpp); "" for a session stored by a
   // coordinator from before secrets, which no worker accepts.

@@ -194,8 +194,8 @@ class Coordinator {
   std::map<std::string, SessionRec> sessions_;
   std::map<std::string, JobRec> jobs_;
   std::map<std::string, std::map<std::string, std::string>> kv_;  // open session -> its store
-  std::map<std::string, DesyncDetector> desync_;                  // open session -> its collectives
-  std::map<std::string, StragglerDetector> stragglers_;           // open session -> its steps
+  std::map<std::string, DesyncDetector> desync_;                  // session -> its collectives (until forgotten)
+  std::map<std::string, StragglerDetector> stragglers_;           // session -> its steps (until forgotten)
   std::map<std::string, int> findings_;
   // See Note [Hang detection] in coordinator.cpp.
   struct HangWatch {
@@ -206,7 +206,7 @@ class Coordinator {
     std::chrono::steady_clock::time_point asked_at;
     std::map<int, std::string> dumps;  // rank -> its StackDump
   };
-  std::map<std::string, HangWatch> hangs_;  // open session -> its steps' progress
+  std::map<std::string, HangWatch> hangs_;  // session -> its progress (until forgotten)
   void watch_hangs_locked(std::chrono::steady_clock::time_point now);
   int64_t last_seq_ = 0;
   std::thread reaper_;
