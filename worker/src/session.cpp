@@ -160,9 +160,12 @@ std::string Session::activity() const {
   std::lock_guard<std::mutex> lock(a.mu);
   const double for_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - a.since).count();
-  return absl::StrCat(a.what.empty() ? "idle (waiting for the client's next batch)"
-                                     : absl::StrCat("running ", a.what),
-                      " for ", absl::SixDigits(for_s), " s");
+  const std::string what =
+      a.segment > 0 ? absl::StrCat("running a compiled segment of ", a.segment,
+                                   " instructions from #", a.seq)
+      : a.op.empty() ? "idle (waiting for the client's next batch)"
+                     : absl::StrCat("running instruction #", a.seq, " '", std::string(a.op), "'");
+  return absl::StrCat(what, " for ", absl::SixDigits(for_s), " s");
 }
 
 uint64_t Session::instructions_run() const {
@@ -436,7 +439,7 @@ static ErrorPtr execute(State& s, const SessionOptions& opt, const proto::Instru
 
 static void run_instruction(State& s, const SessionOptions& opt, const proto::Instruction& in) {
   const OpEntry* e = lookup(s, in.op());
-  Doing doing(s, "instruction #", std::to_string(in.seq()), " '", in.op(), "'");
+  Doing doing(s, in.op(), in.seq());
   check_outputs(s, in, e);
   s.instructions.fetch_add(1, std::memory_order_relaxed);
   ErrorPtr err;

@@ -214,8 +214,7 @@ int run_compiled_segment(State& s, const SessionOptions& opt, const proto::Batch
   std::vector<Tensor> results;
   ErrorPtr err;
   try {
-    Doing doing(s, "a compiled segment of ", std::to_string(rng.size()), " instructions from #",
-                std::to_string(first_seq));
+    Doing doing(s, first_seq, rng.size());
     results = e.graph->run(inputs, rng);
   } catch (const Error& x) {
     err = make_error(code_of(x), kind_name(x.kind()), x.what(), first_seq, "compiled step");

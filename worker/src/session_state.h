@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -103,32 +104,38 @@ struct Session::State {
   double waited_at_mark = dist::collective_wait_seconds();
   std::chrono::steady_clock::duration ran_since_mark{0};
   std::chrono::steady_clock::time_point batch_began;
-  // What the executor is doing, for a hang report (Session::activity()).
+  // What the executor is doing, for a hang report (Session::activity()), set per instruction:
+  // no formatting here, only when a report asks.
   struct Activity {
     std::mutex mu;
-    std::string what;  // "" when idle
+    std::string_view op;  // the running instruction's op (its proto outlives the Doing)
+    uint64_t seq = 0;     // its sequence number, or a compiled segment's first
+    size_t segment = 0;   // a compiled segment's instructions (0: not one)
     std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
   } activity;
 };
 
 namespace session_detail {
-// Sets the session's activity for a scope; idle again at its end.
+// Sets the session's activity for a scope (an instruction, or a compiled segment); idle again at
+// its end.
 class Doing {
  public:
-  template <typename... Parts>
-  Doing(Session::State& s, const Parts&... parts) : a_(s.activity) {
-    std::lock_guard<std::mutex> lock(a_.mu);
-    a_.what.clear();
-    (a_.what.append(parts), ...);
-    a_.since = std::chrono::steady_clock::now();
+  Doing(Session::State& s, std::string_view op, uint64_t seq) : a_(s.activity) {
+    set(op, seq, 0);
   }
-  ~Doing() {
-    std::lock_guard<std::mutex> lock(a_.mu);
-    a_.what.clear();
-    a_.since = std::chrono::steady_clock::now();
+  Doing(Session::State& s, uint64_t first_seq, size_t segment) : a_(s.activity) {
+    set({}, first_seq, segment);
   }
+  ~Doing() { set({}, 0, 0); }
 
  private:
+  void set(std::string_view op, uint64_t seq, size_t segment) {
+    std::lock_guard<std::mutex> lock(a_.mu);
+    a_.op = op;
+    a_.seq = seq;
+    a_.segment = segment;
+    a_.since = std::chrono::steady_clock::now();
+  }
   Session::State::Activity& a_;
 };
 }  // namespace session_detail
