@@ -25,11 +25,8 @@ proto::CollectiveRecord record(const std::string& session, uint64_t seq, const s
 absl::Status report(Daemon& d, const FakeWorker& worker,
                     std::vector<proto::CollectiveRecord> records) {
   proto::HeartbeatRequest req;
-  req.set_worker_id(worker.id());
-  req.set_epoch(worker.epoch());
   for (auto& r : records) *req.add_collectives() = std::move(r);
-  proto::HeartbeatReply reply;
-  return d.call(&Stub::Heartbeat, req, &reply);
+  return worker.beat_once(std::move(req));
 }
 
 TEST(Desync, TheRankOutsideTheMajorityIsNamed) {

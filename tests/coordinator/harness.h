@@ -219,18 +219,24 @@ class FakeWorker {
     serving_ = session_id;
   }
 
+  // One heartbeat as this worker (its id and epoch set here), carrying what `req` holds
+  // (collective records, steps), as kiln-worker's beats do.
+  absl::Status beat_once(proto::HeartbeatRequest req) const {
+    req.set_worker_id(id_);
+    req.set_epoch(epoch_);
+    proto::HeartbeatReply reply;
+    return d_.call(&Stub::Heartbeat, req, &reply, &token_);
+  }
+
  private:
   void beat() {
     while (!stopped_) {
       proto::HeartbeatRequest req;
-      req.set_worker_id(id_);
-      req.set_epoch(epoch_);
       {
         std::lock_guard lock(mu_);
         if (!serving_.empty()) req.add_sessions(serving_);
       }
-      proto::HeartbeatReply reply;
-      absl::Status st = d_.call(&Stub::Heartbeat, req, &reply, &token_);
+      absl::Status st = beat_once(std::move(req));
       if (absl::IsNotFound(st)) (void)register_now();
       std::this_thread::sleep_for(interval_);
     }

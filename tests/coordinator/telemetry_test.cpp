@@ -24,11 +24,8 @@ proto::StepRecord step(const std::string& session, int64_t n, double seconds, do
 
 absl::Status beat(Daemon& d, const FakeWorker& w, std::vector<proto::StepRecord> steps) {
   proto::HeartbeatRequest req;
-  req.set_worker_id(w.id());
-  req.set_epoch(w.epoch());
   for (auto& s : steps) *req.add_steps() = std::move(s);
-  proto::HeartbeatReply reply;
-  return d.call(&Stub::Heartbeat, req, &reply);
+  return w.beat_once(std::move(req));
 }
 
 std::vector<proto::StepRecord> job_steps(Daemon& d, const std::string& job, int64_t from = 0) {
