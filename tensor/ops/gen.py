@@ -313,15 +313,24 @@ def gen_op_cpp(op, rules):
     L.append(f"  DispatchKeySet ks = (({key_set_expr(op)}) | tls.included) - tls.excluded;")
     mutated = [a.name for a in op.args if a.mutable] or (
         [op.args[0].name] if op.variant == "inplace" else [])
+    body = []
     if mutated:
         void = op.ret_cpp == "void"
-        L.append(f"  {'' if void else 'auto r = '}redispatch(ks{', ' if n else ''}{n});")
+        body.append(f"  {'' if void else 'auto r = '}redispatch(ks{', ' if n else ''}{n});")
         types = {a.name: a.type for a in op.args}
         for m in mutated:
-            L.append(bump_version_line(m, types.get(m, "Tensor"), boxed=False))
-        L.append("}" if void else "  return r;\n}")
+            body.append(bump_version_line(m, types.get(m, "Tensor"), boxed=False))
+        if not void:
+            body.append("  return r;")
     else:
-        L.append(f"  return redispatch(ks{', ' if n else ''}{n});\n}}")
+        body.append(f"  return redispatch(ks{', ' if n else ''}{n});")
+    # See Note [Profiler hook] in kiln/profiler.h: one relaxed load when the profiler is off.
+    L.append("  if (__builtin_expect(::kiln::profiler::detail::ops_on(), 0))")
+    L.append(f"    return profiled_call<{op.ret_cpp}>(g_op_{h}, [&]() -> {op.ret_cpp} {{")
+    L.extend("  " + b for b in body)
+    L.append(f"    }}{', ' if n else ''}{n});")
+    L.extend(body)
+    L.append("}")
     L.append(f"{op.ret_cpp} ops::{h}::redispatch(DispatchKeySet ks{', ' if p else ''}{p}) {{")
     L.append(f"  const OperatorHandle& op = g_op_{h};")
     L.append(f"  const KernelFunction& kf = op.kernel(op.select(ks));")

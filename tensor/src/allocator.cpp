@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kiln/error.h"
+#include "kiln/profiler.h"
 
 namespace kiln {
 namespace {
@@ -48,6 +49,7 @@ class CpuCachingAllocator final : public Allocator {
   DataPtr allocate(size_t nbytes) override {
     size_t size = round_size(nbytes);
     void* p = nullptr;
+    size_t in_use = 0;
     {
       std::lock_guard<SpinLock> g(mu_);
       ++stats_.num_allocs;
@@ -61,6 +63,7 @@ class CpuCachingAllocator final : public Allocator {
       stats_.in_use_bytes += size;
       if (stats_.in_use_bytes > stats_.peak_in_use_bytes)
         stats_.peak_in_use_bytes = stats_.in_use_bytes;
+      in_use = stats_.in_use_bytes;
     }
     if (!p) {
       p = std::aligned_alloc(kAlign, size);
@@ -74,6 +77,10 @@ class CpuCachingAllocator final : public Allocator {
         KILN_FAIL(Runtime, "CPU out of memory: failed to allocate ", nbytes, " bytes");
       }
     }
+    // See Note [Profiler hook] in kiln/profiler.h (memory events).
+    if (__builtin_expect(profiler::detail::memory_on(), 0))
+      profiler::detail::record_memory(p, static_cast<int64_t>(size), static_cast<int64_t>(in_use),
+                                      Device(DeviceType::CPU));
     return DataPtr(p, reinterpret_cast<void*>(size), &CpuCachingAllocator::release,
                    Device(DeviceType::CPU));
   }
@@ -108,6 +115,15 @@ class CpuCachingAllocator final : public Allocator {
   static void release(void* ctx, void* data) {
     auto size = reinterpret_cast<size_t>(ctx);
     CpuCachingAllocator& a = instance();
+    if (__builtin_expect(profiler::detail::memory_on(), 0)) {
+      size_t in_use;
+      {
+        std::lock_guard<SpinLock> g(a.mu_);
+        in_use = a.stats_.in_use_bytes - size;
+      }
+      profiler::detail::record_memory(data, -static_cast<int64_t>(size),
+                                      static_cast<int64_t>(in_use), Device(DeviceType::CPU));
+    }
     {
       std::lock_guard<SpinLock> g(a.mu_);
       a.stats_.in_use_bytes -= size;

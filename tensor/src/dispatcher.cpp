@@ -4,6 +4,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "kiln/profiler.h"
 #include "op_support.h"
 
 namespace kiln {
@@ -90,8 +91,41 @@ static DispatchKeySet boxed_key_set(const OperatorHandle& op, const Stack& stack
   return (ks | tls.included) - tls.excluded;
 }
 
+// call_boxed while the profiler records: `run` runs the op on `stack`, whose last num_args
+// entries are its arguments (See Note [Profiler hook] in kiln/profiler.h).
+template <typename F>
+[[gnu::noinline, gnu::cold]] static void call_boxed_profiled(const OperatorHandle& op, Stack& stack,
+                                                             F&& run) {
+  const int n = op.info().num_args;
+  Stack args(stack.end() - n, stack.end());
+  size_t base = stack.size() - n;
+  profiler::detail::OpScope scope(op);
+  run();
+  if (!scope.begin_commit()) return;
+  for (const IValue& v : args) {
+    if (v.is_tensor())
+      scope.input(v.to_tensor());
+    else if (v.is_tensor_list())
+      scope.input(v.to_tensor_list());
+    else if (v.is_none())
+      scope.input(std::optional<Tensor>());
+    else
+      scope.input(v);
+  }
+  for (size_t i = base; i < stack.size(); ++i) {
+    if (stack[i].is_tensor())
+      scope.output(stack[i].to_tensor());
+    else if (stack[i].is_tensor_list())
+      scope.output(stack[i].to_tensor_list());
+  }
+  scope.end_commit();
+}
+
 void OperatorHandle::call_boxed(Stack& stack) const {
-  boxed_entry_(*this, boxed_key_set(*this, stack), stack);
+  DispatchKeySet ks = boxed_key_set(*this, stack);
+  if (__builtin_expect(profiler::detail::ops_on(), 0))
+    return call_boxed_profiled(*this, stack, [&] { boxed_entry_(*this, ks, stack); });
+  boxed_entry_(*this, ks, stack);
 }
 
 void OperatorHandle::redispatch_boxed(DispatchKeySet ks, Stack& stack) const {

@@ -8,6 +8,7 @@
 
 #include "kiln/dispatcher.h"
 #include "kiln/generator.h"
+#include "kiln/profiler.h"
 #include "kiln/tensor.h"
 
 namespace kiln::detail {
@@ -99,6 +100,36 @@ void finish_out(const Tensor& dst, const Tensor& tmp);
 // A view of `base` with the geometry of `spec` (shares storage and version counter).
 Tensor make_view(const Tensor& base, const TensorSpec& spec);
 std::vector<Tensor> make_views(const Tensor& base, const std::vector<TensorSpec>& specs);
+
+// The results of a profiled call (See Note [Profiler hook] in kiln/profiler.h).
+inline void profile_outputs(profiler::detail::OpScope& s, const Tensor& t) { s.output(t); }
+inline void profile_outputs(profiler::detail::OpScope& s, const std::vector<Tensor>& ts) {
+  s.output(ts);
+}
+template <typename... T>
+void profile_outputs(profiler::detail::OpScope& s, const std::tuple<T...>& ts) {
+  std::apply([&](const auto&... t) { (profile_outputs(s, t), ...); }, ts);
+}
+
+// ops::X::call's path while the profiler records (See Note [Profiler hook] in kiln/profiler.h):
+// out of line and cold, so the call's hot path keeps only the ops_on() test.
+template <typename R, typename F, typename... A>
+[[gnu::noinline, gnu::cold]] R profiled_call(const OperatorHandle& op, F&& f, const A&... args) {
+  profiler::detail::OpScope scope(op);
+  if constexpr (std::is_void_v<R>) {
+    f();
+    if (!scope.begin_commit()) return;
+    (scope.input(args), ...);
+    scope.end_commit();
+  } else {
+    R r = f();
+    if (!scope.begin_commit()) return r;
+    (scope.input(args), ...);
+    profile_outputs(scope, r);
+    scope.end_commit();
+    return r;
+  }
+}
 
 int register_view_kernel(OperatorHandle& op, void* fn);
 int register_composite(OperatorHandle& op, void* fn);

@@ -25,3 +25,4 @@ from kiln.amp import autocast, is_autocast_enabled, get_autocast_dtype  # noqa: 
 from kiln import distributed  # noqa: F401,E402
 from kiln.remote import connect, Session  # noqa: F401,E402
 from kiln._compile import compile  # noqa: F401,E402  (shadows the builtin, as torch.compile does)
+from kiln import profiler  # noqa: F401,E402
