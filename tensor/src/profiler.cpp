@@ -58,7 +58,7 @@ ThreadBuffer* this_thread_buffer() {
   return tl_buffer;
 }
 
-// Moves every buffer's records out (the buffers keep their capacity for the next cycle).
+// Moves every buffer's records out; a buffer that had any gets fresh, preallocated storage.
 std::vector<Drained> drain_all() {
   std::vector<std::shared_ptr<ThreadBuffer>> bufs;
   {
@@ -68,6 +68,11 @@ std::vector<Drained> drain_all() {
   }
   std::vector<Drained> out;
   for (auto& b : bufs) {
+    {
+      // A buffer with nothing (most often a finished thread's) keeps its storage as it is.
+      std::lock_guard<std::mutex> g(b->mu);
+      if (b->events.empty() && b->memory.empty()) continue;
+    }
     Drained d;
     d.events.reserve(kReserveEvents);
     d.arena.reserve(kReserveEvents * 4);
