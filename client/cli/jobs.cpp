@@ -26,10 +26,16 @@ constexpr const char* kJobsHelp =
     R"(usage: kiln <workers|jobs|submit|status|cancel|logs|steps> [options]
 
   kiln workers                          the registered workers
-  kiln jobs [--state S]                 jobs (queued, running, succeeded, failed, cancelled)
+  kiln jobs [--state S]                 jobs (queued, running, preempted, restarting, succeeded,
+                                        failed, cancelled)
   kiln submit --workers N [--mesh dp=2,tp=2] [--priority P] -- COMMAND...
                                         queue a job; once its gang is free run COMMAND here as
                                         the driver and exit with its status
+      [--max-restarts R]                  run COMMAND again (up to R times) when it fails or a
+                                          worker dies; it resumes from its checkpoint
+      [--checkpoint-dir D --checkpoint-every K]
+                                          given to COMMAND as KILN_CHECKPOINT_DIR, _EVERY
+      [--min-workers M --max-workers N]   a restart may run on as few as M workers
   kiln status JOB                       one job
   kiln cancel JOB                       cancel a queued or running job
   kiln logs JOB [-f]                    the driver's output (-f: follow until the job ends)
@@ -203,6 +209,15 @@ void print_job(const CoordClient& c, const proto::Job& j) {
     rows.push_back({"exit code:", std::to_string(j.exit_code())});
   }
   if (!j.message().empty()) rows.push_back({"message:", j.message()});
+  if (j.max_restarts() > 0) {  // See Note [Restarts] in coordinator/src/jobs.cpp
+    rows.push_back({"restarts:", std::to_string(j.restarts()) + " of " +
+                                     std::to_string(j.max_restarts()) + " (workers " +
+                                     std::to_string(j.min_workers()) + ".." +
+                                     std::to_string(j.max_workers()) + ")"});
+    if (!j.checkpoint_dir().empty())
+      rows.push_back({"checkpoint:", j.checkpoint_dir() + ", every " +
+                                         std::to_string(j.checkpoint_every()) + " steps"});
+  }
   for (const proto::StepRecord& r : j.last_steps())
     rows.push_back({"rank " + std::to_string(r.rank()) + ":", step_line(r)});
   // See Note [Desync detection] and Note [Stragglers] (coordinator/src).

@@ -231,7 +231,9 @@ bool Driver::wait_until_running() {
   for (proto::JobEvent e; watch_->Read(&e);) {
     if (!e.has_job()) continue;
     job_ = e.job();
-    if ((job_.state() == "queued" || job_.state() == "preempted") && tty_) {
+    if ((job_.state() == "queued" || job_.state() == "preempted" ||
+         job_.state() == "restarting") &&
+        tty_) {
       std::fprintf(stderr, "kiln: %s queued, waiting for %d free worker%s...\n",
                    job_.job_id().c_str(), job_.workers(), job_.workers() == 1 ? "" : "s");
     }
@@ -252,8 +254,8 @@ void Driver::follow_job() {
                  kPreemptGrace);
       return;
     }
-    if (!e.has_job() || !terminal(e.job().state())) continue;
-    const proto::Job& j = e.job();
+    if (!e.has_job() || !(terminal(e.job().state()) || e.job().state() == "restarting")) continue;
+    const proto::Job& j = e.job();  // a restarting job's COMMAND runs again: Note [Restarts]
     stop_child("job " + j.job_id() + " " + j.state() + (j.message().empty() ? "" : ": ") +
                j.message());
     return;
@@ -302,7 +304,8 @@ pid_t Driver::spawn(const std::vector<std::string>& command, int out_fd, int err
     const std::string kv = *e;
     bool ours = false;
     for (const char* k : {"KILN_COORDINATOR=", "KILN_JOB_ID=", "KILN_SESSION=", "KILN_WORKERS=",
-                          "KILN_TOKEN=", "KILN_MESH=", "KILN_RESTARTS=", "KILN_PREEMPT_GRACE_S="}) {
+                          "KILN_TOKEN=", "KILN_MESH=", "KILN_RESTARTS=", "KILN_PREEMPT_GRACE_S=",
+                          "KILN_CHECKPOINT_DIR=", "KILN_CHECKPOINT_EVERY="}) {
       ours = ours || kv.rfind(k, 0) == 0;
     }
     if (!ours) env.push_back(kv);
@@ -315,6 +318,9 @@ pid_t Driver::spawn(const std::vector<std::string>& command, int out_fd, int err
   env.push_back("KILN_WORKERS=" + workers);
   env.push_back("KILN_RESTARTS=" + std::to_string(runs_));
   env.push_back("KILN_PREEMPT_GRACE_S=" + std::to_string(kPreemptGrace.count()));
+  if (!job_.checkpoint_dir().empty()) env.push_back("KILN_CHECKPOINT_DIR=" + job_.checkpoint_dir());
+  if (job_.checkpoint_every() > 0)
+    env.push_back("KILN_CHECKPOINT_EVERY=" + std::to_string(job_.checkpoint_every()));
   std::string mesh;
   for (const auto& d : job_.mesh())
     mesh += (mesh.empty() ? "" : ",") + d.name() + "=" + std::to_string(d.size());
@@ -484,6 +490,11 @@ int Driver::run(const std::vector<std::string>& command) {
                    job_.job_id().c_str());
       continue;
     }
+    if (final_job.state() == "restarting" && !stop_signal_) {  // See Note [Restarts]
+      std::fprintf(stderr, "kiln: %s restarting (%s)\n", job_.job_id().c_str(),
+                   final_job.message().c_str());
+      continue;
+    }
     if (tty_) {
       std::fprintf(stderr, "kiln: %s %s\n", job_.job_id().c_str(),
                    final_job.state().empty() ? "finished" : final_job.state().c_str());
@@ -553,6 +564,29 @@ int submit_main(const CoordClient& c, const std::vector<std::string>& args) {
         std::fprintf(stderr, "kiln: --priority needs an integer\n");
         return kExitUsage;
       }
+    } else if (a == "--max-workers") {  // the gang's size, as --workers
+      workers_given = true;
+      if (!number([&](int v) { req.set_workers(v); })) {
+        std::fprintf(stderr, "kiln: --max-workers needs an integer\n");
+        return kExitUsage;
+      }
+    } else if (a == "--min-workers" || a == "--max-restarts" || a == "--checkpoint-every") {
+      // See Note [Restarts] (coordinator/src/jobs.cpp); the coordinator checks the ranges.
+      const bool ok = number([&](int v) {
+        if (a == "--min-workers") req.set_min_workers(v);
+        if (a == "--max-restarts") req.set_max_restarts(v);
+        if (a == "--checkpoint-every") req.set_checkpoint_every(v);
+      });
+      if (!ok) {
+        std::fprintf(stderr, "kiln: %s needs an integer\n", a.c_str());
+        return kExitUsage;
+      }
+    } else if (a == "--checkpoint-dir") {
+      if (i + 1 >= args.size() || args[i + 1].empty()) {
+        std::fprintf(stderr, "kiln: --checkpoint-dir needs a directory\n");
+        return kExitUsage;
+      }
+      req.set_checkpoint_dir(args[++i]);
     } else if (!a.empty() && a[0] != '-') {
       command.assign(args.begin() + i, args.end());
       break;

@@ -379,19 +379,27 @@ std::vector<std::pair<std::string, proto::StepRecord>> Coordinator::running_step
 void Coordinator::add_finding_locked(const SessionRec& s, const std::string& kind,
                                      const std::string& text) {
   std::cerr << "kiln-coordinator: session " << s.id << ": " << kind << ": " << text << std::endl;
-  ++findings_[kind];
   auto j = jobs_.find(s.job_id);
-  if (j == jobs_.end()) return;
+  if (j == jobs_.end()) {
+    ++findings_[kind];
+    return;
+  }
+  Transaction t(state_->db());
+  add_job_finding_locked(j->second, kind, text);
+  t.commit();
+  changed_locked();
+}
+
+void Coordinator::add_job_finding_locked(JobRec& j, const std::string& kind,
+                                         const std::string& text) {
+  ++findings_[kind];
   proto::Finding f;
   f.set_kind(kind);
   f.set_text(text);
   f.set_unix_ms(now_unix_ms());
-  *j->second.job.add_findings() = f;
-  Transaction t(state_->db());
-  state_->put_finding(s.job_id, j->second.job.findings_size() - 1, f);
-  state_->append_logs(s.job_id, {absl::StrCat("[kiln-coordinator] ", kind, ": ", text)});
-  t.commit();
-  changed_locked();
+  *j.job.add_findings() = f;
+  state_->put_finding(j.job.job_id(), j.job.findings_size() - 1, f);
+  state_->append_logs(j.job.job_id(), {absl::StrCat("[kiln-coordinator] ", kind, ": ", text)});
 }
 
 std::map<std::string, int> Coordinator::finding_counts() {
@@ -471,8 +479,12 @@ void Coordinator::reap_locked() {
     if (j.job.state() == "running" && j.job.preempting() &&
         now - j.preempt_asked > options_.preempt_grace)
       overdue.push_back(&j);
+  // Restarting jobs whose wait is over (See Note [Restarts] in jobs.cpp).
+  bool restart_due = false;
+  for (auto& [id, j] : jobs_)
+    restart_due |= j.job.state() == "restarting" && now >= j.restart_after;
   if (dead.empty() && forgotten.empty() && idle.empty() && expired.empty() && orphaned.empty() &&
-      overdue.empty())
+      overdue.empty() && !restart_due)
     return;
   Transaction t(state_->db());
   for (const std::string& id : expired) {
@@ -569,7 +581,8 @@ void Coordinator::end_session_locked(SessionRec& s, const std::string& state,
   state_->put_session(s);
   if (state == "failed" && !s.job_id.empty()) {
     auto j = jobs_.find(s.job_id);
-    if (j != jobs_.end() && j->second.job.state() == "running") {
+    if (j != jobs_.end() && j->second.job.state() == "running" &&
+        !restart_locked(j->second, message)) {  // See Note [Restarts] in jobs.cpp
       finish_job_locked(j->second, "failed", 0, message);
     }
   }

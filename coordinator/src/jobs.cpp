@@ -4,6 +4,7 @@
 #include <absl/strings/str_cat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -15,8 +16,17 @@ namespace kiln::coord {
 
 namespace {
 
-const std::set<std::string> kJobStates = {"queued",    "running", "preempted",
+const std::set<std::string> kJobStates = {"queued",    "running", "preempted", "restarting",
                                           "succeeded", "failed",  "cancelled"};
+constexpr int kMaxRestarts = 1000;
+constexpr size_t kMaxCheckpointDirBytes = 4096;
+
+// The ranks of a mesh's inner dims (all but the first): a gang's size must be a multiple of it.
+int inner_ranks(const proto::Job& j) {
+  int64_t n = 1;
+  for (int i = 1; i < j.mesh_size(); ++i) n *= j.mesh(i).size();
+  return static_cast<int>(n);
+}
 
 bool terminal(const std::string& state) {
   return state == "succeeded" || state == "failed" || state == "cancelled";
@@ -142,11 +152,54 @@ void Coordinator::preempted_locked(JobRec& j, const std::string& why) {
   schedule_locked();
 }
 
+// Note [Restarts]: a job submitted with --max-restarts R survives R failures: a driver that
+// exits non-zero, or a worker of its gang that dies (its session fails), queues the job again as
+// "restarting", in its old place, with a "restart" finding naming why, instead of failing it.
+// `kiln submit` stops the old driver and runs COMMAND again once the job runs, with KILN_RESTARTS
+// counting the runs before and KILN_CHECKPOINT_DIR / KILN_CHECKPOINT_EVERY as submitted: the
+// driver resumes from its last distributed checkpoint there, which loads into any mesh (Note
+// [Distributed checkpoint format] in kiln/dist/checkpoint.h). A restart waits one dead-worker
+// window (heartbeat x dead_after) first, so a worker that died with the driver is marked dead
+// before a gang is chosen. With --min-workers M, a restart takes what is idle, down to M workers
+// (a multiple of the mesh's inner dims, whose first dim then shrinks); the first run needs all.
+// The job fails when its restarts are used up, or when its driver is gone (Options::driver_grace):
+// nobody is left to run COMMAND again.
+bool Coordinator::restart_locked(JobRec& j, const std::string& why) {
+  if (j.job.restarts() >= j.job.max_restarts()) return false;
+  auto s = sessions_.find(j.job.session_id());
+  if (s != sessions_.end() && s->second.state == "open")
+    end_session_locked(s->second, "closed", absl::StrCat("job ", j.job.job_id(), " restarting"));
+  j.job.set_restarts(j.job.restarts() + 1);
+  const std::string text = absl::StrCat(why, "; restart ", j.job.restarts(), " of ",
+                                        j.job.max_restarts(), ", from its last checkpoint");
+  std::fprintf(stderr, "[kiln-coordinator] job %s: %s\n", j.job.job_id().c_str(), text.c_str());
+  j.job.set_state("restarting");
+  j.job.set_preempting(false);
+  j.job.set_message(text);
+  j.job.clear_session_id();
+  j.job.clear_worker_addresses();
+  j.restart_after = Clock::now() + options_.heartbeat * options_.dead_after;
+  state_->put_job(j);
+  add_job_finding_locked(j, "restart", text);
+  return true;
+}
+
+// How many workers `j` starts on with `idle` free (0: it waits). See Note [Restarts].
+static int gang_size(const proto::Job& j, int idle) {
+  if (j.state() != "restarting" || j.min_workers() >= j.max_workers()) return j.workers();
+  const int inner = inner_ranks(j);
+  const int n = std::min(j.max_workers(), idle) / inner * inner;
+  return n >= j.min_workers() ? n : 0;
+}
+
 void Coordinator::schedule_locked() {
+  const auto now = Clock::now();
   while (true) {
     std::vector<JobRec*> queued;
     for (auto& [id, j] : jobs_)
-      if (j.job.state() == "queued" || j.job.state() == "preempted") queued.push_back(&j);
+      if (j.job.state() == "queued" || j.job.state() == "preempted" ||
+          (j.job.state() == "restarting" && now >= j.restart_after))
+        queued.push_back(&j);
     std::sort(queued.begin(), queued.end(), [](const JobRec* a, const JobRec* b) {
       return a->job.priority() != b->job.priority() ? a->job.priority() > b->job.priority()
                                                     : a->seq < b->seq;
@@ -166,13 +219,18 @@ void Coordinator::schedule_locked() {
     }
     if (!next) return;
     std::vector<std::string> idle = idle_workers_locked();
-    if (static_cast<int>(idle.size()) < next->job.workers()) {
+    const int n = gang_size(next->job, static_cast<int>(idle.size()));
+    if (n == 0 || static_cast<int>(idle.size()) < n) {
       preempt_for_locked(*next, static_cast<int>(idle.size()));
       return;
     }
-    const int group = next->job.mesh_size() ? next->job.mesh(next->job.mesh_size() - 1).size() : 1;
-    idle = place_locked(idle, next->job.workers(), group);
     proto::Job& job = next->job;
+    if (n != job.workers()) {  // an elastic restart on fewer (or again more) workers
+      job.set_workers(n);
+      if (job.mesh_size() > 0) job.mutable_mesh(0)->set_size(n / inner_ranks(job));
+    }
+    const int group = job.mesh_size() ? job.mesh(job.mesh_size() - 1).size() : 1;
+    idle = place_locked(idle, n, group);
     SessionRec& s = new_session_locked(idle, job.tenant(), job.job_id());
     job.set_state("running");
     job.set_message("");
@@ -217,6 +275,20 @@ absl::StatusOr<proto::Job> Coordinator::submit_job(const proto::SubmitJobRequest
     return absl::InvalidArgumentError(
         absl::StrCat("command is ", bytes, " bytes; the limit is ", kMaxCommandBytes));
   }
+  // See Note [Restarts].
+  if (req.max_restarts() < 0 || req.max_restarts() > kMaxRestarts)
+    return absl::InvalidArgumentError(absl::StrCat("max_restarts must be in [0, ", kMaxRestarts,
+                                                   "], got ", req.max_restarts()));
+  if (req.min_workers() < 0 || req.min_workers() > req.workers())
+    return absl::InvalidArgumentError(absl::StrCat("min_workers must be in [1, workers = ",
+                                                   req.workers(), "], got ", req.min_workers()));
+  if (req.checkpoint_every() < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint_every must be >= 0 steps, got ", req.checkpoint_every()));
+  if (req.checkpoint_dir().size() > kMaxCheckpointDirBytes ||
+      req.checkpoint_dir().find('\0') != std::string::npos)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint_dir must be a path of at most ", kMaxCheckpointDirBytes, " bytes"));
   if (req.mesh_size() > 0) {  // See Note [Placement]
     if (req.mesh_size() > kMaxMeshDims)
       return absl::InvalidArgumentError(
@@ -239,6 +311,12 @@ absl::StatusOr<proto::Job> Coordinator::submit_job(const proto::SubmitJobRequest
     if (product != req.workers())
       return absl::InvalidArgumentError(absl::StrCat(
           "the mesh has ", product, " ranks but the job asks for ", req.workers(), " workers"));
+    const int64_t inner = product / req.mesh(0).size();
+    if (req.min_workers() > 0 && req.min_workers() % inner != 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "min_workers ", req.min_workers(), " is not a multiple of ", inner,
+          ", the ranks of the mesh's inner dims (a restart shrinks the first dim, '",
+          req.mesh(0).name(), "')"));
   }
   std::lock_guard lock(mu_);
   if (auto q = options_.quotas.find(tenant);
@@ -254,6 +332,11 @@ absl::StatusOr<proto::Job> Coordinator::submit_job(const proto::SubmitJobRequest
   r.job.set_priority(req.priority());
   *r.job.mutable_command() = req.command();
   *r.job.mutable_mesh() = req.mesh();
+  r.job.set_max_restarts(req.max_restarts());
+  r.job.set_min_workers(req.min_workers() > 0 ? req.min_workers() : req.workers());
+  r.job.set_max_workers(req.workers());
+  r.job.set_checkpoint_dir(req.checkpoint_dir());
+  r.job.set_checkpoint_every(req.checkpoint_every());
   r.job.set_tenant(tenant);
   r.job.set_submitted_unix_ms(now_unix_ms());
   Transaction t(state_->db());
@@ -278,7 +361,8 @@ absl::StatusOr<proto::ListJobsReply> Coordinator::list_jobs(const proto::ListJob
                                                             const std::string& tenant) {
   if (!req.state().empty() && !kJobStates.count(req.state())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "state must be one of queued, running, preempted, succeeded, failed, cancelled; got '",
+        "state must be one of queued, running, preempted, restarting, succeeded, failed, "
+        "cancelled; got '",
         req.state(), "'"));
   }
   std::lock_guard lock(mu_);
@@ -338,8 +422,9 @@ absl::StatusOr<proto::Job> Coordinator::report_job(const proto::JobReport& repor
                                      "); it runs again when workers free up"));
   } else if (report.finished()) {
     const int code = report.exit_code();
-    finish_job_locked(j, code == 0 ? "succeeded" : "failed", code,
-                      code == 0 ? "" : absl::StrCat("the driver exited with code ", code));
+    const std::string why = absl::StrCat("the driver exited with code ", code);
+    if (code == 0 || !restart_locked(j, why))  // See Note [Restarts]
+      finish_job_locked(j, code == 0 ? "succeeded" : "failed", code, code == 0 ? "" : why);
     schedule_locked();
   }
   t.commit();

@@ -9,8 +9,8 @@ namespace {
 
 // Bump on every schema change, with a migration from the previous version in open().
 // 2: sessions.secret. 3: job_findings and job_steps (new tables: kSchema makes them).
-// 4: jobs.mesh.
-constexpr int kSchemaVersion = 4;
+// 4: jobs.mesh. 5: jobs.restarts.
+constexpr int kSchemaVersion = 5;
 
 constexpr const char* kSchema = R"(
 CREATE TABLE IF NOT EXISTS workers (
@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS jobs (
   priority INTEGER NOT NULL, workers INTEGER NOT NULL, command TEXT NOT NULL,
   tenant TEXT NOT NULL, session_id TEXT NOT NULL, worker_addresses TEXT NOT NULL,
   exit_code INTEGER NOT NULL, message TEXT NOT NULL, submitted_unix_ms INTEGER NOT NULL,
-  started_unix_ms INTEGER NOT NULL, finished_unix_ms INTEGER NOT NULL, mesh TEXT NOT NULL DEFAULT '');
+  started_unix_ms INTEGER NOT NULL, finished_unix_ms INTEGER NOT NULL, mesh TEXT NOT NULL DEFAULT '',
+  restarts TEXT NOT NULL DEFAULT '{}');
 CREATE TABLE IF NOT EXISTS job_logs (
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, line TEXT NOT NULL, PRIMARY KEY (job_id, idx));
 CREATE TABLE IF NOT EXISTS job_steps (
@@ -80,12 +81,16 @@ absl::Status State::open(const std::string& path) {
     Transaction t(db_);
     db_.exec(kSchema);  // a fresh file gets the current tables; old ones are migrated below
     if (version == 1) db_.exec("ALTER TABLE sessions ADD COLUMN secret TEXT NOT NULL DEFAULT ''");
-    if (version >= 1 && version < 4) {  // a file whose jobs table predates the mesh
-      Stmt cols = db_.prepare("SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = 'mesh'");
+    // Columns added to a jobs table that an older file has (kSchema made any missing table).
+    auto add_job_column = [&](const char* name, const char* type) {
+      Stmt cols = db_.prepare("SELECT COUNT(*) FROM pragma_table_info('jobs') WHERE name = ?");
+      cols.bind(1, std::string(name));
       cols.step();
       if (cols.integer(0) == 0)
-        db_.exec("ALTER TABLE jobs ADD COLUMN mesh TEXT NOT NULL DEFAULT ''");
-    }
+        db_.exec(std::string("ALTER TABLE jobs ADD COLUMN ") + name + " " + type);
+    };
+    if (version >= 1 && version < 4) add_job_column("mesh", "TEXT NOT NULL DEFAULT ''");
+    if (version >= 1 && version < 5) add_job_column("restarts", "TEXT NOT NULL DEFAULT '{}'");
     db_.exec("PRAGMA user_version = " + std::to_string(kSchemaVersion));
     t.commit();
   } catch (const DbError& e) {
@@ -119,7 +124,7 @@ Loaded State::load() {
   }
   Stmt j = db_.prepare(
       "SELECT seq, id, state, priority, workers, command, tenant, session_id, worker_addresses,"
-      " exit_code, message, submitted_unix_ms, started_unix_ms, finished_unix_ms, mesh FROM jobs");
+      " exit_code, message, submitted_unix_ms, started_unix_ms, finished_unix_ms, mesh, restarts FROM jobs");
   while (j.step()) {
     JobRec r;
     r.seq = j.integer(0);
@@ -142,6 +147,14 @@ Loaded State::load() {
       d.set_name(dim.substr(0, dim.find('=')));
       d.set_size(std::atoi(dim.c_str() + dim.find('=') + 1));
     }
+    // See Note [Restarts] in jobs.cpp.
+    const nlohmann::json restarts = nlohmann::json::parse(j.text(15));
+    job.set_max_restarts(restarts.value("max_restarts", 0));
+    job.set_restarts(restarts.value("restarts", 0));
+    job.set_min_workers(restarts.value("min_workers", job.workers()));
+    job.set_max_workers(restarts.value("max_workers", job.workers()));
+    job.set_checkpoint_dir(restarts.value("checkpoint_dir", ""));
+    job.set_checkpoint_every(restarts.value("checkpoint_every", 0));
     out.max_seq = std::max(out.max_seq, r.seq);
     out.jobs[job.job_id()] = r;
   }
@@ -205,7 +218,14 @@ void State::put_job(const JobRec& r) {
   std::vector<std::string> mesh;
   for (const proto::MeshDim& d : j.mesh())
     mesh.push_back(d.name() + "=" + std::to_string(d.size()));
-  db_.prepare("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+  const nlohmann::json restarts = {{"max_restarts", j.max_restarts()},
+                                   {"restarts", j.restarts()},
+                                   {"min_workers", j.min_workers()},
+                                   {"max_workers", j.max_workers()},
+                                   {"checkpoint_dir", j.checkpoint_dir()},
+                                   {"checkpoint_every", j.checkpoint_every()}};
+  db_.prepare(
+         "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
       .bind(1, r.seq)
       .bind(2, j.job_id())
       .bind(3, j.state())
@@ -221,6 +241,7 @@ void State::put_job(const JobRec& r) {
       .bind(13, j.started_unix_ms())
       .bind(14, j.finished_unix_ms())
       .bind(15, to_json(mesh))
+      .bind(16, restarts.dump())
       .run();
 }
 

@@ -67,6 +67,8 @@ struct JobRec {
   Clock::time_point driver_seen = Clock::now();
   // Not stored: when it was asked to give its workers up (job.preempting()).
   Clock::time_point preempt_asked;
+  // Not stored: a restarting job starts no earlier (Note [Restarts] in jobs.cpp).
+  Clock::time_point restart_after;
 };
 
 struct Loaded {

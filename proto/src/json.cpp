@@ -40,6 +40,12 @@ json to_json(const Job& j) {
           {"started_unix_ms", j.started_unix_ms()},
           {"finished_unix_ms", j.finished_unix_ms()},
           {"mesh", mesh},
+          {"max_restarts", j.max_restarts()},
+          {"restarts", j.restarts()},
+          {"min_workers", j.min_workers()},
+          {"max_workers", j.max_workers()},
+          {"checkpoint_dir", j.checkpoint_dir()},
+          {"checkpoint_every", j.checkpoint_every()},
           {"findings", findings},
           {"last_steps", steps}};
 }

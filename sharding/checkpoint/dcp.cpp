@@ -22,6 +22,7 @@
 #include "internal.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/dist/checkpoint.h"
+#include "kiln/dist/remote.h"
 #include "kiln/dist/dtensor.h"
 #include "kiln/kiln.h"
 #include "kiln/nn/checkpoint.h"
@@ -162,19 +163,27 @@ SavedShard saved_shard(const std::string& name, const Tensor& t) {
 
 namespace {
 
-// Checkpoints move real bytes between real ranks: a gang's remote tensors (recorded by a client
-// whose mesh stands on a fake group of the gang's size) and a fake group cannot take part.
-void check_real(const TensorMap& state, const char* what) {
+// Whether `state` lives on a gang (See Note [Gang checkpoints] in kiln/dist/remote.h): all of its
+// tensors, which the gang's workers then save or load; a mix is a ValueError. Otherwise, a
+// checkpoint moves real bytes between real ranks, which a fake group cannot.
+bool on_gang(const TensorMap& state, const char* what) {
+  const std::string* local_name = nullptr;
+  const std::string* remote_name = nullptr;
   for (const auto& [name, t] : state) {
     if (!t.defined()) continue;
     const Tensor& local = is_dtensor(t) ? detail::local_of(t) : t;
-    KILN_CHECK(local.device().type() != DeviceType::Remote, NotImplemented, what, ": '", name,
-               "' lives on ", local.device(),
-               " (a gang's workers); distributed checkpoints of a gang are not supported yet: "
-               "fetch the values (full_tensor(), .cpu()) and save them from this process");
+    (local.device().type() == DeviceType::Remote ? remote_name : local_name) = &name;
+  }
+  if (remote_name) {
+    KILN_CHECK(!local_name, Value, what, ": '", *remote_name,
+               "' lives on a gang's workers but '", *local_name,
+               "' in this process; a checkpoint's tensors must all be in one place (move them "
+               "with .to(session.device) or fetch them with .cpu())");
+    return true;
   }
   KILN_CHECK(!is_initialized() || !default_group()->fake(), NotImplemented, what,
              ": the default process group is the fake backend's, which moves no data");
+  return false;
 }
 
 // The plain (non-DTensor) tensors of `state` this rank writes: those no lower rank holds. Ranks
@@ -501,7 +510,10 @@ void internal::wait_inflight() {
 }
 
 void save(const TensorMap& state, const std::string& dir, const std::string& extra) {
-  check_real(state, "checkpoint.save");
+  if (on_gang(state, "checkpoint.save")) {
+    detail::remote_hooks().checkpoint(state, dir, extra, /*load=*/false, /*strict=*/true);
+    return;
+  }
   wait_inflight();
   Snapshot s = snapshot(state, dir, extra, /*copy=*/false);
   agreed("writing its shards", [&] { write_shards(s); });  // every rank's shards are durable
@@ -511,7 +523,12 @@ void save(const TensorMap& state, const std::string& dir, const std::string& ext
 }
 
 SaveFuture async_save(const TensorMap& state, const std::string& dir, const std::string& extra) {
-  check_real(state, "checkpoint.async_save");
+  if (on_gang(state, "checkpoint.async_save")) {  // a gang's save is done when this returns
+    detail::remote_hooks().checkpoint(state, dir, extra, /*load=*/false, /*strict=*/true);
+    std::promise<void> done;
+    done.set_value();
+    return SaveFuture(done.get_future().share());
+  }
   wait_inflight();
   auto s = std::make_shared<Snapshot>(snapshot(state, dir, extra, /*copy=*/true));
   std::shared_future<void> f = std::async(std::launch::async, [s] { write_async(*s); }).share();
@@ -591,7 +608,8 @@ void internal::fill_region(const std::string& name, const json& entry,
 }
 
 LoadResult load(const TensorMap& state, const std::string& dir, const bool strict) {
-  check_real(state, "checkpoint.load");
+  if (on_gang(state, "checkpoint.load"))
+    return detail::remote_hooks().checkpoint(state, dir, "{}", /*load=*/true, strict);
   const fs::path root(dir), mpath = root / kMetadata;
   KILN_CHECK(fs::exists(mpath), Value, "checkpoint.load: no checkpoint in '", dir, "' (", kMetadata,
              " is missing)");

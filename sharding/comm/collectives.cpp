@@ -102,6 +102,7 @@ void Exchange::wait(size_t i) {
   // Spin briefly while messages flow, then sleep on the worker's events (Note [Blocking
   // progress]), waking at least every 10 ms to check the deadline.
   for (int idle = 0; !t_->test(reqs_[i]); ++idle) {
+    t_->check_aborted();
     const auto now = Clock::now();
     if (now >= deadline_) throw PeerTimeout{group_peer_[i], reqs_[i].is_recv};
     if (idle > 100)
@@ -114,6 +115,7 @@ void Exchange::wait(size_t i) {
 bool Exchange::test_all() {
   for (size_t i = 0; i < reqs_.size(); ++i) {
     if (t_->test(reqs_[i])) continue;
+    t_->check_aborted();
     if (Clock::now() >= deadline_) throw PeerTimeout{group_peer_[i], reqs_[i].is_recv};
     return false;
   }
@@ -171,6 +173,7 @@ void Exchange::await(int peer, bool is_recv, std::atomic<uint64_t>& counter, uin
     __builtin_ia32_pause();
 #endif
     if (i % 64) continue;
+    t_->check_aborted();
     const auto now = Clock::now();
     if (now >= deadline_) throw PeerTimeout{peer, is_recv};
     if (now - start < std::chrono::microseconds(100)) continue;

@@ -333,6 +333,9 @@ bool ProcessGroup::fake() const { return impl_->fake; }
 Milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
 const std::vector<int>& ProcessGroup::ranks() const { return impl_->ranks; }
 std::string ProcessGroup::dump_recent() const { return impl_->dump(); }
+void ProcessGroup::abort(const std::string& why) {
+  if (impl_->transport) impl_->transport->abort(why);
+}
 
 WorkPtr ProcessGroup::all_reduce(Tensor& tensor, ReduceOp op) {
   if (impl_->nccl) return impl_->nccl->all_reduce(tensor, op);

@@ -231,6 +231,12 @@ std::string dump_all_groups() {
   return out;
 }
 
+void abort_process_groups(const std::string& why) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  for (const auto& [name, g] : reg.groups) g->abort(why);
+}
+
 void destroy_process_group() {
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);

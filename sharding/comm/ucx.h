@@ -10,12 +10,15 @@
 // (See Note [Comm thread] in process_group.cpp).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "kiln/dist/store.h"
+#include "kiln/error.h"
 
 typedef struct ucp_context* ucp_context_h;
 typedef struct ucp_worker* ucp_worker_h;
@@ -59,6 +62,21 @@ class UcxTransport {
   // Marks the transport unusable after a failed collective: endpoints are then force-closed, and
   // the mailboxes are no longer used.
   void mark_broken() { broken_ = true; }
+  // Makes every wait on this transport, now and later, raise a RuntimeError naming `why` (a
+  // group aborted from outside: See Note [Aborting process groups] in process_group.h).
+  void abort(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (!aborted_) abort_reason_ = why;
+    }
+    aborted_.store(true, std::memory_order_release);
+  }
+  // Raises that RuntimeError once abort() was called.
+  void check_aborted() const {
+    if (!aborted_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    throw Error(ErrorKind::Runtime, "the process group was aborted: " + abort_reason_);
+  }
 
   // Note [Shared-memory mailboxes]: each process maps a mailbox that UCX allocates in shared
   // memory, and every peer on the same host maps it too (ucp_rkey_ptr). Collectives then move
@@ -87,6 +105,9 @@ class UcxTransport {
   size_t slot_bytes_ = 0;
   int rank_;
   bool broken_ = false;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex abort_mu_;
+  std::string abort_reason_;
 };
 
 }  // namespace kiln::dist

@@ -465,34 +465,98 @@ def test_a_rank_that_fails_an_async_save_fails_it_for_every_rank(tmp_path):
     run_ranks(tmp_path, "disagree_async", DISAGREE_ASYNC, 2, tmp_path / "ckpt")
 
 
-# A gang's remote tensors, and a fake process group, cannot be checkpointed: a clear error before
-# any collective (the client's mesh stands on a fake group of the gang's size, whose collectives
-# move no data).
+# A gang's checkpoint (Note [Gang checkpoints] in kiln/dist/remote.h): an FSDP x TP model and its
+# AdamW state on a 2x2 gang of workers are saved by the workers themselves; the same gang loads
+# them into a fresh model (bit for bit), and so does a non-strict load that reports its keys. The
+# test then loads the files in one process (below). Bad input: a state that mixes the gang's
+# tensors with this process's, a directory with no checkpoint, a key the checkpoint lacks.
 GANG_SAVE = textwrap.dedent("""
-    import os, sys, kiln, kiln.nn as nn
+    import os, sys, warnings, kiln, kiln.nn as nn
     import kiln.distributed.checkpoint as dcp
     from kiln.distributed.device_mesh import init_device_mesh
     from kiln.distributed.fsdp import fully_shard
-    session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=2, wait_ms=20000)
-    mesh = init_device_mesh(str(session.device), (2,))
-    model = nn.Linear(4, 6)
-    model.to(session.device)
-    fully_shard(model, mesh=mesh)
-    for fn in (dcp.save, dcp.load):
+    from kiln.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    warnings.simplefilter("ignore")
+    session = kiln.connect(os.environ["KILN_TEST_GANG"], workers=4, wait_ms=20000)
+    mesh = init_device_mesh(str(session.device), (2, 2), mesh_dim_names=("dp", "tp"))
+    ckpt = sys.argv[1]
+
+    def build(seed):
+        kiln.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 5))
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        return model, kiln.optim.AdamW(model.parameters(), lr=0.01)
+
+    def step(model, opt):
+        g = kiln.Generator().manual_seed(5)
+        x = kiln.randn(4, 6, generator=g).to(session.device)
+        opt.zero_grad()
+        (model(x) ** 2).mean().backward()
+        opt.step()
+
+    model, opt = build(0)
+    step(model, opt)
+    dcp.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 1},
+             checkpoint_id=ckpt)
+    assert os.path.exists(os.path.join(ckpt, ".metadata"))
+    other, oopt = build(1)
+    step(other, oopt)   # the optimizer's state exists to load into
+    state = {"model": other.state_dict(), "optim": oopt.state_dict(), "step": 0}
+    dcp.load(state, checkpoint_id=ckpt)
+    assert state["step"] == 1
+    for (k, p), q in zip(other.named_parameters(), model.parameters()):
+        assert p.placements == q.placements and bool((p.full_tensor() == q.full_tensor()).all()), k
+    step(model, opt)
+    oopt.load_state_dict(state["optim"])
+    step(other, oopt)   # the loaded optimizer state steps as the saved one does
+    for (k, p), q in zip(other.named_parameters(), model.parameters()):
+        assert bool((p.full_tensor() == q.full_tensor()).all()), k
+    res = dcp.load({"model": other.state_dict(), "gone": kiln.zeros(2).to(session.device)},
+                   checkpoint_id=ckpt, strict=False)
+    assert res.missing_keys == ["gone"], res
+    assert "step" in res.unexpected_keys and "optim.state.0.exp_avg" in res.unexpected_keys, res
+
+    def expect(fn, kind, text):
         try:
-            fn({"model": model.state_dict()}, checkpoint_id=sys.argv[1])
-        except NotImplementedError as e:
-            assert "lives on remote:0 (a gang's workers)" in str(e), str(e)
+            fn()
+        except kind as e:
+            assert text in str(e), str(e)
         else:
-            raise AssertionError(f"{fn.__name__} of a gang's DTensors did not raise")
-    assert not os.path.exists(sys.argv[1])   # refused before anything was written
+            raise AssertionError(f"expected {kind.__name__}: {text}")
+    expect(lambda: dcp.save({"w": model[0].weight, "x": kiln.zeros(2)}, checkpoint_id=ckpt),
+           ValueError, "lives on a gang's workers but 'x' in this process")
+    expect(lambda: dcp.load({"model": other.state_dict()}, checkpoint_id=ckpt + "-none"),
+           ValueError, "no checkpoint in")
+    expect(lambda: dcp.load({"model": other.state_dict(), "gone": kiln.zeros(2).to(session.device)},
+                            checkpoint_id=ckpt), ValueError, "missing keys ['gone']")
+    # The session goes on after the refusals (`other` holds the checkpoint again: the non-strict
+    # load above).
+    assert float(other[0].weight.full_tensor().abs().sum()) > 0
     print("rank 0 ok")
 """)
 
 
-def test_a_gang_or_a_fake_group_cannot_checkpoint(tmp_path):
+def test_a_gang_checkpoints_and_the_files_load_anywhere(tmp_path):
     from test_dtensor import run_remote
-    run_remote(tmp_path, "gang_save", GANG_SAVE, 2, str(tmp_path / "ckpt"))
+    ckpt = tmp_path / "ckpt"
+    run_remote(tmp_path, "gang_save", GANG_SAVE, 4, str(ckpt))
+    import kiln.nn as nn
+    model = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 5))
+    opt = kiln.optim.AdamW(model.parameters(), lr=0.01)
+    state = {"model": model.state_dict(), "step": 0}
+    res = dcp.load(state, checkpoint_id=ckpt, strict=False)
+    assert state["step"] == 1 and res.missing_keys == [], res
+    # The saved weights are one AdamW step from seed 0's: not the initial ones, and finite.
+    kiln.manual_seed(0)
+    init = nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 5))
+    for (k, p), q in zip(model.named_parameters(), init.parameters()):
+        assert bool((p == p).all()) and not bool((p == q).all()), k   # no NaN; moved
+        assert float((p - q).abs().max()) <= 0.0101, k   # AdamW moves each weight by <= lr
+    del opt
+
+
+def test_a_fake_group_cannot_checkpoint(tmp_path):
     script = tmp_path / "fake.py"
     script.write_text(textwrap.dedent("""
         import sys, kiln, kiln.distributed as dist

@@ -61,6 +61,10 @@ std::shared_future<absl::Status> Gang::join(CoordinatorLink& link, const std::st
   if (dist::is_initialized()) dist::destroy_process_group();
   store_.reset();
   session_id_ = session_id;
+  {
+    std::lock_guard<std::mutex> a(abort_mu_);
+    joined_ = session_id;
+  }
   report_collectives_of(session_id);  // See Note [Collective reports] in reports.h
   ready_ = std::async(std::launch::async, [this, &link, session_id, rank, world_size, host,
                                            device]() -> absl::Status {
@@ -79,9 +83,19 @@ void Gang::leave() {
   if (ready_.valid()) ready_.wait();
   ready_ = {};
   session_id_.clear();
+  {
+    std::lock_guard<std::mutex> a(abort_mu_);
+    joined_.clear();
+  }
   report_collectives_of("");
   if (dist::is_initialized()) dist::destroy_process_group();
   store_.reset();
+}
+
+void Gang::abort(const std::string& session_id, const std::string& why) {
+  std::lock_guard<std::mutex> a(abort_mu_);
+  if (session_id.empty() || session_id != joined_) return;
+  dist::abort_process_groups(absl::StrCat("session '", session_id, "' ", why));
 }
 
 }  // namespace kiln::worker

@@ -40,10 +40,16 @@ class Gang {
   // Waits for a join in progress and destroys the group.
   void leave();
   ~Gang() { leave(); }
+  // Aborts the groups of `session_id`, when they are this worker's (Note [Aborting process
+  // groups] in kiln/dist/process_group.h): its executor, stuck in a collective with a dead rank,
+  // is freed at once. Never blocks on a join in progress.
+  void abort(const std::string& session_id, const std::string& why);
 
  private:
   std::mutex mu_;
   std::string session_id_;
+  std::mutex abort_mu_;  // guards joined_ (abort() must not wait for mu_)
+  std::string joined_;   // the session whose groups exist or are being made
   std::shared_future<absl::Status> ready_;
   std::shared_ptr<dist::TCPStore> store_;
 };

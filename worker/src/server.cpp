@@ -139,8 +139,13 @@ struct Server::Impl final : grpc::Service {
           return coordinator->lookup(id, secret);
         });
     if (!info.ok()) return info.status();
-    absl::StatusOr<StreamGate::Lease> lease =
-        gate->enter(hello.session_id(), [ctx] { ctx->TryCancel(); }, kEnterWait);
+    // Another session for this worker, or the coordinator's close, ends this one: its stream,
+    // and any collective its executor waits in (See Note [Aborting process groups]).
+    auto end = [this, ctx, id = hello.session_id()] {
+      ctx->TryCancel();
+      gang.abort(id, "ended (the coordinator closed it, or gave this worker to another session)");
+    };
+    absl::StatusOr<StreamGate::Lease> lease = gate->enter(hello.session_id(), end, kEnterWait);
     if (!lease.ok()) return lease.status();
     std::shared_future<absl::Status> gang_ready;
     SessionOptions so{.worker_id = opt.worker_id,

@@ -629,6 +629,9 @@ absl::Status Session::run(const proto::Batch& batch,
         case proto::Command::kTransfer:
           run_transfer(s, options_, c.transfer());
           break;
+        case proto::Command::kCheckpoint:
+          run_checkpoint(s, c.checkpoint());
+          break;
         case proto::Command::kStepMark:
           run_step_mark(s, options_, c.step_mark());
           break;

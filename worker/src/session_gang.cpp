@@ -1,11 +1,15 @@
 // A gang's commands on a worker: device meshes (Note [Remote DTensor] in kiln/dist/remote.h),
-// releases and redistributions (Note [FSDP on a gang]), and transfers (Note [Gang stages] in
-// kiln/client/transport.h). The executor is session.cpp; what both share, session_state.h.
+// releases and redistributions (Note [FSDP on a gang]), transfers (Note [Gang stages] in
+// kiln/client/transport.h) and checkpoints (Note [Gang checkpoints] in kiln/dist/remote.h). The
+// executor is session.cpp; what both share, session_state.h.
 #include <absl/strings/str_cat.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
+#include "kiln/dist/checkpoint.h"
 #include "kiln/dist/remote.h"
 #include "kiln/generated/ops.h"
 #include "session_state.h"
@@ -203,6 +207,72 @@ void run_transfer(State& s, const SessionOptions& opt, const proto::Transfer& t)
     err = make_error("INTERNAL", "runtime", x.what(), t.seq(), "transfer");
   }
   if (receives) bind(s, id, Tensor(), err);
+  fail(s, err);
+}
+
+// See Note [Gang checkpoints] in kiln/dist/remote.h. The workers first agree (one all-reduce)
+// that every one of them has all the values, so none enters the checkpoint's collectives alone.
+void run_checkpoint(State& s, const proto::Checkpoint& c) {
+  const int64_t id = c.output();
+  if (id <= 0 || s.values.contains(id) || s.pending.contains(id))
+    throw StreamError{absl::StrCat("checkpoint (seq ", c.seq(), "): output id ", id,
+                                   " is not > 0 or is already in use")};
+  const char* what = c.load() ? "checkpoint.load" : "checkpoint.save";
+  auto error = [&](const Error& x) {
+    return make_error(code_of(x), kind_name(x.kind()), x.what(), c.seq(), what);
+  };
+  ErrorPtr err;
+  try {
+    KILN_CHECK(dist::is_initialized(), Runtime, what,
+               ": this worker has no process group (a gang's checkpoint is saved by its workers "
+               "together)");
+    TensorMap state;
+    try {
+      for (const proto::CheckpointEntry& e : c.entries()) {
+        auto it = s.values.find(e.id());
+        KILN_CHECK(it != s.values.end(), Value, what, " '", e.name(), "': ",
+                   missing_value(s, e.id()));
+        if (it->second.error) {
+          err = it->second.error;
+          break;
+        }
+        check_resident(s, what, e.id(), it->second.t);
+        Tensor t = it->second.t;
+        if (e.dtensor()) t = dist::detail::make_dtensor(t, decode_spec(s, e.spec(), t));
+        KILN_CHECK(state.emplace(e.name(), std::move(t)).second, Value, what, ": the name '",
+                   e.name(), "' comes twice");
+      }
+    } catch (const Error& x) {
+      err = error(x);
+    }
+    Tensor ok = kiln::full({1}, err ? 0 : 1, kInt64);
+    dist::default_group()->all_reduce(ok, dist::ReduceOp::Min)->wait();
+    if (!err)
+      KILN_CHECK(ok.data_ptr<int64_t>()[0] == 1, Runtime, what,
+                 ": a value is missing or failed on another worker of the gang (its error says "
+                 "why); nothing was ",
+                 c.load() ? "loaded" : "saved");
+    if (!err) {
+      nlohmann::json report = nlohmann::json::object();
+      if (c.load()) {
+        dist::checkpoint::LoadResult r = dist::checkpoint::load(state, c.dir(), c.strict());
+        report = {{"missing", r.missing_keys}, {"unexpected", r.unexpected_keys},
+                  {"extra", r.extra}};
+      } else {
+        dist::checkpoint::save(state, c.dir(), c.extra().empty() ? "{}" : c.extra());
+      }
+      const std::string text = report.dump();
+      Tensor out = kiln::empty({static_cast<int64_t>(text.size())}, kUInt8);
+      std::memcpy(out.data_ptr(), text.data(), text.size());
+      bind(s, id, std::move(out), nullptr);
+      return;
+    }
+  } catch (const Error& x) {
+    err = error(x);
+  } catch (const std::exception& x) {
+    err = make_error("INTERNAL", "runtime", x.what(), c.seq(), what);
+  }
+  bind(s, id, Tensor(), err);
   fail(s, err);
 }
 

@@ -172,6 +172,7 @@ void run_mesh(State& s, const SessionOptions& opt, const proto::MeshCreate& m);
 void run_release(State& s, const proto::Release& r);
 void run_redistribute(State& s, const SessionOptions& opt, const proto::Redistribute& r);
 void run_transfer(State& s, const SessionOptions& opt, const proto::Transfer& t);
+void run_checkpoint(State& s, const proto::Checkpoint& c);
 
 }  // namespace session_detail
 }  // namespace kiln::worker

@@ -1,6 +1,8 @@
 // The Remote backend's DTensor hooks (kiln/dist/remote.h, See Note [Remote DTensor]): meshes over
 // a gang, ops on remote DTensors recorded for the workers' DTensor key, and redistribute as a
 // command.
+#include <nlohmann/json.hpp>
+
 #include <optional>
 
 #include "kiln/client/connection.h"
@@ -246,8 +248,56 @@ void release(const std::vector<Tensor>& values) {
   conn->maybe_flush();
 }
 
+// See Note [Gang checkpoints] in kiln/dist/remote.h.
+checkpoint::LoadResult run_checkpoint(const TensorMap& state, const std::string& dir,
+                                      const std::string& extra, bool load, bool strict) {
+  const char* what = load ? "checkpoint.load" : "checkpoint.save";
+  KILN_CHECK(!state.empty(), Value, what, ": the state has no tensors");
+  std::shared_ptr<Connection> conn;
+  int64_t out = 0;
+  {
+    const Tensor& first = state.begin()->second;
+    conn = connection_for((is_dtensor(first) ? dd::local_of(first) : first).device());
+    std::lock_guard<std::mutex> lock(conn->mutex());
+    conn->check_open();
+    out = conn->new_id();
+    proto::Checkpoint* c = conn->add_command()->mutable_checkpoint();
+    c->set_seq(conn->new_seq());
+    c->set_dir(dir);
+    c->set_load(load);
+    c->set_strict(strict);
+    c->set_extra(extra);
+    c->set_output(out);
+    for (const auto& [name, t] : state) {
+      const bool dt = is_dtensor(t);
+      const Tensor& local = dt ? dd::local_of(t) : t;
+      KILN_CHECK(local.device() == conn->device(), Value, what, ": '", name, "' lives on ",
+                 local.device(), " and '", state.begin()->first, "' on ", conn->device(),
+                 "; a checkpoint's tensors must all be on one gang");
+      proto::CheckpointEntry* e = c->add_entries();
+      e->set_name(name);
+      e->set_id(remote_value(local, what).id);
+      e->set_dtensor(dt);
+      if (dt) encode_spec(dd::spec_of(t), e->mutable_spec());
+      if (load) local.impl()->bump_version();  // written in place on the workers
+    }
+  }
+  // A value the client does not keep: the fetch below is the call's wait, and raises its error.
+  Tensor report = make_remote_tensor(conn, out, kUInt8, {0}, {1}, 0);
+  Tensor bytes = conn->fetch(out);
+  const std::string text(static_cast<const char*>(bytes.data_ptr()),
+                         static_cast<size_t>(bytes.numel()));
+  checkpoint::LoadResult r;
+  if (!load) return r;
+  const auto j = nlohmann::json::parse(text);
+  r.missing_keys = j.at("missing").get<std::vector<std::string>>();
+  r.unexpected_keys = j.at("unexpected").get<std::vector<std::string>>();
+  r.extra = j.at("extra").get<std::string>();
+  return r;
+}
+
 const bool g_registered = [] {
-  dd::set_remote_hooks({&init_mesh, &run_op, &redistribute, &release});
+  dd::set_remote_hooks({&init_mesh, &run_op, &redistribute, &release, &run_checkpoint});
   return true;
 }();
 

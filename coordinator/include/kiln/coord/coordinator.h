@@ -159,6 +159,8 @@ class Coordinator {
   bool preempt_for_locked(const JobRec& j, int idle);
   // A preempting job's driver exited (or its grace ran out): its session ends, it is requeued.
   void preempted_locked(JobRec& j, const std::string& why);
+  // Whether `j` has restarts left; if so, queues it again as "restarting" (Note [Restarts]).
+  bool restart_locked(JobRec& j, const std::string& why);
   SessionRec& new_session_locked(const std::vector<std::string>& worker_ids,
                                  const std::string& tenant, const std::string& job_id);
   void end_session_locked(SessionRec& s, const std::string& state, const std::string& message);
@@ -180,6 +182,8 @@ class Coordinator {
   // A finding about session `s` (Note [Desync detection] in desync.h): on its job (kept in the
   // state file), in its log, on stderr and in finding_counts().
   void add_finding_locked(const SessionRec& s, const std::string& kind, const std::string& text);
+  // The same for a job, inside the caller's transaction.
+  void add_job_finding_locked(JobRec& j, const std::string& kind, const std::string& text);
   // The step records of a heartbeat: stored per job, each rank's latest on the job, stragglers
   // named (Note [Stragglers] in stragglers.h).
   void record_steps_locked(const proto::HeartbeatRequest& req);

@@ -90,6 +90,8 @@ class ProcessGroup {
 
   // The last collectives of this group, oldest first, one line each (the flight recorder).
   std::string dump_recent() const;
+  // See Note [Aborting process groups].
+  void abort(const std::string& why);
 
   explicit ProcessGroup(std::shared_ptr<ProcessGroupImpl> impl) : impl_(std::move(impl)) {}
   ~ProcessGroup();
@@ -132,6 +134,13 @@ ProcessGroupPtr find_group(std::string_view name);
 void destroy_process_group();
 // Every group's flight recorder (its last collectives and their states), for a hang report.
 std::string dump_all_groups();
+// Note [Aborting process groups]: makes every collective of every group, in flight or later,
+// fail at once with a RuntimeError naming `why`, instead of waiting out its timeout for a peer
+// that is gone: a worker whose session ended (the coordinator closed it, or gave the worker to
+// another session) aborts the session's groups, so its executor, stuck in a collective with a
+// dead rank, is free within milliseconds. UCX groups only (an NCCL group still times out).
+// destroy_process_group() must follow before the next init_process_group.
+void abort_process_groups(const std::string& why);
 
 // A one-rank group that needs no transport and no store (tests, single-process runs).
 ProcessGroupPtr new_local_group(std::string name);

@@ -28,12 +28,25 @@
 //  - redistribute_local on a remote shard records a Redistribute command: the worker runs it.
 //  - Autograd runs on the client, above the DTensor key, so backward ops are recorded the same way.
 //  - Reads fetch rank 0's value: full_tensor() of a remote DTensor is read like any remote tensor.
+//
+// Note [Gang checkpoints]: dcp.save and dcp.load of a state whose tensors live on a gang (remote
+// DTensors, and remote plain tensors: each worker holds its own copy of those) record one
+// Checkpoint command. Each worker wraps its shards in DTensors of the recorded specs and runs the
+// embedded save or load (Note [Distributed checkpoint format] in kiln/dist/checkpoint.h) over the
+// gang's group, so the files are the same as an embedded run of that mesh writes, and either can
+// load the other's, resharded to any mesh. The directory is the workers' (one they all see); the
+// client never touches it. The workers first agree, by one all-reduce, that each has every value,
+// so a missing or failed value fails the command on all of them rather than leaving the others in
+// a collective. Each binds a small JSON report (load's missing and unexpected keys and `extra`),
+// which the client fetches from rank 0: that fetch is the call's wait, and raises the
+// checkpoint's error. A state that mixes a gang's tensors with this process's is a ValueError.
 #pragma once
 
 #include <string_view>
 #include <vector>
 
 #include "kiln/dispatcher.h"
+#include "kiln/dist/checkpoint.h"
 #include "kiln/dist/dtensor.h"
 
 namespace kiln::dist {
@@ -63,6 +76,10 @@ struct RemoteHooks {
                          const Tensor& into) = nullptr;
   // Frees the workers' memory of remote values, keeping them for a redistribute `into` them.
   void (*release)(const std::vector<Tensor>& values) = nullptr;
+  // checkpoint::save (`load` false: `strict` unused, the result empty) or checkpoint::load of a
+  // state whose tensors all live on one gang (See Note [Gang checkpoints]).
+  checkpoint::LoadResult (*checkpoint)(const TensorMap& state, const std::string& dir,
+                                       const std::string& extra, bool load, bool strict) = nullptr;
 };
 void set_remote_hooks(const RemoteHooks& hooks);
 // The hooks; RuntimeError when no Remote backend is linked.
