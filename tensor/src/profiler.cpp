@@ -300,7 +300,7 @@ void Profile::step() {
   ProfilerAction next = opts_.schedule ? opts_.schedule(step_num_) : ProfilerAction::Record;
   bool save = prev == ProfilerAction::RecordAndSave || (is_recording(prev) && !is_recording(next));
   if (save) {
-    collect();
+    collect(step_num_ - 1);
     action_ = ProfilerAction::None;
   }
   enter(next);
@@ -318,7 +318,7 @@ void Profile::stop() {
   detail::g_ops_on.store(false, std::memory_order_relaxed);
   detail::g_memory_on.store(false, std::memory_order_relaxed);
   if (save) {
-    collect();
+    collect(step_num_);
   } else {
     g_epoch.fetch_add(1, std::memory_order_relaxed);  // drop warmup's events
     detail::drain_all();
@@ -329,7 +329,7 @@ void Profile::stop() {
   if (save && opts_.on_trace_ready) opts_.on_trace_ready(*this);
 }
 
-void Profile::collect() {
+void Profile::collect(int64_t last_step) {
   uint32_t epoch = g_epoch.fetch_add(1, std::memory_order_relaxed);
   std::vector<detail::Drained> drained = detail::drain_all();
   Trace t;
@@ -337,7 +337,7 @@ void Profile::collect() {
   t.profile_memory = opts_.profile_memory;
   t.with_flops = opts_.with_flops;
   t.first_step = cycle_first_step_;
-  t.last_step = step_num_ - (running_ && action_ != ProfilerAction::None ? 1 : 0);
+  t.last_step = last_step;
   detail::build_trace(drained, epoch, origin_ns_, opts_.record_shapes || opts_.with_flops,
                       opts_.with_flops, t.events_, t.memory_);
   trace_ = std::move(t);

@@ -76,6 +76,9 @@ TEST(Profiler, NoShapesUnlessAsked) {
   EXPECT_TRUE(mms[0]->input_shapes.empty());
   EXPECT_EQ(mms[0]->flops, -1);
   EXPECT_EQ(mms[0]->bytes, 3 * 4 * 4);  // bytes are always counted
+  // No schedule, no step(): one cycle covering step 0.
+  EXPECT_EQ(prof.trace().first_step, 0);
+  EXPECT_EQ(prof.trace().last_step, 0);
 }
 
 TEST(Profiler, LinearFlopsAndNesting) {

@@ -135,7 +135,7 @@ class Trace {
   void export_chrome_trace(const std::string& path) const;
 
   bool record_shapes = false, profile_memory = false, with_flops = false;
-  int64_t first_step = -1, last_step = -1;  // the steps it covers (-1: no step() was called)
+  int64_t first_step = -1, last_step = -1;  // the steps it covers (ProfilerStep#N ranges)
 
  private:
   friend class Profile;
@@ -180,7 +180,7 @@ class Profile {
 
  private:
   void enter(ProfilerAction a);  // turns recording on or off for action `a`
-  void collect();                // moves the buffers' events into trace_
+  void collect(int64_t last_step);  // moves the buffers' events into trace_
   ProfilerOptions opts_;
   bool running_ = false;
   int64_t step_num_ = 0;
