@@ -214,7 +214,9 @@ class ProcessGroupImpl : public std::enable_shared_from_this<ProcessGroupImpl> {
     std::ostringstream msg;
     msg << describe(op, seq, p2p) << " " << why;
     abort(msg.str());
-    if (!p2p) msg << desync_report(op, seq);
+    // No desync report for a group aborted from outside: the session is over, and its store may
+    // be on a host that is gone (a read would wait out the store's timeout).
+    if (!p2p && !(transport && transport->aborted())) msg << desync_report(op, seq);
     std::cerr << "kiln.dist: " << msg.str() << "\nkiln.dist: last collectives of group '" << name
               << "' on rank " << rank << ":\n"
               << dump() << std::flush;

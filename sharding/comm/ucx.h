@@ -70,7 +70,9 @@ class UcxTransport {
       if (!aborted_) abort_reason_ = why;
     }
     aborted_.store(true, std::memory_order_release);
+    broken_ = true;  // its endpoints are force-closed: peers may be gone
   }
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   // Raises that RuntimeError once abort() was called.
   void check_aborted() const {
     if (!aborted_.load(std::memory_order_acquire)) return;
@@ -104,7 +106,7 @@ class UcxTransport {
   std::vector<std::string> mapped_;  // by world rank: '1' for each mailbox that rank mapped
   size_t slot_bytes_ = 0;
   int rank_;
-  bool broken_ = false;
+  std::atomic<bool> broken_{false};
   std::atomic<bool> aborted_{false};
   mutable std::mutex abort_mu_;
   std::string abort_reason_;
