@@ -217,6 +217,10 @@ def test_bad_input(tmp_path):
         schedule(wait=0, warmup=1.5, active=1)
     with pytest.raises(TypeError, match="activities"):
         profile(activities=["cpu"])
+    with pytest.warns(UserWarning, match="with_stack and with_modules are ignored"):
+        profile(with_stack=True)
+    with pytest.warns(UserWarning, match="CUDA ops from the host side"):
+        profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
     with pytest.raises(RuntimeError, match="has not been started"):
         profile().export_chrome_trace(str(tmp_path / "x.json"))
     with profile(schedule=schedule(wait=1, warmup=0, active=1)) as prof:

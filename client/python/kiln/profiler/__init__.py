@@ -17,6 +17,7 @@ import functools
 import os
 import socket
 import time
+import warnings
 import weakref
 
 from kiln import _C
@@ -66,8 +67,8 @@ class profile:
                  record_shapes=False, profile_memory=False, with_stack=False, with_flops=False,
                  with_modules=False, experimental_config=None, use_cuda=None):
         if with_stack or with_modules:
-            raise NotImplementedError("profile: with_stack and with_modules are not supported "
-                                      "(Kiln records ops, ranges and memory)")
+            warnings.warn("profile: with_stack and with_modules are ignored (Kiln records ops, "
+                          "record_function ranges and memory, without Python stacks)")
         acts = [ProfilerActivity.CPU] if activities is None else list(activities)
         if use_cuda:
             acts.append(ProfilerActivity.CUDA)
