@@ -1,8 +1,8 @@
 """The profiler's overhead on the chargpt GPT training step (4 layers, width 256, batch 16 x 128,
 AdamW): the step time with no profiler, under profile() and under profile(record_shapes=True,
 profile_memory=True, with_flops=True), interleaved in rounds so that drift hits every mode alike.
-Not a test: prints one line per mode (median ms/step and the ratio to "off") and the size of a
-10-step trace.
+Not a test: prints one line per mode (median ms/step and the ratio to "off"), the cost of one
+event (a 1-element add from Python, best of the rounds) and the size of a 10-step trace.
 
     PYTHONPATH=build/python .venv/bin/python bench/profiler_overhead.py [--rounds 5] [--steps 5]
 """
@@ -73,6 +73,26 @@ def main():
         med = statistics.median(times[mode])
         print(f"{mode:24s} {med * 1e3:8.2f} ms/step  ratio {med / base:.3f}  "
               f"(n={len(times[mode])}, min {min(times[mode]) * 1e3:.2f} ms)")
+
+    # The cost of one event: a 1-element add (its dispatch dominates) off and on.
+    a, b = kiln.ones(1), kiln.ones(1)
+    n = 20000
+    per_op = {}
+    for mode, opts in modes.items():
+        best = float("inf")
+        for _ in range(args.rounds):
+            prof = profile(**opts) if opts is not None else None
+            if prof:
+                prof.start()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                a + b
+            best = min(best, time.perf_counter() - t0)
+            if prof:
+                prof.stop()
+        per_op[mode] = best / n * 1e9
+    for mode, ns in per_op.items():
+        print(f"1-element add, {mode:24s} {ns:8.1f} ns/op (+{ns - per_op['off']:.1f} ns)")
 
     with profile(record_shapes=True, profile_memory=True, with_flops=True) as prof:
         for _ in range(10):
