@@ -30,7 +30,9 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "jobs.h"
@@ -503,6 +505,29 @@ int Driver::run(const std::vector<std::string>& command) {
   }
 }
 
+// A batch job runs with no client (Note [Batch jobs] in worker/src/batch.h): `kiln submit` only
+// follows it, printing its log, and exits 0 when it succeeded. Stopping it leaves the job running.
+int follow_batch(const CoordClient& c, const proto::Job& submitted) {
+  proto::WatchJobRequest req;
+  req.set_job_id(submitted.job_id());
+  req.set_follow(true);
+  grpc::ClientContext ctx;
+  c.prepare(ctx, /*follow=*/true);
+  auto reader = c.stub->WatchJob(&ctx, req);
+  proto::Job job = submitted;
+  for (proto::JobEvent e; reader->Read(&e);) {
+    if (e.has_job())
+      job = e.job();
+    else
+      std::printf("%s\n", e.log_line().c_str());
+    std::fflush(stdout);
+  }
+  if (auto st = reader->Finish(); !st.ok()) return report_rpc_error(c, st);
+  std::fprintf(stderr, "kiln: %s %s%s%s\n", job.job_id().c_str(), job.state().c_str(),
+               job.message().empty() ? "" : ": ", job.message().c_str());
+  return job.state() == "succeeded" ? 0 : 1;
+}
+
 }  // namespace
 
 int submit_main(const CoordClient& c, const std::vector<std::string>& args) {
@@ -510,7 +535,7 @@ int submit_main(const CoordClient& c, const std::vector<std::string>& args) {
   req.set_protocol_version(kiln::proto::kProtocolVersion);
   req.set_workers(1);
   std::vector<std::string> command;
-  bool workers_given = false;
+  bool workers_given = false, detach = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") {
@@ -581,6 +606,20 @@ int submit_main(const CoordClient& c, const std::vector<std::string>& args) {
         std::fprintf(stderr, "kiln: %s needs an integer\n", a.c_str());
         return kExitUsage;
       }
+    } else if (a == "--batch") {  // See Note [Batch jobs] in worker/src/batch.h
+      std::ifstream in(i + 1 < args.size() ? args[i + 1] : "", std::ios::binary);
+      std::stringstream bytes;
+      bytes << in.rdbuf();
+      if (!in || bytes.str().empty()) {
+        std::fprintf(stderr, "kiln: --batch needs a batch job spec file (kiln.batch.save_job)%s%s\n",
+                     i + 1 < args.size() ? ": cannot read " : "",
+                     i + 1 < args.size() ? args[i + 1].c_str() : "");
+        return kExitUsage;
+      }
+      req.set_batch(bytes.str());
+      ++i;
+    } else if (a == "--detach") {
+      detach = true;
     } else if (a == "--checkpoint-dir") {
       if (i + 1 >= args.size() || args[i + 1].empty()) {
         std::fprintf(stderr, "kiln: --checkpoint-dir needs a directory\n");
@@ -595,8 +634,9 @@ int submit_main(const CoordClient& c, const std::vector<std::string>& args) {
       return kExitUsage;
     }
   }
-  if (command.empty()) {
-    std::fprintf(stderr, "kiln: kiln submit needs a COMMAND (kiln submit --workers N -- CMD...)\n");
+  if (command.empty() == req.batch().empty()) {
+    std::fprintf(stderr, "kiln: kiln submit needs a COMMAND (kiln submit --workers N -- CMD...) "
+                         "or a batch job (--batch SPEC), not both\n");
     return kExitUsage;
   }
   for (const auto& w : command) req.add_command(w);
@@ -610,6 +650,7 @@ int submit_main(const CoordClient& c, const std::vector<std::string>& args) {
   } else {
     std::fprintf(stderr, "kiln: submitted %s\n", job.job_id().c_str());
   }
+  if (!req.batch().empty()) return detach ? 0 : follow_batch(c, job);
   Driver driver(c, job);
   return driver.run(command);
 }

@@ -237,7 +237,56 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
     const int rank = sessions_.at(hw->first).rank_of(req.worker_id());
     if (rank >= 0 && !hw->second.dumps.count(rank)) reply.add_dump_sessions(hw->first);
   }
+  batch_beat_locked(req, w, reply);
   return reply;
+}
+
+// See Note [Batch jobs] in worker/src/batch.h: a worker of a running batch job's session that
+// does not serve it yet is told to run it (again at every beat until it does: the worker runs a
+// session's batch once); a run's end finishes the job (rank 0's success) or restarts or fails it
+// (any rank's failure), as a driver's exit would.
+void Coordinator::batch_beat_locked(const proto::HeartbeatRequest& req, const WorkerRec& w,
+                                    proto::HeartbeatReply& reply) {
+  for (const proto::BatchResult& r : req.batch_results()) {
+    auto s = sessions_.find(r.session_id());
+    if (s == sessions_.end() || s->second.state != "open") continue;  // over already
+    const int rank = s->second.rank_of(req.worker_id());
+    auto j = jobs_.find(s->second.job_id);
+    if (rank < 0 || j == jobs_.end() || j->second.job.state() != "running") continue;
+    JobRec& job = j->second;
+    Transaction t(state_->db());
+    const std::string line =
+        r.ok() ? absl::StrCat("[kiln-worker rank ", rank, "] finished step ", r.steps())
+               : absl::StrCat("[kiln-worker rank ", rank, "] failed after step ", r.steps(), ": ",
+                              r.message());
+    state_->append_logs(job.job.job_id(), {line.substr(0, kMaxLogLineBytes)});
+    if (!r.ok()) {
+      const std::string why = absl::StrCat("rank ", rank, " failed: ", r.message());
+      if (!restart_locked(job, why)) finish_job_locked(job, "failed", 1, why);
+      schedule_locked();
+    } else if (rank == 0) {
+      finish_job_locked(job, "succeeded", 0, "");
+      schedule_locked();
+    }
+    t.commit();
+    changed_locked();
+  }
+  const std::string& sid = w.info.session_id();
+  auto s = sessions_.find(sid);
+  if (s == sessions_.end() || s->second.state != "open" || s->second.job_id.empty()) return;
+  auto j = jobs_.find(s->second.job_id);
+  if (j == jobs_.end() || !j->second.job.batch() || j->second.job.state() != "running") return;
+  if (std::find(req.sessions().begin(), req.sessions().end(), sid) != req.sessions().end()) return;
+  const proto::Job& job = j->second.job;
+  proto::BatchRun& run = *reply.add_run_batches();
+  run.set_session_id(sid);
+  run.set_session_secret(s->second.secret);
+  run.set_job_id(job.job_id());
+  run.set_rank(s->second.rank_of(req.worker_id()));
+  run.set_world_size(static_cast<int32_t>(s->second.worker_ids.size()));
+  run.set_spec(j->second.spec);
+  run.set_checkpoint_dir(job.checkpoint_dir());
+  run.set_checkpoint_every(job.checkpoint_every());
 }
 
 // Note [Hang detection]: a running job whose driver marks steps (Session.log_step: Note [Step
@@ -469,8 +518,8 @@ void Coordinator::reap_locked() {
   for (auto& [id, s] : sessions_) {
     if (s.state != "open" || s.job_id.empty()) continue;
     auto j = jobs_.find(s.job_id);
-    if (j != jobs_.end() && j->second.job.state() == "running" && j->second.drivers == 0 &&
-        now - j->second.driver_seen > options_.driver_grace)
+    if (j != jobs_.end() && j->second.job.state() == "running" && !j->second.job.batch() &&
+        j->second.drivers == 0 && now - j->second.driver_seen > options_.driver_grace)
       orphaned.push_back(&j->second);
   }
   // Preempting jobs whose driver has not exited within Options::preempt_grace.

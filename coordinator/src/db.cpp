@@ -50,6 +50,19 @@ int64_t Stmt::integer(int col) const { return sqlite3_column_int64(stmt_, col); 
 double Stmt::real(int col) const { return sqlite3_column_double(stmt_, col); }
 bool Stmt::is_null(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
 
+Stmt& Stmt::bind_blob(int i, const std::string& bytes) {
+  if (sqlite3_bind_blob(stmt_, i, bytes.data(), static_cast<int>(bytes.size()),
+                        SQLITE_TRANSIENT) != SQLITE_OK) {
+    fail(db_, "bind");
+  }
+  return *this;
+}
+
+std::string Stmt::blob(int col) const {
+  const auto* p = sqlite3_column_blob(stmt_, col);
+  return p ? std::string(static_cast<const char*>(p), sqlite3_column_bytes(stmt_, col)) : "";
+}
+
 std::string Stmt::text(int col) const {
   const auto* p = sqlite3_column_text(stmt_, col);
   return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(stmt_, col)) : "";

@@ -30,6 +30,7 @@ class Stmt {
 
   Stmt& bind(int i, int64_t v);
   Stmt& bind(int i, const std::string& v);
+  Stmt& bind_blob(int i, const std::string& bytes);
   Stmt& bind_real(int i, double v);
   Stmt& bind_null(int i);
   // true while a row is available; false when done.
@@ -42,6 +43,7 @@ class Stmt {
   double real(int col) const;
   bool is_null(int col) const;
   std::string text(int col) const;
+  std::string blob(int col) const;
 
  private:
   sqlite3* db_;

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "kiln/coord/coordinator.h"
+#include "kiln/proto/program.pb.h"
 #include "kiln/proto/service.h"
 #include "state.h"
 
@@ -184,6 +185,37 @@ bool Coordinator::restart_locked(JobRec& j, const std::string& why) {
   return true;
 }
 
+// What a coordinator can check of a batch job's spec without running it (the workers check the
+// rest, and a failure shows as the job's): that it is a BatchJob of sane sizes, whose batch splits
+// over the gang, with no command beside it. See Note [Batch jobs] in worker/src/batch.h.
+static absl::Status check_batch_spec(const proto::SubmitJobRequest& req) {
+  constexpr size_t kMaxSpecBytes = size_t{8} << 20;  // heartbeat replies carry it (16 MiB max)
+  if (!req.command().empty())
+    return absl::InvalidArgumentError("a batch job has no command (its workers run its spec)");
+  if (req.batch().size() > kMaxSpecBytes)
+    return absl::InvalidArgumentError(absl::StrCat("the batch job's spec is ", req.batch().size(),
+                                                   " bytes; the limit is ", kMaxSpecBytes));
+  proto::BatchJob spec;
+  if (!spec.ParseFromString(req.batch()))
+    return absl::InvalidArgumentError("the batch job's spec is not a BatchJob (program.proto)");
+  if (spec.step().nodes_size() == 0 || spec.inputs_size() != spec.step().inputs_size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the batch job's step has ", spec.step().nodes_size(), " nodes, ",
+        spec.step().inputs_size(), " inputs and ", spec.inputs_size(), " input sources"));
+  if (spec.steps() < 1 || spec.init_checkpoint().empty() || spec.data().empty())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the batch job needs steps >= 1 (got ", spec.steps(), "), an initial checkpoint and a "
+        "data file"));
+  if (spec.batch_size() < 1 || spec.batch_size() % req.workers() != 0)
+    return absl::InvalidArgumentError(absl::StrCat("the batch job's batch_size ",
+                                                   spec.batch_size(), " does not split over ",
+                                                   req.workers(), " workers"));
+  if (req.min_workers() != 0 && req.min_workers() != req.workers())
+    return absl::InvalidArgumentError(
+        "a batch job runs on the world size its step was captured for: no --min-workers");
+  return absl::OkStatus();
+}
+
 // How many workers `j` starts on with `idle` free (0: it waits). See Note [Restarts].
 static int gang_size(const proto::Job& j, int idle) {
   if (j.state() != "restarting" || j.min_workers() >= j.max_workers()) return j.workers();
@@ -266,8 +298,12 @@ absl::StatusOr<proto::Job> Coordinator::submit_job(const proto::SubmitJobRequest
     return absl::InvalidArgumentError(
         absl::StrCat("workers must be in [1, ", kMaxJobWorkers, "], got ", req.workers()));
   }
-  if (req.command().empty() || req.command(0).empty()) {
-    return absl::InvalidArgumentError("command is required (the driver program and its args)");
+  const bool batch = !req.batch().empty();  // See Note [Batch jobs] in worker/src/batch.h
+  if (batch) {
+    if (auto st = check_batch_spec(req); !st.ok()) return st;
+  } else if (req.command().empty() || req.command(0).empty()) {
+    return absl::InvalidArgumentError(
+        "command is required (the driver program and its args), or a batch job's spec");
   }
   size_t bytes = 0;
   for (const auto& arg : req.command()) bytes += arg.size() + 1;
@@ -337,10 +373,13 @@ absl::StatusOr<proto::Job> Coordinator::submit_job(const proto::SubmitJobRequest
   r.job.set_max_workers(req.workers());
   r.job.set_checkpoint_dir(req.checkpoint_dir());
   r.job.set_checkpoint_every(req.checkpoint_every());
+  r.job.set_batch(batch);
+  r.spec = req.batch();
   r.job.set_tenant(tenant);
   r.job.set_submitted_unix_ms(now_unix_ms());
   Transaction t(state_->db());
   state_->put_job(r);
+  if (batch) state_->put_spec(r.job.job_id(), r.spec);
   JobRec& stored = jobs_[r.job.job_id()] = r;
   schedule_locked();
   t.commit();

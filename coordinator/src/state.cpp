@@ -9,7 +9,7 @@ namespace {
 
 // Bump on every schema change, with a migration from the previous version in open().
 // 2: sessions.secret. 3: job_findings and job_steps (new tables: kSchema makes them).
-// 4: jobs.mesh. 5: jobs.restarts.
+// 4: jobs.mesh. 5: jobs.restarts and job_specs (a new table).
 constexpr int kSchemaVersion = 5;
 
 constexpr const char* kSchema = R"(
@@ -33,6 +33,7 @@ CREATE TABLE IF NOT EXISTS job_steps (
   job_id TEXT NOT NULL, step INTEGER NOT NULL, rank INTEGER NOT NULL, unix_ms INTEGER NOT NULL,
   seconds REAL NOT NULL, busy_seconds REAL NOT NULL, loss REAL, tokens REAL NOT NULL,
   PRIMARY KEY (job_id, step, rank));
+CREATE TABLE IF NOT EXISTS job_specs (job_id TEXT PRIMARY KEY, spec BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS job_findings (
   job_id TEXT NOT NULL, idx INTEGER NOT NULL, kind TEXT NOT NULL, text TEXT NOT NULL,
   unix_ms INTEGER NOT NULL, PRIMARY KEY (job_id, idx));
@@ -155,8 +156,14 @@ Loaded State::load() {
     job.set_max_workers(restarts.value("max_workers", job.workers()));
     job.set_checkpoint_dir(restarts.value("checkpoint_dir", ""));
     job.set_checkpoint_every(restarts.value("checkpoint_every", 0));
+    job.set_batch(restarts.value("batch", false));
     out.max_seq = std::max(out.max_seq, r.seq);
     out.jobs[job.job_id()] = r;
+  }
+  Stmt specs = db_.prepare("SELECT job_id, spec FROM job_specs");  // See Note [Batch jobs]
+  while (specs.step()) {
+    auto it = out.jobs.find(specs.text(0));
+    if (it != out.jobs.end()) it->second.spec = specs.blob(1);
   }
   // Each rank's latest step (Note [Step telemetry] in worker/src/reports.h).
   Stmt last = db_.prepare(
@@ -223,7 +230,8 @@ void State::put_job(const JobRec& r) {
                                    {"min_workers", j.min_workers()},
                                    {"max_workers", j.max_workers()},
                                    {"checkpoint_dir", j.checkpoint_dir()},
-                                   {"checkpoint_every", j.checkpoint_every()}};
+                                   {"checkpoint_every", j.checkpoint_every()},
+                                   {"batch", j.batch()}};
   db_.prepare(
          "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
       .bind(1, r.seq)
@@ -243,6 +251,10 @@ void State::put_job(const JobRec& r) {
       .bind(15, to_json(mesh))
       .bind(16, restarts.dump())
       .run();
+}
+
+void State::put_spec(const std::string& job_id, const std::string& spec) {
+  db_.prepare("INSERT OR REPLACE INTO job_specs VALUES (?, ?)").bind(1, job_id).bind_blob(2, spec).run();
 }
 
 void State::put_step(const std::string& job_id, const proto::StepRecord& r) {

@@ -67,6 +67,7 @@ struct JobRec {
   Clock::time_point driver_seen = Clock::now();
   // Not stored: when it was asked to give its workers up (job.preempting()).
   Clock::time_point preempt_asked;
+  std::string spec;  // a batch job's BatchJob bytes (job_specs; Note [Batch jobs])
   // Not stored: a restarting job starts no earlier (Note [Restarts] in jobs.cpp).
   Clock::time_point restart_after;
 };
@@ -96,6 +97,8 @@ class State {
   int64_t log_count(const std::string& job_id);
   // Finding `idx` (0-based) of a job (Note [Desync detection] in desync.h).
   void put_finding(const std::string& job_id, int idx, const proto::Finding& f);
+  // A batch job's spec (Note [Batch jobs] in worker/src/batch.h), stored once at submission.
+  void put_spec(const std::string& job_id, const std::string& spec);
   // A rank's step of a job, and a job's steps from `from` on (by step, then rank), at most
   // `limit` (See Note [Step telemetry] in worker/src/reports.h).
   void put_step(const std::string& job_id, const proto::StepRecord& r);

@@ -220,12 +220,12 @@ class FakeWorker {
   }
 
   // One heartbeat as this worker (its id and epoch set here), carrying what `req` holds
-  // (collective records, steps), as kiln-worker's beats do.
-  absl::Status beat_once(proto::HeartbeatRequest req) const {
+  // (collective records, steps, batch results), as kiln-worker's beats do; the reply in `reply`.
+  absl::Status beat_once(proto::HeartbeatRequest req, proto::HeartbeatReply* reply = nullptr) const {
     req.set_worker_id(id_);
     req.set_epoch(epoch_);
-    proto::HeartbeatReply reply;
-    return d_.call(&Stub::Heartbeat, req, &reply, &token_);
+    proto::HeartbeatReply ignored;
+    return d_.call(&Stub::Heartbeat, req, reply ? reply : &ignored, &token_);
   }
 
  private:

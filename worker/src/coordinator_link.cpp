@@ -22,7 +22,7 @@ void prepare(grpc::ClientContext& ctx, const std::string& token) {
 
 absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::start(
     const std::string& address, const std::string& token, proto::RegisterWorkerRequest request,
-    LoadFn load, CloseFn close, DumpFn dump) {
+    LoadFn load, CloseFn close, DumpFn dump, RunFn run) {
   std::unique_ptr<CoordinatorLink> link(new CoordinatorLink());
   link->token_ = token;
   link->request_ = std::move(request);
@@ -30,6 +30,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::start(
   link->load_ = std::move(load);
   link->close_ = std::move(close);
   link->dump_ = std::move(dump);
+  link->run_ = std::move(run);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
   link->stub_ = proto::Coordinator::NewStub(
@@ -69,6 +70,7 @@ void CoordinatorLink::heartbeat_loop() {
   std::vector<proto::CollectiveRecord> collectives;
   std::vector<proto::StepRecord> steps;
   std::vector<proto::StackDump> dumps;
+  std::vector<proto::BatchResult> results;
   while (!cv_.wait_for(lock, kReportPoll, [&] { return stop_; })) {
     const auto interval = std::chrono::milliseconds(interval_ms_);
     proto::HeartbeatRequest req;
@@ -77,8 +79,10 @@ void CoordinatorLink::heartbeat_loop() {
     lock.unlock();
     for (proto::CollectiveRecord& r : take_collectives()) collectives.push_back(std::move(r));
     for (proto::StepRecord& r : take_steps()) steps.push_back(std::move(r));
+    for (proto::BatchResult& r : take_batch_results()) results.push_back(std::move(r));
     const auto now = std::chrono::steady_clock::now();
-    if (collectives.empty() && steps.empty() && dumps.empty() && now - last < interval) {
+    if (collectives.empty() && steps.empty() && dumps.empty() && results.empty() &&
+        now - last < interval) {
       lock.lock();
       continue;
     }
@@ -89,6 +93,7 @@ void CoordinatorLink::heartbeat_loop() {
     for (const proto::CollectiveRecord& r : collectives) *req.add_collectives() = r;
     for (const proto::StepRecord& r : steps) *req.add_steps() = r;
     for (const proto::StackDump& d : dumps) *req.add_dumps() = d;
+    for (const proto::BatchResult& r : results) *req.add_batch_results() = r;
     grpc::ClientContext ctx;
     prepare(ctx, token_);
     proto::HeartbeatReply reply;
@@ -97,7 +102,10 @@ void CoordinatorLink::heartbeat_loop() {
       collectives.clear();
       steps.clear();
       dumps.clear();
+      results.clear();
       for (const std::string& s : reply.close_sessions()) close_(s);
+      if (run_)
+        for (const proto::BatchRun& r : reply.run_batches()) run_(r);
       // Sent with the next beat, at the next poll.
       for (const std::string& s : reply.dump_sessions()) {
         proto::StackDump& d = dumps.emplace_back();

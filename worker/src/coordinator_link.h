@@ -31,12 +31,14 @@ class CoordinatorLink {
   // The worker's account of a session it serves, for a hang report (See Note [Hang detection]
   // in coordinator/src/coordinator.cpp).
   using DumpFn = std::function<std::string(const std::string& session_id)>;
+  // Starts a batch job's run the coordinator handed this worker (Note [Batch jobs] in batch.h).
+  using RunFn = std::function<void(const proto::BatchRun& run)>;
   // Registers once (its failure is start's) and starts the heartbeat thread, which beats every
   // interval the coordinator asked for, and sooner (every kReportPoll) while reports wait (See
   // Note [Collective reports] and Note [Step telemetry] in reports.h).
   static absl::StatusOr<std::unique_ptr<CoordinatorLink>> start(
       const std::string& address, const std::string& token, proto::RegisterWorkerRequest request,
-      LoadFn load, CloseFn close, DumpFn dump = nullptr);
+      LoadFn load, CloseFn close, DumpFn dump = nullptr, RunFn run = nullptr);
   static constexpr std::chrono::milliseconds kReportPoll{100};
   ~CoordinatorLink();  // stops the heartbeat thread
 
@@ -58,6 +60,7 @@ class CoordinatorLink {
   LoadFn load_;
   CloseFn close_;
   DumpFn dump_;
+  RunFn run_;
   std::unique_ptr<proto::Coordinator::Stub> stub_;
   std::mutex mu_;
   std::condition_variable cv_;

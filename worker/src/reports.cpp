@@ -14,6 +14,7 @@ std::mutex g_mu;
 std::string g_gang_session;  // "" outside a gang: no collective is recorded
 std::deque<proto::CollectiveRecord> g_collectives;
 std::deque<proto::StepRecord> g_steps;
+std::deque<proto::BatchResult> g_batch_results;
 
 template <typename T>
 void push_bounded(std::deque<T>& q, T&& v) {
@@ -59,5 +60,12 @@ void report_step(proto::StepRecord record) {
 }
 
 std::vector<proto::StepRecord> take_steps() { return take(g_steps); }
+
+void report_batch_result(proto::BatchResult result) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  push_bounded(g_batch_results, std::move(result));
+}
+
+std::vector<proto::BatchResult> take_batch_results() { return take(g_batch_results); }
 
 }  // namespace kiln::worker

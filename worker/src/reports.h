@@ -35,4 +35,8 @@ std::vector<proto::CollectiveRecord> take_collectives();
 void report_step(proto::StepRecord record);
 std::vector<proto::StepRecord> take_steps();
 
+// How a batch run ended (Note [Batch jobs] in batch.h).
+void report_batch_result(proto::BatchResult result);
+std::vector<proto::BatchResult> take_batch_results();
+
 }  // namespace kiln::worker

@@ -13,6 +13,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "batch.h"
 #include "coordinator_link.h"
 #include "gang.h"
 #include "kiln/dist/process_group.h"
@@ -224,11 +225,14 @@ struct Server::Impl final : grpc::Service {
       if (!o.session_id.empty()) ids.insert(o.session_id);
       l.memory_in_use_bytes += o.session->memory_in_use_bytes();
     }
+    if (batches)
+      if (std::string b = batches->running(); !b.empty()) ids.insert(b);
     l.sessions.assign(ids.begin(), ids.end());
     return l;
   }
 
   void close_session(const std::string& id) { gate->cancel(id); }
+  std::unique_ptr<BatchRunner> batches;  // See Note [Batch jobs] in batch.h
 
   // See Note [Hang detection] in coordinator/src/coordinator.cpp.
   std::string dump(const std::string& id) {
@@ -286,10 +290,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
     req.set_device(opt.device.str());
     req.set_memory_limit_bytes(opt.memory_limit_bytes);
     Impl* self = impl.get();
+    self->batches = std::make_unique<BatchRunner>(
+        *self->gate, self->gang, self->address.substr(0, self->address.rfind(':')), opt.device);
     auto link = CoordinatorLink::start(
         opt.coordinator, opt.token, std::move(req), [self] { return self->load(); },
         [self](const std::string& id) { self->close_session(id); },
-        [self](const std::string& id) { return self->dump(id); });
+        [self](const std::string& id) { return self->dump(id); },
+        [self](const proto::BatchRun& r) {  // a later beat repeats it until it runs
+          if (self->coordinator) self->batches->start(*self->coordinator, r);
+        });
     if (!link.ok()) {
       impl->server->Shutdown();
       return link.status();

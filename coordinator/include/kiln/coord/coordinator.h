@@ -184,6 +184,9 @@ class Coordinator {
   void add_finding_locked(const SessionRec& s, const std::string& kind, const std::string& text);
   // The same for a job, inside the caller's transaction.
   void add_job_finding_locked(JobRec& j, const std::string& kind, const std::string& text);
+  // A heartbeat's batch results, and the BatchRun its worker still needs (Note [Batch jobs]).
+  void batch_beat_locked(const proto::HeartbeatRequest& req, const WorkerRec& w,
+                         proto::HeartbeatReply& reply);
   // The step records of a heartbeat: stored per job, each rank's latest on the job, stragglers
   // named (Note [Stragglers] in stragglers.h).
   void record_steps_locked(const proto::HeartbeatRequest& req);

@@ -1,0 +1,172 @@
+// Batch jobs as the coordinator runs them (Note [Batch jobs] in worker/src/batch.h): the spec is
+// checked at submission and kept in the state file, each worker of the gang is told to run it
+// until it does, rank 0's success ends the job, and a failure restarts or fails it. The workers'
+// side is tests/python/test_batch_run.py.
+#include "harness.h"
+#include "kiln/proto/program.pb.h"
+
+namespace kiln::test {
+namespace {
+
+std::string spec_bytes(int64_t batch_size = 4) {
+  proto::BatchJob spec;
+  spec.mutable_step()->add_inputs(1);
+  spec.mutable_step()->add_input_specs()->set_dtype("float32");
+  proto::Instruction& neg = *spec.mutable_step()->add_nodes();
+  neg.set_op("neg");
+  neg.add_args()->set_value(1);
+  neg.add_outputs(2);
+  spec.mutable_step()->add_outputs(2);
+  spec.add_inputs()->set_state("w");
+  spec.set_loss(0);
+  spec.set_init_checkpoint("/shared/init");
+  spec.set_data("/shared/data.safetensors");
+  spec.set_batch_size(batch_size);
+  spec.set_steps(3);
+  return spec.SerializeAsString();
+}
+
+proto::SubmitJobRequest batch_job(int workers, std::string spec = spec_bytes()) {
+  proto::SubmitJobRequest req;
+  req.set_protocol_version(proto::kProtocolVersion);
+  req.set_workers(workers);
+  req.set_batch(std::move(spec));
+  req.set_max_restarts(1);
+  req.set_checkpoint_dir("/shared/ckpt");
+  req.set_checkpoint_every(2);
+  return req;
+}
+
+std::vector<std::string> gang_of(Daemon& d, const std::string& session_id) {
+  proto::LookupSessionRequest look;
+  look.set_session_id(session_id);
+  proto::SessionInfo info;
+  EXPECT_TRUE(d.call(&Stub::LookupSession, look, &info).ok());
+  return {info.worker_ids().begin(), info.worker_ids().end()};
+}
+
+proto::HeartbeatRequest result(const std::string& session_id, bool ok, int64_t steps,
+                               const std::string& message = "") {
+  proto::HeartbeatRequest req;
+  proto::BatchResult& r = *req.add_batch_results();
+  r.set_session_id(session_id);
+  r.set_ok(ok);
+  r.set_steps(steps);
+  r.set_message(message);
+  return req;
+}
+
+TEST(BatchJobs, WorkersAreToldToRunItAndItsEndFinishesTheJob) {
+  TempDir dir;
+  Daemon d(dir.path(), {"--heartbeat-ms", "200", "--dead-after", "3"});
+  std::map<std::string, std::unique_ptr<FakeWorker>> w;
+  for (const char* id : {"w0", "w1"}) w[id] = std::make_unique<FakeWorker>(d, id);
+  proto::Job job;
+  ASSERT_TRUE(d.call(&Stub::SubmitJob, batch_job(2), &job).ok());
+  EXPECT_TRUE(job.batch());
+  ASSERT_TRUE(eventually([&] { return get_job(d, job.job_id()).state() == "running"; }));
+  const std::string first = get_job(d, job.job_id()).session_id();
+  const std::vector<std::string> ranks = gang_of(d, first);
+  ASSERT_EQ(ranks.size(), 2u);
+
+  // A worker that does not serve the session yet is told to run it, as its rank.
+  proto::HeartbeatReply reply;
+  ASSERT_TRUE(w[ranks[1]]->beat_once({}, &reply).ok());
+  ASSERT_EQ(reply.run_batches_size(), 1);
+  const proto::BatchRun& run = reply.run_batches(0);
+  EXPECT_EQ(run.session_id(), first);
+  EXPECT_FALSE(run.session_secret().empty());
+  EXPECT_EQ(run.job_id(), job.job_id());
+  EXPECT_EQ(run.rank(), 1);
+  EXPECT_EQ(run.world_size(), 2);
+  EXPECT_EQ(run.spec(), spec_bytes());
+  EXPECT_EQ(run.checkpoint_dir(), "/shared/ckpt");
+  EXPECT_EQ(run.checkpoint_every(), 2);
+  // One that serves it is not.
+  proto::HeartbeatRequest serving;
+  serving.add_sessions(first);
+  ASSERT_TRUE(w[ranks[1]]->beat_once(serving, &reply).ok());
+  EXPECT_EQ(reply.run_batches_size(), 0);
+
+  // Rank 1's success alone does not end the job; rank 0's failure restarts it.
+  ASSERT_TRUE(w[ranks[1]]->beat_once(result(first, true, 3)).ok());
+  EXPECT_EQ(get_job(d, job.job_id()).state(), "running");
+  ASSERT_TRUE(w[ranks[0]]->beat_once(result(first, false, 1, "boom")).ok());
+  proto::Job j = get_job(d, job.job_id());
+  EXPECT_EQ(j.state(), "restarting");
+  ASSERT_EQ(j.findings_size(), 1);
+  EXPECT_NE(j.findings(0).text().find("rank 0 failed: boom; restart 1 of 1"), std::string::npos)
+      << j.findings(0).text();
+  // The spec outlives the coordinator, and the restarted job's workers get it.
+  d.crash();
+  d.start();
+  ASSERT_TRUE(eventually(
+      [&] {
+        const proto::Job r = get_job(d, job.job_id());
+        return r.state() == "running" && r.session_id() != first;
+      },
+      std::chrono::seconds(10)));
+  const std::string second = get_job(d, job.job_id()).session_id();
+  const std::vector<std::string> again = gang_of(d, second);
+  ASSERT_TRUE(w[again[0]]->beat_once({}, &reply).ok());
+  ASSERT_EQ(reply.run_batches_size(), 1);
+  EXPECT_EQ(reply.run_batches(0).spec(), spec_bytes());
+  // A late result of the first session changes nothing; rank 0's success ends the job.
+  ASSERT_TRUE(w[ranks[0]]->beat_once(result(first, true, 3)).ok());
+  EXPECT_EQ(get_job(d, job.job_id()).state(), "running");
+  ASSERT_TRUE(w[again[0]]->beat_once(result(second, true, 3)).ok());
+  j = get_job(d, job.job_id());
+  EXPECT_EQ(j.state(), "succeeded");
+  EXPECT_EQ(j.restarts(), 1);
+  bool logged = false;
+  for (const std::string& line : logs(d, job.job_id()))
+    logged |= line == "[kiln-worker rank 0] finished step 3";
+  EXPECT_TRUE(logged);
+}
+
+TEST(BatchJobs, BadSpecsAreRefused) {
+  TempDir dir;
+  Daemon d(dir.path());
+  auto refused = [&](proto::SubmitJobRequest req, const std::string& says) {
+    proto::Job job;
+    const absl::Status st = d.call(&Stub::SubmitJob, req, &job);
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+    EXPECT_NE(st.message().find(says), std::string::npos) << st;
+  };
+  refused(batch_job(2, "not a proto \xff\xff"), "is not a BatchJob");
+  refused(batch_job(3, spec_bytes(4)), "batch_size 4 does not split over 3 workers");
+  proto::SubmitJobRequest r = batch_job(2);
+  r.add_command("python");
+  refused(r, "a batch job has no command");
+  r = batch_job(2);
+  r.set_min_workers(1);
+  refused(r, "no --min-workers");
+  proto::BatchJob spec;
+  spec.ParseFromString(spec_bytes());
+  spec.set_steps(0);
+  refused(batch_job(2, spec.SerializeAsString()), "steps >= 1 (got 0)");
+  spec.set_steps(3);
+  spec.clear_inputs();
+  refused(batch_job(2, spec.SerializeAsString()), "1 inputs and 0 input sources");
+  refused(batch_job(2, std::string((8 << 20) + 1, 'x')), "the limit is 8388608");
+}
+
+TEST(BatchJobs, SubmitBatchNeedsAReadableSpec) {
+  TempDir dir;
+  Daemon d(dir.path());
+  Cli missing = run_kiln(dir.path(), d, {"submit", "--batch", (dir.path() / "nope").string()});
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_NE(missing.err.find("cannot read"), std::string::npos) << missing.err;
+  std::ofstream(dir.path() / "spec") << spec_bytes();
+  Cli both = run_kiln(dir.path(), d,
+                      {"submit", "--batch", (dir.path() / "spec").string(), "--", "true"});
+  EXPECT_EQ(both.status, 2);
+  EXPECT_NE(both.err.find("not both"), std::string::npos) << both.err;
+  Cli detached = run_kiln(dir.path(), d,
+                          {"submit", "--batch", (dir.path() / "spec").string(), "--detach"});
+  EXPECT_EQ(detached.status, 0) << detached.err;
+  EXPECT_TRUE(get_job(d, "job-1").batch());
+}
+
+}  // namespace
+}  // namespace kiln::test

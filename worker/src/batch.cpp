@@ -1,0 +1,221 @@
+// A worker's part of a batch job (See Note [Batch jobs] in batch.h).
+#include "batch.h"
+
+#include <absl/strings/str_cat.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+#include "coordinator_link.h"
+#include "gang.h"
+#include "kiln/compiler/graph.h"
+#include "kiln/dist/checkpoint.h"
+#include "kiln/dist/process_group.h"
+#include "kiln/generated/ops.h"
+#include "kiln/ir.h"
+#include "kiln/proto/program.pb.h"
+#include "kiln/safetensors.h"
+#include "kiln/worker/codec.h"
+#include "kiln/worker/stream_gate.h"
+#include "reports.h"
+
+namespace kiln::worker {
+
+namespace {
+
+constexpr auto kEnterWait = std::chrono::seconds(10);  // for a client stream still tearing down
+
+int64_t unix_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+// The step to resume after, from a checkpoint's extra JSON ({"values": {"step": N}}, as
+// kiln.distributed.checkpoint stores non-tensor values); 0 when it has none.
+int64_t saved_step(const std::string& extra) {
+  const auto j = nlohmann::json::parse(extra, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("values") || !j["values"].is_object()) return 0;
+  const auto& v = j["values"];
+  return v.contains("step") && v["step"].is_number_integer() ? v["step"].get<int64_t>() : 0;
+}
+
+}  // namespace
+
+proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
+                             const std::atomic<bool>& stop) {
+  proto::BatchResult res;
+  res.set_session_id(run.session_id());
+  int64_t step = 0;
+  const std::string what = absl::StrCat("batch job ", run.job_id(), " (rank ", run.rank(), ")");
+  try {
+    proto::BatchJob spec;
+    KILN_CHECK(spec.ParseFromString(run.spec()), Value, what, ": the spec is not a BatchJob");
+    ir::Graph g = decode_graph(spec.step());
+    const size_t n = g.inputs().size();
+    KILN_CHECK(static_cast<size_t>(spec.inputs_size()) == n, Value, what, ": ",
+               spec.inputs_size(), " input sources for a step of ", n, " inputs");
+    for (const ir::Node& node : g.nodes())
+      KILN_CHECK(!node.rng, NotImplemented, what, ": node '", node.op_name,
+                 "' draws random numbers; random ops in a batch job's step are not supported yet");
+    KILN_CHECK(spec.loss() >= -1 && spec.loss() < static_cast<int>(g.outputs().size()), Value,
+               what, ": loss output ", spec.loss(), " of a step with ", g.outputs().size(),
+               " outputs");
+    const int world = run.world_size(), rank = run.rank();
+    const int64_t batch = spec.batch_size();
+    KILN_CHECK(world >= 1 && batch > 0 && batch % world == 0, Value, what, ": batch_size ", batch,
+               " is not a positive multiple of the ", world, " workers");
+    const int64_t rows = batch / world;
+
+    // The state, shaped as the step's inputs, loaded by name; and the data inputs.
+    TensorMap state;
+    std::vector<Tensor> inputs(n);
+    std::vector<std::pair<size_t, Tensor>> data;  // input index, the whole data tensor
+    SafetensorsData file;
+    bool file_loaded = false;
+    for (size_t i = 0; i < n; ++i) {
+      const TensorSpec& ts = g.value(g.inputs()[i]).meta;
+      const proto::BatchInput& in = spec.inputs(static_cast<int>(i));
+      if (in.has_state()) {
+        Tensor t = empty_strided(IntArrayRef(ts.sizes), IntArrayRef(ts.strides), ts.dtype, device);
+        KILN_CHECK(state.emplace(in.state(), t).second, Value, what, ": state '", in.state(),
+                   "' feeds two inputs");
+        inputs[i] = std::move(t);
+      } else if (in.has_data()) {
+        if (!file_loaded) {
+          file = load_safetensors(spec.data());
+          file_loaded = true;
+        }
+        auto it = file.tensors.find(in.data());
+        KILN_CHECK(it != file.tensors.end(), Value, what, ": the data file '", spec.data(),
+                   "' has no tensor '", in.data(), "'");
+        const Tensor& all = it->second;
+        DimVector want = ts.sizes;
+        KILN_CHECK(!want.empty() && want[0] == rows && all.dim() == static_cast<int64_t>(want.size()) &&
+                       all.size(0) > 0 && all.dtype() == ts.dtype,
+                   Value, what, ": data '", in.data(), "' is ", all.dtype(), all.sizes(),
+                   "; the step takes ", ts.dtype, IntArrayRef(want), " per rank (batch_size ",
+                   batch, " over ", world, " workers)");
+        for (size_t d = 1; d < want.size(); ++d)
+          KILN_CHECK(all.size(static_cast<int64_t>(d)) == want[d], Value, what, ": data '",
+                     in.data(), "' is ", all.sizes(), "; the step takes ", IntArrayRef(want),
+                     " per rank");
+        data.emplace_back(i, all.to(std::nullopt, device));
+      } else {
+        KILN_FAIL(Value, what, ": input ", i, " has no source (state or data)");
+      }
+    }
+    // A restart resumes from the job's checkpoint directory; the first run starts from the
+    // initial checkpoint.
+    namespace fs = std::filesystem;
+    const std::string& dir = run.checkpoint_dir();
+    const bool resume = !dir.empty() && fs::exists(fs::path(dir) / ".metadata");
+    dist::checkpoint::LoadResult loaded =
+        dist::checkpoint::load(state, resume ? dir : spec.init_checkpoint(), /*strict=*/true);
+    step = resume ? saved_step(loaded.extra) : 0;
+
+    const std::vector<GeneratorState> rng(g.nodes().size());  // no random nodes (checked above)
+    compiler::CompiledGraph step_graph(std::move(g));
+    auto mark = std::chrono::steady_clock::now();
+    double waited = dist::collective_wait_seconds();
+    for (int64_t s = step + 1; s <= spec.steps(); ++s) {
+      KILN_CHECK(!stop.load(), Runtime, what, ": stopped before step ", s,
+                 " (its session ended)");
+      for (auto& [i, all] : data) {  // rank r's rows of global batch s - 1, wrapping around
+        const int64_t first = ((s - 1) * batch + rank * rows) % all.size(0);
+        Tensor index = remainder(arange(first, first + rows, 1, kInt64, device),
+                                 full({1}, all.size(0), kInt64, device));
+        inputs[i] = index_select(all, 0, index);
+      }
+      std::vector<Tensor> outs = step_graph.run(inputs, rng);
+      const auto now = std::chrono::steady_clock::now();
+      const double seconds = std::chrono::duration<double>(now - mark).count();
+      const double w = dist::collective_wait_seconds();
+      proto::StepRecord r;  // See Note [Step telemetry] in reports.h
+      r.set_session_id(run.session_id());
+      r.set_step(s);
+      r.set_rank(rank);
+      r.set_unix_ms(unix_ms());
+      r.set_seconds(seconds);
+      r.set_busy_seconds(std::max(0.0, seconds - (w - waited)));
+      r.set_tokens(static_cast<double>(batch));
+      if (spec.loss() >= 0 && outs[spec.loss()].defined() && outs[spec.loss()].numel() == 1)
+        r.set_loss(outs[spec.loss()].item().to_double());
+      report_step(std::move(r));
+      mark = now;
+      waited = w;
+      if (run.checkpoint_every() > 0 && s % run.checkpoint_every() == 0 && !dir.empty())
+        dist::checkpoint::save(state, dir, nlohmann::json{{"values", {{"step", s}}}}.dump());
+      step = s;
+    }
+    res.set_ok(true);
+  } catch (const std::exception& e) {
+    res.set_ok(false);
+    res.set_message(e.what());
+  }
+  res.set_steps(step);
+  return res;
+}
+
+BatchRunner::~BatchRunner() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) stop_->store(true);
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string BatchRunner::running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return running_;
+}
+
+void BatchRunner::start(CoordinatorLink& link, const proto::BatchRun& run) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!seen_.insert(run.session_id()).second) return;  // started before (a repeated BatchRun)
+  if (thread_.joinable()) thread_.join();  // the previous run has ended (its session is over)
+  running_ = run.session_id();
+  stop_ = std::make_shared<std::atomic<bool>>(false);
+  thread_ = std::thread([this, &link, run] { main(link, run); });
+}
+
+void BatchRunner::main(CoordinatorLink& link, proto::BatchRun run) {
+  std::shared_ptr<std::atomic<bool>> stop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop = stop_;
+  }
+  proto::BatchResult res;
+  // The worker's one stream slot, as a client's session holds it: the coordinator's close (or
+  // another session) stops the run and aborts its collectives.
+  absl::StatusOr<StreamGate::Lease> lease = gate_.enter(
+      run.session_id(),
+      [this, stop, id = run.session_id()] {
+        stop->store(true);
+        gang_.abort(id, "ended (the coordinator closed it)");
+      },
+      kEnterWait);
+  if (!lease.ok()) {
+    res.set_session_id(run.session_id());
+    res.set_message(std::string(lease.status().message()));
+  } else {
+    absl::Status joined = run.world_size() > 1
+                              ? gang_.join(link, run.session_id(), run.rank(), run.world_size(),
+                                           host_, device_)
+                                    .get()
+                              : absl::OkStatus();
+    if (joined.ok()) {
+      res = run_batch(run, device_, *stop);
+    } else {
+      res.set_session_id(run.session_id());
+      res.set_message(std::string(joined.message()));
+    }
+  }
+  report_batch_result(std::move(res));
+  std::lock_guard<std::mutex> lock(mu_);
+  running_.clear();
+}
+
+}  // namespace kiln::worker

@@ -1,0 +1,73 @@
+// worker/src/batch.h: a worker's part of a batch job, which runs with no client.
+//
+// Note [Batch jobs]: a batch job (DESIGN.md "Batch job") is a BatchJob spec (program.proto),
+// written by kiln.batch.save_job: a captured training step, where each of its inputs comes from
+// (a state tensor by name, or a data tensor), the initial checkpoint, the data file, the batch
+// size and the step count. `kiln submit --batch SPEC` queues it; the coordinator gang-schedules
+// it like any job and hands each worker of the gang a BatchRun with its heartbeat reply. Each
+// worker then, on a thread of its own, holding its one stream slot as a client's session would:
+//  - joins the gang's process group "world" (the step's collectives run over it);
+//  - builds the state tensors from the step's input specs and loads them from the job's
+//    checkpoint directory when it holds a checkpoint (a restart), else from the initial one;
+//    the step count to resume after is the checkpoint's "step" value;
+//  - for each step: binds this rank's rows of global batch k (rows [k*B, (k+1)*B) of each data
+//    tensor, wrapping around its first dim; rank r takes B/W of them, in order), runs the step
+//    graph (compiler::CompiledGraph; its in-place writes update the state tensors, which stay
+//    bound from step to step), records the step's telemetry (Note [Step telemetry] in
+//    reports.h) with its own loss, and every checkpoint_every steps saves the state and the step
+//    (kiln::dist::checkpoint::save, collectively) into the checkpoint directory;
+//  - reports how it ended (BatchResult) with its next heartbeat.
+// The coordinator ends the job when rank 0 reports success, and treats a failure as a driver's
+// (Note [Restarts] in coordinator/src/jobs.cpp): it restarts the job, which resumes from the last
+// checkpoint, or fails it. A session the coordinator closes (a dead worker, a cancel) stops the
+// run at its next step and aborts its collectives (Note [Aborting process groups]). A worker runs
+// a session's batch once: a BatchRun repeated by later heartbeats is ignored.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "kiln/device.h"
+#include "kiln/proto/coordinator.pb.h"
+
+namespace kiln::worker {
+
+class CoordinatorLink;
+class Gang;
+class StreamGate;
+
+class BatchRunner {
+ public:
+  BatchRunner(StreamGate& gate, Gang& gang, std::string host, Device device)
+      : gate_(gate), gang_(gang), host_(std::move(host)), device_(device) {}
+  ~BatchRunner();  // stops a run in progress and waits for it
+  // Starts `run` on a thread unless this worker has run (or runs) its session already.
+  void start(CoordinatorLink& link, const proto::BatchRun& run);
+  // The session of the run in progress, or "".
+  std::string running() const;
+
+ private:
+  void main(CoordinatorLink& link, proto::BatchRun run);
+
+  StreamGate& gate_;
+  Gang& gang_;
+  std::string host_;
+  Device device_;
+  mutable std::mutex mu_;
+  std::set<std::string> seen_;  // sessions started here
+  std::string running_;
+  std::shared_ptr<std::atomic<bool>> stop_;
+  std::thread thread_;
+};
+
+// Runs one worker's part of a batch job (See Note [Batch jobs]) in this thread, after the gang's
+// group exists; returns how it ended. `stop` is checked before every step.
+proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
+                             const std::atomic<bool>& stop);
+
+}  // namespace kiln::worker
