@@ -492,7 +492,7 @@ std::string TensorGuard::mismatch(const Tensor& t) const {
   return os.str();
 }
 
-CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrite_first) {
+CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrite_first, bool raw) {
   Tracer tr;
   Program& p = tr.prog;
   p.num_args = static_cast<int>(args.size());
@@ -520,7 +520,7 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrit
     const Tensor& o = r.outputs[k];
     p.outputs.push_back(o.defined() ? tr.value_of(o) : -1);
   }
-  if (tr.reason.empty() && rewrite_first && !tr.seen_backward &&
+  if (tr.reason.empty() && rewrite_first && !raw && !tr.seen_backward &&
       !need_autograd(r.outputs).empty()) {
     auto fwd = std::make_shared<Program>(p);
     std::string what;
@@ -533,7 +533,7 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrit
       return again;
     }
   }
-  if (tr.reason.empty()) trace_backward(tr, r.outputs);
+  if (tr.reason.empty() && !(raw && tr.seen_backward)) trace_backward(tr, r.outputs);
   if (tr.reason.empty()) record_grad_writes(tr);
   if (p.aot) r.outputs.clear();  // their graph is spent: the caller runs the program instead
   if (tr.reason.empty()) check_escapes(tr, r.outputs);
@@ -546,6 +546,10 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrit
   for (ir::ValueId id : p.outputs)
     if (id >= 0) outs.push_back(ir::ValueRef{id});
   p.graph.set_outputs(outs);
+  if (raw) {
+    r.program = std::make_shared<Program>(std::move(tr.prog));
+    return r;
+  }
   if (std::string bad = run_passes(p); !bad.empty()) {
     r.refusal = Event::Kind::Fallback;
     r.reason = "the captured graph does not verify " + bad;

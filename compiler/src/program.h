@@ -150,7 +150,11 @@ struct CaptureResult {
 
 // Runs `fn(args)` eagerly under the tracer (Note [Capture]). With `rewrite_first`, a forward
 // whose backward is to be captured is rewritten first (Note [Rewrites before the backward]).
-CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrite_first = true);
+// With `raw` (export_step: See Note [Exported steps] in kiln/compiler/export.h) the program is
+// the graph as recorded: no rewrites, passes or fused loops, and outputs that still need
+// autograd after a backward the function ran itself are plain values.
+CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrite_first = true,
+                      bool raw = false);
 
 // Whether node i writes an argument, is a collective or draws from an explicit generator.
 bool has_effects(const Program& p, size_t i);
