@@ -23,6 +23,7 @@ void bind_dist(nb::module_& m);                               // bind_dist.cpp
 void bind_pipelining(nb::module_& m);                         // bind_pipelining.cpp
 void bind_remote(nb::module_& m);                             // bind_remote.cpp
 void bind_profiler(nb::module_& m);                           // bind_profiler.cpp
+void bind_batch(nb::module_& m);                              // bind_batch.cpp
 
 namespace {
 
@@ -440,6 +441,7 @@ NB_MODULE(_C, m) {
   bind_pipelining(m);
   bind_remote(m);
   bind_profiler(m);
+  bind_batch(m);
   if (PyModule_AddFunctions(m.ptr(), kOpFunctions) < 0) throw nb::python_error();
   set_warning_handler(&python_warning);
   // The dtype objects go before nanobind's leak check at exit.

@@ -1,0 +1,135 @@
+"""kiln.batch: batch jobs, which a coordinator runs to the end with no client attached (DESIGN.md
+"Batch job"). save_job captures one training step, writes the state it starts from as a
+distributed checkpoint, and writes a spec file that `kiln submit --batch SPEC` queues.
+
+    model = kiln.nn.Sequential(kiln.nn.Linear(8, 32), kiln.nn.GELU(), kiln.nn.Linear(32, 4))
+    opt = kiln.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)        # first: the step reads no .grad of the last one
+        loss = kiln.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        for p in model.parameters():           # data parallel: average the gradients
+            p.grad = kiln._C.all_reduce(p.grad, "avg", "world")
+        opt.step()
+        return loss
+
+    step(x, y)                                 # once eagerly, so that AdamW's state exists
+    kiln.batch.save_job("job.spec", step, {"x": x, "y": y},
+                        {"model": model.state_dict(), "optim": opt.state_dict()},
+                        data_file="data.safetensors", batch_size=64, steps=1000,
+                        init_checkpoint="ckpt/init", world_size=2)
+
+`data` holds example tensors of one rank's batch (batch_size // world_size rows), named as the
+tensors of `data_file` (a safetensors file) that the workers read their rows from: rank r of W
+takes rows [k*B + r*B/W, k*B + (r+1)*B/W) of global batch k, wrapping around the file's rows.
+`state` is a nested state dict as kiln.distributed.checkpoint takes it; every tensor the step
+reads (parameters, buffers, optimizer state) must be in it, and each is restored and checkpointed
+by its name there. The step runs on each worker as one captured graph (See Note [Exported steps]
+in kiln/compiler/export.h): its in-place updates of the state carry training from one step to the
+next. Collectives are the functional ones (kiln._C.all_reduce, all_gather_into_tensor, ...) on
+group "world", the gang of workers. What a replay could not reproduce is refused with what to
+change: reading a tensor's value (item(), print), a first optimizer step (run one eagerly),
+gradients left over from the last step (zero_grad(set_to_none=True) first), random ops.
+"""
+import os
+
+from kiln import _C
+from kiln.distributed.checkpoint import _split
+import kiln.distributed as dist
+import kiln.distributed.checkpoint as dcp
+from kiln.autograd.grad_mode import no_grad
+
+__all__ = ["save_job", "load_job"]
+
+
+def _positive_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"kiln.batch.save_job: {name} must be a positive int, got {v!r}")
+    return v
+
+
+def _outputs(out):
+    """The step's result as a list of tensors, the loss first."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not outs or not isinstance(outs[0], _C.Tensor) or outs[0].numel() != 1:
+        got = type(outs[0]).__name__ if outs else "an empty sequence"
+        if outs and isinstance(outs[0], _C.Tensor):
+            got = f"a tensor of shape {list(outs[0].shape)}"
+        raise ValueError(f"kiln.batch.save_job: the step must return the loss (a one-element "
+                         f"tensor) or a tuple that begins with it, got {got}")
+    return [o for o in outs if isinstance(o, _C.Tensor)]
+
+
+def save_job(path, step, data, state, *, data_file, batch_size, steps, init_checkpoint,
+             world_size=1, seed=0):
+    """Writes the batch job spec `path` and its initial checkpoint `init_checkpoint` (module
+    docstring). Runs `step(*data.values())` once under capture; `state`'s tensors are put back as
+    they were before it returns."""
+    batch_size = _positive_int("batch_size", batch_size)
+    steps = _positive_int("steps", steps)
+    world_size = _positive_int("world_size", world_size)
+    if batch_size % world_size:
+        raise ValueError(f"kiln.batch.save_job: batch_size {batch_size} is not a multiple of "
+                         f"world_size {world_size}")
+    if not isinstance(data, dict) or not data:
+        raise TypeError("kiln.batch.save_job: data must be a non-empty dict of name -> Tensor")
+    rows = batch_size // world_size
+    for name, t in data.items():
+        if not isinstance(name, str) or not isinstance(t, _C.Tensor):
+            raise TypeError(f"kiln.batch.save_job: data must map str to Tensor, got {name!r}: "
+                            f"{type(t).__name__}")
+        if t.dim() == 0 or t.shape[0] != rows:
+            raise ValueError(f"kiln.batch.save_job: data '{name}' has shape {list(t.shape)}; one "
+                             f"rank's batch has {rows} rows (batch_size {batch_size} over "
+                             f"{world_size} ranks)")
+    if not isinstance(state, dict):
+        raise TypeError("kiln.batch.save_job: state must be a (nested) dict, as "
+                        "kiln.distributed.checkpoint takes it")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"kiln.batch.save_job: seed must be an int in [0, 2**64), got {seed!r}")
+    tensors, _ = _split(state)
+    path = os.fspath(path)
+    # The step's collectives resolve group "world" (the workers' gang): a fake group of the job's
+    # size lets them run here, once, on this process's tensors.
+    fake = world_size > 1 and not dist.is_initialized()
+    if fake:
+        dist.init_process_group("fake", rank=0, world_size=world_size, group_name="world")
+    with no_grad():
+        saved = [t.clone() for t in tensors.values()]
+    try:
+        # Fresh contiguous copies of the examples: a worker binds its rows as such tensors.
+        examples = [t.detach().contiguous().clone() for t in data.values()]
+        spec = _C._batch_job_bytes(lambda xs: _outputs(step(*xs)), examples,
+                                   list(tensors), list(tensors.values()), list(data), 0,
+                                   os.path.abspath(os.fspath(init_checkpoint)),
+                                   os.path.abspath(os.fspath(data_file)), batch_size, steps, seed)
+    finally:
+        with no_grad():  # the capture ran the step once: put the state back as it was
+            for t, s in zip(tensors.values(), saved):
+                t.copy_(s)
+        if fake:
+            dist.destroy_process_group()
+    # The spec goes to a temporary file first, so that an unwritable path fails before the
+    # checkpoint is written, and the spec appears (atomically) only once the checkpoint exists.
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(spec)
+            f.flush()
+            os.fsync(f.fileno())
+        dcp.save(state, checkpoint_id=init_checkpoint)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_job(path):
+    """A summary of the spec in `path`: steps, batch_size, seed, loss (the graph output reported
+    as the loss, or -1), init_checkpoint, data (the data file), inputs (per graph input:
+    ("state", name), ("data", name) or ("constant", None) for a number the graph holds), nodes
+    and outputs (counts), ops (op name -> how many nodes run it)."""
+    with open(os.fspath(path), "rb") as f:
+        return _C._batch_job_summary(f.read())
