@@ -226,6 +226,12 @@ def test_bad_input(tmp_path):
                             init_checkpoint=tmp_path / "init")
     assert not (tmp_path / "init").exists()  # nothing written before the spec could be
     assert_equal_state(state, before)
+    dist.init_process_group("fake", rank=0, world_size=2)
+    try:
+        with pytest.raises(RuntimeError, match="the default process group is a fake one"):
+            save(tmp_path, step, data, state, batch_size=8, world_size=2)
+    finally:
+        dist.destroy_process_group()
     (tmp_path / "bad.kbj").write_bytes(b"\xff\xff not a spec")
     with pytest.raises(ValueError, match="not a BatchJob spec"):
         kiln.batch.load_job(tmp_path / "bad.kbj")

@@ -64,8 +64,9 @@ def _outputs(out):
 def save_job(path, step, data, state, *, data_file, batch_size, steps, init_checkpoint,
              world_size=1, seed=0):
     """Writes the batch job spec `path` and its initial checkpoint `init_checkpoint` (module
-    docstring). Runs `step(*data.values())` once under capture; `state`'s tensors are put back as
-    they were before it returns."""
+    docstring); one process calls it. Runs `step(*data.values())` once under capture; `state`'s
+    tensors are put back as they were before it returns (the parameters' .grad and any tensor
+    not in `state` are left as the step left them)."""
     batch_size = _positive_int("batch_size", batch_size)
     steps = _positive_int("steps", steps)
     world_size = _positive_int("world_size", world_size)
@@ -88,6 +89,11 @@ def save_job(path, step, data, state, *, data_file, batch_size, steps, init_chec
                         "kiln.distributed.checkpoint takes it")
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
         raise ValueError(f"kiln.batch.save_job: seed must be an int in [0, 2**64), got {seed!r}")
+    if dist.is_initialized() and dist.get_backend() == "fake":
+        raise RuntimeError("kiln.batch.save_job: the default process group is a fake one, under "
+                           "which the initial checkpoint cannot be saved (dcp.save moves no data "
+                           "through it); destroy it first: save_job makes its own fake group of "
+                           "world_size for the capture")
     tensors, _ = _split(state)
     path = os.fspath(path)
     # The step's collectives resolve group "world" (the workers' gang): a fake group of the job's
