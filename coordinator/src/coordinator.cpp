@@ -249,22 +249,27 @@ void Coordinator::batch_beat_locked(const proto::HeartbeatRequest& req, const Wo
                                     proto::HeartbeatReply& reply) {
   for (const proto::BatchResult& r : req.batch_results()) {
     auto s = sessions_.find(r.session_id());
-    if (s == sessions_.end() || s->second.state != "open") continue;  // over already
+    if (s == sessions_.end()) continue;
     const int rank = s->second.rank_of(req.worker_id());
     auto j = jobs_.find(s->second.job_id);
-    if (rank < 0 || j == jobs_.end() || j->second.job.state() != "running") continue;
+    if (rank < 0 || j == jobs_.end()) continue;
     JobRec& job = j->second;
     Transaction t(state_->db());
+    const std::string from =
+        r.resumed() > 0 ? absl::StrCat(" (resumed after step ", r.resumed(), ")") : "";
     const std::string line =
-        r.ok() ? absl::StrCat("[kiln-worker rank ", rank, "] finished step ", r.steps())
-               : absl::StrCat("[kiln-worker rank ", rank, "] failed after step ", r.steps(), ": ",
-                              r.message());
+        r.ok() ? absl::StrCat("[kiln-worker rank ", rank, "] finished step ", r.steps(), from)
+               : absl::StrCat("[kiln-worker rank ", rank, "] failed after step ", r.steps(), from,
+                              ": ", r.message());
     state_->append_logs(job.job.job_id(), {line.substr(0, kMaxLogLineBytes)});
-    if (!r.ok()) {
+    // The run of a session that is over (a restart, a cancel) is only logged.
+    const bool current = s->second.state == "open" && job.job.state() == "running" &&
+                         job.job.session_id() == s->first;
+    if (current && !r.ok()) {
       const std::string why = absl::StrCat("rank ", rank, " failed: ", r.message());
       if (!restart_locked(job, why)) finish_job_locked(job, "failed", 1, why);
       schedule_locked();
-    } else if (rank == 0) {
+    } else if (current && rank == 0) {
       finish_job_locked(job, "succeeded", 0, "");
       schedule_locked();
     }

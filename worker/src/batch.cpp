@@ -11,6 +11,7 @@
 
 #include "coordinator_link.h"
 #include "gang.h"
+#include "kiln/compiler/export.h"
 #include "kiln/compiler/graph.h"
 #include "kiln/dist/checkpoint.h"
 #include "kiln/dist/process_group.h"
@@ -103,8 +104,10 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
                      in.data(), "' is ", all.sizes(), "; the step takes ", IntArrayRef(want),
                      " per rank");
         data.emplace_back(i, all.to(std::nullopt, device));
-      } else {
-        KILN_FAIL(Value, what, ": input ", i, " has no source (state or data)");
+      } else {  // a wrapped number the graph holds (Note [Exported steps])
+        inputs[i] = compiler::constant_input(g, i);
+        KILN_CHECK(inputs[i].defined(), Value, what, ": input ", i,
+                   " has no source (state or data) and is no constant of the step");
       }
     }
     // A restart resumes from the job's checkpoint directory; the first run starts from the
@@ -112,9 +115,14 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
     namespace fs = std::filesystem;
     const std::string& dir = run.checkpoint_dir();
     const bool resume = !dir.empty() && fs::exists(fs::path(dir) / ".metadata");
-    dist::checkpoint::LoadResult loaded =
-        dist::checkpoint::load(state, resume ? dir : spec.init_checkpoint(), /*strict=*/true);
+    // Not strict: a checkpoint may hold state the step never reads (a tied weight's second name).
+    const std::string from = resume ? dir : spec.init_checkpoint();
+    dist::checkpoint::LoadResult loaded = dist::checkpoint::load(state, from, /*strict=*/false);
+    KILN_CHECK(loaded.missing_keys.empty(), Value, what, ": the checkpoint in '", from,
+               "' lacks the step's state ", loaded.missing_keys.front(),
+               loaded.missing_keys.size() > 1 ? " (and more)" : "");
     step = resume ? saved_step(loaded.extra) : 0;
+    res.set_resumed(step);
 
     const std::vector<GeneratorState> rng(g.nodes().size());  // no random nodes (checked above)
     compiler::CompiledGraph step_graph(std::move(g));

@@ -38,7 +38,8 @@ proto::Graph encode_graph(const ir::Graph& g) {
       if (a.is_value()) {
         arg->set_value(a.values()[0]);
       } else if (a.is_value_list()) {
-        for (ir::ValueId v : a.values()) arg->mutable_values()->add_ids(v);
+        auto* ids = arg->mutable_values();  // set even when empty (no AMSGrad buffers)
+        for (ir::ValueId v : a.values()) ids->add_ids(v);
       } else {
         *arg->mutable_attribute() = encode_attribute(a.attribute());
       }

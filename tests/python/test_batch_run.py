@@ -1,0 +1,183 @@
+"""Batch jobs end to end (Note [Batch jobs] in worker/src/batch.h): kiln.batch.save_job writes a
+data-parallel MLP + AdamW step, `kiln submit --batch` runs it on a coordinator's gang of two
+kiln-workers with no client, and its final checkpoint holds the weights that single-process
+training on the same global batches reaches. Then the chaos test through a batch job: a worker
+SIGKILLed mid-run (20 trials), a spare takes its place, the job restarts from its last
+checkpoint and ends with weights bit for bit those of an uninterrupted run."""
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+import kiln
+import kiln.distributed.checkpoint as dcp
+import kiln.nn as nn
+import kiln.nn.functional as F
+
+from gang_jobs import CLI, coordinator_and_workers, kiln_cli
+from test_remote_worker import start_worker, stop
+
+WORLD, BATCH, ROWS = 2, 16, 64
+
+
+def model_and_opt():
+    kiln.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    return model, kiln.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def make_job(tmp_path, steps):
+    """The data file, the initial checkpoint and the spec; returns the spec's path."""
+    g = kiln.Generator().manual_seed(1)
+    x, y = kiln.randn(ROWS, 8, generator=g), kiln.randn(ROWS, 4, generator=g)
+    kiln.save({"x": x, "y": y}, str(tmp_path / "data.safetensors"))
+    model, opt = model_and_opt()
+    # The optimizer's state must exist before the capture: one zero-gradient step makes it.
+    for p in model.parameters():
+        p.grad = kiln.zeros_like(p)
+    opt.step()
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        for p in model.parameters():
+            p.grad = kiln._C.all_reduce(p.grad, "avg", "world")
+        opt.step()
+        return loss
+
+    rows = BATCH // WORLD
+    spec = tmp_path / "job.kbj"
+    kiln.batch.save_job(spec, step, {"x": x[:rows], "y": y[:rows]},
+                        {"model": model.state_dict(), "optim": opt.state_dict()},
+                        data_file=tmp_path / "data.safetensors", batch_size=BATCH, steps=steps,
+                        init_checkpoint=tmp_path / "init", world_size=WORLD)
+    return spec
+
+
+def reference(tmp_path, steps):
+    """Single-process training from the initial checkpoint on the same global batches."""
+    model, opt = model_and_opt()
+    for p in model.parameters():
+        p.grad = kiln.zeros_like(p)
+    opt.step()
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    dcp.load(state, checkpoint_id=tmp_path / "init")
+    opt.load_state_dict(state["optim"])
+    data = kiln.load(str(tmp_path / "data.safetensors"))
+    for s in range(steps):
+        idx = kiln.arange(s * BATCH, (s + 1) * BATCH) % ROWS
+        x, y = data["x"].index_select(0, idx), data["y"].index_select(0, idx)
+        opt.zero_grad(set_to_none=True)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def saved(ckpt):
+    model, opt = model_and_opt()
+    state = {"model": model.state_dict(), "step": 0}
+    dcp.load(state, checkpoint_id=ckpt, strict=False)
+    return state["step"], {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def submit(address, spec, *args):
+    return subprocess.Popen([CLI, "submit", "--coordinator", address, "--batch", str(spec),
+                             "--workers", str(WORLD), *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_batch_job_trains_with_no_client(tmp_path):
+    steps = 10
+    spec = make_job(tmp_path, steps)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with coordinator_and_workers(tmp_path, WORLD, env=env) as address:
+        p = submit(address, spec, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-every", 5)
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+        assert "[kiln-worker rank 0] finished step 10" in out, out
+        job = json.loads(kiln_cli(address, "jobs", "--json").splitlines()[-1])
+        assert job["state"] == "succeeded" and job["command"] == [], job
+        steps_out = kiln_cli(address, "steps", job["job_id"], "--json").splitlines()
+        records = [json.loads(l) for l in steps_out]
+        assert sorted({(r["step"], r["rank"]) for r in records}) == \
+            [(s, r) for s in range(1, steps + 1) for r in range(WORLD)], records
+        assert all(r["loss"] > 0 for r in records), records
+    step, got = saved(tmp_path / "ckpt")
+    assert step == steps
+    want = reference(tmp_path, steps)
+    for k in want:
+        err = float((got[k] - want[k]).abs().max())
+        assert err <= 1e-5 * float(want[k].abs().max()), (k, err)
+
+
+def test_a_batch_job_survives_a_killed_worker(tmp_path):
+    """KILN_CHAOS_TRIALS trials (20 by default): a random worker of the gang is SIGKILLed at a
+    random step past the first checkpoint; a spare takes its place. Each job succeeds after one
+    restart, resumes less than a checkpoint interval behind the step its surviving rank reached,
+    and ends with the uninterrupted run's weights, bit for bit."""
+    steps, every = 2000, 200
+    trials = int(os.environ.get("KILN_CHAOS_TRIALS", "20"))
+    spec = make_job(tmp_path, steps)
+    env = dict(os.environ, OMP_NUM_THREADS="1", KILN_COMM_TIMEOUT_S="10")
+    with coordinator_and_workers(tmp_path, 0, ["--heartbeat-ms", "200", "--dead-after", "3"],
+                                 env=env) as address:
+        workers = {}
+
+        def add_worker(name):
+            proc, where = start_worker(tmp_path, name, ["--coordinator", address], env)
+            workers[where] = proc
+
+        try:
+            for r in range(WORLD + 1):  # one spare
+                add_worker(f"w{r}")
+            ref = submit(address, spec, "--checkpoint-dir", tmp_path / "ref", "--checkpoint-every",
+                         every)
+            out, _ = ref.communicate(timeout=600)
+            assert ref.returncode == 0, out
+            ref_step, want = saved(tmp_path / "ref")
+            assert ref_step == steps
+            for trial in range(trials):
+                rng = random.Random(trial)
+                kill_after = rng.randint(every + 1, steps - every)
+                ckpt = tmp_path / f"ckpt{trial}"
+                p = submit(address, spec, "--checkpoint-dir", ckpt, "--checkpoint-every", every,
+                           "--max-restarts", "2")
+                deadline = time.monotonic() + 300
+                while True:  # until the job is past `kill_after`
+                    job = [j for j in map(json.loads, kiln_cli(address, "jobs", "--json").split(
+                        "\n")[:-1]) if j["checkpoint_dir"] == str(ckpt)] or [{"state": "queued"}]
+                    job = job[0]
+                    done = max((s["step"] for s in job.get("last_steps", [])), default=0)
+                    if job["state"] == "running" and done >= kill_after:
+                        break
+                    assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job
+                    time.sleep(0.01)
+                workers.pop(rng.choice(job["worker_addresses"])).kill()
+                add_worker(f"spare{trial}")
+                out, _ = p.communicate(timeout=600)
+                assert p.returncode == 0, f"trial {trial}:\n{out}"
+                assert done < steps, f"trial {trial}: the job ended before the kill"
+                status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
+                assert status["state"] == "succeeded" and status["restarts"] == 1, status
+                # The surviving rank's last step, and where the restart resumed.
+                failed = [int(l.split("failed after step ")[1].split()[0].rstrip(":"))
+                          for l in out.splitlines() if "failed after step" in l]
+                resumed = [int(l.split("resumed after step ")[1].rstrip(")"))
+                           for l in out.splitlines() if "finished step" in l and "resumed" in l]
+                assert failed and resumed, f"trial {trial}:\n{out}"
+                # (A survivor that failed inside a save the other rank committed resumes ahead.)
+                assert max(failed) - resumed[0] < every, f"trial {trial}:\n{out}"
+                step, got = saved(ckpt)
+                assert step == steps, f"trial {trial}"
+                for k in want:
+                    assert bool((got[k] == want[k]).all()), (trial, k)
+                print(f"trial {trial}: killed after step {done}; the survivor reached step "
+                      f"{max(failed)}, the restart resumed after step {resumed[0]}")
+        finally:
+            for proc in workers.values():
+                stop(proc)
