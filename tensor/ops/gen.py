@@ -325,7 +325,7 @@ def gen_op_cpp(op, rules):
     else:
         body.append(f"  return redispatch(ks{', ' if n else ''}{n});")
     # See Note [Profiler hook] in kiln/profiler.h: one relaxed load when the profiler is off.
-    L.append("  if (__builtin_expect(::kiln::profiler::detail::ops_on(), 0))")
+    L.append("  if (__builtin_expect(::kiln::profiler::detail::recording_ops(), 0))")
     # ks by value: capturing it by reference would spill it to the stack on the hot path too.
     L.append(f"    return profiled_call<{op.ret_cpp}>(g_op_{h}, [&, ks]() -> {op.ret_cpp} {{")
     L.extend("  " + b for b in body)

@@ -14,6 +14,7 @@
 
 #include "kiln/error.h"
 #include "kiln/profiler.h"
+#include "profiler_flags.h"
 
 namespace kiln {
 namespace {
@@ -78,7 +79,7 @@ class CpuCachingAllocator final : public Allocator {
       }
     }
     // See Note [Profiler hook] in kiln/profiler.h (memory events).
-    if (__builtin_expect(profiler::detail::memory_on(), 0))
+    if (__builtin_expect(profiler::detail::recording_memory(), 0))
       profiler::detail::record_memory(p, static_cast<int64_t>(size), static_cast<int64_t>(in_use),
                                       Device(DeviceType::CPU));
     return DataPtr(p, reinterpret_cast<void*>(size), &CpuCachingAllocator::release,
@@ -115,7 +116,7 @@ class CpuCachingAllocator final : public Allocator {
   static void release(void* ctx, void* data) {
     auto size = reinterpret_cast<size_t>(ctx);
     CpuCachingAllocator& a = instance();
-    if (__builtin_expect(profiler::detail::memory_on(), 0)) {
+    if (__builtin_expect(profiler::detail::recording_memory(), 0)) {
       size_t in_use;
       {
         std::lock_guard<SpinLock> g(a.mu_);

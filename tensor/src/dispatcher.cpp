@@ -123,7 +123,7 @@ template <typename F>
 
 void OperatorHandle::call_boxed(Stack& stack) const {
   DispatchKeySet ks = boxed_key_set(*this, stack);
-  if (__builtin_expect(profiler::detail::ops_on(), 0))
+  if (__builtin_expect(profiler::detail::recording_ops(), 0))
     return call_boxed_profiled(*this, stack, [&] { boxed_entry_(*this, ks, stack); });
   boxed_entry_(*this, ks, stack);
 }

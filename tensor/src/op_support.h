@@ -10,6 +10,7 @@
 #include "kiln/generator.h"
 #include "kiln/profiler.h"
 #include "kiln/tensor.h"
+#include "profiler_flags.h"
 
 namespace kiln::detail {
 
@@ -112,7 +113,7 @@ void profile_outputs(profiler::detail::OpScope& s, const std::tuple<T...>& ts) {
 }
 
 // ops::X::call's path while the profiler records (See Note [Profiler hook] in kiln/profiler.h):
-// out of line and cold, so the call's hot path keeps only the ops_on() test.
+// out of line and cold, so the call's hot path keeps only the recording_ops() test.
 template <typename R, typename F, typename... A>
 [[gnu::noinline, gnu::cold]] R profiled_call(const OperatorHandle& op, F&& f, const A&... args) {
   profiler::detail::OpScope scope(op);

@@ -9,6 +9,7 @@
 #include "kiln/dispatcher.h"
 #include "kiln/error.h"
 #include "kiln/tensor.h"
+#include "profiler_flags.h"
 #include "profiler_internal.h"
 
 namespace kiln::profiler {
@@ -16,6 +17,8 @@ namespace detail {
 
 std::atomic<bool> g_ops_on{false};
 std::atomic<bool> g_memory_on{false};
+bool ops_on() { return recording_ops(); }
+bool memory_on() { return recording_memory(); }
 
 namespace {
 
@@ -354,7 +357,7 @@ const Trace& Profile::trace() const {
 }
 
 RecordFunction::RecordFunction(std::string_view name) {
-  if (__builtin_expect(!detail::ops_on(), 1)) return;
+  if (__builtin_expect(!detail::recording_ops(), 1)) return;
   detail::this_thread_buffer();
   name_ = std::string(name);
   epoch_ = g_epoch.load(std::memory_order_relaxed);

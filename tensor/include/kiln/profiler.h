@@ -12,8 +12,8 @@
 //   std::cout << prof.key_averages().table("cpu_time_total", 10);
 //
 // Note [Profiler hook]: every generated ops::X::call (and OperatorHandle::call_boxed) tests one
-// relaxed atomic (detail::ops_on()) after computing its key set; when it is set the call goes
-// through an out-of-line, cold profiled_call (tensor/src/op_support.h) that times the call and
+// relaxed atomic (detail::recording_ops()) after computing its key set; when it is set the call
+// goes through an out-of-line, cold profiled_call (tensor/src/op_support.h) that times the call and
 // records it. So with the profiler off an op pays one load and one predictable branch, and
 // redispatches below the top call (Autograd -> CPU) are never events of their own: one event
 // per call from user code, a composite's inner calls nested inside it, as PyTorch's
@@ -28,7 +28,6 @@
 // op spanning a step boundary, warmup events) is dropped.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -208,11 +207,10 @@ class RecordFunction {
 
 namespace detail {
 
-// See Note [Profiler hook].
-extern std::atomic<bool> g_ops_on;
-extern std::atomic<bool> g_memory_on;
-inline bool ops_on() { return g_ops_on.load(std::memory_order_relaxed); }
-inline bool memory_on() { return g_memory_on.load(std::memory_order_relaxed); }
+// Whether op calls / allocator events are being recorded now. See Note [Profiler hook]: inside
+// libkiln_tensor the hot path reads the flags directly (tensor/src/profiler_flags.h).
+bool ops_on();
+bool memory_on();
 
 // Called by allocators when memory_on(): bytes > 0 an allocation, < 0 a free.
 void record_memory(const void* ptr, int64_t bytes, int64_t total_allocated, Device device);
