@@ -3,6 +3,7 @@
 // bit for bit), transfers, device mismatches, freeing, and remote errors raised at the read.
 #include <gtest/gtest.h>
 
+#include "kiln/client/embedded.h"
 #include "kiln/client/session.h"
 #include "test_util.h"
 

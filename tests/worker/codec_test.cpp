@@ -1,5 +1,5 @@
 // kiln/worker/codec.h: tensors, attributes and graphs through their wire form, and malformed input.
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 
 #include <gtest/gtest.h>
 
@@ -12,10 +12,10 @@
 namespace kiln {
 namespace {
 
-using worker::decode_attribute;
-using worker::encode_attribute;
-using worker::encode_tensor;
-using worker::TensorAssembler;
+using proto::decode_attribute;
+using proto::encode_attribute;
+using proto::encode_tensor;
+using proto::TensorAssembler;
 
 bool bit_equal(const Tensor& a, const Tensor& b) {
   if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
@@ -24,9 +24,9 @@ bool bit_equal(const Tensor& a, const Tensor& b) {
 }
 
 Tensor round_trip(const Tensor& t, size_t chunk = 0, size_t* pieces = nullptr) {
-  std::vector<proto::TensorData> ps = encode_tensor(t, chunk);
+  std::vector<proto::TensorData> ps = proto::encode_tensor(t, chunk);
   if (pieces) *pieces = ps.size();
-  TensorAssembler a;
+  proto::TensorAssembler a;
   for (const auto& p : ps) {
     EXPECT_FALSE(a.complete());
     a.add(p);
@@ -81,53 +81,53 @@ TEST(WorkerCodec, LargeTensorTravelsInPieces) {
 TEST(WorkerCodec, MalformedPiecesAreValueErrors) {
   std::string eight(8, '\0');
   testing::expect_error(ErrorKind::Value, "unknown dtype 'float33'", [&] {
-    TensorAssembler a;
+    proto::TensorAssembler a;
     a.add(piece("float33", {2}, 0, eight));
   });
   testing::expect_error(ErrorKind::Value, "negative size -2", [&] {
-    TensorAssembler a;
+    proto::TensorAssembler a;
     a.add(piece("float32", {-2}, 0, ""));
   });
   testing::expect_error(ErrorKind::Value, "shape overflows", [&] {
-    TensorAssembler a;
+    proto::TensorAssembler a;
     a.add(piece("float32", {int64_t{1} << 40, int64_t{1} << 40}, 0, ""));
   });
   testing::expect_error(ErrorKind::Value, "first piece starts at byte 4", [&] {
-    TensorAssembler a;
+    proto::TensorAssembler a;
     a.add(piece("float32", {2}, 4, "1234"));
   });
   testing::expect_error(ErrorKind::Value, "expected the next at byte 4", [&] {
-    TensorAssembler a;
+    proto::TensorAssembler a;
     a.add(piece("float32", {2}, 0, "1234"));
     a.add(piece("float32", {2}, 5, "123"));
   });
   testing::expect_error(ErrorKind::Value, "differs from the first piece's", [&] {
-    TensorAssembler a;
+    proto::TensorAssembler a;
     a.add(piece("float32", {2}, 0, "1234"));
     a.add(piece("float32", {3}, 4, "1234"));
   });
   testing::expect_error(ErrorKind::Value, "differs from the first piece's", [&] {
-    TensorAssembler a;
+    proto::TensorAssembler a;
     a.add(piece("float32", {2}, 0, "1234"));
     a.add(piece("int32", {2}, 4, "1234"));
   });
   testing::expect_error(ErrorKind::Value, "runs past the tensor's 8 bytes", [&] {
-    TensorAssembler a;
+    proto::TensorAssembler a;
     a.add(piece("float32", {2}, 0, "123456789"));
   });
   testing::expect_error(ErrorKind::Value, "bool byte 7", [&] {
-    TensorAssembler a;
+    proto::TensorAssembler a;
     a.add(piece("bool", {2}, 0, std::string("\x01\x07", 2)));
   });
   testing::expect_error(ErrorKind::Value, "incomplete, 4 of 8 bytes", [&] {
-    TensorAssembler a;
+    proto::TensorAssembler a;
     a.add(piece("float32", {2}, 0, "1234"));
     a.take();
   });
 }
 
 TEST(WorkerCodec, AssemblerIsReusableAfterTake) {
-  TensorAssembler a;
+  proto::TensorAssembler a;
   float v = 2.5f;
   a.add(piece("float32", {}, 0, std::string(reinterpret_cast<char*>(&v), 4)));
   EXPECT_EQ(a.take().item<float>(), 2.5f);
@@ -149,29 +149,29 @@ TEST(WorkerCodec, AttributesRoundTrip) {
                             IValue(Scalar(0.25)),
                             IValue(Scalar(true))};
   for (const IValue& v : vs) {
-    IValue w = decode_attribute(encode_attribute(v));
+    IValue w = proto::decode_attribute(proto::encode_attribute(v));
     EXPECT_EQ(w.repr(), v.repr());
     EXPECT_EQ(w.variant().index(), v.variant().index()) << v.repr();
   }
-  EXPECT_TRUE(decode_attribute(encode_attribute(IValue(Scalar(0.25)))).to_scalar().is_floating());
-  EXPECT_TRUE(decode_attribute(encode_attribute(IValue(Scalar(true)))).to_scalar().is_bool());
+  EXPECT_TRUE(proto::decode_attribute(proto::encode_attribute(IValue(Scalar(0.25)))).to_scalar().is_floating());
+  EXPECT_TRUE(proto::decode_attribute(proto::encode_attribute(IValue(Scalar(true)))).to_scalar().is_bool());
 }
 
 TEST(WorkerCodec, BadAttributesAreValueErrors) {
   testing::expect_error(ErrorKind::Value, "Tensor has no attribute form",
-                        [] { encode_attribute(IValue(zeros({1}))); });
+                        [] { proto::encode_attribute(IValue(zeros({1}))); });
   testing::expect_error(ErrorKind::Value, "has no attribute form",
-                        [] { encode_attribute(IValue(Generator(1))); });
+                        [] { proto::encode_attribute(IValue(Generator(1))); });
   testing::expect_error(ErrorKind::Value, "attribute: no value set",
-                        [] { decode_attribute(proto::Attribute()); });
+                        [] { proto::decode_attribute(proto::Attribute()); });
   proto::Attribute a;
   a.set_dtype("complex7");
-  testing::expect_error(ErrorKind::Value, "unknown dtype 'complex7'", [&] { decode_attribute(a); });
+  testing::expect_error(ErrorKind::Value, "unknown dtype 'complex7'", [&] { proto::decode_attribute(a); });
   a.set_device("gpu:x");
-  testing::expect_error(ErrorKind::Value, "gpu:x", [&] { decode_attribute(a); });
+  testing::expect_error(ErrorKind::Value, "gpu:x", [&] { proto::decode_attribute(a); });
 }
 
-// ---- graphs (encode_graph / decode_graph) ----------------------------------------------------
+// ---- graphs (proto::encode_graph / proto::decode_graph) ----------------------------------------------------
 
 ir::Graph sample_graph() {
   ir::Graph g;
@@ -191,7 +191,7 @@ ir::Graph sample_graph() {
 
 TEST(GraphCodec, RoundTripsAndRunsTheSame) {
   ir::Graph g = sample_graph();
-  ir::Graph back = worker::decode_graph(worker::encode_graph(g));
+  ir::Graph back = proto::decode_graph(proto::encode_graph(g));
   EXPECT_EQ(back.str(), g.str());
   Tensor x = arange(0, 6, 1, kFloat32).reshape({2, 3}) - 2.5;
   Tensor two = scalar_to_tensor(Scalar(2.0));
@@ -200,7 +200,7 @@ TEST(GraphCodec, RoundTripsAndRunsTheSame) {
   EXPECT_TRUE(bit_equal(got[0], want[0]));
   EXPECT_TRUE(bit_equal(got[1], want[1]));
   // Wire ids need not be the graph's own: any distinct ids decode to the same graph.
-  proto::Graph p = worker::encode_graph(g);
+  proto::Graph p = proto::encode_graph(g);
   auto moved = [&](int64_t v) { return v * 10 + 1000; };
   for (auto& id : *p.mutable_inputs()) id = moved(id);
   for (auto& n : *p.mutable_nodes()) {
@@ -212,15 +212,15 @@ TEST(GraphCodec, RoundTripsAndRunsTheSame) {
     for (auto& o : *n.mutable_outputs()) o = moved(o);
   }
   for (auto& o : *p.mutable_outputs()) o = moved(o);
-  EXPECT_EQ(worker::decode_graph(p).str(), g.str());
+  EXPECT_EQ(proto::decode_graph(p).str(), g.str());
 }
 
 TEST(GraphCodec, MalformedGraphsNameWhatIsWrong) {
-  const proto::Graph good = worker::encode_graph(sample_graph());
+  const proto::Graph good = proto::encode_graph(sample_graph());
   auto expect_bad = [&](const std::string& what, const std::function<void(proto::Graph&)>& edit) {
     proto::Graph p = good;
     edit(p);
-    testing::expect_error(ErrorKind::Value, what, [&] { worker::decode_graph(p); });
+    testing::expect_error(ErrorKind::Value, what, [&] { proto::decode_graph(p); });
   };
   expect_bad("unknown op 'no_such_op'", [](proto::Graph& p) { p.mutable_nodes(0)->set_op("no_such_op"); });
   expect_bad("uses unknown value 999", [](proto::Graph& p) {
@@ -235,7 +235,7 @@ TEST(GraphCodec, MalformedGraphsNameWhatIsWrong) {
   expect_bad("node 0 'pow'", [](proto::Graph& p) { p.mutable_nodes(0)->mutable_args()->RemoveLast(); });
   proto::Graph bad_dtype = good;
   bad_dtype.mutable_input_specs(0)->set_dtype("float13");
-  EXPECT_THROW(worker::decode_graph(bad_dtype), Error);
+  EXPECT_THROW(proto::decode_graph(bad_dtype), Error);
 }
 
 }  // namespace

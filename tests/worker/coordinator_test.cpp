@@ -10,7 +10,7 @@
 #include "fake_coordinator.h"
 #include "kiln/proto/service.h"
 #include "kiln/proto/worker.grpc.pb.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -199,13 +199,13 @@ TEST(WorkerCoordinator, GangRunsCollectives) {
     proto::Batch& b = *m.mutable_batch();
     proto::Create& c = *b.add_commands()->mutable_create();
     c.set_id(1);
-    *c.mutable_data() = worker::encode_tensor(full({4}, double(r + 1)))[0];
+    *c.mutable_data() = proto::encode_tensor(full({4}, double(r + 1)))[0];
     proto::Instruction& in = *b.add_commands()->mutable_op();
     in.set_seq(1);
     in.set_op("all_reduce");
     in.add_args()->set_value(1);
-    *in.add_args()->mutable_attribute() = worker::encode_attribute(IValue(std::string("sum")));
-    *in.add_args()->mutable_attribute() = worker::encode_attribute(IValue(std::string("world")));
+    *in.add_args()->mutable_attribute() = proto::encode_attribute(IValue(std::string("sum")));
+    *in.add_args()->mutable_attribute() = proto::encode_attribute(IValue(std::string("world")));
     in.add_outputs(2);
     proto::Fetch& f = *b.add_commands()->mutable_fetch();
     f.set_request(3);
@@ -216,7 +216,7 @@ TEST(WorkerCoordinator, GangRunsCollectives) {
     proto::WorkerMessage reply;
     ASSERT_TRUE(streams[r]->rw->Read(&reply)) << streams[r]->finish().error_message();
     ASSERT_TRUE(reply.fetch().has_data()) << reply.fetch().error().message();
-    worker::TensorAssembler a;
+    proto::TensorAssembler a;
     a.add(reply.fetch().data());
     testing::expect_close(a.take(), full({4}, 3.0), 0, 0);
     EXPECT_TRUE(streams[r]->finish().ok());

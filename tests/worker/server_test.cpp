@@ -15,7 +15,7 @@
 #include "daemon.h"
 #include "kiln/proto/service.h"
 #include "kiln/proto/worker.grpc.pb.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -64,7 +64,7 @@ struct Client {
 proto::Batch add_and_fetch(const Tensor& x, const Tensor& y) {
   proto::Batch b;
   for (auto [id, t] : {std::pair<int64_t, Tensor>{1, x}, {2, y}}) {
-    for (auto& p : worker::encode_tensor(t)) {
+    for (auto& p : proto::encode_tensor(t)) {
       proto::Create& c = *b.add_commands()->mutable_create();
       c.set_id(id);
       *c.mutable_data() = p;
@@ -75,7 +75,7 @@ proto::Batch add_and_fetch(const Tensor& x, const Tensor& y) {
   in.set_op("add");
   in.add_args()->set_value(1);
   in.add_args()->set_value(2);
-  *in.add_args()->mutable_attribute() = worker::encode_attribute(IValue(Scalar(1)));
+  *in.add_args()->mutable_attribute() = proto::encode_attribute(IValue(Scalar(1)));
   in.add_outputs(3);
   b.add_commands()->mutable_fetch()->set_request(5);
   b.mutable_commands(b.commands_size() - 1)->mutable_fetch()->set_id(3);
@@ -97,7 +97,7 @@ void expect_session_works(const std::string& address, const std::string& token =
   auto f = c.read();
   ASSERT_TRUE(f && f->has_fetch());
   EXPECT_EQ(f->fetch().request(), 5u);
-  worker::TensorAssembler a;
+  proto::TensorAssembler a;
   a.add(f->fetch().data());
   testing::expect_close(a.take(), add(x, y), 0, 0);
   auto s = c.read();
@@ -374,7 +374,7 @@ TEST(WorkerServer, TinyOpsThroughGrpc) {
   init.mutable_commands()->DeleteSubrange(2, 3);  // keep the two creates
   ASSERT_TRUE(c.send(init));
   constexpr int kOps = 100000, kPerBatch = 1000;
-  proto::Attribute one = worker::encode_attribute(IValue(Scalar(1)));
+  proto::Attribute one = proto::encode_attribute(IValue(Scalar(1)));
   int64_t next = 10;
   auto t0 = std::chrono::steady_clock::now();
   for (int b = 0; b < kOps / kPerBatch; ++b) {

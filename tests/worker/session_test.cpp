@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "kiln/dist/process_group.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -35,7 +35,7 @@ proto::Argument L(std::vector<int64_t> ids) {
 }
 proto::Argument A(const IValue& v) {
   proto::Argument a;
-  *a.mutable_attribute() = worker::encode_attribute(v);
+  *a.mutable_attribute() = proto::encode_attribute(v);
   return a;
 }
 
@@ -52,7 +52,7 @@ struct BatchBuilder {
     return in;
   }
   BatchBuilder& create(int64_t id, const Tensor& t, size_t chunk = 0) {
-    for (auto& p : worker::encode_tensor(t, chunk)) {
+    for (auto& p : proto::encode_tensor(t, chunk)) {
       proto::Create& c = *b.add_commands()->mutable_create();
       c.set_id(id);
       *c.mutable_data() = p;
@@ -89,7 +89,7 @@ Replies run(Session& s, const BatchBuilder& bb) {
 
 // The tensor or error the fetch replies for `request` carry.
 Tensor fetched(const Replies& r, uint64_t request, proto::Error* error = nullptr) {
-  worker::TensorAssembler a;
+  proto::TensorAssembler a;
   for (const auto& m : r.replies) {
     if (!m.has_fetch() || m.fetch().request() != request) continue;
     if (m.fetch().has_error()) {

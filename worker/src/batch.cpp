@@ -19,7 +19,7 @@
 #include "kiln/ir.h"
 #include "kiln/proto/program.pb.h"
 #include "kiln/safetensors.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 #include "kiln/worker/stream_gate.h"
 #include "reports.h"
 
@@ -54,7 +54,7 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
   try {
     proto::BatchJob spec;
     KILN_CHECK(spec.ParseFromString(run.spec()), Value, what, ": the spec is not a BatchJob");
-    ir::Graph g = decode_graph(spec.step());
+    ir::Graph g = proto::decode_graph(spec.step());
     const size_t n = g.inputs().size();
     KILN_CHECK(static_cast<size_t>(spec.inputs_size()) == n, Value, what, ": ",
                spec.inputs_size(), " input sources for a step of ", n, " inputs");

@@ -22,7 +22,7 @@
 #include "kiln/generated/ops.h"
 #include "kiln/generator.h"
 #include "kiln/storage.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 #include "reports.h"
 #include "session_state.h"
 
@@ -113,7 +113,7 @@ std::string missing_value(const State& s, int64_t id) {
 }
 
 IValue decode_instruction_attribute(const proto::Attribute& a, const SessionOptions& opt) {
-  IValue x = decode_attribute(a);
+  IValue x = proto::decode_attribute(a);
   if (x.is<Device>() && x.get<Device>().type() == DeviceType::Remote) x = IValue(opt.device);
   return x;
 }
@@ -483,7 +483,7 @@ static void run_create(State& s, const SessionOptions& opt, const proto::Create&
   PendingCreate& p = it->second;
   try {
     if (fresh) {
-      p.total = wire_bytes(c.data());
+      p.total = proto::wire_bytes(c.data());
       uint64_t used = s.in_use.load(std::memory_order_relaxed);
       if (opt.memory_limit_bytes && used + p.total > opt.memory_limit_bytes)
         p.rejected = make_error("RESOURCE_EXHAUSTED", "runtime",
@@ -532,7 +532,7 @@ static void run_fetch(State& s, const proto::Fetch& f,
   } else {
     try {
       check_resident(s, "fetch", f.id(), it->second.t);
-      for (proto::TensorData& piece : encode_tensor(it->second.t)) {
+      for (proto::TensorData& piece : proto::encode_tensor(it->second.t)) {
         proto::WorkerMessage m;
         m.mutable_fetch()->set_request(f.request());
         *m.mutable_fetch()->mutable_data() = std::move(piece);

@@ -206,7 +206,7 @@ int run_compiled_segment(State& s, const SessionOptions& opt, const proto::Batch
     GeneratorState st{c.op().rng().seed(), c.op().rng().offset()};
     const auto [seed_arg, offset_arg] = seg->seeded[rng.size()];
     auto int_arg = [&](int a) {
-      return static_cast<uint64_t>(decode_attribute(c.op().args(a).attribute()).to_int());
+      return static_cast<uint64_t>(proto::decode_attribute(c.op().args(a).attribute()).to_int());
     };
     if (seed_arg >= 0) st = GeneratorState{int_arg(seed_arg), int_arg(offset_arg)};
     rng.push_back(st);

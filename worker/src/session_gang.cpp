@@ -160,7 +160,7 @@ void run_transfer(State& s, const SessionOptions& opt, const proto::Transfer& t)
     proto::TensorData header;  // the dtype and shape checks of a Create
     header.set_dtype(t.dtype());
     *header.mutable_shape() = t.sizes();
-    const uint64_t bytes = wire_bytes(header);
+    const uint64_t bytes = proto::wire_bytes(header);
     const ScalarType dtype = scalar_type_from_name(t.dtype().c_str());
     const std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
     for (int i = 0; i < t.src_size(); ++i) {

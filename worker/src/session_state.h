@@ -19,7 +19,7 @@
 #include "kiln/dist/process_group.h"
 #include "kiln/error.h"
 #include "kiln/ir.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 #include "kiln/worker/session.h"
 
 namespace kiln::worker {
@@ -48,7 +48,7 @@ struct StorageUse {
 // A value id whose Create pieces are still arriving. A Create over the memory limit is not
 // assembled: its pieces are only followed (offsets) so the id is poisoned once they all came.
 struct PendingCreate {
-  TensorAssembler assembler;
+  proto::TensorAssembler assembler;
   ErrorPtr rejected;
   uint64_t received = 0;  // bytes of the pieces so far
   uint64_t total = 0;

@@ -14,7 +14,7 @@
 #include "kiln/compiler/export.h"
 #include "kiln/storage.h"
 #include "kiln/tensor_impl.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 #include "python_args.h"
 
 namespace kiln::python {
@@ -128,7 +128,7 @@ nb::bytes batch_job_bytes(nb::handle fn, nb::handle args,
                "' share memory; a batch job's state tensors must own their memory (clone one)");
     in->set_state(std::move(name));
   }
-  *job.mutable_step() = worker::encode_graph(s.graph);
+  *job.mutable_step() = proto::encode_graph(s.graph);
   job.set_loss(loss_index < 0 ? -1 : s.outputs[loss_index]);
   job.set_init_checkpoint(init_checkpoint);
   job.set_data(data_path);

@@ -6,7 +6,7 @@
 
 #include "kiln/storage.h"
 #include "kiln/tensor_impl.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 
 namespace kiln::client {
 
@@ -45,7 +45,7 @@ void Connection::queue_frees_locked() {
 size_t append_create(proto::Batch& batch, int64_t id, const Tensor& t) {
   size_t bytes = 0;
   const std::vector<int>* ranks = StageScope::current();  // Note [Gang stages]
-  for (proto::TensorData& p : worker::encode_tensor(t)) {
+  for (proto::TensorData& p : proto::encode_tensor(t)) {
     bytes += p.data().size();
     proto::Command* cmd = batch.add_commands();
     if (ranks) cmd->mutable_ranks()->Add(ranks->begin(), ranks->end());
@@ -128,7 +128,7 @@ Tensor Connection::fetch(int64_t id) {
   f->set_request(request);
   f->set_id(id);
   flush_locked();
-  worker::TensorAssembler assembler;
+  proto::TensorAssembler assembler;
   for (;;) {
     proto::WorkerMessage m = transport_->receive();
     KILN_CHECK(m.has_fetch() && m.fetch().request() == request, Runtime, transport_->name(),

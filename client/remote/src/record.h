@@ -7,7 +7,7 @@
 
 #include "kiln/client/connection.h"
 #include "kiln/dispatcher.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 
 namespace kiln::client::detail {
 
@@ -42,7 +42,7 @@ class ArgEncoder {
     } else if (v.is<Device>() && v.get<Device>().type() == DeviceType::Remote) {
       out->mutable_attribute()->set_device(conn_->transport().worker_device());
     } else {
-      *out->mutable_attribute() = worker::encode_attribute(v);
+      *out->mutable_attribute() = proto::encode_attribute(v);
     }
   }
 

@@ -9,7 +9,7 @@
 #include "kiln/generated/ops.h"
 #include "kiln/generated/ops/copy.h"
 #include "kiln/generator.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 #include "record.h"
 
 namespace kiln::client {
@@ -77,7 +77,7 @@ void transfer(const OperatorHandle& op, DispatchKeySet, Stack& s) {
     ins->set_op("copy_");
     ins->add_args()->set_value(remote_value(dst, "copy_").id);
     ins->add_args()->set_value(tmp);
-    *ins->add_args()->mutable_attribute() = worker::encode_attribute(non_blocking);
+    *ins->add_args()->mutable_attribute() = proto::encode_attribute(non_blocking);
     ins->add_outputs(remote_value(dst, "copy_").id);
     conn->release(tmp);
     conn->maybe_flush();

@@ -2,6 +2,7 @@
 // (kiln/client/session.h).
 #include "kiln/client/session.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -239,6 +240,13 @@ std::shared_ptr<Connection> open_ranks(std::vector<std::unique_ptr<Transport>> r
 
 }  // namespace
 
+namespace {
+std::atomic<InProcessFactory> g_in_process{nullptr};
+}  // namespace
+
+void set_in_process_factory(InProcessFactory factory) { g_in_process = factory; }
+InProcessFactory in_process_factory() { return g_in_process.load(); }
+
 Session connect(const std::string& address_in, ConnectOptions o) {
   std::string address = address_in;
   if (address.empty()) address = env("KILN_COORDINATOR");  // a job's driver (kiln submit)
@@ -279,6 +287,10 @@ Session connect(const std::string& address_in, ConnectOptions o) {
 
 Session connect_in_process(int workers, worker::SessionOptions options) {
   KILN_CHECK(workers >= 1, Value, "connect_in_process(): workers must be >= 1, got ", workers);
+  const InProcessFactory make = in_process_factory();
+  KILN_CHECK(make, Runtime,
+             "connect_in_process(): this program has no embedded worker (library kiln_embedded "
+             "is not linked); connect to a kiln-worker or a coordinator instead");
   Session s;
   s.state_ = std::make_shared<Session::State>();
   std::string base = options.worker_id;
@@ -288,7 +300,7 @@ Session connect_in_process(int workers, worker::SessionOptions options) {
     w.rank = r;
     w.world_size = workers;
     if (workers > 1) w.worker_id = base + std::to_string(r);
-    ranks.push_back(std::make_unique<InProcessTransport>(w));
+    ranks.push_back(make(w));
   }
   s.state_->world_size = workers;
   s.state_->conn = open_ranks(std::move(ranks));

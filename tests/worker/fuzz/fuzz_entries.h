@@ -13,7 +13,7 @@
 #include <google/protobuf/stubs/logging.h>
 
 #include "kiln/error.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 #include "kiln/worker/session.h"
 
 namespace kiln::fuzz {
@@ -24,16 +24,16 @@ inline void codec(const uint8_t* data, size_t size) {
   google::protobuf::LogSilencer quiet;  // invalid UTF-8 in a string field is refused, noisily
   proto::Batch batch;
   if (!batch.ParseFromArray(data, static_cast<int>(size))) return;
-  worker::TensorAssembler a;
+  proto::TensorAssembler a;
   for (const proto::Command& c : batch.commands()) {
     try {
       if (c.has_create()) {
-        if (c.create().data().offset() == 0 && a.started()) a = worker::TensorAssembler();
+        if (c.create().data().offset() == 0 && a.started()) a = proto::TensorAssembler();
         a.add(c.create().data());
         if (a.complete()) {
           Tensor t = a.take();
-          worker::TensorAssembler b;
-          for (const auto& p : worker::encode_tensor(t, 4096)) b.add(p);
+          proto::TensorAssembler b;
+          for (const auto& p : proto::encode_tensor(t, 4096)) b.add(p);
           Tensor u = b.take();
           KILN_ASSERT(u.nbytes() == t.nbytes() &&
                       (t.nbytes() == 0 || std::memcmp(u.data_ptr(), t.data_ptr(), t.nbytes()) == 0));
@@ -41,9 +41,9 @@ inline void codec(const uint8_t* data, size_t size) {
       }
       for (const proto::Argument& arg : c.op().args())
         if (arg.has_attribute())
-          worker::decode_attribute(worker::encode_attribute(worker::decode_attribute(arg.attribute())));
+          proto::decode_attribute(proto::encode_attribute(proto::decode_attribute(arg.attribute())));
     } catch (const Error&) {
-      a = worker::TensorAssembler();
+      a = proto::TensorAssembler();
     }
   }
 }

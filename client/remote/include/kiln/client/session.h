@@ -21,6 +21,7 @@
 
 #include "kiln/client/connection.h"
 #include "kiln/dist/pipelining.h"
+#include "kiln/worker/session.h"  // SessionOptions (a struct; no worker code is linked)
 
 namespace kiln::client {
 
@@ -68,6 +69,7 @@ class Session {
 Session connect(const std::string& address = "", ConnectOptions options = {});
 // `workers` embedded workers (in-process transports), for tests and single-process use. They
 // form a gang without a process group: collectives need real workers from a coordinator.
+// RuntimeError when kiln_embedded is not linked (See InProcessFactory in transport.h).
 Session connect_in_process(int workers = 1, worker::SessionOptions options = {});
 
 // A pipeline over a gang's first `ranks` workers (Note [Pipeline controller] in

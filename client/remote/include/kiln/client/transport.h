@@ -1,7 +1,6 @@
 // kiln/client/transport.h: how a Connection reaches one worker. A transport sends Batches and
 // hands back the worker's replies in order; it never interprets them (connection.h does).
 //
-//   auto t = kiln::client::make_in_process_transport({.worker_id = "embedded"});  // tests
 //   auto g = kiln::client::make_grpc_transport("127.0.0.1:5000", {.token = "s3cret"});
 //   t->send(batch);  kiln::proto::WorkerMessage m = t->receive();
 //
@@ -24,7 +23,10 @@
 #include <vector>
 
 #include "kiln/proto/worker.pb.h"
-#include "kiln/worker/session.h"
+
+namespace kiln::worker {
+struct SessionOptions;
+}  // namespace kiln::worker
 
 namespace kiln::client {
 
@@ -50,24 +52,12 @@ class Transport {
   virtual void cancel() {}
 };
 
-// The embedded path: runs batches on a kiln::worker::Session in this process.
-class InProcessTransport final : public Transport {
- public:
-  explicit InProcessTransport(worker::SessionOptions options);
-  void send(proto::Batch&& batch) override;
-  proto::WorkerMessage receive() override;
-  const std::string& worker_device() const override { return device_; }
-  const std::string& name() const override { return name_; }
-  void close() override {}
-  worker::Session& session() { return session_; }
-
- private:
-  worker::Session session_;
-  std::string device_;
-  std::string name_;
-  std::vector<proto::WorkerMessage> replies_;  // not yet received, oldest first
-  size_t next_ = 0;
-};
+// The embedded worker's transport (InProcessTransport, kiln/client/embedded.h). It lives in
+// kiln_embedded, the one client library that links the worker, which registers its factory when
+// it is loaded; this client library itself links no worker code. nullptr: not linked.
+using InProcessFactory = std::unique_ptr<Transport> (*)(const worker::SessionOptions& options);
+void set_in_process_factory(InProcessFactory factory);
+InProcessFactory in_process_factory();
 
 // Note [Gangs]: a session of N workers is one device; every recorded op runs on every worker
 // (one SPMD program, DESIGN.md "Execution", distributed) with the same value ids. The gang

@@ -1,11 +1,11 @@
-// The graph IR to and from program.proto's Graph (kiln/worker/codec.h).
+// The graph IR to and from program.proto's Graph (kiln/proto/codec.h).
 #include <unordered_map>
 
 #include "kiln/error.h"
 #include "kiln/scalar_type.h"
-#include "kiln/worker/codec.h"
+#include "kiln/proto/codec.h"
 
-namespace kiln::worker {
+namespace kiln::proto {
 namespace {
 
 proto::TensorSpec encode_spec(const ir::Value& v) {
@@ -71,7 +71,7 @@ ir::Graph decode_graph(const proto::Graph& p) {
   for (int i = 0; i < p.inputs_size(); ++i) {
     const proto::TensorSpec& s = p.input_specs(i);
     const std::string where = "input " + std::to_string(i);
-    TensorSpec spec;
+    kiln::TensorSpec spec;  // the IR's, not the message
     spec.dtype = scalar_type_from_name(s.dtype().c_str());
     for (int64_t v : s.sizes()) spec.sizes.push_back(v);
     for (int64_t v : s.strides()) spec.strides.push_back(v);
@@ -124,4 +124,4 @@ ir::Graph decode_graph(const proto::Graph& p) {
   return g;
 }
 
-}  // namespace kiln::worker
+}  // namespace kiln::proto

@@ -1,6 +1,6 @@
-// InProcessTransport: the embedded worker. Batches run synchronously on a worker::Session;
-// replies wait in a queue until the connection reads them.
-#include "kiln/client/transport.h"
+// InProcessTransport: the embedded worker (kiln/client/embedded.h). Batches run synchronously on
+// a worker::Session; replies wait in a queue until the connection reads them.
+#include "kiln/client/embedded.h"
 #include "kiln/dispatch_key.h"
 #include "kiln/error.h"
 
@@ -38,5 +38,16 @@ proto::WorkerMessage InProcessTransport::receive() {
   }
   return m;
 }
+
+namespace {
+
+const bool g_registered = [] {  // See InProcessFactory in kiln/client/transport.h
+  set_in_process_factory([](const worker::SessionOptions& o) -> std::unique_ptr<Transport> {
+    return std::make_unique<InProcessTransport>(o);
+  });
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace kiln::client

@@ -1,12 +1,14 @@
-// kiln/worker/codec.h: tensors and op arguments to and from their wire form (proto/kiln/proto/
-// tensor.proto and program.proto). The worker decodes with it; the Remote backend (client/)
-// encodes with it, so both ends agree by construction.
+// kiln/proto/codec.h: tensors, op arguments and graphs to and from their wire form
+// (proto/kiln/proto/tensor.proto and program.proto), in the wire layer's own library, kiln_wire
+// (it uses tensor; the generated messages in kiln_proto do not, so the coordinator links no tensor
+// code). The worker decodes with it and the Remote backend (client/) encodes with it: both ends
+// share one codec and agree by construction.
 //
-//   std::vector<kiln::proto::TensorData> pieces = kiln::worker::encode_tensor(t);   // chunked
-//   kiln::worker::TensorAssembler a;  for (auto& p : pieces) a.add(p);  kiln::Tensor u = a.take();
-//   kiln::proto::Argument arg = kiln::worker::encode_attribute(kiln::IValue(int64_t{3}));
-//   kiln::IValue v = kiln::worker::decode_attribute(arg.attribute());
-//   kiln::ir::Graph g = kiln::worker::decode_graph(kiln::worker::encode_graph(graph));
+//   std::vector<kiln::proto::TensorData> pieces = kiln::proto::encode_tensor(t);   // chunked
+//   kiln::proto::TensorAssembler a;  for (auto& p : pieces) a.add(p);  kiln::Tensor u = a.take();
+//   kiln::proto::Argument arg = kiln::proto::encode_attribute(kiln::IValue(int64_t{3}));
+//   kiln::IValue v = kiln::proto::decode_attribute(arg.attribute());
+//   kiln::ir::Graph g = kiln::proto::decode_graph(kiln::proto::encode_graph(graph));
 //
 // Decoding never trusts the wire: every problem (unknown dtype name, negative size, byte count
 // that does not match shape x itemsize, overflowing sizes, a piece out of order) is a
@@ -23,7 +25,7 @@
 #include "kiln/proto/program.pb.h"
 #include "kiln/proto/tensor.pb.h"
 
-namespace kiln::worker {
+namespace kiln::proto {
 
 // `t` (any strides, any device with data) as contiguous little-endian bytes, split into pieces
 // of at most `chunk_bytes` (kiln::proto::kChunkBytes by default). A zero-size tensor is one
@@ -69,4 +71,4 @@ IValue decode_attribute(const proto::Attribute& a);
 proto::Graph encode_graph(const ir::Graph& g);
 ir::Graph decode_graph(const proto::Graph& p);
 
-}  // namespace kiln::worker
+}  // namespace kiln::proto

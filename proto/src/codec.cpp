@@ -1,5 +1,5 @@
-// Tensors and op arguments to and from their wire form (kiln/worker/codec.h).
-#include "kiln/worker/codec.h"
+// Tensors and op arguments to and from their wire form (kiln/proto/codec.h).
+#include "kiln/proto/codec.h"
 
 #include <bit>
 #include <cstring>
@@ -8,7 +8,7 @@
 #include "kiln/error.h"
 #include "kiln/proto/service.h"
 
-namespace kiln::worker {
+namespace kiln::proto {
 
 static_assert(std::endian::native == std::endian::little,
               "the wire format is little-endian; a big-endian host needs byte swapping here");
@@ -180,4 +180,4 @@ IValue decode_attribute(const proto::Attribute& a) {
   KILN_FAIL(Value, "attribute: no value set");
 }
 
-}  // namespace kiln::worker
+}  // namespace kiln::proto
