@@ -127,11 +127,8 @@ TEST(BatchJobs, WorkersAreToldToRunItAndItsEndFinishesTheJob) {
 TEST(BatchJobs, BadSpecsAreRefused) {
   TempDir dir;
   Daemon d(dir.path());
-  auto refused = [&](proto::SubmitJobRequest req, const std::string& says) {
-    proto::Job job;
-    const absl::Status st = d.call(&Stub::SubmitJob, req, &job);
-    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
-    EXPECT_NE(st.message().find(says), std::string::npos) << st;
+  auto refused = [&](const proto::SubmitJobRequest& req, const std::string& says) {
+    expect_refused(d, req, says);
   };
   refused(batch_job(2, "not a proto \xff\xff"), "is not a BatchJob");
   refused(batch_job(3, spec_bytes(4)), "batch_size 4 does not split over 3 workers");

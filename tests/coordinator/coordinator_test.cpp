@@ -38,22 +38,6 @@ absl::StatusOr<proto::SessionInfo> open_session(Daemon& d, int workers, uint32_t
   return info;
 }
 
-absl::Status finish_job(Daemon& d, const std::string& job_id, int exit_code,
-                        std::vector<std::string> lines = {}) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  proto::Job reply;
-  auto w = d.stub().ReportJob(&ctx, &reply);
-  proto::JobReport r;
-  r.set_job_id(job_id);
-  for (auto& l : lines) r.add_log_lines(l);
-  r.set_finished(true);
-  r.set_exit_code(exit_code);
-  w->Write(r);
-  w->WritesDone();
-  return proto::from_grpc(w->Finish());
-}
-
 TEST(Coordinator, RegisterHeartbeatList) {
   TempDir dir;
   Daemon d(dir.path());

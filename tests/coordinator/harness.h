@@ -298,6 +298,31 @@ inline RunningJob start_job(Daemon& d, int workers) {
   return r;
 }
 
+// The driver's last report: `lines` of log, then its exit code.
+inline absl::Status finish_job(Daemon& d, const std::string& job_id, int exit_code,
+                               std::vector<std::string> lines = {}) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  proto::Job reply;
+  auto w = d.stub().ReportJob(&ctx, &reply);
+  proto::JobReport r;
+  r.set_job_id(job_id);
+  for (auto& l : lines) r.add_log_lines(l);
+  r.set_finished(true);
+  r.set_exit_code(exit_code);
+  w->Write(r);
+  w->WritesDone();
+  return proto::from_grpc(w->Finish());
+}
+
+// SubmitJob of `req` must be refused as INVALID_ARGUMENT with a message containing `says`.
+inline void expect_refused(Daemon& d, const proto::SubmitJobRequest& req, const std::string& says) {
+  proto::Job job;
+  const absl::Status st = d.call(&Stub::SubmitJob, req, &job);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find(says), std::string::npos) << st;
+}
+
 inline proto::Job get_job(Daemon& d, const std::string& id) {
   proto::GetJobRequest get;
   get.set_job_id(id);

@@ -7,20 +7,6 @@
 namespace kiln::test {
 namespace {
 
-absl::Status report_exit(Daemon& d, const std::string& job_id, int exit_code) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  proto::Job reply;
-  auto w = d.stub().ReportJob(&ctx, &reply);
-  proto::JobReport r;
-  r.set_job_id(job_id);
-  r.set_finished(true);
-  r.set_exit_code(exit_code);
-  w->Write(r);
-  w->WritesDone();
-  return proto::from_grpc(w->Finish());
-}
-
 proto::SubmitJobRequest restartable(int workers, int max_restarts) {
   proto::SubmitJobRequest req;
   req.set_protocol_version(proto::kProtocolVersion);
@@ -53,7 +39,7 @@ TEST(Restarts, AFailedDriverRestartsTheJobUntilItsRestartsAreUsedUp) {
   ASSERT_TRUE(eventually([&] { return get_job(d, job.job_id()).state() == "running"; }));
   const std::string first = get_job(d, job.job_id()).session_id();
 
-  ASSERT_TRUE(report_exit(d, job.job_id(), 3).ok());
+  ASSERT_TRUE(finish_job(d, job.job_id(), 3).ok());
   proto::Job j = get_job(d, job.job_id());
   EXPECT_EQ(j.state(), "restarting");
   EXPECT_EQ(j.restarts(), 1);
@@ -65,7 +51,7 @@ TEST(Restarts, AFailedDriverRestartsTheJobUntilItsRestartsAreUsedUp) {
       << j.findings(0).text();
   ASSERT_TRUE(running_again(d, job.job_id(), first));
   // The second failure is the last one allowed: the job fails.
-  ASSERT_TRUE(report_exit(d, job.job_id(), 4).ok());
+  ASSERT_TRUE(finish_job(d, job.job_id(), 4).ok());
   j = get_job(d, job.job_id());
   EXPECT_EQ(j.state(), "failed");
   EXPECT_EQ(j.exit_code(), 4);
@@ -114,18 +100,15 @@ TEST(Restarts, ADeadWorkerRestartsAnElasticJobOnFewerWorkers) {
   EXPECT_EQ(j.checkpoint_dir(), "/shared/ckpt");
   EXPECT_EQ(j.checkpoint_every(), 5);
   EXPECT_EQ(j.findings(0).kind(), "restart");
-  ASSERT_TRUE(report_exit(d, job.job_id(), 0).ok());
+  ASSERT_TRUE(finish_job(d, job.job_id(), 0).ok());
   EXPECT_EQ(get_job(d, job.job_id()).state(), "succeeded");
 }
 
 TEST(Restarts, BadSettingsAreRefused) {
   TempDir dir;
   Daemon d(dir.path());
-  auto refused = [&](proto::SubmitJobRequest req, const std::string& says) {
-    proto::Job job;
-    const absl::Status st = d.call(&Stub::SubmitJob, req, &job);
-    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
-    EXPECT_NE(st.message().find(says), std::string::npos) << st;
+  auto refused = [&](const proto::SubmitJobRequest& req, const std::string& says) {
+    expect_refused(d, req, says);
   };
   proto::SubmitJobRequest r = restartable(2, -1);
   refused(r, "max_restarts must be in [0, 1000], got -1");

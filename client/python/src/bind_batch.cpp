@@ -22,16 +22,6 @@ namespace {
 
 using TensorVec = std::vector<Tensor>;
 
-TensorVec tensors_of(nb::handle seq, const char* what) {
-  TensorVec out;
-  for (nb::handle o : seq) {
-    KILN_CHECK(is_tensor(o.ptr()), Type, what, ": expected Tensors, got ",
-               Py_TYPE(o.ptr())->tp_name);
-    out.push_back(unwrap(o.ptr()));
-  }
-  return out;
-}
-
 // fn(list of tensors) -> list of tensors. The capture collects the Python cycles the call left,
 // so that only what the step really keeps counts as held (check_escapes in
 // compiler/src/capture.cpp), as kiln.compile's does.

@@ -43,16 +43,6 @@ nb::list to_list(const TensorVec& ts) {
   return l;
 }
 
-TensorVec from_seq(nb::handle seq, const char* what) {
-  TensorVec out;
-  for (nb::handle o : seq) {
-    KILN_CHECK(is_tensor(o.ptr()), Type, what, ": expected Tensors, got ",
-               Py_TYPE(o.ptr())->tp_name);
-    out.push_back(unwrap(o.ptr()));
-  }
-  return out;
-}
-
 // fn(list of tensors) -> Tensor, as the C++ transforms' function type.
 func::Fn as_fn(nb::handle fn, const char* what) {
   PyRef f = hold(fn);
@@ -70,7 +60,7 @@ func::MultiFn as_multi_fn(nb::handle fn, const char* what) {
   PyRef f = hold(fn);
   return [f, what](const TensorVec& xs) -> TensorVec {
     nb::gil_scoped_acquire gil;
-    return from_seq((*f)(to_list(xs)), what);
+    return tensors_of((*f)(to_list(xs)), what);
   };
 }
 
@@ -88,7 +78,7 @@ compiler::Fn as_compiled_fn(nb::handle fn) {
     TensorVec out;
     {
       nb::object r = f(to_list(xs));
-      out = from_seq(r, "kiln.compile");
+      out = tensors_of(r, "kiln.compile");
     }
     if (compiler::is_capturing()) nb::module_::import_("gc").attr("collect")();
     return out;
@@ -107,7 +97,7 @@ void bind_func(nb::module_& m) {
   nb::class_<compiler::CompiledFunction>(m, "_CompiledFunction")
       .def("__call__",
            [](compiler::CompiledFunction& f, nb::handle args) {
-             return to_list(f(from_seq(args, "kiln.compile")));
+             return to_list(f(tensors_of(args, "kiln.compile")));
            })
       .def("explain",
            [](const compiler::CompiledFunction& f) {
@@ -127,7 +117,7 @@ void bind_func(nb::module_& m) {
   });
   m.def("_func_transform_depth", &func::transform_depth);
   m.def("_func_vjp", [](nb::handle fn, nb::handle primals) {
-    auto [out, vjp_fn] = func::vjp(as_fn(fn, "vjp"), from_seq(primals, "vjp"));
+    auto [out, vjp_fn] = func::vjp(as_fn(fn, "vjp"), tensors_of(primals, "vjp"));
     nb::object call = nb::cpp_function(
         [vjp_fn](nb::handle cotangent) {
           KILN_CHECK(is_tensor(cotangent.ptr()), Type, "vjp_fn: expected a Tensor cotangent");
@@ -138,35 +128,35 @@ void bind_func(nb::module_& m) {
   });
   m.def("_func_jvp", [](nb::handle fn, nb::handle primals, nb::handle tangents) {
     auto [out, tangent] =
-        func::jvp(as_fn(fn, "jvp"), from_seq(primals, "jvp"), from_seq(tangents, "jvp"));
+        func::jvp(as_fn(fn, "jvp"), tensors_of(primals, "jvp"), tensors_of(tangents, "jvp"));
     return nb::make_tuple(nb::steal(wrap(out)), nb::steal(wrap(tangent)));
   });
   m.def("_func_grad_and_value",
         [](nb::handle fn, nb::handle primals, const std::vector<int64_t>& argnums) {
           auto [grads, value] =
-              func::grad_and_value(as_fn(fn, "grad"), argnums)(from_seq(primals, "grad"));
+              func::grad_and_value(as_fn(fn, "grad"), argnums)(tensors_of(primals, "grad"));
           return nb::make_tuple(to_list(grads), nb::steal(wrap(value)));
         });
   m.def("_func_jacrev", [](nb::handle fn, nb::handle primals, const std::vector<int64_t>& argnums) {
-    return to_list(func::jacrev(as_fn(fn, "jacrev"), argnums)(from_seq(primals, "jacrev")));
+    return to_list(func::jacrev(as_fn(fn, "jacrev"), argnums)(tensors_of(primals, "jacrev")));
   });
   m.def("_func_jacfwd", [](nb::handle fn, nb::handle primals, const std::vector<int64_t>& argnums) {
-    return to_list(func::jacfwd(as_fn(fn, "jacfwd"), argnums)(from_seq(primals, "jacfwd")));
+    return to_list(func::jacfwd(as_fn(fn, "jacfwd"), argnums)(tensors_of(primals, "jacfwd")));
   });
   m.def("_func_vmap",
         [](nb::handle fn, nb::handle primals, std::vector<std::optional<int64_t>> in_dims,
            std::optional<int64_t> chunk_size) {
           return to_list(func::vmap(as_multi_fn(fn, "vmap"), std::move(in_dims), {},
-                                    chunk_size)(from_seq(primals, "vmap")));
+                                    chunk_size)(tensors_of(primals, "vmap")));
         });
 
   m.def("_checkpoint", [](nb::handle fn, nb::handle inputs, bool preserve_rng_state) {
     PyRef f = hold(fn);
     autograd::CheckpointFn cf = [f](const autograd::variable_list& xs) {
       nb::gil_scoped_acquire gil;
-      return from_seq((*f)(to_list(xs)), "checkpoint");
+      return tensors_of((*f)(to_list(xs)), "checkpoint");
     };
-    return to_list(autograd::checkpoint(cf, from_seq(inputs, "checkpoint"), preserve_rng_state));
+    return to_list(autograd::checkpoint(cf, tensors_of(inputs, "checkpoint"), preserve_rng_state));
   });
 
   nb::class_<Autocast>(m, "_Autocast")

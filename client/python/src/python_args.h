@@ -131,6 +131,16 @@ inline bool is_tensor(PyObject* o) { return PyObject_TypeCheck(o, g_tensor_type)
 inline Tensor& unwrap(PyObject* o) { return *nb::inst_ptr<Tensor>(o); }
 PyObject* wrap(Tensor t);  // None for an undefined tensor
 PyObject* wrap_list(const std::vector<Tensor>& ts);
+// The Tensors of a Python sequence; TypeError naming `what` for anything else.
+inline std::vector<Tensor> tensors_of(nb::handle seq, const char* what) {
+  std::vector<Tensor> out;
+  for (nb::handle o : seq) {
+    KILN_CHECK(is_tensor(o.ptr()), Type, what, ": expected Tensors, got ",
+               Py_TYPE(o.ptr())->tp_name);
+    out.push_back(unwrap(o.ptr()));
+  }
+  return out;
+}
 // A named tuple `kiln.return_types.<name>` with the space-separated `fields`.
 PyObject* wrap_tuple(const char* name, const char* fields, std::initializer_list<Tensor> ts);
 inline PyObject* incref(PyObject* o) {
