@@ -63,4 +63,38 @@ std::tuple<Tensor, Tensor, Tensor> fused_attention_backward(
           grad_value};
 }
 
+// _jagged_attention_backward written out densely: the packed (T, H, .) inputs as (H, T, .)
+// matrices, and a (T, T) mask that keeps key j for query i only when both lie in the same
+// sequence (and j <= i when causal). See Note [Jagged attention] in kernels/cpu/attention.cpp.
+std::tuple<Tensor, Tensor, Tensor> jagged_attention_backward(
+    const Tensor& grad_out, const Tensor& grad_logsumexp, const Tensor& query, const Tensor& key,
+    const Tensor& value, const Tensor& offsets, const Tensor& output, const Tensor& logsumexp,
+    bool is_causal, std::optional<double> scale) {
+  meta::jagged_attention_backward(grad_out, grad_logsumexp, query, key, value, offsets, output,
+                                  logsumexp, is_causal, scale);
+  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(query.size(-1))));
+  const ScalarType dt = query.dtype();
+  const int64_t T = query.size(0), B = offsets.size(0) - 1;
+  // seq[i] = b with offsets[b] <= i < offsets[b + 1]: how many sequences end at or before i.
+  Tensor rows = kiln::arange(0, T, 1, kInt64, query.device());
+  Tensor ends = offsets.narrow(0, 1, B);
+  Tensor seq = kiln::ge(rows.unsqueeze(1), ends.unsqueeze(0)).sum(std::vector<int64_t>{1});
+  Tensor blocked = kiln::logical_not(kiln::eq(seq.unsqueeze(1), seq.unsqueeze(0)));
+  if (is_causal)
+    blocked = kiln::logical_or(blocked, kiln::ones({T, T}, kBool, query.device()).triu(1));
+  Tensor q = query.transpose(0, 1), k = key.transpose(0, 1), v = value.transpose(0, 1);
+  Tensor go = grad_out.transpose(0, 1), o = output.transpose(0, 1);
+  Tensor lse = logsumexp.to(dt).transpose(0, 1).unsqueeze(-1);  // (H, T, 1)
+  Tensor glse = grad_logsumexp.to(dt).transpose(0, 1).unsqueeze(-1);
+  Tensor prob =
+      kiln::exp(kiln::matmul(q, k.transpose(-2, -1)) * sc - lse).masked_fill(blocked, 0.0);
+  Tensor grad_value = kiln::matmul(prob.transpose(-2, -1), go);
+  Tensor grad_prob = kiln::matmul(go, v.transpose(-2, -1));
+  Tensor row = (go * o).sum(std::vector<int64_t>{-1}, true) - glse;
+  Tensor grad_scores = prob * (grad_prob - row) * sc;
+  return {kiln::matmul(grad_scores, k).transpose(0, 1).contiguous(),
+          kiln::matmul(grad_scores.transpose(-2, -1), q).transpose(0, 1).contiguous(),
+          grad_value.transpose(0, 1).contiguous()};
+}
+
 }  // namespace kiln::composite

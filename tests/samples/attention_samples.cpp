@@ -53,6 +53,42 @@ KILN_OP_SAMPLES("_fused_attention_backward", fused_attention_backward_s) {
            backward_sample({1, 2, 4, 3}, {1, 2, 4, 3}, {1, 2, 4, 2}, 0.25, true, 30)};
 }
 
+// Packed batches (Note [Jagged attention]): lengths 2, 0, 3 with two heads; one sequence of 4.
+Tensor offsets_of(std::vector<int64_t> o) {
+  const int64_t n = static_cast<int64_t>(o.size());
+  return from_vector<int64_t>(o, {n});
+}
+
+KILN_OP_SAMPLES("_jagged_attention", jagged_attention_s) {
+  return S{{random({5, 2, 3}, kFloat32, -1, 1, 40), random({5, 2, 3}, kFloat32, -1, 1, 41),
+            random({5, 2, 4}, kFloat32, -1, 1, 42), offsets_of({0, 2, 2, 5}), false, kNone},
+           {random({4, 1, 2}, kFloat32, -1, 1, 43), random({4, 1, 2}, kFloat32, -1, 1, 44),
+            random({4, 1, 2}, kFloat32, -1, 1, 45), offsets_of({0, 4}), true, 0.7}};
+}
+
+// (grad_out, grad_logsumexp, q, k, v, offsets, out, lse, is_causal, scale).
+Stack jagged_backward_sample(IntArrayRef qs, IntArrayRef vs, std::vector<int64_t> off, bool causal,
+                             uint32_t seed) {
+  Tensor q = random(qs, kFloat32, -1, 1, seed), k = random(qs, kFloat32, -1, 1, seed + 1);
+  Tensor v = random(vs, kFloat32, -1, 1, seed + 2), o = offsets_of(std::move(off));
+  auto [out, lse] = _jagged_attention(q, k, v, o, causal, std::nullopt);
+  return {random(out.sizes(), kFloat32, -1, 1, seed + 3),
+          random(lse.sizes(), kFloat32, -1, 1, seed + 4),
+          q,
+          k,
+          v,
+          o,
+          out,
+          lse,
+          causal,
+          kNone};
+}
+
+KILN_OP_SAMPLES("_jagged_attention_backward", jagged_attention_backward_s) {
+  return S{jagged_backward_sample({5, 2, 3}, {5, 2, 4}, {0, 2, 2, 5}, false, 50),
+           jagged_backward_sample({6, 1, 2}, {6, 1, 3}, {0, 3, 6}, true, 60)};
+}
+
 KILN_OP_SAMPLES("_fused_attention_dropout_mask", dropout_mask_s) {
   return S{{Sizes{2, 3, 5}, 0.25, int64_t{3}, int64_t{9}, kNone, kNone},
            {Sizes{4, 4}, 0.0, int64_t{0}, int64_t{0}, kFloat64, kNone}};

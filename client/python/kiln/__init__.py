@@ -27,3 +27,5 @@ from kiln.remote import connect, Session  # noqa: F401,E402
 from kiln._compile import compile  # noqa: F401,E402  (shadows the builtin, as torch.compile does)
 from kiln import profiler  # noqa: F401,E402
 from kiln import batch  # noqa: F401,E402
+from kiln import nested  # noqa: F401,E402
+from kiln.nested import jagged  # noqa: F401,E402

@@ -44,6 +44,35 @@ DimVector attention_shape(const char* op, const Tensor& q, const Tensor& k, cons
 
 DimVector drop_last(IntArrayRef s) { return DimVector(IntArrayRef(s.data(), s.size() - 1)); }
 
+// Validates a packed (jagged) query (T, H, E), key (T, H, E), value (T, H, Ev) and offsets
+// (B + 1) int64; returns (T, H, Ev). The offsets' values are the kernel's to check (a meta
+// tensor has none).
+DimVector jagged_shape(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& offsets) {
+  KILN_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, Value, op,
+             ": expected packed query, key and value of 3 dims (total length, heads, E), got "
+             "shapes ",
+             q.sizes(), ", ", k.sizes(), " and ", v.sizes());
+  KILN_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), Type, op,
+             ": expected query, key and value of the same dtype, got ", q.dtype(), ", ", k.dtype(),
+             " and ", v.dtype());
+  KILN_CHECK(is_floating(q.dtype()), Type, op, ": expected floating-point inputs, got ", q.dtype());
+  KILN_CHECK(q.size(0) == k.size(0) && q.size(0) == v.size(0), Value, op,
+             ": query, key and value must have the same total length (dim 0), got shapes ",
+             q.sizes(), ", ", k.sizes(), " and ", v.sizes());
+  KILN_CHECK(q.size(1) == k.size(1) && q.size(1) == v.size(1), Value, op,
+             ": query, key and value must have the same number of heads (dim 1), got shapes ",
+             q.sizes(), ", ", k.sizes(), " and ", v.sizes());
+  KILN_CHECK(q.size(2) == k.size(2), Value, op,
+             ": query and key must have the same embedding size (last dim), got shapes ", q.sizes(),
+             " and ", k.sizes());
+  KILN_CHECK(offsets.dtype() == kInt64, Type, op, ": expected int64 offsets, got ",
+             offsets.dtype());
+  KILN_CHECK(offsets.dim() == 1 && offsets.size(0) >= 1, Value, op,
+             ": expected offsets of shape (B + 1), got ", offsets.sizes());
+  return DimVector{q.size(0), q.size(1), v.size(2)};
+}
+
 }  // namespace
 
 TensorSpec scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
@@ -88,6 +117,40 @@ std::vector<TensorSpec> fused_attention_backward(const Tensor& grad_out,
                "values, got ",
                t->dtype());
   Device dev = common_device(op, query, key, value);
+  return {contiguous_spec(query.sizes(), query.dtype(), dev),
+          contiguous_spec(key.sizes(), key.dtype(), dev),
+          contiguous_spec(value.sizes(), value.dtype(), dev)};
+}
+
+std::vector<TensorSpec> jagged_attention(const Tensor& query, const Tensor& key,
+                                         const Tensor& value, const Tensor& offsets, bool,
+                                         std::optional<double>) {
+  const char* op = "_jagged_attention";
+  DimVector out = jagged_shape(op, query, key, value, offsets);
+  Device dev = common_device(op, query, key, value, offsets);
+  return {contiguous_spec(out, query.dtype(), dev),
+          contiguous_spec(drop_last(query.sizes()), logsumexp_dtype(query.dtype()), dev)};
+}
+
+std::vector<TensorSpec> jagged_attention_backward(const Tensor& grad_out,
+                                                  const Tensor& grad_logsumexp, const Tensor& query,
+                                                  const Tensor& key, const Tensor& value,
+                                                  const Tensor& offsets, const Tensor& output,
+                                                  const Tensor& logsumexp, bool,
+                                                  std::optional<double>) {
+  const char* op = "_jagged_attention_backward";
+  DimVector out = jagged_shape(op, query, key, value, offsets);
+  DimVector rows = drop_last(query.sizes());
+  KILN_CHECK(grad_out.sizes() == out.ref() && output.sizes() == out.ref(), Value, op,
+             ": expected grad_out and output of shape ", out.ref(), ", got ", grad_out.sizes(),
+             " and ", output.sizes());
+  KILN_CHECK(grad_logsumexp.sizes() == rows.ref() && logsumexp.sizes() == rows.ref(), Value, op,
+             ": expected grad_logsumexp and logsumexp of shape ", rows.ref(), ", got ",
+             grad_logsumexp.sizes(), " and ", logsumexp.sizes());
+  for (const Tensor* t : {&grad_out, &grad_logsumexp, &output, &logsumexp})
+    KILN_CHECK(is_floating(t->dtype()), Type, op,
+               ": expected floating-point gradients and saved values, got ", t->dtype());
+  Device dev = common_device(op, query, key, value, offsets);
   return {contiguous_spec(query.sizes(), query.dtype(), dev),
           contiguous_spec(key.sizes(), key.dtype(), dev),
           contiguous_spec(value.sizes(), value.dtype(), dev)};

@@ -8,6 +8,8 @@ PyTorch's signatures, over the op table's functions.
 import math
 
 from kiln import _C
+from kiln import nested as _nested
+from kiln.nested import NestedTensor as _Nested
 
 __all__ = [
     "linear", "bilinear", "conv1d", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
@@ -19,7 +21,18 @@ __all__ = [
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
 ]
 
-linear = _C.linear
+# Note [Nested dispatch]: the functions below that a transformer on packed sequences needs
+# (linear, layer_norm, the activations, dropout, embedding, softmax, scaled_dot_product_attention,
+# cross_entropy) and the layers that call them send a kiln.nested.NestedTensor input to
+# kiln.nested, which applies the op to its values (or, for attention, runs the fused kernel
+# that takes the offsets); See Note [Nested tensors] in kiln/nested.py. A dense input pays one
+# class comparison.
+def linear(input, weight, bias=None):
+    if input.__class__ is _Nested:
+        return _nested.linear(input, weight, bias)
+    return _C.linear(input, weight, bias)
+
+
 conv1d = _C.conv1d
 conv2d = _C.conv2d
 adaptive_avg_pool2d = _C.adaptive_avg_pool2d
@@ -76,6 +89,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if input.__class__ is _Nested:
+        return _nested.layer_norm(input, normalized_shape, weight, bias, eps)
     return _C.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
@@ -93,6 +108,9 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
         raise NotImplementedError("embedding: max_norm is not supported in Kiln")
     if padding_idx is not None and padding_idx < 0:
         padding_idx += weight.shape[0]
+    if input.__class__ is _Nested:
+        return _nested.embedding(input, weight, -1 if padding_idx is None else padding_idx,
+                                 scale_grad_by_freq, sparse)
     return _C.embedding(weight, input, -1 if padding_idx is None else padding_idx,
                         scale_grad_by_freq, sparse)
 
@@ -100,11 +118,15 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
 def dropout(input, p=0.5, training=True, inplace=False):
     if p < 0 or p > 1:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if input.__class__ is _Nested:
+        return input.apply_values(_C.dropout, p, training)
     out = _C.dropout(input, p, training)
     return input.copy_(out) if inplace else out
 
 
 def relu(input, inplace=False):
+    if input.__class__ is _Nested:
+        return input.relu()
     return _C.relu_(input) if inplace else _C.relu(input)
 
 
@@ -112,10 +134,14 @@ relu_ = _C.relu_
 
 
 def gelu(input, approximate="none"):
+    if input.__class__ is _Nested:
+        return input.gelu(approximate=approximate)
     return _C.gelu(input, approximate=approximate)
 
 
 def silu(input, inplace=False):
+    if input.__class__ is _Nested:
+        return input.silu()
     return _C.silu_(input) if inplace else _C.silu(input)
 
 
@@ -139,10 +165,14 @@ def _softmax_dim(ndim):
 
 
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    if input.__class__ is _Nested:
+        return input.softmax(-1 if dim is None else dim, dtype)
     return _C.softmax(input, _softmax_dim(input.ndim) if dim is None else dim, dtype)
 
 
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    if input.__class__ is _Nested:
+        return input.log_softmax(-1 if dim is None else dim, dtype)
     dim = _softmax_dim(input.ndim) if dim is None else dim
     if _loss_parallel is not None and _C._is_dtensor(input):
         return _loss_parallel.log_softmax(input, dim, dtype)
@@ -182,7 +212,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  is_causal=False, scale=None):
     """softmax(q kᵀ · scale + mask) v over the last two dims; a bool attn_mask keeps its True
     entries (PyTorch's convention here), a float one is added. Without a mask this is the
-    fused kernel."""
+    fused kernel. Nested (jagged) inputs: each sequence attends only to itself."""
+    if query.__class__ is _Nested:
+        return _nested.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                     is_causal, scale)
     return _attention(query, key, value, attn_mask, dropout_p, is_causal, scale)[0]
 
 
@@ -198,6 +231,9 @@ def _reduction(size_average, reduce, reduction):
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean", label_smoothing=0.0):
     reduction = _reduction(size_average, reduce, reduction)
+    if input.__class__ is _Nested:
+        return _nested.cross_entropy(input, target, weight, reduction, ignore_index,
+                                     label_smoothing)
     if _loss_parallel is not None and _C._is_dtensor(input):
         return _loss_parallel.cross_entropy(input, target, weight, reduction, ignore_index,
                                             label_smoothing)

@@ -49,7 +49,7 @@ class Linear(Module):
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input):
-        return _C.linear(input, self.weight, self.bias)
+        return F.linear(input, self.weight, self.bias)  # See Note [Nested dispatch]
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -288,7 +288,7 @@ class LayerNorm(Module):
             self.register_parameter("bias", None)
 
     def forward(self, input):
-        return _C.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
         return (f"{self.normalized_shape}, eps={self.eps}, "
@@ -364,8 +364,11 @@ class Embedding(Module):
                 self.weight[self.padding_idx].fill_(0)
 
     def forward(self, input):
-        return _C.embedding(self.weight, input, -1 if self.padding_idx is None else self.padding_idx,
-                            self.scale_grad_by_freq, self.sparse)
+        pad = -1 if self.padding_idx is None else self.padding_idx
+        if not isinstance(input, _C.Tensor):  # nested: See Note [Nested dispatch]
+            return F.embedding(input, self.weight, self.padding_idx, None, 2.0,
+                               self.scale_grad_by_freq, self.sparse)
+        return _C.embedding(self.weight, input, pad, self.scale_grad_by_freq, self.sparse)
 
     @classmethod
     def from_pretrained(cls, embeddings, freeze=True, padding_idx=None, max_norm=None,
@@ -425,7 +428,7 @@ class ReLU(Module):
         self.inplace = inplace
 
     def forward(self, input):
-        return _C.relu_(input) if self.inplace else _C.relu(input)
+        return F.relu(input, self.inplace)
 
     def extra_repr(self):
         return "inplace=True" if self.inplace else ""
@@ -449,7 +452,7 @@ class GELU(Module):
         self.approximate = approximate
 
     def forward(self, input):
-        return _C.gelu(input, approximate=self.approximate)
+        return F.gelu(input, approximate=self.approximate)
 
     def extra_repr(self):
         return f"approximate={self.approximate!r}"
