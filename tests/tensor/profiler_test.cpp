@@ -284,6 +284,19 @@ TEST(Profiler, ChromeTraceAndThreads) {
   std::remove(path.c_str());
 }
 
+TEST(Profiler, OpThatThrowsIsDropped) {
+  Tensor a = ones({2, 3}), b = ones({2, 2});
+  Profile prof;
+  prof.start();
+  EXPECT_THROW(mm(a, a), Error);  // (2, 3) @ (2, 3)
+  Tensor c = mm(b, b);
+  prof.stop();
+  auto mms = named(prof.trace(), "mm");
+  ASSERT_EQ(mms.size(), 1u);     // the failed call is not an event
+  ASSERT_GE(mms[0]->parent, 0);  // the next one sits in the step range stop() closed
+  EXPECT_EQ(prof.trace().events()[mms[0]->parent].kind, Event::Kind::Step);
+}
+
 TEST(Profiler, RecordFunctionOffIsFree) {
   RecordFunction r("nothing");  // no profiler: records nothing, no error
   Profile prof;
