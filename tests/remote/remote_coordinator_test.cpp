@@ -9,6 +9,7 @@
 
 #include "fake_coordinator.h"
 #include "kiln/client/session.h"
+#include "kiln/client/gang_pipeline.h"
 #include "kiln/client/transport.h"
 #include "kiln/dist/pipelining.h"
 #include "kiln/nn/nn.h"

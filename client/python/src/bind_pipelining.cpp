@@ -16,6 +16,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "kiln/client/connection.h"
+#include "kiln/client/gang_pipeline.h"
 #include "kiln/client/session.h"
 #include "kiln/client/transport.h"
 #include "kiln/dist/pipelining.h"

@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "kiln/client/connection.h"
-#include "kiln/dist/pipelining.h"
 #include "kiln/worker/session.h"  // SessionOptions (a struct; no worker code is linked)
 
 namespace kiln::client {
@@ -72,16 +71,6 @@ Session connect(const std::string& address = "", ConnectOptions options = {});
 // RuntimeError when kiln_embedded is not linked (See InProcessFactory in transport.h).
 Session connect_in_process(int workers = 1, worker::SessionOptions options = {});
 
-// A pipeline over a gang's first `ranks` workers (Note [Pipeline controller] in
-// kiln/dist/pipelining.h, Note [Gang stages] in kiln/client/transport.h): a Schedule given all
-// the stages (on no group) and this records stage s's actions for worker s % ranks, and moves
-// activations and gradients between workers as transfers. Put each stage's module on its worker
-// first, inside a StageScope({s % ranks}).
-//   pp::Schedule sched(stages, pp::ScheduleKind::OneFOneB, 4, loss, false, gang_controller(2));
-dist::pipelining::Controller gang_controller(int ranks);
-// The same with several workers per pipeline rank: `workers[r]` run rank r's stages, as data
-// parallel replicas (the j-th of each rank's list hands on to the j-th of the next one's).
-dist::pipelining::Controller gang_controller(std::vector<std::vector<int>> workers);
 // `t` split along dim 0 into ranks.size() equal shards, shard i on gang worker ranks[i] (a
 // pipeline stage's data-parallel replicas), one value held by those workers (Note [Gang
 // stages]); the result has the shard's shape.
