@@ -27,5 +27,6 @@ from kiln.remote import connect, Session  # noqa: F401,E402
 from kiln._compile import compile  # noqa: F401,E402  (shadows the builtin, as torch.compile does)
 from kiln import profiler  # noqa: F401,E402
 from kiln import batch  # noqa: F401,E402
+from kiln._export import export, load_program, Dim, ExportedProgram  # noqa: F401,E402
 from kiln import nested  # noqa: F401,E402
 from kiln.nested import jagged  # noqa: F401,E402

@@ -24,6 +24,7 @@ void bind_pipelining(nb::module_& m);                         // bind_pipelining
 void bind_remote(nb::module_& m);                             // bind_remote.cpp
 void bind_profiler(nb::module_& m);                           // bind_profiler.cpp
 void bind_batch(nb::module_& m);                              // bind_batch.cpp
+void bind_export(nb::module_& m);                             // bind_export.cpp
 
 namespace {
 
@@ -442,6 +443,7 @@ NB_MODULE(_C, m) {
   bind_remote(m);
   bind_profiler(m);
   bind_batch(m);
+  bind_export(m);
   if (PyModule_AddFunctions(m.ptr(), kOpFunctions) < 0) throw nb::python_error();
   set_warning_handler(&python_warning);
   // The dtype objects go before nanobind's leak check at exit.

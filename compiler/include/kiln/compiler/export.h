@@ -23,7 +23,8 @@
 //   of the step);
 // - outputs that need autograd from a step that runs no backward (kiln::compile would compile
 //   that backward; a replay never runs one);
-// - random ops, explicit generators, reseeding (not supported yet).
+// - random ops, explicit generators, reseeding (not supported yet); a seeded op whose probability
+//   is 0 (dropout_seeded, _fused_attention in eval mode) draws nothing and is kept.
 #pragma once
 
 #include <vector>
