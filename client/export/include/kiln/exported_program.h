@@ -15,7 +15,9 @@
 // recorded, whose inputs are the arguments, the tensors it read (weights: a module's parameters
 // and buffers, stored by name in the file) and wrapped numbers (held by the graph). A function
 // that writes into an input or a weight (a BatchNorm in training mode: call eval() first) is
-// refused, as is one whose outputs are not tensors.
+// refused, as is one whose outputs are not tensors. A weight is stored contiguous; one the graph
+// reads as a view (an offset, other strides) is stored as its whole storage, flat, and rebuilt
+// with a bounds-checked as_strided at load.
 //
 // Symbolic dims: the graph holds no symbols, so it is captured several times, and every integer
 // that moves with the dims is recorded as a polynomial of them (Note [Symbolic dims by
