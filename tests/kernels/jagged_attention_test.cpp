@@ -34,12 +34,13 @@ Grads per_sequence(const Tensor& q, const Tensor& k, const Tensor& v, const Size
   std::vector<Tensor> out, lse, dq, dk, dv;
   int64_t r0 = 0;
   for (int64_t n : lengths) {
-    auto seq = [&](const Tensor& t) { return t.narrow(0, r0, n).transpose(0, 1).unsqueeze(0); };
-    auto back = [&](const Tensor& t) { return t.squeeze(0).transpose(0, 1).contiguous(); };
+    const int64_t r = r0;
+    auto seq = [&](const Tensor& t) { return t.narrow(0, r, n).transpose(0, 1).unsqueeze(0); };
+    auto back = [&](const Tensor& t) { return t.select(0, 0).transpose(0, 1).contiguous(); };
     r0 += n;
     if (n == 0) continue;
     auto [o, l] = _fused_attention(seq(q), seq(k), seq(v), 0.0, causal, scale, 0, 0);
-    Tensor gl = glse.narrow(0, r0 - n, n).transpose(0, 1).unsqueeze(0);
+    Tensor gl = glse.narrow(0, r, n).transpose(0, 1).unsqueeze(0);
     auto [gq, gk, gv] = _fused_attention_backward(seq(go), gl, seq(q), seq(k), seq(v), o, l, 0.0,
                                                   causal, scale, 0, 0);
     out.push_back(back(o));
