@@ -4,7 +4,9 @@ lengths follow the fortunes' distribution (chargpt's data: fortunes of up to MAX
 lengths where Debian's fortunes package is missing). The padded batch pads to the longest
 sequence, as a padded loader would; the nested batch packs the tokens (kiln.nested, the fused
 _jagged_attention kernel). Prints one JSON line per layout (median seconds per step) and the
-ratio nested / padded (below 1: nested is faster).
+ratio nested / padded (below 1: nested is faster). On the 2-core development machine, idle:
+nested 0.089 s, padded 0.426 s, ratio 0.209 (3273 tokens packed, 14528 padded; the attention
+alone, _jagged_attention against the padded fused kernel, runs 7x faster).
     PYTHONPATH=build/python .venv/bin/python bench/nested_bench.py [--quick]"""
 import json
 import os
