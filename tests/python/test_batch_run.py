@@ -182,3 +182,21 @@ def test_a_batch_job_survives_a_killed_worker(tmp_path):
         finally:
             for proc in workers.values():
                 stop(proc)
+
+
+def test_a_batch_job_whose_data_is_gone_fails_clearly(tmp_path):
+    """A worker's error (here: the data file was removed after save_job) fails the job with the
+    worker's message, after its restarts, and frees the gang."""
+    spec = make_job(tmp_path, 5)
+    os.remove(tmp_path / "data.safetensors")
+    with coordinator_and_workers(tmp_path, WORLD, env=dict(os.environ, OMP_NUM_THREADS="1")) \
+            as address:
+        p = submit(address, spec, "--max-restarts", 1)
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 1, out
+        job = json.loads(kiln_cli(address, "jobs", "--json").splitlines()[-1])
+        assert job["state"] == "failed" and job["restarts"] == 1, job
+        assert "data.safetensors" in job["message"] and "rank" in job["message"], job
+        assert "failed after step 0" in out, out
+        workers = [json.loads(l) for l in kiln_cli(address, "workers", "--json").splitlines()]
+        assert all(w["state"] == "idle" for w in workers), workers
