@@ -48,6 +48,7 @@ class ExportedProgram:
 
     def __init__(self, impl):
         self._impl = impl
+        self._data = None
 
     @property
     def input_names(self):
@@ -93,7 +94,10 @@ class ExportedProgram:
 
 def load_program(path):
     """The exported program in `path` (ValueError naming what is wrong with the file)."""
-    return ExportedProgram(_C._ExportedProgram.load(os.fspath(path)))
+    prog = ExportedProgram(_C._ExportedProgram.load(os.fspath(path)))
+    with open(path, "rb") as f:
+        prog._data = f.read()
+    return prog
 
 
 def _parameter_names(fn, n):
@@ -185,5 +189,7 @@ def export(fn, args, path=None, *, dynamic_shapes=None, input_names=None, output
             if os.path.exists(tmp):
                 os.remove(tmp)
             raise
-    return ExportedProgram(_C._ExportedProgram.from_bytes(data, os.fspath(path) if path else
+    prog = ExportedProgram(_C._ExportedProgram.from_bytes(data, os.fspath(path) if path else
                                                            "<exported program>"))
+    prog._data = data  # the file's bytes (kiln.onnx reads the graph from them)
+    return prog

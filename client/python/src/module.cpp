@@ -25,6 +25,7 @@ void bind_remote(nb::module_& m);                             // bind_remote.cpp
 void bind_profiler(nb::module_& m);                           // bind_profiler.cpp
 void bind_batch(nb::module_& m);                              // bind_batch.cpp
 void bind_export(nb::module_& m);                             // bind_export.cpp
+void bind_onnx(nb::module_& m);                               // bind_onnx.cpp
 
 namespace {
 
@@ -444,6 +445,7 @@ NB_MODULE(_C, m) {
   bind_profiler(m);
   bind_batch(m);
   bind_export(m);
+  bind_onnx(m);
   if (PyModule_AddFunctions(m.ptr(), kOpFunctions) < 0) throw nb::python_error();
   set_warning_handler(&python_warning);
   // The dtype objects go before nanobind's leak check at exit.

@@ -1,0 +1,223 @@
+"""kiln.onnx.export: an exported program (kiln.export) as an ONNX model (opset 17).
+
+    prog = kiln.export(model, (x,), dynamic_shapes=({0: kiln.Dim("batch")},))
+    kiln.onnx.export(prog, "model.onnx")       # or a .kprog file's path instead of prog
+
+The program's graph (kiln._C._program_graph) maps op by op to ONNX nodes; weights become
+initializers; symbolic dims become dim_params named as the symbols. A view/reshape whose sizes
+depend on the symbols gets its shape computed in the graph (Shape, Gather and integer arithmetic
+from the polynomial the export recorded). Every op is checked before anything is built: an op
+with no mapping raises NotImplementedError naming all of them, and no file is written. The file
+is written to a temporary name and renamed into place. Needs the `onnx` package.
+"""
+import os
+
+import numpy as np
+
+from . import _C
+from ._export import ExportedProgram, load_program
+
+OPSET = 17
+
+_NP = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "int32": np.int32,
+       "bool": np.bool_, "float16": np.float16}
+
+SUPPORTED = {"view", "reshape", "_unsafe_view", "t", "addmm", "mm", "gelu", "relu", "add", "sub",
+             "mul", "div", "rsqrt", "convolution", "max_pool2d_with_indices", "tanh", "exp",
+             "sigmoid", "neg", "sqrt"}
+
+
+def _graph(prog):
+    if not isinstance(prog, ExportedProgram):
+        prog = load_program(prog)
+    if prog._data is None:
+        raise ValueError("kiln.onnx.export: the program holds no file bytes")
+    return prog, _C._program_graph(prog._data)
+
+
+class _Builder:
+    def __init__(self, onnx, g):
+        self.onnx, self.h = onnx, onnx.helper
+        self.nodes, self.inits = [], []
+        self.g = g
+        self.names = [d[0] for d in g["dims"]]
+        self.count = 0
+        # symbolic integers by (node, arg, element); element -1 for a single int
+        self.sym = {}
+        for path, const, terms in g["symbolic"]:
+            if len(path) >= 6 and path[:2] == [1, -1] and path[2] == 3 and path[4] == 3:
+                n, a = path[3], path[5]
+                elem = path[-1] if path[-4:-2] == [5, -1] else -1
+                self.sym[(n, a, elem)] = (const, terms)
+        self.dim_values = {}
+
+    def fresh(self, base="t"):
+        self.count += 1
+        return f"{base}_{self.count}"
+
+    def node(self, op, inputs, outputs=None, **attrs):
+        outputs = outputs or [self.fresh(op.lower())]
+        self.nodes.append(self.h.make_node(op, inputs, outputs, **attrs))
+        return outputs[0]
+
+    def const(self, array, base="c"):
+        name = self.fresh(base)
+        self.inits.append(self.onnx.numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def symbol(self, k):
+        """A 1-element int64 tensor holding symbol k, read from its input's shape."""
+        if k not in self.dim_values:
+            _, inp, dim, *_ = self.g["dims"][k]
+            src = f"v{self.g['inputs'][inp][0]}"
+            shape = self.node("Shape", [src])
+            self.dim_values[k] = self.node("Gather", [shape, self.const(np.array([dim], np.int64))],
+                                           axis=0)
+        return self.dim_values[k]
+
+    def poly(self, const, terms):
+        acc = self.const(np.array([const], np.int64)) if const or not terms else None
+        for coef, syms in terms:
+            t = self.symbol(syms[0])
+            for s in syms[1:]:
+                t = self.node("Mul", [t, self.symbol(s)])
+            if coef != 1:
+                t = self.node("Mul", [t, self.const(np.array([coef], np.int64))])
+            acc = t if acc is None else self.node("Add", [acc, t])
+        return acc
+
+    def shape(self, n, a, sizes):
+        """A shape input for node n's int-list argument a."""
+        if not any((n, a, i) in self.sym for i in range(len(sizes))):
+            return self.const(np.array(sizes, np.int64), "shape")
+        parts = [self.poly(*self.sym[(n, a, i)]) if (n, a, i) in self.sym
+                 else self.const(np.array([v], np.int64)) for i, v in enumerate(sizes)]
+        return self.node("Concat", parts, axis=0)
+
+
+def _scalar(arg, dtype):
+    return np.array(arg[2], _NP.get(dtype, np.float32))
+
+
+def export(program, path):
+    """Writes `program` (a kiln.ExportedProgram or the path of a .kprog file) to `path` as an
+    ONNX model; returns the onnx.ModelProto. NotImplementedError naming every op with no ONNX
+    mapping, before anything is written."""
+    import onnx
+
+    prog, g = _graph(program)
+    missing = sorted({n[0] for n in g["nodes"] if n[0] not in SUPPORTED})
+    if missing:
+        raise NotImplementedError("kiln.onnx.export: no ONNX mapping for the ops "
+                                  + ", ".join(repr(m) for m in missing) + "; nothing was written")
+    b = _Builder(onnx, g)
+    dtype = {}
+    sym_input = {}
+    for path_, const, terms in g["symbolic"]:  # graph input specs: [1,-1, 2,i, 2,d]
+        if path_[:3] == [1, -1, 2] and len(path_) == 6 and path_[4] == 2:
+            sym_input[(path_[3], path_[5])] = (const, terms)
+    graph_inputs = []
+    weights = prog.weights
+    for i, (vid, kind, name, dt, sizes, number) in enumerate(g["inputs"]):
+        v = f"v{vid}"
+        dtype[vid] = dt
+        if kind == "argument":
+            dims = []
+            for d, s in enumerate(sizes):
+                if (i, d) in sym_input:
+                    const, terms = sym_input[(i, d)]
+                    if const == 0 and len(terms) == 1 and terms[0][0] == 1 and len(terms[0][1]) == 1:
+                        dims.append(b.names[terms[0][1][0]])
+                    else:
+                        dims.append(None)
+                else:
+                    dims.append(s)
+            elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(_NP[dt]))
+            graph_inputs.append(onnx.helper.make_tensor_value_info(name, elem, dims))
+            b.node("Identity", [name], [v])
+        elif kind == "weight":
+            arr = weights[name].numpy().reshape(sizes)
+            b.inits.append(onnx.numpy_helper.from_array(np.ascontiguousarray(arr), v))
+        else:  # a number the graph holds: float32 beside float32 tensors
+            if dt == "float64":
+                dt = "float32"
+            dtype[vid] = dt
+            b.inits.append(onnx.numpy_helper.from_array(np.array(number, _NP[dt]), v))
+
+    for n, (op, args, outs) in enumerate(g["nodes"]):
+        x = [f"v{a[1]}" if a[0] == "value" else None for a in args]
+        out = f"v{outs[0]}"
+        dt = dtype.get(args[0][1], "float32") if args and args[0][0] == "value" else "float32"
+        for o in outs:
+            dtype[o] = dt
+        if op in ("view", "reshape", "_unsafe_view"):
+            b.node("Reshape", [x[0], b.shape(n, 1, args[1][2])], [out])
+        elif op == "t":
+            b.node("Transpose", [x[0]], [out], perm=[1, 0])
+        elif op == "mm":
+            b.node("MatMul", [x[0], x[1]], [out])
+        elif op == "addmm":
+            beta, alpha = args[3][2], args[4][2]
+            if beta != 1 or alpha != 1:
+                b.node("Gemm", [x[1], x[2], x[0]], [out], alpha=float(alpha), beta=float(beta))
+            else:
+                b.node("Add", [b.node("MatMul", [x[1], x[2]]), x[0]], [out])
+        elif op == "gelu":
+            if args[1][2] == "tanh":
+                c = lambda v: b.const(np.array(v, _NP[dt]))
+                inner = b.node("Mul", [b.node("Add", [x[0], b.node("Mul", [
+                    c(0.044715), b.node("Mul", [x[0], b.node("Mul", [x[0], x[0]])])])]),
+                    c(np.sqrt(2 / np.pi))])
+                half = b.node("Mul", [x[0], c(0.5)])
+                b.node("Mul", [half, b.node("Add", [c(1.0), b.node("Tanh", [inner])])], [out])
+            else:
+                c = lambda v: b.const(np.array(v, _NP[dt]))
+                erf = b.node("Erf", [b.node("Div", [x[0], c(np.sqrt(2.0))])])
+                b.node("Mul", [b.node("Mul", [x[0], c(0.5)]), b.node("Add", [erf, c(1.0)])], [out])
+        elif op in ("relu", "tanh", "exp", "sigmoid", "neg", "sqrt"):
+            b.node({"relu": "Relu", "tanh": "Tanh", "exp": "Exp", "sigmoid": "Sigmoid",
+                    "neg": "Neg", "sqrt": "Sqrt"}[op], [x[0]], [out])
+        elif op == "rsqrt":
+            b.node("Reciprocal", [b.node("Sqrt", [x[0]])], [out])
+        elif op in ("add", "sub", "mul", "div"):
+            other = x[1] if x[1] is not None else b.const(_scalar(args[1], dt))
+            if op in ("add", "sub") and len(args) > 2 and args[2][2] != 1:
+                other = b.node("Mul", [other, b.const(_scalar(args[2], dt))])
+            b.node(op.capitalize(), [x[0], other], [out])
+        elif op == "convolution":
+            stride, padding, dilation, transposed, _, groups = [a[2] for a in args[2:8]]
+            if transposed:
+                raise NotImplementedError("kiln.onnx.export: transposed convolution")
+            ins = [x[0], x[1]]
+            b.node("Conv", ins, [out], strides=stride, pads=list(padding) * 2,
+                   dilations=dilation, group=groups)
+        elif op == "max_pool2d_with_indices":
+            kernel, stride, padding, dilation, ceil = [a[2] for a in args[1:6]]
+            b.node("MaxPool", [x[0]], [out], kernel_shape=kernel, strides=stride or kernel,
+                   pads=list(padding) * 2, dilations=dilation, ceil_mode=int(ceil))
+            used = {a[1] for _, aa, _ in g["nodes"] for a in aa if a[0] == "value"}
+            if outs[1] in used or outs[1] in {o[0] for o in g["outputs"]}:
+                raise NotImplementedError("kiln.onnx.export: max_pool2d's indices are used")
+
+    outputs = []
+    for (vid, name, dt, _), port in zip(g["outputs"], prog.outputs):
+        b.node("Identity", [f"v{vid}"], [name])
+        elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(_NP[dt]))
+        dims = [int(d) if d.lstrip("-").isdigit() else d for d in port[2]]
+        outputs.append(onnx.helper.make_tensor_value_info(name, elem, dims))
+    graph = onnx.helper.make_graph(b.nodes, "kiln", graph_inputs, outputs, b.inits)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)],
+                                   producer_name="kiln")
+    model.ir_version = min(model.ir_version, 8)
+    onnx.checker.check_model(model)
+    path = os.fspath(path)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(model.SerializeToString())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return model
