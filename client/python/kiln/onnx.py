@@ -24,7 +24,8 @@ _NP = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "int32":
 
 SUPPORTED = {"view", "reshape", "_unsafe_view", "t", "addmm", "mm", "gelu", "relu", "add", "sub",
              "mul", "div", "rsqrt", "convolution", "max_pool2d_with_indices", "tanh", "exp",
-             "sigmoid", "neg", "sqrt"}
+             "sigmoid", "neg", "sqrt", "embedding", "arange", "_layer_norm", "split", "transpose",
+             "_fused_attention", "empty", "copy_"}
 
 
 def _graph(prog):
@@ -112,6 +113,8 @@ def export(program, path):
                                   + ", ".join(repr(m) for m in missing) + "; nothing was written")
     b = _Builder(onnx, g)
     dtype = {}
+    rank = {}
+    empty_shape = {}  # an `empty` value: its shape tensor (copy_ into it is an Expand)
     sym_input = {}
     for path_, const, terms in g["symbolic"]:  # graph input specs: [1,-1, 2,i, 2,d]
         if path_[:3] == [1, -1, 2] and len(path_) == 6 and path_[4] == 2:
@@ -121,6 +124,7 @@ def export(program, path):
     for i, (vid, kind, name, dt, sizes, number) in enumerate(g["inputs"]):
         v = f"v{vid}"
         dtype[vid] = dt
+        rank[vid] = len(sizes)
         if kind == "argument":
             dims = []
             for d, s in enumerate(sizes):
@@ -150,6 +154,18 @@ def export(program, path):
         dt = dtype.get(args[0][1], "float32") if args and args[0][0] == "value" else "float32"
         for o in outs:
             dtype[o] = dt
+        ranks = [rank.get(a[1], 0) for a in args if a[0] == "value"]
+        r = max(ranks) if ranks else 0
+        if op in ("view", "reshape", "_unsafe_view", "empty"):
+            r = len(args[1 if op != "empty" else 0][2])
+        elif op in ("t", "addmm", "mm"):
+            r = 2
+        elif op == "embedding":
+            r = rank[args[1][1]] + 1
+        elif op == "arange":
+            r = 1
+        for o in outs:
+            rank[o] = r
         if op in ("view", "reshape", "_unsafe_view"):
             b.node("Reshape", [x[0], b.shape(n, 1, args[1][2])], [out])
         elif op == "t":
@@ -191,6 +207,84 @@ def export(program, path):
             ins = [x[0], x[1]]
             b.node("Conv", ins, [out], strides=stride, pads=list(padding) * 2,
                    dilations=dilation, group=groups)
+        elif op == "embedding":
+            b.node("Gather", [x[0], x[1]], [out], axis=0)
+        elif op == "arange":
+            start, end, step, adt = [a[2] for a in args[:4]]
+            kinds = [a[1] for a in args[:3]]
+            if adt not in (None, "int64") or any(k != "scalar_int" for k in kinds):
+                raise NotImplementedError("kiln.onnx.export: arange other than int64 integers")
+            dtype[outs[0]] = "int64"
+            ends = []
+            for a, v in ((0, start), (1, end), (2, step)):
+                if (n, a, -1) in b.sym:
+                    ends.append(b.node("Squeeze", [b.poly(*b.sym[(n, a, -1)]),
+                                                   b.const(np.array([0], np.int64))]))
+                else:
+                    ends.append(b.const(np.array(v, np.int64)))
+            b.node("Range", ends, [out])
+        elif op == "_layer_norm":
+            axis = -len(args[1][2])
+            eps = args[4][2]
+            ins = [x[0], x[2] if x[2] else b.const(np.array(1.0, _NP[dt]))]
+            if x[3]:
+                ins.append(x[3])
+            b.node("LayerNormalization", ins, [out], axis=axis, epsilon=float(eps))
+        elif op == "split":
+            size, dim = args[1][2], args[2][2]
+            for k, o in enumerate(outs):
+                b.node("Slice", [x[0], b.const(np.array([k * size], np.int64)),
+                                 b.const(np.array([(k + 1) * size], np.int64)),
+                                 b.const(np.array([dim], np.int64))], [f"v{o}"])
+        elif op == "transpose":
+            perm = list(range(r))
+            d0, d1 = args[1][2] % r, args[2][2] % r
+            perm[d0], perm[d1] = perm[d1], perm[d0]
+            b.node("Transpose", [x[0]], [out], perm=perm)
+        elif op == "empty":
+            dtype[outs[0]] = args[1][2]
+            empty_shape[outs[0]] = b.shape(n, 0, args[0][2])
+        elif op == "copy_":
+            if args[0][1] not in empty_shape:
+                raise NotImplementedError("kiln.onnx.export: copy_ into a tensor other than a "
+                                          "fresh empty one")
+            dtype[outs[0]] = dtype[args[0][1]]
+            src = x[1]
+            if dtype[args[1][1]] != dtype[args[0][1]]:
+                src = b.node("Cast", [src], to=onnx.helper.np_dtype_to_tensor_dtype(
+                    np.dtype(_NP[dtype[args[0][1]]])))
+            b.node("Expand", [src, empty_shape[args[0][1]]], [out])
+        elif op == "_fused_attention":
+            dropout, causal, scale = args[3][2], args[4][2], args[5][2]
+            if dropout:
+                raise NotImplementedError("kiln.onnx.export: attention with dropout")
+            used = {a[1] for _, aa, _ in g["nodes"] for a in aa if a[0] == "value"}
+            if any(o in used or o in {oo[0] for oo in g["outputs"]} for o in outs[1:]):
+                raise NotImplementedError("kiln.onnx.export: attention's log-sum-exp is used")
+            q, k, v = x[0], x[1], x[2]
+            perm = list(range(r))
+            perm[-1], perm[-2] = perm[-2], perm[-1]
+            kt = b.node("Transpose", [k], perm=perm)
+            if scale is None:
+                e = b.node("Cast", [b.node("Gather", [b.node("Shape", [q]),
+                                                      b.const(np.array(-1, np.int64))], axis=0)],
+                           to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(_NP[dt])))
+                sc = b.node("Reciprocal", [b.node("Sqrt", [e])])
+            else:
+                sc = b.const(np.array(scale, _NP[dt]))
+            scores = b.node("Mul", [b.node("MatMul", [q, kt]), sc])
+            if causal:
+                sq = b.node("Shape", [q])
+                sk = b.node("Shape", [k])
+                lq = b.node("Gather", [sq, b.const(np.array([-2], np.int64))], axis=0)
+                lk = b.node("Gather", [sk, b.const(np.array([-2], np.int64))], axis=0)
+                ones = b.node("ConstantOfShape", [b.node("Concat", [lq, lk], axis=0)],
+                              value=onnx.helper.make_tensor("one", onnx.TensorProto.BOOL, [1],
+                                                            [True]))
+                mask = b.node("Trilu", [ones], upper=0)
+                scores = b.node("Where", [mask, scores,
+                                          b.const(np.array(-np.inf, _NP[dt]))])
+            b.node("MatMul", [b.node("Softmax", [scores], axis=-1), v], [out])
         elif op == "max_pool2d_with_indices":
             kernel, stride, padding, dilation, ceil = [a[2] for a in args[1:6]]
             b.node("MaxPool", [x[0]], [out], kernel_shape=kernel, strides=stride or kernel,
