@@ -69,3 +69,20 @@ def test_onnx_from_a_program_file(tmp_path):
         want = model(x).numpy()
     got = _session(tmp_path / "mlp.onnx").run(None, {"input": x.numpy()})[0]
     assert np.abs(got - want).max() <= 1e-4
+
+
+def test_onnx_slices_sums_numbers_and_a_weight_view(tmp_path):
+    w = kiln.randn(6, 4)  # read as the view w[1:5] (stored as its whole storage)
+
+    def f(x):
+        y = (x.view(-1, 4) @ w[1:5].t()) * 2.5 - 1.0 + x[:, ::2].sum()
+        return y[1:].sum(1, keepdim=True) * y[:-1]
+
+    prog = kiln.export(f, (kiln.randn(3, 4),), dynamic_shapes=({0: "b"},))
+    kiln.onnx.export(prog, tmp_path / "f.onnx")
+    sess = _session(tmp_path / "f.onnx")
+    for rows in (2, 9):
+        x = kiln.randn(rows, 4)
+        got = sess.run(None, {"x": x.numpy()})[0]
+        assert got.shape == (rows - 1, 4)
+        assert np.abs(got - f(x).numpy()).max() <= 1e-4

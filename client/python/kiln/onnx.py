@@ -25,7 +25,7 @@ _NP = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "int32":
 SUPPORTED = {"view", "reshape", "_unsafe_view", "t", "addmm", "mm", "gelu", "relu", "add", "sub",
              "mul", "div", "rsqrt", "convolution", "max_pool2d_with_indices", "tanh", "exp",
              "sigmoid", "neg", "sqrt", "embedding", "arange", "_layer_norm", "split", "transpose",
-             "_fused_attention", "empty", "copy_"}
+             "_fused_attention", "empty", "copy_", "slice", "sum"}
 
 
 def _graph(prog):
@@ -121,7 +121,8 @@ def export(program, path):
             sym_input[(path_[3], path_[5])] = (const, terms)
     graph_inputs = []
     weights = prog.weights
-    for i, (vid, kind, name, dt, sizes, number) in enumerate(g["inputs"]):
+    for i, (vid, kind, name, dt, sizes, number, strides, offset, wrapped) in enumerate(
+            g["inputs"]):
         v = f"v{vid}"
         dtype[vid] = dt
         rank[vid] = len(sizes)
@@ -140,10 +141,13 @@ def export(program, path):
             graph_inputs.append(onnx.helper.make_tensor_value_info(name, elem, dims))
             b.node("Identity", [name], [v])
         elif kind == "weight":
-            arr = weights[name].numpy().reshape(sizes)
+            arr = weights[name].numpy()
+            if list(arr.shape) != list(sizes) or offset:  # stored as its whole storage, flat
+                arr = np.lib.stride_tricks.as_strided(
+                    arr[offset:], sizes, [st * arr.itemsize for st in strides])
             b.inits.append(onnx.numpy_helper.from_array(np.ascontiguousarray(arr), v))
-        else:  # a number the graph holds: float32 beside float32 tensors
-            if dt == "float64":
+        else:  # a number the graph holds; a wrapped Python float takes part as float32
+            if wrapped and dt == "float64":
                 dt = "float32"
             dtype[vid] = dt
             b.inits.append(onnx.numpy_helper.from_array(np.array(number, _NP[dt]), v))
@@ -160,6 +164,25 @@ def export(program, path):
             r = len(args[1 if op != "empty" else 0][2])
         elif op in ("t", "addmm", "mm"):
             r = 2
+        elif op == "slice":
+            none = {2: 0, 3: np.iinfo(np.int64).max, 4: 1}  # start, end, step left out
+            ends = [b.poly(*b.sym[(n, a, -1)]) if (n, a, -1) in b.sym
+                    else b.const(np.array([none[a] if args[a][2] is None else args[a][2]],
+                                          np.int64)) for a in (2, 3, 1, 4)]
+            b.node("Slice", [x[0]] + ends, [out])
+        elif op == "sum":
+            dims, keep, sdt = args[1][2], args[2][2], args[3][2]
+            if sdt is not None and sdt != dt:
+                raise NotImplementedError("kiln.onnx.export: sum with a dtype")
+            if r == 0 or dims is None or list(dims) == []:
+                r = 0 if not keep else r
+                b.node("ReduceSum", [x[0]], [out], keepdims=int(bool(keep)))
+            else:
+                b.node("ReduceSum", [x[0], b.const(np.array(dims, np.int64))], [out],
+                       keepdims=int(bool(keep)))
+                if not keep:
+                    r -= len(dims)
+            rank[outs[0]] = r
         elif op == "embedding":
             r = rank[args[1][1]] + 1
         elif op == "arange":

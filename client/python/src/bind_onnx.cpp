@@ -1,7 +1,8 @@
 // kiln._C's view of an exported program as plain Python data, for kiln.onnx (kiln/onnx.py):
 //
 //   g = _C._program_graph(data)   # the bytes of a .kprog file (Note [Exported program file])
-//   g["inputs"]    [(value id, kind "argument"|"weight"|"constant", name, dtype, sizes, number)]
+//   g["inputs"]    [(value id, kind "argument"|"weight"|"constant", name, dtype, sizes, number,
+//                    strides, offset, wrapped number)], at the example sizes
 //   g["nodes"]     [(op, [arg, ...], [output ids])]; an arg is ("value", id), ("values", [ids])
 //                  or ("attr", kind, python value) with kind as in program.proto's Attribute
 //   g["outputs"]   [(value id, name, dtype, sizes)]
@@ -66,7 +67,7 @@ nb::dict program_graph(nb::bytes data) {
     std::string name = in.has_argument() ? in.argument() : in.has_weight() ? in.weight() : "";
     nb::object number = s.has_number() ? nb::object(attribute(s.number())[2]) : nb::none();
     inputs.append(nb::make_tuple(g.inputs(i), kind, name, s.dtype(), int_list(s.sizes()),
-                                 number));
+                                 number, int_list(s.strides()), s.offset(), s.wrapped_number()));
   }
   nb::list nodes;
   for (const proto::Instruction& ins : g.nodes()) {
