@@ -168,40 +168,50 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
 }
 
 BatchRunner::~BatchRunner() {
+  std::vector<Run> runs;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) stop_->store(true);
+    for (Run& r : runs_) r.stop->store(true);
+    runs.swap(runs_);
   }
-  if (thread_.joinable()) thread_.join();
+  for (Run& r : runs) r.thread.join();
 }
 
-std::string BatchRunner::running() const {
+std::vector<std::string> BatchRunner::running() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return running_;
+  return {running_.begin(), running_.end()};
 }
 
 void BatchRunner::start(CoordinatorLink& link, const proto::BatchRun& run) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!seen_.insert(run.session_id()).second) return;  // started before (a repeated BatchRun)
-  if (thread_.joinable()) thread_.join();  // the previous run has ended (its session is over)
-  running_ = run.session_id();
-  stop_ = std::make_shared<std::atomic<bool>>(false);
-  thread_ = std::thread([this, &link, run] { main(link, run); });
+  for (auto it = runs_.begin(); it != runs_.end();) {  // runs that have returned: joined at once
+    if (it->done->load()) {
+      it->thread.join();
+      it = runs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  running_.insert(run.session_id());
+  runs_.push_back({std::thread([this, &link, run, stop, done] {
+                     main(link, run, *stop);
+                     done->store(true);
+                   }),
+                   stop, done});
 }
 
-void BatchRunner::main(CoordinatorLink& link, proto::BatchRun run) {
-  std::shared_ptr<std::atomic<bool>> stop;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop = stop_;
-  }
+void BatchRunner::main(CoordinatorLink& link, const proto::BatchRun& run,
+                       std::atomic<bool>& stop) {
   proto::BatchResult res;
   // The worker's one stream slot, as a client's session holds it: the coordinator's close (or
   // another session) stops the run and aborts its collectives.
   absl::StatusOr<StreamGate::Lease> lease = gate_.enter(
       run.session_id(),
-      [this, stop, id = run.session_id()] {
-        stop->store(true);
+      [this, &stop, id = run.session_id()] {
+        stop.store(true);
         gang_.abort(id, "ended (the coordinator closed it)");
       },
       kEnterWait);
@@ -215,7 +225,7 @@ void BatchRunner::main(CoordinatorLink& link, proto::BatchRun run) {
                                     .get()
                               : absl::OkStatus();
     if (joined.ok()) {
-      res = run_batch(run, device_, *stop);
+      res = run_batch(run, device_, stop);
     } else {
       res.set_session_id(run.session_id());
       res.set_message(std::string(joined.message()));
@@ -223,7 +233,7 @@ void BatchRunner::main(CoordinatorLink& link, proto::BatchRun run) {
   }
   report_batch_result(std::move(res));
   std::lock_guard<std::mutex> lock(mu_);
-  running_.clear();
+  running_.erase(run.session_id());
 }
 
 }  // namespace kiln::worker

@@ -31,6 +31,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "kiln/device.h"
 #include "kiln/proto/coordinator.pb.h"
@@ -45,24 +46,29 @@ class BatchRunner {
  public:
   BatchRunner(StreamGate& gate, Gang& gang, std::string host, Device device)
       : gate_(gate), gang_(gang), host_(std::move(host)), device_(device) {}
-  ~BatchRunner();  // stops a run in progress and waits for it
-  // Starts `run` on a thread unless this worker has run (or runs) its session already.
+  ~BatchRunner();  // stops the runs in progress and waits for them
+  // Starts `run` on a thread unless this worker has run (or runs) its session already. Never
+  // waits for an earlier run: one whose session was closed ends beside the new one, which waits
+  // for the worker's stream slot (start is called from the heartbeat thread).
   void start(CoordinatorLink& link, const proto::BatchRun& run);
-  // The session of the run in progress, or "".
-  std::string running() const;
+  // The sessions of the runs in progress.
+  std::vector<std::string> running() const;
 
  private:
-  void main(CoordinatorLink& link, proto::BatchRun run);
+  struct Run {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> stop, done;
+  };
+  void main(CoordinatorLink& link, const proto::BatchRun& run, std::atomic<bool>& stop);
 
   StreamGate& gate_;
   Gang& gang_;
   std::string host_;
   Device device_;
   mutable std::mutex mu_;
-  std::set<std::string> seen_;  // sessions started here
-  std::string running_;
-  std::shared_ptr<std::atomic<bool>> stop_;
-  std::thread thread_;
+  std::set<std::string> seen_;     // sessions started here
+  std::set<std::string> running_;  // sessions whose run has not ended
+  std::vector<Run> runs_;          // not joined yet
 };
 
 // Runs one worker's part of a batch job (See Note [Batch jobs]) in this thread, after the gang's

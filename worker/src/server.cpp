@@ -226,7 +226,7 @@ struct Server::Impl final : grpc::Service {
       l.memory_in_use_bytes += o.session->memory_in_use_bytes();
     }
     if (batches)
-      if (std::string b = batches->running(); !b.empty()) ids.insert(b);
+      for (std::string& b : batches->running()) ids.insert(std::move(b));
     l.sessions.assign(ids.begin(), ids.end());
     return l;
   }
