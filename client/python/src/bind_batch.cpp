@@ -22,20 +22,10 @@ namespace {
 
 using TensorVec = std::vector<Tensor>;
 
-// fn(list of tensors) -> list of tensors. The capture collects the Python cycles the call left,
-// so that only what the step really keeps counts as held (check_escapes in
-// compiler/src/capture.cpp), as kiln.compile's does.
+// fn(list of tensors) -> list of tensors (See call_captured in python_args.h).
 compiler::Fn as_step_fn(nb::handle fn) {
   return [fn](const TensorVec& xs) -> TensorVec {
-    nb::list args;
-    for (const Tensor& t : xs) args.append(nb::steal(wrap(t)));
-    TensorVec out;
-    {
-      nb::object r = nb::borrow(fn)(args);
-      out = tensors_of(r, "kiln.batch.save_job: the step's outputs");
-    }
-    if (compiler::is_capturing()) nb::module_::import_("gc").attr("collect")();
-    return out;
+    return call_captured(fn, xs, "kiln.batch.save_job: the step's outputs");
   };
 }
 

@@ -20,19 +20,10 @@ namespace {
 using TensorVec = std::vector<Tensor>;
 using DynamicTuple = std::tuple<size_t, int64_t, std::string, int64_t, int64_t>;
 
-// fn(list of tensors) -> list of tensors; collects the cycles the call left while capturing, as
-// kiln.compile's wrapper does (check_escapes in compiler/src/capture.cpp).
+// fn(list of tensors) -> list of tensors (See call_captured in python_args.h).
 compiler::Fn as_fn(nb::handle fn) {
   return [fn](const TensorVec& xs) -> TensorVec {
-    nb::list args;
-    for (const Tensor& t : xs) args.append(nb::steal(wrap(t)));
-    TensorVec out;
-    {
-      nb::object r = nb::borrow(fn)(args);
-      out = tensors_of(r, "kiln.export: the function's outputs");
-    }
-    if (compiler::is_capturing()) nb::module_::import_("gc").attr("collect")();
-    return out;
+    return call_captured(fn, xs, "kiln.export: the function's outputs");
   };
 }
 

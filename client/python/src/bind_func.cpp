@@ -64,24 +64,16 @@ func::MultiFn as_multi_fn(nb::handle fn, const char* what) {
   };
 }
 
-// fn(list of tensors) -> list of tensors, for kiln.compile: a capture collects the Python
-// cycles the call left, so that only what the program really keeps counts as held
-// (check_escapes in compiler/src/capture.cpp).
-// It holds `fn` weakly: kiln/_compile.py keeps it, and a strong reference from C++, which
-// Python's cycle collector cannot see, would keep the function's globals alive forever.
+// fn(list of tensors) -> list of tensors, for kiln.compile (See call_captured in
+// python_args.h). It holds `fn` weakly: kiln/_compile.py keeps it, and a strong reference from
+// C++, which Python's cycle collector cannot see, would keep the function's globals alive forever.
 compiler::Fn as_compiled_fn(nb::handle fn) {
   PyRef ref = hold(nb::module_::import_("weakref").attr("ref")(fn));
   return [ref](const TensorVec& xs) -> TensorVec {
     nb::gil_scoped_acquire gil;
     nb::object f = (*ref)();
     KILN_CHECK(!f.is_none(), Runtime, "kiln.compile: the compiled function was released");
-    TensorVec out;
-    {
-      nb::object r = f(to_list(xs));
-      out = tensors_of(r, "kiln.compile");
-    }
-    if (compiler::is_capturing()) nb::module_::import_("gc").attr("collect")();
-    return out;
+    return call_captured(f, xs, "kiln.compile");
   };
 }
 
@@ -92,6 +84,16 @@ struct Autocast {
 DeviceType device_type_of(const std::string& s) { return Device(s).type(); }
 
 }  // namespace
+
+TensorVec call_captured(nb::handle fn, const TensorVec& args, const char* what) {
+  TensorVec out;
+  {
+    nb::object r = nb::borrow(fn)(to_list(args));
+    out = tensors_of(r, what);
+  }  // the call's result is released before the collection
+  if (compiler::is_capturing()) nb::module_::import_("gc").attr("collect")();
+  return out;
+}
 
 void bind_func(nb::module_& m) {
   nb::class_<compiler::CompiledFunction>(m, "_CompiledFunction")

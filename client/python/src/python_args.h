@@ -131,6 +131,11 @@ inline bool is_tensor(PyObject* o) { return PyObject_TypeCheck(o, g_tensor_type)
 inline Tensor& unwrap(PyObject* o) { return *nb::inst_ptr<Tensor>(o); }
 PyObject* wrap(Tensor t);  // None for an undefined tensor
 PyObject* wrap_list(const std::vector<Tensor>& ts);
+// fn(list of `args`) as a list of Tensors (TypeError naming `what` otherwise), for a function
+// kiln::compiler captures (kiln.compile, kiln.batch.save_job, kiln.export): while it captures,
+// Python's cycle collector runs after the call, so that only what the function really keeps
+// counts as held (check_escapes in compiler/src/capture.cpp). Defined in bind_func.cpp.
+std::vector<Tensor> call_captured(nb::handle fn, const std::vector<Tensor>& args, const char* what);
 // The Tensors of a Python sequence; TypeError naming `what` for anything else.
 inline std::vector<Tensor> tensors_of(nb::handle seq, const char* what) {
   std::vector<Tensor> out;
