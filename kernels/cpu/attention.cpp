@@ -261,6 +261,15 @@ void backward_head(const Problem<A>& P, const Head<A>& H) {
 
 ScalarType acc_dtype(ScalarType t) { return t == kFloat64 ? kFloat64 : kFloat32; }
 
+// Calls run(A{}) with A the C++ type of `acc` (acc_dtype's: double or float).
+template <typename F>
+void with_acc(ScalarType acc, F&& run) {
+  if (acc == kFloat64)
+    run(double{});
+  else
+    run(float{});
+}
+
 // t in dtype `acc`, contiguous (t itself when it already is).
 Tensor as_acc(const Tensor& t, ScalarType acc) { return t.to(acc).contiguous(); }
 
@@ -311,10 +320,7 @@ std::tuple<Tensor, Tensor> fused_attention_cpu(const Tensor& query, const Tensor
                    }
                  });
   };
-  if (acc == kFloat64)
-    run(double{});
-  else
-    run(float{});
+  with_acc(acc, run);
   return {out.to(specs[0].dtype), lse};
 }
 
@@ -351,10 +357,7 @@ std::tuple<Tensor, Tensor, Tensor> fused_attention_backward_cpu(
                    }
                  });
   };
-  if (acc == kFloat64)
-    run(double{});
-  else
-    run(float{});
+  with_acc(acc, run);
   return {dq.to(specs[0].dtype), dk.to(specs[1].dtype), dv.to(specs[2].dtype)};
 }
 
@@ -433,10 +436,7 @@ std::tuple<Tensor, Tensor> jagged_attention_cpu(const Tensor& query, const Tenso
       }
     });
   };
-  if (acc == kFloat64)
-    run(double{});
-  else
-    run(float{});
+  with_acc(acc, run);
   return {out.to(specs[0].dtype), lse};
 }
 
@@ -474,10 +474,7 @@ std::tuple<Tensor, Tensor, Tensor> jagged_attention_backward_cpu(
       }
     });
   };
-  if (acc == kFloat64)
-    run(double{});
-  else
-    run(float{});
+  with_acc(acc, run);
   return {dq.to(specs[0].dtype), dk.to(specs[1].dtype), dv.to(specs[2].dtype)};
 }
 
@@ -498,10 +495,7 @@ Tensor dropout_mask_cpu(IntArrayRef size, double dropout_p, int64_t seed, int64_
         std::fill(o + b, o + e, A(1));
     });
   };
-  if (acc == kFloat64)
-    run(double{});
-  else
-    run(float{});
+  with_acc(acc, run);
   return out.to(spec.dtype);
 }
 

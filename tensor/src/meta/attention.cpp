@@ -95,15 +95,14 @@ std::vector<TensorSpec> fused_attention(const Tensor& query, const Tensor& key, 
           contiguous_spec(drop_last(query.sizes()), logsumexp_dtype(query.dtype()), dev)};
 }
 
-std::vector<TensorSpec> fused_attention_backward(const Tensor& grad_out,
-                                                 const Tensor& grad_logsumexp, const Tensor& query,
-                                                 const Tensor& key, const Tensor& value,
-                                                 const Tensor& output, const Tensor& logsumexp,
-                                                 double dropout_p, bool, std::optional<double>,
-                                                 int64_t, int64_t) {
-  const char* op = "_fused_attention_backward";
-  check_dropout(op, dropout_p);
-  DimVector out = attention_shape(op, query, key, value);
+// An attention backward's incoming gradients and saved values checked against the forward's
+// output shape `out` (grad_out, output) and its rows (grad_logsumexp, logsumexp); the specs of
+// the query, key and value gradients.
+static std::vector<TensorSpec> backward_specs(const char* op, const DimVector& out,
+                                              const Tensor& grad_out, const Tensor& grad_logsumexp,
+                                              const Tensor& query, const Tensor& key,
+                                              const Tensor& value, const Tensor& output,
+                                              const Tensor& logsumexp, Device dev) {
   DimVector rows = drop_last(query.sizes());
   KILN_CHECK(grad_out.sizes() == out.ref() && output.sizes() == out.ref(), Value, op,
              ": expected grad_out and output of shape ", out.ref(), ", got ", grad_out.sizes(),
@@ -113,13 +112,23 @@ std::vector<TensorSpec> fused_attention_backward(const Tensor& grad_out,
              grad_logsumexp.sizes(), " and ", logsumexp.sizes());
   for (const Tensor* t : {&grad_out, &grad_logsumexp, &output, &logsumexp})
     KILN_CHECK(is_floating(t->dtype()), Type, op,
-               ": expected floating-point gradients and saved "
-               "values, got ",
-               t->dtype());
-  Device dev = common_device(op, query, key, value);
+               ": expected floating-point gradients and saved values, got ", t->dtype());
   return {contiguous_spec(query.sizes(), query.dtype(), dev),
           contiguous_spec(key.sizes(), key.dtype(), dev),
           contiguous_spec(value.sizes(), value.dtype(), dev)};
+}
+
+std::vector<TensorSpec> fused_attention_backward(const Tensor& grad_out,
+                                                 const Tensor& grad_logsumexp, const Tensor& query,
+                                                 const Tensor& key, const Tensor& value,
+                                                 const Tensor& output, const Tensor& logsumexp,
+                                                 double dropout_p, bool, std::optional<double>,
+                                                 int64_t, int64_t) {
+  const char* op = "_fused_attention_backward";
+  check_dropout(op, dropout_p);
+  DimVector out = attention_shape(op, query, key, value);
+  return backward_specs(op, out, grad_out, grad_logsumexp, query, key, value, output, logsumexp,
+                        common_device(op, query, key, value));
 }
 
 std::vector<TensorSpec> jagged_attention(const Tensor& query, const Tensor& key,
@@ -140,20 +149,8 @@ std::vector<TensorSpec> jagged_attention_backward(const Tensor& grad_out,
                                                   std::optional<double>) {
   const char* op = "_jagged_attention_backward";
   DimVector out = jagged_shape(op, query, key, value, offsets);
-  DimVector rows = drop_last(query.sizes());
-  KILN_CHECK(grad_out.sizes() == out.ref() && output.sizes() == out.ref(), Value, op,
-             ": expected grad_out and output of shape ", out.ref(), ", got ", grad_out.sizes(),
-             " and ", output.sizes());
-  KILN_CHECK(grad_logsumexp.sizes() == rows.ref() && logsumexp.sizes() == rows.ref(), Value, op,
-             ": expected grad_logsumexp and logsumexp of shape ", rows.ref(), ", got ",
-             grad_logsumexp.sizes(), " and ", logsumexp.sizes());
-  for (const Tensor* t : {&grad_out, &grad_logsumexp, &output, &logsumexp})
-    KILN_CHECK(is_floating(t->dtype()), Type, op,
-               ": expected floating-point gradients and saved values, got ", t->dtype());
-  Device dev = common_device(op, query, key, value, offsets);
-  return {contiguous_spec(query.sizes(), query.dtype(), dev),
-          contiguous_spec(key.sizes(), key.dtype(), dev),
-          contiguous_spec(value.sizes(), value.dtype(), dev)};
+  return backward_specs(op, out, grad_out, grad_logsumexp, query, key, value, output, logsumexp,
+                        common_device(op, query, key, value, offsets));
 }
 
 TensorSpec fused_attention_dropout_mask(IntArrayRef size, double dropout_p, int64_t, int64_t,
