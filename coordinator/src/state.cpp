@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "kiln/proto/json.h"
+
 namespace kiln::coord {
 
 namespace {
@@ -225,13 +227,8 @@ void State::put_job(const JobRec& r) {
   std::vector<std::string> mesh;
   for (const proto::MeshDim& d : j.mesh())
     mesh.push_back(d.name() + "=" + std::to_string(d.size()));
-  const nlohmann::json restarts = {{"max_restarts", j.max_restarts()},
-                                   {"restarts", j.restarts()},
-                                   {"min_workers", j.min_workers()},
-                                   {"max_workers", j.max_workers()},
-                                   {"checkpoint_dir", j.checkpoint_dir()},
-                                   {"checkpoint_every", j.checkpoint_every()},
-                                   {"batch", j.batch()}};
+  nlohmann::json restarts = proto::restart_fields(j);  // See Note [Restarts] in jobs.cpp
+  restarts["batch"] = j.batch();
   db_.prepare(
          "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
       .bind(1, r.seq)

@@ -19,35 +19,37 @@ json to_json(const Finding& f) {
   return {{"kind", f.kind()}, {"text", f.text()}, {"unix_ms", f.unix_ms()}};
 }
 
+json restart_fields(const Job& j) {
+  return {{"max_restarts", j.max_restarts()},     {"restarts", j.restarts()},
+          {"min_workers", j.min_workers()},       {"max_workers", j.max_workers()},
+          {"checkpoint_dir", j.checkpoint_dir()}, {"checkpoint_every", j.checkpoint_every()}};
+}
+
 json to_json(const Job& j) {
   json steps = json::array(), findings = json::array();
   for (const StepRecord& r : j.last_steps()) steps.push_back(to_json(r));
   for (const Finding& f : j.findings()) findings.push_back(to_json(f));
   json mesh = json::array();
   for (const MeshDim& d : j.mesh()) mesh.push_back({{"name", d.name()}, {"size", d.size()}});
-  return {{"job_id", j.job_id()},
-          {"state", j.state()},
-          {"workers", j.workers()},
-          {"priority", j.priority()},
-          {"command", std::vector<std::string>(j.command().begin(), j.command().end())},
-          {"tenant", j.tenant()},
-          {"session_id", j.session_id()},
-          {"worker_addresses",
-           std::vector<std::string>(j.worker_addresses().begin(), j.worker_addresses().end())},
-          {"exit_code", j.exit_code()},
-          {"message", j.message()},
-          {"submitted_unix_ms", j.submitted_unix_ms()},
-          {"started_unix_ms", j.started_unix_ms()},
-          {"finished_unix_ms", j.finished_unix_ms()},
-          {"mesh", mesh},
-          {"max_restarts", j.max_restarts()},
-          {"restarts", j.restarts()},
-          {"min_workers", j.min_workers()},
-          {"max_workers", j.max_workers()},
-          {"checkpoint_dir", j.checkpoint_dir()},
-          {"checkpoint_every", j.checkpoint_every()},
-          {"findings", findings},
-          {"last_steps", steps}};
+  json out = {{"job_id", j.job_id()},
+              {"state", j.state()},
+              {"workers", j.workers()},
+              {"priority", j.priority()},
+              {"command", std::vector<std::string>(j.command().begin(), j.command().end())},
+              {"tenant", j.tenant()},
+              {"session_id", j.session_id()},
+              {"worker_addresses",
+               std::vector<std::string>(j.worker_addresses().begin(), j.worker_addresses().end())},
+              {"exit_code", j.exit_code()},
+              {"message", j.message()},
+              {"submitted_unix_ms", j.submitted_unix_ms()},
+              {"started_unix_ms", j.started_unix_ms()},
+              {"finished_unix_ms", j.finished_unix_ms()},
+              {"mesh", mesh},
+              {"findings", findings},
+              {"last_steps", steps}};
+  out.update(restart_fields(j));
+  return out;
 }
 
 json to_json(const WorkerInfo& w) {

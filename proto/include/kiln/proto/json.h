@@ -13,6 +13,9 @@ namespace kiln::proto {
 nlohmann::json to_json(const StepRecord& r);  // loss only when it has one
 nlohmann::json to_json(const Finding& f);
 nlohmann::json to_json(const Job& j);  // with its findings and each rank's latest step
+// Its restart policy and count (Note [Restarts] in coordinator/src/jobs.cpp): part of to_json(j),
+// and what the coordinator's state file keeps of them.
+nlohmann::json restart_fields(const Job& j);
 nlohmann::json to_json(const WorkerInfo& w);
 
 }  // namespace kiln::proto
