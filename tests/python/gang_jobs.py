@@ -70,6 +70,37 @@ def coordinator_and_workers(tmp_path, workers, coordinator_args=(), worker_args=
             stop(p)
 
 
+class Workers:
+    """kiln-workers registered with the coordinator at `address`, by their address, to kill and
+    replace (the restart and chaos tests)."""
+
+    def __init__(self, tmp_path, address, env):
+        self.tmp_path, self.address, self.env, self.procs = tmp_path, address, env, {}
+
+    def add(self, name):
+        proc, where = start_worker(self.tmp_path, name, ["--coordinator", self.address], self.env)
+        self.procs[where] = proc
+
+    def kill(self, where):
+        """SIGKILLs the worker at `where`."""
+        self.procs.pop(where).kill()
+
+
+@contextlib.contextmanager
+def killable_workers(tmp_path, workers, coordinator_args=(), env=None):
+    """coordinator_and_workers, yielding (address, Workers) with `workers` workers named w0, w1,
+    ... that a test may kill and add to."""
+    with coordinator_and_workers(tmp_path, 0, coordinator_args, env=env) as address:
+        gang = Workers(tmp_path, address, env)
+        try:
+            for r in range(workers):
+                gang.add(f"w{r}")
+            yield address, gang
+        finally:
+            for proc in gang.procs.values():
+                stop(proc)
+
+
 def submit(address, tmp_path, source, workers, args=(), cli_args=(), env=None):
     """`kiln submit --workers N -- python DRIVER ARGS` of `source`, as a Popen whose stdout
     (text, stderr merged) is the driver's output."""

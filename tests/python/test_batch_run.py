@@ -8,18 +8,14 @@ import json
 import os
 import random
 import subprocess
-import sys
 import time
-
-import pytest
 
 import kiln
 import kiln.distributed.checkpoint as dcp
 import kiln.nn as nn
 import kiln.nn.functional as F
 
-from gang_jobs import CLI, coordinator_and_workers, kiln_cli
-from test_remote_worker import start_worker, stop
+from gang_jobs import CLI, coordinator_and_workers, kiln_cli, killable_workers
 
 WORLD, BATCH, ROWS = 2, 16, 64
 
@@ -124,64 +120,52 @@ def test_a_batch_job_survives_a_killed_worker(tmp_path):
     trials = int(os.environ.get("KILN_CHAOS_TRIALS", "20"))
     spec = make_job(tmp_path, steps)
     env = dict(os.environ, OMP_NUM_THREADS="1", KILN_COMM_TIMEOUT_S="10")
-    with coordinator_and_workers(tmp_path, 0, ["--heartbeat-ms", "200", "--dead-after", "3"],
-                                 env=env) as address:
-        workers = {}
-
-        def add_worker(name):
-            proc, where = start_worker(tmp_path, name, ["--coordinator", address], env)
-            workers[where] = proc
-
-        try:
-            for r in range(WORLD + 1):  # one spare
-                add_worker(f"w{r}")
-            ref = submit(address, spec, "--checkpoint-dir", tmp_path / "ref", "--checkpoint-every",
-                         every)
-            out, _ = ref.communicate(timeout=600)
-            assert ref.returncode == 0, out
-            ref_step, want = saved(tmp_path / "ref")
-            assert ref_step == steps
-            for trial in range(trials):
-                rng = random.Random(trial)
-                # Well before the end: the steps a rank reports reach the coordinator ~0.1 s late.
-                kill_after = rng.randint(every + 1, steps - 5 * every)
-                ckpt = tmp_path / f"ckpt{trial}"
-                p = submit(address, spec, "--checkpoint-dir", ckpt, "--checkpoint-every", every,
-                           "--max-restarts", "2")
-                deadline = time.monotonic() + 300
-                while True:  # until the job is past `kill_after`
-                    job = [j for j in map(json.loads, kiln_cli(address, "jobs", "--json").split(
-                        "\n")[:-1]) if j["checkpoint_dir"] == str(ckpt)] or [{"state": "queued"}]
-                    job = job[0]
-                    done = max((s["step"] for s in job.get("last_steps", [])), default=0)
-                    if job["state"] == "running" and done >= kill_after:
-                        break
-                    assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job
-                    time.sleep(0.01)
-                workers.pop(rng.choice(job["worker_addresses"])).kill()
-                add_worker(f"spare{trial}")
-                out, _ = p.communicate(timeout=600)
-                assert p.returncode == 0, f"trial {trial}:\n{out}"
-                assert done < steps, f"trial {trial}: the job ended before the kill"
-                status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
-                assert status["state"] == "succeeded" and status["restarts"] == 1, status
-                # The surviving rank's last step, and where the restart resumed.
-                failed = [int(l.split("failed after step ")[1].split()[0].rstrip(":"))
-                          for l in out.splitlines() if "failed after step" in l]
-                resumed = [int(l.split("resumed after step ")[1].rstrip(")"))
-                           for l in out.splitlines() if "finished step" in l and "resumed" in l]
-                assert failed and resumed, f"trial {trial}:\n{out}"
-                # (A survivor that failed inside a save the other rank committed resumes ahead.)
-                assert max(failed) - resumed[0] < every, f"trial {trial}:\n{out}"
-                step, got = saved(ckpt)
-                assert step == steps, f"trial {trial}"
-                for k in want:
-                    assert bool((got[k] == want[k]).all()), (trial, k)
-                print(f"trial {trial}: killed after step {done}; the survivor reached step "
-                      f"{max(failed)}, the restart resumed after step {resumed[0]}")
-        finally:
-            for proc in workers.values():
-                stop(proc)
+    with killable_workers(tmp_path, WORLD + 1, ["--heartbeat-ms", "200", "--dead-after", "3"],
+                          env=env) as (address, workers):  # one spare
+        ref = submit(address, spec, "--checkpoint-dir", tmp_path / "ref", "--checkpoint-every",
+                     every)
+        out, _ = ref.communicate(timeout=600)
+        assert ref.returncode == 0, out
+        ref_step, want = saved(tmp_path / "ref")
+        assert ref_step == steps
+        for trial in range(trials):
+            rng = random.Random(trial)
+            # Well before the end: the steps a rank reports reach the coordinator ~0.1 s late.
+            kill_after = rng.randint(every + 1, steps - 5 * every)
+            ckpt = tmp_path / f"ckpt{trial}"
+            p = submit(address, spec, "--checkpoint-dir", ckpt, "--checkpoint-every", every,
+                       "--max-restarts", "2")
+            deadline = time.monotonic() + 300
+            while True:  # until the job is past `kill_after`
+                job = [j for j in map(json.loads, kiln_cli(address, "jobs", "--json").split(
+                    "\n")[:-1]) if j["checkpoint_dir"] == str(ckpt)] or [{"state": "queued"}]
+                job = job[0]
+                done = max((s["step"] for s in job.get("last_steps", [])), default=0)
+                if job["state"] == "running" and done >= kill_after:
+                    break
+                assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job
+                time.sleep(0.01)
+            workers.kill(rng.choice(job["worker_addresses"]))
+            workers.add(f"spare{trial}")
+            out, _ = p.communicate(timeout=600)
+            assert p.returncode == 0, f"trial {trial}:\n{out}"
+            assert done < steps, f"trial {trial}: the job ended before the kill"
+            status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
+            assert status["state"] == "succeeded" and status["restarts"] == 1, status
+            # The surviving rank's last step, and where the restart resumed.
+            failed = [int(l.split("failed after step ")[1].split()[0].rstrip(":"))
+                      for l in out.splitlines() if "failed after step" in l]
+            resumed = [int(l.split("resumed after step ")[1].rstrip(")"))
+                       for l in out.splitlines() if "finished step" in l and "resumed" in l]
+            assert failed and resumed, f"trial {trial}:\n{out}"
+            # (A survivor that failed inside a save the other rank committed resumes ahead.)
+            assert max(failed) - resumed[0] < every, f"trial {trial}:\n{out}"
+            step, got = saved(ckpt)
+            assert step == steps, f"trial {trial}"
+            for k in want:
+                assert bool((got[k] == want[k]).all()), (trial, k)
+            print(f"trial {trial}: killed after step {done}; the survivor reached step "
+                  f"{max(failed)}, the restart resumed after step {resumed[0]}")
 
 
 def test_a_batch_job_whose_data_is_gone_fails_clearly(tmp_path):

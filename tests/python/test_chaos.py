@@ -14,8 +14,7 @@ import time
 
 import pytest
 
-from gang_jobs import CLI, coordinator_and_workers, kiln_cli
-from test_remote_worker import start_worker, stop
+from gang_jobs import CLI, kiln_cli, killable_workers
 
 STEPS, EVERY = 12, 3
 TRIALS = int(os.environ.get("KILN_CHAOS_TRIALS", "20"))
@@ -96,72 +95,61 @@ def final_line(out):
 
 def test_killing_a_random_worker_at_a_random_step(tmp_path):
     env = dict(os.environ, KILN_COMM_TIMEOUT_S="10", OMP_NUM_THREADS="1")
-    with coordinator_and_workers(tmp_path, 0, ["--heartbeat-ms", "200", "--dead-after", "3"],
-                                 env=env) as address:
-        workers = {}  # address -> process: four for the gang, one spare
-
-        def add_worker(name):
-            proc, where = start_worker(tmp_path, name, ["--coordinator", address], env)
-            workers[where] = proc
-
-        try:
-            for r in range(5):
-                add_worker(f"w{r}")
-            ref = submit(address, tmp_path)
-            out, _ = ref.communicate(timeout=300)
-            assert ref.returncode == 0, out
-            want = final_line(out)
-            for trial in range(TRIALS):
-                rng = random.Random(trial)
-                kill_at = rng.randint(1, STEPS - 1)
-                go = tmp_path / f"go{trial}"
-                p = submit(address, tmp_path, ["--max-restarts", "3", "--checkpoint-dir",
-                                               str(tmp_path / f"ckpt{trial}"),
-                                               "--checkpoint-every", str(EVERY)],
-                           CHAOS_PAUSE_AT=str(kill_at), CHAOS_GO=str(go))
-                lines = []
-                for line in p.stdout:
-                    lines.append(line.rstrip("\n"))
-                    if line.startswith(f"step {kill_at} "):
-                        break
-                else:
-                    pytest.fail(f"trial {trial}: the driver ended before step {kill_at}:\n"
-                                + "\n".join(lines))
-                job = next(j for j in map(json.loads,
-                                          kiln_cli(address, "jobs", "--json").splitlines())
-                           if j["state"] == "running")
-                victim = rng.choice(job["worker_addresses"])
-                workers.pop(victim).kill()
-                add_worker(f"spare{trial}")  # the world size stays 4
-                go.write_text("")
-                t_kill = time.monotonic()
-                rest, _ = p.communicate(timeout=300)
-                print(f"trial {trial}: killed {victim} after step {kill_at}; done "
-                      f"{time.monotonic() - t_kill:.1f} s later")
-                out = "\n".join(lines) + "\n" + rest
-                assert p.returncode == 0, f"trial {trial} (kill at step {kill_at}):\n{out}"
-                assert final_line(out) == want, f"trial {trial}:\n{out}"
-                runs = {}  # run -> its "step N" and "resume from S" numbers
-                for line in out.splitlines():
-                    words = line.split()
-                    if line.startswith("run "):
-                        run = runs.setdefault(int(words[1]), {"steps": [], "resume": None})
-                    elif line.startswith("step "):
-                        run["steps"].append(int(words[1]))
-                    elif line.startswith("resume from "):
-                        run["resume"] = int(words[2])
-                assert len(runs) >= 2, f"trial {trial}: the job did not restart:\n{out}"
-                # The last run resumed from the latest checkpoint (none before step EVERY: from 0).
-                resumed = runs[max(runs)]["resume"] or 0
-                assert (resumed > 0) == (max(runs[0]["steps"]) >= EVERY), f"trial {trial}:\n{out}"
-                assert max(runs[0]["steps"]) - resumed < EVERY, \
-                    f"trial {trial}: lost more than a checkpoint interval:\n{out}"
-                status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
-                assert status["state"] == "succeeded" and status["restarts"] >= 1, status
-                assert any(f["kind"] == "restart" for f in status["findings"]), status
-        finally:
-            for proc in workers.values():
-                stop(proc)
+    # Four workers for the gang, one spare.
+    with killable_workers(tmp_path, 5, ["--heartbeat-ms", "200", "--dead-after", "3"],
+                          env=env) as (address, workers):
+        ref = submit(address, tmp_path)
+        out, _ = ref.communicate(timeout=300)
+        assert ref.returncode == 0, out
+        want = final_line(out)
+        for trial in range(TRIALS):
+            rng = random.Random(trial)
+            kill_at = rng.randint(1, STEPS - 1)
+            go = tmp_path / f"go{trial}"
+            p = submit(address, tmp_path, ["--max-restarts", "3", "--checkpoint-dir",
+                                           str(tmp_path / f"ckpt{trial}"),
+                                           "--checkpoint-every", str(EVERY)],
+                       CHAOS_PAUSE_AT=str(kill_at), CHAOS_GO=str(go))
+            lines = []
+            for line in p.stdout:
+                lines.append(line.rstrip("\n"))
+                if line.startswith(f"step {kill_at} "):
+                    break
+            else:
+                pytest.fail(f"trial {trial}: the driver ended before step {kill_at}:\n"
+                            + "\n".join(lines))
+            job = next(j for j in map(json.loads,
+                                      kiln_cli(address, "jobs", "--json").splitlines())
+                       if j["state"] == "running")
+            victim = rng.choice(job["worker_addresses"])
+            workers.kill(victim)
+            workers.add(f"spare{trial}")  # the world size stays 4
+            go.write_text("")
+            t_kill = time.monotonic()
+            rest, _ = p.communicate(timeout=300)
+            print(f"trial {trial}: killed {victim} after step {kill_at}; done "
+                  f"{time.monotonic() - t_kill:.1f} s later")
+            out = "\n".join(lines) + "\n" + rest
+            assert p.returncode == 0, f"trial {trial} (kill at step {kill_at}):\n{out}"
+            assert final_line(out) == want, f"trial {trial}:\n{out}"
+            runs = {}  # run -> its "step N" and "resume from S" numbers
+            for line in out.splitlines():
+                words = line.split()
+                if line.startswith("run "):
+                    run = runs.setdefault(int(words[1]), {"steps": [], "resume": None})
+                elif line.startswith("step "):
+                    run["steps"].append(int(words[1]))
+                elif line.startswith("resume from "):
+                    run["resume"] = int(words[2])
+            assert len(runs) >= 2, f"trial {trial}: the job did not restart:\n{out}"
+            # The last run resumed from the latest checkpoint (none before step EVERY: from 0).
+            resumed = runs[max(runs)]["resume"] or 0
+            assert (resumed > 0) == (max(runs[0]["steps"]) >= EVERY), f"trial {trial}:\n{out}"
+            assert max(runs[0]["steps"]) - resumed < EVERY, \
+                f"trial {trial}: lost more than a checkpoint interval:\n{out}"
+            status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
+            assert status["state"] == "succeeded" and status["restarts"] >= 1, status
+            assert any(f["kind"] == "restart" for f in status["findings"]), status
 
 
 def test_an_elastic_job_restarts_on_fewer_workers_and_reshards(tmp_path):
@@ -169,36 +157,28 @@ def test_an_elastic_job_restarts_on_fewer_workers_and_reshards(tmp_path):
     shrinks to 1), loads its dp=2 checkpoint resharded, and ends at the uninterrupted run's loss
     (to rounding: the reductions now run over other shards)."""
     env = dict(os.environ, KILN_COMM_TIMEOUT_S="10", OMP_NUM_THREADS="1")
-    with coordinator_and_workers(tmp_path, 0, ["--heartbeat-ms", "200", "--dead-after", "3"],
-                                 env=env) as address:
-        workers = {}
-        try:
-            for r in range(4):
-                proc, where = start_worker(tmp_path, f"w{r}", ["--coordinator", address], env)
-                workers[where] = proc
-            ref = submit(address, tmp_path)
-            out, _ = ref.communicate(timeout=300)
-            assert ref.returncode == 0, out
-            want = float(final_line(out).split()[1])
-            go = tmp_path / "go"
-            p = submit(address, tmp_path, ["--max-restarts", "1", "--min-workers", "2",
-                                           "--checkpoint-dir", str(tmp_path / "ckpt"),
-                                           "--checkpoint-every", str(EVERY)],
-                       CHAOS_PAUSE_AT="7", CHAOS_GO=str(go))
-            for line in p.stdout:
-                if line.startswith("step 7 "):
-                    break
-            job = json.loads(kiln_cli(address, "jobs", "--json").splitlines()[-1])
-            workers.pop(job["worker_addresses"][-1]).kill()
-            go.write_text("")
-            rest, _ = p.communicate(timeout=300)
-            assert p.returncode == 0, rest
-            assert "resume from 6" in rest, rest
-            got = float(final_line(rest).split()[1])
-            assert abs(got - want) <= 1e-5 * abs(want), (got, want)
-            status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
-            assert status["workers"] == 2 and status["max_workers"] == 4, status
-            assert status["mesh"] == [{"name": "dp", "size": 1}, {"name": "tp", "size": 2}], status
-        finally:
-            for proc in workers.values():
-                stop(proc)
+    with killable_workers(tmp_path, 4, ["--heartbeat-ms", "200", "--dead-after", "3"],
+                          env=env) as (address, workers):
+        ref = submit(address, tmp_path)
+        out, _ = ref.communicate(timeout=300)
+        assert ref.returncode == 0, out
+        want = float(final_line(out).split()[1])
+        go = tmp_path / "go"
+        p = submit(address, tmp_path, ["--max-restarts", "1", "--min-workers", "2",
+                                       "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                       "--checkpoint-every", str(EVERY)],
+                   CHAOS_PAUSE_AT="7", CHAOS_GO=str(go))
+        for line in p.stdout:
+            if line.startswith("step 7 "):
+                break
+        job = json.loads(kiln_cli(address, "jobs", "--json").splitlines()[-1])
+        workers.kill(job["worker_addresses"][-1])
+        go.write_text("")
+        rest, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, rest
+        assert "resume from 6" in rest, rest
+        got = float(final_line(rest).split()[1])
+        assert abs(got - want) <= 1e-5 * abs(want), (got, want)
+        status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
+        assert status["workers"] == 2 and status["max_workers"] == 4, status
+        assert status["mesh"] == [{"name": "dp", "size": 1}, {"name": "tp", "size": 2}], status
