@@ -23,7 +23,7 @@ namespace {
 constexpr auto kDeadline = std::chrono::seconds(10);
 
 constexpr const char* kJobsHelp =
-    R"(usage: kiln <workers|jobs|submit|status|cancel|logs|steps> [options]
+    R"(usage: kiln <workers|jobs|submit|status|cancel|logs|steps|profile> [options]
 
   kiln workers                          the registered workers
   kiln jobs [--state S]                 jobs (queued, running, preempted, restarting, succeeded,
@@ -43,6 +43,9 @@ constexpr const char* kJobsHelp =
   kiln cancel JOB                       cancel a queued or running job
   kiln logs JOB [-f]                    the driver's output (-f: follow until the job ends)
   kiln steps JOB [--from N]             its steps per rank: loss, step time, busy time, tokens/s
+  kiln profile JOB --steps N [-o FILE] [--timeout S]
+                                        profile its next N steps on every rank; write the merged
+                                        Chrome trace to FILE (default JOB-profile.json)
 
 options for all:
   --coordinator HOST:PORT   the coordinator (default: $KILN_COORDINATOR)
@@ -338,7 +341,8 @@ int report_rpc_error(const CoordClient& c, const grpc::Status& st) {
 }
 
 bool is_job_command(const std::string& name) {
-  for (const char* n : {"workers", "jobs", "submit", "status", "cancel", "logs", "steps"}) {
+  for (const char* n :
+       {"workers", "jobs", "submit", "status", "cancel", "logs", "steps", "profile"}) {
     if (name == n) return true;
   }
   return false;
@@ -385,6 +389,7 @@ int run_job_command(const std::string& name, const std::vector<std::string>& all
   if (name == "cancel") return status_main(c, rest, true);
   if (name == "logs") return logs_main(c, rest);
   if (name == "steps") return steps_main(c, rest);
+  if (name == "profile") return profile_main(c, rest);
   return submit_main(c, rest);
 }
 

@@ -1,7 +1,7 @@
 // client/cli/jobs.h: the `kiln` subcommands that talk to a coordinator: workers, jobs, submit,
-// status, cancel and logs (DESIGN.md "Jobs"). The coordinator comes from --coordinator
-// HOST:PORT or KILN_COORDINATOR, the token from --token or KILN_TOKEN; every RPC has a deadline
-// except the streams that follow a running job.
+// status, cancel, logs, steps and profile (DESIGN.md "Jobs"). The coordinator comes from
+// --coordinator HOST:PORT or KILN_COORDINATOR, the token from --token or KILN_TOKEN; every RPC has
+// a deadline except the streams that follow a running job.
 //
 //   kiln submit --workers 2 -- python3 train.py   // waits for the gang, runs the driver here
 //   kiln jobs --json
@@ -38,5 +38,7 @@ int report_rpc_error(const CoordClient& c, const grpc::Status& st);
 
 // `kiln submit` (submit.cpp); `args` are the words after "submit" minus the shared flags.
 int submit_main(const CoordClient& c, const std::vector<std::string>& args);
+// `kiln profile` (profile.cpp; Note [Remote profiling] in coordinator/src/profiles.h).
+int profile_main(const CoordClient& c, const std::vector<std::string>& args);
 
 }  // namespace kiln::client

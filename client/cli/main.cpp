@@ -28,6 +28,8 @@ commands:
   status   one job
   cancel   cancel a job
   logs     a job's driver output
+  steps    a job's steps per rank
+  profile  profile a running job's next N steps on every rank (one merged Chrome trace)
   plan     plan FSDP x TP memory and traffic for a mesh of any size (kiln-plan)
 
 'kiln <command> --help' shows a command's options.

@@ -121,6 +121,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::open(const Options& op
   c->sessions_ = std::move(loaded.sessions);
   c->jobs_ = std::move(loaded.jobs);
   c->last_seq_ = loaded.max_seq;
+  c->load_profiles_locked();  // not shared yet: no lock needed
   // Loaded workers get a fresh grace period (WorkerRec::last_beat): they beat on, or re-register
   // after a NOT_FOUND, or the reaper fails their sessions.
   c->reaper_ = std::thread([p = c.get()] { p->reap_loop(); });
@@ -191,6 +192,7 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
     return absl::NotFoundError(
         absl::StrCat("unknown worker ", req.worker_id(), "; register again"));
   }
+  const int64_t received_us = now_unix_us();  // See Note [Remote profiling] in profiles.h
   WorkerRec& w = it->second;
   if (req.epoch() != w.info.epoch()) {
     return absl::AbortedError(absl::StrCat("stale epoch ", req.epoch(), " for worker ",
@@ -238,6 +240,9 @@ absl::StatusOr<proto::HeartbeatReply> Coordinator::heartbeat(const proto::Heartb
     if (rank >= 0 && !hw->second.dumps.count(rank)) reply.add_dump_sessions(hw->first);
   }
   batch_beat_locked(req, w, reply);
+  profile_beat_locked(req, w, reply);
+  reply.set_received_unix_us(received_us);
+  reply.set_replied_unix_us(now_unix_us());
   return reply;
 }
 

@@ -170,7 +170,7 @@ HttpReply api(Coordinator& core, const Caller& caller, std::string_view path,
     for (const proto::WorkerInfo& w : reply.workers()) workers.push_back(to_json(w));
     return json_reply(200, {{"workers", workers}});
   }
-  if (parts.empty() || parts[0] != "jobs" || parts.size() > 3) {
+  if (parts.empty() || parts[0] != "jobs" || parts.size() > 4) {
     return error_reply(404, "no such endpoint: /api/" + std::string(path));
   }
   if (parts.size() == 1) {
@@ -189,7 +189,7 @@ HttpReply api(Coordinator& core, const Caller& caller, std::string_view path,
     auto job = core.get_job(req, tenant);
     return job.ok() ? json_reply(200, to_json(*job)) : status_reply(job.status());
   }
-  if (parts[2] == "steps") {
+  if (parts.size() == 3 && parts[2] == "steps") {
     auto from = int_param(query, "from", 0, 0, INT64_MAX);
     if (!from.ok()) return status_reply(from.status());
     auto limit = int_param(query, "limit", 10000, 1, kMaxJobStepsReply);
@@ -204,11 +204,21 @@ HttpReply api(Coordinator& core, const Caller& caller, std::string_view path,
     for (const proto::StepRecord& r : reply->steps()) steps.push_back(to_json(r));
     return json_reply(200, {{"steps", steps}});
   }
-  if (parts[2] == "logs") {
+  if (parts.size() == 3 && parts[2] == "logs") {
     auto tail = int_param(query, "tail", kDefaultLogTail, 1, kMaxLogTail);
     if (!tail.ok()) return status_reply(tail.status());
     auto lines = core.log_tail(id, tenant, *tail);
     return lines.ok() ? json_reply(200, {{"lines", *lines}}) : status_reply(lines.status());
+  }
+  if (parts[2] == "profiles" && parts.size() == 4) {  // See Note [Remote profiling]
+    int64_t pid = 0;
+    const std::string_view text = parts[3];
+    auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), pid);
+    if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
+      return error_reply(404, "no such profile: " + std::string(text.substr(0, 32)));
+    auto trace = core.read_profile(id, tenant, pid);
+    if (!trace.ok()) return status_reply(trace.status());
+    return {200, "application/json", std::move(*trace)};
   }
   return error_reply(404, "no such endpoint: /api/" + std::string(path));
 }

@@ -42,6 +42,8 @@ struct HttpReply {
 //   /api/jobs/ID                  job, with its findings and each rank's last step
 //   /api/jobs/ID/steps?from=N&limit=M   {"steps": [step...]} by step, then rank
 //   /api/jobs/ID/logs?tail=N      {"lines": [...]}, the last N (default 200, at most kMaxLogTail)
+//   /api/jobs/ID/profiles/P       the job's merged profile P, a Chrome trace (Job.profiles; Note
+//                                 [Remote profiling] in profiles.h)
 // JSON objects name their fields as `kiln ... --json` does. Errors are {"error": "..."} with a
 // 4xx status (5xx only for the coordinator's own failures).
 HttpReply dashboard_get(Coordinator& core, const Auth& auth, std::string_view path,

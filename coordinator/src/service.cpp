@@ -189,6 +189,15 @@ grpc::Status Service::WatchJob(grpc::ServerContext* ctx, const proto::WatchJobRe
   });
 }
 
+grpc::Status Service::ProfileJob(grpc::ServerContext* ctx, const proto::ProfileJobRequest* req,
+                                 grpc::ServerWriter<proto::ProfileChunk>* writer) {
+  return handle("ProfileJob", ctx, Role::kClient, [&](const Caller& caller) {
+    return core_.profile_job(
+        *req, caller.tenant, [&](const proto::ProfileChunk& c) { return writer->Write(c); },
+        cancelled_of(ctx));
+  });
+}
+
 grpc::Status Service::ReportJob(grpc::ServerContext* ctx,
                                 grpc::ServerReader<proto::JobReport>* reader, proto::Job* reply) {
   return handle("ReportJob", ctx, Role::kClient, [&](const Caller& caller) -> absl::Status {

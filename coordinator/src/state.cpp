@@ -70,6 +70,11 @@ int64_t now_unix_ms() {
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
 
+int64_t now_unix_us() {
+  using namespace std::chrono;
+  return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
+}
+
 absl::Status State::open(const std::string& path) {
   if (auto st = db_.open(path); !st.ok()) return st;
   try {

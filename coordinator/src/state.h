@@ -25,6 +25,7 @@ namespace kiln::coord {
 using Clock = std::chrono::steady_clock;
 
 int64_t now_unix_ms();
+int64_t now_unix_us();
 
 struct WorkerRec {
   proto::WorkerInfo info;  // state "idle", "busy" or "dead"

@@ -39,6 +39,18 @@ async function api(path) {
   return body;
 }
 
+// A profile link: the API needs the token, which a plain link cannot send.
+async function downloadWithToken(event, href, name) {
+  if (!token) return;  // no auth: the link itself works
+  event.preventDefault();
+  const r = await fetch(href, {headers: {Authorization: "Bearer " + token}, cache: "no-store"});
+  if (!r.ok) return;
+  const url = URL.createObjectURL(await r.blob());
+  const a = el("a", {href: url, download: name});
+  a.click();
+  URL.revokeObjectURL(url);
+}
+
 // An HTML element with attributes and children (strings become text nodes).
 function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -177,6 +189,16 @@ function renderJob(job, lines) {
   document.getElementById("findings").replaceChildren(...job.findings.map(f => el(
       "li", {class: `finding kind-${f.kind}`}, el("span", {class: "kind"}, f.kind), ": ", f.text,
       el("span", {class: "when"}, ` (${when(f.unix_ms)})`))));
+  document.getElementById("profiles").replaceChildren(...(job.profiles || []).map(p => {
+    const href = `api/jobs/${encodeURIComponent(job.job_id)}/profiles/${p.profile_id}`;
+    const a = el("a", {href, download: `${job.job_id}-profile-${p.profile_id}.json`},
+                 `profile ${p.profile_id}`);
+    a.addEventListener("click", e => downloadWithToken(e, href, a.getAttribute("download")));
+    const missing = p.missing.length ? `; missing: ${p.missing.join("; ")}` : "";
+    return el("li", {class: "profile"}, a,
+              ` (${p.steps} steps, ranks ${p.ranks.join(", ")}, ${p.bytes} bytes, ` +
+              `${when(p.unix_ms)}${missing})`);
+  }));
   const log = document.getElementById("log");
   const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
   log.textContent = lines.join("\n");
@@ -203,7 +225,7 @@ async function refreshJob() {
     document.getElementById("job-id").textContent = selected;
     document.getElementById("job-state").textContent = "";
     document.getElementById("job-message").textContent = e.message;
-    for (const id of ["loss-curve", "step-chart", "findings", "log"])
+    for (const id of ["loss-curve", "step-chart", "findings", "profiles", "log"])
       document.getElementById(id).replaceChildren();
     document.querySelector("#step-times tbody").replaceChildren();
   }

@@ -49,6 +49,16 @@ json to_json(const Job& j) {
               {"findings", findings},
               {"last_steps", steps}};
   out.update(restart_fields(j));
+  json profiles = json::array();  // See Note [Remote profiling] in coordinator/src/profiles.h
+  for (const ProfileInfo& p : j.profiles())
+    profiles.push_back(
+        {{"profile_id", p.profile_id()},
+         {"steps", p.steps()},
+         {"unix_ms", p.unix_ms()},
+         {"bytes", p.bytes()},
+         {"ranks", std::vector<int>(p.ranks().begin(), p.ranks().end())},
+         {"missing", std::vector<std::string>(p.missing().begin(), p.missing().end())}});
+  out["profiles"] = profiles;
   return out;
 }
 

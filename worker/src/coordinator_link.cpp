@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "kiln/proto/service.h"
+#include "remote_profile.h"
 #include "reports.h"
 
 namespace kiln::worker {
@@ -71,6 +72,7 @@ void CoordinatorLink::heartbeat_loop() {
   std::vector<proto::StepRecord> steps;
   std::vector<proto::StackDump> dumps;
   std::vector<proto::BatchResult> results;
+  std::vector<proto::RankProfile> profiles;  // See Note [Remote profiling]
   while (!cv_.wait_for(lock, kReportPoll, [&] { return stop_; })) {
     const auto interval = std::chrono::milliseconds(interval_ms_);
     proto::HeartbeatRequest req;
@@ -80,25 +82,34 @@ void CoordinatorLink::heartbeat_loop() {
     for (proto::CollectiveRecord& r : take_collectives()) collectives.push_back(std::move(r));
     for (proto::StepRecord& r : take_steps()) steps.push_back(std::move(r));
     for (proto::BatchResult& r : take_batch_results()) results.push_back(std::move(r));
+    for (proto::RankProfile& p : take_profiles()) profiles.push_back(std::move(p));
     const auto now = std::chrono::steady_clock::now();
     if (collectives.empty() && steps.empty() && dumps.empty() && results.empty() &&
-        now - last < interval) {
+        profiles.empty() && now - last < interval) {
       lock.lock();
       continue;
     }
     last = now;
     Load load = load_();
+    end_profiles_except(load.sessions);
+    for (proto::RankProfile& p : take_profiles()) profiles.push_back(std::move(p));
     for (std::string& s : load.sessions) req.add_sessions(std::move(s));
     req.set_memory_in_use_bytes(load.memory_in_use_bytes);
     for (const proto::CollectiveRecord& r : collectives) *req.add_collectives() = r;
     for (const proto::StepRecord& r : steps) *req.add_steps() = r;
     for (const proto::StackDump& d : dumps) *req.add_dumps() = d;
     for (const proto::BatchResult& r : results) *req.add_batch_results() = r;
+    for (const proto::RankProfile& p : profiles) *req.add_profiles() = p;
     grpc::ClientContext ctx;
     prepare(ctx, token_);
     proto::HeartbeatReply reply;
+    req.set_sent_unix_us(worker_unix_us());
     absl::Status st = proto::from_grpc(stub_->Heartbeat(&ctx, req, &reply));
     if (st.ok()) {
+      note_clock(req.sent_unix_us(), reply.received_unix_us(), reply.replied_unix_us(),
+                 worker_unix_us());
+      for (const proto::ProfileRequest& r : reply.profile()) arm_profile(r);
+      profiles.clear();
       collectives.clear();
       steps.clear();
       dumps.clear();

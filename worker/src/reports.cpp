@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "kiln/dist/process_group.h"
+#include "remote_profile.h"
 
 namespace kiln::worker {
 namespace {
@@ -55,6 +56,8 @@ void report_collectives_of(const std::string& session_id) {
 std::vector<proto::CollectiveRecord> take_collectives() { return take(g_collectives); }
 
 void report_step(proto::StepRecord record) {
+  profile_step(record.session_id(),
+               record.step());  // See Note [Remote profiling] in coordinator/src/profiles.h
   std::lock_guard<std::mutex> lock(g_mu);
   push_bounded(g_steps, std::move(record));
 }

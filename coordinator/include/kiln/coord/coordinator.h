@@ -142,6 +142,14 @@ class Coordinator {
   // A job's step telemetry (See Note [Step telemetry] in worker/src/reports.h).
   absl::StatusOr<proto::JobStepsReply> job_steps(const proto::JobStepsRequest&,
                                                  const std::string& tenant);
+  // Profiles the next steps of every rank of a running job and sends the merged trace through
+  // `send`: a ProfileInfo, then the trace's bytes (Note [Remote profiling] in profiles.h).
+  absl::Status profile_job(const proto::ProfileJobRequest&, const std::string& tenant,
+                           const std::function<bool(const proto::ProfileChunk&)>& send,
+                           const Cancelled& cancelled);
+  // A merged profile the job lists (Job.profiles), for the dashboard.
+  absl::StatusOr<std::string> read_profile(const std::string& job_id, const std::string& tenant,
+                                           int64_t profile_id);
   // The last `lines` (1 to 1000) lines of a job's log, oldest first; for the dashboard.
   absl::StatusOr<std::vector<std::string>> log_tail(const std::string& job_id,
                                                     const std::string& tenant, int64_t lines);
@@ -190,6 +198,11 @@ class Coordinator {
   // The step records of a heartbeat: stored per job, each rank's latest on the job, stragglers
   // named (Note [Stragglers] in stragglers.h).
   void record_steps_locked(const proto::HeartbeatRequest& req);
+  // A heartbeat's traces, and the profile requests its worker still needs (Note [Remote
+  // profiling] in profiles.h).
+  void profile_beat_locked(const proto::HeartbeatRequest& req, const WorkerRec& w,
+                           proto::HeartbeatReply& reply);
+  void load_profiles_locked();
 
   Options options_;
   std::unique_ptr<State> state_;
@@ -215,6 +228,16 @@ class Coordinator {
   };
   std::map<std::string, HangWatch> hangs_;  // session -> its progress (until forgotten)
   void watch_hangs_locked(std::chrono::steady_clock::time_point now);
+  // A job's profile request while its ProfileJob call waits (Note [Remote profiling]).
+  struct ProfileRun {
+    int64_t profile_id = 0;
+    std::string session_id;
+    int steps = 0;
+    int64_t first_step = 0;                 // See ProfileRequest.first_step
+    std::map<int, proto::RankProfile> got;  // rank -> its trace or error
+  };
+  std::map<std::string, ProfileRun> profile_runs_;  // job id -> its request
+  int64_t last_profile_id_ = 0;
   int64_t last_seq_ = 0;
   std::thread reaper_;
 };

@@ -61,6 +61,8 @@ class Service final : public proto::Coordinator::Service {
                          proto::Job*) override;
   grpc::Status WatchJob(grpc::ServerContext*, const proto::WatchJobRequest*,
                         grpc::ServerWriter<proto::JobEvent>*) override;
+  grpc::Status ProfileJob(grpc::ServerContext*, const proto::ProfileJobRequest*,
+                          grpc::ServerWriter<proto::ProfileChunk>*) override;
   grpc::Status ReportJob(grpc::ServerContext*, grpc::ServerReader<proto::JobReport>*,
                          proto::Job*) override;
   grpc::Status Store(grpc::ServerContext*, const proto::StoreRequest*, proto::StoreReply*) override;

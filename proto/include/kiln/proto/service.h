@@ -24,6 +24,9 @@ inline constexpr uint32_t kProtocolVersion = 3;  // 2: DTensor instructions; 3: 
 inline constexpr size_t kChunkBytes = size_t{1} << 20;
 // The largest message a server or channel accepts; larger ones fail with RESOURCE_EXHAUSTED.
 inline constexpr int kMaxMessageBytes = 16 << 20;
+// The largest Chrome trace one worker sends for a profile request (it travels in one heartbeat;
+// Note [Remote profiling] in coordinator/src/profiles.h). A bigger one is replaced by an error.
+inline constexpr size_t kMaxRankTraceBytes = size_t{12} << 20;
 
 grpc::Status to_grpc(const absl::Status& st);
 absl::Status from_grpc(const grpc::Status& st);
