@@ -22,6 +22,13 @@ const std::map<std::string, std::string> kSkipped = {
     {"bernoulli", "random"},
     {"normal_", "random"},
     {"uniform_", "random"},
+    // Note [Straight-through gradients]: fake quantization is piecewise constant (its finite
+    // differences are 0, or huge across a rounding step); its derivative is by definition the
+    // straight-through estimator (grad inside the quantization range), which
+    // tests/kernels/quantized_test.cpp (QuantizedTest.FakeQuantize*Gradient) checks against the
+    // finite differences of the function it stands for, x clamped to the range.
+    {"fake_quantize_per_tensor_affine", "straight-through estimator"},
+    {"fake_quantize_per_channel_affine", "straight-through estimator"},
 };
 
 // Composite rows whose result does not depend on the input's values: as in PyTorch they record

@@ -32,8 +32,8 @@ DimVector per_dim(const char* op, const char* name, IntArrayRef v, int64_t k) {
   return v.size() == 1 ? DimVector(k, v[0]) : DimVector(v);
 }
 
-// The output size of a convolution of `in` (N, C, spatial...) with a weight of size `w`: (O, C /
-// groups, kernel...) or, transposed, (C, O / groups, kernel...).
+}  // namespace
+
 DimVector conv_shape(const char* op, IntArrayRef in, IntArrayRef w, IntArrayRef stride,
                      IntArrayRef padding, IntArrayRef dilation, bool transposed,
                      IntArrayRef output_padding, int64_t groups) {
@@ -93,6 +93,8 @@ DimVector conv_shape(const char* op, IntArrayRef in, IntArrayRef w, IntArrayRef 
   }
   return out;
 }
+
+namespace {
 
 void check_batched_input(const char* op, const Tensor& input) {
   KILN_CHECK(input.dim() == 3 || input.dim() == 4, Value, op,

@@ -34,6 +34,12 @@ ConvArgs conv_args(const char* op, int64_t k, const Tensor& input, const Tensor&
 ConvArgs conv_args(const char* op, int64_t k, const Tensor& input, const Tensor& weight,
                    const std::optional<Tensor>& bias, IntArrayRef stride, std::string_view padding,
                    IntArrayRef dilation, int64_t groups);
+// The output size of a convolution of `in` (N, C, spatial...) with a weight of size `w`: (O, C /
+// groups, kernel...) or, transposed, (C, O / groups, kernel...). Validates the geometry only
+// (conv2d_int8 shares it: meta/quantized.cpp).
+DimVector conv_shape(const char* op, IntArrayRef in, IntArrayRef w, IntArrayRef stride,
+                     IntArrayRef padding, IntArrayRef dilation, bool transposed,
+                     IntArrayRef output_padding, int64_t groups);
 // The output spec of the op those arguments describe.
 TensorSpec conv_spec(const char* op, const Tensor& input, const Tensor& weight, const ConvArgs& a);
 

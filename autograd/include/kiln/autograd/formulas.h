@@ -172,7 +172,8 @@ Tensor index_backward(const Tensor& grad, IntArrayRef sizes, TensorList indices)
 
 }  // namespace kiln::autograd
 
-#include "kiln/autograd/formulas_conv.h"   // conv.toml and pool.toml
-#include "kiln/autograd/formulas_index.h"  // advanced indexing, sort/scan and padding
 #include "kiln/autograd/formulas_attention.h"  // attention.toml
-#include "kiln/autograd/formulas_comm.h"  // comm.toml
+#include "kiln/autograd/formulas_comm.h"       // comm.toml
+#include "kiln/autograd/formulas_conv.h"       // conv.toml and pool.toml
+#include "kiln/autograd/formulas_index.h"      // advanced indexing, sort/scan and padding
+#include "kiln/autograd/formulas_quantized.h"  // quantized.toml

@@ -1,0 +1,67 @@
+// kernels/cpu/quantized.h: the element-wise quantization math the int8 CPU kernels share
+// (quantized.cpp: quantize/dequantize/fake-quantize rows; quantized_dnnl.cpp: the dynamic
+// linear's activation pass). Note [Quantization scheme] in tensor/ops/quantized.toml.
+//
+//   float r = round_half_even(x / scale);                  // vectorizes (no libm call)
+//   uint8_t q = quantize_u8(x, scale, zero_point);         // clamp(r + zp, 0, 255)
+//   QParams p = choose_qparams_u8(lo, hi);                 // a range's asymmetric uint8 params
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace kiln::kernels::quant {
+
+// Note [Vectorizable rounding]: std::nearbyint is a libm call that stops GCC from vectorizing a
+// loop. Adding and subtracting 1.5 * 2^23 (2^52 for double) rounds |v| < 2^22 to the nearest
+// integer, ties to even, in the default rounding mode (Kiln never changes it, and nothing is
+// compiled with -ffast-math, which could fold the pair away). Callers first clamp v into a small
+// range that the result clamps to anyway; a NaN falls to the lower bound (comparisons with NaN
+// are false), so NaN quantizes to the lowest code.
+inline float round_half_even(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return (v + kMagic) - kMagic;
+}
+inline double round_half_even(double v) {
+  constexpr double kMagic = 6755399441055744.0;  // 1.5 * 2^52
+  return (v + kMagic) - kMagic;
+}
+
+// v clamped to [lo, hi], a NaN to lo.
+template <typename T>
+inline T clamp_nan_low(T v, T lo, T hi) {
+  v = v > lo ? v : lo;
+  return v < hi ? v : hi;
+}
+
+// clamp(round_half_even(x / scale) + zp, qmin, qmax), as a T holding an integer value.
+template <typename T>
+inline T quantize_value(T x, T scale, T zp, T qmin, T qmax) {
+  T v = clamp_nan_low(x / scale, qmin - zp - 1, qmax - zp + 1);
+  return clamp_nan_low(round_half_even(v) + zp, qmin, qmax);
+}
+
+inline uint8_t quantize_u8(float x, float scale, float zp) {
+  return static_cast<uint8_t>(quantize_value(x, scale, zp, 0.0f, 255.0f));
+}
+
+struct QParams {
+  float scale;
+  int32_t zero_point;
+};
+
+// Asymmetric uint8 parameters covering [lo, hi] widened to contain 0 (so 0 is exact, as padding
+// and relu need): scale = (hi - lo) / 255, zero_point = clamp(round(-lo / scale), 0, 255); an
+// all-zero range gets scale 1.
+inline QParams choose_qparams_u8(float lo, float hi) {
+  lo = std::min(lo, 0.0f);
+  hi = std::max(hi, 0.0f);
+  float scale = (hi - lo) / 255.0f;
+  if (!(scale > 0) || !std::isfinite(scale)) scale = 1.0f;
+  const float zp =
+      clamp_nan_low(round_half_even(clamp_nan_low(-lo / scale, -1.0f, 256.0f)), 0.0f, 255.0f);
+  return {scale, static_cast<int32_t>(zp)};
+}
+
+}  // namespace kiln::kernels::quant

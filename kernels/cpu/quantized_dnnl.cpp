@@ -1,0 +1,373 @@
+// linear_int8, conv2d_int8 and linear_int8_dynamic on the CPU (tensor/ops/quantized.toml, Note
+// [Quantization scheme] there): oneDNN's u8 x s8 matmul and convolution, s32 accumulation,
+// per-output-channel scales, the bias and relu fused. Without oneDNN (KILN_HAVE_DNNL=0) the
+// same math runs in float32 on dequantized operands (reference_linear / reference_conv).
+//
+// Note [oneDNN int8 scales]: oneDNN 2.6 (Debian 12's libdnnl) computes an int8 primitive as
+//   dst = post_ops(output_scale[n] * (sum_k (src - src_zp) * wei + bias[n])) + dst_zp,
+// rounded to nearest-even and saturated to the dst type: the bias is added to the s32
+// accumulator *before* the output scale (oneDNN 3 moved it after). With real values
+// x = (q_x - zp_x) * s_x and w = q_w * s_w[n], the float result
+//   y[n] = s_x * s_w[n] * sum_k (q_x - zp_x) q_w + bias[n]
+// is therefore output_scale[n] = s_x * s_w[n] (/ s_y for a uint8 output) with the bias passed as
+// bias[n] / (s_x * s_w[n]). Relu commutes with the positive output scale, and the dst zero point
+// is added after the post-ops, so relu(y) / s_y + zp_y is exactly the quantized relu(y).
+// QuantizedTest.* check all of it against a float reference (within 1 LSB).
+//
+// Note [Dynamic linear]: linear_int8_dynamic quantizes its input per call: one parallel pass
+// for min/max, one for the uint8 codes (quantized.h's choose_qparams_u8 / quantize_u8), then
+// the matmul with a float32 output. Its primitive takes the scales and the zero point at
+// execution time (DNNL_RUNTIME_*), so the primitive depends only on the shapes and is created
+// once per (M, K, N, bias, relu) and kept (matmul_primitive); the weights stay in Kiln's
+// (N, K) layout, read by oneDNN as a (K, N) matrix in column-major order ("ba").
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "kiln/generated/meta/quantized.h"
+#include "kiln/generated/ops/quantized.h"
+#include "kiln/operators.h"
+#include "loops.h"
+#include "quantized.h"
+
+#if KILN_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "dnnl_util.h"
+#endif
+
+namespace kiln::kernels {
+namespace {
+
+// The result of an int8 linear/convolution whose reduction is empty (K = 0 or C = 0): bias (or
+// 0) broadcast to `sizes` with channel dim `cdim`, relu'd; float32.
+Tensor bias_only(IntArrayRef sizes, int64_t cdim, const std::optional<Tensor>& bias, bool relu) {
+  Tensor y = kiln::zeros(sizes, kFloat32);
+  if (bias && bias->defined()) {
+    DimVector shape(sizes.size(), 1);
+    shape[cdim] = sizes[cdim];
+    y = y + bias->reshape(shape);
+  }
+  return relu ? kiln::relu(y) : y;
+}
+
+// Per-channel quantization parameters as float vectors: scales[n] = in_scale * w_scale[n] /
+// out_scale, bias'[n] = bias[n] / (in_scale * w_scale[n]) (Note [oneDNN int8 scales]).
+void fold_scales(const Tensor& weight_scale, const std::optional<Tensor>& bias, float in_scale,
+                 float out_scale, std::vector<float>& scales, std::vector<float>& bias_q) {
+  Tensor ws = weight_scale.contiguous();
+  const float* w = ws.data_ptr<float>();
+  const int64_t n = ws.numel();
+  scales.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    KILN_CHECK(std::isfinite(w[i]) && w[i] > 0, Value,
+               "int8 linear/conv2d: expected every weight_scale to be a positive finite number, "
+               "got weight_scale[",
+               i, "] = ", w[i]);
+    scales[i] = in_scale * w[i] / out_scale;
+  }
+  if (!bias || !bias->defined()) return;
+  Tensor b = bias->contiguous();
+  const float* bp = b.data_ptr<float>();
+  bias_q.resize(n);
+  for (int64_t i = 0; i < n; ++i) bias_q[i] = bp[i] / (in_scale * w[i]);
+}
+
+#if KILN_HAVE_DNNL
+using dnnl::memory;
+using dt = memory::data_type;
+using tag = memory::format_tag;
+
+// ---- matmul (linear_int8, linear_int8_dynamic) ------------------------------------------------
+
+struct MatmulKey {
+  int64_t m, k, n;
+  bool bias, relu;
+  dt dst;
+  bool operator<(const MatmulKey& o) const {
+    return std::tie(m, k, n, bias, relu, dst) < std::tie(o.m, o.k, o.n, o.bias, o.relu, o.dst);
+  }
+};
+
+struct MatmulPrimitive {
+  dnnl::matmul prim;
+  memory::desc scratch;
+};
+
+// src (M, K) u8, weights (K, N) s8 read from Kiln's (N, K), bias (1, N) f32, dst (M, N) in
+// key.dst; scales (per n) and zero points given at execution. Kept for reuse (Note [Dynamic
+// linear]); a process that sees very many shapes starts over after kMaxCached of them.
+std::shared_ptr<const MatmulPrimitive> matmul_primitive(const MatmulKey& key) {
+  constexpr size_t kMaxCached = 256;
+  static std::mutex mu;
+  static std::map<MatmulKey, std::shared_ptr<const MatmulPrimitive>> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  using namespace dnnl;
+  memory::desc src({key.m, key.k}, dt::u8, tag::ab), wei({key.k, key.n}, dt::s8, tag::ba);
+  memory::desc bias({1, key.n}, dt::f32, tag::ab), dst({key.m, key.n}, key.dst, tag::ab);
+  primitive_attr attr;
+  attr.set_scratchpad_mode(scratchpad_mode::user);
+  attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
+  attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+  if (key.dst == dt::u8) attr.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
+  if (key.relu) {
+    post_ops po;
+    po.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(po);
+  }
+  dnnl::matmul::primitive_desc pd(
+      key.bias ? dnnl::matmul::desc(src, wei, bias, dst) : dnnl::matmul::desc(src, wei, dst), attr,
+      dnnl_engine());
+  auto p = std::make_shared<const MatmulPrimitive>(
+      MatmulPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()});
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() >= kMaxCached) cache.clear();
+  cache.emplace(key, p);
+  return p;
+}
+
+// out (M, N) = the int8 matmul of x (M, K) u8 contiguous and w (N, K) s8 contiguous.
+void run_matmul(const Tensor& x, int32_t x_zp, const Tensor& w, const std::vector<float>& scales,
+                const std::vector<float>& bias_q, bool relu, const Tensor& out, int32_t out_zp) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const dt dst_dt = out.dtype() == kUInt8 ? dt::u8 : dt::f32;
+  try {
+    auto p = matmul_primitive({M, K, N, !bias_q.empty(), relu, dst_dt});
+    dnnl::engine& eng = dnnl_engine();
+    auto mem = [&](memory::dims d, dt t, tag f, const void* ptr) {
+      return memory({d, t, f}, eng, const_cast<void*>(ptr));
+    };
+    Tensor scratch = empty_on({static_cast<int64_t>(p->scratch.get_size())}, kUInt8, kCPU);
+    int32_t zp_src = x_zp, zp_dst = out_zp;
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, mem({M, K}, dt::u8, tag::ab, x.impl()->raw_data())},
+        {DNNL_ARG_WEIGHTS, mem({K, N}, dt::s8, tag::ba, w.impl()->raw_data())},
+        {DNNL_ARG_DST, mem({M, N}, dst_dt, tag::ab, out.impl()->raw_data())},
+        {DNNL_ARG_ATTR_OUTPUT_SCALES, mem({N}, dt::f32, tag::a, scales.data())},
+        {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, mem({1}, dt::s32, tag::a, &zp_src)},
+        {DNNL_ARG_SCRATCHPAD, memory(p->scratch, eng, scratch.impl()->raw_data())}};
+    if (!bias_q.empty()) args.emplace(DNNL_ARG_BIAS, mem({1, N}, dt::f32, tag::ab, bias_q.data()));
+    if (dst_dt == dt::u8)
+      args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, mem({1}, dt::s32, tag::a, &zp_dst));
+    sync_omp_threads();
+    dnnl::stream s(eng);
+    p->prim.execute(s, args);
+    s.wait();
+  } catch (const dnnl::error& e) {
+    KILN_FAIL(Runtime, "int8 linear: oneDNN failed: ", e.what());
+  }
+}
+
+// ---- convolution (conv2d_int8) ----------------------------------------------------------------
+
+// out (N, O, OH, OW) u8 = the int8 convolution of x (N, C, H, W) u8 and w (O, C / G, kH, kW) s8,
+// both contiguous.
+void run_conv(const Tensor& x, int32_t x_zp, const Tensor& w, const std::vector<float>& scales,
+              const std::vector<float>& bias_q, IntArrayRef stride, IntArrayRef padding,
+              IntArrayRef dilation, int64_t groups, bool relu, const Tensor& out, int32_t out_zp) {
+  using namespace dnnl;
+  engine& eng = dnnl_engine();
+  auto dims = [](IntArrayRef s) { return memory::dims(s.begin(), s.end()); };
+  const memory::dims src = dims(x.sizes()), dst = dims(out.sizes());
+  memory::dims wei = dims(w.sizes());
+  if (groups > 1) {
+    wei[0] /= groups;
+    wei.insert(wei.begin(), groups);
+  }
+  memory::dims dil = dims(dilation);
+  for (auto& d : dil) d -= 1;  // oneDNN counts the gaps
+  const tag wei_tag = groups > 1 ? tag::abcde : tag::abcd;
+  try {
+    primitive_attr attr;
+    attr.set_scratchpad_mode(scratchpad_mode::user);
+    attr.set_output_scales(1 << 1, scales);
+    attr.set_zero_points(DNNL_ARG_SRC, 0, {x_zp});
+    attr.set_zero_points(DNNL_ARG_DST, 0, {out_zp});
+    if (relu) {
+      post_ops po;
+      po.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
+      attr.set_post_ops(po);
+    }
+    const memory::desc bias_md({dst[1]}, dt::f32, tag::a);
+    auto any = [](const memory::dims& d, dt t) { return memory::desc(d, t, tag::any); };
+    auto desc =
+        bias_q.empty()
+            ? convolution_forward::desc(prop_kind::forward_inference, algorithm::convolution_direct,
+                                        any(src, dt::u8), any(wei, dt::s8), any(dst, dt::u8),
+                                        dims(stride), dil, dims(padding), dims(padding))
+            : convolution_forward::desc(prop_kind::forward_inference, algorithm::convolution_direct,
+                                        any(src, dt::u8), any(wei, dt::s8), bias_md,
+                                        any(dst, dt::u8), dims(stride), dil, dims(padding),
+                                        dims(padding));
+    convolution_forward::primitive_desc pd(desc, attr, eng);
+    sync_omp_threads();
+    stream s(eng);
+    std::vector<Tensor> temps;
+    auto temp = [&](const memory::desc& md) {
+      temps.push_back(empty_on({static_cast<int64_t>(md.get_size())}, kUInt8, kCPU));
+      return memory(md, eng, temps.back().impl()->raw_data());
+    };
+    auto bring_in = [&](const Tensor& t, const memory::desc& user_md, const memory::desc& want) {
+      memory user(user_md, eng, t.impl()->raw_data());
+      if (want == user_md) return user;
+      memory m = temp(want);
+      reorder(user, m).execute(s, user, m);
+      return m;
+    };
+    memory xm = bring_in(x, {src, dt::u8, tag::abcd}, pd.src_desc());
+    memory wm = bring_in(w, {wei, dt::s8, wei_tag}, pd.weights_desc());
+    memory user_out({dst, dt::u8, tag::abcd}, eng, out.impl()->raw_data());
+    const bool direct = pd.dst_desc() == user_out.get_desc();
+    memory om = direct ? user_out : temp(pd.dst_desc());
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xm},
+                                         {DNNL_ARG_WEIGHTS, wm},
+                                         {DNNL_ARG_DST, om},
+                                         {DNNL_ARG_SCRATCHPAD, temp(pd.scratchpad_desc())}};
+    if (!bias_q.empty())
+      args.emplace(DNNL_ARG_BIAS, memory(bias_md, eng, const_cast<float*>(bias_q.data())));
+    convolution_forward(pd).execute(s, args);
+    if (!direct) reorder(om, user_out).execute(s, om, user_out);
+    s.wait();
+  } catch (const dnnl::error& e) {
+    KILN_FAIL(Runtime, "conv2d_int8: oneDNN failed: ", e.what());
+  }
+}
+#endif
+
+// ---- the rows ---------------------------------------------------------------------------------
+
+// input (*, K) u8, weight (N, K) s8, weight_scale (N) f32, bias (N) f32 -> (*, N) u8.
+Tensor linear_int8_cpu(const Tensor& input, double input_scale, int64_t input_zero_point,
+                       const Tensor& weight, const Tensor& weight_scale,
+                       const std::optional<Tensor>& bias, double output_scale,
+                       int64_t output_zero_point, bool relu) {
+  TensorSpec spec = meta::linear_int8(input, input_scale, input_zero_point, weight, weight_scale,
+                                      bias, output_scale, output_zero_point, relu);
+  Tensor out = empty_on(spec.sizes, kUInt8, kCPU);
+  if (out.numel() == 0) return out;
+  const int64_t K = weight.size(1), N = weight.size(0), M = out.numel() / N;
+  if (K == 0) {
+    Tensor y = bias_only({M, N}, 1, bias, relu);
+    return kiln::quantize_per_tensor(y, output_scale, output_zero_point).view(spec.sizes);
+  }
+  std::vector<float> scales, bias_q;
+  fold_scales(weight_scale, bias, static_cast<float>(input_scale), static_cast<float>(output_scale),
+              scales, bias_q);
+#if KILN_HAVE_DNNL
+  run_matmul(input.contiguous().view({M, K}), static_cast<int32_t>(input_zero_point),
+             weight.contiguous(), scales, bias_q, relu, out.view({M, N}),
+             static_cast<int32_t>(output_zero_point));
+  return out;
+#else
+  Tensor x = kiln::dequantize_per_tensor(input, input_scale, input_zero_point);
+  Tensor w = weight.to(kFloat32) * weight_scale.reshape({N, 1});
+  Tensor y = kiln::matmul(x, w.transpose(0, 1));
+  if (bias && bias->defined()) y = y + *bias;
+  if (relu) y = kiln::relu(y);
+  return kiln::quantize_per_tensor(y, output_scale, output_zero_point);
+#endif
+}
+
+// input (N, C, H, W) u8, weight (O, C / groups, kH, kW) s8, weight_scale (O), bias (O) f32 ->
+// (N, O, OH, OW) u8.
+Tensor conv2d_int8_cpu(const Tensor& input, double input_scale, int64_t input_zero_point,
+                       const Tensor& weight, const Tensor& weight_scale,
+                       const std::optional<Tensor>& bias, IntArrayRef stride, IntArrayRef padding,
+                       IntArrayRef dilation, int64_t groups, double output_scale,
+                       int64_t output_zero_point, bool relu) {
+  TensorSpec spec =
+      meta::conv2d_int8(input, input_scale, input_zero_point, weight, weight_scale, bias, stride,
+                        padding, dilation, groups, output_scale, output_zero_point, relu);
+  Tensor out = empty_on(spec.sizes, kUInt8, kCPU);
+  if (out.numel() == 0) return out;
+  if (weight.numel() == 0) {  // no input channels: the bias alone
+    return kiln::quantize_per_tensor(bias_only(spec.sizes, 1, bias, relu), output_scale,
+                                     output_zero_point);
+  }
+  std::vector<float> scales, bias_q;
+  fold_scales(weight_scale, bias, static_cast<float>(input_scale), static_cast<float>(output_scale),
+              scales, bias_q);
+#if KILN_HAVE_DNNL
+  run_conv(input.contiguous(), static_cast<int32_t>(input_zero_point), weight.contiguous(), scales,
+           bias_q, stride, padding, dilation, groups, relu, out,
+           static_cast<int32_t>(output_zero_point));
+  return out;
+#else
+  Tensor x = kiln::dequantize_per_tensor(input, input_scale, input_zero_point);
+  Tensor w = weight.to(kFloat32) * weight_scale.reshape({weight.size(0), 1, 1, 1});
+  Tensor y = kiln::conv2d(x, w, bias, stride, padding, dilation, groups);
+  if (relu) y = kiln::relu(y);
+  return kiln::quantize_per_tensor(y, output_scale, output_zero_point);
+#endif
+}
+
+// x (M, K) f32 contiguous -> (codes (M, K) u8, their parameters): Note [Dynamic linear].
+std::pair<Tensor, quant::QParams> quantize_dynamic(const Tensor& x) {
+  const int64_t n = x.numel();
+  const float* xp = x.data_ptr<float>();
+  constexpr int64_t kGrain = 1 << 16;
+  const int64_t chunks = (n + kGrain - 1) / kGrain;
+  std::vector<float> lo(chunks, 0.0f), hi(chunks, 0.0f);
+  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+    float l = 0, h = 0;  // the range always contains 0
+#pragma omp simd reduction(min : l) reduction(max : h)
+    for (int64_t i = b; i < e; ++i) {
+      l = std::min(l, xp[i]);
+      h = std::max(h, xp[i]);
+    }
+    lo[b / kGrain] = l, hi[b / kGrain] = h;
+  });
+  float l = 0, h = 0;
+  for (int64_t c = 0; c < chunks; ++c) l = std::min(l, lo[c]), h = std::max(h, hi[c]);
+  KILN_CHECK(std::isfinite(l) && std::isfinite(h), Value,
+             "linear_int8_dynamic: expected a finite input, got values in [", l, ", ", h, "]");
+  const quant::QParams p = quant::choose_qparams_u8(l, h);
+  Tensor q = empty_on(x.sizes(), kUInt8, kCPU);
+  uint8_t* qp = q.data_ptr<uint8_t>();
+  const float s = p.scale, zp = static_cast<float>(p.zero_point);
+  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
+#pragma omp simd
+    for (int64_t i = b; i < e; ++i) qp[i] = quant::quantize_u8(xp[i], s, zp);
+  });
+  return {q, p};
+}
+
+// input (*, K) f32, weight (N, K) s8, weight_scale (N) f32, bias (N) f32 -> (*, N) f32.
+Tensor linear_int8_dynamic_cpu(const Tensor& input, const Tensor& weight,
+                               const Tensor& weight_scale, const std::optional<Tensor>& bias,
+                               bool relu) {
+  TensorSpec spec = meta::linear_int8_dynamic(input, weight, weight_scale, bias, relu);
+  Tensor out = empty_on(spec.sizes, kFloat32, kCPU);
+  if (out.numel() == 0) return out;
+  const int64_t K = weight.size(1), N = weight.size(0), M = out.numel() / N;
+  if (K == 0) return bias_only({M, N}, 1, bias, relu).view(spec.sizes);
+  auto [q, p] = quantize_dynamic(input.contiguous().view({M, K}));
+  std::vector<float> scales, bias_q;
+  fold_scales(weight_scale, bias, p.scale, 1.0f, scales, bias_q);
+#if KILN_HAVE_DNNL
+  run_matmul(q, p.zero_point, weight.contiguous(), scales, bias_q, relu, out.view({M, N}), 0);
+  return out;
+#else
+  Tensor x = kiln::dequantize_per_tensor(q, p.scale, p.zero_point);
+  Tensor w = weight.to(kFloat32) * weight_scale.reshape({N, 1});
+  Tensor y = kiln::matmul(x, w.transpose(0, 1));
+  if (bias && bias->defined()) y = y + *bias;
+  if (relu) y = kiln::relu(y);
+  return y.view(spec.sizes);
+#endif
+}
+
+KILN_LIBRARY(CPU, m) {
+  m.impl<ops::linear_int8>(linear_int8_cpu);
+  m.impl<ops::conv2d_int8>(conv2d_int8_cpu);
+  m.impl<ops::linear_int8_dynamic>(linear_int8_dynamic_cpu);
+}
+
+}  // namespace
+}  // namespace kiln::kernels
