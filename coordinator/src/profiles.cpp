@@ -184,8 +184,8 @@ absl::Status Coordinator::profile_job(const proto::ProfileJobRequest& req,
     auto g = got.find(rank);
     if (g == got.end()) {
       info.add_missing(absl::StrCat(who, ": no trace within ", timeout.count(),
-                                    " ms (did it mark steps ", run_first_step, " to ",
-                                    run_first_step + req.steps(), "?)"));
+                                    " ms (it profiles from its mark of step ", run_first_step,
+                                    " on: does the job mark steps?)"));
     } else if (!g->second.error().empty()) {
       info.add_missing(absl::StrCat(who, ": ", g->second.error()));
     } else {
@@ -193,9 +193,11 @@ absl::Status Coordinator::profile_job(const proto::ProfileJobRequest& req,
       traces.push_back({rank, gang[rank], std::move(g->second)});
     }
   }
-  if (traces.empty())
-    return absl::DeadlineExceededError(absl::StrCat(
-        "no rank of job ", job_id, " sent a trace: ", absl::StrJoin(info.missing(), "; ")));
+  if (traces.empty()) {
+    const std::string why = absl::StrCat("no rank of job ", job_id,
+                                         " sent a trace: ", absl::StrJoin(info.missing(), "; "));
+    return got.empty() ? absl::DeadlineExceededError(why) : absl::FailedPreconditionError(why);
+  }
   lock.unlock();  // merging and writing take a while
   absl::StatusOr<std::string> merged = merge_traces(traces);
   if (!merged.ok()) return merged.status();

@@ -10,7 +10,7 @@ import subprocess
 from gang_jobs import CLI, coordinator_and_workers, only_job, submit
 from test_remote_worker import start_worker, stop
 
-# Trains until the file named by argv[1] exists (at most 600 steps), marking every step.
+# Trains until the file named by argv[1] exists (at most 5000 steps), marking every step.
 DRIVER = r"""
 import os, sys
 import kiln, kiln.nn as nn, kiln.nn.functional as F
@@ -18,7 +18,7 @@ s = kiln.connect()
 kiln.manual_seed(0)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(s.device)
 opt = kiln.optim.SGD(model.parameters(), lr=0.1)
-for step in range(1, 601):
+for step in range(1, 5001):
     x, y = kiln.randn(64, 32), kiln.randint(0, 10, (64,))
     loss = F.cross_entropy(model(s.scatter(x)), s.scatter(y))
     opt.zero_grad()
