@@ -30,10 +30,8 @@ Tensor quantize_per_tensor_cpu(const Tensor& input, double scale, int64_t zero_p
   const float* xp = x.data_ptr<float>();
   uint8_t* op = out.data_ptr<uint8_t>();
   const float s = static_cast<float>(scale), zp = static_cast<float>(zero_point);
-  parallel_for(out.numel(), kGrainSize, [&](int64_t b, int64_t e) {
-#pragma omp simd
-    for (int64_t i = b; i < e; ++i) op[i] = quant::quantize_u8(xp[i], s, zp);
-  });
+  parallel_for(out.numel(), kGrainSize,
+               [&](int64_t b, int64_t e) { quant::quantize_u8_n(xp + b, op + b, e - b, s, zp); });
   return out;
 }
 

@@ -43,7 +43,26 @@ inline T quantize_value(T x, T scale, T zp, T qmin, T qmax) {
 }
 
 inline uint8_t quantize_u8(float x, float scale, float zp) {
-  return static_cast<uint8_t>(quantize_value(x, scale, zp, 0.0f, 255.0f));
+  return static_cast<uint8_t>(static_cast<int32_t>(quantize_value(x, scale, zp, 0.0f, 255.0f)));
+}
+
+// q[i] = quantize_u8(x[i], scale, zp) for i < n. Loops over uint8 outputs call this rather than
+// writing the loop in a lambda: a char store may alias the lambda's captures, which GCC then
+// reloads every iteration and does not vectorize.
+inline void quantize_u8_n(const float* x, uint8_t* q, int64_t n, float scale, float zp) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) q[i] = quantize_u8(x[i], scale, zp);
+}
+
+// lo = min(lo, x[i]), hi = max(hi, x[i]) for i < n (a NaN is skipped).
+inline void min_max_n(const float* x, int64_t n, float& lo, float& hi) {
+  float l = lo, h = hi;
+#pragma omp simd reduction(min : l) reduction(max : h)
+  for (int64_t i = 0; i < n; ++i) {
+    l = std::min(l, x[i]);
+    h = std::max(h, x[i]);
+  }
+  lo = l, hi = h;
 }
 
 struct QParams {

@@ -1,7 +1,7 @@
 // linear_int8, conv2d_int8 and linear_int8_dynamic on the CPU (tensor/ops/quantized.toml, Note
-// [Quantization scheme] there): oneDNN's u8 x s8 matmul and convolution, s32 accumulation,
-// per-output-channel scales, the bias and relu fused. Without oneDNN (KILN_HAVE_DNNL=0) the
-// same math runs in float32 on dequantized operands (reference_linear / reference_conv).
+// [Quantization scheme] there): oneDNN's u8 x s8 matmul and convolution (s32 accumulation,
+// AVX-512 VNNI where the CPU has it), per-output-channel scales, bias and relu. Without oneDNN
+// (KILN_HAVE_DNNL=0) the same math runs in float32 on the dequantized operands.
 //
 // Note [oneDNN int8 scales]: oneDNN 2.6 (Debian 12's libdnnl) computes an int8 primitive as
 //   dst = post_ops(output_scale[n] * (sum_k (src - src_zp) * wei + bias[n])) + dst_zp,
@@ -12,14 +12,23 @@
 // is therefore output_scale[n] = s_x * s_w[n] (/ s_y for a uint8 output) with the bias passed as
 // bias[n] / (s_x * s_w[n]). Relu commutes with the positive output scale, and the dst zero point
 // is added after the post-ops, so relu(y) / s_y + zp_y is exactly the quantized relu(y).
-// QuantizedTest.* check all of it against a float reference (within 1 LSB).
+// conv2d_int8 runs that way; QuantizedTest.* check it against a float reference (within 1 LSB).
+//
+// Note [Int8 matmul epilogue]: the linear rows do not. In oneDNN 2.6 any output scale given at
+// execution time (DNNL_RUNTIME_F32_VAL) turns the matmul from its brgemm VNNI kernel into the
+// older gemm:jit one, and a constant scale makes the primitive depend on s_x, which the dynamic
+// row changes every call. So the primitive computes only acc = sum_k (q_x - zp_x) q_w into
+// float32 (the zero point given at execution, which brgemm supports), and one vectorized pass
+// over the output applies y = acc * s_x * s_w[n] + bias[n], relu and, for linear_int8, the
+// output quantization. The primitive then depends on (M, K, N) only and is created once per
+// shape and kept (matmul_primitive). |acc| < K * 255 * 127 is exact in float32 up to K = 518;
+// beyond, its rounding (2^-24 relative) is far below one output step.
 //
 // Note [Dynamic linear]: linear_int8_dynamic quantizes its input per call: one parallel pass
 // for min/max, one for the uint8 codes (quantized.h's choose_qparams_u8 / quantize_u8), then
-// the matmul with a float32 output. Its primitive takes the scales and the zero point at
-// execution time (DNNL_RUNTIME_*), so the primitive depends only on the shapes and is created
-// once per (M, K, N, bias, relu) and kept (matmul_primitive); the weights stay in Kiln's
-// (N, K) layout, read by oneDNN as a (K, N) matrix in column-major order ("ba").
+// the matmul and the epilogue. The weights stay in Kiln's (N, K) layout, read by oneDNN as a
+// (K, N) matrix in column-major order ("ba").
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -63,7 +72,7 @@ void fold_scales(const Tensor& weight_scale, const std::optional<Tensor>& bias, 
   scales.resize(n);
   for (int64_t i = 0; i < n; ++i) {
     KILN_CHECK(std::isfinite(w[i]) && w[i] > 0, Value,
-               "int8 linear/conv2d: expected every weight_scale to be a positive finite number, "
+               "conv2d_int8: expected every weight_scale to be a positive finite number, "
                "got weight_scale[",
                i, "] = ", w[i]);
     scales[i] = in_scale * w[i] / out_scale;
@@ -84,11 +93,7 @@ using tag = memory::format_tag;
 
 struct MatmulKey {
   int64_t m, k, n;
-  bool bias, relu;
-  dt dst;
-  bool operator<(const MatmulKey& o) const {
-    return std::tie(m, k, n, bias, relu, dst) < std::tie(o.m, o.k, o.n, o.bias, o.relu, o.dst);
-  }
+  bool operator<(const MatmulKey& o) const { return std::tie(m, k, n) < std::tie(o.m, o.k, o.n); }
 };
 
 struct MatmulPrimitive {
@@ -96,9 +101,9 @@ struct MatmulPrimitive {
   memory::desc scratch;
 };
 
-// src (M, K) u8, weights (K, N) s8 read from Kiln's (N, K), bias (1, N) f32, dst (M, N) in
-// key.dst; scales (per n) and zero points given at execution. Kept for reuse (Note [Dynamic
-// linear]); a process that sees very many shapes starts over after kMaxCached of them.
+// src (M, K) u8 with a zero point given at execution, weights (K, N) s8 read from Kiln's (N, K),
+// dst (M, N) f32 = the integer sums (Note [Int8 matmul epilogue]). Kept for reuse; a process
+// that sees very many shapes starts over after kMaxCached of them.
 std::shared_ptr<const MatmulPrimitive> matmul_primitive(const MatmulKey& key) {
   constexpr size_t kMaxCached = 256;
   static std::mutex mu;
@@ -110,20 +115,11 @@ std::shared_ptr<const MatmulPrimitive> matmul_primitive(const MatmulKey& key) {
   }
   using namespace dnnl;
   memory::desc src({key.m, key.k}, dt::u8, tag::ab), wei({key.k, key.n}, dt::s8, tag::ba);
-  memory::desc bias({1, key.n}, dt::f32, tag::ab), dst({key.m, key.n}, key.dst, tag::ab);
+  memory::desc dst({key.m, key.n}, dt::f32, tag::ab);
   primitive_attr attr;
   attr.set_scratchpad_mode(scratchpad_mode::user);
-  attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
   attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
-  if (key.dst == dt::u8) attr.set_zero_points(DNNL_ARG_DST, 0, {DNNL_RUNTIME_S32_VAL});
-  if (key.relu) {
-    post_ops po;
-    po.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
-    attr.set_post_ops(po);
-  }
-  dnnl::matmul::primitive_desc pd(
-      key.bias ? dnnl::matmul::desc(src, wei, bias, dst) : dnnl::matmul::desc(src, wei, dst), attr,
-      dnnl_engine());
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), attr, dnnl_engine());
   auto p = std::make_shared<const MatmulPrimitive>(
       MatmulPrimitive{dnnl::matmul(pd), pd.scratchpad_desc()});
   std::lock_guard<std::mutex> lock(mu);
@@ -132,38 +128,84 @@ std::shared_ptr<const MatmulPrimitive> matmul_primitive(const MatmulKey& key) {
   return p;
 }
 
-// out (M, N) = the int8 matmul of x (M, K) u8 contiguous and w (N, K) s8 contiguous.
-void run_matmul(const Tensor& x, int32_t x_zp, const Tensor& w, const std::vector<float>& scales,
-                const std::vector<float>& bias_q, bool relu, const Tensor& out, int32_t out_zp) {
+// acc (M, N) f32 contiguous = sum_k (x - x_zp) w for x (M, K) u8 and w (N, K) s8, contiguous.
+void run_matmul(const Tensor& x, int32_t x_zp, const Tensor& w, const Tensor& acc) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  const dt dst_dt = out.dtype() == kUInt8 ? dt::u8 : dt::f32;
   try {
-    auto p = matmul_primitive({M, K, N, !bias_q.empty(), relu, dst_dt});
+    auto p = matmul_primitive({M, K, N});
     dnnl::engine& eng = dnnl_engine();
     auto mem = [&](memory::dims d, dt t, tag f, const void* ptr) {
       return memory({d, t, f}, eng, const_cast<void*>(ptr));
     };
     Tensor scratch = empty_on({static_cast<int64_t>(p->scratch.get_size())}, kUInt8, kCPU);
-    int32_t zp_src = x_zp, zp_dst = out_zp;
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, mem({M, K}, dt::u8, tag::ab, x.impl()->raw_data())},
-        {DNNL_ARG_WEIGHTS, mem({K, N}, dt::s8, tag::ba, w.impl()->raw_data())},
-        {DNNL_ARG_DST, mem({M, N}, dst_dt, tag::ab, out.impl()->raw_data())},
-        {DNNL_ARG_ATTR_OUTPUT_SCALES, mem({N}, dt::f32, tag::a, scales.data())},
-        {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, mem({1}, dt::s32, tag::a, &zp_src)},
-        {DNNL_ARG_SCRATCHPAD, memory(p->scratch, eng, scratch.impl()->raw_data())}};
-    if (!bias_q.empty()) args.emplace(DNNL_ARG_BIAS, mem({1, N}, dt::f32, tag::ab, bias_q.data()));
-    if (dst_dt == dt::u8)
-      args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, mem({1}, dt::s32, tag::a, &zp_dst));
+    int32_t zp = x_zp;
     sync_omp_threads();
     dnnl::stream s(eng);
-    p->prim.execute(s, args);
+    p->prim.execute(s,
+                    {{DNNL_ARG_SRC, mem({M, K}, dt::u8, tag::ab, x.impl()->raw_data())},
+                     {DNNL_ARG_WEIGHTS, mem({K, N}, dt::s8, tag::ba, w.impl()->raw_data())},
+                     {DNNL_ARG_DST, mem({M, N}, dt::f32, tag::ab, acc.impl()->raw_data())},
+                     {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, mem({1}, dt::s32, tag::a, &zp)},
+                     {DNNL_ARG_SCRATCHPAD, memory(p->scratch, eng, scratch.impl()->raw_data())}});
     s.wait();
   } catch (const dnnl::error& e) {
     KILN_FAIL(Runtime, "int8 linear: oneDNN failed: ", e.what());
   }
 }
+#endif
 
+// One row of the epilogue: y[n] = max(y[n] * scale[n] (+ bias[n]), lo), then quantized into out
+// unless out is null.
+void epilogue_row(float* y, const float* scale, const float* bias, int64_t n, float lo,
+                  uint8_t* out, float out_scale, float out_zp) {
+  if (bias) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = std::max(y[i] * scale[i] + bias[i], lo);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = std::max(y[i] * scale[i], lo);
+  }
+  if (out) quant::quantize_u8_n(y, out, n, out_scale, out_zp);
+}
+
+// The epilogue of Note [Int8 matmul epilogue] over acc (M, N) f32: y = acc * scale[n] + bias[n]
+// (bias may be empty), relu'd; written over acc (out == nullptr) or quantized into out (M, N) u8
+// with out_scale / out_zp.
+void matmul_epilogue(const Tensor& acc, const std::vector<float>& scale,
+                     const std::vector<float>& bias, bool relu, uint8_t* out, float out_scale,
+                     float out_zp) {
+  const int64_t M = acc.size(0), N = acc.size(1);
+  float* a = acc.data_ptr<float>();
+  const float* sc = scale.data();
+  const float* bp = bias.empty() ? nullptr : bias.data();
+  const float lo = relu ? 0.0f : -std::numeric_limits<float>::infinity();
+  parallel_for(
+      M, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(N, 1)), [&](int64_t m0, int64_t m1) {
+        for (int64_t m = m0; m < m1; ++m)
+          epilogue_row(a + m * N, sc, bp, N, lo, out ? out + m * N : nullptr, out_scale, out_zp);
+      });
+}
+
+// Per-channel s_x * s_w[n] (checking the weight scales) and the bias as a float vector.
+void linear_scales(const Tensor& weight_scale, const std::optional<Tensor>& bias, float in_scale,
+                   std::vector<float>& scales, std::vector<float>& bias_v) {
+  Tensor ws = weight_scale.contiguous();
+  const float* w = ws.data_ptr<float>();
+  const int64_t n = ws.numel();
+  scales.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    KILN_CHECK(std::isfinite(w[i]) && w[i] > 0, Value,
+               "int8 linear: expected every weight_scale to be a positive finite number, got "
+               "weight_scale[",
+               i, "] = ", w[i]);
+    scales[i] = in_scale * w[i];
+  }
+  if (!bias || !bias->defined()) return;
+  Tensor b = bias->contiguous();
+  bias_v.assign(b.data_ptr<float>(), b.data_ptr<float>() + n);
+}
+
+#if KILN_HAVE_DNNL
 // ---- convolution (conv2d_int8) ----------------------------------------------------------------
 
 // out (N, O, OH, OW) u8 = the int8 convolution of x (N, C, H, W) u8 and w (O, C / G, kH, kW) s8,
@@ -242,6 +284,19 @@ void run_conv(const Tensor& x, int32_t x_zp, const Tensor& w, const std::vector<
 
 // ---- the rows ---------------------------------------------------------------------------------
 
+// acc (M, N) f32 = sum_k (x - x_zp) w for x (M, K) u8 and w (N, K) s8: oneDNN, or without it
+// a float32 matmul of the codes (exact while the sums fit float32's 24 bits).
+Tensor int8_matmul_acc(const Tensor& x, int64_t x_zp, const Tensor& w) {
+#if KILN_HAVE_DNNL
+  Tensor acc = empty_on({x.size(0), w.size(0)}, kFloat32, kCPU);
+  run_matmul(x.contiguous(), static_cast<int32_t>(x_zp), w.contiguous(), acc);
+  return acc;
+#else
+  return kiln::matmul(x.to(kFloat32) - static_cast<double>(x_zp), w.to(kFloat32).transpose(0, 1))
+      .contiguous();
+#endif
+}
+
 // input (*, K) u8, weight (N, K) s8, weight_scale (N) f32, bias (N) f32 -> (*, N) u8.
 Tensor linear_int8_cpu(const Tensor& input, double input_scale, int64_t input_zero_point,
                        const Tensor& weight, const Tensor& weight_scale,
@@ -256,22 +311,12 @@ Tensor linear_int8_cpu(const Tensor& input, double input_scale, int64_t input_ze
     Tensor y = bias_only({M, N}, 1, bias, relu);
     return kiln::quantize_per_tensor(y, output_scale, output_zero_point).view(spec.sizes);
   }
-  std::vector<float> scales, bias_q;
-  fold_scales(weight_scale, bias, static_cast<float>(input_scale), static_cast<float>(output_scale),
-              scales, bias_q);
-#if KILN_HAVE_DNNL
-  run_matmul(input.contiguous().view({M, K}), static_cast<int32_t>(input_zero_point),
-             weight.contiguous(), scales, bias_q, relu, out.view({M, N}),
-             static_cast<int32_t>(output_zero_point));
+  std::vector<float> scales, bias_v;
+  linear_scales(weight_scale, bias, static_cast<float>(input_scale), scales, bias_v);
+  Tensor acc = int8_matmul_acc(input.reshape({M, K}), input_zero_point, weight);
+  matmul_epilogue(acc, scales, bias_v, relu, out.data_ptr<uint8_t>(),
+                  static_cast<float>(output_scale), static_cast<float>(output_zero_point));
   return out;
-#else
-  Tensor x = kiln::dequantize_per_tensor(input, input_scale, input_zero_point);
-  Tensor w = weight.to(kFloat32) * weight_scale.reshape({N, 1});
-  Tensor y = kiln::matmul(x, w.transpose(0, 1));
-  if (bias && bias->defined()) y = y + *bias;
-  if (relu) y = kiln::relu(y);
-  return kiln::quantize_per_tensor(y, output_scale, output_zero_point);
-#endif
 }
 
 // input (N, C, H, W) u8, weight (O, C / groups, kH, kW) s8, weight_scale (O), bias (O) f32 ->
@@ -316,11 +361,7 @@ std::pair<Tensor, quant::QParams> quantize_dynamic(const Tensor& x) {
   std::vector<float> lo(chunks, 0.0f), hi(chunks, 0.0f);
   parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
     float l = 0, h = 0;  // the range always contains 0
-#pragma omp simd reduction(min : l) reduction(max : h)
-    for (int64_t i = b; i < e; ++i) {
-      l = std::min(l, xp[i]);
-      h = std::max(h, xp[i]);
-    }
+    quant::min_max_n(xp + b, e - b, l, h);
     lo[b / kGrain] = l, hi[b / kGrain] = h;
   });
   float l = 0, h = 0;
@@ -331,10 +372,8 @@ std::pair<Tensor, quant::QParams> quantize_dynamic(const Tensor& x) {
   Tensor q = empty_on(x.sizes(), kUInt8, kCPU);
   uint8_t* qp = q.data_ptr<uint8_t>();
   const float s = p.scale, zp = static_cast<float>(p.zero_point);
-  parallel_for(n, kGrain, [&](int64_t b, int64_t e) {
-#pragma omp simd
-    for (int64_t i = b; i < e; ++i) qp[i] = quant::quantize_u8(xp[i], s, zp);
-  });
+  parallel_for(n, kGrain,
+               [&](int64_t b, int64_t e) { quant::quantize_u8_n(xp + b, qp + b, e - b, s, zp); });
   return {q, p};
 }
 
@@ -343,24 +382,16 @@ Tensor linear_int8_dynamic_cpu(const Tensor& input, const Tensor& weight,
                                const Tensor& weight_scale, const std::optional<Tensor>& bias,
                                bool relu) {
   TensorSpec spec = meta::linear_int8_dynamic(input, weight, weight_scale, bias, relu);
-  Tensor out = empty_on(spec.sizes, kFloat32, kCPU);
-  if (out.numel() == 0) return out;
-  const int64_t K = weight.size(1), N = weight.size(0), M = out.numel() / N;
+  const int64_t K = weight.size(1), N = weight.size(0);
+  const int64_t M = N == 0 ? 0 : numel_of(spec.sizes) / N;
+  if (M == 0 || N == 0) return empty_on(spec.sizes, kFloat32, kCPU);
   if (K == 0) return bias_only({M, N}, 1, bias, relu).view(spec.sizes);
   auto [q, p] = quantize_dynamic(input.contiguous().view({M, K}));
-  std::vector<float> scales, bias_q;
-  fold_scales(weight_scale, bias, p.scale, 1.0f, scales, bias_q);
-#if KILN_HAVE_DNNL
-  run_matmul(q, p.zero_point, weight.contiguous(), scales, bias_q, relu, out.view({M, N}), 0);
-  return out;
-#else
-  Tensor x = kiln::dequantize_per_tensor(q, p.scale, p.zero_point);
-  Tensor w = weight.to(kFloat32) * weight_scale.reshape({N, 1});
-  Tensor y = kiln::matmul(x, w.transpose(0, 1));
-  if (bias && bias->defined()) y = y + *bias;
-  if (relu) y = kiln::relu(y);
-  return y.view(spec.sizes);
-#endif
+  std::vector<float> scales, bias_v;
+  linear_scales(weight_scale, bias, p.scale, scales, bias_v);
+  Tensor acc = int8_matmul_acc(q, p.zero_point, weight);
+  matmul_epilogue(acc, scales, bias_v, relu, nullptr, 0, 0);
+  return acc.view(spec.sizes);
 }
 
 KILN_LIBRARY(CPU, m) {

@@ -57,10 +57,16 @@ std::vector<Stack> samples_for(const std::string& name) {
   return out;
 }
 
+// Rows whose derivative is by definition not that of the op: the straight-through estimators of
+// fake quantization (Note [Straight-through gradients] in manifest_gradcheck_test.cpp).
+const std::set<std::string> kNotFiniteDifferences = {"fake_quantize_per_tensor_affine",
+                                                     "fake_quantize_per_channel_affine"};
+
 TEST(FormulasTable, EveryFormulaMatchesFiniteDifferences) {
   int checked = 0;
   std::set<std::string> ops_checked;
   for (const auto& [name, eval] : formula_evals()) {
+    if (kNotFiniteDifferences.count(name)) continue;
     OperatorHandle& op = Dispatcher::get().find_or_throw(name);
     int n = 0;
     for (const Stack& sample : samples_for(name)) {
@@ -103,7 +109,8 @@ TEST(FormulasTable, EveryFormulaMatchesFiniteDifferences) {
   }
   // Every row with formulas has at least one floating input checked on some sample.
   for (const auto& [name, eval] : formula_evals())
-    EXPECT_TRUE(ops_checked.count(name)) << name << ": no floating input of any sample was checked";
+    EXPECT_TRUE(ops_checked.count(name) || kNotFiniteDifferences.count(name))
+        << name << ": no floating input of any sample was checked";
   EXPECT_GT(checked, 0);
   std::cout << "[          ] " << checked << " gradients of " << ops_checked.size()
             << " op rows checked against finite differences\n";
