@@ -37,6 +37,29 @@ def torch_python(impls):
     return next((k for k in impls if k.startswith("torch-") and not k.endswith("-cpp")), None)
 
 
+def quantized_lines(by_key):
+    """Issue 25: per impl, int8 dynamic over float32 MLP inference time (target <= 0.5), and Kiln's
+    int8 against PyTorch's (its Python API, torch_reference.py's quantize_dynamic; target <= 0.8)."""
+    fp32 = by_key.get(("quantized", "mlp_infer_b512_fp32"), {})
+    int8 = by_key.get(("quantized", "mlp_infer_b512_int8_dynamic"), {})
+    out = []
+    for impl in sorted(int8):
+        if impl in fp32:
+            r = int8[impl]["value"] / fp32[impl]["value"]
+            out.append(f"  {impl}: int8 {int8[impl]['value']:.4g} ms / fp32 "
+                       f"{fp32[impl]['value']:.4g} ms -> {r:.3f}" +
+                       ("" if impl.startswith("torch-") else
+                        f" (target <= 0.5: {'met' if r <= 0.5 else 'MISSED'})"))
+    ref = torch_python(int8)
+    for impl in ("kiln-cpp", "kiln-py"):
+        if ref and impl in int8:
+            r = int8[impl]["value"] / int8[ref]["value"]
+            out.append(f"  {impl} int8 vs {ref} int8: {int8[impl]['value']:.4g} ms vs "
+                       f"{int8[ref]['value']:.4g} ms -> {r:.3f} (target <= 0.8: "
+                       f"{'met' if r <= 0.8 else 'MISSED'})")
+    return out
+
+
 def main():
     rows = [json.loads(line) for line in sys.stdin if line.strip().startswith("{")]
     by_key = {}
@@ -132,6 +155,10 @@ def main():
                        f"{'met' if r <= 1.2 else 'MISSED'})")
         print("\nRemote (client and kiln-worker on loopback, same run):")
         print("\n".join(out))
+    quant = quantized_lines(by_key)
+    if quant:
+        print("\nQuantized inference (issue 25, same run; time ratios, < 1 means faster):")
+        print("\n".join(quant))
     if lines:
         print("\nPython API (time kiln-py/ref, same run; < 1 means kiln-py is faster):")
         print("\n".join(lines))

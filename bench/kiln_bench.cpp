@@ -4,7 +4,7 @@
 //
 //   kiln_bench [--only
 //   dispatch,gemm,elementwise,reduction,autograd,kernels,mlp,cnn,gpt,distributed,
-//                      sharded] [--quick]
+//                      sharded,quantized] [--quick]
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <sched.h>
@@ -258,6 +258,37 @@ void w_mlp(bool quick) {
   optim::AdamW opt(m->parameters(), {.lr = 1e-3});
   Tensor x = randn({512, 784}), y = randint(0, 10, {512});
   emit("mlp_train", "step_b512", train_ms(*m, opt, x, y, ce, quick ? 5 : 20), "ms/step",
+       "kiln-cpp");
+}
+
+// torch_reference.py's w_quantized: inference (no grad) of the MLP on a 512x784 batch, in float32
+// and with its Linear layers dynamically quantized (int8 weights per output channel, prepacked
+// once by quantize_weight_per_channel; activations quantized per batch by linear_int8_dynamic,
+// the ReLUs fused into it as kiln.ao.quantization.quantize_dynamic does).
+void w_quantized(bool quick) {
+  manual_seed(0);
+  auto m = mlp();
+  Tensor x = randn({512, 784});
+  autograd::NoGradGuard ng;
+  emit("quantized", "mlp_infer_b512_fp32", best_time([&] { (void)m->forward(x); }, 10) * 1e3, "ms",
+       "kiln-cpp");
+  struct Layer {
+    Tensor q, scale, bias;
+    bool relu;
+  };
+  std::vector<Layer> layers;
+  for (size_t i = 0; i < m->size(); ++i) {
+    auto* lin = dynamic_cast<nn::Linear*>((*m)[static_cast<int64_t>(i)].get());
+    if (!lin) continue;
+    auto [q, scale] = quantize_weight_per_channel(lin->weight, 0);
+    layers.push_back({q, scale, lin->bias, i + 1 < m->size()});
+  }
+  auto run = [&] {
+    Tensor h = x;
+    for (const Layer& l : layers) h = linear_int8_dynamic(h, l.q, l.scale, l.bias, l.relu);
+    return h;
+  };
+  emit("quantized", "mlp_infer_b512_int8_dynamic", best_time([&] { (void)run(); }, 10) * 1e3, "ms",
        "kiln-cpp");
 }
 
@@ -548,6 +579,7 @@ int main(int argc, char** argv) {
   if (want("mlp")) w_mlp(quick);
   if (want("cnn")) w_cnn(quick);
   if (want("gpt")) w_gpt(quick);
+  if (want("quantized")) w_quantized(quick);
   if (want("distributed")) spawn_ranks("distributed", quick);
   if (want("sharded")) spawn_ranks("sharded", quick);
   if (want("sharded")) spawn_ranks("sharded2d", quick, 4);

@@ -278,9 +278,22 @@ def w_compiled(quick):
     emit("compiled_train", "gpt_cold_s", cold, "s")
 
 
+def w_quantized(quick):
+    """Inference of the MLP above, float32 and with dynamic int8 Linear layers."""
+    torch.manual_seed(0)
+    m = mlp().eval()
+    x = torch.randn(512, 784)
+    with torch.no_grad():
+        emit("quantized", "mlp_infer_b512_fp32", best_time(lambda: m(x), repeat=10) * 1e3, "ms")
+        q = torch.ao.quantization.quantize_dynamic(m, {nn.Linear}, dtype=torch.qint8)
+        emit("quantized", "mlp_infer_b512_int8_dynamic", best_time(lambda: q(x), repeat=10) * 1e3,
+             "ms")
+
+
 WORKLOADS = {"dispatch": w_dispatch, "gemm": w_gemm, "elementwise": w_elementwise,
              "reduction": w_reduction, "kernels": w_kernels, "autograd": w_autograd, "mlp": w_mlp, "cnn": w_cnn, "gpt": w_gpt,
-             "distributed": w_distributed, "compiled": w_compiled}
+             "distributed": w_distributed, "compiled": w_compiled,
+             "quantized": w_quantized}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

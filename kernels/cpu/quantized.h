@@ -54,15 +54,21 @@ inline void quantize_u8_n(const float* x, uint8_t* q, int64_t n, float scale, fl
   for (int64_t i = 0; i < n; ++i) q[i] = quantize_u8(x[i], scale, zp);
 }
 
-// lo = min(lo, x[i]), hi = max(hi, x[i]) for i < n (a NaN is skipped).
+// lo = min(lo, x[i]), hi = max(hi, x[i]) for i < n. Sixteen running minima and maxima (one
+// AVX-512 register each) reduced at the end: GCC does not vectorize a min/max reduction without
+// -ffast-math, even under `omp simd reduction`.
 inline void min_max_n(const float* x, int64_t n, float& lo, float& hi) {
-  float l = lo, h = hi;
-#pragma omp simd reduction(min : l) reduction(max : h)
-  for (int64_t i = 0; i < n; ++i) {
-    l = std::min(l, x[i]);
-    h = std::max(h, x[i]);
-  }
-  lo = l, hi = h;
+  constexpr int64_t kLanes = 16;
+  float l[kLanes], h[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) l[j] = lo, h[j] = hi;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) {
+      l[j] = x[i + j] < l[j] ? x[i + j] : l[j];
+      h[j] = x[i + j] > h[j] ? x[i + j] : h[j];
+    }
+  for (; i < n; ++i) l[0] = std::min(l[0], x[i]), h[0] = std::max(h[0], x[i]);
+  for (int64_t j = 0; j < kLanes; ++j) lo = std::min(lo, l[j]), hi = std::max(hi, h[j]);
 }
 
 struct QParams {

@@ -30,3 +30,5 @@ from kiln import batch  # noqa: F401,E402
 from kiln._export import export, load_program, Dim, ExportedProgram  # noqa: F401,E402
 from kiln import nested  # noqa: F401,E402
 from kiln.nested import jagged  # noqa: F401,E402
+from kiln import ao  # noqa: F401,E402
+from kiln.ao.quantization import qint8, quint8  # noqa: F401,E402
