@@ -4,6 +4,11 @@
 namespace kiln::ir {
 
 std::vector<Tensor> run(const Graph& g, const std::vector<Tensor>& inputs) {
+  return run(g, inputs, NodeObserver());
+}
+
+std::vector<Tensor> run(const Graph& g, const std::vector<Tensor>& inputs,
+                        const NodeObserver& on_node) {
   KILN_CHECK(inputs.size() == g.inputs().size(), Value, "ir::run: the graph takes ",
              g.inputs().size(), " inputs, got ", inputs.size());
   std::vector<Tensor> env(static_cast<size_t>(g.num_values()));
@@ -41,6 +46,7 @@ std::vector<Tensor> run(const Graph& g, const std::vector<Tensor>& inputs) {
     KILN_CHECK(outs.size() == n.outputs.size(), Runtime, "ir::run: ", detail::node_name(g, i),
                " produced ", outs.size(), " outputs, the graph records ", n.outputs.size());
     for (size_t k = 0; k < outs.size(); ++k) env[n.outputs[k]] = outs[k];
+    if (on_node) on_node(i, outs);
   }
   std::vector<Tensor> result;
   for (ValueId id : g.outputs()) {

@@ -86,3 +86,13 @@ def test_onnx_slices_sums_numbers_and_a_weight_view(tmp_path):
         got = sess.run(None, {"x": x.numpy()})[0]
         assert got.shape == (rows - 1, 4)
         assert np.abs(got - f(x).numpy()).max() <= 1e-4
+
+
+def test_onnx_lists_every_refusal_at_once(tmp_path):
+    w = kiln.randn(3, 2, 3, 3)
+    prog = kiln.export(lambda x: kiln.conv_transpose2d(x, w).cumsum(0), (kiln.randn(1, 3, 5, 5),))
+    path = tmp_path / "f.onnx"
+    with pytest.raises(NotImplementedError) as e:
+        kiln.onnx.export(prog, path)
+    assert "'cumsum'" in str(e.value) and "transposed convolution" in str(e.value)
+    assert list(tmp_path.iterdir()) == []

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kiln/error.h"
+#include "kiln/ir.h"
 
 namespace kiln::exporting {
 namespace {
@@ -77,6 +78,27 @@ Parts unpack(std::string_view file, const std::string& what) {
              ": the checksum (SHA-256) of the program and weights does not match the header: the "
              "file was altered or corrupted");
   return {program, weights};
+}
+
+// A weight as graph input `spec` takes it: the stored tensor, or a view into it where it was
+// stored as its whole storage (Note [Exported programs]).
+Tensor weight_for(const std::string& what, const std::string& name, const Tensor& stored,
+                  const TensorSpec& spec) {
+  KILN_CHECK(stored.dtype() == spec.dtype, Value, what, ": weight '", name, "' is ",
+             scalar_type_name(stored.dtype()), "; the program reads ", ir::spec_str(spec));
+  Tensor t = stored;
+  if (!spec.device.is_cpu()) t = t.to(std::nullopt, spec.device);
+  if (ir::spec_of(t).sizes == spec.sizes && ir::spec_of(t).strides == spec.strides &&
+      spec.offset == 0)
+    return t;
+  KILN_CHECK(stored.dim() == 1, Value, what, ": weight '", name, "' has shape ",
+             ir::spec_str(ir::spec_of(stored)), "; the program reads ", ir::spec_str(spec));
+  try {
+    return t.as_strided(spec.sizes, spec.strides, spec.offset);
+  } catch (const Error& e) {
+    KILN_FAIL(Value, what, ": weight '", name, "' cannot hold ", ir::spec_str(spec), ": ",
+              e.what());
+  }
 }
 
 }  // namespace kiln::exporting

@@ -10,6 +10,9 @@
 #include <string>
 #include <string_view>
 
+#include "kiln/meta.h"
+#include "kiln/tensor.h"
+
 namespace kiln::exporting {
 
 constexpr std::string_view kMagic = "KILNPROG";
@@ -25,5 +28,10 @@ struct Parts {
 // The two parts of `file`, views into it. ValueError naming `what` for a file that is not one,
 // of another version, truncated or with bytes after the end, or whose checksum does not match.
 Parts unpack(std::string_view file, const std::string& what);
+
+// Weight `name` as a graph input of geometry `spec` reads it: `stored`, or a view into it where
+// it was stored as its whole storage (Note [Exported programs]); ValueError naming `what`.
+Tensor weight_for(const std::string& what, const std::string& name, const Tensor& stored,
+                  const TensorSpec& spec);
 
 }  // namespace kiln::exporting

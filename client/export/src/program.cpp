@@ -20,6 +20,7 @@ using exporting::Poly;
 
 struct ExportedProgram::State {
   std::string what;  // the file, for messages
+  std::string bytes;  // the file
   proto::ExportedProgram msg;
   TensorMap weights;
   std::vector<Port> inputs, outputs;
@@ -57,27 +58,6 @@ struct ExportedProgram::State {
 
 namespace {
 
-// A weight as graph input `spec` takes it: the stored tensor, or a view into it where it was
-// stored as its whole storage (Note [Exported programs]).
-Tensor weight_for(const std::string& what, const std::string& name, const Tensor& stored,
-                  const TensorSpec& spec) {
-  KILN_CHECK(stored.dtype() == spec.dtype, Value, what, ": weight '", name, "' is ",
-             scalar_type_name(stored.dtype()), "; the program reads ", ir::spec_str(spec));
-  Tensor t = stored;
-  if (!spec.device.is_cpu()) t = t.to(std::nullopt, spec.device);
-  if (ir::spec_of(t).sizes == spec.sizes && ir::spec_of(t).strides == spec.strides &&
-      spec.offset == 0)
-    return t;
-  KILN_CHECK(stored.dim() == 1, Value, what, ": weight '", name, "' has shape ",
-             ir::spec_str(ir::spec_of(stored)), "; the program reads ", ir::spec_str(spec));
-  try {
-    return t.as_strided(spec.sizes, spec.strides, spec.offset);
-  } catch (const Error& e) {
-    KILN_FAIL(Value, what, ": weight '", name, "' cannot hold ", ir::spec_str(spec), ": ",
-              e.what());
-  }
-}
-
 std::vector<std::string> dims_of(const std::vector<Poly>& dims,
                                  const std::vector<std::string>& names) {
   std::vector<std::string> out;
@@ -114,8 +94,8 @@ std::shared_ptr<const ExportedProgram::State::Instance> ExportedProgram::State::
   for (size_t i = 0; i < gin.size(); ++i) {
     const proto::ExportedInput& in = m.inputs(static_cast<int>(i));
     if (in.has_weight()) {
-      inst->fixed.push_back(
-          weight_for(what, in.weight(), weights.at(in.weight()), inst->graph.value(gin[i]).meta));
+      inst->fixed.push_back(exporting::weight_for(what, in.weight(), weights.at(in.weight()),
+                                                  inst->graph.value(gin[i]).meta));
     } else if (in.has_constant()) {
       Tensor c = compiler::constant_input(inst->graph, i);
       KILN_CHECK(c.defined(), Value, what, ": graph input ", i,
@@ -139,8 +119,9 @@ ExportedProgram ExportedProgram::load(const std::string& path) {
 }
 
 ExportedProgram ExportedProgram::from_bytes(std::string_view bytes, const std::string& what) {
-  const exporting::Parts parts = exporting::unpack(bytes, what);
   auto s = std::make_unique<State>();
+  s->bytes = std::string(bytes);
+  const exporting::Parts parts = exporting::unpack(s->bytes, what);
   s->what = what;
   proto::ExportedProgram& m = s->msg;
   KILN_CHECK(m.ParseFromArray(parts.program.data(), static_cast<int>(parts.program.size())), Value,
@@ -263,7 +244,14 @@ std::string ExportedProgram::describe() const {
   return os.str();
 }
 
+const std::string& ExportedProgram::bytes() const { return s_->bytes; }
+
 std::vector<Tensor> ExportedProgram::run(const std::vector<Tensor>& inputs) const {
+  return run_observed(inputs, ir::NodeObserver());
+}
+
+std::vector<Tensor> ExportedProgram::run_observed(const std::vector<Tensor>& inputs,
+                                                  const ir::NodeObserver& on_node) const {
   const State& s = *s_;
   const std::string what = s.what;
   KILN_CHECK(inputs.size() == s.inputs.size(), Value, what, ": the program takes ", s.inputs.size(),
@@ -316,7 +304,7 @@ std::vector<Tensor> ExportedProgram::run(const std::vector<Tensor>& inputs) cons
     graph_in[s.arg_input[a]] = args[a];
   }
   autograd::NoGradGuard no_grad;
-  return ir::run(inst->graph, graph_in);
+  return ir::run(inst->graph, graph_in, on_node);
 }
 
 TensorMap ExportedProgram::run_named(const TensorMap& inputs) const {

@@ -88,8 +88,26 @@ class ExportedProgram:
         out = self._impl.run(list(args))
         return out[0] if len(out) == 1 else tuple(out)
 
+    def save(self, path):
+        """Writes the program's file to `path` (through a temporary file renamed into place)."""
+        if self._data is None:
+            raise ValueError("kiln.ExportedProgram.save: the program holds no file bytes")
+        _write_atomic(os.fspath(path), self._data)
+
     def __repr__(self):
         return f"ExportedProgram(inputs={self.input_names}, outputs={self.output_names})"
+
+
+def _write_atomic(path, data):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def load_program(path):
@@ -180,15 +198,7 @@ def export(fn, args, path=None, *, dynamic_shapes=None, input_names=None, output
                                   weight_tensors)
     if path is not None:
         path = os.fspath(path)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        _write_atomic(path, data)
     prog = ExportedProgram(_C._ExportedProgram.from_bytes(data, os.fspath(path) if path else
                                                            "<exported program>"))
     prog._data = data  # the file's bytes (kiln.onnx reads the graph from them)

@@ -6,9 +6,11 @@
 The program's graph (kiln._C._program_graph) maps op by op to ONNX nodes; weights become
 initializers; symbolic dims become dim_params named as the symbols. A view/reshape whose sizes
 depend on the symbols gets its shape computed in the graph (Shape, Gather and integer arithmetic
-from the polynomial the export recorded). Every op is checked before anything is built: an op
-with no mapping raises NotImplementedError naming all of them, and no file is written. The file
-is written to a temporary name and renamed into place. Needs the `onnx` package.
+from the polynomial the export recorded). The model is built in memory first, and every
+refusal on the way (an op with no mapping, a transposed convolution, attention with dropout,
+max-pool indices that are used, ...) is collected: NotImplementedError names all of them at once
+and no file is written. The file is written to a temporary name and renamed into place. Needs
+the `onnx` package.
 """
 import os
 
@@ -103,14 +105,14 @@ def _scalar(arg, dtype):
 def export(program, path):
     """Writes `program` (a kiln.ExportedProgram or the path of a .kprog file) to `path` as an
     ONNX model; returns the onnx.ModelProto. NotImplementedError naming every op with no ONNX
-    mapping, before anything is written."""
+    mapping and every other refusal, before anything is written."""
     import onnx
 
     prog, g = _graph(program)
     missing = sorted({n[0] for n in g["nodes"] if n[0] not in SUPPORTED})
+    problems = []  # every refusal, found while the model is built in memory
     if missing:
-        raise NotImplementedError("kiln.onnx.export: no ONNX mapping for the ops "
-                                  + ", ".join(repr(m) for m in missing) + "; nothing was written")
+        problems.append("no ONNX mapping for the ops " + ", ".join(repr(m) for m in missing))
     b = _Builder(onnx, g)
     dtype = {}
     rank = {}
@@ -153,6 +155,8 @@ def export(program, path):
             b.inits.append(onnx.numpy_helper.from_array(np.array(number, _NP[dt]), v))
 
     for n, (op, args, outs) in enumerate(g["nodes"]):
+        if op not in SUPPORTED:
+            continue
         x = [f"v{a[1]}" if a[0] == "value" else None for a in args]
         out = f"v{outs[0]}"
         dt = dtype.get(args[0][1], "float32") if args and args[0][0] == "value" else "float32"
@@ -173,7 +177,8 @@ def export(program, path):
         elif op == "sum":
             dims, keep, sdt = args[1][2], args[2][2], args[3][2]
             if sdt is not None and sdt != dt:
-                raise NotImplementedError("kiln.onnx.export: sum with a dtype")
+                problems.append("sum with a dtype")
+                continue
             if r == 0 or dims is None or list(dims) == []:
                 r = 0 if not keep else r
                 b.node("ReduceSum", [x[0]], [out], keepdims=int(bool(keep)))
@@ -226,7 +231,8 @@ def export(program, path):
         elif op == "convolution":
             stride, padding, dilation, transposed, _, groups = [a[2] for a in args[2:8]]
             if transposed:
-                raise NotImplementedError("kiln.onnx.export: transposed convolution")
+                problems.append("transposed convolution")
+                continue
             ins = [x[0], x[1]]
             b.node("Conv", ins, [out], strides=stride, pads=list(padding) * 2,
                    dilations=dilation, group=groups)
@@ -236,7 +242,8 @@ def export(program, path):
             start, end, step, adt = [a[2] for a in args[:4]]
             kinds = [a[1] for a in args[:3]]
             if adt not in (None, "int64") or any(k != "scalar_int" for k in kinds):
-                raise NotImplementedError("kiln.onnx.export: arange other than int64 integers")
+                problems.append("arange other than int64 integers")
+                continue
             dtype[outs[0]] = "int64"
             ends = []
             for a, v in ((0, start), (1, end), (2, step)):
@@ -269,8 +276,8 @@ def export(program, path):
             empty_shape[outs[0]] = b.shape(n, 0, args[0][2])
         elif op == "copy_":
             if args[0][1] not in empty_shape:
-                raise NotImplementedError("kiln.onnx.export: copy_ into a tensor other than a "
-                                          "fresh empty one")
+                problems.append("copy_ into a tensor other than a fresh empty one")
+                continue
             dtype[outs[0]] = dtype[args[0][1]]
             src = x[1]
             if dtype[args[1][1]] != dtype[args[0][1]]:
@@ -280,10 +287,12 @@ def export(program, path):
         elif op == "_fused_attention":
             dropout, causal, scale = args[3][2], args[4][2], args[5][2]
             if dropout:
-                raise NotImplementedError("kiln.onnx.export: attention with dropout")
+                problems.append("attention with dropout")
+                continue
             used = {a[1] for _, aa, _ in g["nodes"] for a in aa if a[0] == "value"}
             if any(o in used or o in {oo[0] for oo in g["outputs"]} for o in outs[1:]):
-                raise NotImplementedError("kiln.onnx.export: attention's log-sum-exp is used")
+                problems.append("attention's log-sum-exp is used")
+                continue
             q, k, v = x[0], x[1], x[2]
             perm = list(range(r))
             perm[-1], perm[-2] = perm[-2], perm[-1]
@@ -314,8 +323,11 @@ def export(program, path):
                    pads=list(padding) * 2, dilations=dilation, ceil_mode=int(ceil))
             used = {a[1] for _, aa, _ in g["nodes"] for a in aa if a[0] == "value"}
             if outs[1] in used or outs[1] in {o[0] for o in g["outputs"]}:
-                raise NotImplementedError("kiln.onnx.export: max_pool2d's indices are used")
+                problems.append("max_pool2d's indices are used")
 
+    if problems:
+        raise NotImplementedError("kiln.onnx.export: " + "; ".join(dict.fromkeys(problems))
+                                  + "; nothing was written")
     outputs = []
     for (vid, name, dt, _), port in zip(g["outputs"], prog.outputs):
         b.node("Identity", [f"v{vid}"], [name])

@@ -5,12 +5,14 @@
 //                             names, tensors)
 //   p = _C.ExportedProgram.from_bytes(data, "<memory>")   # or ExportedProgram.load(path)
 //   p.run([x])   # [y];  p.describe(), p.inputs, p.outputs, p.weights
+//   c = _C._Calibrator(p); c.observe([x]); data = c.convert()   (kiln/quantization.h)
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include "kiln/compiler/compile.h"
 #include "kiln/exported_program.h"
+#include "kiln/quantization.h"
 #include "kiln/scalar_type.h"
 #include "python_args.h"
 
@@ -80,6 +82,42 @@ void bind_export(nb::module_& m) {
           out = p.run(in);
         }
         return nb::steal(wrap_list(out));
+      });
+  using quantization::Calibrator;
+  nb::class_<Calibrator>(m, "_Calibrator")
+      .def(nb::init<const ExportedProgram&>())
+      .def("observe",
+           [](Calibrator& c, nb::handle inputs) {
+             const TensorVec in = tensors_of(inputs, "prepare_pt2e");
+             TensorVec out;
+             {
+               nb::gil_scoped_release release;
+               out = c.observe(in);
+             }
+             return nb::steal(wrap_list(out));
+           })
+      .def_prop_ro("batches", &Calibrator::batches_observed)
+      .def_prop_ro("layers", &Calibrator::layers)
+      .def("convert",
+           [](const Calibrator& c) {
+             std::string b;
+             {
+               nb::gil_scoped_release release;
+               b = c.convert();
+             }
+             return nb::bytes(b.data(), b.size());
+           })
+      .def("error_report", [](const Calibrator& c, nb::handle inputs) {
+        const TensorVec in = tensors_of(inputs, "error_report");
+        std::vector<quantization::LayerError> rows;
+        {
+          nb::gil_scoped_release release;
+          rows = c.error_report(in);
+        }
+        nb::list out;
+        for (const auto& e : rows)
+          out.append(nb::make_tuple(e.layer, e.op, e.max_abs, e.mean_abs, e.sqnr_db));
+        return out;
       });
 }
 

@@ -23,6 +23,7 @@
 // another backend) draws the same counters as the eager call (Note [Counter-based RNG]).
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -137,6 +138,11 @@ void verify_or_throw(const Graph& g);
 // Executes the graph on `inputs` through the dispatcher (Note [Graph IR]); returns the graph
 // outputs. ValueError when the inputs do not match the graph's input specs.
 std::vector<Tensor> run(const Graph& g, const std::vector<Tensor>& inputs);
+// As run, calling on_node(i, outputs) once node i has run (calibration observers, per-layer
+// error reports); the interpreter keeps every value until the end, so nothing is freed meanwhile.
+using NodeObserver = std::function<void(size_t node, const std::vector<Tensor>& outputs)>;
+std::vector<Tensor> run(const Graph& g, const std::vector<Tensor>& inputs,
+                        const NodeObserver& on_node);
 
 // The node's arguments as a Stack, with `tensor(id)` for each referenced value (the
 // interpreter and the compiler's programs build their calls with it).

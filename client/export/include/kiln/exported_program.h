@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "kiln/compiler/compile.h"
+#include "kiln/ir.h"
 #include "kiln/safetensors.h"
 #include "kiln/tensor.h"
 
@@ -116,6 +117,12 @@ class ExportedProgram {
   // the input and dim for a wrong dtype, rank or static size, a symbol out of its range or bound
   // to two sizes; the meta functions then check everything else.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
+  // As run, calling on_node(i, outputs) after node i of the file's graph ran (the graph's
+  // nodes in file order, whatever the symbols): what calibration observes.
+  std::vector<Tensor> run_observed(const std::vector<Tensor>& inputs,
+                                   const ir::NodeObserver& on_node) const;
+  // The file's bytes as loaded (kiln::quantization rewrites them).
+  const std::string& bytes() const;
   // By name: every input, no other name; outputs by name.
   TensorMap run_named(const TensorMap& inputs) const;
 
