@@ -2,12 +2,14 @@
 // against naive references in double: quantize/dequantize (ties to even, clamping, NaN), the
 // per-channel weight quantizer, linear_int8 / conv2d_int8 against the float computation on the
 // dequantized operands (within 1 LSB), linear_int8_dynamic, the fake-quantize rows and their
-// straight-through gradients; non-contiguous inputs, zero sizes and bad input.
+// straight-through gradients; non-contiguous inputs, zero sizes and bad input; golden values from
+// PyTorch's quantized ops (tests/golden/quantized_golden.bin, make_quantized_golden.py).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
+#include "golden/golden_file.h"
 #include "kiln/autograd/autograd.h"
 #include "kiln/kiln.h"
 #include "test_util.h"
@@ -249,6 +251,9 @@ TEST(QuantizedTest, BadInputNamesTheArgument) {
     linear_int8(q, 0.1, 0, qw, from_vector<float>({1, -1, 1}, {3}), {}, 0.1, 0);
   });
   expect_error(ErrorKind::Type, "input", [&] { linear_int8_dynamic(q, qw, ws, {}); });
+  expect_error(ErrorKind::Value, "finite", [&] {
+    linear_int8_dynamic(from_vector<float>({1, 2, INFINITY, 0}, {1, 4}), qw, ws, {});
+  });
   Tensor cq = random({1, 4, 5, 5}, kUInt8, 0, 256), cw = random({2, 4, 3, 3}, kInt8, -127, 128);
   Tensor cs = random({2}, kFloat32, 0.01, 0.02);
   expect_error(ErrorKind::Value, "channels", [&] {
@@ -348,6 +353,45 @@ TEST(QuantizedTest, FakeQuantizePerChannelGradient) {
   }
   expect_ste(x.detach(), x.grad(), from_vector<double>(lo, {4, 3}),
              from_vector<double>(hi, {4, 3}));
+}
+
+Tensor golden_tensor(const std::map<std::string, Golden>& g, const std::string& name,
+                     ScalarType dtype) {
+  const Golden& v = g.at(name);
+  return from_vector<double>(v.values, v.sizes).to(dtype);
+}
+
+TEST(QuantizedGolden, MatchesPyTorch) {
+  auto g = read_golden_file("quantized_golden.bin");
+  ASSERT_FALSE(g.empty());
+  auto t = [&](const std::string& name, ScalarType dtype = kFloat32) {
+    return golden_tensor(g, name, dtype);
+  };
+  EXPECT_EQ(to_doubles(quantize_per_tensor(t("quantize.x"), 0.05, 120)),
+            g.at("quantize.codes").values);
+  {
+    Tensor x = t("fake.x").requires_grad_();
+    Tensor y = fake_quantize_per_tensor_affine(x, 0.1, 10, 0, 63);
+    autograd::backward({y.sum()});
+    expect_close(y, t("fake.y"), 1e-6, 1e-6);
+    EXPECT_EQ(to_doubles(x.grad()), g.at("fake.grad").values);
+  }
+  {
+    Tensor x = t("fake_pc.x").requires_grad_();
+    Tensor y = fake_quantize_per_channel_affine(x, t("fake_pc.scale"),
+                                                t("fake_pc.zero_point", kInt32), 1, -64, 63);
+    autograd::backward({y.sum()});
+    expect_close(y, t("fake_pc.y"), 1e-6, 1e-6);
+    EXPECT_EQ(to_doubles(x.grad()), g.at("fake_pc.grad").values);
+  }
+  for (bool relu : {false, true}) {
+    Tensor y = linear_int8(t("linear.x", kUInt8), 0.03, 117, t("linear.w", kInt8),
+                           t("linear.w_scale"), t("linear.b"), 0.05, 100, relu);
+    expect_codes(y, g.at(relu ? "linear.y_relu" : "linear.y").values);
+  }
+  Tensor y = conv2d_int8(t("conv.x", kUInt8), 0.02, 128, t("conv.w", kInt8), t("conv.w_scale"),
+                         t("conv.b"), {1, 1}, {1, 1}, {1, 1}, 2, 0.04, 64);
+  expect_codes(y, g.at("conv.y").values);
 }
 
 }  // namespace
