@@ -6,6 +6,7 @@ coordinator's rules in detail (bad requests, missing ranks): tests/coordinator/p
 import json
 import os
 import subprocess
+import urllib.request
 
 from gang_jobs import CLI, coordinator_and_workers, only_job, submit
 from test_remote_worker import start_worker, stop
@@ -39,12 +40,18 @@ SKEW_US = 30_000_000
 
 def test_profile_two_ranks_merged_and_aligned(tmp_path):
     skewed = dict(os.environ, KILN_WORKER_CLOCK_SKEW_US=str(SKEW_US))
-    with coordinator_and_workers(tmp_path, 1, coordinator_args=["--heartbeat-ms", "200"]) as address:
+    port_file = tmp_path / "dashboard.port"
+    with coordinator_and_workers(tmp_path, 1, coordinator_args=[
+            "--heartbeat-ms", "200", "--dashboard-listen", "127.0.0.1:0",
+            "--dashboard-port-file", str(port_file)]) as address:
         late, _ = start_worker(tmp_path, "w1", ["--coordinator", address], env=skewed)
         stop_file = tmp_path / "stop"
         sub = submit(address, tmp_path, DRIVER, 2, args=[stop_file])
         try:
-            assert sub.stdout.readline().strip() == "training"
+            seen = []
+            while not seen or seen[-1] not in ("training", ""):  # kiln submit's lines come first
+                seen.append(sub.stdout.readline().strip())
+            assert seen[-1] == "training", seen
             job = only_job(address)
             out = tmp_path / "merged.json"
             r = subprocess.run([CLI, "profile", job["job_id"], "--steps", "2", "-o", str(out),
@@ -99,6 +106,12 @@ def test_profile_two_ranks_merged_and_aligned(tmp_path):
         assert abs(a[0] - b[0]) < 2_000_000, (a, b)
         assert trace["otherData"]["base_unix_us"] > 0
 
-        # The job lists the profile.
+        # The job lists the profile, and the dashboard serves it.
         listed = only_job(address)["profiles"]
         assert len(listed) == 1 and listed[0]["ranks"] == [0, 1], listed
+        port = int(port_file.read_text())
+        url = f"http://127.0.0.1:{port}/api/jobs/{job['job_id']}"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert json.loads(r.read())["profiles"] == listed
+        with urllib.request.urlopen(f"{url}/profiles/{listed[0]['profile_id']}", timeout=10) as r:
+            assert r.read() == out.read_bytes()
