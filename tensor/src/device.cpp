@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "kiln/default_device.h"
 #include "kiln/error.h"
 
 namespace kiln {
@@ -40,5 +41,12 @@ std::string Device::str() const {
 }
 
 std::ostream& operator<<(std::ostream& os, Device d) { return os << d.str(); }
+
+namespace {
+thread_local Device t_default_device = kCPU;  // See kiln/default_device.h
+}  // namespace
+
+Device default_device() { return t_default_device; }
+void set_default_device(Device d) { t_default_device = d; }
 
 }  // namespace kiln

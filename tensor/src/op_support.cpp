@@ -1,6 +1,6 @@
 #include "op_support.h"
 
-
+#include "kiln/default_device.h"
 #include "kiln/generated/ops.h"
 
 namespace kiln::detail {
@@ -18,7 +18,7 @@ DispatchKeySet key_of_list(TensorList ts) {
 }
 
 DispatchKeySet device_key(const std::optional<Device>& d) {
-  return DispatchKeySet(backend_key(d ? d->type() : DeviceType::CPU));
+  return DispatchKeySet(backend_key(d ? d->type() : default_device().type()));
 }
 
 // torch.can_cast: no float -> integer, no non-bool -> bool.

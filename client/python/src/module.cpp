@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "kiln/autograd/node.h"
+#include "kiln/default_device.h"
 #include "kiln/generated/ops/pointwise.h"
 #include "python_args.h"
 
@@ -371,6 +372,15 @@ void bind_dtype_device(nb::module_& m) {
              return device_from_object(o.ptr(), other) && other == d;
            })
       .def("__hash__", [](const Device& d) { return std::hash<std::string>()(d.str()); });
+  // torch.set_default_device / get_default_device (kiln/default_device.h): per thread.
+  m.def("set_default_device", [](nb::handle d) {
+    Device dev;
+    KILN_CHECK(d.is_none() || device_from_object(d.ptr(), dev), Type,
+               "set_default_device: expected a device or a string such as 'cpu', got ",
+               nb::type_name(d.type()).c_str());
+    set_default_device(d.is_none() ? Device(kCPU) : dev);
+  });
+  m.def("get_default_device", [] { return default_device(); });
 
   nb::class_<Generator>(m, "Generator")
       .def(nb::init<>())

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "kiln/client/connection.h"
+#include "kiln/default_device.h"
 #include "kiln/dispatcher.h"
 #include "kiln/generated/ops.h"
 #include "kiln/generated/ops/copy.h"
@@ -95,6 +96,11 @@ void remote_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& s) {
     const Tensor& src = s[base + 1].to_tensor();
     if (dst.device() != src.device()) return transfer(op, ks, s);
   }
+  // A factory op given no device runs on the default one (kiln/default_device.h): name it, so
+  // that the worker makes the result on its own device.
+  for (int i = 0; i < info.num_args; ++i)
+    if (info.args[i].arg_type == ArgType::OptionalDevice && s[base + i].is_none())
+      s[base + i] = IValue(default_device());
   std::shared_ptr<Connection> conn = connection_for(op_device(op, s, base));
   std::vector<TensorSpec> specs = op.run_meta(s);
 

@@ -2,6 +2,8 @@
 // (..., S, E) and value (..., S, Ev) share their leading (batch, head) dims and dtype; the output
 // is (..., L, Ev) and the logsumexp (..., L), in float32 (float64 for float64 inputs).
 #include "kiln/generated/meta/attention.h"
+
+#include "kiln/default_device.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {
@@ -161,7 +163,7 @@ TensorSpec fused_attention_dropout_mask(IntArrayRef size, double dropout_p, int6
   for (int64_t s : size) KILN_CHECK(s >= 0, Value, op, ": sizes must be non-negative, got ", size);
   ScalarType t = dtype.value_or(kFloat32);
   KILN_CHECK(is_floating(t), Type, op, ": expected a floating dtype, got ", t);
-  return contiguous_spec(size, t, device.value_or(kCPU));
+  return contiguous_spec(size, t, device ? *device : default_device());
 }
 
 }  // namespace kiln::meta

@@ -1,14 +1,16 @@
 // Meta functions for creation and copy ops (tensor/ops/creation.toml, copy.toml).
+#include "kiln/generated/meta/creation.h"
+
 #include <cmath>
 
+#include "kiln/default_device.h"
 #include "kiln/generated/meta/copy.h"
-#include "kiln/generated/meta/creation.h"
 #include "kiln/generated/meta/unary.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {
 
-static Device dev_or_cpu(std::optional<Device> d) { return d.value_or(kCPU); }
+static Device dev_or_cpu(std::optional<Device> d) { return d ? *d : default_device(); }
 
 TensorSpec empty(IntArrayRef size, std::optional<ScalarType> dtype, std::optional<Device> device) {
   for (int64_t s : size) KILN_CHECK(s >= 0, Value, "empty: negative dimension ", s, " in size ", size);

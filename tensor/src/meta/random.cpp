@@ -1,10 +1,12 @@
 // Meta functions for the random ops (tensor/ops/random.toml). They validate everything that
 // does not need data; bernoulli's probability range is checked by the kernels.
+#include "kiln/generated/meta/random.h"
+
 #include <cmath>
 #include <limits>
 
+#include "kiln/default_device.h"
 #include "kiln/generated/meta/creation.h"
-#include "kiln/generated/meta/random.h"
 #include "kiln/meta.h"
 
 namespace kiln::meta {
@@ -54,14 +56,14 @@ TensorSpec rand(IntArrayRef size, std::optional<Generator>, std::optional<Scalar
                 std::optional<Device> device) {
   ScalarType t = dtype.value_or(kFloat32);
   check_floating("rand", t);
-  return contiguous_spec(checked_size("rand", size), t, device.value_or(kCPU));
+  return contiguous_spec(checked_size("rand", size), t, device ? *device : default_device());
 }
 
 TensorSpec randn(IntArrayRef size, std::optional<Generator>, std::optional<ScalarType> dtype,
                  std::optional<Device> device) {
   ScalarType t = dtype.value_or(kFloat32);
   check_floating("randn", t);
-  return contiguous_spec(checked_size("randn", size), t, device.value_or(kCPU));
+  return contiguous_spec(checked_size("randn", size), t, device ? *device : default_device());
 }
 
 TensorSpec randint(int64_t low, int64_t high, IntArrayRef size, std::optional<Generator>,
@@ -72,7 +74,7 @@ TensorSpec randint(int64_t low, int64_t high, IntArrayRef size, std::optional<Ge
   // Every value of [low, high - 1] must be representable (exactly, for floating dtypes).
   KILN_CHECK(low >= lowest(t) && high - 1 <= exact_max(t), Value, "randint: range [", low, ", ",
              high, ") does not fit in dtype ", t);
-  return contiguous_spec(checked_size("randint", size), t, device.value_or(kCPU));
+  return contiguous_spec(checked_size("randint", size), t, device ? *device : default_device());
 }
 
 TensorSpec normal_(const Tensor& self, double mean, double stddev, std::optional<Generator>) {
@@ -104,7 +106,7 @@ TensorSpec randperm(int64_t n, std::optional<Generator>, std::optional<ScalarTyp
   KILN_CHECK(n >= 0, Value, "randperm: n must be non-negative, got ", n);
   KILN_CHECK(n == 0 || n - 1 <= exact_max(t), Value, "randperm: n=", n,
              " is too large for dtype ", t);
-  return contiguous_spec({n}, t, device.value_or(kCPU));
+  return contiguous_spec({n}, t, device ? *device : default_device());
 }
 
 }  // namespace kiln::meta
