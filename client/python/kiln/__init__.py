@@ -22,13 +22,18 @@ from kiln import autograd  # noqa: F401
 from kiln import nn, optim, func, utils  # noqa: F401,E402
 from kiln.serialization import save, load  # noqa: F401,E402
 from kiln.amp import autocast, is_autocast_enabled, get_autocast_dtype  # noqa: F401,E402
-from kiln import distributed  # noqa: F401,E402
 from kiln.remote import connect, Session  # noqa: F401,E402
-from kiln._compile import compile  # noqa: F401,E402  (shadows the builtin, as torch.compile does)
 from kiln import profiler  # noqa: F401,E402
-from kiln import batch  # noqa: F401,E402
-from kiln._export import export, load_program, Dim, ExportedProgram  # noqa: F401,E402
-from kiln import nested  # noqa: F401,E402
-from kiln.nested import jagged  # noqa: F401,E402
-from kiln import ao  # noqa: F401,E402
-from kiln.ao.quantization import qint8, quint8  # noqa: F401,E402
+if _C._client_only:
+    # The thin client's package (cmake -DKILN_CLIENT_ONLY=ON): every op runs on a worker, and
+    # what needs the compiler, kiln::dist or kernels on this side says so when called.
+    from kiln._client_only import compile, export, load_program  # noqa: F401,E402
+else:
+    from kiln import distributed  # noqa: F401,E402
+    from kiln._compile import compile  # noqa: F401,E402  (shadows the builtin, as torch.compile does)
+    from kiln import batch  # noqa: F401,E402
+    from kiln._export import export, load_program, Dim, ExportedProgram  # noqa: F401,E402
+    from kiln import nested  # noqa: F401,E402
+    from kiln.nested import jagged  # noqa: F401,E402
+    from kiln import ao  # noqa: F401,E402
+    from kiln.ao.quantization import qint8, quint8  # noqa: F401,E402

@@ -17,16 +17,6 @@ using autograd::variable_list;
 
 namespace {
 
-// A Python callable owned from C++ (hooks, custom backward): released with the GIL held.
-using PyRef = std::shared_ptr<nb::object>;
-PyRef hold(nb::handle o) {
-  return PyRef(new nb::object(nb::borrow(o)), [](nb::object* p) {
-    if (!Py_IsInitialized()) return;  // interpreter gone: leak rather than crash
-    nb::gil_scoped_acquire gil;
-    delete p;
-  });
-}
-
 nb::object to_py(const Tensor& t) { return nb::steal(wrap(t)); }
 
 Tensor tensor_or_undefined(nb::handle o, const char* what) {

@@ -1,6 +1,5 @@
 // kiln._C's bindings of the function transforms (kiln/autograd/functional.h), activation
-// checkpointing (kiln/autograd/checkpoint.h), autocast (kiln/autocast.h) and kiln.compile
-// (kiln/compiler/compile.h). The transforms take
+// checkpointing (kiln/autograd/checkpoint.h) and autocast (kiln/autocast.h). The transforms take
 // Python callables over flat lists of tensors; kiln/func.py flattens pytrees onto them.
 //
 //   grads, value = _C._func_grad_and_value(lambda xs: (xs[0] * xs[1]).sum(), [x, y], [0, 1])
@@ -14,28 +13,12 @@
 #include "kiln/autocast.h"
 #include "kiln/autograd/checkpoint.h"
 #include "kiln/autograd/functional.h"
-#include "kiln/compiler/compile.h"
 #include "python_args.h"
 
 namespace kiln::python {
 namespace {
 
 using TensorVec = std::vector<Tensor>;
-
-// A Python callable owned by C++ closures (copied freely, possibly dropped on another thread):
-// released with the GIL held.
-using PyRef = std::shared_ptr<nb::object>;
-PyRef hold(nb::handle o) {
-  return PyRef(new nb::object(nb::borrow(o)), [](nb::object* p) {
-    if (PyGILState_Check()) {  // includes interpreter shutdown, when Py_IsInitialized() is false
-      delete p;
-      return;
-    }
-    if (!Py_IsInitialized()) return;  // interpreter gone: leak rather than crash
-    nb::gil_scoped_acquire gil;
-    delete p;
-  });
-}
 
 nb::list to_list(const TensorVec& ts) {
   nb::list l;
@@ -64,19 +47,6 @@ func::MultiFn as_multi_fn(nb::handle fn, const char* what) {
   };
 }
 
-// fn(list of tensors) -> list of tensors, for kiln.compile (See call_captured in
-// python_args.h). It holds `fn` weakly: kiln/_compile.py keeps it, and a strong reference from
-// C++, which Python's cycle collector cannot see, would keep the function's globals alive forever.
-compiler::Fn as_compiled_fn(nb::handle fn) {
-  PyRef ref = hold(nb::module_::import_("weakref").attr("ref")(fn));
-  return [ref](const TensorVec& xs) -> TensorVec {
-    nb::gil_scoped_acquire gil;
-    nb::object f = (*ref)();
-    KILN_CHECK(!f.is_none(), Runtime, "kiln.compile: the compiled function was released");
-    return call_captured(f, xs, "kiln.compile");
-  };
-}
-
 struct Autocast {
   std::unique_ptr<AutocastGuard> guard;
 };
@@ -85,38 +55,7 @@ DeviceType device_type_of(const std::string& s) { return Device(s).type(); }
 
 }  // namespace
 
-TensorVec call_captured(nb::handle fn, const TensorVec& args, const char* what) {
-  TensorVec out;
-  {
-    nb::object r = nb::borrow(fn)(to_list(args));
-    out = tensors_of(r, what);
-  }  // the call's result is released before the collection
-  if (compiler::is_capturing()) nb::module_::import_("gc").attr("collect")();
-  return out;
-}
-
 void bind_func(nb::module_& m) {
-  nb::class_<compiler::CompiledFunction>(m, "_CompiledFunction")
-      .def("__call__",
-           [](compiler::CompiledFunction& f, nb::handle args) {
-             return to_list(f(tensors_of(args, "kiln.compile")));
-           })
-      .def("explain",
-           [](const compiler::CompiledFunction& f) {
-             nb::list l;
-             for (const compiler::Event& e : f.explain())
-               l.append(nb::make_tuple(compiler::event_kind_name(e.kind), e.reason));
-             return l;
-           })
-      .def_prop_ro("num_programs", &compiler::CompiledFunction::num_programs)
-      .def_prop_ro("num_recompiles", &compiler::CompiledFunction::num_recompiles)
-      .def_prop_ro("num_replays", &compiler::CompiledFunction::num_replays)
-      .def("graph_str", &compiler::CompiledFunction::graph_str)
-      .def("saved_activation_bytes", &compiler::CompiledFunction::saved_activation_bytes)
-      .def("reset", &compiler::CompiledFunction::reset);
-  m.def("_compile", [](nb::handle fn, int recompile_limit) {
-    return compiler::compile(as_compiled_fn(fn), compiler::Options{.recompile_limit = recompile_limit});
-  });
   m.def("_func_transform_depth", &func::transform_depth);
   m.def("_func_vjp", [](nb::handle fn, nb::handle primals) {
     auto [out, vjp_fn] = func::vjp(as_fn(fn, "vjp"), tensors_of(primals, "vjp"));

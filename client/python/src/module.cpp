@@ -27,6 +27,7 @@ void bind_profiler(nb::module_& m);                           // bind_profiler.c
 void bind_batch(nb::module_& m);                              // bind_batch.cpp
 void bind_export(nb::module_& m);                             // bind_export.cpp
 void bind_onnx(nb::module_& m);                               // bind_onnx.cpp
+void bind_compile(nb::module_& m);                            // bind_compile.cpp
 
 namespace {
 
@@ -449,13 +450,19 @@ NB_MODULE(_C, m) {
   bind_nn(m);
   bind_func(m);
   bind_io(m);
-  bind_dist(m);
-  bind_pipelining(m);
   bind_remote(m);
   bind_profiler(m);
+#ifdef KILN_CLIENT_ONLY
+  m.attr("_client_only") = true;  // no compiler, kiln::dist, exported programs or ONNX
+#else
+  m.attr("_client_only") = false;
+  bind_compile(m);
+  bind_dist(m);
+  bind_pipelining(m);
   bind_batch(m);
   bind_export(m);
   bind_onnx(m);
+#endif
   if (PyModule_AddFunctions(m.ptr(), kOpFunctions) < 0) throw nb::python_error();
   set_warning_handler(&python_warning);
   // The dtype objects go before nanobind's leak check at exit.

@@ -472,4 +472,16 @@ void set_python_error() {
   }
 }
 
+PyRef hold(nb::handle o) {
+  return PyRef(new nb::object(nb::borrow(o)), [](nb::object* p) {
+    if (PyGILState_Check()) {  // includes interpreter shutdown, when Py_IsInitialized() is false
+      delete p;
+      return;
+    }
+    if (!Py_IsInitialized()) return;  // interpreter gone: leak rather than crash
+    nb::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
 }  // namespace kiln::python

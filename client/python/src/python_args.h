@@ -26,6 +26,7 @@
 #include <nanobind/nanobind.h>
 
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -131,10 +132,16 @@ inline bool is_tensor(PyObject* o) { return PyObject_TypeCheck(o, g_tensor_type)
 inline Tensor& unwrap(PyObject* o) { return *nb::inst_ptr<Tensor>(o); }
 PyObject* wrap(Tensor t);  // None for an undefined tensor
 PyObject* wrap_list(const std::vector<Tensor>& ts);
+// A Python object owned by C++ closures and nodes (hooks, custom backward, transforms; copied
+// freely, possibly dropped on another thread): released with the GIL held, and leaked rather
+// than released once the interpreter is gone.
+using PyRef = std::shared_ptr<nb::object>;
+PyRef hold(nb::handle o);
 // fn(list of `args`) as a list of Tensors (TypeError naming `what` otherwise), for a function
 // kiln::compiler captures (kiln.compile, kiln.batch.save_job, kiln.export): while it captures,
 // Python's cycle collector runs after the call, so that only what the function really keeps
-// counts as held (check_escapes in compiler/src/capture.cpp). Defined in bind_func.cpp.
+// counts as held (check_escapes in compiler/src/capture.cpp). Defined in bind_compile.cpp, which
+// a client-only build (KILN_CLIENT_ONLY) leaves out with the compiler.
 std::vector<Tensor> call_captured(nb::handle fn, const std::vector<Tensor>& args, const char* what);
 // The Tensors of a Python sequence; TypeError naming `what` for anything else.
 inline std::vector<Tensor> tensors_of(nb::handle seq, const char* what) {
