@@ -118,26 +118,13 @@ bool dnnl_conv(Pass pass, const ConvGeom& g, memory::data_type dt, const Tensor&
     }
     sync_omp_threads();
     stream s(eng);
-    // Temporaries (blocked layouts, scratchpad) come from Kiln's caching allocator: steady-state
-    // training then maps no new memory.
-    std::vector<Tensor> temps;
-    auto temp = [&](const memory::desc& md) {
-      temps.push_back(empty_on({static_cast<int64_t>(md.get_size())}, kUInt8, kCPU));
-      return memory(md, eng, temps.back().impl()->raw_data());
-    };
-    // A plain operand in the layout the primitive wants (reordered into a temporary if needed).
-    auto bring_in = [&](const Tensor& t, const memory::dims& d, const memory::desc& want) {
-      memory user(plain(d), eng, t.impl()->raw_data());
-      if (want == user.get_desc()) return user;
-      memory m = temp(want);
-      reorder(user, m).execute(s, user, m);
-      return m;
-    };
-    memory am = bring_in(a, adims, amd), bm = bring_in(b, bdims, bmd);
+    DnnlTemps temps(s);
+    memory am = temps.bring_in(a, plain(adims), amd), bm = temps.bring_in(b, plain(bdims), bmd);
     memory user_out(plain(odims), eng, out.impl()->raw_data());
     const bool direct = omd == user_out.get_desc();
-    memory om = direct ? user_out : temp(omd);
-    prim.execute(s, {{aarg, am}, {barg, bm}, {oarg, om}, {DNNL_ARG_SCRATCHPAD, temp(scratch)}});
+    memory om = direct ? user_out : temps.make(omd);
+    prim.execute(s,
+                 {{aarg, am}, {barg, bm}, {oarg, om}, {DNNL_ARG_SCRATCHPAD, temps.make(scratch)}});
     if (!direct) reorder(om, user_out).execute(s, om, user_out);
     s.wait();
     return true;

@@ -15,8 +15,10 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
+#include <vector>
 
 #include "kiln/parallel.h"
+#include "kiln/tensor.h"
 
 namespace kiln::kernels {
 
@@ -30,6 +32,30 @@ inline void sync_omp_threads() {
   int nt = get_num_threads();
   if (omp_get_max_threads() != nt) omp_set_num_threads(nt);
 }
+
+// Temporaries for a primitive's run (blocked layouts, reordered operands, the scratchpad) from
+// Kiln's caching allocator, so that steady-state training maps no new memory; freed with this.
+class DnnlTemps {
+ public:
+  explicit DnnlTemps(dnnl::stream& s) : s_(s) {}
+  dnnl::memory make(const dnnl::memory::desc& md) {
+    temps_.push_back(empty_on({static_cast<int64_t>(md.get_size())}, kUInt8, kCPU));
+    return dnnl::memory(md, dnnl_engine(), temps_.back().impl()->raw_data());
+  }
+  // `t` (laid out as `user`) as the primitive wants it: itself, or reordered into a temporary.
+  dnnl::memory bring_in(const Tensor& t, const dnnl::memory::desc& user,
+                        const dnnl::memory::desc& want) {
+    dnnl::memory m(user, dnnl_engine(), t.impl()->raw_data());
+    if (want == user) return m;
+    dnnl::memory r = make(want);
+    dnnl::reorder(m, r).execute(s_, m, r);
+    return r;
+  }
+
+ private:
+  dnnl::stream& s_;
+  std::vector<Tensor> temps_;
+};
 
 // True when oneDNN picked its reference (unoptimized) implementation: bfloat16/float16 on a CPU
 // without AVX-512 (BF16) support. Callers then compute in float32 instead.

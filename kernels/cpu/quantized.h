@@ -4,12 +4,14 @@
 //
 //   float r = round_half_even(x / scale);                  // vectorizes (no libm call)
 //   uint8_t q = quantize_u8(x, scale, zero_point);         // clamp(r + zp, 0, 255)
-//   QParams p = choose_qparams_u8(lo, hi);                 // a range's asymmetric uint8 params
+//   QParams p = choose_qparams_u8(lo, hi);                 // kiln/qparams.h
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include "kiln/qparams.h"
 
 namespace kiln::kernels::quant {
 
@@ -71,22 +73,7 @@ inline void min_max_n(const float* x, int64_t n, float& lo, float& hi) {
   for (int64_t j = 0; j < kLanes; ++j) lo = std::min(lo, l[j]), hi = std::max(hi, h[j]);
 }
 
-struct QParams {
-  float scale;
-  int32_t zero_point;
-};
-
-// Asymmetric uint8 parameters covering [lo, hi] widened to contain 0 (so 0 is exact, as padding
-// and relu need): scale = (hi - lo) / 255, zero_point = clamp(round(-lo / scale), 0, 255); an
-// all-zero range gets scale 1.
-inline QParams choose_qparams_u8(float lo, float hi) {
-  lo = std::min(lo, 0.0f);
-  hi = std::max(hi, 0.0f);
-  float scale = (hi - lo) / 255.0f;
-  if (!(scale > 0) || !std::isfinite(scale)) scale = 1.0f;
-  const float zp =
-      clamp_nan_low(round_half_even(clamp_nan_low(-lo / scale, -1.0f, 256.0f)), 0.0f, 255.0f);
-  return {scale, static_cast<int32_t>(zp)};
-}
+using kiln::choose_qparams_u8;  // kiln/qparams.h
+using kiln::QParams;
 
 }  // namespace kiln::kernels::quant

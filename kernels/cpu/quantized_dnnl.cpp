@@ -62,26 +62,35 @@ Tensor bias_only(IntArrayRef sizes, int64_t cdim, const std::optional<Tensor>& b
   return relu ? kiln::relu(y) : y;
 }
 
+// The weight scales as floats, each checked to be a positive finite number (ValueError naming
+// `op` otherwise).
+std::vector<float> checked_weight_scales(const Tensor& weight_scale, const char* op) {
+  Tensor ws = weight_scale.contiguous();
+  const float* w = ws.data_ptr<float>();
+  std::vector<float> out(w, w + ws.numel());
+  for (size_t i = 0; i < out.size(); ++i)
+    KILN_CHECK(std::isfinite(out[i]) && out[i] > 0, Value, op,
+               ": expected every weight_scale to be a positive finite number, got weight_scale[", i,
+               "] = ", out[i]);
+  return out;
+}
+
+// The bias as a float vector (empty when there is none).
+std::vector<float> bias_vector(const std::optional<Tensor>& bias) {
+  if (!bias || !bias->defined()) return {};
+  Tensor b = bias->contiguous();
+  return std::vector<float>(b.data_ptr<float>(), b.data_ptr<float>() + b.numel());
+}
+
 // Per-channel quantization parameters as float vectors: scales[n] = in_scale * w_scale[n] /
 // out_scale, bias'[n] = bias[n] / (in_scale * w_scale[n]) (Note [oneDNN int8 scales]).
 void fold_scales(const Tensor& weight_scale, const std::optional<Tensor>& bias, float in_scale,
                  float out_scale, std::vector<float>& scales, std::vector<float>& bias_q) {
-  Tensor ws = weight_scale.contiguous();
-  const float* w = ws.data_ptr<float>();
-  const int64_t n = ws.numel();
-  scales.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    KILN_CHECK(std::isfinite(w[i]) && w[i] > 0, Value,
-               "conv2d_int8: expected every weight_scale to be a positive finite number, "
-               "got weight_scale[",
-               i, "] = ", w[i]);
-    scales[i] = in_scale * w[i] / out_scale;
-  }
-  if (!bias || !bias->defined()) return;
-  Tensor b = bias->contiguous();
-  const float* bp = b.data_ptr<float>();
-  bias_q.resize(n);
-  for (int64_t i = 0; i < n; ++i) bias_q[i] = bp[i] / (in_scale * w[i]);
+  const std::vector<float> w = checked_weight_scales(weight_scale, "conv2d_int8");
+  scales.resize(w.size());
+  for (size_t i = 0; i < w.size(); ++i) scales[i] = in_scale * w[i] / out_scale;
+  bias_q = bias_vector(bias);
+  for (size_t i = 0; i < bias_q.size(); ++i) bias_q[i] /= in_scale * w[i];
 }
 
 #if KILN_HAVE_DNNL
@@ -189,20 +198,9 @@ void matmul_epilogue(const Tensor& acc, const std::vector<float>& scale,
 // Per-channel s_x * s_w[n] (checking the weight scales) and the bias as a float vector.
 void linear_scales(const Tensor& weight_scale, const std::optional<Tensor>& bias, float in_scale,
                    std::vector<float>& scales, std::vector<float>& bias_v) {
-  Tensor ws = weight_scale.contiguous();
-  const float* w = ws.data_ptr<float>();
-  const int64_t n = ws.numel();
-  scales.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    KILN_CHECK(std::isfinite(w[i]) && w[i] > 0, Value,
-               "int8 linear: expected every weight_scale to be a positive finite number, got "
-               "weight_scale[",
-               i, "] = ", w[i]);
-    scales[i] = in_scale * w[i];
-  }
-  if (!bias || !bias->defined()) return;
-  Tensor b = bias->contiguous();
-  bias_v.assign(b.data_ptr<float>(), b.data_ptr<float>() + n);
+  scales = checked_weight_scales(weight_scale, "int8 linear");
+  for (float& v : scales) v *= in_scale;
+  bias_v = bias_vector(bias);
 }
 
 #if KILN_HAVE_DNNL
@@ -250,27 +248,16 @@ void run_conv(const Tensor& x, int32_t x_zp, const Tensor& w, const std::vector<
     convolution_forward::primitive_desc pd(desc, attr, eng);
     sync_omp_threads();
     stream s(eng);
-    std::vector<Tensor> temps;
-    auto temp = [&](const memory::desc& md) {
-      temps.push_back(empty_on({static_cast<int64_t>(md.get_size())}, kUInt8, kCPU));
-      return memory(md, eng, temps.back().impl()->raw_data());
-    };
-    auto bring_in = [&](const Tensor& t, const memory::desc& user_md, const memory::desc& want) {
-      memory user(user_md, eng, t.impl()->raw_data());
-      if (want == user_md) return user;
-      memory m = temp(want);
-      reorder(user, m).execute(s, user, m);
-      return m;
-    };
-    memory xm = bring_in(x, {src, dt::u8, tag::abcd}, pd.src_desc());
-    memory wm = bring_in(w, {wei, dt::s8, wei_tag}, pd.weights_desc());
+    DnnlTemps temps(s);
+    memory xm = temps.bring_in(x, {src, dt::u8, tag::abcd}, pd.src_desc());
+    memory wm = temps.bring_in(w, {wei, dt::s8, wei_tag}, pd.weights_desc());
     memory user_out({dst, dt::u8, tag::abcd}, eng, out.impl()->raw_data());
     const bool direct = pd.dst_desc() == user_out.get_desc();
-    memory om = direct ? user_out : temp(pd.dst_desc());
+    memory om = direct ? user_out : temps.make(pd.dst_desc());
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xm},
                                          {DNNL_ARG_WEIGHTS, wm},
                                          {DNNL_ARG_DST, om},
-                                         {DNNL_ARG_SCRATCHPAD, temp(pd.scratchpad_desc())}};
+                                         {DNNL_ARG_SCRATCHPAD, temps.make(pd.scratchpad_desc())}};
     if (!bias_q.empty())
       args.emplace(DNNL_ARG_BIAS, memory(bias_md, eng, const_cast<float*>(bias_q.data())));
     convolution_forward(pd).execute(s, args);

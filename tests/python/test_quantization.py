@@ -117,14 +117,24 @@ def test_digits_int8_accuracy_within_one_point():
         model = _train(make(), xtr, y_tr, epochs)
         fp32 = _acc(model, xte, y_te)
         if name == "mlp":
-            dyn = _acc(torch.ao.quantization.quantize_dynamic(model, {nn.Linear},
-                                                              dtype=torch.qint8), xte, y_te)
+            dq = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+            dyn = _acc(dq, xte, y_te)
             report.append(f"mlp dynamic int8 {dyn:.4f} vs fp32 {fp32:.4f}")
             assert dyn >= fp32 - 0.01, report
+            layers = torch.ao.quantization.error_report(model, dq, xte)
+            assert [(r[0], r[1]) for r in layers] == [("0", "dynamic.Linear"),
+                                                      ("2", "dynamic.Linear")], layers
+            assert all(r[4] > 20 for r in layers), layers.table()
         # QAT: fine-tune the trained float model with fake quantization, then convert.
         qat = torch.ao.quantization.prepare_qat(model)
         _train(qat, xtr, y_tr, 3, lr=5e-4, seed=1)
-        int8 = _acc(torch.ao.quantization.convert(qat.eval()), xte, y_te)
+        qmodel = torch.ao.quantization.convert(qat.eval())
+        int8 = _acc(qmodel, xte, y_te)
         report.append(f"{name} QAT int8 {int8:.4f} vs fp32 {fp32:.4f}")
         assert int8 >= fp32 - 0.01, report
+        # Per layer, against the float model the QAT run started from.
+        layers = torch.ao.quantization.error_report(model, qmodel, xte)
+        assert len(layers) == (2 if name == "mlp" else 3), layers
+        assert "SQNR dB" in str(layers) and all(r[3] <= r[2] for r in layers), layers.table()
+        report.append(layers.table())
     print("\n".join(report))

@@ -12,6 +12,7 @@
 #include "kiln/generated/ops.h"
 #include "kiln/operators.h"
 #include "kiln/proto/codec.h"
+#include "kiln/qparams.h"
 #include "kiln/quantization.h"
 #include "kiln/safetensors.h"
 #include "symbolic.h"
@@ -54,19 +55,8 @@ struct Range {
   bool seen() const { return lo <= hi; }
 };
 
-struct QParams {
-  double scale = 1;
-  int64_t zero_point = 0;
-};
-
-// uint8 asymmetric parameters for `r`, with 0 inside the range (a zero pad or relu's 0 exact).
-QParams qparams_of(const Range& r) {
-  const double lo = std::min<double>(r.lo, 0), hi = std::max<double>(r.hi, 0);
-  QParams q;
-  q.scale = std::max(hi - lo, 1e-8) / 255;
-  q.zero_point = std::clamp<int64_t>(std::llround(-lo / q.scale), 0, 255);
-  return q;
-}
+// The parameters of an observed range (kiln/qparams.h).
+QParams qparams_of(const Range& r) { return choose_qparams_u8(r.lo, r.hi); }
 
 bool is_float(const TensorSpec& s) { return s.dtype == kFloat32; }
 

@@ -3,6 +3,7 @@
 // build (KILN_CLIENT_ONLY) has no compiler and leaves this file out.
 //
 //   f = _C._compile(fn, 8); outs = f([x]); f.explain()
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 

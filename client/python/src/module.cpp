@@ -12,6 +12,7 @@
 #include "kiln/autograd/node.h"
 #include "kiln/default_device.h"
 #include "kiln/generated/ops/pointwise.h"
+#include "kiln/qparams.h"
 #include "python_args.h"
 
 namespace kiln::python {
@@ -382,6 +383,10 @@ void bind_dtype_device(nb::module_& m) {
     set_default_device(d.is_none() ? Device(kCPU) : dev);
   });
   m.def("get_default_device", [] { return default_device(); });
+  m.def("_choose_qparams_u8", [](float lo, float hi) {  // kiln/qparams.h
+    const QParams p = choose_qparams_u8(lo, hi);
+    return std::make_pair(static_cast<double>(p.scale), p.zero_point);
+  });
 
   nb::class_<Generator>(m, "Generator")
       .def(nb::init<>())

@@ -71,6 +71,17 @@ void check_qrange(const char* op, int64_t zero_point, int64_t quant_min, int64_t
              "], got ", zero_point);
 }
 
+// A static int8 op's uint8 input and its input and output quantization parameters.
+void check_static_qparams(const char* op, const Tensor& input, double input_scale,
+                          int64_t input_zero_point, double output_scale,
+                          int64_t output_zero_point) {
+  check_dtype(op, "input", input, kUInt8);
+  check_scale(op, "input_scale", input_scale);
+  check_zero_point(op, "input_zero_point", input_zero_point);
+  check_scale(op, "output_scale", output_scale);
+  check_zero_point(op, "output_zero_point", output_zero_point);
+}
+
 }  // namespace
 
 TensorSpec quantize_per_tensor(const Tensor& input, double scale, int64_t zero_point) {
@@ -103,11 +114,7 @@ TensorSpec linear_int8(const Tensor& input, double input_scale, int64_t input_ze
                        const std::optional<Tensor>& bias, double output_scale,
                        int64_t output_zero_point, bool relu) {
   const char* op = "linear_int8";
-  check_dtype(op, "input", input, kUInt8);
-  check_scale(op, "input_scale", input_scale);
-  check_zero_point(op, "input_zero_point", input_zero_point);
-  check_scale(op, "output_scale", output_scale);
-  check_zero_point(op, "output_zero_point", output_zero_point);
+  check_static_qparams(op, input, input_scale, input_zero_point, output_scale, output_zero_point);
   DimVector out = linear_shape(op, input, weight);
   check_weight(op, weight, weight_scale, bias);
   return contiguous_spec(out, kUInt8, common_device(op, input, weight, weight_scale));
@@ -119,11 +126,7 @@ TensorSpec conv2d_int8(const Tensor& input, double input_scale, int64_t input_ze
                        IntArrayRef dilation, int64_t groups, double output_scale,
                        int64_t output_zero_point, bool relu) {
   const char* op = "conv2d_int8";
-  check_dtype(op, "input", input, kUInt8);
-  check_scale(op, "input_scale", input_scale);
-  check_zero_point(op, "input_zero_point", input_zero_point);
-  check_scale(op, "output_scale", output_scale);
-  check_zero_point(op, "output_zero_point", output_zero_point);
+  check_static_qparams(op, input, input_scale, input_zero_point, output_scale, output_zero_point);
   KILN_CHECK(input.dim() == 4, Value, op, ": expected a 4-D (N, C, H, W) input, got input of size ",
              input.sizes());
   KILN_CHECK(weight.dim() == 4, Value, op,

@@ -11,18 +11,21 @@ examples use (Sequential MLPs and CNNs of Linear, Conv2d, ReLU, MaxPool2d, Flatt
   own input. Modules other than Sequential are left in float.
 - convert(model): the trained QAT model as eager int8 modules (ao.nn.quantized), QTensors flowing
   between them; other modules run on dequantized floats.
+- error_report(float_model, quantized_model, x): per quantized layer, its output against the
+  float model's (quantize_pt2e.error_report is the same for exported programs).
 
 Both prepare_qat and convert copy the model unless inplace=True; use their return values.
 """
 import copy
 
 from kiln import Tensor, nn
+from kiln.autograd.grad_mode import no_grad
 from kiln.ao.nn import qat
 from kiln.ao.nn import quantized as nnq
 from kiln.ao.nn.quantized import dynamic as nnqd
 
 __all__ = ["qint8", "quint8", "quantize_dynamic", "prepare_qat", "convert", "QuantStub",
-           "DeQuantStub", "QuantWrapper", "FakeQuantize"]
+           "DeQuantStub", "QuantWrapper", "FakeQuantize", "error_report", "ErrorReport"]
 
 FakeQuantize = qat.FakeQuantize
 
@@ -199,3 +202,62 @@ def convert(module, mapping=None, inplace=False, remove_qconfig=True):
     module = _convert_module(module)
     module.eval()
     return module
+
+
+class ErrorReport(list):
+    """Per quantized layer (layer, op, max_abs, mean_abs, sqnr_db): the quantized output against
+    the float one; str() is a table."""
+
+    def table(self):
+        lines = [f"{'layer':<24} {'op':<20} {'max abs err':>12} {'mean abs err':>12} "
+                 f"{'SQNR dB':>8}"]
+        for layer, op, mx, mean, sqnr in self:
+            lines.append(f"{layer:<24} {op:<20} {mx:>12.5f} {mean:>12.5f} {sqnr:>8.1f}")
+        return "\n".join(lines)
+
+    __str__ = table
+
+
+def layer_error(ref, got):
+    """(max_abs, mean_abs, sqnr_db) of `got` against `ref` (float64; SQNR 300 for no error)."""
+    import math
+    ref, got = ref.double(), got.double().reshape(ref.shape)
+    err = got - ref
+    if err.numel() == 0:
+        return 0.0, 0.0, 300.0
+    noise, signal = float((err * err).sum()), float((ref * ref).sum())
+    return (float(err.abs().max()), float(err.abs().mean()),
+            10 * math.log10(signal / noise) if noise > 0 else 300.0)
+
+
+def _children(model):
+    """(before, Sequential, after) of a Sequential model or a QuantWrapper around one."""
+    if isinstance(model, QuantWrapper):
+        return model.quant, model.module, model.dequant
+    return None, model, None
+
+
+def error_report(float_model, quantized_model, x):
+    """Per quantized layer of a Sequential model (quantize_dynamic's or convert's result) its
+    output, dequantized, against the float model's child of the same name, each model running on
+    its own stream from `x` (so errors accumulate as in use): an ErrorReport."""
+    qpre, qseq, qpost = _children(quantized_model)
+    _, fseq, _ = _children(float_model)
+    if not isinstance(qseq, nn.Sequential) or not isinstance(fseq, nn.Sequential):
+        raise TypeError("error_report: expects Sequential models (or a QuantWrapper around one)")
+    fchildren = dict(fseq.named_children())
+    report = ErrorReport()
+    with no_grad():
+        y = x
+        if qpre is not None:
+            y = qpre(y)
+        for name, q in qseq.named_children():
+            if name not in fchildren:
+                raise ValueError(f"error_report: the float model has no child {name!r}")
+            x, y = fchildren[name](x), q(y)
+            if isinstance(q, (nnqd.Linear, nnq.Linear, nnq.Conv2d)):
+                got = y.dequantize() if isinstance(y, nnq.QTensor) else y
+                ref = x.relu() if getattr(q, "relu", False) else x  # a ReLU it took in (fused)
+                report.append((name, f"{type(q).__module__.rsplit('.', 1)[-1]}.{type(q).__name__}",
+                               *layer_error(ref, got)))
+    return report

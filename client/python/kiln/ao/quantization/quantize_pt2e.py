@@ -16,6 +16,7 @@ linear_int8 (oneDNN). See Note [Post-training quantization] in kiln/quantization
 """
 from kiln import _C
 from kiln._export import ExportedProgram, load_program
+from kiln.ao.quantization import ErrorReport
 
 __all__ = ["prepare_pt2e", "convert_pt2e", "error_report", "ObservedProgram", "ErrorReport"]
 
@@ -64,19 +65,6 @@ def convert_pt2e(observed):
     prog = ExportedProgram(_C._ExportedProgram.from_bytes(data, "<quantized program>"))
     prog._data = data
     return prog
-
-
-class ErrorReport(list):
-    """Rows of (layer, op, max_abs, mean_abs, sqnr_db); str() is a table."""
-
-    def table(self):
-        lines = [f"{'layer':<24} {'op':<12} {'max abs err':>12} {'mean abs err':>12} "
-                 f"{'SQNR dB':>8}"]
-        for layer, op, mx, mean, sqnr in self:
-            lines.append(f"{layer:<24} {op:<12} {mx:>12.5f} {mean:>12.5f} {sqnr:>8.1f}")
-        return "\n".join(lines)
-
-    __str__ = table
 
 
 def error_report(observed, *inputs):

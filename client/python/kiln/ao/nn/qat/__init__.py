@@ -13,13 +13,9 @@ __all__ = ["FakeQuantize", "Linear", "Conv2d"]
 
 
 def choose_qparams(lo, hi):
-    """Asymmetric uint8 (scale, zero_point) covering [lo, hi] widened to contain 0. The same rule
-    as choose_qparams_u8 in kernels/cpu/quantized.h (linear_int8_dynamic's activations)."""
-    lo, hi = min(lo, 0.0), max(hi, 0.0)
-    scale = (hi - lo) / 255.0
-    if not scale > 0 or scale == float("inf"):
-        scale = 1.0
-    return scale, int(min(max(round(-lo / scale), 0), 255))  # round: ties to even
+    """Asymmetric uint8 (scale, zero_point) covering [lo, hi] widened to contain 0: kiln/qparams.h,
+    the rule linear_int8_dynamic's activations and static quantization's observers use too."""
+    return _C._choose_qparams_u8(lo, hi)
 
 
 class FakeQuantize(nn.Module):
@@ -77,6 +73,15 @@ class _WeightFakeQuant:
         self.input_fake_quant = FakeQuantize() if quant_input else None
         self.activation_post_process = FakeQuantize()
 
+    def _adopt(self, mod):
+        """Takes the float module's parameters and mode (from_float)."""
+        self.weight, self.bias = mod.weight, mod.bias
+        self.train(mod.training)
+        return self
+
+    def _quantize_input(self, x):
+        return x if self.input_fake_quant is None else self.input_fake_quant(x)
+
     def _finish(self, y):
         if self.relu:
             y = F.relu(y)
@@ -91,13 +96,10 @@ class Linear(_WeightFakeQuant, nn.Linear):
     @classmethod
     def from_float(cls, mod, relu=False, quant_input=False):
         m = cls(mod.in_features, mod.out_features, mod.bias is not None, relu, quant_input)
-        m.weight, m.bias = mod.weight, mod.bias
-        m.train(mod.training)
-        return m
+        return m._adopt(mod)
 
     def forward(self, x):
-        if self.input_fake_quant is not None:
-            x = self.input_fake_quant(x)
+        x = self._quantize_input(x)
         return self._finish(F.linear(x, self.fake_quant_weight(), self.bias))
 
 
@@ -114,13 +116,10 @@ class Conv2d(_WeightFakeQuant, nn.Conv2d):
     def from_float(cls, mod, relu=False, quant_input=False):
         m = cls(mod.in_channels, mod.out_channels, mod.kernel_size, mod.stride, mod.padding,
                 mod.dilation, mod.groups, mod.bias is not None, relu, quant_input)
-        m.weight, m.bias = mod.weight, mod.bias
-        m.train(mod.training)
-        return m
+        return m._adopt(mod)
 
     def forward(self, x):
-        if self.input_fake_quant is not None:
-            x = self.input_fake_quant(x)
+        x = self._quantize_input(x)
         y = _C.conv2d(x, self.fake_quant_weight(), self.bias, self.stride, self.padding,
                       self.dilation, self.groups)
         return self._finish(y)
