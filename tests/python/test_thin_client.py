@@ -113,6 +113,8 @@ def test_default_device_makes_a_model_on_the_worker(worker):
             m = kiln.nn.Linear(8, 4)
             x = kiln.randn(5, 8)
             assert m.weight.device == s.device and x.device == s.device
+            assert kiln.tensor([1.0, 2.0]).device == s.device  # data is uploaded
+            assert kiln.from_numpy(kiln.zeros(2, device="cpu").numpy()).device.type == "cpu"
             assert kiln.get_default_device() == s.device
             remote = m(x).sum().item()
         finally:

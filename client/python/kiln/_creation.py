@@ -76,6 +76,8 @@ def tensor(data, *, dtype=None, device=None, requires_grad=False):
                 and arr.dtype == _np.float64:
             arr = arr.astype(_np.float32)
         t = _C.from_numpy(_np.array(arr, order="C", copy=True)).clone()
+        if device is None and _C.get_default_device().type != "cpu":
+            device = _C.get_default_device()  # as torch.set_default_device applies to tensor()
     if dtype is not None or device is not None:
         t = _C.to(t, dtype, device)
     return t.requires_grad_() if requires_grad else t
