@@ -96,9 +96,13 @@ void remote_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& s) {
     const Tensor& src = s[base + 1].to_tensor();
     if (dst.device() != src.device()) return transfer(op, ks, s);
   }
-  // A factory op given no device runs on the default one (kiln/default_device.h): name it, so
-  // that the worker makes the result on its own device.
+  // A factory op (no tensor arguments) given no device is here because the default device is
+  // remote (kiln/default_device.h): name that device, so that the worker makes the result on its
+  // own device. An op with tensor arguments keeps None (a *_like row: its input's device).
+  bool factory = true;
   for (int i = 0; i < info.num_args; ++i)
+    factory = factory && !s[base + i].is_tensor() && !s[base + i].is_tensor_list();
+  for (int i = 0; factory && i < info.num_args; ++i)
     if (info.args[i].arg_type == ArgType::OptionalDevice && s[base + i].is_none())
       s[base + i] = IValue(default_device());
   std::shared_ptr<Connection> conn = connection_for(op_device(op, s, base));
