@@ -13,19 +13,6 @@ std::string input_str(const detail::Program& p, size_t i) {
   return "%" + std::to_string(v) + " (" + ir::spec_str(p.graph.value(v).meta) + ")";
 }
 
-// Whether a seeded op (dropout_seeded, _fused_attention) draws nothing: its probability (`p`,
-// `dropout_p`) is 0, as in eval mode, so its seed and offset do not matter.
-bool draws_nothing(const ir::Node& n) {
-  const OpInfo& info = n.op->info();
-  for (int a = 0; a < info.num_args && a < static_cast<int>(n.args.size()); ++a) {
-    const std::string_view name = info.args[a].name;
-    if (info.args[a].arg_type != ArgType::Float || (name != "p" && name != "dropout_p")) continue;
-    const ir::NodeArg& arg = n.args[a];
-    return arg.is_attribute() && arg.attribute().is<double>() && arg.attribute().to_double() == 0;
-  }
-  return false;
-}
-
 // The first thing in `p` a replay cannot reproduce, as the error to raise.
 void check_replayable(const detail::Program& p) {
   using Kind = detail::InputSource::Kind;
@@ -44,15 +31,9 @@ void check_replayable(const detail::Program& p) {
   for (size_t i = 0; i < nodes.size(); ++i) {
     const ir::Node& n = nodes[i];
     KILN_CHECK(!p.generators[i], NotImplemented, "export_step: op '", n.op_name,
-               "' draws from an explicit generator; random ops in a batch job's step are not "
-               "supported yet");
-    KILN_CHECK(!n.rng && (ir::seed_offset_args(*n.op).first < 0 || draws_nothing(n)),
-               NotImplemented, "export_step: op '", n.op_name,
-               "' draws random numbers; random ops in a batch job's step are not supported yet");
+               "' draws from an explicit generator; only the default generator's random ops can "
+               "be replayed (draw from it instead)");
   }
-  KILN_CHECK(p.rng_count == 0, NotImplemented,
-             "export_step: the step reserves random numbers; random ops in a batch job's step are "
-             "not supported yet");
 }
 
 }  // namespace
@@ -82,6 +63,7 @@ ExportedStep export_step(const Fn& fn, const std::vector<Tensor>& args) {
   int next = 0;
   for (ir::ValueId v : p.outputs) s.outputs.push_back(v >= 0 ? next++ : -1);
   s.graph = std::move(p.graph);
+  s.rng_seed = p.rng_seed, s.rng_offset = p.rng_offset, s.rng_count = p.rng_count;
   return s;
 }
 

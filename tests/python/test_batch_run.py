@@ -1,9 +1,11 @@
 """Batch jobs end to end (Note [Batch jobs] in worker/src/batch.h): kiln.batch.save_job writes a
 data-parallel MLP + AdamW step, `kiln submit --batch` runs it on a coordinator's gang of two
 kiln-workers with no client, and its final checkpoint holds the weights that single-process
-training on the same global batches reaches. Then the chaos test through a batch job: a worker
-SIGKILLed mid-run (20 trials), a spare takes its place, the job restarts from its last
-checkpoint and ends with weights bit for bit those of an uninterrupted run."""
+training on the same global batches reaches; with dropout, each step and rank draws its own masks
+(Note [Random batch steps]), which an eager run at the same generator states reproduces. Then the
+chaos test through a batch job: a worker SIGKILLed mid-run (20 trials), a spare takes its place,
+the job restarts from its last checkpoint and ends with weights bit for bit those of an
+uninterrupted run."""
 import json
 import os
 import random
@@ -20,18 +22,19 @@ from gang_jobs import CLI, coordinator_and_workers, kiln_cli, killable_workers
 WORLD, BATCH, ROWS = 2, 16, 64
 
 
-def model_and_opt():
+def model_and_opt(dropout=False):
     kiln.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    mid = [nn.Dropout(0.5)] if dropout else []
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), *mid, nn.Linear(16, 4))
     return model, kiln.optim.AdamW(model.parameters(), lr=0.01)
 
 
-def make_job(tmp_path, steps):
+def make_job(tmp_path, steps, dropout=False, seed=0):
     """The data file, the initial checkpoint and the spec; returns the spec's path."""
     g = kiln.Generator().manual_seed(1)
     x, y = kiln.randn(ROWS, 8, generator=g), kiln.randn(ROWS, 4, generator=g)
     kiln.save({"x": x, "y": y}, str(tmp_path / "data.safetensors"))
-    model, opt = model_and_opt()
+    model, opt = model_and_opt(dropout)
     # The optimizer's state must exist before the capture: one zero-gradient step makes it.
     for p in model.parameters():
         p.grad = kiln.zeros_like(p)
@@ -51,13 +54,15 @@ def make_job(tmp_path, steps):
     kiln.batch.save_job(spec, step, {"x": x[:rows], "y": y[:rows]},
                         {"model": model.state_dict(), "optim": opt.state_dict()},
                         data_file=tmp_path / "data.safetensors", batch_size=BATCH, steps=steps,
-                        init_checkpoint=tmp_path / "init", world_size=WORLD)
+                        init_checkpoint=tmp_path / "init", world_size=WORLD, seed=seed)
     return spec
 
 
-def reference(tmp_path, steps):
-    """Single-process training from the initial checkpoint on the same global batches."""
-    model, opt = model_and_opt()
+def reference(tmp_path, steps, dropout=False, seed=0, rng_count=0):
+    """Single-process training from the initial checkpoint on the same global batches. With
+    dropout, each rank's rows run separately with the default generator where that rank's step
+    draws (Note [Random batch steps]), and the gradients are averaged as the all_reduce does."""
+    model, opt = model_and_opt(dropout)
     for p in model.parameters():
         p.grad = kiln.zeros_like(p)
     opt.step()
@@ -65,17 +70,22 @@ def reference(tmp_path, steps):
     dcp.load(state, checkpoint_id=tmp_path / "init")
     opt.load_state_dict(state["optim"])
     data = kiln.load(str(tmp_path / "data.safetensors"))
+    parts = WORLD if dropout else 1
+    rows = BATCH // parts
     for s in range(steps):
-        idx = kiln.arange(s * BATCH, (s + 1) * BATCH) % ROWS
-        x, y = data["x"].index_select(0, idx), data["y"].index_select(0, idx)
         opt.zero_grad(set_to_none=True)
-        F.mse_loss(model(x), y).backward()
+        for r in range(parts):
+            idx = kiln.arange(s * BATCH + r * rows, s * BATCH + (r + 1) * rows) % ROWS
+            x, y = data["x"].index_select(0, idx), data["y"].index_select(0, idx)
+            if dropout:
+                kiln.default_generator().set_state((seed, (s * WORLD + r) * rng_count))
+            (F.mse_loss(model(x), y) / parts).backward()
         opt.step()
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def saved(ckpt):
-    model, opt = model_and_opt()
+def saved(ckpt, dropout=False):
+    model, opt = model_and_opt(dropout)
     state = {"model": model.state_dict(), "step": 0}
     dcp.load(state, checkpoint_id=ckpt, strict=False)
     return state["step"], {k: v.clone() for k, v in model.state_dict().items()}
@@ -111,14 +121,36 @@ def test_a_batch_job_trains_with_no_client(tmp_path):
         assert err <= 1e-5 * float(want[k].abs().max()), (k, err)
 
 
+def test_a_batch_job_with_dropout_draws_per_step_and_rank(tmp_path):
+    steps, seed = 6, 1234
+    spec = make_job(tmp_path, steps, dropout=True, seed=seed)
+    info = kiln.batch.load_job(spec)
+    assert info["rng_count"] > 0, info
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with coordinator_and_workers(tmp_path, WORLD, env=env) as address:
+        p = submit(address, spec, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-every", 3)
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+    step, got = saved(tmp_path / "ckpt", dropout=True)
+    assert step == steps
+    want = reference(tmp_path, steps, dropout=True, seed=seed, rng_count=info["rng_count"])
+    other = reference(tmp_path, steps, dropout=True, seed=seed + 1, rng_count=info["rng_count"])
+    for k in want:
+        err = float((got[k] - want[k]).abs().max())
+        assert err <= 1e-5 * float(want[k].abs().max()), (k, err)
+    # The masks matter: another seed's masks end elsewhere.
+    assert any(float((got[k] - v).abs().max()) > 1e-3 for k, v in other.items()), other
+
+
 def test_a_batch_job_survives_a_killed_worker(tmp_path):
     """KILN_CHAOS_TRIALS trials (20 by default): a random worker of the gang is SIGKILLed at a
     random step past the first checkpoint; a spare takes its place. Each job succeeds after one
     restart, resumes less than a checkpoint interval behind the step its surviving rank reached,
-    and ends with the uninterrupted run's weights, bit for bit."""
+    and ends with the uninterrupted run's weights, bit for bit: the model has dropout, so the
+    restarted steps must draw the masks the uninterrupted run drew (Note [Random batch steps])."""
     steps, every = 2000, 200
     trials = int(os.environ.get("KILN_CHAOS_TRIALS", "20"))
-    spec = make_job(tmp_path, steps)
+    spec = make_job(tmp_path, steps, dropout=True, seed=7)
     env = dict(os.environ, OMP_NUM_THREADS="1", KILN_COMM_TIMEOUT_S="10")
     with killable_workers(tmp_path, WORLD + 1, ["--heartbeat-ms", "200", "--dead-after", "3"],
                           env=env) as (address, workers):  # one spare
@@ -126,7 +158,7 @@ def test_a_batch_job_survives_a_killed_worker(tmp_path):
                      every)
         out, _ = ref.communicate(timeout=600)
         assert ref.returncode == 0, out
-        ref_step, want = saved(tmp_path / "ref")
+        ref_step, want = saved(tmp_path / "ref", dropout=True)
         assert ref_step == steps
         for trial in range(trials):
             rng = random.Random(trial)
@@ -160,7 +192,7 @@ def test_a_batch_job_survives_a_killed_worker(tmp_path):
             assert failed and resumed, f"trial {trial}:\n{out}"
             # (A survivor that failed inside a save the other rank committed resumes ahead.)
             assert max(failed) - resumed[0] < every, f"trial {trial}:\n{out}"
-            step, got = saved(ckpt)
+            step, got = saved(ckpt, dropout=True)
             assert step == steps, f"trial {trial}"
             for k in want:
                 assert bool((got[k] == want[k]).all()), (trial, k)

@@ -177,3 +177,10 @@ def test_kiln_run_program_runs_the_file_without_python(tmp_path):
     assert out.returncode == 1 and "truncated" in out.stderr, out.stderr
     out = subprocess.run([RUNNER], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "usage" in out.stderr
+
+
+def test_random_ops_are_refused_at_export():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))  # training mode: dropout draws
+    with pytest.raises(NotImplementedError, match="op '.*' draws random numbers.*call eval"):
+        kiln.export(model, (kiln.randn(2, 4),))
+    kiln.export(model.eval(), (kiln.randn(2, 4),))  # eval mode draws nothing

@@ -58,9 +58,27 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
     const size_t n = g.inputs().size();
     KILN_CHECK(static_cast<size_t>(spec.inputs_size()) == n, Value, what, ": ",
                spec.inputs_size(), " input sources for a step of ", n, " inputs");
-    for (const ir::Node& node : g.nodes())
-      KILN_CHECK(!node.rng, NotImplemented, what, ": node '", node.op_name,
-                 "' draws random numbers; random ops in a batch job's step are not supported yet");
+    // Per node, its place in the step's block of counters (See Note [Random batch steps]).
+    const uint64_t block = spec.rng_offset(), count = spec.rng_count();
+    auto in_block = [&](uint64_t seed, uint64_t offset) {
+      return count > 0 && seed == spec.rng_seed() && offset >= block && offset - block < count;
+    };
+    std::vector<GeneratorState> rng(g.nodes().size());
+    std::vector<std::pair<size_t, uint64_t>> draws;  // (node, offset within the block)
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      const ir::Node& node = g.nodes()[i];
+      if (node.rng) {
+        KILN_CHECK(in_block(node.rng->seed, node.rng->offset), Value, what, ": node ", i, " '",
+                   node.op_name, "' draws outside the step's block of random numbers");
+        draws.emplace_back(i, node.rng->offset - block);
+        continue;
+      }
+      const auto [seed_arg, offset_arg] = ir::seed_offset_args(*node.op);
+      if (seed_arg < 0) continue;
+      rng[i] = {static_cast<uint64_t>(node.args[seed_arg].attribute().to_int()),
+                static_cast<uint64_t>(node.args[offset_arg].attribute().to_int())};
+      if (in_block(rng[i].seed, rng[i].offset)) draws.emplace_back(i, rng[i].offset - block);
+    }
     KILN_CHECK(spec.loss() >= -1 && spec.loss() < static_cast<int>(g.outputs().size()), Value,
                what, ": loss output ", spec.loss(), " of a step with ", g.outputs().size(),
                " outputs");
@@ -124,7 +142,6 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
     step = resume ? saved_step(loaded.extra) : 0;
     res.set_resumed(step);
 
-    const std::vector<GeneratorState> rng(g.nodes().size());  // no random nodes (checked above)
     compiler::CompiledGraph step_graph(std::move(g));
     auto mark = std::chrono::steady_clock::now();
     double waited = dist::collective_wait_seconds();
@@ -137,6 +154,8 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
                                  full({1}, all.size(0), kInt64, device));
         inputs[i] = index_select(all, 0, index);
       }
+      const uint64_t base = (static_cast<uint64_t>(s - 1) * world + rank) * count;
+      for (const auto& [node, at] : draws) rng[node] = {spec.seed(), base + at};
       std::vector<Tensor> outs = step_graph.run(inputs, rng);
       const auto now = std::chrono::steady_clock::now();
       const double seconds = std::chrono::duration<double>(now - mark).count();

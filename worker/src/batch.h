@@ -22,6 +22,16 @@
 // checkpoint, or fails it. A session the coordinator closes (a dead worker, a cancel) stops the
 // run at its next step and aborts its collectives (Note [Aborting process groups]). A worker runs
 // a session's batch once: a BatchRun repeated by later heartbeats is ignored.
+//
+// Note [Random batch steps]: the captured step drew its random numbers (dropout's masks, randn,
+// ...) from one block of the default generator's counters, BatchJob's [rng_offset, rng_offset +
+// rng_count) of seed rng_seed (Note [Random ops in a program]). Run k of the step (k = 1, 2, ...)
+// on rank r of W draws from the block of seed BatchJob.seed at offset ((k - 1) * W + r) *
+// rng_count: every random node, and every seeded op (dropout_seeded, _fused_attention) whose
+// (seed, offset) fell in the captured block, keeps its place in the block, so each step and rank
+// draws fresh numbers, exactly what an eager run of the step would draw with the default
+// generator at that (seed, offset), and a restart draws what the uninterrupted run drew. A
+// seeded op given constants of its own (dropout_seeded called directly) keeps them.
 #pragma once
 
 #include <atomic>

@@ -176,6 +176,17 @@ Capture capture_at(const compiler::Fn& fn, const std::vector<Tensor>& examples,
     }
   }
   const compiler::ExportedStep& s = c.step;
+  if (s.rng_count > 0) {  // a program file holds no generator state to draw from yet
+    std::string op = "a random op";
+    for (const ir::Node& n : s.graph.nodes())
+      if (n.rng || ir::seed_offset_args(*n.op).first >= 0) {
+        op = "op '" + n.op_name + "'";
+        break;
+      }
+    KILN_FAIL(NotImplemented, kWhat, ": ", op,
+              " draws random numbers; an exported program cannot hold random ops yet (call "
+              "eval() for dropout)");
+  }
   for (size_t k = 0; k < s.outputs.size(); ++k)
     KILN_CHECK(s.outputs[k] >= 0, Value, kWhat, ": output ", k,
                " is an undefined tensor; an exported program returns tensors");

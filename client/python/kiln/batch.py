@@ -30,7 +30,11 @@ in kiln/compiler/export.h): its in-place updates of the state carry training fro
 next. Collectives are the functional ones (kiln._C.all_reduce, all_gather_into_tensor, ...) on
 group "world", the gang of workers. What a replay could not reproduce is refused with what to
 change: reading a tensor's value (item(), print), a first optimizer step (run one eagerly),
-gradients left over from the last step (zero_grad(set_to_none=True) first), random ops.
+gradients left over from the last step (zero_grad(set_to_none=True) first), an explicit
+Generator. Random ops on the default generator (dropout, randn, ...) draw fresh numbers every step
+and rank from `seed`: run k on rank r of W draws what an eager run of the step would with the
+default generator at (seed, ((k - 1) * W + r) * load_job(path)["rng_count"]) (Note [Random batch
+steps] in worker/src/batch.h), so a restarted job draws what the uninterrupted one did.
 """
 import os
 
@@ -133,7 +137,8 @@ def save_job(path, step, data, state, *, data_file, batch_size, steps, init_chec
 
 
 def load_job(path):
-    """A summary of the spec in `path`: steps, batch_size, seed, loss (the graph output reported
+    """A summary of the spec in `path`: steps, batch_size, seed, rng_count (the random counters
+    one run of the step draws: Note [Random batch steps]), loss (the graph output reported
     as the loss, or -1), init_checkpoint, data (the data file), inputs (per graph input:
     ("state", name), ("data", name) or ("constant", None) for a number the graph holds), nodes
     and outputs (counts), ops (op name -> how many nodes run it)."""

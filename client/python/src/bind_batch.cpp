@@ -115,6 +115,9 @@ nb::bytes batch_job_bytes(nb::handle fn, nb::handle args,
   job.set_batch_size(batch_size);
   job.set_steps(steps);
   job.set_seed(seed);
+  job.set_rng_seed(s.rng_seed);
+  job.set_rng_offset(s.rng_offset);
+  job.set_rng_count(s.rng_count);
   std::string bytes = job.SerializeAsString();
   return nb::bytes(bytes.data(), bytes.size());
 }
@@ -141,6 +144,7 @@ nb::dict batch_job_summary(nb::bytes spec) {
   d["steps"] = job.steps();
   d["batch_size"] = job.batch_size();
   d["seed"] = job.seed();
+  d["rng_count"] = job.rng_count();
   d["loss"] = job.loss();
   d["init_checkpoint"] = job.init_checkpoint();
   d["data"] = job.data();

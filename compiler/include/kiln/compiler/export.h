@@ -23,8 +23,11 @@
 //   of the step);
 // - outputs that need autograd from a step that runs no backward (kiln::compile would compile
 //   that backward; a replay never runs one);
-// - random ops, explicit generators, reseeding (not supported yet); a seeded op whose probability
-//   is 0 (dropout_seeded, _fused_attention in eval mode) draws nothing and is kept.
+// - explicit generators and reseeding (not supported yet).
+// Random ops drawing from the default generator (dropout, randn, ...) are kept: the step reserved
+// one block of counters (rng_seed, rng_offset, rng_count; Note [Random ops in a program]), and a
+// replay gives each random node, and each seeded op whose (seed, offset) fell in the block, the
+// same place in a block of its own (Note [Random batch steps] in worker/src/batch.h).
 #pragma once
 
 #include <vector>
@@ -39,6 +42,9 @@ struct ExportedStep {
   std::vector<int> arg_of_input;  // per graph input: the argument it is, or -1 (captured)
   std::vector<Tensor> captured;   // per graph input: the captured tensor (undefined for arguments)
   std::vector<int> outputs;       // per output of fn: its index in graph.outputs(), -1: undefined
+  // The default generator's counters the step drew from: [rng_offset, rng_offset + rng_count) of
+  // seed rng_seed (rng_count 0: no random op).
+  uint64_t rng_seed = 0, rng_offset = 0, rng_count = 0;
 };
 
 // Runs fn(args) once, eagerly and with its effects, and returns the step as recorded. ValueError
