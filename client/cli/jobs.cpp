@@ -229,6 +229,15 @@ void print_job(const CoordClient& c, const proto::Job& j) {
   // See Note [Desync detection] and Note [Stragglers] (coordinator/src).
   for (const proto::Finding& f : j.findings())
     rows.push_back({f.kind() + ":", time_string(f.unix_ms()) + "  " + f.text()});
+  // See Note [Remote profiling] (coordinator/src/profiles.h): the merged traces it keeps.
+  for (const proto::ProfileInfo& p : j.profiles()) {
+    std::string line = time_string(p.unix_ms()) + "  " + std::to_string(p.steps()) + " steps, " +
+                       std::to_string(p.ranks_size()) + " ranks, " + std::to_string(p.bytes()) +
+                       " bytes: /api/jobs/" + j.job_id() + "/profiles/" +
+                       std::to_string(p.profile_id());
+    if (p.missing_size() > 0) line += " (missing: " + join(p.missing(), "; ") + ")";
+    rows.push_back({"profile:", line});
+  }
   for (const auto& r : rows) std::printf("%-11s%s\n", r[0].c_str(), r[1].c_str());
 }
 

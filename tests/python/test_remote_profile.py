@@ -115,3 +115,7 @@ def test_profile_two_ranks_merged_and_aligned(tmp_path):
             assert json.loads(r.read())["profiles"] == listed
         with urllib.request.urlopen(f"{url}/profiles/{listed[0]['profile_id']}", timeout=10) as r:
             assert r.read() == out.read_bytes()
+        text = subprocess.run([CLI, "status", "--coordinator", address, job["job_id"]],
+                              capture_output=True, text=True, timeout=30).stdout
+        assert "2 steps, 2 ranks" in text and \
+            f"/api/jobs/{job['job_id']}/profiles/{listed[0]['profile_id']}" in text, text
