@@ -5,8 +5,6 @@ and bad input.
 Loss parity is exact here: the program replays the very kernels eager ran, in the same order,
 so nothing is reassociated; the 1e-5 relative tolerance is the issue's float32 bar.
 """
-import importlib.util
-import os
 
 import pytest
 
@@ -14,14 +12,11 @@ import kiln
 import kiln.nn as nn
 import kiln.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from examples_util import load_example
 
 
 def _chargpt():
-    spec = importlib.util.spec_from_file_location("chargpt", os.path.join(ROOT, "examples", "chargpt.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("chargpt")
 
 
 def mlp():

@@ -2,7 +2,6 @@
 components, every supported op forward and backward against a per-sequence loop of the dense
 op, bad input, and parity of examples/chargpt.py's GPT trained on a nested batch of
 variable-length fortunes with the padded-and-masked batch (float32, relative 1e-5)."""
-import importlib.util
 import os
 
 import numpy as np
@@ -12,7 +11,8 @@ import kiln
 import kiln.nn as nn
 import kiln.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from examples_util import load_example
+
 FORTUNES = "/usr/share/games/fortunes"
 
 
@@ -213,11 +213,7 @@ def test_sdpa_bad_input():
 
 # ---- parity: chargpt's GPT on a nested batch vs the padded, masked batch -----------------------
 def load_chargpt():
-    spec = importlib.util.spec_from_file_location("chargpt_example",
-                                                  os.path.join(ROOT, "examples", "chargpt.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("chargpt")
 
 
 def fortunes(n, lo=8, hi=64):

@@ -4,7 +4,6 @@ key_averages and its table; the Chrome trace's structure; bad input; and the siz
 GPT trace.
 """
 import bisect
-import importlib.util
 import json
 import os
 
@@ -15,7 +14,7 @@ import kiln.nn.functional as F
 from kiln.profiler import (ProfilerAction, ProfilerActivity, profile, record_function, schedule,
                            tensorboard_trace_handler)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from examples_util import load_example
 
 
 def trace_of(prof, tmp_path, name="trace.json"):
@@ -267,10 +266,7 @@ def test_tensorboard_trace_handler(tmp_path):
 
 
 def _chargpt():
-    spec = importlib.util.spec_from_file_location("chargpt", os.path.join(ROOT, "examples", "chargpt.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("chargpt")
 
 
 def test_gpt_ten_steps_trace_size(tmp_path):

@@ -1,10 +1,6 @@
 """kiln.ao.quantization (issue 25): the ops from Python, quantize_dynamic as
 bench/kiln_reference.py's `quantized` workload calls it, QAT (prepare_qat / convert), and the
 accuracy of the int8 digits models against float32 (within 1 percentage point, held out)."""
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -12,7 +8,7 @@ import kiln
 import kiln as torch
 import kiln.nn as nn
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import examples_util
 
 
 def test_quantize_dequantize_round_trip():
@@ -75,18 +71,6 @@ def test_qat_small_model_converts():
     assert np.abs(got - want).max() < 0.1
 
 
-def _digits():
-    data = os.path.join(ROOT, "build", "data", "digits")
-    if not os.path.exists(os.path.join(data, "y.npy")):
-        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits",
-                                                     "export_digits.py"), data], check=True)
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
-    import digits
-    x = kiln.from_numpy(np.load(os.path.join(data, "X.npy")))
-    y = kiln.from_numpy(np.load(os.path.join(data, "y.npy")))
-    return digits, digits.split(x, y)
-
-
 def _train(model, x, y, epochs, lr=2e-3, seed=0):
     loader = kiln.utils.data.DataLoader(kiln.utils.data.TensorDataset(x, y), batch_size=32,
                                         shuffle=True, generator=kiln.Generator().manual_seed(seed))
@@ -108,7 +92,7 @@ def _acc(model, x, y):
 
 
 def test_digits_int8_accuracy_within_one_point():
-    digits, (x_tr, y_tr, x_te, y_te) = _digits()
+    digits, (x_tr, y_tr, x_te, y_te) = examples_util.digits()
     report = []
     for name, make, shape, epochs in (("mlp", digits.make_mlp, (64,), 30),
                                       ("cnn", digits.make_cnn, (1, 8, 8), 20)):

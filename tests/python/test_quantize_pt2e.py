@@ -4,10 +4,8 @@ in float32, exported, calibrated on training images and converted, score within 
 on the held-out images, from the saved file too (in-process and through kiln-run-program); the
 per-layer error report; refusals.
 """
-import importlib.util
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -16,31 +14,15 @@ import kiln.nn as nn
 from kiln import _C
 from kiln.ao.quantization.quantize_pt2e import convert_pt2e, error_report, prepare_pt2e
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import examples_util
+
 BUILD = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
 RUNNER = os.path.join(os.path.dirname(BUILD), "bin", "kiln-run-program")
 
 
-def _digits_module():
-    spec = importlib.util.spec_from_file_location("digits_example",
-                                                  os.path.join(ROOT, "examples", "digits.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    import numpy as np
-    data = os.path.join(ROOT, "build", "data", "digits")
-    if not os.path.exists(os.path.join(data, "y.npy")):
-        data = str(tmp_path_factory.mktemp("digits"))
-        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "digits", "export_digits.py"),
-                        data], check=True)
-    mod = _digits_module()
-    x = kiln.from_numpy(np.load(os.path.join(data, "X.npy")))
-    y = kiln.from_numpy(np.load(os.path.join(data, "y.npy")))
-    return mod, mod.split(x, y)
+def digits():
+    return examples_util.digits()
 
 
 def cnn_bn():
