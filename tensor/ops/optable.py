@@ -158,6 +158,9 @@ def parse_schema(schema, where):
     for t, _ in rets:
         if re.sub(r"\(.*\)", "", t) not in RETURN_TYPES:
             err(where, f"unknown return type '{t}'")
+    if len(rets) > 1 and not all(rname for _, rname in rets):
+        err(where, "a row with several returns names each one, as in '-> (Tensor values, Tensor "
+                   "indices)': the Python binding returns them as a named tuple")
     return dict(name=name, overload=overload, args=args, rets=rets)
 
 

@@ -36,6 +36,8 @@ CASES = [
     ("derivative misses an input", GOOD.replace("Tensor self, int dim=0", "Tensor self, Tensor other"),
      "no formula for input 'other'"),
     ("unknown field", GOOD + 'colour = "blue"\n', "unknown field 'colour'"),
+    ("unnamed returns", GOOD.replace("-> Tensor", "-> (Tensor, Tensor)"),
+     "a row with several returns names each one"),
     ("unknown tag", GOOD.replace('tags = ["pointwise"]', 'tags = ["shiny"]'), "unknown tag 'shiny'"),
     ("bad schema type", GOOD.replace("int dim=0", "complex dim"), "unknown argument type 'complex'"),
     ("unknown dtype set", GOOD.replace('"floating"', '"quaternions"'), "unknown dtype set 'quaternions'"),
