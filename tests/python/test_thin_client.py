@@ -150,6 +150,14 @@ try:
     kiln.compile(model)
 except NotImplementedError as e:
     print("compile:", e)
+try:
+    kiln.zeros(2, device="cpu") + 1
+except NotImplementedError as e:
+    print("cpu op:", e)
+try:
+    import kiln.distributed  # noqa: F401
+except ImportError as e:
+    print("distributed:", e)
 s.close()
 """
 
@@ -164,6 +172,9 @@ def test_thin_python_package_trains_like_the_c_plus_plus_client(thin_binary, wor
     lines = r.stdout.splitlines()
     assert [float(l.split()[-1]) for l in lines[:5]] == _losses(thin_binary, worker)
     assert "client-only build" in lines[5]
+    assert lines[6].startswith("cpu op: fill_: a client-only build") and \
+        "set_default_device" in lines[6], lines[6]
+    assert lines[7].startswith("distributed:") and "client-only build" in lines[7], lines[7]
     thin_c = [f for f in os.listdir(os.path.join(THIN, "python", "kiln")) if f.startswith("_C")][0]
     libs = _closure(os.path.join(THIN, "python", "kiln", thin_c))
     assert not any(re.match(r"lib(dnnl|gomp|ucp|kiln_kernels|kiln_compiler|cuda)", n) for n in libs)

@@ -1,8 +1,8 @@
 // The thin client's host kernels, built only with KILN_CLIENT_ONLY (which has no kernels/cpu):
 // what a client needs on its own CPU to hold values it fetches or uploads. Allocation (empty,
 // empty_strided) and copy_ between CPU tensors of one dtype and shape (a fetched value into its
-// destination, item(), .contiguous() before an upload). Every other op on a CPU tensor has no
-// kernel here, and the dispatcher says so naming the op: run it on the worker.
+// destination, item(), .contiguous() before an upload). Every other op on a CPU tensor fails,
+// naming the op and the way out: make the tensors on the worker.
 #include <cstring>
 
 #include "kiln/dispatcher.h"
@@ -50,7 +50,16 @@ Tensor host_copy(const Tensor& self, const Tensor& src, bool) {
   return self;
 }
 
+// Any other op on a CPU tensor.
+void no_host_op(const OperatorHandle& op, DispatchKeySet, Stack&) {
+  KILN_FAIL(NotImplemented, op.name(),
+            ": a client-only build (KILN_CLIENT_ONLY) runs no ops on its own CPU; make the "
+            "tensors on a worker (kiln::set_default_device(session.device()) before creating "
+            "them, or .to(session.device())), or use the full build");
+}
+
 KILN_LIBRARY(CPU, m) {
+  m.fallback(&no_host_op);
   m.impl<ops::empty>(host_empty);
   m.impl<ops::empty_strided>(host_empty_strided);
   m.impl<ops::copy_>(host_copy);

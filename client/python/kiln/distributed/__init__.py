@@ -16,6 +16,11 @@ from datetime import timedelta
 
 from kiln import _C
 
+if _C._client_only:
+    raise ImportError("kiln.distributed: this is the client-only build of Kiln (KILN_CLIENT_ONLY), "
+                      "which has no process groups; run collectives on a coordinator's gang "
+                      "(kiln.connect(..., workers=N)) or use the full build")
+
 Work = _C._Work
 ProcessGroup = _C._ProcessGroup
 TCPStore = _C._TCPStore
