@@ -66,7 +66,6 @@ std::vector<int64_t> ints(const IValue& v) { return v.get<std::vector<int64_t>>(
 
 struct Calibrator::State {
   std::string what;
-  std::string file;  // the float program's bytes
   proto::ExportedProgram msg;
   TensorMap weights;
   std::unique_ptr<ExportedProgram> program;
@@ -91,10 +90,10 @@ struct Calibrator::State {
 
 Calibrator::Calibrator(const ExportedProgram& program) : s_(std::make_unique<State>()) {
   State& s = *s_;
-  s.file = program.bytes();
   s.what = "kiln.quantization";
-  s.program = std::make_unique<ExportedProgram>(ExportedProgram::from_bytes(s.file, s.what));
-  const exporting::Parts parts = exporting::unpack(s.file, s.what);
+  s.program =
+      std::make_unique<ExportedProgram>(ExportedProgram::from_bytes(program.bytes(), s.what));
+  const exporting::Parts parts = exporting::unpack(s.program->bytes(), s.what);
   KILN_CHECK(s.msg.ParseFromArray(parts.program.data(), static_cast<int>(parts.program.size())),
              Value, s.what, ": the program part does not parse");
   s.weights = safetensors_from_bytes(parts.weights).tensors;
