@@ -386,6 +386,9 @@ std::string generate(const Program& p, std::vector<FusedKernel>& groups, bool cu
   std::string src = prelude(cuda);
   for (size_t g = 0; g < groups.size(); ++g) {
     groups[g].name = "kiln_fused_" + std::to_string(g);
+    groups[g].label = groups[g].name + "(";
+    for (size_t m : groups[g].members)
+      groups[g].label += p.graph.nodes()[m].op_name + (m == groups[g].members.back() ? ")" : ",");
     groups[g].numel = numel_of(groups[g].sizes);
     src += cuda ? emit_cuda(p, groups[g], used_later) : emit(p, groups[g], used_later);
   }

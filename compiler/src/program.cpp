@@ -1,14 +1,16 @@
 // Running a captured program: its guards (Note [Guards]) and its replay.
+#include "program.h"
+
 #include <sstream>
 #include <tuple>
 
 #include "kiln/autocast.h"
 #include "kiln/autograd/function.h"
 #include "kiln/autograd/grad_mode.h"
+#include "kiln/compiler/graph.h"
 #include "kiln/dispatcher.h"
 #include "kiln/operators.h"
-#include "kiln/compiler/graph.h"
-#include "program.h"
+#include "kiln/profiler.h"
 
 namespace kiln::compiler::detail {
 
@@ -24,7 +26,7 @@ void call_node(const ir::Node& n, DispatchKeySet ks, Stack& s, std::vector<Tenso
   if (ks.empty())
     n.op->call_boxed(s);
   else
-    n.op->redispatch_boxed(ks, s);
+    n.op->call_boxed(ks, s);
   size_t k = 0;
   for (const IValue& v : s) {
     if (v.is_tensor())
@@ -185,6 +187,7 @@ void run_kernel(const FusedKernel& k, std::vector<Tensor>& env) {
       env[v] = kiln::empty(k.sizes, k.dtype);
     outs.push_back(env[v].impl()->raw_data());
   }
+  profiler::RecordFunction range(k.label);  // nothing unless the profiler records
   k.fn(ins.data(), outs.data(), k.numel);
 }
 

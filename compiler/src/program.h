@@ -63,6 +63,7 @@ struct FusedKernel {
   ScalarType dtype = kFloat32;
   int64_t numel = 0;
   std::string name;
+  std::string label;  // the name and the members' ops, "kiln_fused_0(add,relu)": the profiler's
   Fn fn = nullptr;
   // Per output: the input whose buffer it is written into (Note [Buffer reuse] in program.cpp),
   // or -1 for a fresh one. Set by Program::finalize().

@@ -128,6 +128,12 @@ void OperatorHandle::call_boxed(Stack& stack) const {
   boxed_entry_(*this, ks, stack);
 }
 
+void OperatorHandle::call_boxed(DispatchKeySet ks, Stack& stack) const {
+  if (__builtin_expect(profiler::detail::recording_ops(), 0))
+    return call_boxed_profiled(*this, stack, [&] { redispatch_boxed(ks, stack); });
+  redispatch_boxed(ks, stack);
+}
+
 void OperatorHandle::redispatch_boxed(DispatchKeySet ks, Stack& stack) const {
   const KernelFunction& kf = kernel(select(ks));
   if (kf.boxed) {

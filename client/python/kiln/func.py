@@ -44,17 +44,20 @@ def _flatten(tree):
 
 
 def _unflatten(leaves, spec):
-    it = iter(leaves)
+    return _build(iter(leaves), spec)
 
-    def build(s):
-        if s is None:
-            return next(it)
-        kind, keys, subs = s
-        items = [build(c) for c in subs]
-        if kind is dict:
-            return dict(zip(keys, items))
-        return kind(items) if kind in (tuple, list) else kind(*items)  # namedtuple
-    return build(spec)
+
+# Module-level, not a closure over the iterator: a nested function that calls itself is a
+# reference cycle, which would keep `leaves` (the tensors of a whole training step) alive until
+# the garbage collector happens to run.
+def _build(it, s):
+    if s is None:
+        return next(it)
+    kind, keys, subs = s
+    items = [_build(it, c) for c in subs]
+    if kind is dict:
+        return dict(zip(keys, items))
+    return kind(items) if kind in (tuple, list) else kind(*items)  # namedtuple
 
 
 def _check_tensors(leaves, what):

@@ -125,6 +125,9 @@ class OperatorHandle {
   void call_boxed(Stack& stack) const;
   // Boxed call with an explicit key set (boxed kernels redispatching below themselves).
   void redispatch_boxed(DispatchKeySet ks, Stack& stack) const;
+  // A call from the top whose key set the caller computed once (a compiled program's replay):
+  // as redispatch_boxed, but an event of its own for the profiler, as call_boxed is.
+  void call_boxed(DispatchKeySet ks, Stack& stack) const;
   // Runs the meta function over boxed arguments: output specs, no data touched.
   std::vector<TensorSpec> run_meta(const Stack& args) const { return meta_(args); }
 
