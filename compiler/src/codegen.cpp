@@ -3,16 +3,17 @@
 //
 // Note [Fusion]: a fusion group is a run of pointwise nodes of one dtype (float32 or float64)
 // and one contiguous shape whose op has a lowering below. A member's tensor arguments are values
-// of the group, or values from outside it that are contiguous with the group's shape or hold
-// one element. The group runs where its last member stood, so a node in between that reads a
-// group value or has effects (Note [Passes]) closes it, and so does a change of phase (a
-// compiled backward runs apart from its forward: Note [Compiled backward]). Values used after the group (by other
-// nodes, as program outputs or as .grad writes) are its outputs; the others live in registers
-// only. Each group becomes one loop, `for i < numel: out_k[i] = f(in_0[i], ...)`, vectorized by
-// the compiler and parallel with OpenMP over large tensors. Bounds need no checks: the guards
-// fix every input's geometry, so the loop covers exactly numel elements of each buffer. The
-// expressions use <cmath>'s functions, so results may differ from the eager kernels' vectorized
-// ones in the last bits (no -ffast-math, no FMA contraction).
+// of the group, or values from outside it that are contiguous with the group's shape, hold
+// one element, or (on the CPU) broadcast to the shape (Note [Broadcast inputs]). The group runs
+// where its last member stood, so a node in between that reads a group value or has effects (Note
+// [Passes]) closes it, and so does a change of phase (a compiled backward runs apart from its
+// forward: Note [Compiled backward]). Values used after the group (by other nodes, as program
+// outputs or as .grad writes) are its outputs; the others live in registers only. Each group
+// becomes one loop, `for i < numel: out_k[i] = f(in_0[i], ...)`, vectorized by the compiler and
+// parallel with OpenMP over large tensors. Bounds need no checks: the guards fix every input's
+// geometry, so the loop covers exactly numel elements of each buffer. The expressions use <cmath>'s
+// functions, so results may differ from the eager kernels' vectorized ones in the last bits (no
+// -ffast-math, no FMA contraction).
 //
 // Note [Compile cache]: a program's groups become one C++ file, built with the system compiler
 // into a shared object and loaded with dlopen. The file is cached under
@@ -24,15 +25,16 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
-#include <atomic>
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "program.h"
@@ -144,6 +146,56 @@ const char* c_type(ScalarType t) {
 
 bool contiguous(const TensorSpec& s) { return s.strides.ref() == contiguous_strides(s.sizes).ref(); }
 
+// Note [Broadcast inputs]: on the CPU a group also reads inputs that broadcast to its shape (a
+// conv's bias viewed as (1, C, 1, 1), a row of positions), or that are views with other strides.
+// Such an input's strides, broadcast to the group's shape (0 where it broadcasts), are split
+// into an outer part and an inner run: the longest trailing dims over which every stride is 0
+// (the input holds one value for the run) or over which the input is laid out as the group
+// (it holds the run contiguously). The loop then runs over outer indices, finds each such
+// input's start from the outer index once, and runs a vectorized inner loop over the shortest
+// run of the group's inputs. Runs under kMinRun elements are not fused.
+constexpr int64_t kMinRun = 8;
+
+// `s`'s strides broadcast to `shape`, or nullopt when its sizes do not broadcast to it.
+std::optional<DimVector> broadcast_strides(const TensorSpec& s, const DimVector& shape) {
+  const size_t r = shape.size(), sr = s.sizes.size();
+  if (sr > r) return std::nullopt;
+  DimVector st(r, 0);
+  for (size_t k = 0; k < sr; ++k) {
+    const int64_t size = s.sizes[sr - 1 - k], want = shape[r - 1 - k];
+    if (size == want)
+      st[r - 1 - k] = size == 1 ? 0 : s.strides[sr - 1 - k];
+    else if (size != 1)
+      return std::nullopt;
+  }
+  return st;
+}
+
+// The first dim of `s`'s inner run over `shape` (Note [Broadcast inputs]): shape.size() when it
+// has none; -1 when it does not broadcast.
+int64_t run_start(const TensorSpec& s, const DimVector& shape) {
+  const std::optional<DimVector> st = broadcast_strides(s, shape);
+  if (!st) return -1;
+  const int64_t r = static_cast<int64_t>(shape.size());
+  int64_t zero = r, dense = r, expect = 1;
+  for (int64_t d = r - 1; d >= 0; --d) {
+    const bool trivial = shape[d] == 1;
+    if (zero == d + 1 && ((*st)[d] == 0 || trivial)) zero = d;
+    if (dense == d + 1 && ((*st)[d] == expect || trivial)) dense = d;
+    expect *= shape[d];
+  }
+  return std::min(zero, dense);
+}
+
+// The length of that run in elements (0 when `s` does not broadcast to `shape`).
+int64_t run_of(const TensorSpec& s, const DimVector& shape) {
+  const int64_t d = run_start(s, shape);
+  if (d < 0) return 0;
+  int64_t n = 1;
+  for (size_t k = static_cast<size_t>(d); k < shape.size(); ++k) n *= shape[k];
+  return n;
+}
+
 // Whether node i can be a member of a group of `shape` and `dtype` given the values already in it.
 bool fits(const Program& p, size_t i, const std::map<ir::ValueId, bool>& in_group,
           const DimVector& shape, ScalarType dtype, bool any_device) {
@@ -166,7 +218,10 @@ bool fits(const Program& p, size_t i, const std::map<ir::ValueId, bool>& in_grou
       if (c_type(s.dtype) == nullptr || (s.dtype != dtype && !s.wrapped_number)) return false;
       continue;
     }
-    if (s.dtype != dtype || s.sizes.ref() != shape.ref() || !contiguous(s)) return false;
+    if (s.dtype != dtype) return false;
+    if (s.sizes.ref() == shape.ref() && contiguous(s)) continue;
+    // See Note [Broadcast inputs]: the CPU loop reads it in runs of kMinRun elements or more.
+    if (any_device || run_of(s, shape) < kMinRun) return false;
   }
   return true;
 }
@@ -242,9 +297,22 @@ std::string loop_body(const Program& p, FusedKernel& k, const std::vector<bool>&
 
 const char* value_type(ScalarType t) { return t == kFloat64 ? "double" : "float"; }
 
-// The group as a C++ function over arrays of pointers, an OpenMP loop.
+// The group as a C++ function over arrays of pointers, an OpenMP loop; with broadcast inputs,
+// an outer loop over runs and a vectorized inner one (Note [Broadcast inputs]).
 std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used_later) {
-  std::ostringstream loads;
+  const int64_t r = static_cast<int64_t>(k.sizes.size());
+  int64_t start = 0;  // the group's inner run: the dims from `start` on, the shortest input's
+  bool strided = false;
+  for (size_t i : k.members)
+    for (ir::ValueId v : p.graph.nodes()[i].inputs()) {
+      const TensorSpec& s = p.graph.value(v).meta;
+      if (numel_of(s.sizes) == 1 || (s.sizes.ref() == k.sizes.ref() && contiguous(s))) continue;
+      strided = true;
+      start = std::max(start, run_start(s, k.sizes));
+    }
+  int64_t inner = 1;
+  for (int64_t d = start; d < r; ++d) inner *= k.sizes[d];
+  std::ostringstream loads, starts;
   const std::string body = loop_body(p, k, used_later, [&](size_t j, const TensorSpec& spec) {
     const std::string idx = std::to_string(j);
     if (numel_of(spec.sizes) == 1) {
@@ -253,7 +321,18 @@ std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used
       return "s" + idx;
     }
     loads << "  const T* in" << idx << " = static_cast<const T*>(ins[" << idx << "]);\n";
-    return "in" + idx + "[i]";
+    if (!strided || (spec.sizes.ref() == k.sizes.ref() && contiguous(spec)))
+      return "in" + idx + "[i]";
+    // This run's start, from the outer index o, and whether the run holds one value or many.
+    const DimVector st = *broadcast_strides(spec, k.sizes);
+    starts << "    const T* b" << idx << " = in" << idx;
+    for (int64_t d = start - 1, below = 1; d >= 0; below *= k.sizes[d], --d)
+      if (st[d] != 0 && k.sizes[d] != 1)
+        starts << " + (o / " << below << " % " << k.sizes[d] << ") * " << st[d];
+    starts << ";\n";
+    bool dense = false;  // the run holds many values (else one)
+    for (int64_t d = start; d < r; ++d) dense = dense || (k.sizes[d] != 1 && st[d] != 0);
+    return "b" + idx + (dense ? "[j]" : "[0]");
   });
   std::ostringstream os;
   os << "extern \"C\" void " << k.name
@@ -261,12 +340,22 @@ std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used
      << "  using T = " << value_type(k.dtype) << ";\n"
      << loads.str();
   for (size_t j = 0; j < k.outputs.size(); ++j)
-    os << "  T* out" << j << " = static_cast<T*>(outs[" << j << "]);\n";
-  os << "#pragma omp parallel for simd if (n >= 65536)\n"
-     << "  for (int64_t i = 0; i < n; ++i) {\n"
-     << body;
-  for (size_t j = 0; j < k.outputs.size(); ++j) os << "    out" << j << "[i] = v" << k.outputs[j] << ";\n";
-  os << "  }\n}\n";
+    os << "  T* out" << j << "[[maybe_unused]] = static_cast<T*>(outs[" << j << "]);\n";
+  std::ostringstream stores;
+  for (size_t j = 0; j < k.outputs.size(); ++j)
+    stores << "    out" << j << "[i] = v" << k.outputs[j] << ";\n";
+  if (!strided) {
+    os << "#pragma omp parallel for simd if (n >= 65536)\n"
+       << "  for (int64_t i = 0; i < n; ++i) {\n"
+       << body << stores.str() << "  }\n}\n";
+    return os.str();
+  }
+  os << "#pragma omp parallel for if (n >= 65536)\n"
+     << "  for (int64_t o = 0; o < n / " << inner << "; ++o) {\n"
+     << starts.str() << "#pragma omp simd\n"
+     << "  for (int64_t j = 0; j < " << inner << "; ++j) {\n"
+     << "    const int64_t i = o * " << inner << " + j;\n"
+     << body << stores.str() << "  }\n  }\n}\n";
   return os.str();
 }
 

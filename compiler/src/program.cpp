@@ -134,10 +134,10 @@ void Program::finalize() {
 
 // Note [Buffer reuse]: within a step, a fused loop writes an output into the buffer of one of its
 // inputs when that input dies with the loop: made by a node of the program (never a graph
-// input), not a view or an in-place result, with no view or in-place result of it anywhere, not
-// a program result, and read last by this loop. The plan is made once, here; at run time the
-// buffer is taken only when nothing but the program holds it (its tensor and storage have one
-// owner), else the output gets a fresh one. The loop reads an element before it writes the same
+// input), contiguous, not a view or an in-place result, with no view or in-place result of it
+// anywhere, not a program result, and read last by this loop. The plan is made once, here; at run
+// time the buffer is taken only when nothing but the program holds it (its tensor and storage have
+// one owner), else the output gets a fresh one. The loop reads an element before it writes the same
 // element, and its `omp simd` makes no assumption about aliasing, so writing in place is safe.
 // Every other value is freed after its last use (frees), and the caching allocator hands its
 // block to the next allocation of that size.
@@ -161,7 +161,8 @@ void Program::plan_buffer_reuse(const std::vector<int64_t>& last_use) {
         const ir::ValueId v = k.inputs[a];
         const TensorSpec& s = graph.value(v).meta;
         if (taken[a] || !fresh[v] || aliased[v] || last_use[v] != at || s.dtype != k.dtype ||
-            s.sizes.ref() != k.sizes.ref() || !s.device.is_cpu())
+            s.sizes.ref() != k.sizes.ref() ||
+            s.strides.ref() != contiguous_strides(s.sizes).ref() || !s.device.is_cpu())
           continue;
         taken[a] = true;
         k.reuse[j] = static_cast<int>(a);

@@ -379,6 +379,35 @@ TEST(Compile, PointwiseChainsFuseAndMatchEager) {
   EXPECT_TRUE(std::isnan(f({nan, w, b})[0].flatten().select(0, 0).item<double>()));
 }
 
+// See Note [Broadcast inputs]: a conv-style bias (1, C, 1, 1), a row, a column and an expanded
+// value join the loops, each read at the right place; a transposed input (its inner stride is
+// not 1: runs of one element) stays outside them.
+TEST(Compile, BroadcastInputsFuseAndMatchEager) {
+  ScopedEnv cache("KILN_CACHE_DIR", fresh_dir("broadcast").string());
+  auto fn = [](const std::vector<Tensor>& in) {
+    Tensor h = relu(in[0] + in[1].view({1, 6, 1, 1}));                 // in[0]: (4, 6, 5, 8)
+    Tensor y = (h * in[2] - in[3]) * in[4].transpose(2, 3);            // (8,), (5, 1), (4, 6, 8, 5)
+    return std::vector<Tensor>{y.exp() + in[5].expand({4, 6, 5, 8})};  // (6, 1, 8)
+  };
+  std::vector<Tensor> in = {
+      random({4, 6, 5, 8}, kFloat32, -2, 2, 11), random({6}, kFloat32, -1, 1, 12),
+      random({8}, kFloat32, -1, 1, 13),          random({5, 1}, kFloat32, -1, 1, 14),
+      random({4, 6, 8, 5}, kFloat32, -1, 1, 15), random({6, 1, 8}, kFloat32, -1, 1, 16)};
+  auto f = compile(fn);
+  for (int i = 0; i < 2; ++i) expect_close(f(in)[0], fn(in)[0], 1e-6, 1e-6);
+  const std::string g = f.graph_str(0);
+  EXPECT_NE(g.find("fused kiln_fused_0: nodes 1 2 4 5 ->"), std::string::npos) << g;
+  EXPECT_NE(g.find("fused kiln_fused_1: nodes 8 9 ->"), std::string::npos) << g;
+  // Larger than the parallel threshold, with the bias of a conv.
+  Tensor x = random({8, 32, 32, 32}, kFloat32, -1, 1, 17), b = random({32}, kFloat32, -1, 1, 18);
+  auto conv_like = [](const std::vector<Tensor>& v) {
+    return std::vector<Tensor>{relu(v[0] + v[1].view({1, 32, 1, 1})) * 0.5};
+  };
+  auto c = compile(conv_like);
+  for (int i = 0; i < 2; ++i) expect_close(c({x, b})[0], conv_like({x, b})[0], 0, 0);
+  EXPECT_NE(c.graph_str(0).find("fused kiln_fused_0"), std::string::npos) << c.graph_str(0);
+}
+
 // See Note [Buffer reuse]: a loop whose input dies with it writes its output into that input's
 // buffer; an argument's buffer is never taken.
 TEST(Compile, AFusedLoopReusesTheBufferOfAnInputThatDiesWithIt) {
