@@ -228,6 +228,22 @@ def _default_mesh():
     return init_device_mesh("cpu", (n,))
 
 
+def _collect_params(m, prefix, seen, slots, params, names):
+    """Appends m's parameters, and its submodules' outside other FSDP modules, to slots (owner,
+    name), params and names. A module-level function: a self-recursive closure is a reference
+    cycle, which kept the unsharded parameters alive after fully_shard until the next collection."""
+    for name, p in m._parameters.items():
+        if p is None or id(p) in seen:
+            continue
+        seen.add(id(p))
+        slots.append((m, name))
+        params.append(p)
+        names.append(prefix + name)
+    for name, child in m._modules.items():
+        if child is not None and not isinstance(child, FSDPModule):
+            _collect_params(child, prefix + name + ".", seen, slots, params, names)
+
+
 def fully_shard(module, mesh=None, *, reshard_after_forward=True, mp_policy=MixedPrecisionPolicy(),
                 offload_policy=OffloadPolicy()):
     """Shards `module`'s parameters (those not already managed by a fully_shard call on a
@@ -258,20 +274,8 @@ def fully_shard(module, mesh=None, *, reshard_after_forward=True, mp_policy=Mixe
         raise NotImplementedError("fully_shard: CPUOffloadPolicy is not supported yet (Kiln's FSDP "
                                   "runs on CPU meshes, whose shards are on the host already)")
     # The parameters this call manages: not inside a submodule fully_shard already took.
-    slots, params, names, seen = [], [], [], set()
-
-    def walk(m, prefix):
-        for name, p in m._parameters.items():
-            if p is None or id(p) in seen:
-                continue
-            seen.add(id(p))
-            slots.append((m, name))
-            params.append(p)
-            names.append(prefix + name)
-        for name, child in m._modules.items():
-            if child is not None and not isinstance(child, FSDPModule):
-                walk(child, prefix + name + ".")
-    walk(module, "")
+    slots, params, names = [], [], []
+    _collect_params(module, "", set(), slots, params, names)
     group = _C._FSDPParamGroup.create(params, mesh._c, mp_policy.param_dtype,
                                       mp_policy.reduce_dtype, names)
     reshard_after_forward = _set_reshard(group, mesh, reshard_after_forward)
