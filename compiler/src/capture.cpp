@@ -270,24 +270,10 @@ void rebase_random(Tracer& tr, GeneratorState before, GeneratorState after) {
   p.rng_seed = before.seed;
   p.rng_offset = before.offset;
   p.rng_count = after.offset - before.offset;
-  auto in_block = [&](uint64_t seed, uint64_t offset) {
-    return seed == p.rng_seed && offset >= p.rng_offset && offset < p.rng_offset + p.rng_count;
-  };
-  const auto& nodes = p.graph.nodes();
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const ir::Node& n = nodes[i];
-    if (n.rng && !p.generators[i] && !in_block(n.rng->seed, n.rng->offset)) {
-      tr.refuse(Event::Kind::Fallback, "random op '" + n.op_name +
-                                           "' drew from the default generator outside this call");
-      return;
-    }
-    const auto [seed_arg, offset_arg] = ir::seed_offset_args(*n.op);
-    if (seed_arg < 0) continue;
-    const uint64_t seed = static_cast<uint64_t>(n.args[seed_arg].attribute().to_int());
-    const uint64_t offset = static_cast<uint64_t>(n.args[offset_arg].attribute().to_int());
-    // A (seed, offset) the caller chose itself (dropout_seeded called directly) is a constant.
-    if (in_block(seed, offset)) p.seed_uses.push_back({i, seed_arg, offset_arg});
-  }
+  const int64_t outside = p.find_block_uses();
+  if (outside >= 0)
+    tr.refuse(Event::Kind::Fallback, "random op '" + p.graph.nodes()[outside].op_name +
+                                         "' drew from the default generator outside this call");
 }
 
 // Outputs that need autograd, from a function that ran no backward itself: the backward is

@@ -194,6 +194,22 @@ void run_kernel(const FusedKernel& k, std::vector<Tensor>& env) {
 
 }  // namespace
 
+int64_t Program::find_block_uses() {
+  seed_uses.clear();
+  const auto& nodes = graph.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const ir::Node& n = nodes[i];
+    if (n.rng && !generators[i] && !in_block(n.rng->seed, n.rng->offset))
+      return static_cast<int64_t>(i);
+    const auto [seed_arg, offset_arg] = ir::seed_offset_args(*n.op);
+    if (seed_arg < 0) continue;
+    if (in_block(static_cast<uint64_t>(n.args[seed_arg].attribute().to_int()),
+                 static_cast<uint64_t>(n.args[offset_arg].attribute().to_int())))
+      seed_uses.push_back({i, seed_arg, offset_arg});
+  }
+  return -1;
+}
+
 void Program::run_nodes(std::vector<Tensor>& env, std::optional<Phase> only, uint64_t seed,
                         uint64_t base, const std::vector<GeneratorState>* rng) const {
   // See Note [Random ops in a program].
@@ -314,7 +330,8 @@ std::vector<Tensor> Program::attach_backward(const std::vector<Tensor>& input_te
 
 namespace kiln::compiler {
 
-CompiledGraph::CompiledGraph(ir::Graph g) : p_(std::make_shared<detail::Program>()) {
+CompiledGraph::CompiledGraph(ir::Graph g, RandomBlock block)
+    : p_(std::make_shared<detail::Program>()) {
   ir::verify_or_throw(g);
   detail::Program& p = *p_;
   p.graph = std::move(g);
@@ -327,10 +344,19 @@ CompiledGraph::CompiledGraph(ir::Graph g) : p_(std::make_shared<detail::Program>
   p.generators.assign(p.graph.nodes().size(), std::nullopt);
   p.phases.assign(p.graph.nodes().size(), detail::Phase::Forward);
   p.outputs = p.graph.outputs();
-  // Seeded ops (dropout_seeded, ...) take this run's seed and offset too (run()'s `rng`).
-  for (size_t i = 0; i < p.graph.nodes().size(); ++i) {
-    const auto [seed_arg, offset_arg] = ir::seed_offset_args(*p.graph.nodes()[i].op);
-    if (seed_arg >= 0) p.seed_uses.push_back({i, seed_arg, offset_arg});
+  std::tie(p.rng_seed, p.rng_offset, p.rng_count) =
+      std::tuple(block.seed, block.offset, block.count);
+  if (block.count > 0) {
+    const int64_t outside = p.find_block_uses();
+    KILN_CHECK(outside < 0, Value, "CompiledGraph: node ", outside, " '",
+               outside < 0 ? "" : p.graph.nodes()[outside].op_name,
+               "' draws outside the graph's block of random numbers");
+  } else {
+    // Seeded ops (dropout_seeded, ...) take this run's seed and offset too (run()'s `rng`).
+    for (size_t i = 0; i < p.graph.nodes().size(); ++i) {
+      const auto [seed_arg, offset_arg] = ir::seed_offset_args(*p.graph.nodes()[i].op);
+      if (seed_arg >= 0) p.seed_uses.push_back({i, seed_arg, offset_arg});
+    }
   }
   if (detail::fusion_enabled()) {
     std::string problem = detail::compiler_problem();
@@ -342,22 +368,42 @@ CompiledGraph::CompiledGraph(ir::Graph g) : p_(std::make_shared<detail::Program>
 
 CompiledGraph::~CompiledGraph() = default;
 
-std::vector<Tensor> CompiledGraph::run(const std::vector<Tensor>& inputs,
-                                       const std::vector<GeneratorState>& rng) const {
-  const detail::Program& p = *p_;
+namespace {
+
+// A CompiledGraph's run: per-node random states when `rng` is given, else the block moved to
+// (seed, base).
+std::vector<Tensor> run_graph(const detail::Program& p, const std::vector<Tensor>& inputs,
+                              uint64_t seed, uint64_t base,
+                              const std::vector<GeneratorState>* rng) {
   KILN_CHECK(inputs.size() == p.graph.inputs().size(), Value, "CompiledGraph: ", inputs.size(),
              " inputs for a graph of ", p.graph.inputs().size());
-  KILN_CHECK(rng.size() == p.graph.nodes().size(), Value, "CompiledGraph: ", rng.size(),
-             " random states for ", p.graph.nodes().size(), " nodes");
   std::vector<Tensor> env(static_cast<size_t>(p.graph.num_values()));
   for (size_t i = 0; i < inputs.size(); ++i) env[p.graph.inputs()[i]] = inputs[i];
   {
     ExcludeDispatchKeyGuard below(DispatchKeySet::all() - DispatchKeySet::backends());
-    p.run_nodes(env, std::nullopt, 0, 0, &rng);
+    p.run_nodes(env, std::nullopt, seed, base, rng);
   }
   std::vector<Tensor> out;
   for (ir::ValueId v : p.outputs) out.push_back(env[v]);
   return out;
+}
+
+}  // namespace
+
+std::vector<Tensor> CompiledGraph::run(const std::vector<Tensor>& inputs,
+                                       const std::vector<GeneratorState>& rng) const {
+  KILN_CHECK(rng.size() == p_->graph.nodes().size(), Value, "CompiledGraph: ", rng.size(),
+             " random states for ", p_->graph.nodes().size(), " nodes");
+  return run_graph(*p_, inputs, 0, 0, &rng);
+}
+
+std::vector<Tensor> CompiledGraph::run(const std::vector<Tensor>& inputs, uint64_t seed,
+                                       uint64_t base) const {
+  if (p_->rng_count == 0)
+    for (const ir::Node& n : p_->graph.nodes())
+      KILN_CHECK(!n.rng && ir::seed_offset_args(*n.op).first < 0, Value, "CompiledGraph: node '",
+                 n.op_name, "' draws random numbers, and the graph was built without its block");
+  return run_graph(*p_, inputs, seed, base, nullptr);
 }
 
 int CompiledGraph::num_fused_loops() const { return static_cast<int>(p_->kernels.size()); }

@@ -97,6 +97,14 @@ struct Program : std::enable_shared_from_this<Program> {
     int seed_arg, offset_arg;
   };
   std::vector<SeedUse> seed_uses;
+  bool in_block(uint64_t seed, uint64_t offset) const {
+    return rng_count > 0 && seed == rng_seed && offset >= rng_offset &&
+           offset - rng_offset < rng_count;
+  }
+  // Fills seed_uses with the seeded ops whose seed and offset lie in the block (the others were
+  // given constants: dropout_seeded called directly); returns the first node drawing from the
+  // default generator outside the block, or -1.
+  int64_t find_block_uses();
   // Fused groups and the shared object holding their code (fuse()).
   std::vector<FusedKernel> kernels;
   std::shared_ptr<void> library;

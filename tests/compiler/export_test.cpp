@@ -180,6 +180,18 @@ TEST(ExportStep, RandomOpsKeepTheirBlockAndExplicitGeneratorsAreRefused) {
   EXPECT_EQ(s.rng_offset, before.offset);
   EXPECT_EQ(s.rng_count, after.offset - before.offset);
   EXPECT_GT(s.rng_count, 0u);
+  // Replayed onto another block, the step draws what eager draws from the default generator
+  // at that block's start; a block that misses a random node is refused naming it.
+  compiler::CompiledGraph cg(s.graph, {s.rng_seed, s.rng_offset, s.rng_count});
+  default_generator().set_state({7, 4096});
+  Tensor want = fn({ones({8})})[0];
+  expect_close(cg.run({ones({8})}, 7, 4096)[0], want, 0, 0);
+  EXPECT_GT((cg.run({ones({8})}, 7, 4096 + s.rng_count)[0] - want).abs().max().item<double>(), 0);
+  expect_error(ErrorKind::Value, "draws outside the graph's block", [&] {
+    compiler::CompiledGraph(s.graph, {s.rng_seed + 1, s.rng_offset, s.rng_count});
+  });
+  expect_error(ErrorKind::Value, "built without its block",
+               [&] { compiler::CompiledGraph(s.graph).run({ones({8})}, 7, 4096); });
   Generator gen(5);
   auto with_gen = [&](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{add(in[0], randn({8}, gen))};

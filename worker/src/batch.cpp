@@ -56,29 +56,8 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
     KILN_CHECK(spec.ParseFromString(run.spec()), Value, what, ": the spec is not a BatchJob");
     ir::Graph g = proto::decode_graph(spec.step());
     const size_t n = g.inputs().size();
-    KILN_CHECK(static_cast<size_t>(spec.inputs_size()) == n, Value, what, ": ",
-               spec.inputs_size(), " input sources for a step of ", n, " inputs");
-    // Per node, its place in the step's block of counters (See Note [Random batch steps]).
-    const uint64_t block = spec.rng_offset(), count = spec.rng_count();
-    auto in_block = [&](uint64_t seed, uint64_t offset) {
-      return count > 0 && seed == spec.rng_seed() && offset >= block && offset - block < count;
-    };
-    std::vector<GeneratorState> rng(g.nodes().size());
-    std::vector<std::pair<size_t, uint64_t>> draws;  // (node, offset within the block)
-    for (size_t i = 0; i < g.nodes().size(); ++i) {
-      const ir::Node& node = g.nodes()[i];
-      if (node.rng) {
-        KILN_CHECK(in_block(node.rng->seed, node.rng->offset), Value, what, ": node ", i, " '",
-                   node.op_name, "' draws outside the step's block of random numbers");
-        draws.emplace_back(i, node.rng->offset - block);
-        continue;
-      }
-      const auto [seed_arg, offset_arg] = ir::seed_offset_args(*node.op);
-      if (seed_arg < 0) continue;
-      rng[i] = {static_cast<uint64_t>(node.args[seed_arg].attribute().to_int()),
-                static_cast<uint64_t>(node.args[offset_arg].attribute().to_int())};
-      if (in_block(rng[i].seed, rng[i].offset)) draws.emplace_back(i, rng[i].offset - block);
-    }
+    KILN_CHECK(static_cast<size_t>(spec.inputs_size()) == n, Value, what, ": ", spec.inputs_size(),
+               " input sources for a step of ", n, " inputs");
     KILN_CHECK(spec.loss() >= -1 && spec.loss() < static_cast<int>(g.outputs().size()), Value,
                what, ": loss output ", spec.loss(), " of a step with ", g.outputs().size(),
                " outputs");
@@ -142,7 +121,9 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
     step = resume ? saved_step(loaded.extra) : 0;
     res.set_resumed(step);
 
-    compiler::CompiledGraph step_graph(std::move(g));
+    // See Note [Random batch steps].
+    compiler::CompiledGraph step_graph(std::move(g),
+                                       {spec.rng_seed(), spec.rng_offset(), spec.rng_count()});
     auto mark = std::chrono::steady_clock::now();
     double waited = dist::collective_wait_seconds();
     for (int64_t s = step + 1; s <= spec.steps(); ++s) {
@@ -154,9 +135,8 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
                                  full({1}, all.size(0), kInt64, device));
         inputs[i] = index_select(all, 0, index);
       }
-      const uint64_t base = (static_cast<uint64_t>(s - 1) * world + rank) * count;
-      for (const auto& [node, at] : draws) rng[node] = {spec.seed(), base + at};
-      std::vector<Tensor> outs = step_graph.run(inputs, rng);
+      const uint64_t base = (static_cast<uint64_t>(s - 1) * world + rank) * spec.rng_count();
+      std::vector<Tensor> outs = step_graph.run(inputs, spec.seed(), base);
       const auto now = std::chrono::steady_clock::now();
       const double seconds = std::chrono::duration<double>(now - mark).count();
       const double w = dist::collective_wait_seconds();
