@@ -240,3 +240,13 @@ def test_sequential_and_state_dict():
     fresh.load_state_dict(state)
     assert fresh.last_epoch == 3 and fresh.get_last_lr() == pytest.approx([0.1])
     assert fresh.optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+    # A SequentialLR holding a LambdaLR resumes where it stopped, its function kept.
+    def make_seq(o):
+        return S.SequentialLR(o, [S.LambdaLR(o, lambda e: 0.5 ** e), S.ExponentialLR(o, 0.1)],
+                              milestones=[4])
+    run = make_seq(opt(1.0))
+    first = lrs(run, 2)
+    resumed = make_seq(opt(1.0))
+    resumed.load_state_dict(run.state_dict())
+    straight = make_seq(opt(1.0))
+    assert first + lrs(resumed, 4) == pytest.approx(lrs(straight, 6))

@@ -279,5 +279,5 @@ class SequentialLR(LRScheduler):
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
         for s, sd in zip(self._schedulers, state_dict.pop("_schedulers")):
-            s.__dict__.update(sd)
+            s.load_state_dict(sd)  # its own: a LambdaLR keeps its functions
         super().load_state_dict(state_dict)
