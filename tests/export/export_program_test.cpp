@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "export_util.h"
 #include "file_format.h"  // client/export/src: to forge files
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/exported_program.h"
@@ -17,12 +18,6 @@
 
 namespace kiln::testing {
 namespace {
-
-using Fn = compiler::Fn;
-
-Fn forward_of(const nn::ModulePtr& m) {
-  return [m](const std::vector<Tensor>& in) { return std::vector<Tensor>{m->forward(in[0])}; };
-}
 
 Tensor eager(const nn::ModulePtr& m, const Tensor& x) {
   autograd::NoGradGuard g;
@@ -41,18 +36,10 @@ std::shared_ptr<nn::Sequential> make_mlp() {
                                  std::make_shared<nn::Linear>(32, 5)});
 }
 
-ExportOptions batch_dynamic(const std::vector<std::string>& names) {
-  ExportOptions o;
-  o.input_names = names;
-  o.dynamic_dims = {{.input = 0, .dim = 0, .name = "batch"}};
-  return o;
-}
-
 TEST(ExportProgram, MlpFromFileMatchesEagerAtOtherBatchSizes) {
   auto mlp = make_mlp();
   mlp->eval();
-  ExportOptions o = batch_dynamic({"x"});
-  for (const auto& [name, t] : mlp->named_parameters()) o.weight_names.emplace_back(name, t);
+  ExportOptions o = batch_dynamic({"x"}, mlp);
   const std::string path = tmp_path("mlp");
   export_program(path, forward_of(mlp), {random({4, 12}, kFloat32, -1, 1, 1)}, o);
   ExportedProgram p = ExportedProgram::load(path);
@@ -133,7 +120,7 @@ TEST(ExportProgram, ABatchNormInTrainingModeIsRefused) {
 // are products of two symbols.
 TEST(ExportProgram, TwoSymbolsAndTheirProduct) {
   auto lin = std::make_shared<nn::Linear>(6, 2);
-  Fn fn = [lin](const std::vector<Tensor>& in) {
+  compiler::Fn fn = [lin](const std::vector<Tensor>& in) {
     const Tensor& x = in[0];
     const int64_t b = x.size(0), t = x.size(1);
     Tensor y = lin->forward(x.reshape({b * t, 6})).reshape({b, t, 2});

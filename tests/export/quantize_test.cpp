@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "export_util.h"
 #include "kiln/autograd/grad_mode.h"
 #include "kiln/nn/nn.h"
 #include "kiln/quantization.h"
@@ -36,13 +37,8 @@ class Cnn : public nn::Module {
 };
 
 ExportedProgram export_module(const nn::ModulePtr& m, const Tensor& example) {
-  ExportOptions o;
-  o.input_names = {"x"};
-  o.dynamic_dims = {{.input = 0, .dim = 0, .name = "batch"}};
-  for (const auto& [name, t] : m->named_parameters()) o.weight_names.emplace_back(name, t);
-  for (const auto& [name, t] : m->named_buffers()) o.weight_names.emplace_back(name, t);
-  auto fn = [m](const std::vector<Tensor>& in) { return std::vector<Tensor>{m->forward(in[0])}; };
-  return ExportedProgram::from_bytes(export_program_bytes(fn, {example}, o), "float");
+  return ExportedProgram::from_bytes(
+      export_program_bytes(forward_of(m), {example}, batch_dynamic({"x"}, m)), "float");
 }
 
 // 10 log10(|ref|^2 / |got - ref|^2).
