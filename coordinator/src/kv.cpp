@@ -2,7 +2,7 @@
 // outlive a gang's start-up), dropped when the session ends. The ops follow torch's TCPStore:
 // set, get (optionally waiting for the key), add (a decimal counter) and compare_set. Only the
 // session's tenant and the workers of its gang reach its keys (Note [Session credentials] in
-// coordinator.cpp).
+// sessions.cpp).
 #include <absl/strings/numbers.h>
 #include <absl/strings/str_cat.h>
 

@@ -1,7 +1,14 @@
 #include "state.h"
 
+#include <absl/strings/escaping.h>
+#include <absl/strings/str_cat.h>
+#include <sys/random.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "kiln/proto/json.h"
 
@@ -73,6 +80,24 @@ int64_t now_unix_ms() {
 int64_t now_unix_us() {
   using namespace std::chrono;
   return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+std::string random_hex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  for (size_t got = 0; got < bytes;) {
+    const ssize_t n = getrandom(raw.data() + got, bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error(absl::StrCat("getrandom: ", std::strerror(errno)));
+    got += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(raw);
+}
+
+std::string shown(const std::string& v) {
+  constexpr size_t kShown = 64;
+  std::string out = absl::CHexEscape(v.substr(0, kShown));
+  if (v.size() > kShown) absl::StrAppend(&out, "... (", v.size(), " bytes)");
+  return out;
 }
 
 absl::Status State::open(const std::string& path) {

@@ -26,6 +26,12 @@ using Clock = std::chrono::steady_clock;
 
 int64_t now_unix_ms();
 int64_t now_unix_us();
+// `bytes` bytes from the kernel's CSPRNG, as hex (ids must not be predictable from earlier ones,
+// and secrets must not be guessable at all).
+std::string random_hex(size_t bytes);
+// A field's value for an error message: escaped and cut, so a hostile megabyte does not become
+// the message.
+std::string shown(const std::string& v);
 
 struct WorkerRec {
   proto::WorkerInfo info;  // state "idle", "busy" or "dead"
@@ -51,7 +57,7 @@ struct SessionRec {
     return at == worker_ids.end() ? -1 : static_cast<int>(at - worker_ids.begin());
   }
   int64_t created_unix_ms = 0;
-  // Its credential (Note [Session credentials] in coordinator.cpp); "" for a session stored by a
+  // Its credential (Note [Session credentials] in sessions.cpp); "" for a session stored by a
   // coordinator from before secrets, which no worker accepts.
   std::string secret;
   // When it stopped being open (not stored: a loaded ended session counts from the load), for

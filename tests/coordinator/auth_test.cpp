@@ -1,4 +1,4 @@
-// kiln-coordinator's tenants (Note [Session credentials] in coordinator/src/coordinator.cpp):
+// kiln-coordinator's tenants (Note [Session credentials] in coordinator/src/sessions.cpp):
 // each tenant sees and uses only its own sessions, a session id is no credential without its
 // secret, the workers of a gang reach its store, and tokens are checked as they are loaded.
 #include "harness.h"

@@ -77,7 +77,7 @@ inline constexpr size_t kMaxWorkerIdBytes = 128;
 inline constexpr size_t kMaxAddressBytes = 256;
 
 // Who makes a call, as the service authenticated it (Note [Session credentials] in
-// coordinator.cpp says what each may do with a session).
+// coordinator/src/sessions.cpp says what each may do with a session).
 struct Caller {
   enum class Kind {
     kAnyone,  // auth is off (loopback only): no one is told apart
