@@ -15,6 +15,7 @@
 
 #include "kiln/cuda/allocator.h"
 #include "kiln/cuda/device.h"
+#include "kiln/profiler.h"
 #include "kiln/tensor.h"
 
 namespace kiln::cuda {
@@ -66,7 +67,7 @@ class DevicePool {
 
   void* allocate(size_t nbytes, cudaStream_t stream) {
     size_t size = round_size(nbytes);
-    std::lock_guard<std::mutex> g(mu_);
+    std::unique_lock<std::mutex> g(mu_);
     ++stats_.num_allocs;
     process_events();
     Block* b = find_free(size, stream);
@@ -79,11 +80,25 @@ class DevicePool {
     b->allocated = true;
     stats_.in_use_bytes += b->size;
     stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
-    return b->ptr;
+    void* ptr = b->ptr;
+    const int64_t bytes = static_cast<int64_t>(b->size), in_use = stats_.in_use_bytes;
+    g.unlock();
+    record(ptr, bytes, in_use);
+    return ptr;
   }
 
   void free(void* ptr) {
-    std::lock_guard<std::mutex> g(mu_);
+    int64_t bytes, in_use;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      bytes = static_cast<int64_t>(free_locked(ptr));
+      in_use = stats_.in_use_bytes;
+    }
+    record(ptr, -bytes, in_use);
+  }
+
+  // Returns the block's size.
+  size_t free_locked(void* ptr) {
     auto it = blocks_.find(ptr);
     KILN_ASSERT(it != blocks_.end() && it->second->allocated, "CUDA free of an unknown block");
     Block* b = it->second.get();
@@ -92,7 +107,7 @@ class DevicePool {
     stats_.cached_bytes += b->size;
     if (b->uses.empty()) {
       free_.insert(b);
-      return;
+      return b->size;
     }
     // Wait for every other stream that used the block
     // (See Note [Stream-ordered reuse] in kiln/cuda/allocator.h).
@@ -104,6 +119,13 @@ class DevicePool {
       ++b->pending_events;
     }
     b->uses.clear();
+    return b->size;
+  }
+
+  // An allocation (bytes > 0) or free for the profiler (Note [Profiler hook] in kiln/profiler.h).
+  void record(const void* ptr, int64_t bytes, int64_t in_use) const {
+    if (__builtin_expect(profiler::detail::memory_on(), 0))
+      profiler::detail::record_memory(ptr, bytes, in_use, Device(DeviceType::CUDA, device_));
   }
 
   void record_stream(const void* ptr, cudaStream_t stream) {

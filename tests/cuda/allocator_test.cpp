@@ -1,13 +1,15 @@
 // The CUDA caching allocator, checked calls and the no-device path (kernels/cuda).
+#include "kiln/cuda/allocator.h"
+
 #include <atomic>
 #include <chrono>
 #include <thread>
 
 #include "cuda/gpu_util.h"
 #include "cuda/harness.h"
-#include "kiln/cuda/allocator.h"
 #include "kiln/cuda/device.h"
 #include "kiln/cuda/pinned.h"
+#include "kiln/profiler.h"
 
 using namespace kiln;
 using namespace kiln::gputest;
@@ -78,6 +80,31 @@ GPU_TEST(Allocator, SmallBlocksRoundAndReuse) {
   DataPtr r = cuda::cuda_allocator()->allocate(1025);  // a different class: a new block
   EXPECT_NE(r.get(), first);
   EXPECT_EQ(cuda::device_stats(0).peak_in_use_bytes - s0.in_use_bytes, size_t{1024 + 1536});
+}
+
+// The profiler's memory events come from the CUDA allocator too, on the device's timeline
+// (Note [Profiler hook] in kiln/profiler.h).
+GPU_TEST(Allocator, ProfilerSeesAllocationsAndFrees) {
+  REQUIRE_GPU();
+  profiler::ProfilerOptions o;
+  o.profile_memory = true;
+  profiler::Profile prof(o);
+  prof.start();
+  void* p = nullptr;
+  {
+    DataPtr d = cuda::cuda_allocator()->allocate(3000);  // -> 3072 bytes
+    p = d.get();
+  }
+  prof.stop();
+  int allocs = 0, frees = 0;
+  for (const profiler::MemoryEvent& m : prof.trace().memory_events()) {
+    if (m.addr != reinterpret_cast<uint64_t>(p)) continue;
+    EXPECT_EQ(m.device, Device(DeviceType::CUDA, 0));
+    allocs += m.bytes == 3072;
+    frees += m.bytes == -3072;
+  }
+  EXPECT_EQ(allocs, 1);
+  EXPECT_EQ(frees, 1);
 }
 
 GPU_TEST(Allocator, LargeBlocksUseTwoMiBGranules) {
