@@ -202,6 +202,27 @@ void binary_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const F&
   }
   StridedIter<3> it({&out, &a, &b});
   it.run([&](const std::array<char*, 3>& p, const std::array<int64_t, 3>& s, int64_t cnt) {
+    O* po = reinterpret_cast<O*>(p[0]);
+    const T* px = reinterpret_cast<const T*>(p[1]);
+    const T* py = reinterpret_cast<const T*>(p[2]);
+    constexpr int64_t so = sizeof(O), st = sizeof(T);
+    if (s[0] == so && s[1] == st && (s[2] == st || s[2] == 0)) {
+      if (s[2] == 0) {  // b constant along the inner dim (a bias over channels, say)
+        const T yv = *py;
+#pragma omp simd
+        for (int64_t i = 0; i < cnt; ++i) po[i] = f(px[i], yv);
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < cnt; ++i) po[i] = f(px[i], py[i]);
+      }
+      return;
+    }
+    if (s[0] == so && s[1] == 0 && s[2] == st) {
+      const T xv = *px;
+#pragma omp simd
+      for (int64_t i = 0; i < cnt; ++i) po[i] = f(xv, py[i]);
+      return;
+    }
     for (int64_t i = 0; i < cnt; ++i)
       *reinterpret_cast<O*>(p[0] + i * s[0]) = f(*reinterpret_cast<const T*>(p[1] + i * s[1]),
                                                  *reinterpret_cast<const T*>(p[2] + i * s[2]));
