@@ -168,3 +168,34 @@ def test_custom_function():
 
     with pytest.raises(RuntimeError, match="incorrect number of gradients"):
         Wrong.apply(x).sum().backward()
+
+
+def test_an_output_kept_on_ctx_is_named():
+    """ctx.y = y for an output is a reference cycle through the C++ node that Python's collector
+    cannot break (see the warning); save_for_backward is not, and says nothing."""
+    import warnings
+
+    ctxs = []
+
+    class KeepsOutput(kiln.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = x.exp()
+            ctx.y = y
+            ctxs.append(ctx)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.y
+
+    x = kiln.ones(3, requires_grad=True)
+    with pytest.warns(UserWarning, match="KeepsOutput.forward keeps its output as ctx.y"):
+        KeepsOutput.apply(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Exp.apply(x).sum().backward()
+        with kiln.no_grad():
+            KeepsOutput.apply(x)  # no graph, no cycle
+    for ctx in ctxs:  # the test's own cycle, broken by hand
+        del ctx.y

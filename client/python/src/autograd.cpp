@@ -111,6 +111,24 @@ nb::object function_apply(nb::handle cls, nb::args args) {
     out_tensors.push_back(unwrap(outs[k].ptr()));
     out_pos.push_back(k);
   }
+  // An output kept as an attribute of ctx (ctx.y = y, not save_for_backward) makes a cycle
+  // ctx -> y -> its node -> ctx through C++, which Python's collector cannot see: that output
+  // and its graph would never be freed. Say so (once per call site, as warnings do).
+  if (is_executable && nb::hasattr(ctx, "__dict__")) {
+    for (auto [key, value] : nb::borrow<nb::dict>(ctx.attr("__dict__"))) {
+      if (!is_tensor(value.ptr())) continue;
+      const TensorImpl* held = unwrap(value.ptr()).impl();
+      for (const Tensor& t : out_tensors)
+        if (t.impl() == held) {
+          const std::string msg =
+              nb::cast<std::string>(cls.attr("__name__")) + ".forward keeps its output as ctx." +
+              nb::cast<std::string>(nb::str(key)) +
+              ", which is never freed (a reference cycle through the autograd graph); "
+              "use ctx.save_for_backward for outputs";
+          if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) throw nb::python_error();
+        }
+    }
+  }
   variable_list wrapped = node->wrap_outputs(inputs, std::move(out_tensors), is_executable);
   nb::list result;
   for (size_t k = 0; k < outs.size(); ++k) result.append(outs[k]);
