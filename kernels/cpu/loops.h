@@ -117,27 +117,37 @@ struct StridedIter {
     strides = st;
   }
 
-  // Calls loop(ptrs, inner_strides, n) over inner segments of elements [begin, end).
+  // Calls loop(ptrs, inner_strides, n) over inner segments of elements [begin, end). The outer
+  // index is found by division once, then advanced as an odometer: short inner segments (a
+  // (B, H, T, D) -> (B, T, H, D) copy moves D elements at a time) pay no division each.
   template <typename Loop>
   void run_range(int64_t begin, int64_t end, const Loop& loop) const {
-    int64_t nd = static_cast<int64_t>(shape.size());
-    int64_t inner = shape[nd - 1];
+    if (begin >= end) return;  // nothing to do, and an empty dim may make `inner` 0
+    const int64_t nd = static_cast<int64_t>(shape.size());
+    const int64_t inner = shape[nd - 1];
     std::array<int64_t, N> istr;
     for (int k = 0; k < N; ++k) istr[k] = strides[k][nd - 1];
-    int64_t i = begin;
-    while (i < end) {
-      int64_t outer = i / inner, j = i % inner;
-      std::array<char*, N> p = base;
-      int64_t rem = outer;
-      for (int64_t d = nd - 2; d >= 0; --d) {
-        int64_t idx = rem % shape[d];
-        rem /= shape[d];
-        for (int k = 0; k < N; ++k) p[k] += idx * strides[k][d];
-      }
-      int64_t n = std::min(inner - j, end - i);
-      for (int k = 0; k < N; ++k) p[k] += j * istr[k];
-      loop(p, istr, n);
+    DimVector idx(static_cast<size_t>(nd - 1), 0);
+    std::array<char*, N> p = base;
+    int64_t rem = begin / inner, j = begin % inner;
+    for (int64_t d = nd - 2; d >= 0; --d) {
+      idx[d] = rem % shape[d];
+      rem /= shape[d];
+      for (int k = 0; k < N; ++k) p[k] += idx[d] * strides[k][d];
+    }
+    for (int64_t i = begin; i < end;) {
+      const int64_t n = std::min(inner - j, end - i);
+      std::array<char*, N> q = p;
+      for (int k = 0; k < N; ++k) q[k] += j * istr[k];
+      loop(q, istr, n);
       i += n;
+      j = 0;
+      for (int64_t d = nd - 2; d >= 0; --d) {  // the next row
+        for (int k = 0; k < N; ++k) p[k] += strides[k][d];
+        if (++idx[d] < shape[d]) break;
+        for (int k = 0; k < N; ++k) p[k] -= strides[k][d] * shape[d];
+        idx[d] = 0;
+      }
     }
   }
 
