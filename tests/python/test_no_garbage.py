@@ -71,6 +71,13 @@ def mlp():
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
 
+def mlp_and_adamw():
+    """The seeded MLP most paths train, and its AdamW."""
+    kiln.manual_seed(0)
+    model = mlp()
+    return model, kiln.optim.AdamW(model.parameters(), lr=1e-2)
+
+
 def batch(n=6):
     return kiln.randn(n, 8), kiln.randint(0, 4, (n,))
 
@@ -87,9 +94,7 @@ def train_step(model, opt, x, y, *, clip=None):
 
 # ---- eager training ----------------------------------------------------------------------------
 def test_eager_training_with_adamw():
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     x, y = batch()
     assert_no_garbage(lambda: train_step(model, opt, x, y))
 
@@ -104,18 +109,14 @@ def test_a_cnn_with_dropout_and_batchnorm():
 
 
 def test_clip_grad_norm():
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     x, y = batch()
     assert_no_garbage(lambda: train_step(model, opt, x, y, clip=0.5))
     assert_no_garbage(lambda: nn.utils.clip_grad_value_(model.parameters(), 0.1))
 
 
 def test_lr_scheduler():
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     sched = kiln.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
     x, y = batch()
 
@@ -126,9 +127,7 @@ def test_lr_scheduler():
 
 
 def test_dataloader_with_shuffle():
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     xs, ys = kiln.randn(20, 8), kiln.randint(0, 4, (20,))
     loader = DataLoader(TensorDataset(xs, ys), batch_size=6, shuffle=True,
                         generator=kiln.Generator().manual_seed(0))
@@ -162,9 +161,7 @@ class Stream(kiln.utils.data.IterableDataset):
 
 def test_other_datasets():
     from kiln.utils.data import ConcatDataset, Subset, random_split
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     xs, ys = kiln.randn(20, 8), kiln.randint(0, 4, (20,))
     full = TensorDataset(xs, ys)
     a, b = random_split(full, [15, 5], generator=kiln.Generator().manual_seed(0))
@@ -187,9 +184,7 @@ def test_other_datasets():
 
 
 def test_autocast_bf16():
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     x, y = batch()
 
     def step():
@@ -253,9 +248,7 @@ def test_grad_scaler():
     scaler_type = getattr(kiln.amp, "GradScaler", None)
     if scaler_type is None:
         pytest.skip("kiln.amp has no GradScaler (bf16 autocast needs none)")
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     scaler = scaler_type()
     x, y = batch()
 
@@ -342,9 +335,7 @@ def test_autograd_grad_and_tensor_hooks():
 
 
 def test_module_forward_hooks():
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     seen = []
     model[0].register_forward_pre_hook(lambda m, args: (args[0] * 1.0,))
     model[0].register_forward_pre_hook(lambda m, args, kwargs: (args, kwargs), with_kwargs=True)
@@ -401,9 +392,7 @@ def test_nested_tensors():
 
 # ---- state dicts and checkpoints ---------------------------------------------------------------
 def test_optimizer_and_module_state_dicts():
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     x, y = batch()
     train_step(model, opt, x, y)
 
@@ -415,9 +404,7 @@ def test_optimizer_and_module_state_dicts():
 
 
 def test_save_and_load(tmp_path):
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     x, y = batch()
 
     def step():
@@ -555,9 +542,7 @@ def test_pipeline_schedule(world_of_one):
 
 def test_distributed_checkpoint(tmp_path):
     import kiln.distributed.checkpoint as dcp
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     x, y = batch()
 
     def step():
@@ -598,9 +583,7 @@ def test_qat_training():
 
 
 def test_profiler_steps():
-    kiln.manual_seed(0)
-    model = mlp()
-    opt = kiln.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = mlp_and_adamw()
     x, y = batch()
     traces = []
     prof = kiln.profiler.profile(schedule=kiln.profiler.schedule(wait=0, warmup=0, active=1),
