@@ -177,6 +177,27 @@ void unary_kernel(const Tensor& out, const Tensor& a, const F& f) {
   });
 }
 
+// o[i] = f(x[i], y[i]) for i < n, where x (y) is one value for every i when x_one (y_one): the
+// vectorized inner loop of binary_kernel, for its contiguous and its strided operands alike.
+template <typename T, typename O, typename F>
+void binary_run(O* o, const T* x, bool x_one, const T* y, bool y_one, int64_t n, const F& f) {
+  if (x_one && y_one) {
+    const O v = f(*x, *y);
+    for (int64_t i = 0; i < n; ++i) o[i] = v;
+  } else if (y_one) {  // b constant along the run (a bias over channels, say)
+    const T yv = *y;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], yv);
+  } else if (x_one) {
+    const T xv = *x;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = f(xv, y[i]);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+  }
+}
+
 // out[i] = f(a[i], b[i]) with broadcasting; a and b have dtype T, out has dtype O.
 template <typename T, typename F, typename O = T>
 void binary_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const F& f) {
@@ -185,54 +206,20 @@ void binary_kernel(const Tensor& out, const Tensor& a, const Tensor& b, const F&
   O* o = static_cast<O*>(out.impl()->raw_data());
   const T* x = static_cast<const T*>(a.impl()->raw_data());
   const T* y = static_cast<const T*>(b.impl()->raw_data());
-  if (out.is_contiguous() && a.is_contiguous() && b.is_contiguous()) {
-    if (a.numel() == n && b.numel() == n) {
-      parallel_for(n, kGrainSize, [&](int64_t s, int64_t e) {
-#pragma omp simd
-        for (int64_t i = s; i < e; ++i) o[i] = f(x[i], y[i]);
-      });
-      return;
-    }
-    if (a.numel() == n && b.numel() == 1) {
-      const T yv = *y;
-      parallel_for(n, kGrainSize, [&](int64_t s, int64_t e) {
-#pragma omp simd
-        for (int64_t i = s; i < e; ++i) o[i] = f(x[i], yv);
-      });
-      return;
-    }
-    if (a.numel() == 1 && b.numel() == n) {
-      const T xv = *x;
-      parallel_for(n, kGrainSize, [&](int64_t s, int64_t e) {
-#pragma omp simd
-        for (int64_t i = s; i < e; ++i) o[i] = f(xv, y[i]);
-      });
-      return;
-    }
+  if (out.is_contiguous() && a.is_contiguous() && b.is_contiguous() &&
+      (a.numel() == n || a.numel() == 1) && (b.numel() == n || b.numel() == 1)) {
+    const bool x_one = a.numel() != n, y_one = b.numel() != n;
+    parallel_for(n, kGrainSize, [&](int64_t s, int64_t e) {
+      binary_run(o + s, x_one ? x : x + s, x_one, y_one ? y : y + s, y_one, e - s, f);
+    });
+    return;
   }
   StridedIter<3> it({&out, &a, &b});
   it.run([&](const std::array<char*, 3>& p, const std::array<int64_t, 3>& s, int64_t cnt) {
-    O* po = reinterpret_cast<O*>(p[0]);
-    const T* px = reinterpret_cast<const T*>(p[1]);
-    const T* py = reinterpret_cast<const T*>(p[2]);
     constexpr int64_t so = sizeof(O), st = sizeof(T);
-    if (s[0] == so && s[1] == st && (s[2] == st || s[2] == 0)) {
-      if (s[2] == 0) {  // b constant along the inner dim (a bias over channels, say)
-        const T yv = *py;
-#pragma omp simd
-        for (int64_t i = 0; i < cnt; ++i) po[i] = f(px[i], yv);
-      } else {
-#pragma omp simd
-        for (int64_t i = 0; i < cnt; ++i) po[i] = f(px[i], py[i]);
-      }
-      return;
-    }
-    if (s[0] == so && s[1] == 0 && s[2] == st) {
-      const T xv = *px;
-#pragma omp simd
-      for (int64_t i = 0; i < cnt; ++i) po[i] = f(xv, py[i]);
-      return;
-    }
+    if (s[0] == so && (s[1] == st || s[1] == 0) && (s[2] == st || s[2] == 0))
+      return binary_run(reinterpret_cast<O*>(p[0]), reinterpret_cast<const T*>(p[1]), s[1] == 0,
+                        reinterpret_cast<const T*>(p[2]), s[2] == 0, cnt, f);
     for (int64_t i = 0; i < cnt; ++i)
       *reinterpret_cast<O*>(p[0] + i * s[0]) = f(*reinterpret_cast<const T*>(p[1] + i * s[1]),
                                                  *reinterpret_cast<const T*>(p[2] + i * s[2]));
