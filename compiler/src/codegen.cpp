@@ -219,7 +219,7 @@ bool fits(const Program& p, size_t i, const std::map<ir::ValueId, bool>& in_grou
       continue;
     }
     if (s.dtype != dtype) return false;
-    if (s.sizes.ref() == shape.ref() && contiguous(s)) continue;
+    if (flat_input(s, shape)) continue;
     // See Note [Broadcast inputs]: the CPU loop reads it in runs of kMinRun elements or more.
     if (any_device || run_of(s, shape) < kMinRun) return false;
   }
@@ -306,7 +306,7 @@ std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used
   for (size_t i : k.members)
     for (ir::ValueId v : p.graph.nodes()[i].inputs()) {
       const TensorSpec& s = p.graph.value(v).meta;
-      if (numel_of(s.sizes) == 1 || (s.sizes.ref() == k.sizes.ref() && contiguous(s))) continue;
+      if (numel_of(s.sizes) == 1 || flat_input(s, k.sizes)) continue;
       strided = true;
       start = std::max(start, run_start(s, k.sizes));
     }
@@ -321,8 +321,7 @@ std::string emit(const Program& p, FusedKernel& k, const std::vector<bool>& used
       return "s" + idx;
     }
     loads << "  const T* in" << idx << " = static_cast<const T*>(ins[" << idx << "]);\n";
-    if (!strided || (spec.sizes.ref() == k.sizes.ref() && contiguous(spec)))
-      return "in" + idx + "[i]";
+    if (!strided || flat_input(spec, k.sizes)) return "in" + idx + "[i]";
     // This run's start, from the outer index o, and whether the run holds one value or many.
     const DimVector st = *broadcast_strides(spec, k.sizes);
     starts << "    const T* b" << idx << " = in" << idx;
@@ -485,6 +484,10 @@ std::string generate(const Program& p, std::vector<FusedKernel>& groups, bool cu
 }
 
 }  // namespace
+
+bool flat_input(const TensorSpec& s, const DimVector& shape) {
+  return s.sizes.ref() == shape.ref() && contiguous(s);
+}
 
 bool fusion_enabled() {
   const char* e = std::getenv("KILN_COMPILE_FUSE");

@@ -161,8 +161,7 @@ void Program::plan_buffer_reuse(const std::vector<int64_t>& last_use) {
         const ir::ValueId v = k.inputs[a];
         const TensorSpec& s = graph.value(v).meta;
         if (taken[a] || !fresh[v] || aliased[v] || last_use[v] != at || s.dtype != k.dtype ||
-            s.sizes.ref() != k.sizes.ref() ||
-            s.strides.ref() != contiguous_strides(s.sizes).ref() || !s.device.is_cpu())
+            !flat_input(s, k.sizes) || !s.device.is_cpu())
           continue;
         taken[a] = true;
         k.reuse[j] = static_cast<int>(a);

@@ -182,6 +182,10 @@ std::string fuse(Program& p);
 std::string cuda_source(Program& p);
 // Compiles CUDA source to PTX for `arch` ("compute_90") with NVRTC: "" and *ptx, or the error.
 std::string nvrtc_compile(const std::string& src, const std::string& arch, std::string* ptx);
+// Whether a fused loop reads `s` element for element (in[i]): it has the group's `shape` and is
+// contiguous. Only such an input's buffer may take the loop's output (Note [Buffer reuse]);
+// others are read in runs (Note [Broadcast inputs]).
+bool flat_input(const TensorSpec& s, const DimVector& shape);
 // False when KILN_COMPILE_FUSE=0.
 bool fusion_enabled();
 // "" when a C++ compiler exists; otherwise the error to raise, naming what to install.
