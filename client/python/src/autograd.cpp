@@ -114,8 +114,8 @@ nb::object function_apply(nb::handle cls, nb::args args) {
   // An output kept as an attribute of ctx (ctx.y = y, not save_for_backward) makes a cycle
   // ctx -> y -> its node -> ctx through C++, which Python's collector cannot see: that output
   // and its graph would never be freed. Say so (once per call site, as warnings do).
-  if (is_executable && nb::hasattr(ctx, "__dict__")) {
-    for (auto [key, value] : nb::borrow<nb::dict>(ctx.attr("__dict__"))) {
+  if (is_executable) {
+    for (auto [key, value] : nb::borrow<nb::dict>(ctx.attr("__dict__"))) {  // dynamic_attr
       if (!is_tensor(value.ptr())) continue;
       const TensorImpl* held = unwrap(value.ptr()).impl();
       for (const Tensor& t : out_tensors)
