@@ -236,13 +236,17 @@ FSDPParamGroup::Layout FSDPParamGroup::layout(int64_t n) const {
 void FSDPParamGroup::copy_rows(const Layout& l, size_t i, char* whole, char* flat, size_t es,
                                bool to_whole) const {
   const int64_t rows = full_shape_[i][0];
+  const size_t row_bytes = row_numel_[i] * es;
   for (int64_t q = 0; q < l.n; ++q) {
     auto [off, len] = chunk_of(rows, l.n, q);
-    if (len == 0) continue;
-    char* w = whole + off * row_numel_[i] * es;
+    char* w = whole + off * row_bytes;
     char* f = flat + (q * l.seg_numel + l.seg_offset[i]) * es;
-    const size_t bytes = len * row_numel_[i] * es;
-    to_whole ? std::memcpy(w, f, bytes) : std::memcpy(f, w, bytes);
+    if (to_whole) {
+      if (len) std::memcpy(w, f, len * row_bytes);
+      continue;
+    }
+    if (len) std::memcpy(f, w, len * row_bytes);
+    std::memset(f + len * row_bytes, 0, (l.chunk_rows[i] - len) * row_bytes);  // the padding
   }
 }
 
@@ -362,16 +366,17 @@ void FSDPParamGroup::start_gather(Gathered& g, bool ahead) {
              g.kept_k, " to ", post_size_, " between a forward and its backward");
   auto p = std::make_shared<Pending>();
   p->layout = post ? &post_layout_ : &layout_;
-  p->send = zeros({p->layout->seg_numel}, dt);
+  p->send = empty({p->layout->seg_numel}, dt);
   for (size_t i = 0; i < sharded_.size(); ++i) {
     Tensor local = post ? g.kept[i] : detail::local_of(sharded_[i]);
     KILN_CHECK(local.device() == kCPU, Value, "FSDP: the shard of parameter '", names_[i],
                "' is on ", local.device(),
                " (a meta parameter must be initialised on the CPU before the first forward)");
     local = local.to(dt).contiguous();
-    if (local.numel())
-      std::memcpy(bytes_of(p->send) + p->layout->seg_offset[i] * es, bytes_of(local),
-                  local.numel() * es);
+    char* seg = bytes_of(p->send) + p->layout->seg_offset[i] * es;
+    const size_t bytes = local.numel() * es;
+    if (bytes) std::memcpy(seg, bytes_of(local), bytes);
+    std::memset(seg + bytes, 0, p->layout->chunk_rows[i] * row_numel_[i] * es - bytes);
   }
   g.kept.clear();
   p->recv = empty({p->layout->n * p->layout->seg_numel}, dt);
@@ -569,7 +574,7 @@ std::vector<Tensor> FSDPParamGroup::reduce_gradients(std::vector<Tensor> grads,
     KILN_CHECK(
         t.dtype() == rd, Value,
         "FSDP: gradients of one group must share the reduce dtype; set mp_policy.reduce_dtype");
-  Tensor send = zeros({layout_.n * layout_.seg_numel}, rd);
+  Tensor send = empty({layout_.n * layout_.seg_numel}, rd);
   for (size_t i = 0; i < g.size(); ++i)
     copy_rows(layout_, i, bytes_of(g[i]), bytes_of(send), es, /*to_whole=*/false);
   Tensor recv = empty({layout_.seg_numel}, rd);
