@@ -187,15 +187,15 @@ bool Coordinator::restart_locked(JobRec& j, const std::string& why) {
 
 // What a coordinator can check of a batch job's spec without running it (the workers check the
 // rest, and a failure shows as the job's): that it is a BatchJob of sane sizes, whose batch splits
-// over the gang, with no command beside it. See Note [Batch jobs] in worker/src/batch.h.
-static absl::Status check_batch_spec(const proto::SubmitJobRequest& req) {
+// over the gang (or its mesh's first dim: Note [Batch jobs on a mesh]), with no command beside
+// it. See Note [Batch jobs] in worker/src/batch.h.
+static absl::Status check_batch_spec(const proto::SubmitJobRequest& req, proto::BatchJob& spec) {
   constexpr size_t kMaxSpecBytes = size_t{8} << 20;  // heartbeat replies carry it (16 MiB max)
   if (!req.command().empty())
     return absl::InvalidArgumentError("a batch job has no command (its workers run its spec)");
   if (req.batch().size() > kMaxSpecBytes)
     return absl::InvalidArgumentError(absl::StrCat("the batch job's spec is ", req.batch().size(),
                                                    " bytes; the limit is ", kMaxSpecBytes));
-  proto::BatchJob spec;
   if (!spec.ParseFromString(req.batch()))
     return absl::InvalidArgumentError("the batch job's spec is not a BatchJob (program.proto)");
   if (spec.step().nodes_size() == 0 || spec.inputs_size() != spec.step().inputs_size())
@@ -206,10 +206,41 @@ static absl::Status check_batch_spec(const proto::SubmitJobRequest& req) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the batch job needs steps >= 1 (got ", spec.steps(), "), an initial checkpoint and a "
         "data file"));
-  if (spec.batch_size() < 1 || spec.batch_size() % req.workers() != 0)
-    return absl::InvalidArgumentError(absl::StrCat("the batch job's batch_size ",
-                                                   spec.batch_size(), " does not split over ",
-                                                   req.workers(), " workers"));
+  int64_t split = req.workers();
+  if (spec.mesh_names_size() > 0 || spec.mesh_shape_size() > 0) {
+    std::string dims;
+    int64_t product = 1;
+    bool sane =
+        spec.mesh_names_size() == spec.mesh_shape_size() && spec.mesh_shape_size() <= kMaxMeshDims;
+    for (int k = 0; sane && k < spec.mesh_shape_size(); ++k) {
+      sane = spec.mesh_shape(k) >= 1 && spec.mesh_shape(k) <= kMaxJobWorkers;
+      product *= sane ? spec.mesh_shape(k) : 1;
+      absl::StrAppend(&dims, k ? "," : "", spec.mesh_names(k), "=", spec.mesh_shape(k));
+    }
+    if (!sane || product != req.workers())
+      return absl::InvalidArgumentError(
+          absl::StrCat("the batch job's step was captured on the mesh ", dims,
+                       "; the job asks for ", req.workers(), " workers"));
+    bool same = req.mesh_size() == 0 || req.mesh_size() == spec.mesh_names_size();
+    for (int k = 0; same && k < req.mesh_size(); ++k)
+      same = req.mesh(k).name() == spec.mesh_names(k) && req.mesh(k).size() == spec.mesh_shape(k);
+    if (!same)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mesh differs from the mesh the batch job's step was captured on (", dims, ")"));
+    split = spec.mesh_shape(0);
+  }
+  bool programs = spec.program_of_rank_size() == 0 ||
+                  (spec.program_of_rank_size() == req.workers() && spec.mesh_names_size() > 0);
+  for (int k = 0; programs && k < spec.program_of_rank_size(); ++k)
+    programs = spec.program_of_rank(k) >= 0 && spec.program_of_rank(k) < spec.programs_size();
+  if (!programs)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the batch job's per-rank steps (", spec.program_of_rank_size(), " ranks, ",
+        spec.programs_size(), " steps) do not fit its mesh of ", req.workers(), " workers"));
+  if (spec.batch_size() < 1 || spec.batch_size() % split != 0)
+    return absl::InvalidArgumentError(absl::StrCat("the batch job's batch_size ", spec.batch_size(),
+                                                   " does not split over ", split,
+                                                   " data-parallel ranks"));
   if (req.min_workers() != 0 && req.min_workers() != req.workers())
     return absl::InvalidArgumentError(
         "a batch job runs on the world size its step was captured for: no --min-workers");
@@ -299,8 +330,9 @@ absl::StatusOr<proto::Job> Coordinator::submit_job(const proto::SubmitJobRequest
         absl::StrCat("workers must be in [1, ", kMaxJobWorkers, "], got ", req.workers()));
   }
   const bool batch = !req.batch().empty();  // See Note [Batch jobs] in worker/src/batch.h
+  proto::BatchJob spec;
   if (batch) {
-    if (auto st = check_batch_spec(req); !st.ok()) return st;
+    if (auto st = check_batch_spec(req, spec); !st.ok()) return st;
   } else if (req.command().empty() || req.command(0).empty()) {
     return absl::InvalidArgumentError(
         "command is required (the driver program and its args), or a batch job's spec");
@@ -368,6 +400,11 @@ absl::StatusOr<proto::Job> Coordinator::submit_job(const proto::SubmitJobRequest
   r.job.set_priority(req.priority());
   *r.job.mutable_command() = req.command();
   *r.job.mutable_mesh() = req.mesh();
+  for (int k = 0; req.mesh_size() == 0 && k < spec.mesh_names_size(); ++k) {  // a batch job's
+    proto::MeshDim& d = *r.job.add_mesh();
+    d.set_name(spec.mesh_names(k));
+    d.set_size(static_cast<int32_t>(spec.mesh_shape(k)));
+  }
   r.job.set_max_restarts(req.max_restarts());
   r.job.set_min_workers(req.min_workers() > 0 ? req.min_workers() : req.workers());
   r.job.set_max_workers(req.workers());

@@ -186,14 +186,14 @@ bool on_gang(const TensorMap& state, const char* what) {
   return false;
 }
 
-// The plain (non-DTensor) tensors of `state` this rank writes: those no lower rank holds. Ranks
-// may hold different plain tensors (pipeline stages each hold their own); each rank's names
-// travel as 64-bit hashes in two all-gathers.
-std::set<std::string> plain_writes(const TensorMap& state, int rank, int world) {
+// Of the pieces this rank could write (a plain tensor's name, or a DTensor shard's name and
+// box), those no lower rank holds. Ranks may hold different plain tensors (pipeline stages each
+// hold their own), and a DTensor on a sub-mesh has a copy in each block of the other dims; each
+// rank's keys travel as 64-bit hashes in two all-gathers.
+std::set<std::string> first_holders(const std::vector<std::string>& keys, int rank, int world) {
   std::vector<std::pair<int64_t, std::string>> mine;
-  for (const auto& [name, t] : state)
-    if (!is_dtensor(t))
-      mine.push_back({static_cast<int64_t>(std::hash<std::string>()(name)), name});
+  for (const std::string& key : keys)
+    mine.push_back({static_cast<int64_t>(std::hash<std::string>()(key)), key});
   std::set<std::string> out;
   if (world == 1) {
     for (auto& [h, n] : mine) out.insert(n);
@@ -296,19 +296,35 @@ Snapshot snapshot(const TensorMap& state, const std::string& dir, const std::str
   }
   s.gen = static_cast<uint64_t>(pick[0]);
   s.nonce = pick[1];
-  const std::set<std::string> plain = plain_writes(state, s.rank, s.world);
   autograd::NoGradGuard no_grad;
+  std::map<std::string, SavedShard> shards;
+  std::vector<std::string> keys;
+  auto shard_key = [](const std::string& name, const Box& b) {
+    std::string key = name + '\0';
+    for (int64_t o : b.off) key += std::to_string(o) + ",";
+    return key;
+  };
+  for (const auto& [name, t] : state) {
+    if (!is_dtensor(t)) {
+      keys.push_back(name);
+      continue;
+    }
+    SavedShard sh = saved_shard(name, t);
+    if (sh.writes) keys.push_back(shard_key(name, sh.box));
+    shards.emplace(name, std::move(sh));
+  }
+  const std::set<std::string> writes = first_holders(keys, s.rank, s.world);
   for (const auto& [name, t] : state) {
     json entry{{"shape", std::vector<int64_t>(t.sizes().begin(), t.sizes().end())},
                {"dtype", safetensors_dtype_name(t.dtype())}};
     Tensor piece;
     Box box = whole(t.sizes());
     if (is_dtensor(t)) {
-      SavedShard sh = saved_shard(name, t);
+      SavedShard& sh = shards.at(name);
       entry["placements"] = placements_str(detail::spec_of(t).placements);
-      if (sh.writes) piece = sh.local;
+      if (sh.writes && writes.count(shard_key(name, sh.box))) piece = sh.local;
       box = std::move(sh.box);
-    } else if (plain.count(name)) {
+    } else if (writes.count(name)) {
       piece = t;
     }
     s.tensors[name] = std::move(entry);

@@ -58,7 +58,11 @@ std::vector<OutSpec> global_outs(const RuleCall& call) {
       s[a.index] = std::move(l);
     }
   }
-  call.op.call_boxed(s);
+  {
+    // Shape inference, not a step: a capture (Note [Capture]) must not record it.
+    ExcludeDispatchKeyGuard no_trace(DispatchKey::Tracing);
+    call.op.call_boxed(s);
+  }
   std::vector<OutSpec> outs;
   auto add = [&](const Tensor& t) {
     outs.push_back(OutSpec{{}, DimVector(t.sizes()), DimVector(t.strides())});

@@ -5,12 +5,16 @@ training on the same global batches reaches; with dropout, each step and rank dr
 (Note [Random batch steps]), which an eager run at the same generator states reproduces. Then the
 chaos test through a batch job: a worker SIGKILLed mid-run (20 trials), a spare takes its place,
 the job restarts from its last checkpoint and ends with weights bit for bit those of an
-uninterrupted run."""
+uninterrupted run. Then the same for a step on a 2x2 mesh (Note [Batch jobs on a mesh]): tensor
+parallel within data parallel, saved by four ranks, run on four workers."""
 import json
 import os
 import random
 import subprocess
+import sys
 import time
+
+import pytest
 
 import kiln
 import kiln.distributed.checkpoint as dcp
@@ -18,6 +22,7 @@ import kiln.nn as nn
 import kiln.nn.functional as F
 
 from gang_jobs import CLI, coordinator_and_workers, kiln_cli, killable_workers
+from kiln_run import KILN_CLI
 
 WORLD, BATCH, ROWS = 2, 16, 64
 
@@ -216,3 +221,100 @@ def test_a_batch_job_whose_data_is_gone_fails_clearly(tmp_path):
         assert "failed after step 0" in out, out
         workers = [json.loads(l) for l in kiln_cli(address, "workers", "--json").splitlines()]
         assert all(w["state"] == "idle" for w in workers), workers
+
+
+# The 2x2 job's maker, run by four ranks (`kiln run --nproc 4`): the model of model_and_opt, its
+# Linears column- and row-wise parallel over "tp", the gradients averaged over "dp" in the step;
+# the data and init checkpoint as make_job writes them. Args: DIR STEPS DROPOUT(0/1) SEED.
+MESH_JOB = r"""
+import sys
+import kiln, kiln.nn as nn, kiln.nn.functional as F
+import kiln.distributed as dist
+from kiln.distributed.device_mesh import init_device_mesh
+from kiln.distributed.tensor import DTensor
+from kiln.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+out, steps, dropout, seed = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
+BATCH, ROWS = 16, 64
+mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+kiln.manual_seed(0)
+mid = [nn.Dropout(0.5)] if dropout else []
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), *mid, nn.Linear(16, 4))
+parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(),
+                                       str(len(model) - 1): RowwiseParallel()})
+opt = kiln.optim.AdamW(model.parameters(), lr=0.01)
+for p in model.parameters():
+    p.grad = kiln.zeros_like(p)
+opt.step()
+opt.zero_grad(set_to_none=True)
+dp = mesh.get_group("dp").name
+
+def step(x, y):
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    for p in model.parameters():
+        g = p.grad
+        p.grad = DTensor.from_local(kiln._C.all_reduce(g.to_local(), "avg", dp), g.device_mesh,
+                                    g.placements)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+if dist.get_rank() == 0:
+    g = kiln.Generator().manual_seed(1)
+    x, y = kiln.randn(ROWS, 8, generator=g), kiln.randn(ROWS, 4, generator=g)
+    kiln.save({"x": x, "y": y}, f"{out}/data.safetensors")
+dist.barrier()
+data = kiln.load(f"{out}/data.safetensors")
+rows = BATCH // 2
+kiln.batch.save_job(f"{out}/job.kbj", step, {"x": data["x"][:rows], "y": data["y"][:rows]},
+                    {"model": model.state_dict(), "optim": opt.state_dict()},
+                    data_file=f"{out}/data.safetensors", batch_size=BATCH, steps=steps,
+                    init_checkpoint=f"{out}/init", mesh=mesh, seed=seed)
+"""
+
+
+def make_mesh_job(tmp_path, steps, dropout=False, seed=0):
+    if not KILN_CLI.exists():
+        pytest.skip(f"{KILN_CLI} is not built")
+    script = tmp_path / "mesh_job.py"
+    script.write_text(MESH_JOB)
+    r = subprocess.run([str(KILN_CLI), "run", "--nproc", "4", "--timeout", "120", sys.executable,
+                        str(script), str(tmp_path), str(steps), str(int(dropout)), str(seed)],
+                       capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+                                KILN_COMM_TIMEOUT_S="30", OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return tmp_path / "job.kbj"
+
+
+def test_a_batch_job_on_a_2x2_mesh_trains_as_one_process(tmp_path):
+    """Four ranks save the job; the spec carries the mesh and, since a row-wise layer adds its
+    bias on one rank of each tp pair, two steps. On four workers it ends with one process's
+    weights on the same global batches (to rounding: TP splits the sums)."""
+    steps = 8
+    spec = make_mesh_job(tmp_path, steps)
+    info = kiln.batch.load_job(spec)
+    assert info["mesh"] == [("dp", 2), ("tp", 2)] and info["programs"] == 2, info
+    with coordinator_and_workers(tmp_path, 4, env=dict(os.environ, OMP_NUM_THREADS="1")) \
+            as address:
+        p = subprocess.Popen([CLI, "submit", "--coordinator", address, "--batch", str(spec),
+                              "--workers", "4", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                              "--checkpoint-every", "4"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+        job = json.loads(kiln_cli(address, "jobs", "--json").splitlines()[-1])
+        assert job["state"] == "succeeded", job
+        status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
+        assert status["mesh"] == [{"name": "dp", "size": 2}, {"name": "tp", "size": 2}], status
+        # A --mesh other than the spec's is refused at submit.
+        bad = subprocess.run([CLI, "submit", "--coordinator", address, "--batch", str(spec),
+                              "--workers", "4", "--mesh", "dp=4,tp=1"],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and "captured on (dp=2,tp=2)" in bad.stderr, bad.stderr
+    step, got = saved(tmp_path / "ckpt")
+    assert step == steps
+    want = reference(tmp_path, steps)
+    for k in want:
+        err = float((got[k] - want[k]).abs().max())
+        assert err <= 1e-5 * float(want[k].abs().max()), (k, err)

@@ -2,10 +2,10 @@
 #include "batch.h"
 
 #include <absl/strings/str_cat.h>
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
 
@@ -14,14 +14,17 @@
 #include "kiln/compiler/export.h"
 #include "kiln/compiler/graph.h"
 #include "kiln/dist/checkpoint.h"
+#include "kiln/dist/device_mesh.h"
+#include "kiln/dist/dtensor.h"
 #include "kiln/dist/process_group.h"
 #include "kiln/generated/ops.h"
 #include "kiln/ir.h"
+#include "kiln/proto/codec.h"
 #include "kiln/proto/program.pb.h"
 #include "kiln/safetensors.h"
-#include "kiln/proto/codec.h"
 #include "kiln/worker/stream_gate.h"
 #include "reports.h"
+#include "session_state.h"
 
 namespace kiln::worker {
 
@@ -43,6 +46,46 @@ int64_t saved_step(const std::string& extra) {
   return v.contains("step") && v["step"].is_number_integer() ? v["step"].get<int64_t>() : 0;
 }
 
+// The step's mesh, and its collectives' "@DIM" groups renamed to this rank's group along DIM
+// (See Note [Batch jobs on a mesh]).
+dist::DeviceMesh mesh_of(proto::BatchJob& spec, Device device, int world, const std::string& what) {
+  std::vector<std::string> names(spec.mesh_names().begin(), spec.mesh_names().end());
+  std::vector<int64_t> shape(spec.mesh_shape().begin(), spec.mesh_shape().end());
+  int64_t size = 1;
+  for (int64_t d : shape) size *= d;
+  KILN_CHECK(!names.empty() && names.size() == shape.size() && size == world, Value, what,
+             ": the step's mesh ", IntArrayRef(shape), " does not cover the gang of ", world,
+             " workers");
+  dist::DeviceMesh mesh = dist::init_device_mesh(device.is_cuda() ? "cuda" : "cpu", shape, names);
+  for (proto::Instruction& n : *spec.mutable_step()->mutable_nodes())
+    for (proto::Argument& a : *n.mutable_args()) {
+      if (!a.has_attribute() || !a.attribute().has_string_value()) continue;
+      const std::string& v = a.attribute().string_value();
+      if (v.size() > 1 && v[0] == '@')
+        a.mutable_attribute()->set_string_value(mesh.group(v.substr(1))->name());
+    }
+  return mesh;
+}
+
+// An empty DTensor state entry whose shard is graph input `ts` (Note [Batch jobs on a mesh]).
+Tensor dtensor_state(const proto::BatchInput& in, const TensorSpec& ts,
+                     const dist::DeviceMesh& mesh, Device device, const std::string& what) {
+  dist::DTensorSpec spec;
+  spec.mesh = mesh.submesh({in.mesh_dims().begin(), in.mesh_dims().end()});
+  spec.placements = session_detail::decode_placements(in.placements());
+  for (int64_t d : in.shape()) spec.shape.push_back(d);
+  spec.stride = DimVector(spec.shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(spec.shape.size()) - 2; d >= 0; --d)
+    spec.stride[d] = spec.stride[d + 1] * std::max<int64_t>(spec.shape[d + 1], 1);
+  spec.dtype = ts.dtype;
+  KILN_CHECK(spec.placements.size() == static_cast<size_t>(spec.mesh.ndim()) &&
+                 dist::local_shape(spec.shape, spec.mesh, spec.placements) == ts.sizes,
+             Value, what, ": state '", in.state(), "' (", IntArrayRef(spec.shape), " on ",
+             spec.mesh.str(), ") does not give this rank the step's ", IntArrayRef(ts.sizes));
+  Tensor local = empty_strided(IntArrayRef(ts.sizes), IntArrayRef(ts.strides), ts.dtype, device);
+  return dist::detail::make_dtensor(std::move(local), std::move(spec));
+}
+
 }  // namespace
 
 proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
@@ -54,18 +97,38 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
   try {
     proto::BatchJob spec;
     KILN_CHECK(spec.ParseFromString(run.spec()), Value, what, ": the spec is not a BatchJob");
+    if (spec.program_of_rank_size() > 0) {  // this rank's own step (Note [Batch jobs on a mesh])
+      KILN_CHECK(spec.program_of_rank_size() == run.world_size(), Value, what,
+                 ": the spec has "
+                 "steps for ",
+                 spec.program_of_rank_size(), " ranks, the gang ", run.world_size());
+      const int k = spec.program_of_rank(run.rank());
+      KILN_CHECK(k >= 0 && k < spec.programs_size(), Value, what, ": step ", k, " of ",
+                 spec.programs_size());
+      proto::BatchProgram* p = spec.mutable_programs(k);
+      spec.mutable_step()->Swap(p->mutable_step());
+      spec.mutable_inputs()->Swap(p->mutable_inputs());
+      spec.set_loss(p->loss());
+    }
+    const int world = run.world_size(), rank = run.rank();
+    // The batch splits over the mesh's first dim (data parallel), or over the whole gang.
+    dist::DeviceMesh mesh;
+    int64_t dp_size = world, dp = rank;
+    if (spec.mesh_names_size() > 0) {
+      mesh = mesh_of(spec, device, world, what);
+      dp_size = mesh.size(0);
+      dp = mesh.coordinate()[0];
+    }
     ir::Graph g = proto::decode_graph(spec.step());
     const size_t n = g.inputs().size();
     KILN_CHECK(static_cast<size_t>(spec.inputs_size()) == n, Value, what, ": ", spec.inputs_size(),
                " input sources for a step of ", n, " inputs");
-    KILN_CHECK(spec.loss() >= -1 && spec.loss() < static_cast<int>(g.outputs().size()), Value,
-               what, ": loss output ", spec.loss(), " of a step with ", g.outputs().size(),
-               " outputs");
-    const int world = run.world_size(), rank = run.rank();
+    KILN_CHECK(spec.loss() >= -1 && spec.loss() < static_cast<int>(g.outputs().size()), Value, what,
+               ": loss output ", spec.loss(), " of a step with ", g.outputs().size(), " outputs");
     const int64_t batch = spec.batch_size();
-    KILN_CHECK(world >= 1 && batch > 0 && batch % world == 0, Value, what, ": batch_size ", batch,
-               " is not a positive multiple of the ", world, " workers");
-    const int64_t rows = batch / world;
+    KILN_CHECK(world >= 1 && batch > 0 && batch % dp_size == 0, Value, what, ": batch_size ", batch,
+               " is not a positive multiple of the ", dp_size, " data-parallel ranks");
+    const int64_t rows = batch / dp_size;
 
     // The state, shaped as the step's inputs, loaded by name; and the data inputs.
     TensorMap state;
@@ -77,10 +140,15 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
       const TensorSpec& ts = g.value(g.inputs()[i]).meta;
       const proto::BatchInput& in = spec.inputs(static_cast<int>(i));
       if (in.has_state()) {
-        Tensor t = empty_strided(IntArrayRef(ts.sizes), IntArrayRef(ts.strides), ts.dtype, device);
+        KILN_CHECK(in.placements_size() == 0 || spec.mesh_names_size() > 0, Value, what,
+                   ": state '", in.state(), "' is a DTensor, but the step has no mesh");
+        Tensor t =
+            in.placements_size() > 0
+                ? dtensor_state(in, ts, mesh, device, what)
+                : empty_strided(IntArrayRef(ts.sizes), IntArrayRef(ts.strides), ts.dtype, device);
         KILN_CHECK(state.emplace(in.state(), t).second, Value, what, ": state '", in.state(),
                    "' feeds two inputs");
-        inputs[i] = std::move(t);
+        inputs[i] = dist::is_dtensor(t) ? dist::detail::local_of(t) : t;
       } else if (in.has_data()) {
         if (!file_loaded) {
           file = load_safetensors(spec.data());
@@ -91,11 +159,12 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
                    "' has no tensor '", in.data(), "'");
         const Tensor& all = it->second;
         DimVector want = ts.sizes;
-        KILN_CHECK(!want.empty() && want[0] == rows && all.dim() == static_cast<int64_t>(want.size()) &&
-                       all.size(0) > 0 && all.dtype() == ts.dtype,
+        KILN_CHECK(!want.empty() && want[0] == rows &&
+                       all.dim() == static_cast<int64_t>(want.size()) && all.size(0) > 0 &&
+                       all.dtype() == ts.dtype,
                    Value, what, ": data '", in.data(), "' is ", all.dtype(), all.sizes(),
                    "; the step takes ", ts.dtype, IntArrayRef(want), " per rank (batch_size ",
-                   batch, " over ", world, " workers)");
+                   batch, " over ", dp_size, " data-parallel ranks)");
         for (size_t d = 1; d < want.size(); ++d)
           KILN_CHECK(all.size(static_cast<int64_t>(d)) == want[d], Value, what, ": data '",
                      in.data(), "' is ", all.sizes(), "; the step takes ", IntArrayRef(want),
@@ -129,13 +198,14 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
     for (int64_t s = step + 1; s <= spec.steps(); ++s) {
       KILN_CHECK(!stop.load(), Runtime, what, ": stopped before step ", s,
                  " (its session ended)");
-      for (auto& [i, all] : data) {  // rank r's rows of global batch s - 1, wrapping around
-        const int64_t first = ((s - 1) * batch + rank * rows) % all.size(0);
+      for (auto& [i, all] : data) {  // rank dp's rows of global batch s - 1, wrapping around
+        const int64_t first = ((s - 1) * batch + dp * rows) % all.size(0);
         Tensor index = remainder(arange(first, first + rows, 1, kInt64, device),
                                  full({1}, all.size(0), kInt64, device));
         inputs[i] = index_select(all, 0, index);
       }
-      const uint64_t base = (static_cast<uint64_t>(s - 1) * world + rank) * spec.rng_count();
+      const uint64_t base =
+          (static_cast<uint64_t>(s - 1) * dp_size + static_cast<uint64_t>(dp)) * spec.rng_count();
       std::vector<Tensor> outs = step_graph.run(inputs, spec.seed(), base);
       const auto now = std::chrono::steady_clock::now();
       const double seconds = std::chrono::duration<double>(now - mark).count();

@@ -26,12 +26,33 @@
 // Note [Random batch steps]: the captured step drew its random numbers (dropout's masks, randn,
 // ...) from one block of the default generator's counters, BatchJob's [rng_offset, rng_offset +
 // rng_count) of seed rng_seed (Note [Random ops in a program]). Run k of the step (k = 1, 2, ...)
-// on rank r of W draws from the block of seed BatchJob.seed at offset ((k - 1) * W + r) *
-// rng_count: every random node, and every seeded op (dropout_seeded, _fused_attention) whose
-// (seed, offset) fell in the captured block, keeps its place in the block, so each step and rank
-// draws fresh numbers, exactly what an eager run of the step would draw with the default
-// generator at that (seed, offset), and a restart draws what the uninterrupted run drew. A
-// seeded op given constants of its own (dropout_seeded called directly) keeps them.
+// on data-parallel rank r of W (the gang's rank, or on a mesh the rank's index along its first
+// dim, so the ranks of a tensor-parallel group draw alike, as in eager) draws from the block of
+// seed BatchJob.seed at offset ((k - 1) * W + r) * rng_count: every random node, and every
+// seeded op (dropout_seeded, _fused_attention) whose (seed, offset) fell in the captured block,
+// keeps its place in the block, so each step and rank draws fresh numbers, exactly what an eager
+// run of the step would draw with the default generator at that (seed, offset), and a restart
+// draws what the uninterrupted run drew. A seeded op given constants of its own (dropout_seeded
+// called directly) keeps them.
+//
+// Note [Batch jobs on a mesh]: a step may be captured on a device mesh (kiln.batch.save_job's
+// `mesh`: tensor parallel within data parallel). Every rank of a real process group of the
+// mesh's size captures it and saves its shards of the state into the initial checkpoint, and
+// rank 0 writes the spec with every rank's step: one when all ranks captured the same bytes,
+// else each distinct step (BatchJob.programs) and which rank runs which (a row-wise parallel
+// layer adds its replicated bias on one rank of its group, zeros on the others; uneven shards
+// give other shapes). In the spec:
+//  - BatchJob.mesh_names / mesh_shape name the mesh; the coordinator checks that the gang (and
+//    any --mesh) matches it, and gives the job that mesh (Note [Placement]);
+//  - a collective's group is "@DIM": rank r's group along mesh dim DIM differs from rank 0's
+//    (each block of ranks has its own group), so the writer names it by dim and each worker
+//    binds it to its own group, after building the mesh over the gang's group
+//    (init_device_mesh);
+//  - a DTensor state input carries its sub-mesh (dim names), placements and global shape: the
+//    worker makes an empty DTensor of its shard and the checkpoint loads (and saves) it as one,
+//    so a checkpoint reshards as any distributed checkpoint does.
+// The first mesh dim is the data-parallel one: it splits the batch (rank r of it takes rows as
+// rank r of a data-parallel gang does); the ranks along the other dims read the same rows.
 #pragma once
 
 #include <atomic>

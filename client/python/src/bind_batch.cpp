@@ -6,15 +6,20 @@
 //   spec = _C._batch_job_bytes(lambda xs: [step(*xs)], [x, y], names, tensors, ["x", "y"], 0,
 //                              "ckpt/init", "data.safetensors", 64, 1000, 0)
 //   _C._batch_job_summary(spec)   # {"steps": 1000, "inputs": [("data", "x"), ...], "ops": {...}}
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <map>
 #include <unordered_map>
 
 #include "kiln/compiler/export.h"
+#include "kiln/dispatcher.h"
+#include "kiln/dist/dtensor.h"
+#include "kiln/proto/codec.h"
 #include "kiln/storage.h"
 #include "kiln/tensor_impl.h"
-#include "kiln/proto/codec.h"
 #include "python_args.h"
 
 namespace kiln::python {
@@ -31,42 +36,92 @@ compiler::Fn as_step_fn(nb::handle fn) {
 
 // Finds the state entry a captured tensor is: the same TensorImpl, or else a tensor with the same
 // storage, geometry and dtype (a module's state_dict() holds detached aliases of its parameters).
+// A DTensor entry is found by its local shard, which is what the step reads.
 class StateIndex {
  public:
-  StateIndex(const std::vector<std::string>& names, const TensorVec& tensors) {
+  StateIndex(const std::vector<std::string>& names, const TensorVec& tensors) : names_(names) {
     for (size_t k = 0; k < tensors.size(); ++k) {
-      by_impl_.emplace(tensors[k].impl(), k);
-      by_storage_.emplace(tensors[k].impl()->storage().get(), k);
+      const Tensor& t =
+          dist::is_dtensor(tensors[k]) ? dist::detail::local_of(tensors[k]) : tensors[k];
+      locals_.push_back(t);
+      by_impl_.emplace(t.impl(), k);
+      by_storage_.emplace(t.impl()->storage().get(), k);
     }
-    names_ = &names;
-    tensors_ = &tensors;
   }
-  // The name of `t` in the state, or "".
-  std::string find(const Tensor& t) const {
-    if (auto it = by_impl_.find(t.impl()); it != by_impl_.end()) return (*names_)[it->second];
+  // The index of `t` in the state, or -1.
+  int find(const Tensor& t) const {
+    if (auto it = by_impl_.find(t.impl()); it != by_impl_.end())
+      return static_cast<int>(it->second);
     auto [lo, hi] = by_storage_.equal_range(t.impl()->storage().get());
     for (auto it = lo; it != hi; ++it) {
-      const Tensor& s = (*tensors_)[it->second];
+      const Tensor& s = locals_[it->second];
       if (s.sizes() == t.sizes() && s.strides() == t.strides() &&
           s.storage_offset() == t.storage_offset() && s.dtype() == t.dtype() &&
           s.device() == t.device())
-        return (*names_)[it->second];
+        return static_cast<int>(it->second);
     }
-    return "";
+    return -1;
   }
+  const std::string& name(int k) const { return names_[k]; }
 
  private:
+  const std::vector<std::string>& names_;
+  TensorVec locals_;
   std::unordered_map<const TensorImpl*, size_t> by_impl_;  // the first entry of each
   std::unordered_multimap<const Storage*, size_t> by_storage_;
-  const std::vector<std::string>* names_ = nullptr;
-  const TensorVec* tensors_ = nullptr;
 };
+
+// Where a DTensor state entry lies on the job's mesh (Note [Batch jobs on a mesh]).
+void describe_dtensor(const Tensor& t, const std::string& name,
+                      const std::vector<std::string>& mesh_names, proto::BatchInput* in) {
+  const dist::DTensorSpec& spec = dist::detail::spec_of(t);
+  KILN_CHECK(!mesh_names.empty(), Value, "kiln.batch.save_job: state '", name,
+             "' is a DTensor; pass the step's device mesh as `mesh`");
+  for (size_t d = 0; d < spec.mesh.dim_names().size(); ++d) {
+    const std::string& dim = spec.mesh.dim_names()[d];
+    KILN_CHECK(std::find(mesh_names.begin(), mesh_names.end(), dim) != mesh_names.end() &&
+                   spec.mesh.root_dims()[d].size() == 1,
+               Value, "kiln.batch.save_job: state '", name, "' lies on ", spec.mesh.str(),
+               ", which is not a sub-mesh of the job's mesh by dim names");
+    in->add_mesh_dims(dim);
+  }
+  for (const dist::Placement& p : spec.placements) {
+    KILN_CHECK(p.kind != dist::Placement::Kind::Partial, Value, "kiln.batch.save_job: state '",
+               name, "' is Partial (", p.str(), "); a state tensor must be Shard or Replicate");
+    proto::PlacementSpec* e = in->add_placements();
+    e->set_kind(static_cast<int32_t>(p.kind));
+    e->set_dim(p.dim);
+  }
+  for (int64_t d : spec.shape) in->add_shape(d);
+}
+
+// Renames the collectives' groups to "@DIM" (Note [Batch jobs on a mesh]): this rank's group
+// names differ from other ranks'. `groups` maps this rank's group names to mesh dims.
+void name_groups_by_dim(proto::Graph& g, const std::map<std::string, std::string>& groups) {
+  for (proto::Instruction& n : *g.mutable_nodes()) {
+    const OperatorHandle* op = Dispatcher::get().find(n.op());
+    if (op == nullptr || !op->info().tags.has(OpTag::Collective)) continue;
+    for (int a = 0; a < op->info().num_args && a < n.args_size(); ++a) {
+      if (std::string_view(op->info().args[a].name) != "group") continue;
+      proto::Attribute* at = n.mutable_args(a)->mutable_attribute();
+      auto it = groups.find(at->string_value());
+      KILN_CHECK(it != groups.end(), Value, "kiln.batch.save_job: the step's '", n.op(),
+                 "' runs over group '", at->string_value(),
+                 "', which is the group of no single dim of `mesh`; a step on a mesh may use "
+                 "its dims' groups only");
+      at->set_string_value("@" + it->second);
+    }
+  }
+}
 
 nb::bytes batch_job_bytes(nb::handle fn, nb::handle args,
                           const std::vector<std::string>& state_names, nb::handle state_tensors,
                           const std::vector<std::string>& data_names, int loss_index,
                           const std::string& init_checkpoint, const std::string& data_path,
-                          int64_t batch_size, int64_t steps, uint64_t seed) {
+                          int64_t batch_size, int64_t steps, uint64_t seed,
+                          const std::vector<std::string>& mesh_names,
+                          const std::vector<int64_t>& mesh_shape,
+                          const std::map<std::string, std::string>& groups) {
   const char* what = "kiln.batch.save_job";
   TensorVec arg_tensors = tensors_of(args, what), state = tensors_of(state_tensors, what);
   KILN_CHECK(state.size() == state_names.size(), Value, what, ": ", state_names.size(),
@@ -90,11 +145,13 @@ nb::bytes batch_job_bytes(nb::handle fn, nb::handle args,
       continue;
     }
     if (compiler::constant_input(s.graph, i).defined()) continue;  // neither: a wrapped number
-    std::string name = index.find(s.captured[i]);
-    KILN_CHECK(!name.empty(), Value, what, ": the step reads a tensor that is not in `state`: ",
+    const int k = index.find(s.captured[i]);
+    KILN_CHECK(k >= 0, Value, what, ": the step reads a tensor that is not in `state`: ",
                ir::spec_str(s.graph.value(inputs[i]).meta),
                " (a parameter, buffer or optimizer state missing from `state`, or a tensor made "
                "outside the step); every tensor the step reads must be in `state` or `data`");
+    std::string name = index.name(k);
+    if (dist::is_dtensor(state[k])) describe_dtensor(state[k], name, mesh_names, in);
     // The workers make each state tensor on its own (empty_strided of its spec, offset 0): a
     // view into a larger tensor, or two inputs on one storage, would replay differently.
     const Tensor& t = s.captured[i];
@@ -108,7 +165,14 @@ nb::bytes batch_job_bytes(nb::handle fn, nb::handle args,
                "' share memory; a batch job's state tensors must own their memory (clone one)");
     in->set_state(std::move(name));
   }
+  KILN_CHECK(mesh_names.size() == mesh_shape.size(), Value, what, ": ", mesh_names.size(),
+             " mesh dim names for ", mesh_shape.size(), " sizes");
   *job.mutable_step() = proto::encode_graph(s.graph);
+  if (!mesh_names.empty()) name_groups_by_dim(*job.mutable_step(), groups);
+  for (size_t d = 0; d < mesh_names.size(); ++d) {
+    job.add_mesh_names(mesh_names[d]);
+    job.add_mesh_shape(mesh_shape[d]);
+  }
   job.set_loss(loss_index < 0 ? -1 : s.outputs[loss_index]);
   job.set_init_checkpoint(init_checkpoint);
   job.set_data(data_path);
@@ -119,6 +183,50 @@ nb::bytes batch_job_bytes(nb::handle fn, nb::handle args,
   job.set_rng_offset(s.rng_offset);
   job.set_rng_count(s.rng_count);
   std::string bytes = job.SerializeAsString();
+  return nb::bytes(bytes.data(), bytes.size());
+}
+
+// One spec from the specs every rank of a mesh captured, in rank order (Note [Batch jobs on a
+// mesh]): the first when all are the same, else the first with every distinct step in programs.
+nb::bytes batch_job_merge(const std::vector<nb::bytes>& specs) {
+  KILN_CHECK(!specs.empty(), Value, "kiln.batch.save_job: no ranks' specs to merge");
+  std::vector<proto::BatchJob> jobs(specs.size());
+  for (size_t r = 0; r < specs.size(); ++r)
+    KILN_CHECK(jobs[r].ParseFromArray(specs[r].c_str(), static_cast<int>(specs[r].size())), Value,
+               "kiln.batch.save_job: rank ", r, "'s spec does not parse");
+  auto rest = [](proto::BatchJob j) {  // everything but the rank's program
+    j.clear_step();
+    j.clear_inputs();
+    j.clear_loss();
+    return j.SerializeAsString();
+  };
+  const std::string common = rest(jobs[0]);
+  bool same = true;
+  for (size_t r = 1; r < jobs.size(); ++r) {
+    KILN_CHECK(rest(jobs[r]) == common, Value, "kiln.batch.save_job: rank ", r,
+               " captured the step with other settings than rank 0 (data, sizes, seeds, random "
+               "counters or mesh)");
+    same = same && std::string_view(specs[r].c_str(), specs[r].size()) ==
+                       std::string_view(specs[0].c_str(), specs[0].size());
+  }
+  if (same) return specs[0];
+  proto::BatchJob out = jobs[0];
+  std::vector<std::string> seen;
+  for (const proto::BatchJob& j : jobs) {
+    proto::BatchProgram p;
+    *p.mutable_step() = j.step();
+    *p.mutable_inputs() = j.inputs();
+    p.set_loss(j.loss());
+    std::string bytes = p.SerializeAsString();
+    auto it = std::find(seen.begin(), seen.end(), bytes);
+    if (it == seen.end()) {
+      seen.push_back(std::move(bytes));
+      *out.add_programs() = std::move(p);
+      it = seen.end() - 1;
+    }
+    out.add_program_of_rank(static_cast<int32_t>(it - seen.begin()));
+  }
+  std::string bytes = out.SerializeAsString();
   return nb::bytes(bytes.data(), bytes.size());
 }
 
@@ -152,6 +260,11 @@ nb::dict batch_job_summary(nb::bytes spec) {
   d["nodes"] = job.step().nodes_size();
   d["ops"] = ops;
   d["outputs"] = job.step().outputs_size();
+  nb::list mesh;
+  for (int k = 0; k < job.mesh_names_size() && k < job.mesh_shape_size(); ++k)
+    mesh.append(nb::make_tuple(job.mesh_names(k), job.mesh_shape(k)));
+  d["mesh"] = mesh;
+  d["programs"] = std::max(1, job.programs_size());
   return d;
 }
 
@@ -160,6 +273,7 @@ nb::dict batch_job_summary(nb::bytes spec) {
 void bind_batch(nb::module_& m) {
   m.def("_batch_job_bytes", &batch_job_bytes);
   m.def("_batch_job_summary", &batch_job_summary);
+  m.def("_batch_job_merge", &batch_job_merge);
 }
 
 }  // namespace kiln::python

@@ -11,8 +11,10 @@
 //    dead save's included) and a random nonce, and broadcasts them.
 //  - Each rank writes "__<rank>.<generation>.safetensors" holding its chunk of each tensor it
 //    owns a piece of, under the tensor's name: a DTensor's local shard (a Partial one reduced
-//    first) when this rank is at index 0 of every mesh dim the tensor is replicated over, so each
-//    element is written once; a plain tensor by the lowest rank that holds it (ranks may hold
+//    first) when this rank is at index 0 of every mesh dim the tensor is replicated over, and is
+//    the lowest rank with that shard (a DTensor on a sub-mesh, mesh["tp"], has a copy in every
+//    block of the dims it does not span), so each element is written once; a plain tensor by the
+//    lowest rank that holds it (ranks may hold
 //    different ones: a pipeline's stages each save their own; a name that two ranks hold must
 //    agree on its shape, dtype and placements). It fsyncs the file and the directory, then
 //    writes "__<rank>.<gen>.json": each chunk's global offsets and sizes and the CRC-32 of its
