@@ -131,7 +131,7 @@ TEST(BatchJobs, BadSpecsAreRefused) {
     expect_refused(d, req, says);
   };
   refused(batch_job(2, "not a proto \xff\xff"), "is not a BatchJob");
-  refused(batch_job(3, spec_bytes(4)), "batch_size 4 does not split over 3 workers");
+  refused(batch_job(3, spec_bytes(4)), "batch_size 4 does not split over 3 data-parallel ranks");
   proto::SubmitJobRequest r = batch_job(2);
   r.add_command("python");
   refused(r, "a batch job has no command");
@@ -146,6 +146,48 @@ TEST(BatchJobs, BadSpecsAreRefused) {
   spec.clear_inputs();
   refused(batch_job(2, spec.SerializeAsString()), "1 inputs and 0 input sources");
   refused(batch_job(2, std::string((8 << 20) + 1, 'x')), "the limit is 8388608");
+}
+
+// See Note [Batch jobs on a mesh]: the gang, --mesh and the per-rank steps must fit the mesh the
+// step was captured on; the job takes that mesh when --mesh is not given.
+TEST(BatchJobs, AStepOnAMeshNeedsItsGang) {
+  TempDir dir;
+  Daemon d(dir.path());
+  proto::BatchJob spec;
+  spec.ParseFromString(spec_bytes(4));
+  spec.add_mesh_names("dp");
+  spec.add_mesh_shape(2);
+  spec.add_mesh_names("tp");
+  spec.add_mesh_shape(2);
+  const std::string on_mesh = spec.SerializeAsString();
+  expect_refused(d, batch_job(2, on_mesh), "captured on the mesh dp=2,tp=2; the job asks for 2");
+  proto::SubmitJobRequest r = batch_job(4, on_mesh);
+  proto::MeshDim* m = r.add_mesh();
+  m->set_name("dp");
+  m->set_size(4);
+  m = r.add_mesh();
+  m->set_name("tp");
+  m->set_size(1);
+  expect_refused(d, r, "--mesh differs from the mesh the batch job's step was captured on");
+  proto::BatchJob bad = spec;
+  bad.set_mesh_shape(1, -2);
+  expect_refused(d, batch_job(4, bad.SerializeAsString()), "captured on the mesh");
+  bad = spec;
+  bad.set_batch_size(3);  // splits over the first dim (2), not the gang (4)
+  expect_refused(d, batch_job(4, bad.SerializeAsString()), "does not split over 2 data-parallel");
+  bad = spec;
+  *bad.add_programs()->mutable_step() = spec.step();
+  for (int k = 0; k < 3; ++k) bad.add_program_of_rank(0);  // three ranks of four
+  expect_refused(d, batch_job(4, bad.SerializeAsString()), "do not fit its mesh of 4 workers");
+  bad.add_program_of_rank(1);  // no step 1
+  expect_refused(d, batch_job(4, bad.SerializeAsString()), "do not fit its mesh of 4 workers");
+
+  spec.set_batch_size(6);  // 3 rows per "dp" rank
+  proto::Job job;
+  ASSERT_TRUE(d.call(&Stub::SubmitJob, batch_job(4, spec.SerializeAsString()), &job).ok());
+  ASSERT_EQ(job.mesh_size(), 2);
+  EXPECT_EQ(job.mesh(0).name(), "dp");
+  EXPECT_EQ(job.mesh(1).size(), 2);
 }
 
 TEST(BatchJobs, SubmitBatchNeedsAReadableSpec) {

@@ -11,6 +11,7 @@ import kiln.distributed as dist
 import kiln.distributed.checkpoint as dcp
 import kiln.nn as nn
 import kiln.nn.functional as F
+from test_distributed import free_port
 from kiln.distributed.checkpoint import _split
 
 
@@ -233,3 +234,40 @@ def test_bad_input(tmp_path):
     (tmp_path / "bad.kbj").write_bytes(b"\xff\xff not a spec")
     with pytest.raises(ValueError, match="not a BatchJob spec"):
         kiln.batch.load_job(tmp_path / "bad.kbj")
+
+
+def test_a_step_on_a_mesh_needs_a_real_group_of_its_size(tmp_path, monkeypatch):
+    """Note [Batch jobs on a mesh]: every rank of a real process group saves it (the 2x2 job that
+    trains is in test_batch_run.py); here the refusals, before anything is written."""
+    model, opt = mlp_and_adamw()
+    step = train_step(model, opt)
+    x, y = batch(4)
+    step(x, y)
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    data = {"x": x, "y": y}
+    with pytest.raises(TypeError, match="mesh must be a DeviceMesh, got tuple"):
+        save(tmp_path, step, data, state, batch_size=4, mesh=(2, 2))
+    from kiln.distributed.device_mesh import init_device_mesh
+    dist.init_process_group("fake", rank=0, world_size=4)
+    try:
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        with pytest.raises(RuntimeError, match="every rank of a real process group"):
+            save(tmp_path, step, data, state, batch_size=4, mesh=mesh)
+    finally:
+        dist.destroy_process_group()
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(k, v)
+    one = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))  # a real world of one
+    try:
+        with pytest.raises(ValueError, match="the mesh has 1 ranks, the process group 1 and "
+                                             "world_size is 2"):
+            save(tmp_path, step, data, state, batch_size=4, mesh=one, world_size=2)
+        with pytest.raises(ValueError, match=r"one rank's batch has 5 rows \(batch_size 5 over 1"):
+            save(tmp_path, step, data, state, batch_size=5, mesh=one)  # rows per "dp" rank
+        spec = save(tmp_path, step, data, state, batch_size=4, mesh=one)
+        info = kiln.batch.load_job(spec)
+        assert info["mesh"] == [("dp", 1)] and info["programs"] == 1, info
+    finally:
+        dist.destroy_process_group()
+    assert not (tmp_path / "job.kbj.tmp").exists()

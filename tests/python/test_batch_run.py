@@ -147,20 +147,22 @@ def test_a_batch_job_with_dropout_draws_per_step_and_rank(tmp_path):
     assert any(float((got[k] - v).abs().max()) > 1e-3 for k, v in other.items()), other
 
 
-def test_a_batch_job_survives_a_killed_worker(tmp_path):
-    """KILN_CHAOS_TRIALS trials (20 by default): a random worker of the gang is SIGKILLed at a
-    random step past the first checkpoint; a spare takes its place. Each job succeeds after one
-    restart, resumes less than a checkpoint interval behind the step its surviving rank reached,
-    and ends with the uninterrupted run's weights, bit for bit: the model has dropout, so the
-    restarted steps must draw the masks the uninterrupted run drew (Note [Random batch steps])."""
-    steps, every = 2000, 200
-    trials = int(os.environ.get("KILN_CHAOS_TRIALS", "20"))
-    spec = make_job(tmp_path, steps, dropout=True, seed=7)
+def chaos(tmp_path, spec, world, steps, every, trials):
+    """`trials` trials: a random worker of the gang of `world` is SIGKILLed at a random step past
+    the first checkpoint; a spare takes its place. Each job succeeds after one restart, resumes
+    less than a checkpoint interval behind the step its surviving ranks reached, and ends with the
+    uninterrupted run's weights, bit for bit: the model has dropout, so the restarted steps must
+    draw the masks the uninterrupted run drew (Note [Random batch steps])."""
     env = dict(os.environ, OMP_NUM_THREADS="1", KILN_COMM_TIMEOUT_S="10")
-    with killable_workers(tmp_path, WORLD + 1, ["--heartbeat-ms", "200", "--dead-after", "3"],
+
+    def submit_job(*args):
+        return subprocess.Popen([CLI, "submit", "--coordinator", address, "--batch", str(spec),
+                                 "--workers", str(world), *map(str, args)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    with killable_workers(tmp_path, world + 1, ["--heartbeat-ms", "200", "--dead-after", "3"],
                           env=env) as (address, workers):  # one spare
-        ref = submit(address, spec, "--checkpoint-dir", tmp_path / "ref", "--checkpoint-every",
-                     every)
+        ref = submit_job("--checkpoint-dir", tmp_path / "ref", "--checkpoint-every", every)
         out, _ = ref.communicate(timeout=600)
         assert ref.returncode == 0, out
         ref_step, want = saved(tmp_path / "ref", dropout=True)
@@ -170,8 +172,8 @@ def test_a_batch_job_survives_a_killed_worker(tmp_path):
             # Well before the end: the steps a rank reports reach the coordinator ~0.1 s late.
             kill_after = rng.randint(every + 1, steps - 5 * every)
             ckpt = tmp_path / f"ckpt{trial}"
-            p = submit(address, spec, "--checkpoint-dir", ckpt, "--checkpoint-every", every,
-                       "--max-restarts", "2")
+            p = submit_job("--checkpoint-dir", ckpt, "--checkpoint-every", every,
+                           "--max-restarts", "2")
             deadline = time.monotonic() + 300
             while True:  # until the job is past `kill_after`
                 job = [j for j in map(json.loads, kiln_cli(address, "jobs", "--json").split(
@@ -189,20 +191,28 @@ def test_a_batch_job_survives_a_killed_worker(tmp_path):
             assert done < steps, f"trial {trial}: the job ended before the kill"
             status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
             assert status["state"] == "succeeded" and status["restarts"] == 1, status
-            # The surviving rank's last step, and where the restart resumed.
+            # The surviving ranks' last step, and where the restart resumed.
             failed = [int(l.split("failed after step ")[1].split()[0].rstrip(":"))
                       for l in out.splitlines() if "failed after step" in l]
             resumed = [int(l.split("resumed after step ")[1].rstrip(")"))
                        for l in out.splitlines() if "finished step" in l and "resumed" in l]
             assert failed and resumed, f"trial {trial}:\n{out}"
-            # (A survivor that failed inside a save the other rank committed resumes ahead.)
+            # (A survivor that failed inside a save the other ranks committed resumes ahead.)
             assert max(failed) - resumed[0] < every, f"trial {trial}:\n{out}"
             step, got = saved(ckpt, dropout=True)
             assert step == steps, f"trial {trial}"
             for k in want:
                 assert bool((got[k] == want[k]).all()), (trial, k)
-            print(f"trial {trial}: killed after step {done}; the survivor reached step "
+            print(f"trial {trial}: killed after step {done}; the survivors reached step "
                   f"{max(failed)}, the restart resumed after step {resumed[0]}")
+
+
+TRIALS = int(os.environ.get("KILN_CHAOS_TRIALS", "20"))
+
+
+def test_a_batch_job_survives_a_killed_worker(tmp_path):
+    """The chaos test on a data-parallel gang of two (KILN_CHAOS_TRIALS trials, 20 by default)."""
+    chaos(tmp_path, make_job(tmp_path, 2000, dropout=True, seed=7), WORLD, 2000, 200, TRIALS)
 
 
 def test_a_batch_job_whose_data_is_gone_fails_clearly(tmp_path):
@@ -318,3 +328,9 @@ def test_a_batch_job_on_a_2x2_mesh_trains_as_one_process(tmp_path):
     for k in want:
         err = float((got[k] - want[k]).abs().max())
         assert err <= 1e-5 * float(want[k].abs().max()), (k, err)
+
+
+def test_a_batch_job_on_a_2x2_mesh_survives_a_killed_worker(tmp_path):
+    """The chaos test on the 2x2 job (tensor parallel within data parallel, with dropout): four
+    workers and a spare, KILN_CHAOS_TRIALS trials."""
+    chaos(tmp_path, make_mesh_job(tmp_path, 1000, dropout=True, seed=7), 4, 1000, 100, TRIALS)
