@@ -237,7 +237,7 @@ def test_bad_input(tmp_path):
 
 
 def test_a_step_on_a_mesh_needs_a_real_group_of_its_size(tmp_path, monkeypatch):
-    """Note [Batch jobs on a mesh]: every rank of a real process group saves it (the 2x2 job that
+    """See Note [Batch jobs on a mesh]: every rank of a real process group saves it (the 2x2 job that
     trains is in test_batch_run.py); here the refusals, before anything is written."""
     model, opt = mlp_and_adamw()
     step = train_step(model, opt)
