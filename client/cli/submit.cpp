@@ -492,7 +492,12 @@ int Driver::run(const std::vector<std::string>& command) {
                    job_.job_id().c_str());
       continue;
     }
-    if (final_job.state() == "restarting" && !stop_signal_) {  // See Note [Restarts]
+    // Restarting, or already running again on a new gang (a job that grows restarts at once:
+    // Note [Growing back] in coordinator/src/jobs.cpp).
+    const bool again =
+        final_job.state() == "restarting" ||
+        (final_job.state() == "running" && final_job.session_id() != job_.session_id());
+    if (again && !stop_signal_) {  // See Note [Restarts]
       std::fprintf(stderr, "kiln: %s restarting (%s)\n", job_.job_id().c_str(),
                    final_job.message().c_str());
       continue;

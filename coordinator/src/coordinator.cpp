@@ -499,6 +499,7 @@ void Coordinator::reap_locked() {
     if (j.job.state() == "running" && j.job.preempting() &&
         now - j.preempt_asked > options_.preempt_grace)
       overdue.push_back(&j);
+  grow_locked(now);  // See Note [Growing back] in jobs.cpp
   // Restarting jobs whose wait is over (See Note [Restarts] in jobs.cpp).
   bool restart_due = false;
   for (auto& [id, j] : jobs_)

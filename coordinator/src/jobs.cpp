@@ -144,9 +144,12 @@ void Coordinator::preempted_locked(JobRec& j, const std::string& why) {
   auto s = sessions_.find(j.job.session_id());
   if (s != sessions_.end() && s->second.state == "open")
     end_session_locked(s->second, "closed", absl::StrCat("job ", j.job.job_id(), " preempted"));
-  j.job.set_state("preempted");
+  j.job.set_state(j.growing ? "restarting" : "preempted");  // See Note [Growing back]
   j.job.set_preempting(false);
-  j.job.set_message(why);
+  j.job.set_message(j.growing ? absl::StrCat(j.job.message(), "; ", why.substr(0, why.find(';')))
+                              : why);
+  j.growing = false;
+  j.restart_after = Clock::now();
   j.job.clear_session_id();
   j.job.clear_worker_addresses();
   state_->put_job(j);
@@ -171,6 +174,7 @@ bool Coordinator::restart_locked(JobRec& j, const std::string& why) {
   if (s != sessions_.end() && s->second.state == "open")
     end_session_locked(s->second, "closed", absl::StrCat("job ", j.job.job_id(), " restarting"));
   j.job.set_restarts(j.job.restarts() + 1);
+  j.growing = false;
   const std::string text = absl::StrCat(why, "; restart ", j.job.restarts(), " of ",
                                         j.job.max_restarts(), ", from its last checkpoint");
   std::fprintf(stderr, "[kiln-coordinator] job %s: %s\n", j.job.job_id().c_str(), text.c_str());
@@ -183,6 +187,53 @@ bool Coordinator::restart_locked(JobRec& j, const std::string& why) {
   state_->put_job(j);
   add_job_finding_locked(j, "restart", text);
   return true;
+}
+
+// Note [Growing back]: an elastic job (--min-workers M below its size N) that a restart left on
+// fewer than N workers grows back when workers are free again: once, for Options::grow_after,
+// enough workers have been idle to add at least one block of its inner dims (within its tenant's
+// quota) and no job has been waiting for workers, it is preempted as by a higher-priority job
+// (Note [Preemption]: its driver gets SIGTERM and the preempt grace to checkpoint and exit), with
+// a "grow" finding. When its driver exits, it restarts at once, without using up a restart, on
+// what is then free up to N (its first mesh dim grows; the checkpoint reshards on load), and its
+// driver runs again. One job grows at a time. Batch jobs never change size.
+void Coordinator::grow_locked(std::chrono::steady_clock::time_point now) {
+  bool waiting = false;
+  for (const auto& [id, j] : jobs_) {
+    const std::string& st = j.job.state();
+    waiting |= st == "queued" || st == "preempted" || st == "restarting";
+  }
+  const int idle = static_cast<int>(idle_workers_locked().size());
+  for (auto& [id, j] : jobs_) {
+    const proto::Job& job = j.job;
+    int n = 0;
+    if (!waiting && job.state() == "running" && !job.preempting() && !job.batch() &&
+        job.workers() < job.max_workers()) {
+      const int inner = inner_ranks(job);
+      n = std::min(job.max_workers(), job.workers() + idle) / inner * inner;
+      if (n > job.workers() && !check_quota_locked(job.tenant(), n - job.workers()).ok()) n = 0;
+    }
+    if (n <= job.workers()) {
+      j.grow_seen = {};
+      continue;
+    }
+    if (j.grow_seen == Clock::time_point{}) j.grow_seen = now;
+    if (now - j.grow_seen < options_.grow_after) continue;
+    Transaction t(state_->db());
+    j.grow_seen = {};
+    j.growing = true;
+    j.job.set_preempting(true);
+    const std::string why = absl::StrCat("growing from ", job.workers(), " to ", n,
+                                         " workers, from its last checkpoint");
+    j.job.set_message(why);
+    j.preempt_asked = now;
+    std::fprintf(stderr, "[kiln-coordinator] job %s: %s\n", job.job_id().c_str(), why.c_str());
+    state_->put_job(j);
+    add_job_finding_locked(j, "grow", why);
+    t.commit();
+    changed_locked();
+    return;  // one at a time: the idle workers are counted once
+  }
 }
 
 // What a coordinator can check of a batch job's spec without running it (the workers check the
@@ -247,9 +298,11 @@ static absl::Status check_batch_spec(const proto::SubmitJobRequest& req, proto::
   return absl::OkStatus();
 }
 
-// How many workers `j` starts on with `idle` free (0: it waits). See Note [Restarts].
+// How many workers `j` starts on with `idle` free (0: it waits). See Note [Restarts]; a preempted
+// elastic job, too, takes what is free.
 static int gang_size(const proto::Job& j, int idle) {
-  if (j.state() != "restarting" || j.min_workers() >= j.max_workers()) return j.workers();
+  if ((j.state() != "restarting" && j.state() != "preempted") || j.min_workers() >= j.max_workers())
+    return j.workers();
   const int inner = inner_ranks(j);
   const int n = std::min(j.max_workers(), idle) / inner * inner;
   return n >= j.min_workers() ? n : 0;
@@ -310,6 +363,7 @@ void Coordinator::finish_job_locked(JobRec& j, const std::string& state, int exi
                                     const std::string& message) {
   j.job.set_state(state);
   j.job.set_preempting(false);  // ended while preempting (cancelled, a worker died)
+  j.growing = false;
   j.job.set_exit_code(exit_code);
   j.job.set_message(message);
   j.job.set_finished_unix_ms(now_unix_ms());

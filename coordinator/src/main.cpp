@@ -48,6 +48,8 @@ options:
                         worker is asked what it is doing (default 60)
   --preempt-grace-s N   a preempted job's driver has N seconds to checkpoint and exit
                         (default 30); then its workers are taken anyway
+  --grow-after-s N      an elastic job (--min-workers) that a restart left below its size grows
+                        back once enough workers have been idle for N seconds (default 30)
   --quota TENANT=N      tenant TENANT may hold at most N workers at once, in sessions and
                         running jobs together (repeatable); its jobs beyond wait in the queue
   --metrics-listen ADDR serve Prometheus /metrics there
@@ -64,7 +66,8 @@ struct Flags {
   std::string tokens, worker_token, tls_cert, tls_key, metrics_listen, dashboard_listen,
       dashboard_port_file;
   int heartbeat_ms = 1000, dead_after = 3, session_idle_s = 30, session_retention_s = 3600,
-      worker_retention_s = 3600, driver_grace_s = 30, hang_after_s = 60, preempt_grace_s = 30;
+      worker_retention_s = 3600, driver_grace_s = 30, hang_after_s = 60, preempt_grace_s = 30,
+      grow_after_s = 30;
   std::map<std::string, int> quotas;
 };
 
@@ -93,7 +96,8 @@ std::optional<int> parse(int argc, char** argv, Flags& f) {
           {"--session-retention-s", &f.session_retention_s},
           {"--worker-retention-s", &f.worker_retention_s},
           {"--hang-after-s", &f.hang_after_s},
-          {"--preempt-grace-s", &f.preempt_grace_s}};
+          {"--preempt-grace-s", &f.preempt_grace_s},
+          {"--grow-after-s", &f.grow_after_s}};
       for (const auto& [flag, value] : flags)
         if (name == flag) return value;
       return nullptr;
@@ -229,7 +233,8 @@ int main(int argc, char** argv) {
        .driver_grace = std::chrono::seconds(f.driver_grace_s),
        .hang_after = std::chrono::seconds(f.hang_after_s),
        .quotas = f.quotas,
-       .preempt_grace = std::chrono::seconds(f.preempt_grace_s)});
+       .preempt_grace = std::chrono::seconds(f.preempt_grace_s),
+       .grow_after = std::chrono::seconds(f.grow_after_s)});
   if (!core.ok()) return fail(core.status());
   kiln::coord::Metrics metrics(**core);
   std::unique_ptr<prometheus::Exposer> exposer;

@@ -77,6 +77,10 @@ struct JobRec {
   std::string spec;  // a batch job's BatchJob bytes (job_specs; Note [Batch jobs])
   // Not stored: a restarting job starts no earlier (Note [Restarts] in jobs.cpp).
   Clock::time_point restart_after;
+  // Not stored (Note [Growing back] in jobs.cpp): since when it could grow (zero: it cannot), and
+  // whether its preemption is a growth.
+  Clock::time_point grow_seen{};
+  bool growing = false;
 };
 
 struct Loaded {

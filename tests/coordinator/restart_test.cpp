@@ -104,6 +104,55 @@ TEST(Restarts, ADeadWorkerRestartsAnElasticJobOnFewerWorkers) {
   EXPECT_EQ(get_job(d, job.job_id()).state(), "succeeded");
 }
 
+// See Note [Growing back]: the elastic job a lost worker shrank to 2 grows back to 4 once two
+// workers have been idle for --grow-after-s with no job waiting; growing is a preemption that
+// restarts at once and does not use up a restart.
+TEST(Restarts, AnElasticJobGrowsBackWhenWorkersAreIdle) {
+  TempDir dir;
+  Daemon d(dir.path(), {"--heartbeat-ms", "200", "--dead-after", "3", "--grow-after-s", "1"});
+  std::vector<std::unique_ptr<FakeWorker>> ws;
+  for (const char* name : {"w0", "w1", "w2", "w3"})
+    ws.push_back(std::make_unique<FakeWorker>(d, name));
+  proto::SubmitJobRequest req = restartable(4, 2);
+  req.set_min_workers(2);
+  for (auto [name, size] : {std::pair{"dp", 2}, {"tp", 2}}) {
+    proto::MeshDim& m = *req.add_mesh();
+    m.set_name(name);
+    m.set_size(size);
+  }
+  proto::Job job;
+  ASSERT_TRUE(d.call(&Stub::SubmitJob, req, &job).ok());
+  ASSERT_TRUE(eventually([&] { return get_job(d, job.job_id()).state() == "running"; }));
+  const std::string first = get_job(d, job.job_id()).session_id();
+  ws[3]->stop();
+  ASSERT_TRUE(running_again(d, job.job_id(), first));
+  ASSERT_EQ(get_job(d, job.job_id()).workers(), 2);
+  const std::string second = get_job(d, job.job_id()).session_id();
+
+  // A job waiting for workers holds the growth off, and then takes the new worker and the idle one.
+  proto::Job other;
+  ASSERT_TRUE(d.call(&Stub::SubmitJob, restartable(2, 0), &other).ok());
+  ws.push_back(std::make_unique<FakeWorker>(d, "w4"));
+  ASSERT_TRUE(eventually([&] { return get_job(d, other.job_id()).state() == "running"; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_FALSE(get_job(d, job.job_id()).preempting());
+
+  // When it ends, its two workers are idle: the job is asked to grow.
+  ASSERT_TRUE(finish_job(d, other.job_id(), 0).ok());
+  ASSERT_TRUE(eventually([&] { return get_job(d, job.job_id()).preempting(); }));
+  proto::Job j = get_job(d, job.job_id());
+  EXPECT_NE(j.message().find("growing from 2 to 4 workers"), std::string::npos) << j.message();
+  EXPECT_EQ(j.findings(j.findings_size() - 1).kind(), "grow");
+  ASSERT_TRUE(finish_job(d, job.job_id(), 143).ok());  // its driver, stopped, exits
+  ASSERT_TRUE(running_again(d, job.job_id(), second));
+  j = get_job(d, job.job_id());
+  EXPECT_EQ(j.workers(), 4);
+  EXPECT_EQ(j.mesh(0).size(), 2);
+  EXPECT_EQ(j.restarts(), 1);  // the growth is not a restart
+  ASSERT_TRUE(finish_job(d, job.job_id(), 0).ok());
+  EXPECT_EQ(get_job(d, job.job_id()).state(), "succeeded");
+}
+
 TEST(Restarts, BadSettingsAreRefused) {
   TempDir dir;
   Daemon d(dir.path());

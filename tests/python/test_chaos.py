@@ -22,7 +22,8 @@ TRIALS = int(os.environ.get("KILN_CHAOS_TRIALS", "20"))
 # The job's driver: it resumes from KILN_CHECKPOINT_DIR when a checkpoint is there, saves one every
 # KILN_CHECKPOINT_EVERY steps, and prints "run R", "resume from S", "step N LOSS" (after the step's
 # checkpoint) and "final LOSS CHECKSUM". Its first run waits after step CHAOS_PAUSE_AT until the
-# file CHAOS_GO exists: the test kills a worker there, so the job cannot end first.
+# file CHAOS_GO exists: the test kills a worker there, so the job cannot end first. Its second run
+# waits after step CHAOS_GROW_AT, for the coordinator to make it grow.
 DRIVER = r"""
 import os, sys, time, warnings
 import kiln, kiln.nn as nn, kiln.nn.functional as F
@@ -73,6 +74,8 @@ for step in range(start + 1, steps + 1):
     if step == int(os.environ.get("CHAOS_PAUSE_AT", -1)) and os.environ["KILN_RESTARTS"] == "0":
         while not os.path.exists(os.environ["CHAOS_GO"]):
             time.sleep(0.01)
+    if step == int(os.environ.get("CHAOS_GROW_AT", -1)) and os.environ["KILN_RESTARTS"] == "1":
+        time.sleep(120)  # the second run waits here to be asked to grow (SIGTERM)
 total = sum(float(p.full_tensor().double().abs().sum()) for p in model.parameters())
 print("final", repr(loss.item()), repr(total), flush=True)
 """
@@ -182,3 +185,48 @@ def test_an_elastic_job_restarts_on_fewer_workers_and_reshards(tmp_path):
         status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
         assert status["workers"] == 2 and status["max_workers"] == 4, status
         assert status["mesh"] == [{"name": "dp", "size": 1}, {"name": "tp", "size": 2}], status
+
+
+def test_an_elastic_job_grows_back_when_workers_return(tmp_path):
+    """Note [Growing back]: the 2x2 job, shrunk to two workers by a lost one (as above), grows
+    back to four once two workers are idle for --grow-after-s: its driver is stopped, and runs a
+    third time on the full mesh from its last checkpoint, without using up a restart."""
+    env = dict(os.environ, KILN_COMM_TIMEOUT_S="10", OMP_NUM_THREADS="1")
+    with killable_workers(tmp_path, 4, ["--heartbeat-ms", "200", "--dead-after", "3",
+                                        "--grow-after-s", "1"], env=env) as (address, workers):
+        ref = submit(address, tmp_path)
+        out, _ = ref.communicate(timeout=300)
+        assert ref.returncode == 0, out
+        want = float(final_line(out).split()[1])
+        go = tmp_path / "go"
+        p = submit(address, tmp_path, ["--max-restarts", "1", "--min-workers", "2",
+                                       "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                       "--checkpoint-every", str(EVERY)],
+                   CHAOS_PAUSE_AT="4", CHAOS_GO=str(go), CHAOS_GROW_AT="7")
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("step 4 "):
+                break
+        job = json.loads(kiln_cli(address, "jobs", "--json").splitlines()[-1])
+        workers.kill(job["worker_addresses"][-1])
+        go.write_text("")
+        for line in p.stdout:  # the second run, on two workers (the third alive stays idle)
+            lines.append(line)
+            if line.startswith("step 7 "):
+                break
+        status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
+        assert status["workers"] == 2, status
+        workers.add("back")  # two idle now: one more "dp" row of the mesh
+        rest, _ = p.communicate(timeout=300)
+        out = "".join(lines) + rest
+        assert p.returncode == 0, out
+        assert "run 2" in out and "resume from 6" in out.split("run 2")[1], out
+        got = float(final_line(out).split()[1])
+        assert abs(got - want) <= 1e-5 * abs(want), (got, want)
+        status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
+        assert status["state"] == "succeeded" and status["workers"] == 4, status
+        assert status["restarts"] == 1, status  # the growth is not a restart
+        assert status["mesh"] == [{"name": "dp", "size": 2}, {"name": "tp", "size": 2}], status
+        grow = [f for f in status["findings"] if f["kind"] == "grow"]
+        assert grow and "growing from 2 to 4 workers" in grow[0]["text"], status

@@ -61,6 +61,9 @@ struct Options {
   // How long a preempted job's driver has to checkpoint and exit before its session is ended
   // anyway (Note [Preemption] in jobs.cpp).
   std::chrono::milliseconds preempt_grace{30000};
+  // How long an elastic job running below its size must see enough idle workers (and no job
+  // waiting) before it is asked to grow back (Note [Growing back] in jobs.cpp).
+  std::chrono::milliseconds grow_after{30000};
 };
 
 // Limits on what a client may submit (beyond them: INVALID_ARGUMENT).
@@ -167,6 +170,8 @@ class Coordinator {
   bool preempt_for_locked(const JobRec& j, int idle);
   // A preempting job's driver exited (or its grace ran out): its session ends, it is requeued.
   void preempted_locked(JobRec& j, const std::string& why);
+  // Asks one elastic job below its size to grow back onto idle workers (Note [Growing back]).
+  void grow_locked(std::chrono::steady_clock::time_point now);
   // Whether `j` has restarts left; if so, queues it again as "restarting" (Note [Restarts]).
   bool restart_locked(JobRec& j, const std::string& why);
   SessionRec& new_session_locked(const std::vector<std::string>& worker_ids,
