@@ -18,6 +18,18 @@ proto::SubmitJobRequest restartable(int workers, int max_restarts) {
   return req;
 }
 
+// A dp=2,tp=2 job that may restart twice, down to 2 workers.
+proto::SubmitJobRequest elastic_2x2() {
+  proto::SubmitJobRequest req = restartable(4, 2);
+  req.set_min_workers(2);
+  for (auto [name, size] : {std::pair{"dp", 2}, {"tp", 2}}) {
+    proto::MeshDim& m = *req.add_mesh();
+    m.set_name(name);
+    m.set_size(size);
+  }
+  return req;
+}
+
 bool running_again(Daemon& d, const std::string& id, const std::string& old_session) {
   return eventually(
       [&] {
@@ -65,15 +77,8 @@ TEST(Restarts, ADeadWorkerRestartsAnElasticJobOnFewerWorkers) {
   auto w1 = std::make_unique<FakeWorker>(d, "w1");
   auto w2 = std::make_unique<FakeWorker>(d, "w2");
   auto w3 = std::make_unique<FakeWorker>(d, "w3");
-  proto::SubmitJobRequest req = restartable(4, 2);
-  req.set_min_workers(2);
-  for (auto [name, size] : {std::pair{"dp", 2}, {"tp", 2}}) {
-    proto::MeshDim& m = *req.add_mesh();
-    m.set_name(name);
-    m.set_size(size);
-  }
   proto::Job job;
-  ASSERT_TRUE(d.call(&Stub::SubmitJob, req, &job).ok());
+  ASSERT_TRUE(d.call(&Stub::SubmitJob, elastic_2x2(), &job).ok());
   ASSERT_TRUE(eventually([&] { return get_job(d, job.job_id()).state() == "running"; }));
   const std::string first = get_job(d, job.job_id()).session_id();
 
@@ -113,15 +118,8 @@ TEST(Restarts, AnElasticJobGrowsBackWhenWorkersAreIdle) {
   std::vector<std::unique_ptr<FakeWorker>> ws;
   for (const char* name : {"w0", "w1", "w2", "w3"})
     ws.push_back(std::make_unique<FakeWorker>(d, name));
-  proto::SubmitJobRequest req = restartable(4, 2);
-  req.set_min_workers(2);
-  for (auto [name, size] : {std::pair{"dp", 2}, {"tp", 2}}) {
-    proto::MeshDim& m = *req.add_mesh();
-    m.set_name(name);
-    m.set_size(size);
-  }
   proto::Job job;
-  ASSERT_TRUE(d.call(&Stub::SubmitJob, req, &job).ok());
+  ASSERT_TRUE(d.call(&Stub::SubmitJob, elastic_2x2(), &job).ok());
   ASSERT_TRUE(eventually([&] { return get_job(d, job.job_id()).state() == "running"; }));
   const std::string first = get_job(d, job.job_id()).session_id();
   ws[3]->stop();

@@ -39,6 +39,15 @@ def train_step(model, opt, all_reduce=False):
     return step
 
 
+def stepped_once():
+    """A step run once eagerly (the optimizer's state exists), its data and its state."""
+    model, opt = mlp_and_adamw()
+    step = train_step(model, opt)
+    x, y = batch(4)
+    step(x, y)
+    return step, {"x": x, "y": y}, {"model": model.state_dict(), "optim": opt.state_dict()}
+
+
 def snapshot(state):
     return {k: v.clone() for k, v in _split(state)[0].items()}
 
@@ -202,12 +211,7 @@ def test_a_tensor_missing_from_the_state_is_named(tmp_path):
 
 
 def test_bad_input(tmp_path):
-    model, opt = mlp_and_adamw()
-    step = train_step(model, opt)
-    x, y = batch(4)
-    step(x, y)
-    state = {"model": model.state_dict(), "optim": opt.state_dict()}
-    data = {"x": x, "y": y}
+    step, data, state = stepped_once()
     with pytest.raises(ValueError, match="batch_size 9 is not a multiple of world_size 2"):
         save(tmp_path, step, data, state, batch_size=9, world_size=2)
     with pytest.raises(ValueError, match=r"data 'x' has shape \[4, 6\]; one rank's batch has 8 rows"):
@@ -217,7 +221,7 @@ def test_bad_input(tmp_path):
     with pytest.raises(TypeError, match="data must be a non-empty dict"):
         save(tmp_path, step, {}, state, batch_size=4)
     with pytest.raises(ValueError, match="the step must return the loss"):
-        save(tmp_path, lambda x, y: model(x), data, state, batch_size=4)
+        save(tmp_path, lambda x, y: x * 2, data, state, batch_size=4)
     before = snapshot(state)
     with pytest.raises(OSError):
         kiln.batch.save_job(tmp_path / "no" / "such" / "dir" / "job.kbj", step, data, state,
@@ -239,12 +243,7 @@ def test_bad_input(tmp_path):
 def test_a_step_on_a_mesh_needs_a_real_group_of_its_size(tmp_path, monkeypatch):
     """See Note [Batch jobs on a mesh]: every rank of a real process group saves it (the 2x2 job that
     trains is in test_batch_run.py); here the refusals, before anything is written."""
-    model, opt = mlp_and_adamw()
-    step = train_step(model, opt)
-    x, y = batch(4)
-    step(x, y)
-    state = {"model": model.state_dict(), "optim": opt.state_dict()}
-    data = {"x": x, "y": y}
+    step, data, state = stepped_once()
     with pytest.raises(TypeError, match="mesh must be a DeviceMesh, got tuple"):
         save(tmp_path, step, data, state, batch_size=4, mesh=(2, 2))
     from kiln.distributed.device_mesh import init_device_mesh

@@ -96,6 +96,16 @@ def saved(ckpt, dropout=False):
     return state["step"], {k: v.clone() for k, v in model.state_dict().items()}
 
 
+def assert_trained_as_one_process(tmp_path, steps):
+    """The job's final checkpoint holds the weights of reference(), to rounding."""
+    step, got = saved(tmp_path / "ckpt")
+    assert step == steps
+    want = reference(tmp_path, steps)
+    for k in want:
+        err = float((got[k] - want[k]).abs().max())
+        assert err <= 1e-5 * float(want[k].abs().max()), (k, err)
+
+
 def submit(address, spec, *args):
     return subprocess.Popen([CLI, "submit", "--coordinator", address, "--batch", str(spec),
                              "--workers", str(WORLD), *map(str, args)], stdout=subprocess.PIPE,
@@ -118,12 +128,7 @@ def test_a_batch_job_trains_with_no_client(tmp_path):
         assert sorted({(r["step"], r["rank"]) for r in records}) == \
             [(s, r) for s in range(1, steps + 1) for r in range(WORLD)], records
         assert all(r["loss"] > 0 for r in records), records
-    step, got = saved(tmp_path / "ckpt")
-    assert step == steps
-    want = reference(tmp_path, steps)
-    for k in want:
-        err = float((got[k] - want[k]).abs().max())
-        assert err <= 1e-5 * float(want[k].abs().max()), (k, err)
+    assert_trained_as_one_process(tmp_path, steps)
 
 
 def test_a_batch_job_with_dropout_draws_per_step_and_rank(tmp_path):
@@ -322,12 +327,7 @@ def test_a_batch_job_on_a_2x2_mesh_trains_as_one_process(tmp_path):
                               "--workers", "4", "--mesh", "dp=4,tp=1"],
                              capture_output=True, text=True, timeout=60)
         assert bad.returncode != 0 and "captured on (dp=2,tp=2)" in bad.stderr, bad.stderr
-    step, got = saved(tmp_path / "ckpt")
-    assert step == steps
-    want = reference(tmp_path, steps)
-    for k in want:
-        err = float((got[k] - want[k]).abs().max())
-        assert err <= 1e-5 * float(want[k].abs().max()), (k, err)
+    assert_trained_as_one_process(tmp_path, steps)
 
 
 def test_a_batch_job_on_a_2x2_mesh_survives_a_killed_worker(tmp_path):

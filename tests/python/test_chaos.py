@@ -155,6 +155,21 @@ def test_killing_a_random_worker_at_a_random_step(tmp_path):
             assert any(f["kind"] == "restart" for f in status["findings"]), status
 
 
+def reference_loss(address, tmp_path):
+    """The final loss of an uninterrupted run."""
+    ref = submit(address, tmp_path)
+    out, _ = ref.communicate(timeout=300)
+    assert ref.returncode == 0, out
+    return float(final_line(out).split()[1])
+
+
+def submit_elastic(address, tmp_path, **env):
+    """The job with --min-workers 2, one restart and a checkpoint every EVERY steps."""
+    return submit(address, tmp_path, ["--max-restarts", "1", "--min-workers", "2",
+                                      "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                      "--checkpoint-every", str(EVERY)], **env)
+
+
 def test_an_elastic_job_restarts_on_fewer_workers_and_reshards(tmp_path):
     """--min-workers 2: with no spare, the 2x2 job restarts on the two workers left of three (dp
     shrinks to 1), loads its dp=2 checkpoint resharded, and ends at the uninterrupted run's loss
@@ -162,15 +177,9 @@ def test_an_elastic_job_restarts_on_fewer_workers_and_reshards(tmp_path):
     env = dict(os.environ, KILN_COMM_TIMEOUT_S="10", OMP_NUM_THREADS="1")
     with killable_workers(tmp_path, 4, ["--heartbeat-ms", "200", "--dead-after", "3"],
                           env=env) as (address, workers):
-        ref = submit(address, tmp_path)
-        out, _ = ref.communicate(timeout=300)
-        assert ref.returncode == 0, out
-        want = float(final_line(out).split()[1])
+        want = reference_loss(address, tmp_path)
         go = tmp_path / "go"
-        p = submit(address, tmp_path, ["--max-restarts", "1", "--min-workers", "2",
-                                       "--checkpoint-dir", str(tmp_path / "ckpt"),
-                                       "--checkpoint-every", str(EVERY)],
-                   CHAOS_PAUSE_AT="7", CHAOS_GO=str(go))
+        p = submit_elastic(address, tmp_path, CHAOS_PAUSE_AT="7", CHAOS_GO=str(go))
         for line in p.stdout:
             if line.startswith("step 7 "):
                 break
@@ -188,21 +197,16 @@ def test_an_elastic_job_restarts_on_fewer_workers_and_reshards(tmp_path):
 
 
 def test_an_elastic_job_grows_back_when_workers_return(tmp_path):
-    """Note [Growing back]: the 2x2 job, shrunk to two workers by a lost one (as above), grows
+    """See Note [Growing back]: the 2x2 job, shrunk to two workers by a lost one (as above), grows
     back to four once two workers are idle for --grow-after-s: its driver is stopped, and runs a
     third time on the full mesh from its last checkpoint, without using up a restart."""
     env = dict(os.environ, KILN_COMM_TIMEOUT_S="10", OMP_NUM_THREADS="1")
     with killable_workers(tmp_path, 4, ["--heartbeat-ms", "200", "--dead-after", "3",
                                         "--grow-after-s", "1"], env=env) as (address, workers):
-        ref = submit(address, tmp_path)
-        out, _ = ref.communicate(timeout=300)
-        assert ref.returncode == 0, out
-        want = float(final_line(out).split()[1])
+        want = reference_loss(address, tmp_path)
         go = tmp_path / "go"
-        p = submit(address, tmp_path, ["--max-restarts", "1", "--min-workers", "2",
-                                       "--checkpoint-dir", str(tmp_path / "ckpt"),
-                                       "--checkpoint-every", str(EVERY)],
-                   CHAOS_PAUSE_AT="4", CHAOS_GO=str(go), CHAOS_GROW_AT="7")
+        p = submit_elastic(address, tmp_path, CHAOS_PAUSE_AT="4", CHAOS_GO=str(go),
+                           CHAOS_GROW_AT="7")
         lines = []
         for line in p.stdout:
             lines.append(line)

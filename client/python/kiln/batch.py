@@ -60,7 +60,6 @@ row-wise layer's bias is added on one rank of its group), each rank replays its 
 
     kiln.batch.save_job("job.spec", step, {"x": x, "y": y}, state, mesh=mesh, ...)
 """
-import hashlib
 import os
 
 from kiln import _C
