@@ -22,7 +22,7 @@ import kiln.nn as nn
 import kiln.nn.functional as F
 
 from gang_jobs import CLI, coordinator_and_workers, kiln_cli, killable_workers
-from kiln_run import KILN_CLI
+from kiln_run import EXPECT, KILN_CLI, run_ranks
 
 WORLD, BATCH, ROWS = 2, 16, 64
 
@@ -334,3 +334,47 @@ def test_a_batch_job_on_a_2x2_mesh_survives_a_killed_worker(tmp_path):
     """The chaos test on the 2x2 job (tensor parallel within data parallel, with dropout): four
     workers and a spare, KILN_CHAOS_TRIALS trials."""
     chaos(tmp_path, make_mesh_job(tmp_path, 1000, dropout=True, seed=7), 4, 1000, 100, TRIALS)
+
+
+# Two ranks save a step on a mesh wrongly; every rank raises, none waits in a collective.
+MESH_ERRORS = r"""
+import kiln, kiln.nn as nn, kiln.nn.functional as F
+import kiln.distributed as dist
+from kiln.distributed.device_mesh import init_device_mesh
+out = __import__("sys").argv[1]
+mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+rank = dist.get_rank()
+kiln.manual_seed(0)
+model = nn.Linear(4, 2)
+opt = kiln.optim.SGD(model.parameters(), lr=0.1)
+def step(x, y):
+    opt.zero_grad(set_to_none=True)
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    for p in model.parameters():
+        p.grad = kiln._C.all_reduce(p.grad, "avg", mesh.get_group("dp").name)
+    opt.step()
+    return loss
+data = {"x": kiln.randn(2, 4), "y": kiln.randn(2, 2)}
+state = {"model": model.state_dict()}
+def save(state, steps):
+    kiln.batch.save_job(f"{out}/job.kbj", step, data, state, data_file=f"{out}/d.safetensors",
+                        batch_size=4, steps=steps, init_checkpoint=f"{out}/init", mesh=mesh)
+# Rank 1 leaves the model out of its state: it names the tensor, rank 0 names rank 1.
+if rank == 1:
+    expect(lambda: save({}, 5), ValueError, "not in `state`")
+else:
+    expect(lambda: save(state, 5), RuntimeError, "rank 1 could not capture the step")
+# The ranks disagree on the step count: rank 0 refuses to merge, rank 1 hears of it.
+if rank == 0:
+    expect(lambda: save(state, 5), ValueError, "rank 1 captured the step with other settings")
+else:
+    expect(lambda: save(state, 6), RuntimeError, "rank 0 could not write the spec")
+import os
+assert not os.path.exists(f"{out}/job.kbj") and not os.path.exists(f"{out}/init")
+print(f"rank {rank} ok")
+"""
+
+
+def test_a_step_on_a_mesh_that_a_rank_cannot_save_fails_on_every_rank(tmp_path):
+    run_ranks(tmp_path, "mesh_errors", EXPECT + MESH_ERRORS, 2, str(tmp_path))

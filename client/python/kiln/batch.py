@@ -119,6 +119,18 @@ def _check_mesh(mesh, world_size):
     return list(names), shape, groups
 
 
+def _raise_on_every_rank(error, what):
+    """Raises `error` where it happened, and a RuntimeError naming that rank on the others (one
+    all-reduce: no rank is left waiting in a collective the failed one never joins)."""
+    failed = _tensor([dist.get_rank() if error is not None else -1], dtype=_C.int64)
+    dist.all_reduce(failed, dist.ReduceOp.MAX)
+    if error is not None:
+        raise error
+    if failed.item() >= 0:
+        raise RuntimeError(f"kiln.batch.save_job: rank {failed.item()} could not {what}; see its "
+                           f"error")
+
+
 def _gather_bytes(b):
     """Every rank's `b`, in rank order (a collective)."""
     n = dist.get_world_size()
@@ -181,6 +193,7 @@ def save_job(path, step, data, state, *, data_file, batch_size, steps, init_chec
         dist.init_process_group("fake", rank=0, world_size=world_size, group_name="world")
     with no_grad():
         saved = [t.clone() for t in tensors.values()]
+    error = None
     try:
         # Fresh contiguous copies of the examples: a worker binds its rows as such tensors.
         examples = [t.detach().contiguous().clone() for t in data.values()]
@@ -189,6 +202,10 @@ def save_job(path, step, data, state, *, data_file, batch_size, steps, init_chec
                                    os.path.abspath(os.fspath(init_checkpoint)),
                                    os.path.abspath(os.fspath(data_file)), batch_size, steps, seed,
                                    mesh_names, mesh_shape, groups)
+    except Exception as e:
+        if mesh is None:
+            raise
+        error = e  # the other ranks learn of it below, instead of waiting in a collective
     finally:
         with no_grad():  # the capture ran the step once: put the state back as it was
             for t, s in zip(tensors.values(), saved):
@@ -196,16 +213,21 @@ def save_job(path, step, data, state, *, data_file, batch_size, steps, init_chec
         if fake:
             dist.destroy_process_group()
     if mesh is not None:  # rank 0 writes every rank's step (Note [Batch jobs on a mesh])
+        _raise_on_every_rank(error, "capture the step")
         specs = _gather_bytes(spec)
-        spec = _C._batch_job_merge(specs) if dist.get_rank() == 0 else None
+        spec = None
+        if dist.get_rank() == 0:
+            try:
+                spec = _C._batch_job_merge(specs)
+            except ValueError as e:
+                error = e
     # The spec goes to a temporary file first, so that an unwritable path fails before the
     # checkpoint is written, and the spec appears (atomically) only once the checkpoint exists.
     # On a mesh, rank 0 writes it, and every rank saves its shards.
     writer = mesh is None or dist.get_rank() == 0
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        error = None
-        if writer:
+        if writer and error is None:
             try:
                 with open(tmp, "wb") as f:
                     f.write(spec)
@@ -213,11 +235,8 @@ def save_job(path, step, data, state, *, data_file, batch_size, steps, init_chec
                     os.fsync(f.fileno())
             except OSError as e:
                 error = e
-        if mesh is not None:  # every rank learns whether rank 0 could write
-            failed = _tensor([int(error is not None)], dtype=_C.int64)
-            dist.all_reduce(failed, dist.ReduceOp.MAX)
-            if error is None and failed.item():
-                raise OSError(f"kiln.batch.save_job: rank 0 could not write the spec {path!r}")
+        if mesh is not None:
+            _raise_on_every_rank(error, f"write the spec {path!r}")
         if error is not None:
             raise error
         dcp.save(state, checkpoint_id=init_checkpoint)
