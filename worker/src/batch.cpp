@@ -13,6 +13,7 @@
 #include "gang.h"
 #include "kiln/compiler/export.h"
 #include "kiln/compiler/graph.h"
+#include "kiln/dispatcher.h"
 #include "kiln/dist/checkpoint.h"
 #include "kiln/dist/device_mesh.h"
 #include "kiln/dist/dtensor.h"
@@ -57,13 +58,16 @@ dist::DeviceMesh mesh_of(proto::BatchJob& spec, Device device, int world, const 
              ": the step's mesh ", IntArrayRef(shape), " does not cover the gang of ", world,
              " workers");
   dist::DeviceMesh mesh = dist::init_device_mesh(device.is_cuda() ? "cuda" : "cpu", shape, names);
-  for (proto::Instruction& n : *spec.mutable_step()->mutable_nodes())
+  for (proto::Instruction& n : *spec.mutable_step()->mutable_nodes()) {
+    const OperatorHandle* op = Dispatcher::get().find(n.op());
+    if (op == nullptr || !op->info().tags.has(OpTag::Collective)) continue;
     for (proto::Argument& a : *n.mutable_args()) {
       if (!a.has_attribute() || !a.attribute().has_string_value()) continue;
       const std::string& v = a.attribute().string_value();
       if (v.size() > 1 && v[0] == '@')
         a.mutable_attribute()->set_string_value(mesh.group(v.substr(1))->name());
     }
+  }
   return mesh;
 }
 
