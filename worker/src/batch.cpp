@@ -102,10 +102,9 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
     proto::BatchJob spec;
     KILN_CHECK(spec.ParseFromString(run.spec()), Value, what, ": the spec is not a BatchJob");
     if (spec.program_of_rank_size() > 0) {  // this rank's own step (Note [Batch jobs on a mesh])
-      KILN_CHECK(spec.program_of_rank_size() == run.world_size(), Value, what,
-                 ": the spec has "
-                 "steps for ",
-                 spec.program_of_rank_size(), " ranks, the gang ", run.world_size());
+      const int ranks = spec.program_of_rank_size();
+      KILN_CHECK(ranks == run.world_size(), Value, what, ": the spec has steps for ", ranks,
+                 " ranks, the gang ", run.world_size());
       const int k = spec.program_of_rank(run.rank());
       KILN_CHECK(k >= 0 && k < spec.programs_size(), Value, what, ": step ", k, " of ",
                  spec.programs_size());
