@@ -292,9 +292,27 @@ static absl::Status check_batch_spec(const proto::SubmitJobRequest& req, proto::
     return absl::InvalidArgumentError(absl::StrCat("the batch job's batch_size ", spec.batch_size(),
                                                    " does not split over ", split,
                                                    " data-parallel ranks"));
-  if (req.min_workers() != 0 && req.min_workers() != req.workers())
-    return absl::InvalidArgumentError(
-        "a batch job runs on the world size its step was captured for: no --min-workers");
+  // See Note [Elastic batch jobs] in worker/src/batch.h.
+  if (spec.world_size() != 0 && spec.world_size() != req.workers())
+    return absl::InvalidArgumentError(absl::StrCat("the batch job's step was captured for ",
+                                                   spec.world_size(), " workers; the job asks for ",
+                                                   req.workers()));
+  if (req.min_workers() != 0 && req.min_workers() != req.workers()) {
+    if (spec.world_size() == 0)
+      return absl::InvalidArgumentError(
+          "a batch job runs on the world size its step was captured for: no --min-workers (its "
+          "spec records no world size; save it again with this kiln for an elastic one)");
+    const int inner = req.workers() / static_cast<int>(split);
+    if (req.min_workers() % inner != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("min_workers ", req.min_workers(), " is not a multiple of ", inner,
+                       ", the ranks of the mesh's inner dims (a restart shrinks the first dim)"));
+    for (int r = 0; r < spec.program_of_rank_size(); ++r)
+      if (spec.program_of_rank(r) != spec.program_of_rank(r % inner))
+        return absl::InvalidArgumentError(
+            "the batch job's ranks run different steps along its mesh's first dim: it runs on "
+            "its full gang only (no --min-workers)");
+  }
   return absl::OkStatus();
 }
 

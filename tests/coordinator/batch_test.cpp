@@ -182,6 +182,31 @@ TEST(BatchJobs, AStepOnAMeshNeedsItsGang) {
   bad.add_program_of_rank(1);  // no step 1
   expect_refused(d, batch_job(4, bad.SerializeAsString()), "do not fit its mesh of 4 workers");
 
+  // See Note [Elastic batch jobs]: --min-workers needs the spec's world size, a multiple of the
+  // inner dims, and steps that repeat along the first dim.
+  proto::SubmitJobRequest elastic = batch_job(4, on_mesh);
+  elastic.set_min_workers(2);
+  expect_refused(d, elastic, "its spec records no world size");
+  proto::BatchJob sized = spec;
+  sized.set_world_size(2);
+  expect_refused(d, batch_job(4, sized.SerializeAsString()), "captured for 2 workers");
+  sized.set_world_size(4);
+  elastic = batch_job(4, sized.SerializeAsString());
+  elastic.set_min_workers(3);
+  expect_refused(d, elastic, "min_workers 3 is not a multiple of 2");
+  for (int k = 0; k < 2; ++k) *sized.add_programs()->mutable_step() = spec.step();
+  for (int k : {0, 1, 1, 0}) sized.add_program_of_rank(k);  // differ along "dp"
+  elastic = batch_job(4, sized.SerializeAsString());
+  elastic.set_min_workers(2);
+  expect_refused(d, elastic, "run different steps along its mesh's first dim");
+  sized.set_program_of_rank(2, 0);
+  sized.set_program_of_rank(3, 1);
+  elastic = batch_job(4, sized.SerializeAsString());
+  elastic.set_min_workers(2);
+  proto::Job elastic_job;
+  ASSERT_TRUE(d.call(&Stub::SubmitJob, elastic, &elastic_job).ok());
+  EXPECT_EQ(elastic_job.min_workers(), 2);
+
   spec.set_batch_size(6);  // 3 rows per "dp" rank
   proto::Job job;
   ASSERT_TRUE(d.call(&Stub::SubmitJob, batch_job(4, spec.SerializeAsString()), &job).ok());

@@ -63,10 +63,11 @@ def make_job(tmp_path, steps, dropout=False, seed=0):
     return spec
 
 
-def reference(tmp_path, steps, dropout=False, seed=0, rng_count=0):
+def reference(tmp_path, steps, dropout=False, seed=0, rng_count=0, shrunk=None):
     """Single-process training from the initial checkpoint on the same global batches. With
     dropout, each rank's rows run separately with the default generator where that rank's step
-    draws (Note [Random batch steps]), and the gradients are averaged as the all_reduce does."""
+    draws (Note [Random batch steps]), and the gradients are averaged as the all_reduce does.
+    shrunk=(S, B): from step S on, global batches of B rows (Note [Elastic batch jobs])."""
     model, opt = model_and_opt(dropout)
     for p in model.parameters():
         p.grad = kiln.zeros_like(p)
@@ -76,11 +77,12 @@ def reference(tmp_path, steps, dropout=False, seed=0, rng_count=0):
     opt.load_state_dict(state["optim"])
     data = kiln.load(str(tmp_path / "data.safetensors"))
     parts = WORLD if dropout else 1
-    rows = BATCH // parts
     for s in range(steps):
         opt.zero_grad(set_to_none=True)
+        b = shrunk[1] if shrunk and s >= shrunk[0] else BATCH
+        rows = b // parts
         for r in range(parts):
-            idx = kiln.arange(s * BATCH + r * rows, s * BATCH + (r + 1) * rows) % ROWS
+            idx = kiln.arange(s * b + r * rows, s * b + (r + 1) * rows) % ROWS
             x, y = data["x"].index_select(0, idx), data["y"].index_select(0, idx)
             if dropout:
                 kiln.default_generator().set_state((seed, (s * WORLD + r) * rng_count))
@@ -106,9 +108,9 @@ def assert_trained_as_one_process(tmp_path, steps):
         assert err <= 1e-5 * float(want[k].abs().max()), (k, err)
 
 
-def submit(address, spec, *args):
+def submit(address, spec, *args, workers=WORLD):
     return subprocess.Popen([CLI, "submit", "--coordinator", address, "--batch", str(spec),
-                             "--workers", str(WORLD), *map(str, args)], stdout=subprocess.PIPE,
+                             "--workers", str(workers), *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -160,14 +162,10 @@ def chaos(tmp_path, spec, world, steps, every, trials):
     draw the masks the uninterrupted run drew (Note [Random batch steps])."""
     env = dict(os.environ, OMP_NUM_THREADS="1", KILN_COMM_TIMEOUT_S="10")
 
-    def submit_job(*args):
-        return subprocess.Popen([CLI, "submit", "--coordinator", address, "--batch", str(spec),
-                                 "--workers", str(world), *map(str, args)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
     with killable_workers(tmp_path, world + 1, ["--heartbeat-ms", "200", "--dead-after", "3"],
                           env=env) as (address, workers):  # one spare
-        ref = submit_job("--checkpoint-dir", tmp_path / "ref", "--checkpoint-every", every)
+        ref = submit(address, spec, "--checkpoint-dir", tmp_path / "ref", "--checkpoint-every",
+                     every, workers=world)
         out, _ = ref.communicate(timeout=600)
         assert ref.returncode == 0, out
         ref_step, want = saved(tmp_path / "ref", dropout=True)
@@ -177,8 +175,8 @@ def chaos(tmp_path, spec, world, steps, every, trials):
             # Well before the end: the steps a rank reports reach the coordinator ~0.1 s late.
             kill_after = rng.randint(every + 1, steps - 5 * every)
             ckpt = tmp_path / f"ckpt{trial}"
-            p = submit_job("--checkpoint-dir", ckpt, "--checkpoint-every", every,
-                           "--max-restarts", "2")
+            p = submit(address, spec, "--checkpoint-dir", ckpt, "--checkpoint-every", every,
+                       "--max-restarts", "2", workers=world)
             deadline = time.monotonic() + 300
             while True:  # until the job is past `kill_after`
                 job = [j for j in map(json.loads, kiln_cli(address, "jobs", "--json").split(
@@ -218,6 +216,56 @@ TRIALS = int(os.environ.get("KILN_CHAOS_TRIALS", "20"))
 def test_a_batch_job_survives_a_killed_worker(tmp_path):
     """The chaos test on a data-parallel gang of two (KILN_CHAOS_TRIALS trials, 20 by default)."""
     chaos(tmp_path, make_job(tmp_path, 2000, dropout=True, seed=7), WORLD, 2000, 200, TRIALS)
+
+
+def shrink(tmp_path, spec, world, min_workers, steps, every):
+    """Runs `spec` on `world` workers with --min-workers and no spare, kills one past the first
+    checkpoint, and checks the job ends on `min_workers` where one process training on the
+    batches it ran does: 16 rows a step, then 8 from the step it resumed after (each
+    data-parallel rank keeps its 8 rows: Note [Elastic batch jobs])."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", KILN_COMM_TIMEOUT_S="10")
+    with killable_workers(tmp_path, world, ["--heartbeat-ms", "200", "--dead-after", "3"],
+                          env=env) as (address, workers):
+        p = submit(address, spec, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-every",
+                   every, "--max-restarts", "1", "--min-workers", min_workers, workers=world)
+        deadline = time.monotonic() + 120
+        while True:
+            jobs = [json.loads(l) for l in kiln_cli(address, "jobs", "--json").splitlines()]
+            job = jobs[-1] if jobs else {"state": "queued"}
+            done = max((s["step"] for s in job.get("last_steps", [])), default=0)
+            if job["state"] == "running" and done > every:
+                break
+            assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job
+            time.sleep(0.01)
+        workers.kill(job["worker_addresses"][-1])
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+        status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
+        assert status["state"] == "succeeded" and status["workers"] == min_workers, status
+    resumed = [int(l.split("resumed after step ")[1].rstrip(")"))
+               for l in out.splitlines() if "finished step" in l and "resumed" in l]
+    assert resumed and every <= resumed[0] < steps, out
+    step, got = saved(tmp_path / "ckpt")
+    assert step == steps
+    want = reference(tmp_path, steps, shrunk=(resumed[0], BATCH // 2))
+    unshrunk = reference(tmp_path, steps)
+    for k in want:
+        err = float((got[k] - want[k]).abs().max())
+        assert err <= 1e-4 * float(want[k].abs().max()), (k, err)
+        assert float((got[k] - unshrunk[k]).abs().max()) > 1e-2 * float(want[k].abs().max()), k
+    return status
+
+
+def test_an_elastic_batch_job_goes_on_with_fewer_workers(tmp_path):
+    """The data-parallel job restarts on the one worker left."""
+    shrink(tmp_path, make_job(tmp_path, 600), WORLD, 1, 600, 100)
+
+
+def test_an_elastic_batch_job_on_a_2x2_mesh_shrinks_its_first_dim(tmp_path):
+    """The 2x2 job (its two steps repeat along "dp") restarts on two of the three workers left,
+    dp=1, each rank running the step of its place in its tp pair."""
+    status = shrink(tmp_path, make_mesh_job(tmp_path, 600), 4, 2, 600, 100)
+    assert status["mesh"] == [{"name": "dp", "size": 1}, {"name": "tp", "size": 2}], status
 
 
 def test_a_batch_job_whose_data_is_gone_fails_clearly(tmp_path):
@@ -312,10 +360,8 @@ def test_a_batch_job_on_a_2x2_mesh_trains_as_one_process(tmp_path):
     assert info["mesh"] == [("dp", 2), ("tp", 2)] and info["programs"] == 2, info
     with coordinator_and_workers(tmp_path, 4, env=dict(os.environ, OMP_NUM_THREADS="1")) \
             as address:
-        p = subprocess.Popen([CLI, "submit", "--coordinator", address, "--batch", str(spec),
-                              "--workers", "4", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                              "--checkpoint-every", "4"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = submit(address, spec, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-every", 4,
+                   workers=4)
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out
         job = json.loads(kiln_cli(address, "jobs", "--json").splitlines()[-1])

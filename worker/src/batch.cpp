@@ -47,16 +47,25 @@ int64_t saved_step(const std::string& extra) {
   return v.contains("step") && v["step"].is_number_integer() ? v["step"].get<int64_t>() : 0;
 }
 
-// The step's mesh, and its collectives' "@DIM" groups renamed to this rank's group along DIM
-// (See Note [Batch jobs on a mesh]).
+// The product of the spec's mesh dims after the first (1 without a mesh): the ranks that share
+// one data-parallel rank's rows.
+int64_t inner_ranks(const proto::BatchJob& spec) {
+  int64_t inner = 1;
+  for (int k = 1; k < spec.mesh_shape_size(); ++k) inner *= spec.mesh_shape(k);
+  return inner;
+}
+
+// The step's mesh on this gang (its first dim is what the gang leaves: Note [Elastic batch
+// jobs]), and its collectives' "@DIM" groups renamed to this rank's group along DIM (See Note
+// [Batch jobs on a mesh]).
 dist::DeviceMesh mesh_of(proto::BatchJob& spec, Device device, int world, const std::string& what) {
   std::vector<std::string> names(spec.mesh_names().begin(), spec.mesh_names().end());
   std::vector<int64_t> shape(spec.mesh_shape().begin(), spec.mesh_shape().end());
-  int64_t size = 1;
-  for (int64_t d : shape) size *= d;
-  KILN_CHECK(!names.empty() && names.size() == shape.size() && size == world, Value, what,
-             ": the step's mesh ", IntArrayRef(shape), " does not cover the gang of ", world,
-             " workers");
+  const int64_t inner = inner_ranks(spec);
+  KILN_CHECK(!names.empty() && names.size() == shape.size() && inner >= 1 && world % inner == 0,
+             Value, what, ": the step's mesh ", IntArrayRef(shape), " does not fit the gang of ",
+             world, " workers");
+  shape[0] = world / inner;
   dist::DeviceMesh mesh = dist::init_device_mesh(device.is_cuda() ? "cuda" : "cpu", shape, names);
   for (proto::Instruction& n : *spec.mutable_step()->mutable_nodes()) {
     const OperatorHandle* op = Dispatcher::get().find(n.op());
@@ -101,11 +110,25 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
   try {
     proto::BatchJob spec;
     KILN_CHECK(spec.ParseFromString(run.spec()), Value, what, ": the spec is not a BatchJob");
+    const int world = run.world_size(), rank = run.rank();
+    // See Note [Elastic batch jobs].
+    const int64_t captured = spec.world_size() > 0 ? spec.world_size() : world;
+    KILN_CHECK(world <= captured, Value, what, ": a gang of ", world,
+               " workers for a step captured on ", captured);
     if (spec.program_of_rank_size() > 0) {  // this rank's own step (Note [Batch jobs on a mesh])
       const int ranks = spec.program_of_rank_size();
-      KILN_CHECK(ranks == run.world_size(), Value, what, ": the spec has steps for ", ranks,
-                 " ranks, the gang ", run.world_size());
-      const int k = spec.program_of_rank(run.rank());
+      const int64_t inner = inner_ranks(spec);
+      KILN_CHECK(ranks == captured && inner >= 1, Value, what, ": the spec has steps for ", ranks,
+                 " ranks, captured on ", captured);
+      // On fewer workers, the step of the captured rank at this rank's place in its tp group;
+      // allowed only where the steps repeat along the first dim.
+      for (int r = 0; world != captured && r < ranks; ++r)
+        KILN_CHECK(spec.program_of_rank(r) == spec.program_of_rank(static_cast<int>(r % inner)),
+                   Value, what,
+                   ": the ranks' steps differ along the mesh's first dim, so the job "
+                   "runs on its ",
+                   captured, " workers only");
+      const int k = spec.program_of_rank(world == captured ? rank : static_cast<int>(rank % inner));
       KILN_CHECK(k >= 0 && k < spec.programs_size(), Value, what, ": step ", k, " of ",
                  spec.programs_size());
       proto::BatchProgram* p = spec.mutable_programs(k);
@@ -113,7 +136,6 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
       spec.mutable_inputs()->Swap(p->mutable_inputs());
       spec.set_loss(p->loss());
     }
-    const int world = run.world_size(), rank = run.rank();
     // The batch splits over the mesh's first dim (data parallel), or over the whole gang.
     dist::DeviceMesh mesh;
     int64_t dp_size = world, dp = rank;
@@ -128,10 +150,12 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
                " input sources for a step of ", n, " inputs");
     KILN_CHECK(spec.loss() >= -1 && spec.loss() < static_cast<int>(g.outputs().size()), Value, what,
                ": loss output ", spec.loss(), " of a step with ", g.outputs().size(), " outputs");
-    const int64_t batch = spec.batch_size();
-    KILN_CHECK(world >= 1 && batch > 0 && batch % dp_size == 0, Value, what, ": batch_size ", batch,
-               " is not a positive multiple of the ", dp_size, " data-parallel ranks");
-    const int64_t rows = batch / dp_size;
+    // Each data-parallel rank's rows are fixed; on fewer workers the global batch is smaller.
+    const int64_t captured_dp = captured / inner_ranks(spec);
+    KILN_CHECK(world >= 1 && spec.batch_size() > 0 && spec.batch_size() % captured_dp == 0, Value,
+               what, ": batch_size ", spec.batch_size(), " is not a positive multiple of the ",
+               captured_dp, " data-parallel ranks");
+    const int64_t rows = spec.batch_size() / captured_dp, batch = rows * dp_size;
 
     // The state, shaped as the step's inputs, loaded by name; and the data inputs.
     TensorMap state;
@@ -291,11 +315,10 @@ void BatchRunner::main(CoordinatorLink& link, const proto::BatchRun& run,
     res.set_session_id(run.session_id());
     res.set_message(std::string(lease.status().message()));
   } else {
-    absl::Status joined = run.world_size() > 1
-                              ? gang_.join(link, run.session_id(), run.rank(), run.world_size(),
-                                           host_, device_)
-                                    .get()
-                              : absl::OkStatus();
+    // Even a gang of one: the step's collectives need a "world" of this run (not one left by
+    // an earlier gang: Note [Elastic batch jobs]).
+    absl::Status joined =
+        gang_.join(link, run.session_id(), run.rank(), run.world_size(), host_, device_).get();
     if (joined.ok()) {
       res = run_batch(run, device_, stop);
     } else {

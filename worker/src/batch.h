@@ -53,6 +53,18 @@
 //    so a checkpoint reshards as any distributed checkpoint does.
 // The first mesh dim is the data-parallel one: it splits the batch (rank r of it takes rows as
 // rank r of a data-parallel gang does); the ranks along the other dims read the same rows.
+//
+// Note [Elastic batch jobs]: a step runs on the rows of one data-parallel rank, so it runs
+// unchanged on fewer of them: a job submitted with --min-workers (its spec recording the world
+// size it was captured for, BatchJob.world_size) restarts after a lost worker on what is left
+// down to M, as any elastic job (Note [Restarts] in coordinator/src/jobs.cpp). Its first mesh dim
+// (or the gang, without a mesh) shrinks; every data-parallel rank keeps batch_size / (captured
+// first dim) rows, so the global batch shrinks with it, as torchrun's elastic jobs do; global
+// batch k is then that many rows from k * (its size), and random ops draw by the new ranks (Note
+// [Random batch steps]). A rank takes the step of the captured rank at its place along the other
+// dims, so a job whose steps differ along the first dim is not elastic (the coordinator refuses
+// --min-workers). The checkpoint reshards on load. Bit-for-bit agreement with an uninterrupted
+// run holds only while the world size is unchanged.
 #pragma once
 
 #include <atomic>

@@ -34,7 +34,9 @@ gradients left over from the last step (zero_grad(set_to_none=True) first), an e
 Generator. Random ops on the default generator (dropout, randn, ...) draw fresh numbers every step
 and rank from `seed`: run k on rank r of W draws what an eager run of the step would with the
 default generator at (seed, ((k - 1) * W + r) * load_job(path)["rng_count"]) (Note [Random batch
-steps] in worker/src/batch.h), so a restarted job draws what the uninterrupted one did.
+steps] in worker/src/batch.h), so a restarted job draws what the uninterrupted one did. The spec
+records `world_size`, so `kiln submit --min-workers M` may restart the job on fewer workers, each
+data-parallel rank keeping its rows (Note [Elastic batch jobs]).
 
 A step on a device mesh (tensor parallel within data parallel; Note [Batch jobs on a mesh] in
 worker/src/batch.h): every rank of a real process group of the mesh's size (`kiln run --nproc N`)
@@ -201,7 +203,8 @@ def save_job(path, step, data, state, *, data_file, batch_size, steps, init_chec
                                    list(tensors), list(tensors.values()), list(data), 0,
                                    os.path.abspath(os.fspath(init_checkpoint)),
                                    os.path.abspath(os.fspath(data_file)), batch_size, steps, seed,
-                                   mesh_names, mesh_shape, groups)
+                                   mesh_names, mesh_shape, groups,
+                                   mesh.size() if mesh is not None else world_size)
     except Exception as e:
         if mesh is None:
             raise

@@ -121,7 +121,7 @@ nb::bytes batch_job_bytes(nb::handle fn, nb::handle args,
                           int64_t batch_size, int64_t steps, uint64_t seed,
                           const std::vector<std::string>& mesh_names,
                           const std::vector<int64_t>& mesh_shape,
-                          const std::map<std::string, std::string>& groups) {
+                          const std::map<std::string, std::string>& groups, int64_t world_size) {
   const char* what = "kiln.batch.save_job";
   TensorVec arg_tensors = tensors_of(args, what), state = tensors_of(state_tensors, what);
   KILN_CHECK(state.size() == state_names.size(), Value, what, ": ", state_names.size(),
@@ -178,6 +178,7 @@ nb::bytes batch_job_bytes(nb::handle fn, nb::handle args,
   job.set_data(data_path);
   job.set_batch_size(batch_size);
   job.set_steps(steps);
+  job.set_world_size(world_size);
   job.set_seed(seed);
   job.set_rng_seed(s.rng_seed);
   job.set_rng_offset(s.rng_offset);
