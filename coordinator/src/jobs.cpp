@@ -196,7 +196,9 @@ bool Coordinator::restart_locked(JobRec& j, const std::string& why) {
 // (Note [Preemption]: its driver gets SIGTERM and the preempt grace to checkpoint and exit), with
 // a "grow" finding. When its driver exits, it restarts at once, without using up a restart, on
 // what is then free up to N (its first mesh dim grows; the checkpoint reshards on load), and its
-// driver runs again. One job grows at a time. Batch jobs never change size.
+// driver runs again. One job grows at a time. A batch job (Note [Elastic batch jobs] in
+// worker/src/batch.h) has no driver to checkpoint: its session ends at once and it resumes from
+// its last checkpoint.
 void Coordinator::grow_locked(std::chrono::steady_clock::time_point now) {
   bool waiting = false;
   for (const auto& [id, j] : jobs_) {
@@ -207,7 +209,7 @@ void Coordinator::grow_locked(std::chrono::steady_clock::time_point now) {
   for (auto& [id, j] : jobs_) {
     const proto::Job& job = j.job;
     int n = 0;
-    if (!waiting && job.state() == "running" && !job.preempting() && !job.batch() &&
+    if (!waiting && job.state() == "running" && !job.preempting() &&
         job.workers() < job.max_workers()) {
       const int inner = inner_ranks(job);
       n = std::min(job.max_workers(), job.workers() + idle) / inner * inner;
@@ -230,6 +232,7 @@ void Coordinator::grow_locked(std::chrono::steady_clock::time_point now) {
     std::fprintf(stderr, "[kiln-coordinator] job %s: %s\n", job.job_id().c_str(), why.c_str());
     state_->put_job(j);
     add_job_finding_locked(j, "grow", why);
+    if (job.batch()) preempted_locked(j, "its workers stopped");  // no driver to wait for
     t.commit();
     changed_locked();
     return;  // one at a time: the idle workers are counted once

@@ -63,11 +63,11 @@ def make_job(tmp_path, steps, dropout=False, seed=0):
     return spec
 
 
-def reference(tmp_path, steps, dropout=False, seed=0, rng_count=0, shrunk=None):
+def reference(tmp_path, steps, dropout=False, seed=0, rng_count=0, sizes=()):
     """Single-process training from the initial checkpoint on the same global batches. With
     dropout, each rank's rows run separately with the default generator where that rank's step
     draws (Note [Random batch steps]), and the gradients are averaged as the all_reduce does.
-    shrunk=(S, B): from step S on, global batches of B rows (Note [Elastic batch jobs])."""
+    sizes=[(S, B), ...]: from step S on, global batches of B rows (Note [Elastic batch jobs])."""
     model, opt = model_and_opt(dropout)
     for p in model.parameters():
         p.grad = kiln.zeros_like(p)
@@ -79,7 +79,7 @@ def reference(tmp_path, steps, dropout=False, seed=0, rng_count=0, shrunk=None):
     parts = WORLD if dropout else 1
     for s in range(steps):
         opt.zero_grad(set_to_none=True)
-        b = shrunk[1] if shrunk and s >= shrunk[0] else BATCH
+        b = ([BATCH] + [b for start, b in sorted(sizes) if s >= start])[-1]
         rows = b // parts
         for r in range(parts):
             idx = kiln.arange(s * b + r * rows, s * b + (r + 1) * rows) % ROWS
@@ -218,14 +218,16 @@ def test_a_batch_job_survives_a_killed_worker(tmp_path):
     chaos(tmp_path, make_job(tmp_path, 2000, dropout=True, seed=7), WORLD, 2000, 200, TRIALS)
 
 
-def shrink(tmp_path, spec, world, min_workers, steps, every):
+def shrink(tmp_path, spec, world, min_workers, steps, every, grow=False):
     """Runs `spec` on `world` workers with --min-workers and no spare, kills one past the first
     checkpoint, and checks the job ends on `min_workers` where one process training on the
     batches it ran does: 16 rows a step, then 8 from the step it resumed after (each
-    data-parallel rank keeps its 8 rows: Note [Elastic batch jobs])."""
+    data-parallel rank keeps its 8 rows: Note [Elastic batch jobs]). With `grow`, a worker comes
+    back once the job runs small, and the job grows back to `world` (16 rows again from the step
+    it resumed after then: Note [Growing back]); its weights are not compared then."""
     env = dict(os.environ, OMP_NUM_THREADS="1", KILN_COMM_TIMEOUT_S="10")
-    with killable_workers(tmp_path, world, ["--heartbeat-ms", "200", "--dead-after", "3"],
-                          env=env) as (address, workers):
+    with killable_workers(tmp_path, world, ["--heartbeat-ms", "200", "--dead-after", "3",
+                                            "--grow-after-s", "1"], env=env) as (address, workers):
         p = submit(address, spec, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-every",
                    every, "--max-restarts", "1", "--min-workers", min_workers, workers=world)
         deadline = time.monotonic() + 120
@@ -238,16 +240,31 @@ def shrink(tmp_path, spec, world, min_workers, steps, every):
             assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job
             time.sleep(0.01)
         workers.kill(job["worker_addresses"][-1])
+        if grow:
+            while True:  # until it runs small
+                now = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
+                if now["state"] == "running" and now["workers"] == min_workers:
+                    break
+                assert now["state"] in ("restarting", "running"), now
+                assert time.monotonic() < deadline + 120, now
+                time.sleep(0.01)
+            workers.add("back")
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out
         status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
-        assert status["state"] == "succeeded" and status["workers"] == min_workers, status
-    resumed = [int(l.split("resumed after step ")[1].rstrip(")"))
-               for l in out.splitlines() if "finished step" in l and "resumed" in l]
-    assert resumed and every <= resumed[0] < steps, out
+        assert status["state"] == "succeeded", status
+        assert status["workers"] == (world if grow else min_workers), status
+    resumed = []  # where each run after the first resumed, as its ranks report it
+    for line in out.splitlines():
+        if "(resumed after step " in line:
+            r = int(line.split("(resumed after step ")[1].split(")")[0])
+            resumed += [] if r in resumed else [r]
+    assert len(resumed) == 1 + grow and every <= resumed[0] < steps, out
     step, got = saved(tmp_path / "ckpt")
     assert step == steps
-    want = reference(tmp_path, steps, shrunk=(resumed[0], BATCH // 2))
+    if grow:  # tens of thousands of steps (for time to grow): rounding blurs a comparison
+        return status
+    want = reference(tmp_path, steps, sizes=[(resumed[0], BATCH // 2)])
     unshrunk = reference(tmp_path, steps)
     for k in want:
         err = float((got[k] - want[k]).abs().max())
@@ -259,6 +276,13 @@ def shrink(tmp_path, spec, world, min_workers, steps, every):
 def test_an_elastic_batch_job_goes_on_with_fewer_workers(tmp_path):
     """The data-parallel job restarts on the one worker left."""
     shrink(tmp_path, make_job(tmp_path, 600), WORLD, 1, 600, 100)
+
+
+def test_an_elastic_batch_job_grows_back(tmp_path):
+    """The data-parallel job shrinks to one worker, then grows back to two when one returns."""
+    status = shrink(tmp_path, make_job(tmp_path, 40000), WORLD, 1, 40000, 2000, grow=True)
+    assert any(f["kind"] == "grow" for f in status["findings"]), status
+    assert status["restarts"] == 1, status
 
 
 def test_an_elastic_batch_job_on_a_2x2_mesh_shrinks_its_first_dim(tmp_path):
