@@ -109,7 +109,9 @@ std::vector<std::string> Coordinator::place_locked(const std::vector<std::string
 // (KILN_PREEMPT_GRACE_S tells it how long it has) to checkpoint and exit. When the driver exits,
 // or after Options::preempt_grace, the job's session ends and the job is "preempted": queued
 // again, in its old place, so it runs when workers free up; `kiln submit` then starts its driver
-// again with KILN_RESTARTS counting the runs before. A preempted job is never failed.
+// again with KILN_RESTARTS counting the runs before. A preempted job is never failed. A batch job
+// (Note [Batch jobs] in worker/src/batch.h) has no driver to ask: its session ends at once, and it
+// resumes from its last checkpoint.
 bool Coordinator::preempt_for_locked(const JobRec& next, int idle) {
   std::vector<JobRec*> running;
   for (auto& [id, j] : jobs_) {
@@ -129,13 +131,20 @@ bool Coordinator::preempt_for_locked(const JobRec& next, int idle) {
     idle += j->job.workers();
   }
   if (idle < next.job.workers()) return false;
+  const std::string why = absl::StrCat("job ", next.job.job_id(), " (priority ",
+                                       next.job.priority(), ") needs its workers");
   for (JobRec* j : victims) {
     j->job.set_preempting(true);
-    j->job.set_message(absl::StrCat("preempting: job ", next.job.job_id(), " (priority ",
-                                    next.job.priority(), ") needs its workers"));
+    j->job.set_message("preempting: " + why);
     j->preempt_asked = Clock::now();
     state_->put_job(*j);
   }
+  // A batch job has no driver to checkpoint: it stops at once, from its last checkpoint.
+  for (JobRec* j : victims)
+    if (j->job.batch())
+      preempted_locked(*j, "preempted: " + why +
+                               "; it runs again from its last checkpoint when "
+                               "workers free up");
   changed_locked();
   return true;
 }

@@ -124,6 +124,37 @@ TEST(BatchJobs, WorkersAreToldToRunItAndItsEndFinishesTheJob) {
   EXPECT_TRUE(logged);
 }
 
+// See Note [Preemption]: a batch job has no driver to checkpoint, so a higher-priority job gets
+// its workers at once (not after --preempt-grace-s), and it runs again when they free up.
+TEST(BatchJobs, APreemptedBatchJobStopsAtOnceAndRunsAgain) {
+  TempDir dir;
+  Daemon d(dir.path(), {"--heartbeat-ms", "200", "--dead-after", "3"});
+  std::vector<std::unique_ptr<FakeWorker>> w;
+  for (const char* id : {"w0", "w1"}) w.push_back(std::make_unique<FakeWorker>(d, id));
+  proto::Job low;
+  ASSERT_TRUE(d.call(&Stub::SubmitJob, batch_job(2), &low).ok());
+  ASSERT_TRUE(eventually([&] { return get_job(d, low.job_id()).state() == "running"; }));
+  const std::string first = get_job(d, low.job_id()).session_id();
+  proto::SubmitJobRequest urgent = batch_job(2);
+  urgent.set_priority(5);
+  proto::Job high;
+  ASSERT_TRUE(d.call(&Stub::SubmitJob, urgent, &high).ok());
+  ASSERT_TRUE(eventually([&] { return get_job(d, high.job_id()).state() == "running"; },
+                         std::chrono::seconds(5)));
+  proto::Job j = get_job(d, low.job_id());
+  EXPECT_EQ(j.state(), "preempted");  // at once: the grace is 30 s
+  EXPECT_EQ(j.restarts(), 0);
+  // When the urgent job ends, the preempted one runs again, on a new session.
+  const std::string urgent_session = get_job(d, high.job_id()).session_id();
+  for (const std::string& wid : gang_of(d, urgent_session))
+    for (auto& fw : w)
+      if (fw->id() == wid) ASSERT_TRUE(fw->beat_once(result(urgent_session, true, 3)).ok());
+  ASSERT_TRUE(eventually([&] {
+    const proto::Job again = get_job(d, low.job_id());
+    return again.state() == "running" && again.session_id() != first;
+  }));
+}
+
 TEST(BatchJobs, BadSpecsAreRefused) {
   TempDir dir;
   Daemon d(dir.path());
