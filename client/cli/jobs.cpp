@@ -35,10 +35,12 @@ constexpr const char* kJobsHelp =
                                           worker dies; it resumes from its checkpoint
       [--checkpoint-dir D --checkpoint-every K]
                                           given to COMMAND as KILN_CHECKPOINT_DIR, _EVERY
-      [--min-workers M --max-workers N]   a restart may run on as few as M workers
+      [--min-workers M --max-workers N]   a restart may run on as few as M workers; it grows
+                                          back when workers are free again
   kiln submit --batch SPEC [--workers N] [--detach] [--max-restarts R --checkpoint-dir D ...]
                                         queue a batch job (kiln.batch.save_job): its workers run
-                                        it with no client; follow its log until it ends
+                                        it with no client; follow its log until it ends (takes
+                                        --min-workers too: fewer workers, a smaller batch)
   kiln status JOB                       one job
   kiln cancel JOB                       cancel a queued or running job
   kiln logs JOB [-f]                    the driver's output (-f: follow until the job ends)
