@@ -1,9 +1,11 @@
 // The graph IR to and from program.proto's Graph (kiln/proto/codec.h).
+#include <string_view>
 #include <unordered_map>
 
+#include "kiln/dispatcher.h"
 #include "kiln/error.h"
-#include "kiln/scalar_type.h"
 #include "kiln/proto/codec.h"
+#include "kiln/scalar_type.h"
 
 namespace kiln::proto {
 namespace {
@@ -122,6 +124,19 @@ ir::Graph decode_graph(const proto::Graph& p) {
   for (int64_t o : p.outputs()) outs.push_back(ir::ValueRef{lookup(o, "the graph's outputs")});
   g.set_outputs(outs);
   return g;
+}
+
+void rename_collective_groups(
+    proto::Graph& g, const std::function<std::string(const std::string&, const std::string&)>& to) {
+  for (proto::Instruction& n : *g.mutable_nodes()) {
+    const OperatorHandle* op = Dispatcher::get().find(n.op());
+    if (op == nullptr || !op->info().tags.has(OpTag::Collective)) continue;
+    for (int a = 0; a < op->info().num_args && a < n.args_size(); ++a) {
+      if (std::string_view(op->info().args[a].name) != "group") continue;
+      proto::Attribute* at = n.mutable_args(a)->mutable_attribute();
+      at->set_string_value(to(n.op(), at->string_value()));
+    }
+  }
 }
 
 }  // namespace kiln::proto

@@ -13,7 +13,6 @@
 #include "gang.h"
 #include "kiln/compiler/export.h"
 #include "kiln/compiler/graph.h"
-#include "kiln/dispatcher.h"
 #include "kiln/dist/checkpoint.h"
 #include "kiln/dist/device_mesh.h"
 #include "kiln/dist/dtensor.h"
@@ -67,16 +66,10 @@ dist::DeviceMesh mesh_of(proto::BatchJob& spec, Device device, int world, const 
              world, " workers");
   shape[0] = world / inner;
   dist::DeviceMesh mesh = dist::init_device_mesh(device.is_cuda() ? "cuda" : "cpu", shape, names);
-  for (proto::Instruction& n : *spec.mutable_step()->mutable_nodes()) {
-    const OperatorHandle* op = Dispatcher::get().find(n.op());
-    if (op == nullptr || !op->info().tags.has(OpTag::Collective)) continue;
-    for (proto::Argument& a : *n.mutable_args()) {
-      if (!a.has_attribute() || !a.attribute().has_string_value()) continue;
-      const std::string& v = a.attribute().string_value();
-      if (v.size() > 1 && v[0] == '@')
-        a.mutable_attribute()->set_string_value(mesh.group(v.substr(1))->name());
-    }
-  }
+  proto::rename_collective_groups(
+      *spec.mutable_step(), [&](const std::string&, const std::string& group) {
+        return group.size() > 1 && group[0] == '@' ? mesh.group(group.substr(1))->name() : group;
+      });
   return mesh;
 }
 

@@ -15,7 +15,6 @@
 #include <unordered_map>
 
 #include "kiln/compiler/export.h"
-#include "kiln/dispatcher.h"
 #include "kiln/dist/dtensor.h"
 #include "kiln/proto/codec.h"
 #include "kiln/storage.h"
@@ -95,25 +94,6 @@ void describe_dtensor(const Tensor& t, const std::string& name,
   for (int64_t d : spec.shape) in->add_shape(d);
 }
 
-// Renames the collectives' groups to "@DIM" (Note [Batch jobs on a mesh]): this rank's group
-// names differ from other ranks'. `groups` maps this rank's group names to mesh dims.
-void name_groups_by_dim(proto::Graph& g, const std::map<std::string, std::string>& groups) {
-  for (proto::Instruction& n : *g.mutable_nodes()) {
-    const OperatorHandle* op = Dispatcher::get().find(n.op());
-    if (op == nullptr || !op->info().tags.has(OpTag::Collective)) continue;
-    for (int a = 0; a < op->info().num_args && a < n.args_size(); ++a) {
-      if (std::string_view(op->info().args[a].name) != "group") continue;
-      proto::Attribute* at = n.mutable_args(a)->mutable_attribute();
-      auto it = groups.find(at->string_value());
-      KILN_CHECK(it != groups.end(), Value, "kiln.batch.save_job: the step's '", n.op(),
-                 "' runs over group '", at->string_value(),
-                 "', which is the group of no single dim of `mesh`; a step on a mesh may use "
-                 "its dims' groups only");
-      at->set_string_value("@" + it->second);
-    }
-  }
-}
-
 nb::bytes batch_job_bytes(nb::handle fn, nb::handle args,
                           const std::vector<std::string>& state_names, nb::handle state_tensors,
                           const std::vector<std::string>& data_names, int loss_index,
@@ -168,7 +148,18 @@ nb::bytes batch_job_bytes(nb::handle fn, nb::handle args,
   KILN_CHECK(mesh_names.size() == mesh_shape.size(), Value, what, ": ", mesh_names.size(),
              " mesh dim names for ", mesh_shape.size(), " sizes");
   *job.mutable_step() = proto::encode_graph(s.graph);
-  if (!mesh_names.empty()) name_groups_by_dim(*job.mutable_step(), groups);
+  // This rank's group names differ from other ranks': name them by mesh dim (Note [Batch jobs on
+  // a mesh]).
+  if (!mesh_names.empty())
+    proto::rename_collective_groups(
+        *job.mutable_step(), [&](const std::string& op, const std::string& group) {
+          auto it = groups.find(group);
+          KILN_CHECK(it != groups.end(), Value, "kiln.batch.save_job: the step's '", op,
+                     "' runs over group '", group,
+                     "', which is the group of no single dim of `mesh`; a step on a mesh may use "
+                     "its dims' groups only");
+          return "@" + it->second;
+        });
   for (size_t d = 0; d < mesh_names.size(); ++d) {
     job.add_mesh_names(mesh_names[d]);
     job.add_mesh_shape(mesh_shape[d]);

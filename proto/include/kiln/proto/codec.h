@@ -16,14 +16,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "kiln/ir.h"
 #include "kiln/ivalue.h"
-#include "kiln/tensor.h"
 #include "kiln/proto/program.pb.h"
 #include "kiln/proto/tensor.pb.h"
+#include "kiln/tensor.h"
 
 namespace kiln::proto {
 
@@ -70,5 +71,10 @@ IValue decode_attribute(const proto::Attribute& a);
 // or value, a repeated id, arguments that do not fit) is a ValueError naming the node.
 proto::Graph encode_graph(const ir::Graph& g);
 ir::Graph decode_graph(const proto::Graph& p);
+
+// Replaces the `group` argument of every collective in `g` by to(op name, group) (a batch job's
+// groups named by mesh dim: Note [Batch jobs on a mesh] in worker/src/batch.h).
+void rename_collective_groups(
+    proto::Graph& g, const std::function<std::string(const std::string&, const std::string&)>& to);
 
 }  // namespace kiln::proto
