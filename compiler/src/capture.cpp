@@ -36,6 +36,7 @@ struct Tracer {
   // Tensors not yet seen whose .grad the function replaced (held, so addresses stay unique).
   std::unordered_map<const TensorImpl*, Tensor> grads_before;
   bool in_kernel = false;
+  bool read_data = false;         // the refusal is a data read (Note [Graph break segments])
   std::string reason;             // the first refusal; the rest of the call runs untraced
   Event::Kind refusal = Event::Kind::GraphBreak;
 
@@ -210,6 +211,7 @@ void Tracer::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
 
 void tracing_fallback(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
   Tracer* tr = t_tracer;
+  if (tr == nullptr && segment_record(op, ks, stack)) return;
   if (tr == nullptr || tr->in_kernel || !tr->reason.empty()) return run_below(tr, op, ks, stack);
   tr->record(op, ks, stack);
 }
@@ -220,11 +222,12 @@ void on_data_read(const TensorImpl& impl) {
   if (tr == nullptr || tr->in_kernel || !tr->reason.empty()) return;
   auto it = tr->ids.find(&impl);
   if (it == tr->ids.end()) return;
+  if (tr->reason.empty()) tr->read_data = true;
   tr->refuse(Event::Kind::GraphBreak,
              "the function read the data of %" + std::to_string(it->second) + " (" +
                  ir::spec_str(tr->prog.graph.value(it->second).meta) +
                  "), e.g. with item() or print: a program cannot replay a decision taken on a "
-                 "value, so these calls run eagerly");
+                 "value, so these calls run in segments split at such reads");
 }
 
 void on_grad_set(const TensorImpl& impl) {
@@ -526,6 +529,7 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrit
   if (!tr.reason.empty()) {
     r.refusal = tr.refusal;
     r.reason = std::move(tr.reason);
+    r.segmentable = tr.read_data;
     return r;
   }
   std::vector<ir::ValueRef> outs;

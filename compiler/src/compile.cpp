@@ -13,6 +13,7 @@ const char* event_kind_name(Event::Kind k) {
     case Event::Kind::GraphBreak: return "graph break";
     case Event::Kind::Retry: return "retry";
     case Event::Kind::Fallback: return "fallback";
+    case Event::Kind::Segment: return "segment";
   }
   return "?";
 }
@@ -21,9 +22,14 @@ struct CompiledFunction::State {
   Fn fn;
   Options options;
   std::vector<std::shared_ptr<const detail::Program>> programs;
-  // Guards of calls that cannot be captured (a graph break, a fallback): they run eagerly
-  // without capturing again.
-  std::vector<std::shared_ptr<const detail::Program>> eager;
+  // Guards of calls that cannot be captured (a graph break, a fallback): they run without
+  // capturing again, eagerly, or in segments after a data read (Note [Graph break segments]).
+  struct Uncaptured {
+    std::shared_ptr<const detail::Program> guards;
+    bool segments = false;
+  };
+  std::vector<Uncaptured> eager;
+  detail::SegmentCache segments;
   std::vector<Event> events;
   int retries = 0;  // consecutive captures refused as Retry
   int64_t replays = 0;
@@ -47,7 +53,8 @@ CompiledFunction& CompiledFunction::operator=(CompiledFunction&&) noexcept = def
 
 std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args) {
   State& s = *s_;
-  if (is_capturing()) return s.fn(args);  // inside an outer capture: its ops join that graph
+  // Inside an outer capture or segment: its ops join that graph.
+  if (is_capturing() || detail::is_recording_segments()) return s.fn(args);
   std::string nearest;
   for (const auto& p : s.programs) {
     std::string miss = p->check_guards(args);
@@ -57,8 +64,12 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
     }
     if (nearest.empty()) nearest = miss;
   }
-  for (const auto& p : s.eager)
-    if (p->check_guards(args).empty()) return s.fn(args);
+  for (const State::Uncaptured& u : s.eager) {
+    if (!u.guards->check_guards(args).empty()) continue;
+    if (!u.segments) return s.fn(args);
+    s.segments.events = &s.events;
+    return detail::run_in_segments(s.segments, s.fn, args);
+  }
   if (static_cast<int>(s.programs.size() + s.eager.size()) >= s.options.recompile_limit) {
     if (!s.warned) {
       s.warned = true;
@@ -100,7 +111,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
       // Remember these guards so later matching calls stay eager without tracing again.
       detail::CaptureResult g = detail::capture(
           [&](const std::vector<Tensor>&) { return std::vector<Tensor>{}; }, args);
-      if (g.program) s.eager.push_back(g.program);
+      if (g.program) s.eager.push_back({g.program, r.segmentable});
     }
   }
   return r.outputs;
@@ -114,6 +125,7 @@ int CompiledFunction::num_recompiles() const {
   return n;
 }
 int64_t CompiledFunction::num_replays() const { return s_->replays; }
+int64_t CompiledFunction::num_segment_runs() const { return s_->segments.compiled_runs; }
 
 std::pair<int64_t, int64_t> CompiledFunction::saved_activation_bytes(int i) const {
   KILN_CHECK(i >= 0 && i < num_programs(), Index, "kiln::compile: no program ", i, " (there are ",

@@ -6,9 +6,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kiln/compiler/compile.h"
+#include "kiln/compiler/graph.h"
 #include "kiln/generator.h"
 #include "kiln/ir.h"
 
@@ -155,6 +157,9 @@ struct CaptureResult {
   std::shared_ptr<Program> program;
   Event::Kind refusal = Event::Kind::GraphBreak;
   std::string reason;  // why program is empty
+  // A data read broke the capture: later calls may run in segments (Note [Graph break
+  // segments] in segments.cpp).
+  bool segmentable = false;
 };
 
 // Runs `fn(args)` eagerly under the tracer (Note [Capture]). With `rewrite_first`, a forward
@@ -164,6 +169,24 @@ struct CaptureResult {
 // autograd after a backward the function ran itself are plain values.
 CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrite_first = true,
                       bool raw = false);
+
+// A compiled function's segments (Note [Graph break segments] in segments.cpp), by key.
+struct SegmentCache {
+  struct Entry {
+    int seen = 0;
+    std::shared_ptr<CompiledGraph> compiled;
+  };
+  std::unordered_map<std::string, Entry> entries;
+  std::vector<Event>* events = nullptr;  // the compiled function's history
+  int64_t compiled_runs = 0;
+};
+// Runs `fn(args)` as segments split at its data reads, each compiled once its key repeats.
+std::vector<Tensor> run_in_segments(SegmentCache& cache, const Fn& fn,
+                                    const std::vector<Tensor>& args);
+// The Tracing key's work while segments record on this thread: records or runs the op and
+// returns true; false when no segment records.
+bool segment_record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack);
+bool is_recording_segments();
 
 // Whether node i writes an argument, is a collective or draws from an explicit generator.
 bool has_effects(const Program& p, size_t i);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "kiln/error.h"
 
@@ -43,6 +44,13 @@ void Storage::resize(size_t nbytes) {
   if (nbytes_) std::memcpy(p.get(), data_.get(), nbytes_);
   data_ = std::move(p);
   nbytes_ = nbytes;
+}
+
+void Storage::swap_data(Storage& other) {
+  KILN_CHECK(nbytes_ == other.nbytes_ && device_ == other.device_, Value,
+             "swap_data: storages of ", nbytes_, " bytes on ", device_.str(), " and ",
+             other.nbytes_, " bytes on ", other.device_.str());
+  std::swap(data_, other.data_);
 }
 
 }  // namespace kiln

@@ -248,6 +248,42 @@ TEST(Compile, ItemIsAGraphBreakAndTheCallStaysCorrect) {
   EXPECT_NE(f.explain()[0].reason.find("read the data"), std::string::npos);
 }
 
+// See Note [Graph break segments]: the step reads its loss to pick a branch, so after the first
+// call it runs as two segments (forward; backward and AdamW), each compiled once its key repeats.
+TEST(Compile, AStepThatReadsItsLossRunsInCompiledSegmentsAndMatchesEager) {
+  auto eager = make_mlp(), compiled = make_mlp();
+  compiled->load_state_dict(eager->state_dict());
+  optim::AdamWOptions o{.lr = 1e-2, .weight_decay = 0.1};
+  optim::AdamW opt_e(eager->parameters(), o), opt_c(compiled->parameters(), o);
+  nn::CrossEntropyLoss criterion;
+  auto step_of = [&](nn::Sequential& m, optim::Optimizer& opt) {
+    return [&](const std::vector<Tensor>& in) {
+      opt.zero_grad();
+      Tensor loss = criterion(m.forward(in[0]), in[1]);
+      if (loss.item<double>() > 1.3) loss = loss * 2.0;
+      loss.backward();
+      opt.step();
+      return std::vector<Tensor>{loss.detach()};
+    };
+  };
+  auto eager_step = step_of(*eager, opt_e);
+  auto f = compile(step_of(*compiled, opt_c));
+  const int steps = 10;
+  for (int s = 0; s < steps; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    Tensor x = random({16, 6}, kFloat32, -1, 1, 100 + s);
+    Tensor y = random({16}, kInt64, 0, 4, 200 + s);
+    expect_close(f({x, y})[0], eager_step({x, y})[0], 0, 0);
+  }
+  auto pe = eager->named_parameters(), pc = compiled->named_parameters();
+  for (size_t i = 0; i < pe.size(); ++i) expect_close(pc[i].second, pe[i].second, 0, 0);
+  EXPECT_EQ(f.num_programs(), 0) << history(f);
+  EXPECT_EQ(count(f, Event::Kind::Segment), 2) << history(f);
+  // Call 1 captures and breaks at the read (before AdamW makes its state), call 2 records the
+  // segments' keys, the rest run both compiled.
+  EXPECT_EQ(f.num_segment_runs(), 2 * (steps - 2)) << history(f);
+}
+
 TEST(Compile, RandomOpsDrawFreshNumbersAtEveryReplay) {
   auto fn = [](const std::vector<Tensor>& in) {
     return std::vector<Tensor>{dropout(in[0], 0.5, true)};

@@ -68,8 +68,8 @@ class CompiledFunction:
         return _unflatten(out, box["spec"])
 
     def explain(self):
-        """Every capture, recompile (with the guard that failed), graph break and fallback, as
-        (kind, reason) pairs."""
+        """Every capture, recompile (with the guard that failed), graph break, fallback and
+        compiled segment, as (kind, reason) pairs."""
         return [e for compiled, *_ in self._entries.values() for e in compiled.explain()]
 
     @property
@@ -85,6 +85,11 @@ class CompiledFunction:
     @property
     def num_replays(self):
         return sum(c.num_replays for c, *_ in self._entries.values())
+
+    @property
+    def num_segment_runs(self):
+        """Runs of compiled segments in calls that a graph break splits."""
+        return sum(c.num_segment_runs for c, *_ in self._entries.values())
 
     def graphs(self):
         """The printed graph of every program."""

@@ -56,6 +56,7 @@ void bind_compile(nb::module_& m) {
       .def_prop_ro("num_programs", &compiler::CompiledFunction::num_programs)
       .def_prop_ro("num_recompiles", &compiler::CompiledFunction::num_recompiles)
       .def_prop_ro("num_replays", &compiler::CompiledFunction::num_replays)
+      .def_prop_ro("num_segment_runs", &compiler::CompiledFunction::num_segment_runs)
       .def("graph_str", &compiler::CompiledFunction::graph_str)
       .def("saved_activation_bytes", &compiler::CompiledFunction::saved_activation_bytes)
       .def("reset", &compiler::CompiledFunction::reset);

@@ -34,6 +34,9 @@ class Storage final : public RefCounted, public PooledObject<Storage> {
 
   // Reallocates to `nbytes` (out= resizing); keeps the first min(old, new) bytes.
   void resize(size_t nbytes);
+  // Exchanges the memory of two storages of the same size and device, so a result computed
+  // elsewhere lands in the tensors that share this storage without a copy.
+  void swap_data(Storage& other);
 
  private:
   Storage(DataPtr data, size_t nbytes, Device device)

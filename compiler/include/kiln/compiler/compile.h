@@ -22,7 +22,9 @@
 // (in-place updates of parameters and states run in place again), and `.grad` assignments,
 // compared before and after the call. A capture is refused, and the call simply stays eager,
 // when replaying could differ from running the function again:
-// - user code read a traced tensor's data (`item()`, printing, numpy): a graph break;
+// - user code read a traced tensor's data (`item()`, printing, numpy): a graph break; later
+//   calls with these guards run as compiled segments split at the reads (Note [Graph break
+//   segments] in compiler/src/segments.cpp);
 // - a tensor made inside the function outlives it without being an output (new optimizer
 //   state: the next call captures again, after the state exists);
 // - an op the recorder cannot describe (no meta function), or whose kernel disagrees with it;
@@ -60,7 +62,7 @@ struct Options {
 
 // One line of a compiled function's history (explain()).
 struct Event {
-  enum class Kind { Capture, Recompile, GraphBreak, Retry, Fallback };
+  enum class Kind { Capture, Recompile, GraphBreak, Retry, Fallback, Segment };
   Kind kind;
   std::string reason;
 };
@@ -75,11 +77,14 @@ class CompiledFunction {
 
   std::vector<Tensor> operator()(const std::vector<Tensor>& args);
 
-  // Captures, recompiles (with the guard that failed), graph breaks and fallbacks, in order.
+  // Captures, recompiles (with the guard that failed), graph breaks, fallbacks and compiled
+  // segments, in order.
   const std::vector<Event>& explain() const;
   int num_programs() const;   // programs captured and kept
   int num_recompiles() const; // captures after the first one (guard misses)
   int64_t num_replays() const;
+  // Runs of compiled segments, in calls split at graph breaks (Note [Graph break segments]).
+  int64_t num_segment_runs() const;
   // The printed graph of program i (ir::Graph's printer), with its fused loops.
   std::string graph_str(int i) const;
   // Program i's saved activations (bytes the forward makes and the backward reads), as eager

@@ -1,0 +1,171 @@
+"""kiln.compile's graph breaks (Note [Graph break segments] in compiler/src/segments.cpp): a
+call that reads a value it computes runs as compiled segments split at the reads. Each test
+compares with the same function run eagerly, bit for bit: a segment runs the kernels eager
+runs, in the same order, and draws the same random numbers. A fused loop (Note [Fusion]) has
+its own vectorized exp, so where one runs the bar is 1e-6 relative.
+"""
+
+import pytest
+
+import kiln
+import kiln.nn as nn
+import kiln.nn.functional as F
+
+
+def twice(fn, make_args, calls=6):
+    """fn eagerly and compiled on the same arguments: (eager results, compiled results, the
+    compiled function). make_args(i) gives call i's arguments (fresh each time)."""
+    eager, compiled = [], []
+    f = kiln.compile(fn)
+    for i in range(calls):
+        kiln.manual_seed(100 + i)
+        eager.append(fn(*make_args(i)))
+        kiln.manual_seed(100 + i)
+        compiled.append(f(*make_args(i)))
+    return eager, compiled, f
+
+
+def same(a, b, rtol=0.0):
+    if isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            same(x, y, rtol)
+    elif isinstance(a, kiln.Tensor):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        if rtol == 0:
+            assert a.tolist() == b.tolist()
+        else:
+            assert ((a - b).abs() <= rtol * b.abs()).all().item(), (a, b)
+    else:
+        assert a == b
+
+
+def kinds(f):
+    return [k for k, _ in f.explain()]
+
+
+def test_a_training_step_with_a_data_dependent_branch_runs_in_compiled_segments():
+    def train(compiled, steps=8):
+        kiln.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Dropout(0.2), nn.LayerNorm(32),
+                          nn.Linear(32, 4))
+        opt = kiln.optim.AdamW(m.parameters(), lr=1e-2)
+        logged = []
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            logged.append(loss.item())
+            if loss.item() > 1.2:  # the branch depends on the value
+                loss = loss * 2
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        f = kiln.compile(step) if compiled else step
+        kiln.manual_seed(1)
+        data = [(kiln.randn(16, 8), kiln.randint(0, 4, (16,))) for _ in range(steps)]
+        out = [f(x, y).item() for x, y in data]
+        return out, logged, [p.detach().clone() for p in m.parameters()], f
+
+    want, want_log, want_params, _ = train(False)
+    got, got_log, got_params, f = train(True)
+    assert got == want and got_log == want_log
+    for p, q in zip(got_params, want_params):
+        assert p.tolist() == q.tolist()
+    assert kinds(f)[0] == "graph break" and kinds(f).count("segment") == 2, f.explain()
+    assert f.num_programs == 0
+    # call 1 captures and breaks, call 2 records each segment's key, calls 3.. run them compiled
+    assert f.num_segment_runs == 2 * (8 - 2), f.explain()
+
+
+def test_printing_and_numpy_reads_flush_the_pending_ops(capsys):
+    def fn(x):
+        y = (x * 3).relu()
+        print("y", y.tolist())
+        z = y + 1
+        a = z.numpy().copy()
+        return z * 2, float(a.sum())
+
+    eager, compiled, f = twice(fn, lambda i: (kiln.randn(5),))
+    same(eager, compiled)
+    assert kinds(f)[0] == "graph break"
+
+
+def test_random_ops_draw_what_eager_draws():
+    def fn(x):
+        a = kiln.rand(4, 3) + x
+        b = F.dropout(a, 0.5) * kiln.randn(4, 3)
+        s = b.sum().item()
+        return b * s + kiln.randn(4, 3), kiln.bernoulli(kiln.full((4, 3), 0.5))
+
+    eager, compiled, f = twice(fn, lambda i: (kiln.ones(4, 3),), calls=5)
+    same(eager, compiled)
+
+
+def test_writes_to_part_of_a_pending_tensor_and_views_of_it():
+    def fn(x):
+        y = x * 2
+        y[0] = -1.0              # writes part of a pending tensor: runs eagerly after a flush
+        y[:, 1].add_(10)         # and again through a view
+        t = y.t()                # a view, returned with its base
+        y.mul_(3)                # the whole tensor in place
+        n = int((y > 0).sum().item())
+        return y, t, y[1:] * n
+
+    eager, compiled, f = twice(fn, lambda i: (kiln.arange(12.0).view(3, 4) + i,))
+    same(eager, compiled)
+
+
+def test_data_dependent_shapes_and_in_place_updates_of_inputs():
+    w = kiln.zeros(6)
+
+    def fn(x):
+        idx = (x > 0).nonzero().flatten()  # its shape depends on the data
+        w.add_(x)                          # an input written in place
+        v = x.index_select(0, idx) * w.sum()
+        return v, w * 1
+
+    eager = []
+    xs = [kiln.randn(6) for _ in range(5)]
+    for x in xs:
+        eager.append(fn(x))
+    w.zero_()
+    f = kiln.compile(fn)
+    compiled = [f(x) for x in xs]
+    same(eager, compiled)
+
+
+def test_an_error_inside_a_segment_is_raised_and_later_calls_still_work():
+    emb = kiln.randn(10, 4)
+
+    def fn(idx, n):
+        h = emb[idx] * 2          # idx out of range is caught when the segment runs
+        if h.sum().item() > 1e9:
+            h = h * 0
+        return h @ kiln.ones(4, n)
+
+    f = kiln.compile(fn)
+    ok = kiln.tensor([1, 2, 3])
+    for _ in range(3):
+        f(ok, 2)
+    with pytest.raises(IndexError, match="out of range|out of bounds"):
+        f(kiln.tensor([1, 2, 30]), 2)
+    with pytest.raises(Exception, match="4"):  # a bad shape: the op's own error, at the op
+        f(ok, 0).sum().item() + (kiln.ones(3, 3) @ kiln.ones(4, 4)).sum().item()
+    same(f(ok, 2), fn(ok, 2))
+
+
+def test_a_compiled_function_called_inside_a_segmented_one_joins_its_segments():
+    inner = kiln.compile(lambda x: (x * 2).exp())
+
+    def fn(x):
+        y = inner(x) + 1
+        y = (y * y).sin() - y.cos() * 0.5 + y.tanh() * y.sigmoid()  # enough ops to compile
+        if y.mean().item() > 0:
+            y = inner(y) * 3
+        return y.clamp(-1e3, 1e3).log1p().neg().abs().sqrt()
+
+    eager, compiled, f = twice(fn, lambda i: (kiln.randn(8) * 0.1,))
+    same(eager, compiled, rtol=1e-6)
+    assert f.num_segment_runs > 0, f.explain()
