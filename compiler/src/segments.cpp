@@ -12,25 +12,26 @@
 
 namespace kiln::compiler::detail {
 
-// Note [Graph break segments]: a call whose capture broke on a data read (Note [Capture]) is
-// not one program, but the ops between its reads are. Later calls with the same guards run the
-// function again under a segment recorder at the Tracing key. The recorder runs no kernel: an
-// op becomes a node of a pending ir::Graph, and its results are tensors of the meta function's
-// geometry whose memory holds nothing yet (views are made for real: they read no data). The
-// segment is flushed, that is computed, when user code reads the data of a tensor the segment
-// makes or writes (Note [Data-read hook]), before an op the recorder leaves to eager, and at the
-// end of the call. Left to eager, after a flush: collectives, ops the meta functions cannot
+// Note [Graph break segments]: a call whose capture broke on a data read (Note [Capture]) is not
+// one program, but the ops between its reads are. Later calls with the same guards run the function
+// again under a segment recorder at the Tracing key. The recorder runs no kernel: an op becomes a
+// node of a pending ir::Graph, and its results are tensors of the meta function's geometry whose
+// memory holds nothing yet (views are made for real: they read no data). The segment is flushed,
+// that is computed, when anything but a kernel the recorder runs reads or frees the memory of a
+// tensor the segment makes or writes (user code's item() or numpy, a checkpoint, FSDP's gathers:
+// Note [Storage access hook] in kiln/storage.h), before an op the recorder leaves to eager, and at
+// the end of the call. Left to eager, after a flush: collectives, ops the meta functions cannot
 // describe, and ops that write part of a pending tensor. A flush keeps only the pending tensors
-// something still holds (the caller, autograd's saved tensors, a .grad): their last values are
-// the graph's outputs; the rest is dead. The graph gets a key as a worker's compiled batches do
-// (Note [Compiled batches] in worker/src/session_compiled.cpp): its printed nodes without
-// random states or seeded ops' seed and offset, its inputs' geometry and numbers, and its
-// outputs. The first time a key is seen the graph runs node by node; the second time it becomes
-// a CompiledGraph (fused loops) that runs from then on. Random nodes reserve their counters as
-// they are recorded, in eager's order, and each run draws the (seed, offset) recorded this call,
-// so a segmented call draws what the eager call would. A result is moved into its pending
-// tensor's storage, or copied where its buffer is shared. A kernel's error (an index out of
-// range) surfaces at the flush, from the node's op.
+// something still holds (the caller, autograd's saved tensors, a .grad): their last values are the
+// graph's outputs; the rest is dead. The graph gets a key as a worker's compiled batches do
+// (Note [Compiled batches] in worker/src/session_compiled.cpp): its printed nodes without random
+// states or seeded ops' seed and offset, its inputs' geometry and numbers, and its outputs. The
+// first time a key is seen the graph runs node by node; the second time it becomes a CompiledGraph
+// (fused loops) that runs from then on. Random nodes reserve their counters as they are recorded,
+// in eager's order, and each run draws the (seed, offset) recorded this call, so a segmented call
+// draws what the eager call would. A result is moved into its pending tensor's storage, or copied
+// where its buffer is shared. A kernel's error (an index out of range) surfaces at the flush, from
+// the node's op.
 
 namespace {
 
@@ -74,13 +75,13 @@ struct Recorder {
     auto sv = storage_values.find(st);
     ir::ValueId id;
     if (sv != storage_values.end()) {  // an alias made without an op (detach(), saved outputs)
-      id = graph
-               .add_node("as_strided",
-                         {ir::ValueRef{sv->second},
-                          std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
-                          std::vector<int64_t>(t.strides().begin(), t.strides().end()),
-                          t.storage_offset()})[0]
-               .id;
+      id =
+          graph
+              .add_node("as_strided", {ir::ValueRef{sv->second},
+                                       std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+                                       std::vector<int64_t>(t.strides().begin(), t.strides().end()),
+                                       t.storage_offset()})[0]
+              .id;
     } else {
       std::optional<Scalar> number;
       if (t.impl()->is_wrapped_number() && t.numel() == 1 && t.device().is_cpu())
@@ -259,7 +260,8 @@ std::string segment_key(const ir::Graph& g) {
   }
   std::string key = k.str();
   for (ir::ValueId in : g.inputs())
-    if (const auto& num = g.value(in).number) key += " %" + std::to_string(in) + "=" + IValue(*num).repr();
+    if (const auto& num = g.value(in).number)
+      key += " %" + std::to_string(in) + "=" + IValue(*num).repr();
   return key;
 }
 
@@ -317,9 +319,9 @@ void Recorder::flush() {
     try {
       e.compiled = std::make_shared<CompiledGraph>(graph);
       cache.events->push_back({Event::Kind::Segment,
-                              std::to_string(nodes) + " ops, " + std::to_string(n_in) +
-                                  " inputs, " + std::to_string(outs.size()) + " outputs, " +
-                                  std::to_string(e.compiled->num_fused_loops()) + " fused loops"});
+                               std::to_string(nodes) + " ops, " + std::to_string(n_in) +
+                                   " inputs, " + std::to_string(outs.size()) + " outputs, " +
+                                   std::to_string(e.compiled->num_fused_loops()) + " fused loops"});
     } catch (const Error& err) {
       cache.events->push_back({Event::Kind::Segment, std::string("runs op by op: ") + err.what()});
     }
@@ -350,12 +352,12 @@ void Recorder::flush() {
   }
 }
 
-// See Note [Data-read hook] in kiln/tensor_impl.h: a read of what the segment makes or writes.
-void on_data_read(const TensorImpl& impl) {
+// See Note [Storage access hook] in kiln/storage.h: an access to what the segment makes or
+// writes, other than by a kernel the recorder runs.
+void on_storage_access(const Storage& st) {
   Recorder* r = t_recorder;
   if (r == nullptr || r->busy) return;
-  const Storage* st = impl.storage().get();
-  if (r->pending_of.count(st) || r->written.count(st)) r->flush();
+  if (r->pending_of.count(&st) || r->written.count(&st)) r->flush();
 }
 
 }  // namespace
@@ -378,15 +380,15 @@ std::vector<Tensor> run_in_segments(SegmentCache& cache, const Fn& fn,
   Recorder rec(cache);
   struct Scope {
     Recorder* saved = t_recorder;
-    kiln::detail::DataReadHook saved_hook = kiln::detail::t_data_read_hook;
+    kiln::detail::StorageHook saved_hook = kiln::detail::t_storage_hook;
     IncludeDispatchKeyGuard include{DispatchKey::Tracing};
     explicit Scope(Recorder* r) {
       t_recorder = r;
-      kiln::detail::t_data_read_hook = &on_data_read;
+      kiln::detail::t_storage_hook = &on_storage_access;
     }
     ~Scope() {
       t_recorder = saved;
-      kiln::detail::t_data_read_hook = saved_hook;
+      kiln::detail::t_storage_hook = saved_hook;
     }
   } scope(&rec);
   std::vector<Tensor> out;

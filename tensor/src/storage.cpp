@@ -8,6 +8,8 @@
 
 namespace kiln {
 
+thread_local detail::StorageHook detail::t_storage_hook = nullptr;
+
 intrusive_ptr<Storage> Storage::create(size_t nbytes, Device device) {
   if (!device.has_data()) return create_dataless(nbytes, device);
   DataPtr p = nbytes ? get_allocator(device.type())->allocate(nbytes) : DataPtr();
@@ -25,6 +27,8 @@ intrusive_ptr<Storage> Storage::wrap(DataPtr ptr, size_t nbytes) {
 
 void Storage::resize(size_t nbytes) {
   if (nbytes == nbytes_) return;
+  if (detail::t_storage_hook != nullptr) [[unlikely]]
+    detail::t_storage_hook(*this);  // Note [Storage access hook]
   if (!has_data()) {
     nbytes_ = nbytes;
     return;

@@ -169,3 +169,37 @@ def test_a_compiled_function_called_inside_a_segmented_one_joins_its_segments():
     eager, compiled, f = twice(fn, lambda i: (kiln.randn(8) * 0.1,))
     same(eager, compiled, rtol=1e-6)
     assert f.num_segment_runs > 0, f.explain()
+
+
+def test_a_checkpoint_written_inside_a_segmented_step_holds_the_updated_weights(tmp_path):
+    import kiln.distributed.checkpoint as dcp
+
+    def train(compiled, root):
+        kiln.manual_seed(0)
+        m = nn.Linear(4, 3)
+        opt = kiln.optim.SGD(m.parameters(), lr=0.5)
+
+        def step(x, i):
+            opt.zero_grad()
+            loss = (m(x) * m(x)).mean()
+            if loss.item() > 1e6:
+                raise RuntimeError("diverged")
+            loss.backward()
+            opt.step()  # pending until something reads the weights
+            # DCP reads the tensors' memory itself (its CRCs and writes), not through an op
+            dcp.save({"w": m.weight, "b": m.bias}, checkpoint_id=str(root / f"{i}"))
+            return loss.detach()
+
+        f = kiln.compile(step) if compiled else step
+        for i in range(4):
+            f(kiln.full((2, 4), float(i + 1)), i)
+        out = []
+        for i in range(4):
+            state = {"w": kiln.zeros(3, 4), "b": kiln.zeros(3)}
+            dcp.load(state, checkpoint_id=str(root / f"{i}"))
+            out.append((state["w"], state["b"]))
+        return out
+
+    (tmp_path / "e").mkdir()
+    (tmp_path / "c").mkdir()
+    same(train(False, tmp_path / "e"), train(True, tmp_path / "c"))

@@ -18,6 +18,19 @@
 
 namespace kiln {
 
+class Storage;
+
+namespace detail {
+// Note [Storage access hook]: every read or write of a storage's memory outside an op's kernel
+// (an op's kernel too, but it runs where the hook ignores it) goes through data() or resize():
+// data_ptr() and raw_data() (item(), numpy, a checkpoint's CRC), FSDP's gathers into and frees
+// of its unsharded parameters. A recorder that defers ops (Note [Graph break segments] in
+// compiler/src/segments.cpp) sets this thread-local hook to run them before such an access of
+// a storage they make or write. Null almost always.
+using StorageHook = void (*)(const Storage&);
+extern thread_local StorageHook t_storage_hook;
+}  // namespace detail
+
 class Storage final : public RefCounted, public PooledObject<Storage> {
  public:
   static intrusive_ptr<Storage> create(size_t nbytes, Device device);
@@ -25,7 +38,11 @@ class Storage final : public RefCounted, public PooledObject<Storage> {
   // Wraps memory owned by someone else (e.g. numpy); `data` stays owned by `ptr`'s deleter.
   static intrusive_ptr<Storage> wrap(DataPtr ptr, size_t nbytes);
 
-  void* data() const { return data_.get(); }
+  void* data() const {
+    if (detail::t_storage_hook != nullptr) [[unlikely]]
+      detail::t_storage_hook(*this);  // Note [Storage access hook]
+    return data_.get();
+  }
   bool has_data() const { return device_.has_data(); }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
