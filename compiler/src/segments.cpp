@@ -1,5 +1,6 @@
 // Calls that a graph break keeps from being one program run as compiled segments between the
 // breaks. See Note [Graph break segments].
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -15,8 +16,8 @@ namespace kiln::compiler::detail {
 // Note [Graph break segments]: a call whose capture broke on a data read (Note [Capture]) is not
 // one program, but the ops between its reads are. Later calls with the same guards run the function
 // again under a segment recorder at the Tracing key. The recorder runs no kernel: an op becomes a
-// node of a pending ir::Graph, and its results are tensors of the meta function's geometry whose
-// memory holds nothing yet (views are made for real: they read no data). The segment is flushed,
+// node of a pending ir::Graph, and its results are tensors of the meta function's geometry over
+// storages without memory yet (views are made for real: they read no data). The segment is flushed,
 // that is computed, when anything but a kernel the recorder runs reads or frees the memory of a
 // tensor the segment makes or writes (user code's item() or numpy, a checkpoint, FSDP's gathers:
 // Note [Storage access hook] in kiln/storage.h), before an op the recorder leaves to eager, and at
@@ -29,9 +30,10 @@ namespace kiln::compiler::detail {
 // first time a key is seen the graph runs node by node; the second time it becomes a CompiledGraph
 // (fused loops) that runs from then on. Random nodes reserve their counters as they are recorded,
 // in eager's order, and each run draws the (seed, offset) recorded this call, so a segmented call
-// draws what the eager call would. A result is moved into its pending tensor's storage, or copied
-// where its buffer is shared. A kernel's error (an index out of range) surfaces at the flush, from
-// the node's op.
+// draws what the eager call would. A result's buffer is moved into its pending tensor's storage,
+// or copied into new memory where the buffer is shared; dead tensors never get memory, so a
+// segment holds no more than eager would. A kernel's error (an index out of range) surfaces at the
+// flush, from the node's op.
 
 namespace {
 
@@ -40,6 +42,16 @@ constexpr size_t kMaxKeys = 64;
 
 struct Recorder;
 thread_local Recorder* t_recorder = nullptr;
+
+// The bytes a tensor of `spec` reaches in its storage.
+size_t nbytes_of(const TensorSpec& spec) {
+  int64_t hi = spec.offset;
+  for (size_t i = 0; i < spec.sizes.size(); ++i) {
+    if (spec.sizes[i] == 0) return 0;
+    hi += (spec.sizes[i] - 1) * std::max<int64_t>(spec.strides[i], 0);
+  }
+  return static_cast<size_t>(hi + 1) * element_size(spec.dtype);
+}
 
 bool same_geometry(const TensorSpec& a, const TensorSpec& b) {
   return a.sizes.ref() == b.sizes.ref() && a.strides.ref() == b.strides.ref() &&
@@ -232,7 +244,8 @@ void Recorder::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack)
       auto p = pending_of.find(t.impl()->storage().get());
       if (p != pending_of.end()) pending[p->second].value = o.id;
     } else {
-      t = empty_strided_on(spec.sizes, spec.strides, spec.dtype, spec.device);
+      t = Tensor(TensorImpl::make(Storage::create_dataless(nbytes_of(spec), spec.device),
+                                  spec.dtype, spec.sizes, spec.strides, spec.offset));
       pending_of.emplace(t.impl()->storage().get(), pending.size());
       pending.push_back({t.impl()->storage().get(), spec, o.id});
     }
@@ -345,6 +358,7 @@ void Recorder::flush() {
           r.strides() == spec.strides.ref()) {
         dst.swap_data(src);
       } else {
+        dst.swap_data(*Storage::create(dst.nbytes(), dst.device()));
         Tensor(TensorImpl::make(held[live[k]], spec.dtype, spec.sizes, spec.strides, spec.offset))
             .copy_(r);
       }
