@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "kiln/compiler/graph.h"
+#include "kiln/default_device.h"
 #include "kiln/dispatcher.h"
 #include "kiln/operators.h"
 #include "kiln/storage.h"
@@ -18,22 +19,22 @@ namespace kiln::compiler::detail {
 // again under a segment recorder at the Tracing key. The recorder runs no kernel: an op becomes a
 // node of a pending ir::Graph, and its results are tensors of the meta function's geometry over
 // storages without memory yet (views are made for real: they read no data). The segment is flushed,
-// that is computed, when anything but a kernel the recorder runs reads or frees the memory of a
-// tensor the segment makes or writes (user code's item() or numpy, a checkpoint, FSDP's gathers:
-// Note [Storage access hook] in kiln/storage.h), before an op the recorder leaves to eager, and at
-// the end of the call. Left to eager, after a flush: collectives, ops the meta functions cannot
-// describe, and ops that write part of a pending tensor. A flush keeps only the pending tensors
-// something still holds (the caller, autograd's saved tensors, a .grad): their last values are the
-// graph's outputs; the rest is dead. The graph gets a key as a worker's compiled batches do
-// (Note [Compiled batches] in worker/src/session_compiled.cpp): its printed nodes without random
-// states or seeded ops' seed and offset, its inputs' geometry and numbers, and its outputs. The
-// first time a key is seen the graph runs node by node; the second time it becomes a CompiledGraph
-// (fused loops) that runs from then on. Random nodes reserve their counters as they are recorded,
-// in eager's order, and each run draws the (seed, offset) recorded this call, so a segmented call
-// draws what the eager call would. A result's buffer is moved into its pending tensor's storage,
-// or copied into new memory where the buffer is shared; dead tensors never get memory, so a
-// segment holds no more than eager would. A kernel's error (an index out of range) surfaces at the
-// flush, from the node's op.
+// that is computed, when anything but a kernel the recorder runs touches the memory of a tensor the
+// segment makes or reads (user code's item() or numpy, a checkpoint, FSDP's gathers and frees, a
+// collective's transport: Note [Storage access hook] in kiln/storage.h), before an op the recorder
+// leaves to eager, and at the end of the call. Left to eager, after a flush: collectives, ops the
+// meta functions cannot describe, ops on Remote values (handles, not memory), and ops that write
+// part of a pending tensor. A flush keeps only the pending tensors something still holds (the
+// caller, autograd's saved tensors, a .grad): their last values are the graph's outputs; the rest
+// is dead. The graph gets a key as a worker's compiled batches do (Note [Compiled batches] in
+// worker/src/session_compiled.cpp): its printed nodes without random states or seeded ops' seed and
+// offset, its inputs' geometry and numbers, and its outputs. The first time a key is seen the graph
+// runs node by node; the second time it becomes a CompiledGraph (fused loops) that runs from then
+// on. Random nodes reserve their counters as they are recorded, in eager's order, and each run
+// draws the (seed, offset) recorded this call, so a segmented call draws what the eager call would.
+// A result's buffer is moved into its pending tensor's storage, or copied into new memory where the
+// buffer is shared; dead tensors never get memory, so a segment holds no more than eager would. A
+// kernel's error (an index out of range) surfaces at the flush, from the node's op.
 
 namespace {
 
@@ -67,9 +68,9 @@ struct Recorder {
   std::unordered_map<const Storage*, ir::ValueId> storage_values;  // latest value in a storage
   std::vector<Tensor> traced;  // results, held so that addresses stay unique
   std::vector<Tensor> inputs;  // per graph input: an alias of the tensor as it was first read
-  // A storage the segment allocated: the value its whole contents will hold.
-  // Held by the recorder only through its tensor in `traced`: autograd refuses some in-place
-  // ops on a tensor whose storage has other owners.
+  // A storage the segment made (no memory until the flush) and the value its whole contents
+  // will hold. Held only through its tensor in `traced`: autograd refuses some in-place ops on
+  // a tensor whose storage has other owners.
   struct Pending {
     Storage* storage;
     TensorSpec spec;
@@ -77,7 +78,9 @@ struct Recorder {
   };
   std::vector<Pending> pending;
   std::unordered_map<const Storage*, size_t> pending_of;
-  std::unordered_set<const Storage*> written;  // storages of inputs the segment writes
+  // The storages of the segment's inputs: other code that reads them may see them before the
+  // segment's writes, and other code that writes or frees them (FSDP) changes what it reads.
+  std::unordered_set<const Storage*> outside;
   bool busy = false;                           // in a kernel or a flush: nothing to record
 
   ir::ValueId value_of(const Tensor& t) {
@@ -97,7 +100,7 @@ struct Recorder {
     } else {
       std::optional<Scalar> number;
       if (t.impl()->is_wrapped_number() && t.numel() == 1 && t.device().is_cpu())
-        number = t.item();  // busy: the recorder's own read
+        number = t.item();  // a Python number: never pending
       id = graph.add_input(ir::spec_of(t), number).id;
       // The tensor's geometry now: an in-place view op (t_()) may change it before the flush.
       Tensor alias(TensorImpl::make(t.impl()->storage(), t.dtype(), t.sizes(), t.strides(),
@@ -105,6 +108,7 @@ struct Recorder {
       alias.impl()->set_wrapped_number(t.impl()->is_wrapped_number());
       inputs.push_back(std::move(alias));
       storage_values.emplace(st, id);
+      outside.insert(st);
     }
     ids.emplace(t.impl(), id);
     traced.push_back(t);
@@ -146,9 +150,14 @@ struct Recorder {
     inputs.clear();
     pending.clear();
     pending_of.clear();
-    written.clear();
+    outside.clear();
   }
 };
+
+bool local(Device d) { return d.is_cpu() || d.is_cuda(); }
+bool plain(const Tensor& t) {
+  return t.defined() && t.impl()->backend_handle() == nullptr && local(t.device());
+}
 
 // Whether `t` is a pending tensor's storage viewed other than whole.
 bool part_of_pending(const Recorder& r, const Tensor& t) {
@@ -161,11 +170,18 @@ void Recorder::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack)
   const int n = info.num_args;
   const size_t base = stack.size() - static_cast<size_t>(n);
   if (info.tags.has(OpTag::Collective)) return eager(op, ks, stack);
-  // Every argument a tensor where the schema wants one; no write to part of a pending tensor.
+  // Every argument a plain CPU or CUDA tensor (a Remote value is a handle, not memory) where the
+  // schema wants one, every device one of those; no write to part of a pending tensor.
   for (int i = 0; i < n; ++i) {
     const IValue& v = stack[base + i];
     if (info.args[i].arg_type == ArgType::Tensor && (!v.is_tensor() || !v.to_tensor().defined()))
       return eager(op, ks, stack);
+    if (v.is<Device>() && !local(v.get<Device>())) return eager(op, ks, stack);
+    if (v.is_tensor() && v.to_tensor().defined() && !plain(v.to_tensor()))
+      return eager(op, ks, stack);
+    if (v.is_tensor_list())
+      for (const Tensor& t : v.to_tensor_list())
+        if (!plain(t)) return eager(op, ks, stack);
     if (!info.args[i].is_mutable || info.is_view) continue;
     if (v.is_tensor() && v.to_tensor().defined() && part_of_pending(*this, v.to_tensor()))
       return eager(op, ks, stack);
@@ -208,17 +224,6 @@ void Recorder::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack)
   KILN_CHECK(info.returns_list || static_cast<int>(outs.size()) == info.num_returns, Runtime,
              "op '", info.name, "': its meta function gives ", outs.size(), " results for ",
              info.num_returns, " returns");
-  for (int i = 0; i < n && !info.is_view; ++i) {  // inputs written: a read of them flushes
-    if (!info.args[i].is_mutable) continue;
-    const IValue& v = stack[base + i];
-    auto note = [&](const Tensor& t) {
-      const Storage* st = t.impl()->storage().get();
-      if (!pending_of.count(st)) written.insert(st);
-    };
-    if (v.is_tensor() && v.to_tensor().defined()) note(v.to_tensor());
-    if (v.is_tensor_list())
-      for (const Tensor& t : v.to_tensor_list()) note(t);
-  }
   if (info.is_view) {  // made for real: a view reads no data
     run_below(op, ks, stack);
     std::vector<Tensor> results;
@@ -367,11 +372,11 @@ void Recorder::flush() {
 }
 
 // See Note [Storage access hook] in kiln/storage.h: an access to what the segment makes or
-// writes, other than by a kernel the recorder runs.
+// reads, other than by a kernel the recorder runs.
 void on_storage_access(const Storage& st) {
   Recorder* r = t_recorder;
   if (r == nullptr || r->busy) return;
-  if (r->pending_of.count(&st) || r->written.count(&st)) r->flush();
+  if (r->pending_of.count(&st) || r->outside.count(&st)) r->flush();
 }
 
 }  // namespace
@@ -391,6 +396,8 @@ bool is_recording_segments() { return t_recorder != nullptr; }
 
 std::vector<Tensor> run_in_segments(SegmentCache& cache, const Fn& fn,
                                     const std::vector<Tensor>& args) {
+  // Factory ops would make Remote values, which are handles rather than memory: stay eager.
+  if (!local(default_device())) return fn(args);
   Recorder rec(cache);
   struct Scope {
     Recorder* saved = t_recorder;

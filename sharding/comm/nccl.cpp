@@ -257,6 +257,7 @@ class Comm final : public NcclComm {
                ", got one on ", t.device());
     KILN_CHECK(t.is_contiguous(), Value, op, ": expected a contiguous tensor, got shape ",
                t.sizes(), " strides ", t.strides());
+    (void)t.impl()->storage()->data();  // deferred ops first (Note [Storage access hook])
   }
 
   // Enqueues `call` on the group's stream after the device's current stream, and hands its

@@ -272,6 +272,9 @@ void check_tensor(const char* op, const Tensor& t, bool fake = false) {
              t.device());
   KILN_CHECK(t.is_contiguous(), Value, op, ": expected a contiguous tensor, got shape ", t.sizes(),
              " strides ", t.strides());
+  // The transport touches the memory on its own thread: ops deferred into it run first, here
+  // (Note [Storage access hook]).
+  (void)t.impl()->storage()->data();
 }
 
 void check_reducible(const char* op, const Tensor& t) {

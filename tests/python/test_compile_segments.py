@@ -203,3 +203,58 @@ def test_a_checkpoint_written_inside_a_segmented_step_holds_the_updated_weights(
     (tmp_path / "e").mkdir()
     (tmp_path / "c").mkdir()
     same(train(False, tmp_path / "e"), train(True, tmp_path / "c"))
+
+
+DATA_PARALLEL = """
+import sys, warnings
+import kiln, kiln.distributed as dist, kiln.nn as nn
+import kiln.nn.functional as F
+from kiln.distributed.device_mesh import init_device_mesh
+from kiln.distributed.fsdp import fully_shard
+from kiln.distributed.tensor import DTensor
+warnings.simplefilter("ignore")
+dist.init_process_group("ucx")
+rank = dist.get_rank()
+
+def model(kind):
+    kiln.manual_seed(0)
+    m = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+    if kind == "ddp":
+        return nn.parallel.DistributedDataParallel(m)
+    mesh = init_device_mesh("cpu", (2,))
+    for i in (0, 2):
+        fully_shard(m[i], mesh=mesh)
+    return fully_shard(m, mesh=mesh)
+
+def train(kind, compiled):
+    m = model(kind)
+    opt = kiln.optim.AdamW(m.parameters(), lr=1e-2)
+    logged = []
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        logged.append(loss.item())  # a graph break: the collectives run between segments
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    f = kiln.compile(step) if compiled else step
+    kiln.manual_seed(10 + rank)
+    for _ in range(6):
+        f(kiln.randn(8, 6), kiln.randint(0, 3, (8,)))
+    state = [p.full_tensor() if isinstance(p, DTensor) else p for p in m.parameters()]
+    return logged, [p.detach().clone() for p in state], f
+
+for kind in sys.argv[1:]:
+    want_log, want, _ = train(kind, False)
+    got_log, got, f = train(kind, True)
+    assert got_log == want_log, (kind, got_log, want_log)
+    for a, b in zip(got, want):
+        assert a.tolist() == b.tolist(), kind
+    assert f.num_segment_runs > 0, (kind, f.explain())
+print(f"rank {rank} ok")
+"""
+
+
+def test_data_parallel_and_fsdp_steps_with_a_graph_break_match_eager(tmp_path):
+    from kiln_run import run_ranks
+    run_ranks(tmp_path, "dp_segments", DATA_PARALLEL, 2, "ddp", "fsdp")
