@@ -267,19 +267,35 @@ void Recorder::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack)
 
 // The key of a segment (Note [Graph break segments]).
 std::string segment_key(const ir::Graph& g) {
-  ir::Graph k = g;
-  for (ir::Node& n : k.nodes()) {
-    n.rng.reset();
-    if (n.op == nullptr) continue;
-    const auto [seed, offset] = ir::seed_offset_args(*n.op);
-    if (seed < 0) continue;
-    n.args[seed] = ir::NodeArg(IValue(int64_t{0}));
-    n.args[offset] = ir::NodeArg(IValue(int64_t{0}));
+  std::string key;
+  auto put = [&](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  for (ir::ValueId in : g.inputs()) {  // node outputs' metas follow from these and the ops
+    const ir::Value& v = g.value(in);
+    put(v.meta.dtype == kFloat32 ? -1 : static_cast<int64_t>(v.meta.dtype));
+    put(static_cast<int64_t>(v.meta.device.type()) * 1024 + v.meta.device.index());
+    put(static_cast<int64_t>(v.meta.sizes.size()));
+    for (int64_t d : v.meta.sizes) put(d);
+    for (int64_t d : v.meta.strides) put(d);
+    put(v.meta.offset);
+    if (v.number) key += IValue(*v.number).repr();
+    key += ';';
   }
-  std::string key = k.str();
-  for (ir::ValueId in : g.inputs())
-    if (const auto& num = g.value(in).number)
-      key += " %" + std::to_string(in) + "=" + IValue(*num).repr();
+  for (const ir::Node& n : g.nodes()) {
+    put(reinterpret_cast<int64_t>(n.op));
+    const auto [seed, offset] = ir::seed_offset_args(*n.op);
+    for (size_t a = 0; a < n.args.size(); ++a) {
+      const ir::NodeArg& arg = n.args[a];
+      if (!arg.is_attribute()) {
+        for (ir::ValueId v : arg.values()) put(v);
+        key += arg.is_value_list() ? ']' : ',';
+      } else if (static_cast<int>(a) != seed && static_cast<int>(a) != offset) {
+        key += arg.attribute().repr();  // a random node's generator is None (its draw is in rng)
+        key += ',';
+      }
+    }
+    key += n.rng ? 'R' : ';';
+  }
+  for (ir::ValueId o : g.outputs()) put(o);
   return key;
 }
 
