@@ -271,14 +271,15 @@ std::string segment_key(const ir::Graph& g) {
   auto put = [&](int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
   for (ir::ValueId in : g.inputs()) {  // node outputs' metas follow from these and the ops
     const ir::Value& v = g.value(in);
-    put(v.meta.dtype == kFloat32 ? -1 : static_cast<int64_t>(v.meta.dtype));
+    put(static_cast<int64_t>(v.meta.dtype) * 2 + v.meta.wrapped_number);
     put(static_cast<int64_t>(v.meta.device.type()) * 1024 + v.meta.device.index());
     put(static_cast<int64_t>(v.meta.sizes.size()));
     for (int64_t d : v.meta.sizes) put(d);
     for (int64_t d : v.meta.strides) put(d);
     put(v.meta.offset);
-    if (v.number) key += IValue(*v.number).repr();
-    key += ';';
+    const std::string r = v.number ? IValue(*v.number).repr() : "";
+    put(static_cast<int64_t>(r.size()));
+    key += r;
   }
   for (const ir::Node& n : g.nodes()) {
     put(reinterpret_cast<int64_t>(n.op));
@@ -286,14 +287,15 @@ std::string segment_key(const ir::Graph& g) {
     for (size_t a = 0; a < n.args.size(); ++a) {
       const ir::NodeArg& arg = n.args[a];
       if (!arg.is_attribute()) {
+        put(arg.is_value_list() ? static_cast<int64_t>(arg.values().size()) : -1);
         for (ir::ValueId v : arg.values()) put(v);
-        key += arg.is_value_list() ? ']' : ',';
       } else if (static_cast<int>(a) != seed && static_cast<int>(a) != offset) {
-        key += arg.attribute().repr();  // a random node's generator is None (its draw is in rng)
-        key += ',';
+        const std::string r = arg.attribute().repr();  // a random node's generator: None
+        put(static_cast<int64_t>(r.size()));
+        key += r;
       }
     }
-    key += n.rng ? 'R' : ';';
+    key += n.rng ? 'R' : '-';
   }
   for (ir::ValueId o : g.outputs()) put(o);
   return key;
