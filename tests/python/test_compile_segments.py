@@ -258,3 +258,21 @@ print(f"rank {rank} ok")
 def test_data_parallel_and_fsdp_steps_with_a_graph_break_match_eager(tmp_path):
     from kiln_run import run_ranks
     run_ranks(tmp_path, "dp_segments", DATA_PARALLEL, 2, "ddp", "fsdp")
+
+
+def test_a_segment_whose_constants_change_every_call_runs_op_by_op_and_stays_right():
+    scale = [1.0]
+
+    def fn(x):
+        y = (x * scale[0]).exp().mul(2).add(1).sin().cos().tanh().neg().abs()
+        if y.sum().item() > 0:  # a break; the constant above differs at every call
+            y = y * 3
+        return y
+
+    f = kiln.compile(fn)
+    for i in range(12):
+        scale[0] = 1.0 + i
+        x = kiln.linspace(-1, 1, 16)
+        same(f(x), fn(x), rtol=1e-6)
+    assert "segment" not in kinds(f), f.explain()  # no key was seen twice: nothing compiled
+    assert f.num_segment_runs == 0
