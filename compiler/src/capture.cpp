@@ -126,45 +126,24 @@ void Tracer::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
   const OpInfo& info = op.info();
   const int n = info.num_args;
   const size_t base = stack.size() - static_cast<size_t>(n);
-  std::vector<ir::NodeArg> args;
-  args.reserve(n);
   std::optional<GeneratorState> rng;
   std::optional<Generator> gen;
   for (int i = 0; i < n; ++i) {
     const IValue& v = stack[base + i];
-    switch (info.args[i].arg_type) {
-      case ArgType::Tensor:
-        if (!v.is_tensor() || !v.to_tensor().defined()) {
-          refuse(Event::Kind::GraphBreak,
-                 std::string("op '") + info.name + "' got no tensor for argument '" +
-                     info.args[i].name + "'");
-          return run_below(this, op, ks, stack);
-        }
-        args.emplace_back(ir::ValueRef{value_of(v.to_tensor())});
-        break;
-      case ArgType::OptionalTensor:
-        if (v.is_tensor() && v.to_tensor().defined())
-          args.emplace_back(ir::ValueRef{value_of(v.to_tensor())});
-        else
-          args.emplace_back(IValue());
-        break;
-      case ArgType::TensorList: {
-        std::vector<ir::ValueRef> vs;
-        for (const Tensor& t : v.to_tensor_list()) vs.push_back(ir::ValueRef{value_of(t)});
-        args.emplace_back(vs);
-        break;
-      }
-      case ArgType::OptionalGenerator:
-        if (info.is_random) {
-          gen = v.is_none() ? std::nullopt : std::optional<Generator>(v.get<Generator>());
-          rng = (gen ? *gen : default_generator()).get_state();
-        }
-        args.emplace_back(v);
-        break;
-      default:
-        args.emplace_back(v);
+    const ArgType type = info.args[i].arg_type;
+    if (type == ArgType::Tensor && (!v.is_tensor() || !v.to_tensor().defined())) {
+      refuse(Event::Kind::GraphBreak, std::string("op '") + info.name +
+                                          "' got no tensor for argument '" + info.args[i].name +
+                                          "'");
+      return run_below(this, op, ks, stack);
+    }
+    if (type == ArgType::OptionalGenerator && info.is_random) {
+      gen = v.is_none() ? std::nullopt : std::optional<Generator>(v.get<Generator>());
+      rng = (gen ? *gen : default_generator()).get_state();
     }
   }
+  std::vector<ir::NodeArg> args =
+      node_args(info, stack, base, [this](const Tensor& t) { return value_of(t); });
   std::vector<ir::ValueRef> outs;
   try {
     outs = prog.graph.add_node(info.name, std::move(args), rng);

@@ -170,6 +170,33 @@ struct CaptureResult {
 CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrite_first = true,
                       bool raw = false);
 
+// The node arguments of the op whose `info.num_args` arguments are on `stack` from `base`: each
+// tensor as `value_of(tensor)`, an absent optional one and everything else as an attribute.
+// Every Tensor (not optional) argument must be a defined tensor.
+template <typename ValueOf>
+std::vector<ir::NodeArg> node_args(const OpInfo& info, const Stack& stack, size_t base,
+                                   ValueOf&& value_of) {
+  std::vector<ir::NodeArg> args;
+  args.reserve(info.num_args);
+  for (int i = 0; i < info.num_args; ++i) {
+    const IValue& v = stack[base + i];
+    const ArgType type = info.args[i].arg_type;
+    if (type == ArgType::Tensor ||
+        (type == ArgType::OptionalTensor && v.is_tensor() && v.to_tensor().defined())) {
+      args.emplace_back(ir::ValueRef{value_of(v.to_tensor())});
+    } else if (type == ArgType::TensorList) {
+      std::vector<ir::ValueRef> vs;
+      for (const Tensor& t : v.to_tensor_list()) vs.push_back(ir::ValueRef{value_of(t)});
+      args.emplace_back(vs);
+    } else if (type == ArgType::OptionalTensor) {
+      args.emplace_back(IValue());
+    } else {
+      args.emplace_back(v);
+    }
+  }
+  return args;
+}
+
 // A compiled function's segments (Note [Graph break segments] in segments.cpp), by key.
 struct SegmentCache {
   struct Entry {

@@ -189,30 +189,8 @@ void Recorder::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack)
       for (const Tensor& t : v.to_tensor_list())
         if (part_of_pending(*this, t)) return eager(op, ks, stack);
   }
-  std::vector<ir::NodeArg> args;
-  args.reserve(n);
-  for (int i = 0; i < n; ++i) {
-    const IValue& v = stack[base + i];
-    switch (info.args[i].arg_type) {
-      case ArgType::Tensor:
-        args.emplace_back(ir::ValueRef{value_of(v.to_tensor())});
-        break;
-      case ArgType::OptionalTensor:
-        if (v.is_tensor() && v.to_tensor().defined())
-          args.emplace_back(ir::ValueRef{value_of(v.to_tensor())});
-        else
-          args.emplace_back(IValue());
-        break;
-      case ArgType::TensorList: {
-        std::vector<ir::ValueRef> vs;
-        for (const Tensor& t : v.to_tensor_list()) vs.push_back(ir::ValueRef{value_of(t)});
-        args.emplace_back(vs);
-        break;
-      }
-      default:
-        args.emplace_back(v);
-    }
-  }
+  std::vector<ir::NodeArg> args =
+      node_args(info, stack, base, [this](const Tensor& t) { return value_of(t); });
   // A random op reserves its counters here, as its kernel would have (Note [Random ops in the
   // IR]); an op the meta functions cannot describe stays eager.
   std::vector<ir::ValueRef> outs;

@@ -24,9 +24,10 @@ namespace detail {
 // Note [Storage access hook]: every read or write of a storage's memory outside an op's kernel
 // (an op's kernel too, but it runs where the hook ignores it) goes through data() or resize():
 // data_ptr() and raw_data() (item(), numpy, a checkpoint's CRC), FSDP's gathers into and frees
-// of its unsharded parameters. A recorder that defers ops (Note [Graph break segments] in
-// compiler/src/segments.cpp) sets this thread-local hook to run them before such an access of
-// a storage they make or write. Null almost always.
+// of its unsharded parameters. A process group touches each tensor's data() on the caller's
+// thread before its transport reads or writes the memory on another. A recorder that defers
+// ops (Note [Graph break segments] in compiler/src/segments.cpp) sets this thread-local hook to
+// run them before such an access of a storage they make or read. Null almost always.
 using StorageHook = void (*)(const Storage&);
 extern thread_local StorageHook t_storage_hook;
 }  // namespace detail
