@@ -225,13 +225,24 @@ void Coordinator::batch_beat_locked(const proto::HeartbeatRequest& req, const Wo
         r.resumed() > 0 ? absl::StrCat(" (resumed after step ", r.resumed(), ")") : "";
     const std::string line =
         r.ok() ? absl::StrCat("[kiln-worker rank ", rank, "] finished step ", r.steps(), from)
-               : absl::StrCat("[kiln-worker rank ", rank, "] failed after step ", r.steps(), from,
-                              ": ", r.message());
+        : r.drained() ? absl::StrCat("[kiln-worker rank ", rank, "] drained after step ", r.steps(),
+                                     from, ": ", r.message())
+                      : absl::StrCat("[kiln-worker rank ", rank, "] failed after step ", r.steps(),
+                                     from, ": ", r.message());
     state_->append_logs(job.job.job_id(), {line.substr(0, kMaxLogLineBytes)});
     // The run of a session that is over (a restart, a cancel) is only logged.
     const bool current = s->second.state == "open" && job.job.state() == "running" &&
                          job.job.session_id() == s->first;
-    if (current && !r.ok()) {
+    if (r.drained()) {  // See Note [Draining batch jobs]: every rank stopped after this step
+      if (current && rank == 0 && job.job.preempting()) {
+        preempted_locked(job, absl::StrCat("preempted after step ", r.steps(),
+                                           "; it runs again from there when workers free up"));
+      } else if (current && rank == 0) {
+        const std::string why = absl::StrCat("rank 0 stopped after step ", r.steps(), " unasked");
+        if (!restart_locked(job, why)) finish_job_locked(job, "failed", 1, why);
+        schedule_locked();
+      }
+    } else if (current && !r.ok()) {
       const std::string why = absl::StrCat("rank ", rank, " failed: ", r.message());
       if (!restart_locked(job, why)) finish_job_locked(job, "failed", 1, why);
       schedule_locked();
@@ -247,6 +258,7 @@ void Coordinator::batch_beat_locked(const proto::HeartbeatRequest& req, const Wo
   if (s == sessions_.end() || s->second.state != "open" || s->second.job_id.empty()) return;
   auto j = jobs_.find(s->second.job_id);
   if (j == jobs_.end() || !j->second.job.batch() || j->second.job.state() != "running") return;
+  if (j->second.job.preempting()) reply.add_drain_sessions(sid);  // Note [Draining batch jobs]
   if (std::find(req.sessions().begin(), req.sessions().end(), sid) != req.sessions().end()) return;
   const proto::Job& job = j->second.job;
   proto::BatchRun& run = *reply.add_run_batches();
@@ -527,9 +539,11 @@ void Coordinator::reap_locked() {
     end_session_locked(*s, "closed", why);
   }
   for (JobRec* j : overdue)  // See Note [Preemption] in jobs.cpp
-    preempted_locked(*j, absl::StrCat("preempted (its driver did not exit within ",
-                                      options_.preempt_grace.count() / 1000.0,
-                                      " s); it runs again when workers free up"));
+    preempted_locked(
+        *j, absl::StrCat("preempted (its ",
+                         j->job.batch() ? "workers did not checkpoint" : "driver did not exit",
+                         " within ", options_.preempt_grace.count() / 1000.0,
+                         " s); it runs again when workers free up"));
   for (JobRec* j : orphaned) {
     const std::string why =
         absl::StrCat("no driver has reported for ", options_.driver_grace.count() / 1000.0,

@@ -110,8 +110,9 @@ std::vector<std::string> Coordinator::place_locked(const std::vector<std::string
 // or after Options::preempt_grace, the job's session ends and the job is "preempted": queued
 // again, in its old place, so it runs when workers free up; `kiln submit` then starts its driver
 // again with KILN_RESTARTS counting the runs before. A preempted job is never failed. A batch job
-// (Note [Batch jobs] in worker/src/batch.h) has no driver to ask: its session ends at once, and it
-// resumes from its last checkpoint.
+// has no driver: its workers are asked to drain (Note [Draining batch jobs] in
+// worker/src/batch.h), which checkpoints the step they agree on; its session ends when rank 0
+// reports that, and it resumes from that step.
 bool Coordinator::preempt_for_locked(const JobRec& next, int idle) {
   std::vector<JobRec*> running;
   for (auto& [id, j] : jobs_) {
@@ -139,12 +140,6 @@ bool Coordinator::preempt_for_locked(const JobRec& next, int idle) {
     j->preempt_asked = Clock::now();
     state_->put_job(*j);
   }
-  // A batch job has no driver to checkpoint: it stops at once, from its last checkpoint.
-  for (JobRec* j : victims)
-    if (j->job.batch())
-      preempted_locked(*j, "preempted: " + why +
-                               "; it runs again from its last checkpoint when "
-                               "workers free up");
   changed_locked();
   return true;
 }
@@ -206,8 +201,7 @@ bool Coordinator::restart_locked(JobRec& j, const std::string& why) {
 // a "grow" finding. When its driver exits, it restarts at once, without using up a restart, on
 // what is then free up to N (its first mesh dim grows; the checkpoint reshards on load), and its
 // driver runs again. One job grows at a time. A batch job (Note [Elastic batch jobs] in
-// worker/src/batch.h) has no driver to checkpoint: its session ends at once and it resumes from
-// its last checkpoint.
+// worker/src/batch.h) drains instead, as when preempted.
 void Coordinator::grow_locked(std::chrono::steady_clock::time_point now) {
   bool waiting = false;
   for (const auto& [id, j] : jobs_) {
@@ -241,7 +235,6 @@ void Coordinator::grow_locked(std::chrono::steady_clock::time_point now) {
     std::fprintf(stderr, "[kiln-coordinator] job %s: %s\n", job.job_id().c_str(), why.c_str());
     state_->put_job(j);
     add_job_finding_locked(j, "grow", why);
-    if (job.batch()) preempted_locked(j, "its workers stopped");  // no driver to wait for
     t.commit();
     changed_locked();
     return;  // one at a time: the idle workers are counted once

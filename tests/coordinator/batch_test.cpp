@@ -46,13 +46,14 @@ std::vector<std::string> gang_of(Daemon& d, const std::string& session_id) {
 }
 
 proto::HeartbeatRequest result(const std::string& session_id, bool ok, int64_t steps,
-                               const std::string& message = "") {
+                               const std::string& message = "", bool drained = false) {
   proto::HeartbeatRequest req;
   proto::BatchResult& r = *req.add_batch_results();
   r.set_session_id(session_id);
   r.set_ok(ok);
   r.set_steps(steps);
   r.set_message(message);
+  r.set_drained(drained);
   return req;
 }
 
@@ -126,7 +127,8 @@ TEST(BatchJobs, WorkersAreToldToRunItAndItsEndFinishesTheJob) {
 
 // See Note [Preemption]: a batch job has no driver to checkpoint, so a higher-priority job gets
 // its workers at once (not after --preempt-grace-s), and it runs again when they free up.
-TEST(BatchJobs, APreemptedBatchJobStopsAtOnceAndRunsAgain) {
+// See Note [Draining batch jobs] in worker/src/batch.h.
+TEST(BatchJobs, APreemptedBatchJobDrainsAndRunsAgain) {
   TempDir dir;
   Daemon d(dir.path(), {"--heartbeat-ms", "200", "--dead-after", "3"});
   std::vector<std::unique_ptr<FakeWorker>> w;
@@ -139,10 +141,24 @@ TEST(BatchJobs, APreemptedBatchJobStopsAtOnceAndRunsAgain) {
   urgent.set_priority(5);
   proto::Job high;
   ASSERT_TRUE(d.call(&Stub::SubmitJob, urgent, &high).ok());
+  ASSERT_TRUE(eventually([&] { return get_job(d, low.job_id()).preempting(); }));
+  // Its workers are asked to drain, at every beat until the run ends.
+  const std::vector<std::string> gang = gang_of(d, first);
+  ASSERT_EQ(gang.size(), 2u);
+  FakeWorker* rank0 = nullptr;
+  FakeWorker* rank1 = nullptr;
+  for (auto& fw : w) (fw->id() == gang[0] ? rank0 : rank1) = fw.get();
+  proto::HeartbeatReply reply;
+  ASSERT_TRUE(rank1->beat_once(result(first, false, 7, "stopped on request", true), &reply).ok());
+  EXPECT_EQ(std::vector<std::string>(reply.drain_sessions().begin(), reply.drain_sessions().end()),
+            std::vector<std::string>{first});
+  EXPECT_EQ(get_job(d, low.job_id()).state(), "running");  // rank 1's word alone: still draining
+  EXPECT_EQ(get_job(d, high.job_id()).state(), "queued");
+  ASSERT_TRUE(rank0->beat_once(result(first, false, 7, "stopped on request", true)).ok());
   ASSERT_TRUE(eventually([&] { return get_job(d, high.job_id()).state() == "running"; },
-                         std::chrono::seconds(5)));
+                         std::chrono::seconds(5)));  // at once: the grace is 30 s
   proto::Job j = get_job(d, low.job_id());
-  EXPECT_EQ(j.state(), "preempted");  // at once: the grace is 30 s
+  EXPECT_EQ(j.state(), "preempted");
   EXPECT_EQ(j.restarts(), 0);
   // When the urgent job ends, the preempted one runs again, on a new session.
   const std::string urgent_session = get_job(d, high.job_id()).session_id();

@@ -218,6 +218,18 @@ def test_a_batch_job_survives_a_killed_worker(tmp_path):
     chaos(tmp_path, make_job(tmp_path, 2000, dropout=True, seed=7), WORLD, 2000, 200, TRIALS)
 
 
+def running_past(address, step, deadline):
+    """The latest job, once it runs and has reported a step past `step`."""
+    while True:
+        jobs = [json.loads(l) for l in kiln_cli(address, "jobs", "--json").splitlines()]
+        job = jobs[-1] if jobs else {"state": "queued"}
+        done = max((s["step"] for s in job.get("last_steps", [])), default=0)
+        if job["state"] == "running" and done > step:
+            return job
+        assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job
+        time.sleep(0.01)
+
+
 def shrink(tmp_path, spec, world, min_workers, steps, every, grow=False):
     """Runs `spec` on `world` workers with --min-workers and no spare, kills one past the first
     checkpoint, and checks the job ends on `min_workers` where one process training on the
@@ -231,14 +243,7 @@ def shrink(tmp_path, spec, world, min_workers, steps, every, grow=False):
         p = submit(address, spec, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-every",
                    every, "--max-restarts", "1", "--min-workers", min_workers, workers=world)
         deadline = time.monotonic() + 120
-        while True:
-            jobs = [json.loads(l) for l in kiln_cli(address, "jobs", "--json").splitlines()]
-            job = jobs[-1] if jobs else {"state": "queued"}
-            done = max((s["step"] for s in job.get("last_steps", [])), default=0)
-            if job["state"] == "running" and done > every:
-                break
-            assert job["state"] in ("queued", "running") and time.monotonic() < deadline, job
-            time.sleep(0.01)
+        job = running_past(address, every, deadline)
         workers.kill(job["worker_addresses"][-1])
         if grow:
             while True:  # until it runs small
@@ -448,3 +453,40 @@ print(f"rank {rank} ok")
 
 def test_a_step_on_a_mesh_that_a_rank_cannot_save_fails_on_every_rank(tmp_path):
     run_ranks(tmp_path, "mesh_errors", EXPECT + MESH_ERRORS, 2, str(tmp_path))
+
+
+def test_a_preempted_batch_job_checkpoints_where_it_stopped(tmp_path):
+    """A higher-priority job takes the workers of a running batch job. Its ranks agree on a step,
+    checkpoint it and stop (Note [Draining batch jobs]); the job shows preempted, then resumes
+    from that very step, past its last periodic checkpoint: no step is lost."""
+    steps, every = 40000, 10000  # about 0.3 ms a step: long enough to be caught running
+    spec = make_job(tmp_path, steps)
+    (tmp_path / "u").mkdir()
+    urgent = make_job(tmp_path / "u", 5)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with coordinator_and_workers(tmp_path, WORLD, ["--heartbeat-ms", "200"], env=env) as address:
+        low = submit(address, spec, "--checkpoint-dir", tmp_path / "ckpt", "--checkpoint-every",
+                     every)
+        deadline = time.monotonic() + 120
+        job = running_past(address, every, deadline)
+        high = submit(address, urgent, "--priority", 5, "--checkpoint-dir", tmp_path / "u" / "ckpt")
+        seen = set()
+        while "preempted" not in seen:
+            now = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
+            seen.add(now["state"])
+            assert now["state"] in ("running", "preempted") and time.monotonic() < deadline, now
+            time.sleep(0.01)
+        out_high, _ = high.communicate(timeout=300)
+        assert high.returncode == 0, out_high
+        out, _ = low.communicate(timeout=300)
+        assert low.returncode == 0, out
+        status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
+        assert status["state"] == "succeeded" and status["restarts"] == 0, status
+    drained = {int(l.split("drained after step ")[1].split(":")[0].split(" ")[0])
+               for l in out.splitlines() if "drained after step" in l}
+    resumed = {int(l.split("(resumed after step ")[1].split(")")[0])
+               for l in out.splitlines() if "finished step" in l and "(resumed after step " in l}
+    assert len(drained) == 1 and resumed == drained, out  # every rank stopped at one step
+    assert every < drained.pop() < steps, out
+    step, _ = saved(tmp_path / "ckpt")
+    assert step == steps

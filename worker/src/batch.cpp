@@ -3,6 +3,7 @@
 
 #include <absl/strings/str_cat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -94,8 +95,22 @@ Tensor dtensor_state(const proto::BatchInput& in, const TensorSpec& ts,
 
 }  // namespace
 
+// Note [Draining batch jobs]: a batch job that is preempted or grows (Note [Preemption],
+// Note [Growing back] in coordinator/src/jobs.cpp) has no driver to checkpoint it, so the
+// coordinator asks its workers to drain (HeartbeatReply.drain_sessions). The ranks must stop
+// after the same step, and the request reaches them at different steps. So every so often,
+// after a step, they all-reduce (max) a pair: whether any was asked, and the seconds a step took
+// since the last check. The next check comes about kDrainCheck seconds of steps later (between 1
+// and 1024 steps), a number each rank computes from the reduced pair, so all agree on it. Once a
+// check finds a request, every rank saves the checkpoint of that step (unless the periodic one
+// just did), and the run ends with BatchResult.drained. The coordinator then requeues the job,
+// which resumes from that step: nothing is lost. Without a checkpoint directory the run stops
+// there and restarts from the initial state. A rank that never answers is stopped by the
+// coordinator's preempt grace, as a driver would be.
+constexpr double kDrainCheck = 0.5;
+
 proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
-                             const std::atomic<bool>& stop) {
+                             const std::atomic<bool>& stop, const std::atomic<bool>& drain) {
   proto::BatchResult res;
   res.set_session_id(run.session_id());
   int64_t step = 0;
@@ -215,6 +230,8 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
                                        {spec.rng_seed(), spec.rng_offset(), spec.rng_count()});
     auto mark = std::chrono::steady_clock::now();
     double waited = dist::collective_wait_seconds();
+    int64_t checked = step, next_check = step + 1;  // See Note [Draining batch jobs].
+    auto checked_at = mark;
     for (int64_t s = step + 1; s <= spec.steps(); ++s) {
       KILN_CHECK(!stop.load(), Runtime, what, ": stopped before step ", s,
                  " (its session ended)");
@@ -243,11 +260,40 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
       report_step(std::move(r));
       mark = now;
       waited = w;
-      if (run.checkpoint_every() > 0 && s % run.checkpoint_every() == 0 && !dir.empty())
+      const bool saved =
+          run.checkpoint_every() > 0 && s % run.checkpoint_every() == 0 && !dir.empty();
+      if (saved)
         dist::checkpoint::save(state, dir, nlohmann::json{{"values", {{"step", s}}}}.dump());
       step = s;
+      if (s == next_check && s < spec.steps()) {
+        const double per_step = std::chrono::duration<double>(now - checked_at).count() /
+                                static_cast<double>(s - checked);
+        Tensor ask = empty_on({2}, kFloat64, kCPU);
+        double* got = static_cast<double*>(ask.impl()->raw_data());
+        got[0] = drain.load() ? 1.0 : 0.0;
+        got[1] = per_step;
+        if (!device.is_cpu()) ask = ask.to(std::nullopt, device);  // NCCL reduces on the GPU
+        dist::default_group()->all_reduce(ask, dist::ReduceOp::Max)->wait();
+        if (!device.is_cpu()) {
+          ask = ask.to(std::nullopt, kCPU);
+          got = static_cast<double*>(ask.impl()->raw_data());
+        }
+        if (got[0] > 0) {
+          if (!saved && !dir.empty())
+            dist::checkpoint::save(state, dir, nlohmann::json{{"values", {{"step", s}}}}.dump());
+          res.set_drained(true);
+          res.set_message(
+              absl::StrCat("stopped on request after step ", s,
+                           dir.empty() ? " (no checkpoint directory)" : ", checkpointed"));
+          break;
+        }
+        checked = s;
+        checked_at = now;
+        next_check = s + std::clamp<int64_t>(
+                             static_cast<int64_t>(kDrainCheck / std::max(got[1], 1e-9)), 1, 1024);
+      }
     }
-    res.set_ok(true);
+    res.set_ok(!res.drained());
   } catch (const std::exception& e) {
     res.set_ok(false);
     res.set_message(e.what());
@@ -284,16 +330,23 @@ void BatchRunner::start(CoordinatorLink& link, const proto::BatchRun& run) {
   }
   auto stop = std::make_shared<std::atomic<bool>>(false);
   auto done = std::make_shared<std::atomic<bool>>(false);
+  auto drain = std::make_shared<std::atomic<bool>>(false);
   running_.insert(run.session_id());
-  runs_.push_back({std::thread([this, &link, run, stop, done] {
-                     main(link, run, *stop);
+  runs_.push_back({run.session_id(), std::thread([this, &link, run, stop, done, drain] {
+                     main(link, run, *stop, *drain);
                      done->store(true);
                    }),
-                   stop, done});
+                   stop, done, drain});
 }
 
-void BatchRunner::main(CoordinatorLink& link, const proto::BatchRun& run,
-                       std::atomic<bool>& stop) {
+void BatchRunner::drain(const std::string& session_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Run& r : runs_)
+    if (r.session_id == session_id) r.drain->store(true);
+}
+
+void BatchRunner::main(CoordinatorLink& link, const proto::BatchRun& run, std::atomic<bool>& stop,
+                       const std::atomic<bool>& drain) {
   proto::BatchResult res;
   // The worker's one stream slot, as a client's session holds it: the coordinator's close (or
   // another session) stops the run and aborts its collectives.
@@ -313,7 +366,7 @@ void BatchRunner::main(CoordinatorLink& link, const proto::BatchRun& run,
     absl::Status joined =
         gang_.join(link, run.session_id(), run.rank(), run.world_size(), host_, device_).get();
     if (joined.ok()) {
-      res = run_batch(run, device_, stop);
+      res = run_batch(run, device_, stop, drain);
     } else {
       res.set_session_id(run.session_id());
       res.set_message(std::string(joined.message()));

@@ -96,13 +96,17 @@ class BatchRunner {
   void start(CoordinatorLink& link, const proto::BatchRun& run);
   // The sessions of the runs in progress.
   std::vector<std::string> running() const;
+  // Asks the run of `session_id`, if any, to checkpoint and stop (Note [Draining batch jobs]).
+  void drain(const std::string& session_id);
 
  private:
   struct Run {
+    std::string session_id;
     std::thread thread;
-    std::shared_ptr<std::atomic<bool>> stop, done;
+    std::shared_ptr<std::atomic<bool>> stop, done, drain;
   };
-  void main(CoordinatorLink& link, const proto::BatchRun& run, std::atomic<bool>& stop);
+  void main(CoordinatorLink& link, const proto::BatchRun& run, std::atomic<bool>& stop,
+            const std::atomic<bool>& drain);
 
   StreamGate& gate_;
   Gang& gang_;
@@ -115,8 +119,9 @@ class BatchRunner {
 };
 
 // Runs one worker's part of a batch job (See Note [Batch jobs]) in this thread, after the gang's
-// group exists; returns how it ended. `stop` is checked before every step.
+// group exists; returns how it ended. `stop` is checked before every step; `drain` asks for a
+// checkpoint and a stop (Note [Draining batch jobs]).
 proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
-                             const std::atomic<bool>& stop);
+                             const std::atomic<bool>& stop, const std::atomic<bool>& drain);
 
 }  // namespace kiln::worker

@@ -23,7 +23,7 @@ void prepare(grpc::ClientContext& ctx, const std::string& token) {
 
 absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::start(
     const std::string& address, const std::string& token, proto::RegisterWorkerRequest request,
-    LoadFn load, CloseFn close, DumpFn dump, RunFn run) {
+    LoadFn load, CloseFn close, DumpFn dump, RunFn run, DrainFn drain) {
   std::unique_ptr<CoordinatorLink> link(new CoordinatorLink());
   link->token_ = token;
   link->request_ = std::move(request);
@@ -32,6 +32,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorLink>> CoordinatorLink::start(
   link->close_ = std::move(close);
   link->dump_ = std::move(dump);
   link->run_ = std::move(run);
+  link->drain_ = std::move(drain);
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(proto::kMaxMessageBytes);
   link->stub_ = proto::Coordinator::NewStub(
@@ -117,6 +118,8 @@ void CoordinatorLink::heartbeat_loop() {
       for (const std::string& s : reply.close_sessions()) close_(s);
       if (run_)
         for (const proto::BatchRun& r : reply.run_batches()) run_(r);
+      if (drain_)
+        for (const std::string& s : reply.drain_sessions()) drain_(s);
       // Sent with the next beat, at the next poll.
       for (const std::string& s : reply.dump_sessions()) {
         proto::StackDump& d = dumps.emplace_back();

@@ -33,12 +33,15 @@ class CoordinatorLink {
   using DumpFn = std::function<std::string(const std::string& session_id)>;
   // Starts a batch job's run the coordinator handed this worker (Note [Batch jobs] in batch.h).
   using RunFn = std::function<void(const proto::BatchRun& run)>;
+  // Asks a batch run to checkpoint and stop (Note [Draining batch jobs] in batch.h).
+  using DrainFn = std::function<void(const std::string& session_id)>;
   // Registers once (its failure is start's) and starts the heartbeat thread, which beats every
   // interval the coordinator asked for, and sooner (every kReportPoll) while reports wait (See
   // Note [Collective reports] and Note [Step telemetry] in reports.h).
   static absl::StatusOr<std::unique_ptr<CoordinatorLink>> start(
       const std::string& address, const std::string& token, proto::RegisterWorkerRequest request,
-      LoadFn load, CloseFn close, DumpFn dump = nullptr, RunFn run = nullptr);
+      LoadFn load, CloseFn close, DumpFn dump = nullptr, RunFn run = nullptr,
+      DrainFn drain = nullptr);
   static constexpr std::chrono::milliseconds kReportPoll{100};
   ~CoordinatorLink();  // stops the heartbeat thread
 
@@ -61,6 +64,7 @@ class CoordinatorLink {
   CloseFn close_;
   DumpFn dump_;
   RunFn run_;
+  DrainFn drain_;
   std::unique_ptr<proto::Coordinator::Stub> stub_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -298,7 +298,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::start(ServerOptions options) {
         [self](const std::string& id) { return self->dump(id); },
         [self](const proto::BatchRun& r) {  // a later beat repeats it until it runs
           if (self->coordinator) self->batches->start(*self->coordinator, r);
-        });
+        },
+        [self](const std::string& id) { self->batches->drain(id); });
     if (!link.ok()) {
       impl->server->Shutdown();
       return link.status();
