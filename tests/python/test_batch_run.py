@@ -218,6 +218,12 @@ def test_a_batch_job_survives_a_killed_worker(tmp_path):
     chaos(tmp_path, make_job(tmp_path, 2000, dropout=True, seed=7), WORLD, 2000, 200, TRIALS)
 
 
+def drained_steps(out):
+    """The steps after which ranks drained, from `kiln submit`'s log (Note [Draining batch jobs])."""
+    return {int(l.split("drained after step ")[1].split(":")[0].split(" ")[0])
+            for l in out.splitlines() if "drained after step" in l}
+
+
 def running_past(address, step, deadline):
     """The latest job, once it runs and has reported a step past `step`."""
     while True:
@@ -265,6 +271,8 @@ def shrink(tmp_path, spec, world, min_workers, steps, every, grow=False):
             r = int(line.split("(resumed after step ")[1].split(")")[0])
             resumed += [] if r in resumed else [r]
     assert len(resumed) == 1 + grow and every <= resumed[0] < steps, out
+    if grow:  # the grow drained the small gang at one step and resumed there (nothing lost)
+        assert drained_steps(out) == {resumed[1]}, out
     step, got = saved(tmp_path / "ckpt")
     assert step == steps
     if grow:  # tens of thousands of steps (for time to grow): rounding blurs a comparison
@@ -482,8 +490,7 @@ def test_a_preempted_batch_job_checkpoints_where_it_stopped(tmp_path):
         assert low.returncode == 0, out
         status = json.loads(kiln_cli(address, "status", job["job_id"], "--json"))
         assert status["state"] == "succeeded" and status["restarts"] == 0, status
-    drained = {int(l.split("drained after step ")[1].split(":")[0].split(" ")[0])
-               for l in out.splitlines() if "drained after step" in l}
+    drained = drained_steps(out)
     resumed = {int(l.split("(resumed after step ")[1].split(")")[0])
                for l in out.splitlines() if "finished step" in l and "(resumed after step " in l}
     assert len(drained) == 1 and resumed == drained, out  # every rank stopped at one step
