@@ -36,9 +36,16 @@ struct Tracer {
   // Tensors not yet seen whose .grad the function replaced (held, so addresses stay unique).
   std::unordered_map<const TensorImpl*, Tensor> grads_before;
   bool in_kernel = false;
-  bool read_data = false;         // the refusal is a data read (Note [Graph break segments])
+  bool segmentable = false;  // the refusal is a graph break segments may split at (see break_at)
   std::string reason;             // the first refusal; the rest of the call runs untraced
   Event::Kind refusal = Event::Kind::GraphBreak;
+
+  // A graph break that later calls may split into segments (Note [Graph break segments]): a data
+  // read, or an op the IR cannot hold, which segments leave to eager.
+  void break_at(std::string why) {
+    if (reason.empty()) segmentable = true;
+    refuse(Event::Kind::GraphBreak, std::move(why));
+  }
 
   void refuse(Event::Kind kind, std::string why) {
     if (!reason.empty()) return;
@@ -132,9 +139,8 @@ void Tracer::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
     const IValue& v = stack[base + i];
     const ArgType type = info.args[i].arg_type;
     if (type == ArgType::Tensor && (!v.is_tensor() || !v.to_tensor().defined())) {
-      refuse(Event::Kind::GraphBreak, std::string("op '") + info.name +
-                                          "' got no tensor for argument '" + info.args[i].name +
-                                          "'");
+      break_at(std::string("op '") + info.name + "' got no tensor for argument '" +
+               info.args[i].name + "'");
       return run_below(this, op, ks, stack);
     }
     if (type == ArgType::OptionalGenerator && info.is_random) {
@@ -150,8 +156,7 @@ void Tracer::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
   } catch (const Error& e) {
     // Bad arguments raise the same error from the kernel below; anything else (an op without
     // a meta function) leaves the program unrecordable.
-    refuse(Event::Kind::GraphBreak,
-           std::string("op '") + info.name + "' cannot be recorded: " + e.what());
+    break_at(std::string("op '") + info.name + "' cannot be recorded: " + e.what());
     return run_below(this, op, ks, stack);
   }
   added_node(gen);
@@ -201,12 +206,10 @@ void on_data_read(const TensorImpl& impl) {
   if (tr == nullptr || tr->in_kernel || !tr->reason.empty()) return;
   auto it = tr->ids.find(&impl);
   if (it == tr->ids.end()) return;
-  if (tr->reason.empty()) tr->read_data = true;
-  tr->refuse(Event::Kind::GraphBreak,
-             "the function read the data of %" + std::to_string(it->second) + " (" +
-                 ir::spec_str(tr->prog.graph.value(it->second).meta) +
-                 "), e.g. with item() or print: a program cannot replay a decision taken on a "
-                 "value, so these calls run in segments split at such reads");
+  tr->break_at("the function read the data of %" + std::to_string(it->second) + " (" +
+               ir::spec_str(tr->prog.graph.value(it->second).meta) +
+               "), e.g. with item() or print: a program cannot replay a decision taken on a "
+               "value, so these calls run in segments split at such reads");
 }
 
 void on_grad_set(const TensorImpl& impl) {
@@ -508,7 +511,7 @@ CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrit
   if (!tr.reason.empty()) {
     r.refusal = tr.refusal;
     r.reason = std::move(tr.reason);
-    r.segmentable = tr.read_data;
+    r.segmentable = tr.segmentable;
     return r;
   }
   std::vector<ir::ValueRef> outs;

@@ -157,8 +157,8 @@ struct CaptureResult {
   std::shared_ptr<Program> program;
   Event::Kind refusal = Event::Kind::GraphBreak;
   std::string reason;  // why program is empty
-  // A data read broke the capture: later calls may run in segments (Note [Graph break
-  // segments] in segments.cpp).
+  // A data read or an op the IR cannot hold broke the capture: later calls may run in segments
+  // (Note [Graph break segments] in segments.cpp).
   bool segmentable = false;
 };
 

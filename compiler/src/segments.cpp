@@ -14,27 +14,28 @@
 
 namespace kiln::compiler::detail {
 
-// Note [Graph break segments]: a call whose capture broke on a data read (Note [Capture]) is not
-// one program, but the ops between its reads are. Later calls with the same guards run the function
-// again under a segment recorder at the Tracing key. The recorder runs no kernel: an op becomes a
-// node of a pending ir::Graph, and its results are tensors of the meta function's geometry over
-// storages without memory yet (views are made for real: they read no data). The segment is flushed,
-// that is computed, when anything but a kernel the recorder runs touches the memory of a tensor the
-// segment makes or reads (user code's item() or numpy, a checkpoint, FSDP's gathers and frees, a
-// collective's transport: Note [Storage access hook] in kiln/storage.h), before an op the recorder
-// leaves to eager, and at the end of the call. Left to eager, after a flush: collectives, ops the
-// meta functions cannot describe, ops on Remote values (handles, not memory), and ops that write
-// part of a pending tensor. A flush keeps only the pending tensors something still holds (the
-// caller, autograd's saved tensors, a .grad): their last values are the graph's outputs; the rest
-// is dead. The graph gets a key as a worker's compiled batches do (Note [Compiled batches] in
-// worker/src/session_compiled.cpp): its printed nodes without random states or seeded ops' seed and
-// offset, its inputs' geometry and numbers, and its outputs. The first time a key is seen the graph
-// runs node by node; the second time it becomes a CompiledGraph (fused loops) that runs from then
-// on. Random nodes reserve their counters as they are recorded, in eager's order, and each run
-// draws the (seed, offset) recorded this call, so a segmented call draws what the eager call would.
-// A result's buffer is moved into its pending tensor's storage, or copied into new memory where the
-// buffer is shared; dead tensors never get memory, so a segment holds no more than eager would. A
-// kernel's error (an index out of range) surfaces at the flush, from the node's op.
+// Note [Graph break segments]: a call whose capture broke on a data read, or on an op the IR cannot
+// hold (Note [Capture]), is not one program, but the ops between its breaks are. Later calls with
+// the same guards run the function again under a segment recorder at the Tracing key. The recorder
+// runs no kernel: an op becomes a node of a pending ir::Graph, and its results are tensors of the
+// meta function's geometry over storages without memory yet (views are made for real: they read no
+// data). The segment is flushed, that is computed, when anything but a kernel the recorder runs
+// touches the memory of a tensor the segment makes or reads (user code's item() or numpy, a
+// checkpoint, FSDP's gathers and frees, a collective's transport: Note [Storage access hook] in
+// kiln/storage.h), before an op the recorder leaves to eager, and at the end of the call. Left to
+// eager, after a flush: collectives, ops the meta functions cannot describe, ops on Remote values
+// (handles, not memory), and ops that write part of a pending tensor. A flush keeps only the
+// pending tensors something still holds (the caller, autograd's saved tensors, a .grad): their last
+// values are the graph's outputs; the rest is dead. The graph gets a key as a worker's compiled
+// batches do (Note [Compiled batches] in worker/src/session_compiled.cpp): its printed nodes
+// without random states or seeded ops' seed and offset, its inputs' geometry and numbers, and its
+// outputs. The first time a key is seen the graph runs node by node; the second time it becomes a
+// CompiledGraph (fused loops) that runs from then on. Random nodes reserve their counters as they
+// are recorded, in eager's order, and each run draws the (seed, offset) recorded this call, so a
+// segmented call draws what the eager call would. A result's buffer is moved into its pending
+// tensor's storage, or copied into new memory where the buffer is shared; dead tensors never get
+// memory, so a segment holds no more than eager would. A kernel's error (an index out of range)
+// surfaces at the flush, from the node's op.
 
 namespace {
 

@@ -27,7 +27,8 @@
 //   segments] in compiler/src/segments.cpp);
 // - a tensor made inside the function outlives it without being an output (new optimizer
 //   state: the next call captures again, after the state exists);
-// - an op the recorder cannot describe (no meta function), or whose kernel disagrees with it;
+// - an op the recorder cannot describe (no meta function: a graph break, split into segments as
+//   a read is), or whose kernel disagrees with it;
 // - an output that needs autograd from a function that ran a backward itself, or whose forward
 //   writes tensors it did not make (otherwise the backward is captured too: Note [Compiled
 //   backward] in compiler/src/program.h).
