@@ -316,3 +316,26 @@ def test_a_compiled_module_whose_forward_reads_a_value_trains_as_eager():
     same(got, want, rtol=1e-6)
     same(got_params, want_params, rtol=1e-6)
     assert f.num_segment_runs > 0, f.explain()
+
+
+def test_an_exception_in_a_segmented_call_keeps_the_writes_made_before_it():
+    w = kiln.zeros(4)
+
+    def fn(x, fail):
+        w.add_(x * 2)            # pending when the exception comes: applied, as in eager
+        if w.sum().item() > 1e9:
+            return x
+        w.mul_(0.5)
+        if fail:
+            raise ValueError("the step gave up")
+        return w * 1
+
+    f = kiln.compile(fn)
+    x = kiln.ones(4)
+    for _ in range(3):
+        f(x, False)
+    want = (w + 2) * 0.5
+    with pytest.raises(ValueError, match="gave up"):
+        f(x, True)
+    same(w, want)
+    same(f(x, False), (want + 2) * 0.5)
