@@ -20,11 +20,6 @@ using ir::spec_of;
 
 namespace {
 
-bool same_geometry(const TensorSpec& s, const Tensor& t) {
-  return s.sizes.ref() == t.sizes() && s.strides.ref() == t.strides() &&
-         s.offset == t.storage_offset() && s.dtype == t.dtype() && s.device == t.device();
-}
-
 struct Tracer {
   Program prog;
   std::unordered_map<const TensorImpl*, ir::ValueId> ids;
@@ -162,13 +157,7 @@ void Tracer::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
   added_node(gen);
   run_below(this, op, ks, stack);
 
-  std::vector<Tensor> results;
-  for (size_t i = base; i < stack.size(); ++i) {
-    const IValue& v = stack[i];
-    if (v.is_tensor()) results.push_back(v.to_tensor());
-    if (v.is_tensor_list())
-      for (const Tensor& t : v.to_tensor_list()) results.push_back(t);
-  }
+  const std::vector<Tensor> results = stack_tensors(stack, base);
   if (results.size() != outs.size()) {
     refuse(Event::Kind::GraphBreak, std::string("op '") + info.name + "' returned " +
                                         std::to_string(results.size()) + " tensors, its meta " +

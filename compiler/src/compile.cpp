@@ -67,8 +67,7 @@ std::vector<Tensor> CompiledFunction::operator()(const std::vector<Tensor>& args
   for (const State::Uncaptured& u : s.eager) {
     if (!u.guards->check_guards(args).empty()) continue;
     if (!u.segments) return s.fn(args);
-    s.segments.events = &s.events;
-    return detail::run_in_segments(s.segments, s.fn, args);
+    return detail::run_in_segments(s.segments, s.events, s.fn, args);
   }
   if (static_cast<int>(s.programs.size() + s.eager.size()) >= s.options.recompile_limit) {
     if (!s.warned) {

@@ -170,6 +170,28 @@ struct CaptureResult {
 CaptureResult capture(const Fn& fn, const std::vector<Tensor>& args, bool rewrite_first = true,
                       bool raw = false);
 
+// Whether two tensors (a spec, or a spec and a tensor) have the same sizes, strides, offset,
+// dtype and device.
+inline bool same_geometry(const TensorSpec& a, const TensorSpec& b) {
+  return a.sizes.ref() == b.sizes.ref() && a.strides.ref() == b.strides.ref() &&
+         a.offset == b.offset && a.dtype == b.dtype && a.device == b.device;
+}
+inline bool same_geometry(const TensorSpec& s, const Tensor& t) {
+  return s.sizes.ref() == t.sizes() && s.strides.ref() == t.strides() &&
+         s.offset == t.storage_offset() && s.dtype == t.dtype() && s.device == t.device();
+}
+
+// The tensors an op left on `stack` from `base` (its results), lists flattened.
+inline std::vector<Tensor> stack_tensors(const Stack& stack, size_t base) {
+  std::vector<Tensor> out;
+  for (size_t i = base; i < stack.size(); ++i) {
+    if (stack[i].is_tensor()) out.push_back(stack[i].to_tensor());
+    if (stack[i].is_tensor_list())
+      for (const Tensor& t : stack[i].to_tensor_list()) out.push_back(t);
+  }
+  return out;
+}
+
 // The node arguments of the op whose `info.num_args` arguments are on `stack` from `base`: each
 // tensor as `value_of(tensor)`, an absent optional one and everything else as an attribute.
 // Every Tensor (not optional) argument must be a defined tensor.
@@ -204,11 +226,11 @@ struct SegmentCache {
     std::shared_ptr<CompiledGraph> compiled;
   };
   std::unordered_map<std::string, Entry> entries;
-  std::vector<Event>* events = nullptr;  // the compiled function's history
   int64_t compiled_runs = 0;
 };
-// Runs `fn(args)` as segments split at its data reads, each compiled once its key repeats.
-std::vector<Tensor> run_in_segments(SegmentCache& cache, const Fn& fn,
+// Runs `fn(args)` as segments split at its data reads, each compiled once its key repeats (a
+// "segment" event in `events`, the compiled function's history).
+std::vector<Tensor> run_in_segments(SegmentCache& cache, std::vector<Event>& events, const Fn& fn,
                                     const std::vector<Tensor>& args);
 // The Tracing key's work while segments record on this thread: records or runs the op and
 // returns true; false when no segment records.

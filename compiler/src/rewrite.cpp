@@ -52,11 +52,6 @@ bool whole_storage(const Program& p, const std::vector<int64_t>& prod, ir::Value
   return true;
 }
 
-bool same_geometry(const TensorSpec& a, const TensorSpec& b) {
-  return a.sizes.ref() == b.sizes.ref() && a.strides.ref() == b.strides.ref() &&
-         a.offset == b.offset && a.dtype == b.dtype && a.device == b.device;
-}
-
 // Records `op` on `args` and, when its one output has `want`'s geometry, moves it to index `at`
 // in place of the node there: the new output, or -1 (the graph is unchanged but for an unused
 // value).

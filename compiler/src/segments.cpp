@@ -1,6 +1,5 @@
 // Calls that a graph break keeps from being one program run as compiled segments between the
 // breaks. See Note [Graph break segments].
-#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -45,24 +44,10 @@ constexpr size_t kMaxKeys = 64;
 struct Recorder;
 thread_local Recorder* t_recorder = nullptr;
 
-// The bytes a tensor of `spec` reaches in its storage.
-size_t nbytes_of(const TensorSpec& spec) {
-  int64_t hi = spec.offset;
-  for (size_t i = 0; i < spec.sizes.size(); ++i) {
-    if (spec.sizes[i] == 0) return 0;
-    hi += (spec.sizes[i] - 1) * std::max<int64_t>(spec.strides[i], 0);
-  }
-  return static_cast<size_t>(hi + 1) * element_size(spec.dtype);
-}
-
-bool same_geometry(const TensorSpec& a, const TensorSpec& b) {
-  return a.sizes.ref() == b.sizes.ref() && a.strides.ref() == b.strides.ref() &&
-         a.offset == b.offset && a.dtype == b.dtype && a.device == b.device;
-}
-
 struct Recorder {
   SegmentCache& cache;
-  explicit Recorder(SegmentCache& c) : cache(c) {}
+  std::vector<Event>& events;
+  Recorder(SegmentCache& c, std::vector<Event>& e) : cache(c), events(e) {}
 
   ir::Graph graph;
   std::unordered_map<const TensorImpl*, ir::ValueId> ids;
@@ -163,7 +148,7 @@ bool plain(const Tensor& t) {
 // Whether `t` is a pending tensor's storage viewed other than whole.
 bool part_of_pending(const Recorder& r, const Tensor& t) {
   auto p = r.pending_of.find(t.impl()->storage().get());
-  return p != r.pending_of.end() && !same_geometry(r.pending[p->second].spec, ir::spec_of(t));
+  return p != r.pending_of.end() && !same_geometry(r.pending[p->second].spec, t);
 }
 
 void Recorder::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
@@ -205,12 +190,7 @@ void Recorder::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack)
              info.num_returns, " returns");
   if (info.is_view) {  // made for real: a view reads no data
     run_below(op, ks, stack);
-    std::vector<Tensor> results;
-    for (size_t i = base; i < stack.size(); ++i) {
-      if (stack[i].is_tensor()) results.push_back(stack[i].to_tensor());
-      if (stack[i].is_tensor_list())
-        for (const Tensor& t : stack[i].to_tensor_list()) results.push_back(t);
-    }
+    const std::vector<Tensor> results = stack_tensors(stack, base);
     KILN_CHECK(results.size() == outs.size(), Runtime, "view op '", info.name, "' returned ",
                results.size(), " tensors, its meta function ", outs.size());
     for (size_t k = 0; k < outs.size(); ++k) bind(results[k], outs[k].id);
@@ -228,8 +208,7 @@ void Recorder::record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack)
       auto p = pending_of.find(t.impl()->storage().get());
       if (p != pending_of.end()) pending[p->second].value = o.id;
     } else {
-      t = Tensor(TensorImpl::make(Storage::create_dataless(nbytes_of(spec), spec.device),
-                                  spec.dtype, spec.sizes, spec.strides, spec.offset));
+      t = ir::fake_tensor(spec);  // no memory until the flush
       pending_of.emplace(t.impl()->storage().get(), pending.size());
       pending.push_back({t.impl()->storage().get(), spec, o.id});
     }
@@ -333,12 +312,12 @@ void Recorder::flush() {
     const size_t nodes = graph.nodes().size(), n_in = graph.inputs().size();
     try {
       e.compiled = std::make_shared<CompiledGraph>(graph);
-      cache.events->push_back({Event::Kind::Segment,
-                               std::to_string(nodes) + " ops, " + std::to_string(n_in) +
-                                   " inputs, " + std::to_string(outs.size()) + " outputs, " +
-                                   std::to_string(e.compiled->num_fused_loops()) + " fused loops"});
+      events.push_back({Event::Kind::Segment,
+                        std::to_string(nodes) + " ops, " + std::to_string(n_in) + " inputs, " +
+                            std::to_string(outs.size()) + " outputs, " +
+                            std::to_string(e.compiled->num_fused_loops()) + " fused loops"});
     } catch (const Error& err) {
-      cache.events->push_back({Event::Kind::Segment, std::string("runs op by op: ") + err.what()});
+      events.push_back({Event::Kind::Segment, std::string("runs op by op: ") + err.what()});
     }
   }
   std::vector<Tensor> results;
@@ -391,11 +370,11 @@ bool segment_record(const OperatorHandle& op, DispatchKeySet ks, Stack& stack) {
 
 bool is_recording_segments() { return t_recorder != nullptr; }
 
-std::vector<Tensor> run_in_segments(SegmentCache& cache, const Fn& fn,
+std::vector<Tensor> run_in_segments(SegmentCache& cache, std::vector<Event>& events, const Fn& fn,
                                     const std::vector<Tensor>& args) {
   // Factory ops would make Remote values, which are handles rather than memory: stay eager.
   if (!local(default_device())) return fn(args);
-  Recorder rec(cache);
+  Recorder rec(cache, events);
   struct Scope {
     Recorder* saved = t_recorder;
     kiln::detail::StorageHook saved_hook = kiln::detail::t_storage_hook;

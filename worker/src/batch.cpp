@@ -232,6 +232,9 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
     double waited = dist::collective_wait_seconds();
     int64_t checked = step, next_check = step + 1;  // See Note [Draining batch jobs].
     auto checked_at = mark;
+    auto save = [&](int64_t s) {
+      dist::checkpoint::save(state, dir, nlohmann::json{{"values", {{"step", s}}}}.dump());
+    };
     for (int64_t s = step + 1; s <= spec.steps(); ++s) {
       KILN_CHECK(!stop.load(), Runtime, what, ": stopped before step ", s,
                  " (its session ended)");
@@ -262,8 +265,7 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
       waited = w;
       const bool saved =
           run.checkpoint_every() > 0 && s % run.checkpoint_every() == 0 && !dir.empty();
-      if (saved)
-        dist::checkpoint::save(state, dir, nlohmann::json{{"values", {{"step", s}}}}.dump());
+      if (saved) save(s);
       step = s;
       if (s == next_check && s < spec.steps()) {
         const double per_step = std::chrono::duration<double>(now - checked_at).count() /
@@ -279,8 +281,7 @@ proto::BatchResult run_batch(const proto::BatchRun& run, Device device,
           got = static_cast<double*>(ask.impl()->raw_data());
         }
         if (got[0] > 0) {
-          if (!saved && !dir.empty())
-            dist::checkpoint::save(state, dir, nlohmann::json{{"values", {{"step", s}}}}.dump());
+          if (!saved && !dir.empty()) save(s);
           res.set_drained(true);
           res.set_message(
               absl::StrCat("stopped on request after step ", s,
